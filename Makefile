@@ -1,0 +1,32 @@
+# Tessera's build. Two entry points for a fresh machine:
+#   make simulate   - install into .venv and run `tessera simulate` on the bundled default cluster
+#   make test       - install into .venv (with dev tools) and run the whole test suite
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: simulate test lint venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+simulate: $(STAMP)
+	$(BIN)/tessera simulate
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,188 @@
+"""Exact Kubernetes ``resource.Quantity`` (``k8s.io/apimachinery/pkg/api/resource``).
+
+A quantity is held as an exact :class:`fractions.Fraction`, never a float. Parsing accepts
+every form the API server accepts: binary SI suffixes (``Ki`` .. ``Ei``), decimal SI suffixes
+(``n``, ``u``, ``m``, none, ``k``, ``M``, ``G``, ``T``, ``P``, ``E``) and decimal exponents
+(``1e3``, ``5E-2``). As upstream, values finer than a nano unit are rounded up to the next
+nano unit. :meth:`Quantity.canonical` renders the same canonical string the API server
+writes back (``1024Mi`` -> ``1Gi``, ``1500m`` -> ``1500m``, ``0.5Gi`` -> ``512Mi``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+Format = Literal["BinarySI", "DecimalSI", "DecimalExponent"]
+
+_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_DEC_SUFFIX_BY_EXP = {v: k for k, v in _DECIMAL.items()}
+_BIN_SUFFIX_BY_EXP = {v: k for k, v in _BINARY.items()}
+
+# <sign><digits>[.<digits>]<suffix>, suffix one of the SI forms or e/E<signed int>.
+_QUANTITY_RE = re.compile(
+    r"^(?P<sign>[+-])?(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+)
+_NANO = Fraction(1, 10**9)
+# Upstream keeps int64 scaled values; anything past this is rejected as out of range.
+_MAX = Fraction(2**63 - 1)
+
+
+class QuantityError(ValueError):
+    """A string is not a valid Kubernetes quantity. The message says what was wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Quantity:
+    """An exact quantity: ``value`` in base units (bytes, cores, ...), ``format`` for output.
+
+    Comparison and arithmetic use the exact value only; the format is kept so that
+    :meth:`canonical` renders like upstream ``Quantity.String()``.
+    """
+
+    value: Fraction
+    format: Format = "DecimalSI"
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str | int | Quantity) -> Quantity:
+        """Parse ``text`` as upstream ``resource.ParseQuantity`` does.
+
+        Accepts an int (taken as a plain decimal count) or an existing Quantity.
+        Raises :class:`QuantityError` naming the text and the accepted forms.
+        """
+        if isinstance(text, Quantity):
+            return text
+        if isinstance(text, bool):
+            raise QuantityError(f"{text!r} is not a quantity (a boolean)")
+        if isinstance(text, int):
+            return cls(Fraction(text), "DecimalSI")
+        if isinstance(text, float):
+            raise QuantityError(
+                f"{text!r} is not an exact quantity: write it as a string such as '1.5' or '1500m'"
+            )
+        if not isinstance(text, str):
+            raise QuantityError(f"{text!r} is not a quantity (expected a string such as '8Gi')")
+        s = text.strip()
+        m = _QUANTITY_RE.match(s)
+        if not m or s in ("", "+", "-"):
+            raise QuantityError(
+                f"{text!r} is not a valid quantity: expected a number with an optional suffix "
+                "(Ki, Mi, Gi, Ti, Pi, Ei, n, u, m, k, M, G, T, P, E) or exponent (e3), e.g. '8Gi'"
+            )
+        num = Fraction(m.group("num"))
+        if m.group("sign") == "-":
+            num = -num
+        suffix = m.group("suffix") or ""
+        fmt: Format
+        if suffix in _BINARY:
+            value = num * (2 ** _BINARY[suffix])
+            fmt = "BinarySI"
+        elif suffix in _DECIMAL:
+            value = num * Fraction(10) ** _DECIMAL[suffix]
+            fmt = "DecimalSI"
+        else:
+            value = num * Fraction(10) ** int(suffix[1:])
+            fmt = "DecimalExponent"
+        # Upstream rounds up (away from zero for positives) to nano precision.
+        if value.denominator != 1 and (value / _NANO).denominator != 1:
+            value = Fraction(math.ceil(value / _NANO)) * _NANO
+        if abs(value) > _MAX:
+            raise QuantityError(f"{text!r} is out of range for a Kubernetes quantity (max 2^63-1)")
+        return cls(value, fmt)
+
+    @classmethod
+    def from_int(cls, n: int, fmt: Format = "DecimalSI") -> Quantity:
+        """An integral quantity in base units, e.g. ``Quantity.from_int(2**30, "BinarySI")``."""
+        return cls(Fraction(n), fmt)
+
+    # ---- numeric views --------------------------------------------------------------------
+    def value_int(self) -> int:
+        """Upstream ``Value()``: the value rounded up to an integer (ceil)."""
+        return math.ceil(self.value)
+
+    def milli_value(self) -> int:
+        """Upstream ``MilliValue()``: value x 1000, rounded up."""
+        return math.ceil(self.value * 1000)
+
+    def is_integer(self) -> bool:
+        return self.value.denominator == 1
+
+    def sign(self) -> int:
+        return (self.value > 0) - (self.value < 0)
+
+    # ---- arithmetic and ordering --------------------------------------------------------------
+    def __add__(self, other: Quantity) -> Quantity:
+        return Quantity(self.value + other.value, self.format)
+
+    def __sub__(self, other: Quantity) -> Quantity:
+        return Quantity(self.value - other.value, self.format)
+
+    def __lt__(self, other: Quantity) -> bool:
+        return self.value < other.value
+
+    def __le__(self, other: Quantity) -> bool:
+        return self.value <= other.value
+
+    def __gt__(self, other: Quantity) -> bool:
+        return self.value > other.value
+
+    def __ge__(self, other: Quantity) -> bool:
+        return self.value >= other.value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Quantity) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def cmp(self, other: Quantity) -> int:
+        """Upstream ``Cmp``: -1, 0 or 1."""
+        return (self.value > other.value) - (self.value < other.value)
+
+    # ---- output ---------------------------------------------------------------------------------
+    def canonical(self) -> str:
+        """The canonical string upstream ``Quantity.String()`` gives for this value and format."""
+        v = self.value
+        fmt = self.format
+        if fmt == "BinarySI" and (-1024 < v < 1024 or v.denominator != 1):
+            fmt = "DecimalSI"
+        if fmt == "BinarySI":
+            n = int(v)
+            exp = 0
+            while exp < 60 and n != 0 and n % 1024 == 0:
+                n //= 1024
+                exp += 10
+            return f"{n}{_BIN_SUFFIX_BY_EXP.get(exp, '')}"
+        # Decimal forms: express as integer mantissa x 10^exp with exp a multiple of 3.
+        if v == 0:
+            return "0"
+        exp = -9
+        mant = v * 10**9
+        assert mant.denominator == 1, "values are kept at nano precision"
+        m = int(mant)
+        while exp < 18 and m % 1000 == 0:
+            m //= 1000
+            exp += 3
+        if fmt == "DecimalExponent":
+            return f"{m}" if exp == 0 else f"{m}e{exp}"
+        return f"{m}{_DEC_SUFFIX_BY_EXP[exp]}"
+
+    def __str__(self) -> str:
+        return self.canonical()
+
+    def __repr__(self) -> str:
+        return f"Quantity({self.canonical()!r})"
+
+
+def parse_quantity(text: str | int | Quantity) -> Quantity:
+    """Shorthand for :meth:`Quantity.parse`."""
+    return Quantity.parse(text)
+
+
+ZERO = Quantity(Fraction(0))
