@@ -1,0 +1,815 @@
+"""The structured allocator: upstream ``k8s.io/dynamic-resource-allocation/structured``
+(incubating variant, Kubernetes 1.37 default features) re-implemented in Python.
+
+:meth:`Allocator.allocate` answers, for one node and the claims of one pod, what upstream
+``Allocate(ctx, node, claims)`` answers: one ``AllocationResult`` per claim, ``None`` when the
+claims cannot be satisfied on this node, or an :class:`AllocationError`. Search order, pruning,
+consumable capacity, counters, taints, constraints and result shape follow dra-spec.md sections
+2 and 4; the section numbers are cited where each rule is implemented.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from tessera.allocator.model import (
+    AllocatedState,
+    Capacity,
+    Device,
+    DeviceID,
+    Node,
+    Slice,
+    device_on_node,
+    node_selector_matches,
+    slice_from_dict,
+)
+from tessera.api.quantity import Quantity
+from tessera.cel import CelCompileError, CelRuntimeError, CompiledSelector, compile_selector
+
+MAX_RESULTS_PER_CLAIM = 32
+
+
+class AllocationError(Exception):
+    """Upstream returns an error (not "unsatisfiable"): the pod is retried, never placed.
+
+    ``str()`` uses upstream's message forms (dra-spec.md 4.9).
+    """
+
+
+class _MaxSizeExceeded(Exception):
+    """Internal signal: the claim would need more than 32 results (dra-spec.md 4.4)."""
+
+
+@dataclass(frozen=True)
+class Features:
+    """``structured.Features``: which optional allocator features are on (1.37 defaults)."""
+
+    admin_access: bool = True
+    prioritized_list: bool = True
+    partitionable_devices: bool = True
+    device_taints: bool = True
+    consumable_capacity: bool = True
+    device_binding_and_status: bool = True
+    list_type_attributes: bool = False
+
+    @classmethod
+    def from_names(cls, names: Iterable[str]) -> Features:
+        """From the names used in conformance scenarios (``ConsumableCapacity``, ...)."""
+        s = set(names)
+        return cls(
+            admin_access="AdminAccess" in s,
+            prioritized_list="PrioritizedList" in s,
+            partitionable_devices="PartitionableDevices" in s,
+            device_taints="DeviceTaints" in s,
+            consumable_capacity="ConsumableCapacity" in s,
+            device_binding_and_status="DeviceBindingAndStatus" in s,
+            list_type_attributes="ListTypeAttributes" in s,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Pools (dra-spec.md 4.2)
+
+
+@dataclass
+class Pool:
+    driver: str
+    name: str
+    slices: list[Slice]  # device slices targeting the node, sorted by slice name
+    counters: dict[str, dict[str, Fraction]]  # counter set -> counter -> published value
+    complete: bool = True
+    invalid: str | None = None
+    has_binding_conditions: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.driver, self.name)
+
+
+class SliceIndex:
+    """All published slices, indexed for per-node pool gathering."""
+
+    def __init__(self, slices: Iterable[Slice | Mapping[str, Any]]) -> None:
+        self.slices: list[Slice] = [s if isinstance(s, Slice) else slice_from_dict(dict(s)) for s in slices]
+        self.by_node: dict[str, list[Slice]] = {}
+        self.unpinned: list[Slice] = []
+        self.by_pool: dict[tuple[str, str], list[Slice]] = {}
+        for s in self.slices:
+            if s.node_name:
+                self.by_node.setdefault(s.node_name, []).append(s)
+            else:
+                self.unpinned.append(s)
+            self.by_pool.setdefault((s.driver, s.pool), []).append(s)
+
+    def devices(self) -> Iterable[Device]:
+        for s in self.slices:
+            yield from s.devices
+
+
+def _slice_on_node(s: Slice, node: Node) -> bool:
+    if s.node_name:
+        return s.node_name == node.name
+    if s.all_nodes:
+        return True
+    if s.node_selector is not None:
+        return node_selector_matches(s.node_selector, node)
+    if s.per_device_node_selection:
+        return any(device_on_node(d, node) for d in s.devices)
+    # A slice holding only shared counters, with no node selection of its own.
+    return False
+
+
+def gather_pools(index: SliceIndex, node: Node, features: Features) -> list[Pool]:
+    """The pools visible from ``node``, in allocation order (dra-spec.md 4.2)."""
+    relevant: dict[tuple[str, str], list[Slice]] = {}
+    for s in index.by_node.get(node.name, []) + index.unpinned:
+        if not features.partitionable_devices and (s.per_device_node_selection or s.shared_counters):
+            continue
+        if not _slice_on_node(s, node):
+            continue
+        relevant.setdefault((s.driver, s.pool), []).append(s)
+    pools: list[Pool] = []
+    for key, sl in relevant.items():
+        gen = max(s.generation for s in sl)
+        cur = [s for s in sl if s.generation == gen]
+        complete = True
+        all_of_pool = index.by_pool.get(key, [])
+        if len(cur) != cur[0].slice_count:
+            if any(s.generation > gen for s in all_of_pool):
+                continue  # obsolete: a newer generation exists
+            if len([s for s in all_of_pool if s.generation == gen]) < cur[0].slice_count:
+                complete = False
+        counters: dict[str, dict[str, Fraction]] = {}
+        invalid: str | None = None
+        for s in all_of_pool:
+            if s.generation != gen or not features.partitionable_devices:
+                continue
+            for cs, cvals in s.shared_counters.items():
+                if cs in counters:
+                    invalid = f"duplicate counter set {cs}"
+                counters[cs] = cvals
+        device_slices = sorted((s for s in cur if s.devices), key=lambda s: s.name)
+        seen: set[str] = set()
+        has_bc = False
+        for s in device_slices:
+            for d in s.devices:
+                if d.name in seen:
+                    invalid = f"duplicate device name {d.name}"
+                seen.add(d.name)
+                for cs, cvals in d.consumes_counters:
+                    if cs not in counters or any(c not in counters[cs] for c in cvals):
+                        invalid = f"device {d.name} consumes unknown counters of set {cs}"
+                if d.binding_conditions and device_on_node(d, node):
+                    has_bc = True
+        pools.append(Pool(key[0], key[1], device_slices, counters, complete, invalid, has_bc))
+    pools.sort(key=lambda p: p.key)
+    if features.device_binding_and_status:
+        pools.sort(key=lambda p: p.has_binding_conditions)
+    return pools
+
+
+# ---------------------------------------------------------------------------------------------
+# Consumable capacity arithmetic (dra-spec.md 2.2, 2.3)
+
+
+def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
+    """``calculateConsumedCapacity`` for one capacity of a device."""
+    pol = cap.policy
+    if requested is None:
+        if pol is not None and pol.default is not None:
+            return pol.default
+        return cap.value
+    if pol is None:
+        return requested
+    if pol.range_min is not None:
+        if requested.value < pol.range_min.value:
+            return pol.range_min
+        if pol.range_step is None:
+            return requested
+        mn, step = pol.range_min.value_int(), pol.range_step.value_int()
+        n = mn + math.ceil(Fraction(requested.value_int() - mn, step)) * step
+        return Quantity(Fraction(n), requested.format)
+    if pol.valid_values:
+        for v in sorted(pol.valid_values, key=lambda q: q.value):
+            if v.value >= requested.value:
+                return v
+        return requested
+    return requested
+
+
+def violates_policy(cap: Capacity, amount: Quantity) -> bool:
+    pol = cap.policy
+    if pol is None:
+        return False
+    if pol.default is not None and amount.value == pol.default.value:
+        return False
+    if pol.range_min is not None:
+        if pol.range_max is not None and amount.value > pol.range_max.value:
+            return True
+        if pol.range_step is not None:
+            return (amount.value_int() - pol.range_min.value_int()) % pol.range_step.value_int() != 0
+        return False
+    if pol.valid_values:
+        return all(v.value != amount.value for v in pol.valid_values)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+
+
+@dataclass
+class RequestData:
+    """One request (or one firstAvailable subrequest) ready for the search."""
+
+    claim_index: int
+    name: str  # "req" or "req/sub"
+    parent: str
+    class_name: str
+    class_selectors: list[CompiledSelector]
+    selectors: list[CompiledSelector]
+    all_mode: bool
+    count: int
+    admin: bool
+    tolerations: list[dict[str, Any]]
+    capacity: dict[str, Quantity]
+    raw: dict[str, Any]
+    all_devices: list[Device] = field(default_factory=list)
+    sub_index: int = -1
+
+
+@dataclass
+class ClaimData:
+    claim: Mapping[str, Any]
+    ref: str  # namespace/name
+    requests: list[list[RequestData]]  # per request: [exactly] or its subrequests
+    constraints: list[_Constraint]
+    results: list[dict[str, Any]] = field(default_factory=list)
+    devices: list[Device] = field(default_factory=list)
+    picked_dedicated: set[DeviceID] = field(default_factory=set)
+
+
+class _Constraint:
+    """matchAttribute / distinctAttribute over the requests in scope (dra-spec.md 4.5, 2.6)."""
+
+    def __init__(self, attribute: str, requests: Sequence[str], distinct: bool) -> None:
+        self.attribute = attribute
+        self.scope = list(requests)
+        self.distinct = distinct
+        self.values: list[Any] = []
+
+    def covers(self, request: str) -> bool:
+        if not self.scope:
+            return True
+        parent = request.split("/")[0]
+        return any(s in (request, parent) for s in self.scope)
+
+    def _value(self, d: Device) -> Any:
+        return d.attributes.get(self.attribute, _MISSING)
+
+    def add(self, request: str, d: Device) -> bool:
+        if not self.covers(request):
+            return True
+        v = self._value(d)
+        if v is _MISSING:
+            return False
+        if self.distinct:
+            if any(_same(v, o) for o in self.values):
+                return False
+        elif self.values and not _same(v, self.values[0]):
+            return False
+        self.values.append(v)
+        return True
+
+    def remove(self, request: str, d: Device) -> None:
+        if not self.covers(request):
+            return
+        self.values.pop()
+
+
+_MISSING = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except TypeError:
+        return False
+
+
+def _tolerates(tols: Sequence[Mapping[str, Any]], key: str, value: str, effect: str) -> bool:
+    for t in tols:
+        te = t.get("effect") or ""
+        if te and te != effect:
+            continue
+        tk = t.get("key") or ""
+        op = t.get("operator") or "Equal"
+        if not tk:
+            if op == "Exists":
+                return True
+            continue
+        if tk != key:
+            continue
+        if op == "Exists" or (t.get("value") or "") == value:
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# The allocator
+
+
+class Allocator:
+    """Allocates claims on one node at a time, against slices, classes and an allocated state.
+
+    ``classes`` maps DeviceClass name to its object. ``state`` is read, never changed: the
+    caller records results it commits (``AllocatedState.add_claim``). ``rng`` makes shareIDs
+    reproducible (upstream draws random UUIDs; only their presence matters).
+    """
+
+    def __init__(
+        self,
+        slices: SliceIndex | Iterable[Slice | Mapping[str, Any]],
+        classes: Mapping[str, Mapping[str, Any]],
+        state: AllocatedState | None = None,
+        features: Features | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.index = slices if isinstance(slices, SliceIndex) else SliceIndex(slices)
+        self.classes = classes
+        self.state = state or AllocatedState()
+        self.features = features or Features()
+        self.rng = rng or random.Random()
+        self._pools_cache: dict[tuple[str, tuple[tuple[str, str], ...]], list[Pool]] = {}
+        self._sel_cache: dict[tuple[str, int], bool | CelRuntimeError] = {}
+
+    # ---- public ----------------------------------------------------------------------------
+    def pools(self, node: Node) -> list[Pool]:
+        key = (node.name, tuple(sorted(node.labels.items())))
+        p = self._pools_cache.get(key)
+        if p is None:
+            p = gather_pools(self.index, node, self.features)
+            self._pools_cache[key] = p
+        return p
+
+    def allocate(self, node: Node, claims: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+        """Allocate ``claims`` (ResourceClaim dicts, in order) on ``node``.
+
+        Returns one AllocationResult dict per claim, or ``None`` if unsatisfiable here.
+        Raises :class:`AllocationError` for what upstream reports as an error.
+        """
+        return _Search(self, node, claims).run()
+
+    # ---- selectors ----------------------------------------------------------------------------
+    def matches(self, sels: Sequence[CompiledSelector], d: Device, owner: str) -> bool:
+        for i, sel in enumerate(sels):
+            key = (sel.expression, id(d))
+            r = self._sel_cache.get(key)
+            if r is None:
+                try:
+                    r = sel.evaluate(d.activation())
+                except CelRuntimeError as e:
+                    r = e
+                self._sel_cache[key] = r
+            if isinstance(r, CelRuntimeError):
+                hint = ""
+                if "no such key" in str(r):
+                    hint = " (hint: guard the lookup with has(...) so devices without it do not match)"
+                raise AllocationError(
+                    f"{owner}: selector #{i} on device {'/'.join(d.id)}: CEL runtime error: {r}{hint}"
+                )
+            if not r:
+                return False
+        return True
+
+
+def _compile_all(sels: Any, owner: str) -> list[CompiledSelector]:
+    out = []
+    for i, s in enumerate(sels or []):
+        expr = ((s or {}).get("cel") or {}).get("expression")
+        if not expr:
+            raise AllocationError(f"{owner}, selector #{i}: CEL expression empty (unsupported selector type?)")
+        try:
+            out.append(compile_selector(expr))
+        except CelCompileError as e:
+            raise AllocationError(f"{owner}: selector #{i}: CEL compile error: {e}") from None
+    return out
+
+
+class _Search:
+    def __init__(self, alloc: Allocator, node: Node, claims: Sequence[Mapping[str, Any]]) -> None:
+        self.a = alloc
+        self.f = alloc.features
+        self.st = alloc.state
+        self.node = node
+        self.claims_in = claims
+        self.pools = alloc.pools(node)
+        self.allocating: set[DeviceID] = set()  # dedicated picks in this call
+        self.cap_in_call: dict[DeviceID, dict[str, Fraction]] = {}
+        self.counters_in_call: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = {}
+        self._available: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = {}
+        self.claims: list[ClaimData] = []
+        self.invalid_seen = any(p.invalid for p in self.pools)
+
+    # ---- preparation (dra-spec.md 4.3) ------------------------------------------------------
+    def _request(self, ci: int, ref: str, name: str, parent: str, r: Mapping[str, Any], admin_ok: bool) -> RequestData:
+        what = f"claim {ref}, {'subrequest' if '/' in name else 'request'} {name}"
+        if r.get("capacity") and not self.f.consumable_capacity:
+            raise AllocationError(f"{what}: has capacity requests, but the DRAConsumableCapacity feature is disabled")
+        admin = bool(r.get("adminAccess")) if admin_ok else False
+        if admin and not self.f.admin_access:
+            raise AllocationError(f"{what}: admin access is requested, but the feature is disabled")
+        cls_name = r.get("deviceClassName") or ""
+        if not cls_name:
+            raise AllocationError(f"{what}: missing device class name (unsupported request type?)")
+        cls = self.a.classes.get(cls_name)
+        if cls is None:
+            raise AllocationError(
+                f"{what}: could not retrieve device class {cls_name}: deviceclass.resource.k8s.io \"{cls_name}\" not found"
+            )
+        mode = r.get("allocationMode") or "ExactCount"
+        if mode not in ("ExactCount", "All"):
+            raise AllocationError(f"{what}: unsupported count mode {mode}")
+        caps = {k: Quantity.parse(v) for k, v in ((r.get("capacity") or {}).get("requests") or {}).items()}
+        rd = RequestData(
+            claim_index=ci,
+            name=name,
+            parent=parent,
+            class_name=cls_name,
+            class_selectors=_compile_all((cls.get("spec") or {}).get("selectors"), f"class {cls_name}"),
+            selectors=_compile_all(r.get("selectors"), f"claim {ref}"),
+            all_mode=mode == "All",
+            count=int(r.get("count") or 1) if mode == "ExactCount" else 0,
+            admin=admin,
+            tolerations=list(r.get("tolerations") or []),
+            capacity=caps,
+            raw=dict(r),
+        )
+        if rd.all_mode:
+            for p in self.pools:
+                if not p.complete:
+                    raise AllocationError(
+                        f"{what}: asks for all devices, but resource pool {p.driver}/{p.name} is currently being updated"
+                    )
+                if p.invalid:
+                    raise AllocationError(
+                        f"{what}: asks for all devices, but resource pool {p.driver}/{p.name} is currently invalid"
+                    )
+            for p in self.pools:
+                for s in p.slices:
+                    for d in s.devices:
+                        if not device_on_node(d, self.node):
+                            continue
+                        if not self._selectable(rd, d, ref):
+                            continue
+                        if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=False):
+                            continue
+                        rd.all_devices.append(d)
+            rd.count = len(rd.all_devices)
+        return rd
+
+    def _prepare(self) -> None:
+        for ci, claim in enumerate(self.claims_in):
+            md = claim.get("metadata") or {}
+            ref = f"{md.get('namespace') or 'default'}/{md.get('name') or md.get('generateName') or ''}"
+            devices = (claim.get("spec") or {}).get("devices") or {}
+            reqs: list[list[RequestData]] = []
+            min_total = 0
+            for r in devices.get("requests") or []:
+                name = r.get("name", "")
+                if r.get("firstAvailable"):
+                    if not self.f.prioritized_list:
+                        raise AllocationError(
+                            f"claim {ref}, request {name}: has subrequests, but the DRAPrioritizedList feature is disabled"
+                        )
+                    subs = [
+                        self._request(ci, ref, f"{name}/{s.get('name', '')}", name, s, admin_ok=False)
+                        for s in r["firstAvailable"]
+                    ]
+                    for j, s in enumerate(subs):
+                        s.sub_index = j
+                    reqs.append(subs)
+                    min_total += min(s.count for s in subs)
+                else:
+                    exact = r.get("exactly") or {}
+                    rd = self._request(ci, ref, name, name, exact, admin_ok=True)
+                    reqs.append([rd])
+                    min_total += rd.count
+            if min_total > MAX_RESULTS_PER_CLAIM:
+                raise AllocationError(
+                    f"claim {ref}: number of requested devices {min_total} exceeds the claim limit of {MAX_RESULTS_PER_CLAIM}"
+                )
+            cons: list[_Constraint] = []
+            for i, c in enumerate(devices.get("constraints") or []):
+                if c.get("matchAttribute"):
+                    cons.append(_Constraint(c["matchAttribute"], c.get("requests") or [], distinct=False))
+                elif c.get("distinctAttribute") and self.f.consumable_capacity:
+                    cons.append(_Constraint(c["distinctAttribute"], c.get("requests") or [], distinct=True))
+                else:
+                    raise AllocationError(f"claim {ref}, constraint #{i}: empty constraint (unsupported constraint type?)")
+            self.claims.append(ClaimData(claim, ref, reqs, cons))
+
+    # ---- checks -----------------------------------------------------------------------------
+    def _selectable(self, rd: RequestData, d: Device, ref: str) -> bool:
+        if d.binding_conditions and not self.f.device_binding_and_status:
+            return False
+        if not self.a.matches(rd.class_selectors, d, f"class {rd.class_name}"):
+            return False
+        return self.a.matches(rd.selectors, d, f"claim {ref}")
+
+    def _multi(self, d: Device) -> bool:
+        return d.allow_multiple and self.f.consumable_capacity
+
+    def _in_use(self, rd: RequestData, d: Device, cd: ClaimData) -> bool:
+        if rd.admin:
+            return d.id in cd.picked_dedicated
+        if self._multi(d):
+            return d.id in self.st.dedicated
+        return d.id in self.st.dedicated or d.id in self.allocating
+
+    def _capacity_fits(self, rd: RequestData, d: Device, *, in_call: bool) -> bool:
+        for k in rd.capacity:
+            if k not in d.capacity:
+                return False
+        existing = self.st.aggregated.get(d.id, {}) if self._multi(d) else {}
+        pending = self.cap_in_call.get(d.id, {}) if in_call else {}
+        for k, cap in d.capacity.items():
+            amount = consumed_amount(cap, rd.capacity.get(k))
+            if violates_policy(cap, amount):
+                return False
+            if existing.get(k, 0) + pending.get(k, 0) + amount.value > cap.value.value:
+                return False
+        return True
+
+    def _available_counters(self, pool_key: tuple[str, str], counters: dict[str, dict[str, Fraction]]) -> dict[str, dict[str, Fraction]]:
+        av = self._available.get(pool_key)
+        if av is None:
+            av = {cs: dict(v) for cs, v in counters.items()}
+            for s in self.a.index.by_pool.get(pool_key, []):
+                for d in s.devices:
+                    if d.consumes_counters and self.st.is_allocated(d.id):
+                        for cs, cvals in d.consumes_counters:
+                            for c, v in cvals.items():
+                                if cs in av and c in av[cs]:
+                                    av[cs][c] -= v
+            self._available[pool_key] = av
+        return av
+
+    # ---- allocateDevice (dra-spec.md 4.4 steps 1-6) -----------------------------------------
+    def _allocate_device(self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool, must: bool) -> Any:
+        """Try to add ``d`` for ``rd``; return an undo callable, or None if it cannot be added."""
+        multi = self._multi(d)
+        if self._in_use(rd, d, cd):
+            return None
+        if d.consumes_counters and not self.f.partitionable_devices:
+            return None
+        counter_charge: list[tuple[str, str, Fraction]] = []
+        if d.consumes_counters:
+            in_use_cap = bool(self.st.aggregated.get(d.id)) or d.id in self.cap_in_call
+            if not (multi and in_use_cap):
+                avail = self._available_counters(pool.key, pool.counters)
+                used = self.counters_in_call.setdefault(pool.key, {})
+                for cs, cvals in d.consumes_counters:
+                    for c, v in cvals.items():
+                        have = max(avail.get(cs, {}).get(c, Fraction(0)), Fraction(0))
+                        if used.get(cs, {}).get(c, Fraction(0)) + v > have:
+                            return None
+                for cs, cvals in d.consumes_counters:
+                    for c, v in cvals.items():
+                        used.setdefault(cs, {})[c] = used.get(cs, {}).get(c, Fraction(0)) + v
+                        counter_charge.append((cs, c, v))
+        if self.f.device_taints:
+            for t in d.taints:
+                if t.effect in ("NoSchedule", "NoExecute") and not _tolerates(rd.tolerations, t.key, t.value, t.effect):
+                    self._uncharge(pool, counter_charge)
+                    return None
+        added: list[_Constraint] = []
+        for con in cd.constraints:
+            if not con.add(rd.name, d):
+                for a in added:
+                    a.remove(rd.name, d)
+                self._uncharge(pool, counter_charge)
+                if must:
+                    raise AllocationError(
+                        f"claim {cd.ref}, request {rd.name}: cannot add device {'/'.join(d.id)} because a claim constraint would not be satisfied"
+                    )
+                return None
+            added.append(con)
+        result: dict[str, Any] = {"request": rd.name, "driver": d.driver, "pool": d.pool, "device": d.name}
+        if rd.admin:
+            result["adminAccess"] = True
+        if rd.tolerations:
+            result["tolerations"] = [dict(t) for t in rd.tolerations]
+        if d.binding_conditions and self.f.device_binding_and_status:
+            result["bindingConditions"] = list(d.binding_conditions)
+            result["bindingFailureConditions"] = list(d.binding_failure_conditions)
+        cap_added: dict[str, Fraction] = {}
+        if multi:
+            result["shareID"] = str(uuid.UUID(int=self.a.rng.getrandbits(128), version=4))
+            if d.capacity:
+                consumed = {}
+                for k, cap in d.capacity.items():
+                    amount = consumed_amount(cap, rd.capacity.get(k))
+                    q = Quantity(amount.value, cap.value.format)
+                    consumed[k] = q.canonical()
+                    cap_added[k] = amount.value
+                result["consumedCapacity"] = consumed
+            entry = self.cap_in_call.setdefault(d.id, {})
+            for k, v in cap_added.items():
+                entry[k] = entry.get(k, Fraction(0)) + v
+        else:
+            self.allocating.add(d.id)
+            cd.picked_dedicated.add(d.id)
+        if rd.admin and multi:
+            cd.picked_dedicated.add(d.id)
+        cd.results.append(result)
+        cd.devices.append(d)
+
+        def undo() -> None:
+            cd.results.pop()
+            cd.devices.pop()
+            if multi:
+                entry = self.cap_in_call.get(d.id, {})
+                for k, v in cap_added.items():
+                    entry[k] -= v
+                if rd.admin:
+                    cd.picked_dedicated.discard(d.id)
+                # Upstream keeps the (possibly empty) entry and the counter charge of a
+                # multi-allocatable device on undo (dra-spec.md 2.5 quirks): mirror it.
+            else:
+                self.allocating.discard(d.id)
+                cd.picked_dedicated.discard(d.id)
+                self._uncharge(pool, counter_charge)
+            for con in reversed(added):
+                con.remove(rd.name, d)
+
+        return undo
+
+    def _uncharge(self, pool: Pool, charge: list[tuple[str, str, Fraction]]) -> None:
+        used = self.counters_in_call.get(pool.key, {})
+        for cs, c, v in charge:
+            used[cs][c] -= v
+
+    # ---- the search (dra-spec.md 4.4) ------------------------------------------------------
+    def run(self) -> list[dict[str, Any]] | None:
+        self._prepare()
+        if not self.claims:
+            return []
+        try:
+            ok = self._claim(0)
+        except _MaxSizeExceeded:
+            ok = False
+        if not ok:
+            if self.invalid_seen:
+                raise AllocationError("invalid resource pools were encountered")
+            return None
+        return [self._result(cd) for cd in self.claims]
+
+    def _claim(self, ci: int) -> bool:
+        if ci >= len(self.claims):
+            return True
+        return self._req(ci, 0)
+
+    def _req(self, ci: int, ri: int) -> bool:
+        cd = self.claims[ci]
+        if ri >= len(cd.requests):
+            return self._claim(ci + 1)
+        alts = cd.requests[ri]
+        if len(alts) == 1 and alts[0].sub_index < 0:
+            return self._slot(cd, ci, ri, alts[0], 0, (0, 0, -1))
+        exceeded = 0
+        for rd in alts:
+            try:
+                if self._slot(cd, ci, ri, rd, 0, (0, 0, -1)):
+                    return True
+            except _MaxSizeExceeded:
+                exceeded += 1
+        if exceeded == len(alts):
+            raise _MaxSizeExceeded()
+        return False
+
+    def _slot(self, cd: ClaimData, ci: int, ri: int, rd: RequestData, di: int, start: tuple[int, int, int]) -> bool:
+        if di >= rd.count:
+            return self._req(ci, ri + 1)
+        if len(cd.results) + (rd.count - di) > MAX_RESULTS_PER_CLAIM:
+            raise _MaxSizeExceeded()
+        if rd.all_mode:
+            d = rd.all_devices[di]
+            pool = next(p for p in self.pools if p.key == (d.driver, d.pool))
+            if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=True):
+                return False
+            undo = self._allocate_device(cd, rd, d, pool, must=True)
+            if undo is None:
+                return False
+            if self._slot(cd, ci, ri, rd, di + 1, start):
+                return True
+            undo()
+            return False
+        p0, s0, d0 = start
+        for pi in range(p0, len(self.pools)):
+            pool = self.pools[pi]
+            if not pool.complete or pool.invalid:
+                continue
+            for si in range(s0 if pi == p0 else 0, len(pool.slices)):
+                devs = pool.slices[si].devices
+                first = d0 + 1 if (pi == p0 and si == s0) else 0
+                for dj in range(first, len(devs)):
+                    d = devs[dj]
+                    if not device_on_node(d, self.node):
+                        continue
+                    if self._in_use(rd, d, cd):
+                        continue
+                    if not self._selectable(rd, d, cd.ref):
+                        continue
+                    if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=True):
+                        continue
+                    undo = self._allocate_device(cd, rd, d, pool, must=False)
+                    if undo is None:
+                        continue
+                    if self._slot(cd, ci, ri, rd, di + 1, (pi, si, dj)):
+                        return True
+                    undo()
+        return False
+
+    # ---- result (dra-spec.md 4.8) -----------------------------------------------------------
+    def _result(self, cd: ClaimData) -> dict[str, Any]:
+        alloc: dict[str, Any] = {"devices": {"results": [dict(r) for r in cd.results]}}
+        config = self._config(cd)
+        if config:
+            alloc["devices"]["config"] = config
+        ns = self._node_selector(cd.devices)
+        if ns is not None:
+            alloc["nodeSelector"] = ns
+        return alloc
+
+    def _node_selector(self, devices: Sequence[Device]) -> dict[str, Any] | None:
+        for d in devices:
+            if d.node_name or d.binds_to_node:
+                return {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [self.node.name]}]}
+                    ]
+                }
+        exprs: list[dict[str, Any]] = []
+        fields: list[dict[str, Any]] = []
+        for d in devices:
+            if d.node_selector:
+                term = (d.node_selector.get("nodeSelectorTerms") or [{}])[0]
+                for e in term.get("matchExpressions") or []:
+                    if e not in exprs:
+                        exprs.append(e)
+                for e in term.get("matchFields") or []:
+                    if e not in fields:
+                        fields.append(e)
+        if not exprs and not fields:
+            return None
+        term2: dict[str, Any] = {}
+        if exprs:
+            term2["matchExpressions"] = exprs
+        if fields:
+            term2["matchFields"] = fields
+        return {"nodeSelectorTerms": [term2]}
+
+    def _config(self, cd: ClaimData) -> list[dict[str, Any]]:
+        chosen: list[tuple[str, str]] = []  # (result request name, class)
+        for r in cd.results:
+            rd = self._find_rd(cd, r["request"])
+            if (r["request"], rd.class_name) not in chosen:
+                chosen.append((r["request"], rd.class_name))
+        out: list[dict[str, Any]] = []
+        by_class: dict[str, list[str]] = {}
+        for req, cls in chosen:
+            by_class.setdefault(cls, [])
+            if req not in by_class[cls]:
+                by_class[cls].append(req)
+        for cls, reqs in by_class.items():
+            for c in (self.a.classes[cls].get("spec") or {}).get("config") or []:
+                if c.get("opaque"):
+                    out.append({"source": "FromClass", "requests": list(reqs), "opaque": c["opaque"]})
+        names = {r["request"] for r in cd.results}
+        parents = {n.split("/")[0] for n in names}
+        for c in ((cd.claim.get("spec") or {}).get("devices") or {}).get("config") or []:
+            reqs = c.get("requests") or []
+            if (not reqs or any(x in names or x in parents for x in reqs)) and c.get("opaque"):
+                    out.append({"source": "FromClaim", "requests": list(reqs), "opaque": c["opaque"]})
+        all_reqs = {r.get("name") for r in ((cd.claim.get("spec") or {}).get("devices") or {}).get("requests") or []}
+        for c in out:
+            covered = {x.split("/")[0] for x in c["requests"]}
+            if not c["requests"] or covered >= all_reqs:
+                c.pop("requests")
+        return out
+
+    def _find_rd(self, cd: ClaimData, name: str) -> RequestData:
+        for alts in cd.requests:
+            for rd in alts:
+                if rd.name == name:
+                    return rd
+        raise KeyError(name)

@@ -1,0 +1,356 @@
+"""Allocator input model: devices and pools from ResourceSlices, and the allocated state.
+
+Built once from API dicts, then read many times by the search. Pure: no I/O.
+Field names follow ``resource.k8s.io/v1``; semantics follow dra-spec.md sections 2 and 4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from tessera.api.errors import ManifestError
+from tessera.api.loader import object_ref
+from tessera.api.quantity import Quantity, QuantityError
+from tessera.cel import DeviceView, SemverValue, device_activation
+
+DeviceID = tuple[str, str, str]  # (driver, pool, device)
+
+
+def device_id_str(d: DeviceID) -> str:
+    return "/".join(d)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPolicy:
+    """``DeviceCapacity.requestPolicy`` (KEP-5075): default, validValues or validRange."""
+
+    default: Quantity | None = None
+    valid_values: tuple[Quantity, ...] = ()
+    range_min: Quantity | None = None
+    range_max: Quantity | None = None
+    range_step: Quantity | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """One published capacity: ``value`` (never changes with consumption) and its policy."""
+
+    value: Quantity
+    policy: RequestPolicy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(eq=False, slots=True)
+class Device:
+    """A device as the allocator sees it. ``attributes`` keys are fully qualified."""
+
+    id: DeviceID
+    slice_name: str
+    attributes: dict[str, Any]
+    capacity: dict[str, Capacity]
+    allow_multiple: bool
+    consumes_counters: tuple[tuple[str, dict[str, Fraction]], ...] = ()
+    taints: tuple[Taint, ...] = ()
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
+    binds_to_node: bool = False
+    # Node selection of the slice, or of the device with perDeviceNodeSelection.
+    node_name: str | None = None
+    node_selector: dict[str, Any] | None = None
+    all_nodes: bool = False
+    per_device_node_selection: bool = False
+    _activation: dict[str, Any] | None = None
+
+    @property
+    def driver(self) -> str:
+        return self.id[0]
+
+    @property
+    def pool(self) -> str:
+        return self.id[1]
+
+    @property
+    def name(self) -> str:
+        return self.id[2]
+
+    def activation(self) -> dict[str, Any]:
+        """CEL activation, built on first use and kept."""
+        if self._activation is None:
+            view = DeviceView(
+                driver=self.driver,
+                attributes=self.attributes,
+                capacity={_qualify(k, self.driver): c.value for k, c in self.capacity.items()},
+                allow_multiple_allocations=self.allow_multiple,
+            )
+            self._activation = device_activation(view)
+        return self._activation
+
+
+@dataclass
+class Slice:
+    """A ResourceSlice reduced to what allocation needs."""
+
+    name: str
+    driver: str
+    pool: str
+    generation: int
+    slice_count: int
+    node_name: str | None
+    node_selector: dict[str, Any] | None
+    all_nodes: bool
+    per_device_node_selection: bool
+    devices: list[Device]
+    shared_counters: dict[str, dict[str, Fraction]] = field(default_factory=dict)
+    obj: dict[str, Any] = field(default_factory=dict)
+
+
+def _qualify(name: str, driver: str) -> str:
+    return name if "/" in name else f"{driver}/{name}"
+
+
+def _q(v: Any, where: str, ref: str) -> Quantity:
+    try:
+        return Quantity.parse(v)
+    except QuantityError as e:
+        raise ManifestError(str(e), obj=ref, field=where) from None
+
+
+def _attr_value(a: Any, where: str, ref: str) -> Any:
+    if not isinstance(a, dict) or len([k for k in a if a[k] is not None]) != 1:
+        raise ManifestError(
+            "must have exactly one of int, bool, string, version (or ints/bools/strings/versions)",
+            obj=ref,
+            field=where,
+        )
+    kind, v = next((k, v) for k, v in a.items() if v is not None)
+    if kind == "int" and isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if kind == "bool" and isinstance(v, bool):
+        return v
+    if kind == "string" and isinstance(v, str):
+        return v
+    if kind == "version" and isinstance(v, str):
+        try:
+            return SemverValue.parse(v)
+        except ValueError as e:
+            raise ManifestError(str(e), obj=ref, field=where) from None
+    if kind in ("ints", "bools", "strings", "versions") and isinstance(v, list) and v:
+        inner = kind[:-1]
+        return [_attr_value({inner: x}, where, ref) for x in v]
+    raise ManifestError(f"{kind}: {v!r} is not a valid {kind} attribute value", obj=ref, field=where)
+
+
+def _policy(p: Any, where: str, ref: str) -> RequestPolicy | None:
+    if not p:
+        return None
+    rng = p.get("validRange") or {}
+    return RequestPolicy(
+        default=_q(p["default"], f"{where}.default", ref) if p.get("default") is not None else None,
+        valid_values=tuple(_q(x, f"{where}.validValues", ref) for x in p.get("validValues") or ()),
+        range_min=_q(rng["min"], f"{where}.validRange.min", ref) if rng.get("min") is not None else None,
+        range_max=_q(rng["max"], f"{where}.validRange.max", ref) if rng.get("max") is not None else None,
+        range_step=_q(rng["step"], f"{where}.validRange.step", ref) if rng.get("step") is not None else None,
+    )
+
+
+def _counters(m: Any, where: str, ref: str) -> dict[str, Fraction]:
+    return {k: _q((v or {}).get("value"), f"{where}.{k}", ref).value for k, v in (m or {}).items()}
+
+
+def slice_from_dict(obj: dict[str, Any]) -> Slice:
+    """Build a :class:`Slice` from a ResourceSlice dict.
+
+    Raises :class:`ManifestError` naming the slice and field for values that cannot be read
+    (quantities, attribute values). Structural API validation is done elsewhere.
+    """
+    ref = object_ref(obj)
+    spec = obj.get("spec") or {}
+    driver = spec.get("driver") or ""
+    pool = spec.get("pool") or {}
+    pool_name = pool.get("name") or ""
+    if not driver or not pool_name:
+        raise ManifestError("spec.driver and spec.pool.name are required", obj=ref, field="spec")
+    per_dev = bool(spec.get("perDeviceNodeSelection"))
+    sl = Slice(
+        name=(obj.get("metadata") or {}).get("name") or "",
+        driver=driver,
+        pool=pool_name,
+        generation=int(pool.get("generation") or 0),
+        slice_count=int(pool.get("resourceSliceCount") or 1),
+        node_name=spec.get("nodeName") or None,
+        node_selector=spec.get("nodeSelector") or None,
+        all_nodes=bool(spec.get("allNodes")),
+        per_device_node_selection=per_dev,
+        devices=[],
+        obj=obj,
+    )
+    for cs in spec.get("sharedCounters") or []:
+        sl.shared_counters[cs.get("name", "")] = _counters(cs.get("counters"), f"spec.sharedCounters[{cs.get('name')}]", ref)
+    for i, d in enumerate(spec.get("devices") or []):
+        where = f"spec.devices[{i}]"
+        attrs = {
+            _qualify(k, driver): _attr_value(v, f"{where}.attributes[{k}]", ref)
+            for k, v in (d.get("attributes") or {}).items()
+        }
+        caps = {
+            k: Capacity(
+                _q((v or {}).get("value"), f"{where}.capacity[{k}].value", ref),
+                _policy((v or {}).get("requestPolicy"), f"{where}.capacity[{k}].requestPolicy", ref),
+            )
+            for k, v in (d.get("capacity") or {}).items()
+        }
+        dev = Device(
+            id=(driver, pool_name, d.get("name") or ""),
+            slice_name=sl.name,
+            attributes=attrs,
+            capacity=caps,
+            allow_multiple=bool(d.get("allowMultipleAllocations")),
+            consumes_counters=tuple(
+                (c.get("counterSet", ""), _counters(c.get("counters"), f"{where}.consumesCounters", ref))
+                for c in d.get("consumesCounters") or []
+            ),
+            taints=tuple(
+                Taint(t.get("key", ""), t.get("value", "") or "", t.get("effect", "")) for t in d.get("taints") or []
+            ),
+            binding_conditions=tuple(d.get("bindingConditions") or ()),
+            binding_failure_conditions=tuple(d.get("bindingFailureConditions") or ()),
+            binds_to_node=bool(d.get("bindsToNode")),
+            node_name=(d.get("nodeName") or None) if per_dev else sl.node_name,
+            node_selector=(d.get("nodeSelector") or None) if per_dev else sl.node_selector,
+            all_nodes=bool(d.get("allNodes")) if per_dev else sl.all_nodes,
+            per_device_node_selection=per_dev,
+        )
+        sl.devices.append(dev)
+    return sl
+
+
+# ---------------------------------------------------------------------------------------------
+# Node matching
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node as scheduling sees it: name and labels."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def _req_matches(req: dict[str, Any], labels: Mapping[str, str], name: str, fields: bool) -> bool:
+    key = req.get("key", "")
+    op = req.get("operator", "")
+    vals = req.get("values") or []
+    have: str | None = (name if key == "metadata.name" else None) if fields else labels.get(key)
+    if op == "In":
+        return have is not None and have in vals
+    if op == "NotIn":
+        return have is None or have not in vals
+    if op == "Exists":
+        return have is not None
+    if op == "DoesNotExist":
+        return have is None
+    if op in ("Gt", "Lt"):
+        try:
+            h, v = int(have or ""), int(vals[0])
+        except (ValueError, IndexError):
+            return False
+        return h > v if op == "Gt" else h < v
+    return False
+
+
+def node_selector_matches(sel: dict[str, Any] | None, node: Node) -> bool:
+    """``v1.NodeSelector`` semantics: terms are ORed, requirements within a term ANDed."""
+    if sel is None:
+        return False
+    for term in sel.get("nodeSelectorTerms") or []:
+        exprs = term.get("matchExpressions") or []
+        fields = term.get("matchFields") or []
+        if not exprs and not fields:
+            continue
+        if all(_req_matches(r, node.labels, node.name, False) for r in exprs) and all(
+            _req_matches(r, node.labels, node.name, True) for r in fields
+        ):
+            return True
+    return False
+
+
+def device_on_node(d: Device, node: Node) -> bool:
+    if d.node_name is not None:
+        return d.node_name == node.name
+    if d.all_nodes:
+        return True
+    if d.node_selector is not None:
+        return node_selector_matches(d.node_selector, node)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Allocated state (schedulerapi.AllocatedState)
+
+
+@dataclass
+class AllocatedState:
+    """What earlier allocations hold (dra-spec.md 2.4).
+
+    ``dedicated``: devices allocated without a shareID; ``shared``: (device, shareID) pairs;
+    ``aggregated``: per device, the sum of consumedCapacity of its shares (exact, base units).
+    Admin-access results are not recorded: they never block anyone.
+    """
+
+    dedicated: set[DeviceID] = field(default_factory=set)
+    shared: set[tuple[DeviceID, str]] = field(default_factory=set)
+    aggregated: dict[DeviceID, dict[str, Fraction]] = field(default_factory=dict)
+
+    def add_result(self, result: Mapping[str, Any]) -> None:
+        """Record one ``status.allocation.devices.results[]`` entry."""
+        if result.get("adminAccess"):
+            return
+        did = (result["driver"], result["pool"], result["device"])
+        share = result.get("shareID")
+        if share:
+            self.shared.add((did, share))
+            agg = self.aggregated.setdefault(did, {})
+            for k, v in (result.get("consumedCapacity") or {}).items():
+                agg[k] = agg.get(k, Fraction(0)) + Quantity.parse(v).value
+        else:
+            self.dedicated.add(did)
+
+    def remove_result(self, result: Mapping[str, Any]) -> None:
+        """Undo :meth:`add_result` (a claim was deallocated)."""
+        if result.get("adminAccess"):
+            return
+        did = (result["driver"], result["pool"], result["device"])
+        share = result.get("shareID")
+        if share:
+            self.shared.discard((did, share))
+            agg = self.aggregated.get(did, {})
+            for k, v in (result.get("consumedCapacity") or {}).items():
+                agg[k] = agg.get(k, Fraction(0)) - Quantity.parse(v).value
+            if not any((d == did) for d, _ in self.shared):
+                self.aggregated.pop(did, None)
+        else:
+            self.dedicated.discard(did)
+
+    def add_claim(self, claim: Mapping[str, Any]) -> None:
+        alloc = (claim.get("status") or {}).get("allocation") or {}
+        for r in (alloc.get("devices") or {}).get("results") or []:
+            self.add_result(r)
+
+    def is_allocated(self, did: DeviceID) -> bool:
+        return did in self.dedicated or did in self.aggregated
+
+    @classmethod
+    def from_claims(cls, claims: Iterable[Mapping[str, Any]]) -> AllocatedState:
+        st = cls()
+        for c in claims:
+            st.add_claim(c)
+        return st

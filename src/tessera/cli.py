@@ -1,0 +1,167 @@
+"""The ``tessera`` command line. Bad input prints one line and exits 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from fractions import Fraction
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from tessera.api.errors import TesseraError
+from tessera.api.loader import expand_workloads, load_files
+from tessera.api.quantity import Quantity, QuantityError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    errs: list[type[BaseException]] = [TesseraError, QuantityError]
+    try:
+        from tessera.inventory import InventoryError
+
+        errs.append(InventoryError)
+    except ImportError:  # pragma: no cover - package always present once merged
+        pass
+    try:
+        from tessera.convert import ConversionError
+
+        errs.append(ConversionError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(errs)
+
+
+def fail(msg: str) -> None:
+    click.echo(f"tessera: error: {msg}", err=True)
+    sys.exit(2)
+
+
+def examples_dir() -> Path:
+    """The bundled examples shipped inside the package."""
+    return Path(str(resources.files("tessera") / "examples"))
+
+
+@click.group()
+@click.version_option(package_name="tessera")
+def main() -> None:
+    """Tessera: share NVIDIA GPUs on Kubernetes by memory and compute through DRA."""
+
+
+def _fmt_bytes(v: Fraction | None) -> str:
+    if v is None:
+        return "-"
+    return Quantity(v, "BinarySI").canonical()
+
+
+def _fmt_num(v: Fraction | None) -> str:
+    if v is None:
+        return "-"
+    return Quantity(v).canonical()
+
+
+@main.command()
+@click.argument("manifests", nargs=-1, type=click.Path())
+@click.option("--cluster", "cluster_file", type=click.Path(), help="Cluster description (kind: Cluster) naming each node's GPU inventory.")
+@click.option(
+    "--node",
+    "node_specs",
+    multiple=True,
+    metavar="NAME=INVENTORY[:TOPOLOGY]",
+    help="Add a node from an nvidia-smi inventory file (and optional `nvidia-smi topo -m` file). Repeatable.",
+)
+@click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for shareIDs (upstream draws them at random).")
+def simulate(manifests: tuple[str, ...], cluster_file: str | None, node_specs: tuple[str, ...], output: str, seed: int) -> None:
+    """Schedule MANIFESTS (Pods, workloads, ResourceClaims, templates, DeviceClasses,
+    ResourceSlices; HAMi-style pods too) onto simulated GPU nodes, as kube-scheduler would.
+
+    With no arguments, runs the bundled default: a mixed cluster (8x H100, 8x V100S, 2x A5000,
+    an A100 in MIG mode) built from real nvidia-smi inventories, with HAMi example pods and
+    DRA-native claims.
+    """
+    try:
+        _simulate(manifests, cluster_file, node_specs, output, seed)
+    except _user_errors() as e:
+        fail(str(e))
+
+
+def _simulate(manifests: tuple[str, ...], cluster_file: str | None, node_specs: tuple[str, ...], output: str, seed: int) -> None:
+    from tessera.sim.cluster import Cluster, SimNode, load_cluster
+    from tessera.sim.simulate import Simulation
+
+    if not manifests and not cluster_file and not node_specs:
+        ex = examples_dir()
+        cluster_file = str(ex / "cluster.yaml")
+        manifests = (str(ex / "workloads"),)
+    nodes: list[SimNode] = []
+    if cluster_file:
+        nodes.extend(load_cluster(cluster_file).nodes)
+    for spec in node_specs:
+        from tessera.inventory import build_resource_slices, load_inventory, load_topology
+
+        name, sep, rest = spec.partition("=")
+        if not sep or not name or not rest:
+            raise TesseraError(f"--node {spec!r}: expected NAME=INVENTORY[:TOPOLOGY], e.g. gpu-1=nvidia-smi-q.xml")
+        inv, _, topo = rest.partition(":")
+        gpus = load_inventory(inv)
+        topology = load_topology(topo) if topo else None
+        nodes.append(SimNode(name, {"kubernetes.io/hostname": name}, build_resource_slices(name, gpus, topology), inv))
+    loaded = list(expand_workloads(load_files(manifests)))
+    if not nodes and not any(m.kind == "ResourceSlice" for m in loaded):
+        raise TesseraError("no nodes to schedule on: give --cluster FILE, --node NAME=INVENTORY, or ResourceSlices")
+    slice_nodes = {
+        (m.obj.get("spec") or {}).get("nodeName") for m in loaded if m.kind == "ResourceSlice"
+    } - {None} - {n.name for n in nodes}
+    for extra in sorted(str(x) for x in slice_nodes):
+        nodes.append(SimNode(extra, {"kubernetes.io/hostname": extra}, [], "ResourceSlices"))
+    sim = Simulation(Cluster(nodes), loaded, seed=seed)
+    result = sim.run()
+    if output in ("json", "yaml"):
+        lst = {"apiVersion": "v1", "kind": "List", "items": result.objects}
+        if output == "json":
+            click.echo(json.dumps(lst, indent=2, sort_keys=False))
+        else:
+            click.echo(yaml.safe_dump(lst, sort_keys=False, width=120))
+        return
+    console = Console(width=max(Console().width, 160))
+    t = Table(title="Placements", title_justify="left")
+    for col in ("pod", "container", "node", "GPU", "model", "memory", "cores", "shareID"):
+        t.add_column(col)
+    for p in result.placements:
+        t.add_row(p.pod, p.container, p.node, p.uuid or p.device, p.model or "-", p.memory or "-", p.cores or "-", p.share_id or "(dedicated)")
+    console.print(t)
+    g = Table(title="GPUs", title_justify="left")
+    for col in ("node", "device", "model", "memory allocated / capacity", "cores allocated / capacity", "shares"):
+        g.add_column(col)
+    for u in result.gpus:
+        g.add_row(
+            u.node,
+            u.device,
+            u.model or "-",
+            f"{_fmt_bytes(u.memory_allocated)} / {_fmt_bytes(u.memory_capacity)}",
+            f"{_fmt_num(u.cores_allocated)} / {_fmt_num(u.cores_capacity)}",
+            "dedicated" if u.dedicated else str(u.shares),
+        )
+    console.print(g)
+    if result.pending:
+        pt = Table(title="Unschedulable pods", title_justify="left")
+        pt.add_column("pod")
+        pt.add_column("reason")
+        for pend in result.pending:
+            pt.add_row(pend.pod, pend.reason)
+        console.print(pt)
+    console.print(f"{len(result.scheduled)} pod(s) scheduled, {len(result.pending)} pending.")
+    for w in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

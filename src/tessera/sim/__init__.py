@@ -1,0 +1,1 @@
+"""In-memory cluster for `tessera simulate` and `tessera explain`."""

@@ -1,0 +1,445 @@
+"""An in-memory cluster that schedules pods the way kube-scheduler's DynamicResources plugin does.
+
+Pods are taken one at a time in input order. For each pod, its claims are resolved (a
+ResourceClaimTemplate yields a claim per pod, as the resource-claim controller does; HAMi-style
+requests are first converted by :mod:`tessera.convert`), then nodes are tried in cluster order
+and the first node where the allocator satisfies every unallocated claim wins ("first fit";
+kube-scheduler breaks score ties at random, so where several nodes fit, which one it picks is
+not defined). Node CPU and memory are not modelled.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+from tessera.allocator import AllocatedState, AllocationError, Allocator, Features, Node, SliceIndex
+from tessera.allocator.core import consumed_amount
+from tessera.allocator.model import Device, node_selector_matches
+from tessera.api.errors import ManifestError
+from tessera.api.loader import Manifest, object_ref
+from tessera.api.quantity import Quantity
+from tessera.api.validation import check
+from tessera.sim.cluster import Cluster
+
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+
+
+def default_device_class() -> dict[str, Any]:
+    """The DeviceClass Tessera's chart installs: every device of driver gpu.tessera.dev."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS_NAME},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
+    }
+
+
+@dataclass
+class Placement:
+    """One allocated device share, seen from the container that uses it."""
+
+    pod: str  # namespace/name
+    container: str
+    claim: str  # namespace/name
+    request: str
+    node: str
+    device: str  # driver/pool/device
+    uuid: str | None
+    model: str | None
+    memory: str | None  # canonical quantity, bytes
+    cores: str | None  # percent of SMs
+    share_id: str | None
+
+
+@dataclass
+class Pending:
+    pod: str
+    reason: str
+
+
+@dataclass
+class GPUUsage:
+    node: str
+    device: str
+    uuid: str | None
+    model: str | None
+    memory_allocated: Fraction
+    memory_capacity: Fraction | None
+    cores_allocated: Fraction
+    cores_capacity: Fraction | None
+    shares: int
+    dedicated: bool
+
+
+@dataclass
+class SimResult:
+    placements: list[Placement]
+    pending: list[Pending]
+    gpus: list[GPUUsage]
+    objects: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+    scheduled: list[str] = field(default_factory=list)
+
+
+def _pod_uid(ref: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"tessera-sim/pod/{ref}"))
+
+
+def _claim_uid(ref: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"tessera-sim/claim/{ref}"))
+
+
+def _ns(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("namespace") or "default")
+
+
+def _name(obj: dict[str, Any]) -> str:
+    md = obj.get("metadata") or {}
+    return str(md.get("name") or md.get("generateName") or "")
+
+
+def _pod_fits_node(pod: dict[str, Any], node: Node) -> bool:
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName") and spec["nodeName"] != node.name:
+        return False
+    for k, v in (spec.get("nodeSelector") or {}).items():
+        if node.labels.get(k) != str(v):
+            return False
+    req = (((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution"))
+    return not (req and not node_selector_matches(req, node))
+
+
+class Simulation:
+    """Holds the cluster state; :meth:`run` schedules pods and returns a :class:`SimResult`."""
+
+    def __init__(self, cluster: Cluster, manifests: Sequence[Manifest], *, seed: int = 0, features: Features | None = None) -> None:
+        self.cluster = cluster
+        self.nodes = [Node(n.name, n.labels) for n in cluster.nodes]
+        self.warnings: list[str] = []
+        self.classes: dict[str, dict[str, Any]] = {}
+        self.templates: dict[tuple[str, str], dict[str, Any]] = {}
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: list[Manifest] = []
+        slices = [s for n in cluster.nodes for s in n.slices]
+        for m in manifests:
+            check(m)
+            kind = m.kind
+            if kind == "DeviceClass":
+                self.classes[m.name] = m.obj
+            elif kind == "ResourceSlice":
+                slices.append(m.obj)
+            elif kind == "ResourceClaimTemplate":
+                self.templates[(m.namespace, m.name)] = m.obj
+            elif kind == "ResourceClaim":
+                self.claims[(m.namespace, m.name)] = copy.deepcopy(m.obj)
+            elif kind == "Pod":
+                self.pods.append(m)
+            else:
+                self.warnings.append(f"{m.source}: {m.ref()}: kind {kind} is not simulated; ignored")
+        self.classes.setdefault(DEVICE_CLASS_NAME, default_device_class())
+        self.slices = slices
+        self.index = SliceIndex(slices)
+        self.state = AllocatedState()
+        for c in self.claims.values():
+            self.state.add_claim(c)
+        self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed))
+        self.memory_sizes = sorted(
+            {
+                int(d.capacity["memory"].value.value)
+                for d in self.index.devices()
+                if d.driver == DRIVER_NAME and "memory" in d.capacity and d.allow_multiple
+            },
+            reverse=True,
+        )
+        self._check_classes(manifests)
+
+    def _check_classes(self, manifests: Iterable[Manifest]) -> None:
+        for m in manifests:
+            if m.kind not in ("ResourceClaim", "ResourceClaimTemplate"):
+                continue
+            spec = m.obj.get("spec") or {}
+            if m.kind == "ResourceClaimTemplate":
+                spec = spec.get("spec") or {}
+            base = "spec.spec" if m.kind == "ResourceClaimTemplate" else "spec"
+            for i, r in enumerate((spec.get("devices") or {}).get("requests") or []):
+                alts = [("exactly", r["exactly"])] if r.get("exactly") else [
+                    (f"firstAvailable[{j}]", s) for j, s in enumerate(r.get("firstAvailable") or [])
+                ]
+                for where, sub in alts:
+                    cls = sub.get("deviceClassName")
+                    if cls and cls not in self.classes:
+                        known = ", ".join(sorted(self.classes))
+                        raise ManifestError(
+                            f"DeviceClass {cls!r} does not exist (known: {known}): use one of them or add the DeviceClass",
+                            file=m.source.file,
+                            doc=m.source.doc,
+                            obj=m.ref(),
+                            field=f"{base}.devices.requests[{i}].{where}.deviceClassName",
+                        )
+
+    # ------------------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        from tessera.convert import convert_pod
+
+        placements: list[Placement] = []
+        pending: list[Pending] = []
+        scheduled: list[str] = []
+        out_pods: list[dict[str, Any]] = []
+        out_templates: list[dict[str, Any]] = list(self.templates.values())
+        for m in self.pods:
+            conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
+            pod = copy.deepcopy(conv.pod)
+            for w in conv.warnings:
+                self.warnings.append(f"{m.source}: {w}")
+            for t in conv.templates:
+                key = (_ns(t), _name(t))
+                if key not in self.templates:
+                    self.templates[key] = t
+                    out_templates.append(t)
+            ref = f"{_ns(pod)}/{_name(pod)}"
+            md = pod.setdefault("metadata", {})
+            md.setdefault("namespace", _ns(pod))
+            md.setdefault("uid", _pod_uid(ref))
+            node, reason, claims = self._schedule(pod, ref)
+            if node is None:
+                pending.append(Pending(ref, reason))
+                pod["status"] = {
+                    "phase": "Pending",
+                    "conditions": [
+                        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": reason}
+                    ],
+                }
+            else:
+                pod.setdefault("spec", {})["nodeName"] = node
+                pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+                scheduled.append(ref)
+                placements.extend(self._placements(pod, ref, node, claims))
+            out_pods.append(pod)
+        objects: list[dict[str, Any]] = []
+        objects.extend(self.classes.values())
+        objects.extend(self.slices)
+        objects.extend(out_templates)
+        objects.extend(self.claims.values())
+        objects.extend(out_pods)
+        return SimResult(placements, pending, self._gpu_usage(), objects, self.warnings, scheduled)
+
+    def _resolve_claims(self, pod: dict[str, Any], ref: str) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+        """``[(pod claim name, claim)]`` for the pod, creating template claims; or a reason."""
+        out: list[tuple[str, dict[str, Any]]] = []
+        ns = _ns(pod)
+        for pc in (pod.get("spec") or {}).get("resourceClaims") or []:
+            pcname = pc.get("name", "")
+            if pc.get("resourceClaimName"):
+                key = (ns, pc["resourceClaimName"])
+                claim = self.claims.get(key)
+                if claim is None:
+                    return [], f'resourceclaim "{key[1]}" not found'
+                out.append((pcname, claim))
+            elif pc.get("resourceClaimTemplateName"):
+                tkey = (ns, pc["resourceClaimTemplateName"])
+                tmpl = self.templates.get(tkey)
+                if tmpl is None:
+                    return [], f'resourceclaimtemplate "{tkey[1]}" not found'
+                cname = f"{_name(pod)}-{pcname}"
+                key = (ns, cname)
+                claim = self.claims.get(key)
+                if claim is None:
+                    tspec = tmpl.get("spec") or {}
+                    tmd = copy.deepcopy(tspec.get("metadata") or {})
+                    annotations = dict(tmd.get("annotations") or {})
+                    annotations[POD_CLAIM_NAME_ANNOTATION] = pcname
+                    claim = {
+                        "apiVersion": "resource.k8s.io/v1",
+                        "kind": "ResourceClaim",
+                        "metadata": {
+                            "name": cname,
+                            "namespace": ns,
+                            "uid": _claim_uid(f"{ns}/{cname}"),
+                            "labels": dict(tmd.get("labels") or {}),
+                            "annotations": annotations,
+                            "ownerReferences": [
+                                {"apiVersion": "v1", "kind": "Pod", "name": _name(pod), "uid": pod["metadata"]["uid"],
+                                 "controller": True, "blockOwnerDeletion": True}
+                            ],
+                        },
+                        "spec": copy.deepcopy(tspec.get("spec") or {}),
+                    }
+                    if not claim["metadata"]["labels"]:
+                        del claim["metadata"]["labels"]
+                    self.claims[key] = claim
+                out.append((pcname, claim))
+        return out, None
+
+    def _schedule(self, pod: dict[str, Any], ref: str) -> tuple[str | None, str, list[tuple[str, dict[str, Any]]]]:
+        claims, reason = self._resolve_claims(pod, ref)
+        if reason:
+            return None, reason, []
+        todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
+        done = [c for _, c in claims if (c.get("status") or {}).get("allocation")]
+        for c in done:
+            rf = (c.get("status") or {}).get("reservedFor") or []
+            if len(rf) >= 256 and not any(r.get("name") == _name(pod) for r in rf):
+                return None, "resourceclaim in use", claims
+        n_total = len(self.nodes)
+        counts: dict[str, int] = {}
+        for node in self.nodes:
+            if not _pod_fits_node(pod, node):
+                counts["didn't match Pod's node affinity/selector"] = counts.get("didn't match Pod's node affinity/selector", 0) + 1
+                continue
+            if any(
+                (c["status"]["allocation"].get("nodeSelector") is not None)
+                and not node_selector_matches(c["status"]["allocation"]["nodeSelector"], node)
+                for c in done
+            ):
+                counts["resourceclaim not available on the node"] = counts.get("resourceclaim not available on the node", 0) + 1
+                continue
+            try:
+                results = self.allocator.allocate(node, todo)
+            except AllocationError as e:
+                return None, f"allocation error: {e}", claims
+            if results is None:
+                counts["cannot allocate all claims"] = counts.get("cannot allocate all claims", 0) + 1
+                continue
+            for c, res in zip(todo, results, strict=True):
+                c["status"] = {"allocation": res}
+                self.state.add_claim(c)
+            for c in todo + done:
+                rf = c.setdefault("status", {}).setdefault("reservedFor", [])
+                rf.append({"resource": "pods", "name": _name(pod), "uid": pod["metadata"]["uid"]})
+            return node.name, "", claims
+        parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        msg = f"0/{n_total} nodes are available: {parts}." if parts else f"0/{n_total} nodes are available."
+        detail = self.explain_claims(todo) if counts.get("cannot allocate all claims") else ""
+        return None, msg + (f" {detail}" if detail else ""), claims
+
+    # ------------------------------------------------------------------------------------------
+    def explain_claims(self, claims: Sequence[dict[str, Any]]) -> str:
+        """A short account of why ``claims`` fit nowhere: per request, matching devices and room."""
+        notes: list[str] = []
+        for c in claims:
+            cref = f"{_ns(c)}/{_name(c)}"
+            for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or []:
+                alts = [r["exactly"]] if r.get("exactly") else list(r.get("firstAvailable") or [])
+                for sub in alts:
+                    notes.append(f"claim {cref}, request {r.get('name')}: {self._explain_request(sub)}")
+        return "; ".join(notes)
+
+    def _explain_request(self, req: dict[str, Any]) -> str:
+        from tessera.cel import compile_selector
+
+        cls = self.classes.get(req.get("deviceClassName", ""), {})
+        sels = [compile_selector(s["cel"]["expression"]) for s in ((cls.get("spec") or {}).get("selectors") or [])]
+        sels += [compile_selector(s["cel"]["expression"]) for s in req.get("selectors") or []]
+        caps = {k: Quantity.parse(v) for k, v in ((req.get("capacity") or {}).get("requests") or {}).items()}
+        matching: list[Device] = []
+        for d in self.index.devices():
+            try:
+                if all(s.evaluate(d.activation()) for s in sels):
+                    matching.append(d)
+            except Exception:
+                continue
+        want = int(req.get("count") or 1)
+        if not matching:
+            return "no device matches its selectors"
+        room: list[Device] = []
+        best: tuple[Fraction, Device] | None = None
+        for d in matching:
+            if d.id in self.state.dedicated:
+                continue
+            agg = self.state.aggregated.get(d.id, {})
+            ok = True
+            for k, cap in d.capacity.items():
+                amount = consumed_amount(cap, caps.get(k))
+                free = cap.value.value - agg.get(k, Fraction(0))
+                if amount.value > free:
+                    ok = False
+                if k == "memory" and (best is None or free > best[0]):
+                    best = (free, d)
+            if any(k not in d.capacity for k in caps):
+                ok = False
+            if ok:
+                room.append(d)
+        need = ", ".join(f"{k} {v.canonical()}" for k, v in caps.items()) or "the whole device"
+        msg = f"{len(matching)} device(s) match its selectors, {len(room)} of them with room for {need}"
+        if want > 1:
+            msg += f" ({want} distinct devices on one node needed)"
+        if best is not None and len(room) < want:
+            msg += f"; most free memory: {Quantity(best[0], 'BinarySI').canonical()} on {best[1].pool}/{best[1].name}"
+        return msg
+
+    # ------------------------------------------------------------------------------------------
+    def _device(self, driver: str, pool: str, name: str) -> Device | None:
+        for s in self.index.by_pool.get((driver, pool), []):
+            for d in s.devices:
+                if d.name == name:
+                    return d
+        return None
+
+    def _placements(self, pod: dict[str, Any], ref: str, node: str, claims: list[tuple[str, dict[str, Any]]]) -> list[Placement]:
+        by_pc = dict(claims)
+        out: list[Placement] = []
+        spec = pod.get("spec") or {}
+        containers = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
+        for ctr in containers:
+            for rc in (ctr.get("resources") or {}).get("claims") or []:
+                claim = by_pc.get(rc.get("name", ""))
+                if claim is None:
+                    continue
+                for r in claim["status"]["allocation"]["devices"]["results"]:
+                    if rc.get("request") and r["request"].split("/")[0] != rc["request"]:
+                        continue
+                    d = self._device(r["driver"], r["pool"], r["device"])
+                    attrs = d.attributes if d else {}
+                    cc = r.get("consumedCapacity") or {}
+                    out.append(
+                        Placement(
+                            pod=ref,
+                            container=ctr.get("name", ""),
+                            claim=f"{_ns(claim)}/{_name(claim)}",
+                            request=r["request"],
+                            node=node,
+                            device=f"{r['driver']}/{r['pool']}/{r['device']}",
+                            uuid=attrs.get(f"{r['driver']}/uuid"),
+                            model=attrs.get(f"{r['driver']}/productName"),
+                            memory=cc.get("memory") if cc else (d.capacity["memory"].value.canonical() if d and "memory" in d.capacity else None),
+                            cores=cc.get("cores") if cc else ("100" if d and "cores" in d.capacity else None),
+                            share_id=r.get("shareID"),
+                        )
+                    )
+        return out
+
+    def _gpu_usage(self) -> list[GPUUsage]:
+        out: list[GPUUsage] = []
+        node_of = {n.name for n in self.cluster.nodes}
+        for d in self.index.devices():
+            agg = self.state.aggregated.get(d.id, {})
+            shares = sum(1 for did, _ in self.state.shared if did == d.id)
+            dedicated = d.id in self.state.dedicated
+            mem = d.capacity.get("memory")
+            cores = d.capacity.get("cores")
+            out.append(
+                GPUUsage(
+                    node=d.node_name or (d.pool if d.pool in node_of else ""),
+                    device=d.name,
+                    uuid=d.attributes.get(f"{d.driver}/uuid"),
+                    model=d.attributes.get(f"{d.driver}/productName"),
+                    memory_allocated=(mem.value.value if dedicated and mem else agg.get("memory", Fraction(0))),
+                    memory_capacity=mem.value.value if mem else None,
+                    cores_allocated=(cores.value.value if dedicated and cores else agg.get("cores", Fraction(0))),
+                    cores_capacity=cores.value.value if cores else None,
+                    shares=shares,
+                    dedicated=dedicated,
+                )
+            )
+        return out
+
+
+def object_key(obj: dict[str, Any]) -> str:
+    return object_ref(obj)

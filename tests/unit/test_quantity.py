@@ -1,0 +1,71 @@
+from fractions import Fraction
+
+import pytest
+
+from tessera.api.quantity import Quantity, QuantityError
+
+
+@pytest.mark.parametrize(
+    ("text", "value", "canonical"),
+    [
+        ("1Ki", 1024, "1Ki"),
+        ("1024Mi", 2**30, "1Gi"),
+        ("1.5Gi", 3 * 2**29, "1536Mi"),
+        ("0.5Gi", 2**29, "512Mi"),
+        ("81559Mi", 81559 * 2**20, "81559Mi"),
+        ("2Ti", 2 * 2**40, "2Ti"),
+        ("1Pi", 2**50, "1Pi"),
+        ("1Ei", 2**60, "1Ei"),
+        ("1500m", Fraction(3, 2), "1500m"),
+        ("100", 100, "100"),
+        ("1k", 1000, "1k"),
+        ("12M", 12_000_000, "12M"),
+        ("3G", 3 * 10**9, "3G"),
+        ("4T", 4 * 10**12, "4T"),
+        ("5P", 5 * 10**15, "5P"),
+        ("2E", 2 * 10**18, "2E"),
+        ("7u", Fraction(7, 10**6), "7u"),
+        ("9n", Fraction(9, 10**9), "9n"),
+        ("1e3", 1000, "1e3"),
+        ("5E-2", Fraction(1, 20), "50e-3"),
+        ("0.1n", Fraction(1, 10**9), "1n"),  # rounded up to nano precision, as upstream
+        ("-1Ki", -1024, "-1Ki"),
+        ("+20", 20, "20"),
+        (".5", Fraction(1, 2), "500m"),
+        ("1000Mi", 1000 * 2**20, "1000Mi"),
+        ("512", 512, "512"),
+    ],
+)
+def test_parse_and_canonical(text: str, value: Fraction, canonical: str) -> None:
+    q = Quantity.parse(text)
+    assert q.value == value
+    assert q.canonical() == canonical
+
+
+@pytest.mark.parametrize("bad", ["", "Gi", "1GB", "1.2.3", "one", "1 Gi", "1e", "--1", "8gi", "1Kib", "0x10"])
+def test_rejects_invalid(bad: str) -> None:
+    with pytest.raises(QuantityError, match="not a valid quantity"):
+        Quantity.parse(bad)
+
+
+def test_rejects_float_and_bool() -> None:
+    with pytest.raises(QuantityError, match="exact"):
+        Quantity.parse(1.5)  # type: ignore[arg-type]
+    with pytest.raises(QuantityError, match="boolean"):
+        Quantity.parse(True)
+
+
+def test_exact_arithmetic_and_ordering() -> None:
+    a, b = Quantity.parse("1Gi"), Quantity.parse("1024Mi")
+    assert a == b and hash(a) == hash(b)
+    assert (a + Quantity.parse("512Mi")).canonical() == "1536Mi"
+    assert (a - Quantity.parse("1Gi")).value == 0
+    assert Quantity.parse("999m") < Quantity.parse("1")
+    assert Quantity.parse("1500m").value_int() == 2  # Value() rounds up
+    assert Quantity.parse("1500m").milli_value() == 1500
+    assert Quantity.parse("1k").cmp(Quantity.parse("1Ki")) == -1
+
+
+def test_out_of_range() -> None:
+    with pytest.raises(QuantityError, match="out of range"):
+        Quantity.parse("16Ei")
