@@ -906,3 +906,29 @@ def test_template_is_namespaced_like_the_pod() -> None:
         not in convert(pod({"nvidia.com/gpu": 1}, namespace=None)).templates[0]["metadata"]
     )
     assert convert(pod({"nvidia.com/gpu": 1})).templates[0]["metadata"]["namespace"] == "ns"
+
+
+# ---- the API-rule checker itself must be able to fail ----------------------------------------
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        lambda t: t["metadata"].__setitem__("name", "Bad_Name"),
+        lambda t: t["spec"]["spec"]["devices"]["requests"].extend([{"name": "x"}] * 32),
+        lambda t: t["spec"]["spec"]["devices"]["requests"][0]["exactly"].__setitem__(
+            "selectors", [{"cel": {"expression": 42}}]
+        ),
+        lambda t: t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"][
+            "requests"
+        ].__setitem__("memory", "1024Mi"),  # not canonical
+        lambda t: t["spec"]["spec"]["devices"]["constraints"][0].__setitem__(
+            "distinctAttribute", "uuid"
+        ),
+    ],
+)
+def test_api_rule_checker_catches_violations(breakage: Any) -> None:
+    p = pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1024})
+    conv = convert_pod(p)
+    assert_api_valid(conv, p)
+    breakage(conv.templates[0])
+    with pytest.raises(AssertionError):
+        assert_api_valid(conv, p)
