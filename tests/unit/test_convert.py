@@ -657,6 +657,14 @@ def test_bad_memory_sizes_are_refused(sizes: list[Any]) -> None:
         convert_pod(pod({"nvidia.com/gpu": 1}), memory_sizes=sizes)
 
 
+def test_malformed_limits_are_refused() -> None:
+    p = pod({"nvidia.com/gpu": 1})
+    p["spec"]["containers"][0]["resources"]["requests"] = ["nvidia.com/gpu"]
+    with pytest.raises(ConversionError) as e:
+        convert_pod(p)
+    assert str(e.value) == "pod ns/p, container c: resources.requests must be a map"
+
+
 def test_claim_name_collision_is_refused() -> None:
     p = pod({"nvidia.com/gpu": 1})
     p["spec"]["resourceClaims"] = [{"name": "c-gpu", "resourceClaimName": "mine"}]

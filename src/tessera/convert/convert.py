@@ -740,6 +740,9 @@ def convert_pod(
         resources = c.get("resources")
         if not isinstance(resources, Mapping):
             continue
+        for part in ("limits", "requests"):
+            if resources.get(part) is not None and not isinstance(resources[part], Mapping):
+                raise ctx.error(cname, f"resources.{part}", f"resources.{part} must be a map")
         _unsupported_names(cname, resources, ctx)
         fam = _family(resources, ctx, cname)
         if fam is None:
