@@ -803,6 +803,15 @@ def test_numa_bind_not_boolean_is_an_error() -> None:
     )
 
 
+def test_bad_annotation_on_pod_without_gpu_is_only_a_warning() -> None:
+    conv = convert(pod({"cpu": 1}, annotations={"nvidia.com/numa-bind": "yes"}))
+    assert conv.templates == []
+    assert conv.warnings == [
+        "pod ns/p: annotation nvidia.com/numa-bind 'yes' is not a boolean; write \"true\" or "
+        '"false" (ignored: no container asks for a GPU)'
+    ]
+
+
 def test_scheduler_policies_are_carried_through() -> None:
     ann = {
         "hami.io/node-scheduler-policy": "spread",

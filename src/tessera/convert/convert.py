@@ -692,7 +692,15 @@ def convert_pod(
     labels = meta.get("labels") or {}
     if not isinstance(annotations, Mapping) or not isinstance(labels, Mapping):
         raise ctx.error("", "metadata", "metadata.annotations and metadata.labels must be maps")
-    hints = _pod_hints(annotations, ctx)
+    has_hami = any(_has_hami(c.get("resources")) for c, _ in containers)
+    try:
+        hints = _pod_hints(annotations, ctx)
+    except ConversionError as e:
+        if has_hami:
+            raise
+        # Nothing to convert: a bad HAMi annotation must not reject an unrelated pod.
+        ctx.warnings.append(f"{e} (ignored: no container asks for a GPU)")
+        hints = _PodHints([], False, None, None)
     result_pod = copy.deepcopy(pod)
 
     def done(templates: list[dict[str, Any]], requests: list[ContainerRequest]) -> Conversion:
@@ -705,7 +713,7 @@ def convert_pod(
             gpu_scheduler_policy=hints.gpu_policy,
         )
 
-    if not any(_has_hami(c.get("resources")) for c, _ in containers):
+    if not has_hami:
         for c, _ in containers:
             if isinstance(c.get("resources"), Mapping):
                 _unsupported_names(str(c.get("name", "")), c["resources"], ctx)
