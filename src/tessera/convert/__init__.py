@@ -1,0 +1,18 @@
+"""HAMi-style GPU requests -> DRA ResourceClaimTemplates on ``gpu.tessera.dev``.
+
+Pure code (no I/O), used by the mutating webhook and by ``tessera simulate``::
+
+    from tessera.convert import convert_pod
+    conv = convert_pod(pod, memory_sizes=[80 * 2**30])
+    conv.pod          # the pod with HAMi resources replaced by resource claims
+    conv.templates    # resource.k8s.io/v1 ResourceClaimTemplates to create with it
+    conv.warnings     # what was ignored, defaulted or left unconverted
+    conv.requests     # per container, the request in HAMi's terms
+
+See ``docs/convert.md`` for the mapping table and the deliberate divergences from HAMi.
+"""
+
+from .convert import ContainerRequest, Conversion, ConversionError, convert_pod
+from .hami import HAMI_RESOURCES
+
+__all__ = ["HAMI_RESOURCES", "ContainerRequest", "Conversion", "ConversionError", "convert_pod"]

@@ -1,0 +1,79 @@
+"""CEL text for device selectors on Tessera devices (``resource.k8s.io/v1`` ``selectors[].cel``).
+
+Only builds strings; evaluation lives in :mod:`tessera.cel`. Every string literal goes through
+:func:`cel_string`, so user-supplied annotation values can never change an expression's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tessera import DRIVER_NAME
+
+ATTRS = f'device.attributes["{DRIVER_NAME}"]'
+CAPACITY = f'device.capacity["{DRIVER_NAME}"]'
+
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def cel_string(text: str) -> str:
+    """A double-quoted CEL string literal whose value is exactly ``text``.
+
+    Backslash, double quote, newline, CR and tab get their short escapes; any other control
+    character (U+0000..U+001F, U+007F) becomes ``\\uXXXX``. Other characters stay as they are
+    (CEL source is UTF-8).
+    """
+    out = ['"']
+    for ch in text:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def cel_list(items: Sequence[str]) -> str:
+    """A CEL list literal of string literals: ``["a", "b"]``."""
+    return "[" + ", ".join(cel_string(i) for i in items) + "]"
+
+
+def lower_ascii(text: str) -> str:
+    """Lower-case A-Z only, exactly like CEL's ``lowerAscii()`` (non-ASCII letters unchanged)."""
+    return "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in text)
+
+
+def uuid_in(uuids: Sequence[str]) -> str:
+    """``device.attributes["gpu.tessera.dev"].uuid in [...]`` (exact match)."""
+    return f"{ATTRS}.uuid in {cel_list(uuids)}"
+
+
+def uuid_not_in(uuids: Sequence[str]) -> str:
+    """``!(device.attributes["gpu.tessera.dev"].uuid in [...])``."""
+    return f"!({uuid_in(uuids)})"
+
+
+def _product_contains(needle: str) -> str:
+    return f"{ATTRS}.productName.lowerAscii().contains({cel_string(lower_ascii(needle))})"
+
+
+def product_contains_any(needles: Sequence[str]) -> str:
+    """Case-insensitive substring match of ``productName`` against any needle (OR)."""
+    return " || ".join(_product_contains(n) for n in needles)
+
+
+def product_contains_none(needles: Sequence[str]) -> str:
+    """No needle is a case-insensitive substring of ``productName`` (AND of negations)."""
+    return " && ".join(f"!{_product_contains(n)}" for n in needles)
+
+
+def type_is(device_type: str) -> str:
+    """``device.attributes["gpu.tessera.dev"].type == "<device_type>"`` (``gpu`` or ``mig``)."""
+    return f"{ATTRS}.type == {cel_string(device_type)}"
+
+
+def memory_is(quantity: str) -> str:
+    """The device's published memory capacity equals ``quantity`` (a canonical Quantity)."""
+    return f"{CAPACITY}.memory == quantity({cel_string(quantity)})"

@@ -1,0 +1,841 @@
+"""HAMi-style container requests -> ``resource.k8s.io/v1`` ResourceClaimTemplates.
+
+:func:`convert_pod` is pure: it reads a Pod dict and returns a new Pod dict plus the templates
+it needs. The mutating webhook and ``tessera simulate`` both call it, so a HAMi manifest gets the
+same claim in the cluster and in the simulator. ``docs/convert.md`` has the full table of HAMi
+inputs and Tessera claims, and every deliberate divergence from HAMi.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+from tessera.api.quantity import Quantity, QuantityError
+
+from . import cel, hami
+from .names import dns_label, dns_subdomain, short_hash
+
+MIB = 2**20
+MAX_GPUS_PER_CONTAINER = 32  # a claim's allocation holds at most 32 results (dra-spec 1.9)
+MAX_SUBREQUESTS = 8  # firstAvailable subrequests per request (dra-spec 1.9)
+MAX_GPUMEM_MIB = 2**31 - 1  # HAMi: gpumem must fit an int32 (hami.md 1.3)
+REQUEST_NAME = "gpu"
+MANAGED_BY = "tessera"
+HAMI_REQUEST_ANNOTATION = f"{DRIVER_NAME}/hami-request"
+CONTAINER_ANNOTATION = f"{DRIVER_NAME}/container"
+
+_PLAIN_INT = re.compile(r"^[+-]?[0-9]+$")
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+class ConversionError(ValueError):
+    """A HAMi request cannot be converted. One line: the pod, the container (if any), the
+    resource or annotation, what is wrong and how to fix it.
+
+    ``pod`` (``namespace/name``), ``container`` and ``field`` are also kept as attributes.
+    """
+
+    def __init__(
+        self, message: str, *, pod: str = "", container: str = "", field: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.pod = pod
+        self.container = container
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    """One container's GPU request in HAMi's own terms, after HAMi's defaults were applied.
+
+    * ``gpus``: physical GPUs (``nvidia.com/gpu``), each a distinct device; 1..32.
+    * ``memory_mib``: MiB per GPU (``nvidia.com/gpumem``), or ``None``.
+    * ``memory_percentage``: percent of each GPU's memory, 1..100, or ``None``; exactly one of
+      ``memory_mib`` / ``memory_percentage`` is set, and 100 means the whole memory.
+    * ``cores``: percent of each GPU's SMs, 0..100 (0 = no compute reservation).
+    * ``priority``: ``nvidia.com/priority`` if given (recorded, not enforced).
+    * ``family``: ``"nvidia"`` or ``"volcano"`` (which resource names were used).
+    * ``init``: the container is an initContainer.
+    * ``claim_name`` / ``template_name``: the pod claim and ResourceClaimTemplate it got.
+    """
+
+    container: str
+    gpus: int
+    memory_mib: int | None
+    memory_percentage: int | None
+    cores: int
+    priority: int | None = None
+    family: str = "nvidia"
+    init: bool = False
+    claim_name: str = ""
+    template_name: str = ""
+
+    @property
+    def whole_memory(self) -> bool:
+        """The request books each GPU's whole memory."""
+        return self.memory_mib is None and self.memory_percentage == 100
+
+    def hami_view(self) -> str:
+        """HAMi's normalised request, e.g. ``nvidia.com/gpu=2,nvidia.com/gpumem=3000,...``."""
+        fam = hami.VOLCANO if self.family == "volcano" else hami.NVIDIA
+        parts = [f"{fam.count}={self.gpus}"]
+        if self.memory_mib is not None:
+            parts.append(f"{fam.memory}={self.memory_mib}")
+        else:
+            parts.append(f"{fam.percentage}={self.memory_percentage}")
+        parts.append(f"{fam.cores}={self.cores}")
+        if self.priority is not None:
+            parts.append(f"{hami.PRIORITY}={self.priority}")
+        return ",".join(parts)
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """The result of :func:`convert_pod`.
+
+    * ``pod``: a new Pod dict (the input is never mutated). Converted containers lost their HAMi
+      resources and gained ``resources.claims: [{name}]``; ``spec.resourceClaims`` gained
+      ``{name, resourceClaimTemplateName}`` per converted container. Unchanged (an equal copy)
+      when nothing was converted.
+    * ``templates``: ``resource.k8s.io/v1`` ResourceClaimTemplate dicts, one per converted
+      container, in the pod's namespace (no namespace when the pod has none).
+    * ``warnings``: one-line messages about what was ignored, defaulted or left unconverted.
+    * ``requests``: one :class:`ContainerRequest` per converted container (initContainers first).
+    * ``node_scheduler_policy`` / ``gpu_scheduler_policy``: HAMi's policy annotations, carried
+      through unchanged (they stay on the pod too).
+    """
+
+    pod: dict[str, Any]
+    templates: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    requests: list[ContainerRequest] = field(default_factory=list)
+    node_scheduler_policy: str | None = None
+    gpu_scheduler_policy: str | None = None
+
+    @property
+    def converted(self) -> bool:
+        """At least one container was converted."""
+        return bool(self.templates)
+
+
+# ---- small context object for messages ---------------------------------------------------------
+@dataclass
+class _Ctx:
+    source: str
+    pod: str  # namespace/name as shown in messages
+    warnings: list[str]
+
+    def where(self, container: str = "") -> str:
+        head = f"{self.source}: " if self.source else ""
+        tail = f", container {container}" if container else ""
+        return f"{head}pod {self.pod}{tail}"
+
+    def error(self, container: str, what: str, text: str) -> ConversionError:
+        return ConversionError(
+            f"{self.where(container)}: {text}", pod=self.pod, container=container, field=what
+        )
+
+    def warn(self, container: str, text: str) -> None:
+        self.warnings.append(f"{self.where(container)}: {text}")
+
+
+# ---- value parsing -------------------------------------------------------------------------------
+_HOW = {
+    "count": "write a whole number of physical GPUs such as 1",
+    "memory": "write a whole number of MiB such as 3000",
+    "percentage": "write a whole percentage 1-100 such as 50",
+    "cores": "write a whole percentage 0-100 such as 30",
+    "priority": "write 0 (high) or 1 (low)",
+}
+
+
+def _parse_int(raw: object, name: str, role: str, ctx: _Ctx, container: str) -> int:
+    """Parse one HAMi resource value: a YAML int or a string holding a plain integer."""
+    how = _HOW[role]
+    if isinstance(raw, bool) or not isinstance(raw, int | str | float):
+        raise ctx.error(container, name, f"{name} {raw!r} is not a number; {how}")
+    if isinstance(raw, float):
+        raise ctx.error(container, name, f"{name} {raw!r} is fractional; {how}")
+    if isinstance(raw, int):
+        value = raw
+    else:
+        text = raw.strip()
+        if _PLAIN_INT.match(text):
+            value = int(text)
+        else:
+            try:
+                q = Quantity.parse(text)
+            except QuantityError:
+                raise ctx.error(container, name, f"{name} {raw!r} is not a number; {how}") from None
+            if q.sign() < 0:
+                raise ctx.error(container, name, f"{name} {raw!r} is negative; {how}")
+            if not q.is_integer():
+                raise ctx.error(container, name, f"{name} {raw!r} is fractional; {how}")
+            if role == "memory":
+                mib = q.value / MIB
+                hint = (
+                    str(int(mib)) if mib.denominator == 1 and mib >= 1 else "a number such as 1024"
+                )
+                raise ctx.error(
+                    container,
+                    name,
+                    f"{name} is in MiB: write {hint}, not {text} "
+                    "(HAMi would read the suffixed quantity as that many MiB)",
+                )
+            raise ctx.error(container, name, f"{name} {raw!r} has a unit suffix or exponent; {how}")
+    if value < 0:
+        raise ctx.error(container, name, f"{name} {raw!r} is negative; {how}")
+    return value
+
+
+def _go_bool(text: str) -> bool | None:
+    """Go ``strconv.ParseBool`` (what HAMi uses); ``None`` when not a boolean."""
+    t = text.strip()
+    if t in _GO_TRUE:
+        return True
+    if t in _GO_FALSE:
+        return False
+    return None
+
+
+def _split_list(text: str) -> list[str]:
+    """HAMi's comma lists: split on ',', trim whitespace, drop empty items and duplicates."""
+    out: list[str] = []
+    for item in text.split(","):
+        s = item.strip()
+        if s and s not in out:
+            out.append(s)
+    return out
+
+
+# ---- pod-level annotations -----------------------------------------------------------------------
+@dataclass
+class _PodHints:
+    selectors: list[str]
+    numa_bind: bool
+    node_policy: str | None
+    gpu_policy: str | None
+
+
+def _pod_hints(annotations: Mapping[str, Any], ctx: _Ctx) -> _PodHints:
+    """Turn HAMi's pod annotations into CEL selectors and claim options (hami.md 1.4)."""
+    selectors: list[str] = []
+
+    def text(key: str) -> str | None:
+        v = annotations.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, str):
+            raise ctx.error("", key, f"annotation {key} must be a string, got {v!r}; quote it")
+        return v
+
+    for key, build in (
+        (hami.USE_UUID, cel.uuid_in),
+        (hami.NOUSE_UUID, cel.uuid_not_in),
+        (hami.USE_TYPE, cel.product_contains_any),
+        (hami.NOUSE_TYPE, cel.product_contains_none),
+    ):
+        raw = text(key)
+        if raw is None:
+            continue
+        items = _split_list(raw)
+        if key in (hami.USE_TYPE, hami.NOUSE_TYPE):
+            items = _type_needles(items)
+        if not items:
+            ctx.warn("", f"annotation {key} is empty: no constraint applied")
+            continue
+        selectors.append(build(items))
+
+    for key in (hami.VGPU_MODE, hami.VOLCANO_VGPU_MODE):
+        raw = text(key)
+        if raw is not None:
+            sel = _vgpu_mode(key, raw, ctx)
+            if sel:
+                selectors.append(sel)
+
+    numa_bind = False
+    raw = text(hami.NUMA_BIND)
+    if raw is not None:
+        b = _go_bool(raw)
+        if b is None:
+            raise ctx.error(
+                "",
+                hami.NUMA_BIND,
+                f'annotation {hami.NUMA_BIND} {raw!r} is not a boolean; write "true" or "false"',
+            )
+        numa_bind = b
+
+    if text(hami.DEVICE_SCORING_WEIGHTS) is not None:
+        ctx.warn(
+            "",
+            f"annotation {hami.DEVICE_SCORING_WEIGHTS} is not supported by Tessera and is ignored",
+        )
+    for key in sorted(annotations):
+        if key in hami.HAMI_RESOURCES:
+            ctx.warn(
+                "",
+                f"annotation {key} is ignored (HAMi ignores it too): {key} is a container "
+                "resource; move it to the container's resources.limits",
+            )
+    return _PodHints(
+        selectors=selectors,
+        numa_bind=numa_bind,
+        node_policy=text(hami.NODE_SCHEDULER_POLICY),
+        gpu_policy=text(hami.GPU_SCHEDULER_POLICY),
+    )
+
+
+def _type_needles(items: list[str]) -> list[str]:
+    """HAMi matches against its registered type ``NVIDIA-<NVML name>``; Tessera's productName is
+    the NVML name, so a leading ``NVIDIA-`` (any case) is dropped from each needle."""
+    out: list[str] = []
+    for item in items:
+        needle = item[7:] if cel.lower_ascii(item).startswith("nvidia-") and len(item) > 7 else item
+        if needle not in out:
+            out.append(needle)
+    return out
+
+
+def _vgpu_mode(key: str, raw: str, ctx: _Ctx) -> str | None:
+    """HAMi: the device's mode must be a substring of the value (hami-core, mig, mps)."""
+    value = cel.lower_ascii(raw.strip())
+    types = [t for mode, t in (("hami-core", "gpu"), ("mig", "mig")) if mode in value]
+    if "mps" in value:
+        ctx.warn("", f"annotation {key} {raw!r}: mps is not supported by Tessera; mps is ignored")
+    elif not types:
+        raise ctx.error("", key, f"annotation {key} {raw!r} names no mode; write hami-core or mig")
+    if "mig" in types:
+        ctx.warn(
+            "",
+            f"annotation {key} {raw!r}: Tessera does not create MIG instances; the claim "
+            'shares existing MIG devices (type "mig") by memory and cores',
+        )
+    if len(types) == 1:
+        return cel.type_is(types[0])
+    return None  # both kinds (or mps only): no constraint
+
+
+# ---- per-container conversion ---------------------------------------------------------------------
+def _unsupported_names(container: str, resources: Mapping[str, Any], ctx: _Ctx) -> None:
+    names: set[str] = set()
+    for part in ("limits", "requests"):
+        block = resources.get(part)
+        if isinstance(block, Mapping):
+            names.update(str(k) for k in block)
+    for name in sorted(names - hami.HAMI_RESOURCES):
+        low = name.lower()
+        if low.startswith("nvidia.com/mig-"):
+            ctx.warn(
+                container,
+                f"{name} is a MIG-profile resource, not converted (left unchanged): ask "
+                f"{hami.GPU} with annotation {hami.VGPU_MODE}: mig, or write a DRA claim "
+                'selecting type "mig"',
+            )
+        elif name in hami.VOLCANO_GPU_SHARE:
+            ctx.warn(
+                container,
+                f"{name} belongs to Volcano's gpu-share plugin, not converted (left unchanged): "
+                f"use {hami.VOLCANO_NUMBER} with {hami.VOLCANO_MEMORY} (MiB)",
+            )
+        elif low.startswith(("nvidia.com/", "volcano.sh/vgpu")):
+            ctx.warn(
+                container,
+                f"{name} is not a resource Tessera converts (left unchanged); HAMi's are "
+                + ", ".join(sorted(hami.HAMI_RESOURCES)),
+            )
+        elif low.startswith(hami.OTHER_VENDOR_PREFIXES):
+            ctx.warn(
+                container,
+                f"{name} is a HAMi resource of another vendor; Tessera shares NVIDIA GPUs only "
+                "(left unchanged)",
+            )
+
+
+def _read(
+    resources: Mapping[str, Any],
+    fam: hami.ResourceFamily,
+    ctx: _Ctx,
+    container: str,
+) -> dict[str, int]:
+    """Values by role; HAMi reads limits, falling back to requests (hami.md 1.3)."""
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    roles = {
+        "count": fam.count,
+        "memory": fam.memory,
+        "percentage": fam.percentage,
+        "cores": fam.cores,
+    }
+    if fam.priority:
+        roles["priority"] = fam.priority
+    out: dict[str, int] = {}
+    for role, name in roles.items():
+        in_lim, in_req = name in limits, name in requests
+        if not (in_lim or in_req):
+            continue
+        lim = _parse_int(limits[name], name, role, ctx, container) if in_lim else None
+        req = _parse_int(requests[name], name, role, ctx, container) if in_req else None
+        if lim is not None and req is not None and lim != req:
+            ctx.warn(
+                container,
+                f"{name} differs between limits ({lim}) and requests ({req}); the limit is used "
+                "(as HAMi does)",
+            )
+        value = lim if lim is not None else req
+        assert value is not None
+        out[role] = value
+    return out
+
+
+def _normalise(
+    values: dict[str, int], fam: hami.ResourceFamily, ctx: _Ctx, container: str, init: bool
+) -> ContainerRequest | None:
+    """Apply HAMi's defaults and checks (hami.md 1.3) to one container's raw values."""
+    mem = values.get("memory")
+    pct = values.get("percentage")
+    cores = values.get("cores")
+    gpus = values.get("count")
+    priority = values.get("priority")
+    sized = [r for r in ("memory", "percentage", "cores") if r in values]
+    role_name = {"memory": fam.memory, "percentage": fam.percentage, "cores": fam.cores}
+
+    if cores is not None and cores > 100:
+        raise ctx.error(
+            container,
+            fam.cores,
+            f"{fam.cores} {cores} is over 100: gpucores is a percentage 0-100 of each GPU's "
+            "compute (HAMi clamps it silently); write 100 or less",
+        )
+    if pct is not None and pct > 100:
+        raise ctx.error(
+            container,
+            fam.percentage,
+            f"{fam.percentage} {pct} is over 100: it is a percentage 1-100 of each GPU's memory; "
+            "write 100 or less",
+        )
+    if mem is not None and mem > MAX_GPUMEM_MIB:
+        raise ctx.error(
+            container,
+            fam.memory,
+            f"{fam.memory} {mem} is out of range: at most {MAX_GPUMEM_MIB} MiB per GPU",
+        )
+    if priority is not None and priority > 1:
+        ctx.warn(container, f"{fam.priority} {priority}: HAMi knows 0 (high) and 1 (low)")
+
+    if gpus is None:
+        if not sized:
+            if priority is not None:
+                ctx.warn(container, f"{fam.priority} without a GPU request has no effect; removed")
+            return None
+        gpus = 1  # HAMi defaultGPUNum
+    if gpus == 0:
+        if sized:
+            what = role_name[sized[0]]
+            raise ctx.error(
+                container,
+                fam.count,
+                f"{fam.count} is 0 but {what} is set; ask {fam.count}: 1 or more, or remove {what}",
+            )
+        ctx.warn(container, f"{fam.count} 0 asks for no GPU; removed")
+        return None
+    if gpus > MAX_GPUS_PER_CONTAINER:
+        raise ctx.error(
+            container,
+            fam.count,
+            f"{fam.count} {gpus} is over {MAX_GPUS_PER_CONTAINER}: a ResourceClaim allocates at "
+            f"most {MAX_GPUS_PER_CONTAINER} devices; ask for {MAX_GPUS_PER_CONTAINER} GPUs or fewer",
+        )
+
+    if mem == 0:
+        ctx.warn(
+            container,
+            f"{fam.memory} 0 is treated as unset (as HAMi does): the claim books each GPU's "
+            "whole memory",
+        )
+        mem = None
+    if pct == 0:
+        ctx.warn(
+            container,
+            f"{fam.percentage} 0 is treated as unset: the claim books each GPU's whole memory "
+            "(never 0 bytes)",
+        )
+        pct = None
+
+    # "Exclusive default" (HAMi v2.7+): gpucores absent and (percentage 100, or no memory asked).
+    if cores is None:
+        cores = 100 if (pct == 100 or (mem is None and pct is None)) else 0
+    if mem is not None and pct is not None:
+        ctx.warn(
+            container,
+            f"both {fam.memory} and {fam.percentage} are set; {fam.memory} wins (as in HAMi)",
+        )
+        pct = None
+    if mem is None and pct is None:
+        pct = 100
+    return ContainerRequest(
+        container=container,
+        gpus=gpus,
+        memory_mib=mem,
+        memory_percentage=pct,
+        cores=cores,
+        priority=priority,
+        family=fam.name,
+        init=init,
+    )
+
+
+def _family(resources: Mapping[str, Any], ctx: _Ctx, container: str) -> hami.ResourceFamily | None:
+    present = []
+    for fam in hami.FAMILIES:
+        for part in ("limits", "requests"):
+            block = resources.get(part) or {}
+            if any(n in block for n in fam.names()):
+                present.append(fam)
+                break
+    if len(present) > 1:
+        raise ctx.error(
+            container,
+            hami.GPU,
+            "asks for both nvidia.com/* and volcano.sh/vgpu-* GPU resources; use one spelling",
+        )
+    return present[0] if present else None
+
+
+# ---- claim construction --------------------------------------------------------------------------
+def _capacity(memory_bytes: int | None, cores: int) -> dict[str, Any]:
+    reqs: dict[str, str] = {}
+    if memory_bytes is not None:
+        reqs["memory"] = Quantity.from_int(memory_bytes, "BinarySI").canonical()
+    reqs["cores"] = Quantity.from_int(cores).canonical()
+    return {"requests": reqs}
+
+
+def _selectors(exprs: Sequence[str]) -> list[dict[str, Any]]:
+    return [{"cel": {"expression": e}} for e in exprs]
+
+
+def _device_request(
+    req: ContainerRequest,
+    selectors: Sequence[str],
+    sizes: Sequence[int],
+    ctx: _Ctx,
+) -> dict[str, Any]:
+    """The claim's single request ``gpu`` (``exactly``, or ``firstAvailable`` for percentages)."""
+
+    def exact(memory_bytes: int | None, extra: Sequence[str] = ()) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "deviceClassName": DEVICE_CLASS_NAME,
+            "allocationMode": "ExactCount",
+            "count": req.gpus,
+        }
+        exprs = [*selectors, *extra]
+        if exprs:
+            body["selectors"] = _selectors(exprs)
+        body["capacity"] = _capacity(memory_bytes, req.cores)
+        return body
+
+    if req.memory_mib is not None:
+        return {"name": REQUEST_NAME, "exactly": exact(req.memory_mib * MIB)}
+    pct = req.memory_percentage
+    assert pct is not None
+    if pct == 100:
+        return {"name": REQUEST_NAME, "exactly": exact(None)}
+    if not sizes:
+        fam = hami.VOLCANO if req.family == "volcano" else hami.NVIDIA
+        raise ctx.error(
+            req.container,
+            fam.percentage,
+            f"{fam.percentage} {pct} needs the cluster's GPU memory sizes to become a byte "
+            "request: the caller must pass memory_sizes (bytes per GPU model, from the "
+            f"ResourceSlices), or write {fam.memory} in MiB instead",
+        )
+    subs = []
+    for i, size in enumerate(sizes):
+        memory_bytes = max((size * pct // 100) // MIB * MIB, MIB)
+        canonical = Quantity.from_int(size, "BinarySI").canonical()
+        body = exact(memory_bytes, [cel.memory_is(canonical)])
+        subs.append({"name": f"mem-{i}", **body})
+    return {"name": REQUEST_NAME, "firstAvailable": subs}
+
+
+def _claim_spec(
+    req: ContainerRequest, hints: _PodHints, sizes: Sequence[int], ctx: _Ctx
+) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": [_device_request(req, hints.selectors, sizes, ctx)]}
+    constraints: list[dict[str, Any]] = []
+    if req.gpus > 1:
+        constraints.append({"requests": [REQUEST_NAME], "distinctAttribute": f"{DRIVER_NAME}/uuid"})
+        if hints.numa_bind:
+            constraints.append(
+                {"requests": [REQUEST_NAME], "matchAttribute": f"{DRIVER_NAME}/numaNode"}
+            )
+    if constraints:
+        devices["constraints"] = constraints
+    return {"devices": devices}
+
+
+def _memory_sizes(memory_sizes: Sequence[int], ctx: _Ctx) -> list[int]:
+    sizes: list[int] = []
+    for s in memory_sizes:
+        if isinstance(s, bool) or not isinstance(s, int) or s < MIB:
+            raise ConversionError(
+                f"{ctx.where()}: memory_sizes must be GPU memory sizes in bytes (integers "
+                f">= 1Mi), got {s!r}",
+                pod=ctx.pod,
+                field="memory_sizes",
+            )
+        if s not in sizes:
+            sizes.append(s)
+    sizes.sort(reverse=True)
+    return sizes
+
+
+# ---- naming ----------------------------------------------------------------------------------------
+def _base_name(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> tuple[str, str, bool]:
+    """(base for object names, name for messages, derived-from-content flag)."""
+    name = meta.get("name")
+    if isinstance(name, str) and name:
+        return name, name, False
+    gen = meta.get("generateName")
+    if isinstance(gen, str) and gen.strip("-."):
+        return gen.strip("-."), f"{gen}*", False
+    owners = [o for o in meta.get("ownerReferences") or [] if isinstance(o, Mapping)]
+    owners.sort(key=lambda o: not o.get("controller"))
+    for o in owners:
+        oname = o.get("name")
+        if isinstance(oname, str) and oname:
+            kind = o.get("kind") or "owner"
+            return oname, f"{oname} (template of {kind})", False
+    digest = short_hash(json.dumps(spec, sort_keys=True, default=str), 10)
+    return f"pod-{digest}", f"<unnamed pod-{digest}>", True
+
+
+def _containers(spec: Mapping[str, Any], ctx: _Ctx) -> list[tuple[dict[str, Any], bool]]:
+    out: list[tuple[dict[str, Any], bool]] = []
+    for key, init in (("initContainers", True), ("containers", False)):
+        items = spec.get(key) or []
+        if not isinstance(items, list):
+            raise ctx.error("", key, f"spec.{key} must be a list")
+        for c in items:
+            if not isinstance(c, dict):
+                raise ctx.error("", key, f"spec.{key} holds a non-object entry {c!r}")
+            out.append((c, init))
+    return out
+
+
+def _has_hami(resources: Any) -> bool:
+    if not isinstance(resources, Mapping):
+        return False
+    return any(
+        isinstance(resources.get(p), Mapping)
+        and any(n in resources[p] for n in hami.HAMI_RESOURCES)
+        for p in ("limits", "requests")
+    )
+
+
+# ---- entry point -------------------------------------------------------------------------------------
+def convert_pod(
+    pod: dict[str, Any], *, memory_sizes: Sequence[int] = (), source: str = ""
+) -> Conversion:
+    """Convert a Pod's HAMi-style GPU requests into DRA ResourceClaimTemplates.
+
+    ``pod`` is a Pod dict in Kubernetes shape (``kind`` absent or ``Pod``); for Deployments, Jobs
+    etc. pass ``spec.template`` wrapped as a Pod, with ``metadata.name`` (or ``generateName`` or an
+    ``ownerReferences`` entry) naming the workload. ``memory_sizes`` are the distinct GPU memory
+    sizes of the cluster in bytes (needed only for ``gpumem-percentage`` below 100);
+    ``source`` (e.g. a file name) prefixes every message.
+
+    Per container and initContainer with HAMi resources (:data:`HAMI_RESOURCES`), HAMi's
+    normalisation is reproduced: limits before requests; gpumem/gpucores/percentage alone imply
+    one GPU; gpucores absent with no memory asked (or percentage 100) means cores 100; no memory
+    asked means the whole memory; gpumem beats percentage. The container then gets one claim
+    whose template has one request ``gpu`` on DeviceClass ``gpu.tessera.dev`` with
+    ``count`` = GPUs, ``capacity.requests`` memory (bytes) and cores (percent), a
+    ``distinctAttribute: gpu.tessera.dev/uuid`` constraint when count > 1, and CEL selectors from
+    the pod's HAMi annotations. Template names are ``<pod>-<container>-gpu`` and pod claim names
+    ``<container>-gpu`` (hashed suffix when too long or not DNS-valid).
+
+    Raises :class:`ConversionError` for values HAMi would misread or that make no sense
+    (negative, fractional, non-numeric, suffixed gpumem, cores or percentage over 100, 0 GPUs
+    with memory, more than 32 GPUs, a percentage without ``memory_sizes``, malformed
+    annotations, privileged containers, a preset ``spec.nodeName``).
+    """
+    if not isinstance(pod, dict):
+        raise ConversionError(
+            f"{source + ': ' if source else ''}expected a Pod dict, got {type(pod).__name__}"
+        )
+    kind = pod.get("kind")
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec")
+    ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        raise ConversionError(
+            f"{source + ': ' if source else ''}expected a Pod with metadata and spec "
+            "(for a workload pass spec.template wrapped as a Pod)"
+        )
+    base, shown, hashed = _base_name(meta, spec)
+    ctx = _Ctx(source=source, pod=f"{ns}/{shown}" if ns else shown, warnings=[])
+    if kind not in (None, "Pod"):
+        raise ctx.error(
+            "", "kind", f"kind {kind} is not a Pod; pass its pod template wrapped as a Pod"
+        )
+
+    containers = _containers(spec, ctx)
+    annotations = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    if not isinstance(annotations, Mapping) or not isinstance(labels, Mapping):
+        raise ctx.error("", "metadata", "metadata.annotations and metadata.labels must be maps")
+    has_hami = any(_has_hami(c.get("resources")) for c, _ in containers)
+    try:
+        hints = _pod_hints(annotations, ctx)
+    except ConversionError as e:
+        if has_hami:
+            raise
+        # Nothing to convert: a bad HAMi annotation must not reject an unrelated pod.
+        ctx.warnings.append(f"{e} (ignored: no container asks for a GPU)")
+        hints = _PodHints([], False, None, None)
+    result_pod = copy.deepcopy(pod)
+
+    def done(templates: list[dict[str, Any]], requests: list[ContainerRequest]) -> Conversion:
+        return Conversion(
+            pod=result_pod,
+            templates=templates,
+            warnings=ctx.warnings,
+            requests=requests,
+            node_scheduler_policy=hints.node_policy,
+            gpu_scheduler_policy=hints.gpu_policy,
+        )
+
+    if not has_hami:
+        for c, _ in containers:
+            if isinstance(c.get("resources"), Mapping):
+                _unsupported_names(str(c.get("name", "")), c["resources"], ctx)
+        if hints.selectors or hints.numa_bind:
+            ctx.warn("", "HAMi annotations have no effect: no container asks for a GPU")
+        return done([], [])
+    if labels.get(hami.WEBHOOK_LABEL) == "ignore":
+        ctx.warn("", f"label {hami.WEBHOOK_LABEL}=ignore: left unconverted, as HAMi would")
+        return done([], [])
+
+    sizes = _memory_sizes(memory_sizes, ctx)
+    if len(sizes) > MAX_SUBREQUESTS:
+        dropped = ", ".join(Quantity.from_int(s, "BinarySI").canonical() for s in sizes[8:])
+        sizes = sizes[:MAX_SUBREQUESTS]
+        # warned below, only if a percentage request actually uses them
+    else:
+        dropped = ""
+    if hashed:
+        ctx.warn("", f"pod has no name, generateName or owner; object names use {base}")
+
+    out_spec = result_pod["spec"]
+    out_containers = [c for c, _ in _containers(out_spec, ctx)]
+    existing_claims = {
+        rc.get("name") for rc in out_spec.get("resourceClaims") or [] if isinstance(rc, Mapping)
+    }
+    templates: list[dict[str, Any]] = []
+    requests: list[ContainerRequest] = []
+    for (c, init), out_c in zip(containers, out_containers, strict=True):
+        cname = c.get("name")
+        if not isinstance(cname, str) or not cname:
+            raise ctx.error("", "name", "a container without a name cannot be converted")
+        resources = c.get("resources")
+        if not isinstance(resources, Mapping):
+            continue
+        for part in ("limits", "requests"):
+            if resources.get(part) is not None and not isinstance(resources[part], Mapping):
+                raise ctx.error(cname, f"resources.{part}", f"resources.{part} must be a map")
+        _unsupported_names(cname, resources, ctx)
+        fam = _family(resources, ctx, cname)
+        if fam is None:
+            continue
+        req = _normalise(_read(resources, fam, ctx, cname), fam, ctx, cname, init)
+        _strip(out_c, fam)
+        if req is None:
+            continue
+        sc = c.get("securityContext") or {}
+        if isinstance(sc, Mapping) and sc.get("privileged") is True:
+            raise ctx.error(
+                cname,
+                "securityContext.privileged",
+                "a privileged container sees every GPU on the node, so its share cannot be "
+                "enforced (HAMi denies it too); drop privileged or leave GPU requests out",
+            )
+        if req.memory_percentage not in (None, 100) and dropped:
+            ctx.warn(
+                cname,
+                f"only the {MAX_SUBREQUESTS} largest GPU memory sizes are candidates "
+                f"(firstAvailable holds {MAX_SUBREQUESTS}); not tried: {dropped}",
+            )
+        claim = dns_label(f"{cname}-gpu")
+        if claim in existing_claims:
+            raise ctx.error(
+                cname,
+                "spec.resourceClaims",
+                f"the pod already has a resource claim named {claim}; rename it",
+            )
+        existing_claims.add(claim)
+        tname = dns_subdomain(f"{base}-{cname}-gpu")
+        req = replace(req, claim_name=claim, template_name=tname)
+        templates.append(_template(req, tname, ns, hints, sizes, ctx))
+        requests.append(req)
+        out_spec.setdefault("resourceClaims", []).append(
+            {"name": claim, "resourceClaimTemplateName": tname}
+        )
+        out_res = out_c.setdefault("resources", {})
+        out_res.setdefault("claims", []).append({"name": claim})
+
+    if templates and out_spec.get("nodeName"):
+        raise ctx.error(
+            "",
+            "spec.nodeName",
+            "spec.nodeName is preset, so the scheduler never allocates the GPU claims (HAMi "
+            "denies it too); use a nodeSelector instead",
+        )
+    if not templates and (hints.selectors or hints.numa_bind):
+        ctx.warn("", "HAMi annotations have no effect: no container asks for a GPU")
+    return done(templates, requests)
+
+
+def _strip(container: dict[str, Any], fam: hami.ResourceFamily) -> None:
+    """Remove the family's resources from limits and requests; drop blocks left empty."""
+    res = container.get("resources")
+    if not isinstance(res, dict):
+        return
+    for part in ("limits", "requests"):
+        block = res.get(part)
+        if isinstance(block, dict):
+            for n in fam.names():
+                block.pop(n, None)
+            if not block:
+                del res[part]
+
+
+def _template(
+    req: ContainerRequest,
+    name: str,
+    namespace: str | None,
+    hints: _PodHints,
+    sizes: Sequence[int],
+    ctx: _Ctx,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    meta["labels"] = {"app.kubernetes.io/managed-by": MANAGED_BY}
+    meta["annotations"] = {
+        HAMI_REQUEST_ANNOTATION: req.hami_view(),
+        CONTAINER_ANNOTATION: req.container,
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": meta,
+        "spec": {"spec": _claim_spec(req, hints, sizes, ctx)},
+    }

@@ -1,0 +1,82 @@
+"""HAMi's request language: the extended-resource and annotation names Tessera reads.
+
+Names and meanings follow HAMi v2.10 legacy (device-plugin) mode: ``nvidia.com/gpu`` counts
+physical GPUs, ``nvidia.com/gpumem`` is MiB per GPU, ``nvidia.com/gpumem-percentage`` is percent
+of each GPU's memory, ``nvidia.com/gpucores`` is percent of each GPU's SMs and
+``nvidia.com/priority`` is HAMi's task priority. Volcano's vGPU device plugin spells the same
+things ``volcano.sh/vgpu-*``; both spellings map to the same claim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# ---- extended resources (container resources.limits / requests) ------------------------------
+GPU = "nvidia.com/gpu"
+GPUMEM = "nvidia.com/gpumem"
+GPUMEM_PERCENTAGE = "nvidia.com/gpumem-percentage"
+GPUCORES = "nvidia.com/gpucores"
+PRIORITY = "nvidia.com/priority"
+
+VOLCANO_NUMBER = "volcano.sh/vgpu-number"
+VOLCANO_MEMORY = "volcano.sh/vgpu-memory"
+VOLCANO_MEMORY_PERCENTAGE = "volcano.sh/vgpu-memory-percentage"
+VOLCANO_CORES = "volcano.sh/vgpu-cores"
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceFamily:
+    """One spelling of HAMi's four (five) resources. ``priority`` is ``None`` where absent."""
+
+    name: str
+    count: str
+    memory: str
+    percentage: str
+    cores: str
+    priority: str | None
+
+    def names(self) -> tuple[str, ...]:
+        base = (self.count, self.memory, self.percentage, self.cores)
+        return (*base, self.priority) if self.priority else base
+
+
+NVIDIA = ResourceFamily("nvidia", GPU, GPUMEM, GPUMEM_PERCENTAGE, GPUCORES, PRIORITY)
+VOLCANO = ResourceFamily(
+    "volcano", VOLCANO_NUMBER, VOLCANO_MEMORY, VOLCANO_MEMORY_PERCENTAGE, VOLCANO_CORES, None
+)
+FAMILIES = (NVIDIA, VOLCANO)
+
+HAMI_RESOURCES: frozenset[str] = frozenset(n for f in FAMILIES for n in f.names())
+"""Every extended-resource name :func:`tessera.convert.convert_pod` converts and strips."""
+
+# ---- pod annotations ---------------------------------------------------------------------
+USE_UUID = "nvidia.com/use-gpuuuid"
+NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
+USE_TYPE = "nvidia.com/use-gputype"
+NOUSE_TYPE = "nvidia.com/nouse-gputype"
+VGPU_MODE = "nvidia.com/vgpu-mode"
+VOLCANO_VGPU_MODE = "volcano.sh/vgpu-mode"
+NUMA_BIND = "nvidia.com/numa-bind"
+NODE_SCHEDULER_POLICY = "hami.io/node-scheduler-policy"
+GPU_SCHEDULER_POLICY = "hami.io/gpu-scheduler-policy"
+DEVICE_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
+WEBHOOK_LABEL = "hami.io/webhook"  # label; value "ignore" skips HAMi's webhook
+
+SELECTOR_ANNOTATIONS = (USE_UUID, NOUSE_UUID, USE_TYPE, NOUSE_TYPE, VGPU_MODE, VOLCANO_VGPU_MODE)
+
+# ---- HAMi-ish names that Tessera recognises but does not convert ------------------------------
+# Resource-name prefixes of HAMi's other vendors (hami.md 1.1): not NVIDIA, so not Tessera's.
+OTHER_VENDOR_PREFIXES = (
+    "cambricon.com/",
+    "hygon.com/",
+    "metax-tech.com/",
+    "mthreads.com/",
+    "huawei.com/ascend",
+    "iluvatar.ai/",
+    "kunlunxin.com/",
+    "enflame.com/",
+    "vastaitech.com/",
+    "birentech.com/",
+)
+# Volcano's older gpu-share plugin (not the vGPU plugin).
+VOLCANO_GPU_SHARE = frozenset({"volcano.sh/gpu-memory", "volcano.sh/gpu-number"})
