@@ -1,0 +1,234 @@
+"""Hand-checked simulate scenarios: which GPU, which share, who is left pending and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera.api.errors import ManifestError
+from tessera.api.loader import Manifest, Source, expand_workloads, load_file, parse_documents
+from tessera.sim.cluster import Cluster, SimNode
+from tessera.sim.simulate import Simulation
+
+MiB = 2**20
+
+
+def gpu_slice(node: str, mem_mib: list[int], product: str = "NVIDIA H100 80GB HBM3") -> dict[str, Any]:
+    """A slice shaped exactly like tessera.inventory publishes (one device per GPU)."""
+    devices = []
+    for i, m in enumerate(mem_mib):
+        devices.append(
+            {
+                "name": f"gpu-{i}",
+                "allowMultipleAllocations": True,
+                "attributes": {
+                    "uuid": {"string": f"GPU-{node}-{i}"},
+                    "index": {"int": i},
+                    "productName": {"string": product},
+                    "type": {"string": "gpu"},
+                },
+                "capacity": {
+                    "memory": {
+                        "value": f"{m}Mi",
+                        "requestPolicy": {"default": f"{m}Mi", "validRange": {"min": "1Mi", "step": "1Mi"}},
+                    },
+                    "cores": {
+                        "value": "100",
+                        "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}},
+                    },
+                },
+            }
+        )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpu.tessera.dev"},
+        "spec": {
+            "driver": "gpu.tessera.dev",
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "nodeName": node,
+            "devices": devices,
+        },
+    }
+
+
+def cluster(*nodes: tuple[str, list[int]]) -> Cluster:
+    return Cluster([SimNode(n, {"kubernetes.io/hostname": n}, [gpu_slice(n, mem)]) for n, mem in nodes])
+
+
+def manifests(text: str) -> list[Manifest]:
+    return list(expand_workloads(Manifest(o, Source("test.yaml", d)) for d, o in parse_documents(text, "test.yaml")))
+
+
+TEMPLATE_30G = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: slice-30g}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.tessera.dev
+          capacity: {requests: {memory: 30Gi, cores: "20"}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 5
+  template:
+    spec:
+      resourceClaims: [{name: gpu, resourceClaimTemplateName: slice-30g}]
+      containers: [{name: app, image: x, resources: {claims: [{name: gpu}]}}]
+"""
+
+
+def test_fill_two_gpus_then_pending() -> None:
+    # 2 GPUs of 80 GiB: 30 GiB shares fit twice per GPU (60 GiB), the 5th finds 20 GiB left at most.
+    res = Simulation(cluster(("n1", [81920, 81920])), manifests(TEMPLATE_30G)).run()
+    assert [(p.pod, p.device, p.memory, p.cores) for p in res.placements] == [
+        ("default/web-0", "gpu.tessera.dev/n1/gpu-0", "30Gi", "20"),
+        ("default/web-1", "gpu.tessera.dev/n1/gpu-0", "30Gi", "20"),
+        ("default/web-2", "gpu.tessera.dev/n1/gpu-1", "30Gi", "20"),
+        ("default/web-3", "gpu.tessera.dev/n1/gpu-1", "30Gi", "20"),
+    ]
+    assert len({p.share_id for p in res.placements}) == 4
+    assert [p.pod for p in res.pending] == ["default/web-4"]
+    reason = res.pending[0].reason
+    assert reason.startswith("0/1 nodes are available: 1 cannot allocate all claims.")
+    assert "2 device(s) match its selectors, 0 of them with room for memory 30Gi, cores 20" in reason
+    assert "most free memory: 20Gi on n1/gpu-0" in reason
+    usage = {u.device: (u.memory_allocated, u.cores_allocated, u.shares) for u in res.gpus}
+    assert usage == {"gpu-0": (60 * 2**30, 40, 2), "gpu-1": (60 * 2**30, 40, 2)}
+
+
+def test_second_node_used_when_first_is_full() -> None:
+    res = Simulation(cluster(("a", [40960]), ("b", [81920])), manifests(TEMPLATE_30G)).run()
+    assert [(p.pod, p.node) for p in res.placements] == [
+        ("default/web-0", "a"),
+        ("default/web-1", "b"),
+        ("default/web-2", "b"),
+    ]
+    assert [p.pod for p in res.pending] == ["default/web-3", "default/web-4"]
+    assert res.pending[0].reason.startswith("0/2 nodes are available: 2 cannot allocate all claims.")
+
+
+def test_claim_status_in_upstream_shape() -> None:
+    res = Simulation(cluster(("n1", [81920])), manifests(TEMPLATE_30G)).run()
+    claims = {o["metadata"]["name"]: o for o in res.objects if o["kind"] == "ResourceClaim"}
+    c = claims["web-0-gpu"]
+    assert c["metadata"]["annotations"] == {"resource.kubernetes.io/pod-claim-name": "gpu"}
+    result = c["status"]["allocation"]["devices"]["results"][0]
+    assert {k: v for k, v in result.items() if k != "shareID"} == {
+        "request": "gpu",
+        "driver": "gpu.tessera.dev",
+        "pool": "n1",
+        "device": "gpu-0",
+        "consumedCapacity": {"memory": "30Gi", "cores": "20"},
+    }
+    assert len(result["shareID"]) == 36 and result["shareID"] == result["shareID"].lower()
+    assert c["status"]["allocation"]["nodeSelector"] == {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]
+    }
+    assert [r["name"] for r in c["status"]["reservedFor"]] == ["web-0"]
+    pods = {o["metadata"]["name"]: o for o in res.objects if o["kind"] == "Pod"}
+    assert pods["web-0"]["spec"]["nodeName"] == "n1"
+    cond = pods["web-2"]["status"]["conditions"][0]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("PodScheduled", "False", "Unschedulable")
+
+
+SHARED = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: shared}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: gpu.tessera.dev, capacity: {requests: {memory: 16Gi}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p1}
+spec:
+  resourceClaims: [{name: gpu, resourceClaimName: shared}]
+  containers: [{name: c, image: x, resources: {claims: [{name: gpu}]}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p2}
+spec:
+  resourceClaims: [{name: gpu, resourceClaimName: shared}]
+  containers: [{name: c, image: x, resources: {claims: [{name: gpu}]}}]
+"""
+
+
+def test_shared_claim_allocated_once_reserved_twice() -> None:
+    res = Simulation(cluster(("a", [24564]), ("b", [24564])), manifests(SHARED)).run()
+    assert [(p.pod, p.node, p.device, p.memory, p.cores) for p in res.placements] == [
+        ("default/p1", "a", "gpu.tessera.dev/a/gpu-0", "16Gi", "0"),
+        ("default/p2", "a", "gpu.tessera.dev/a/gpu-0", "16Gi", "0"),
+    ]
+    claim = next(o for o in res.objects if o["kind"] == "ResourceClaim")
+    assert [r["name"] for r in claim["status"]["reservedFor"]] == ["p1", "p2"]
+    assert {u.device + "@" + u.node: u.shares for u in res.gpus} == {"gpu-0@a": 1, "gpu-0@b": 0}
+
+
+def test_hami_pods_from_corpus(corpus: Path) -> None:
+    ms = list(expand_workloads(load_file(corpus / "hami-pods" / "HAMi__examples_nvidia__default_use.yaml")))
+    res = Simulation(cluster(("h100", [81559, 81559])), ms).run()
+    assert [(p.pod, p.container, p.device, p.memory, p.cores) for p in res.placements] == [
+        ("default/gpu-pod", "ubuntu-container", "gpu.tessera.dev/h100/gpu-0", "3000Mi", "30"),
+    ]
+
+
+def test_hami_bare_gpu_takes_whole_gpu_never_pending_for_memory(corpus: Path) -> None:
+    text = """
+apiVersion: v1
+kind: Pod
+metadata: {name: whole-1}
+spec:
+  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: whole-2}
+spec:
+  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: whole-3}
+spec:
+  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]
+"""
+    res = Simulation(cluster(("n", [32510, 24564])), manifests(text)).run()
+    # Each books all memory of whichever GPU it gets, and 100 cores (HAMi's exclusive default).
+    assert [(p.pod, p.device, p.memory, p.cores) for p in res.placements] == [
+        ("default/whole-1", "gpu.tessera.dev/n/gpu-0", "32510Mi", "100"),
+        ("default/whole-2", "gpu.tessera.dev/n/gpu-1", "24564Mi", "100"),
+    ]
+    assert [p.pod for p in res.pending] == ["default/whole-3"]
+
+
+def test_unknown_device_class_is_an_error() -> None:
+    text = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: c}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: gpu.example.com}
+"""
+    with pytest.raises(ManifestError) as e:
+        Simulation(cluster(("n", [1024])), manifests(text))
+    assert str(e.value) == (
+        "test.yaml (document 1): ResourceClaim default/c: spec.devices.requests[0].exactly.deviceClassName: "
+        "DeviceClass 'gpu.example.com' does not exist (known: gpu.tessera.dev): use one of them or add the DeviceClass"
+    )
