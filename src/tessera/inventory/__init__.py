@@ -1,0 +1,1 @@
+"""tessera.inventory (work in progress)."""
