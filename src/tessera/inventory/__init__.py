@@ -1,0 +1,41 @@
+"""GPU inventories -> a node's GPUs -> ``resource.k8s.io/v1`` ResourceSlices (pure code).
+
+- :func:`parse_inventory` / :func:`load_inventory`: ``nvidia-smi -q -x`` XML, ``nvidia-smi -q``
+  text, nvidia_gpu_exporter captures, ``--query-gpu`` CSV, HAMi's node-register annotation ->
+  ``list[GPU]`` (memory in bytes).
+- :func:`parse_topology` / :func:`load_topology`: ``nvidia-smi topo -m`` -> :class:`Topology`.
+- :func:`build_resource_slices`: GPUs (+ topology) -> ResourceSlice dicts of one node pool.
+- :func:`validate_resource_slice`: the API server's rules for a ResourceSlice, as a problem list.
+
+Every error is an :class:`InventoryError` (``ValueError``) whose message is one line naming the
+source and the field. See docs/inventory.md.
+"""
+
+from .errors import (
+    InventoryError,
+    MalformedInputError,
+    MissingFieldError,
+    SliceBuildError,
+    UnsupportedFormatError,
+)
+from .model import GPU, MigDevice, Topology
+from .parse import load_inventory, load_topology, parse_inventory, parse_topology
+from .slices import build_resource_slices
+from .validate import validate_resource_slice
+
+__all__ = [
+    "GPU",
+    "InventoryError",
+    "MalformedInputError",
+    "MigDevice",
+    "MissingFieldError",
+    "SliceBuildError",
+    "Topology",
+    "UnsupportedFormatError",
+    "build_resource_slices",
+    "load_inventory",
+    "load_topology",
+    "parse_inventory",
+    "parse_topology",
+    "validate_resource_slice",
+]

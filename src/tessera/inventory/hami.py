@@ -1,0 +1,126 @@
+"""HAMi's node-register annotation ``hami.io/node-nvidia-register``.
+
+Two encodings (HAMi ``pkg/device/devices.go``):
+
+- since v2.8, JSON: ``[{"id", "index", "count", "devmem", "devcore", "type", "numa", "mode",
+  "health"}, ...]``;
+- before, colon-terminated records ``UUID,count,devmem,devcore,type,numa,health[,index,mode]:``.
+
+``devmem`` is MiB *after* HAMi's ``deviceMemoryScaling`` (equal to the physical memory unless an
+operator set a scaling); ``type`` is the NVML name prefixed with ``NVIDIA-`` (removed here).
+``count``, ``devcore`` and ``health`` are HAMi scheduling settings and are not carried.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ._records import RawGPU
+from .errors import MalformedInputError, MissingFieldError
+
+KEY = "hami.io/node-nvidia-register"
+_LINE = re.compile(r"^\s*(?P<key>[\w./-]+)\s*[:=]\s*(?P<val>.*)$")
+
+
+def _product(type_: str | None) -> str | None:
+    if type_ is None:
+        return None
+    return type_[len("NVIDIA-") :] if type_.startswith("NVIDIA-") else type_
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        return int(v)
+    return None
+
+
+def register_value(text: str) -> tuple[str, int] | None:
+    """(annotation value, 1-based line) of ``hami.io/node-nvidia-register`` in ``key: value``
+    lines, or of a bare value; None if the text holds neither."""
+    for n, line in enumerate(text.splitlines(), start=1):
+        m = _LINE.match(line)
+        if m and m.group("key") == KEY:
+            return m.group("val").strip().strip("'\""), n
+    stripped = text.strip()
+    if stripped.startswith("[") and '"devmem"' in stripped:
+        return stripped, 1
+    if re.match(r"^GPU-[0-9a-fA-F-]{36},\d+,\d+,", stripped):
+        return stripped, 1
+    return None
+
+
+def raw_gpus_from_hami(text: str, source: str) -> list[RawGPU]:
+    """Raw GPU records from the annotation (either encoding). Raises
+    :class:`MalformedInputError` for bad JSON or a record with too few fields,
+    :class:`MissingFieldError` when no ``hami.io/node-nvidia-register`` is present."""
+    found = register_value(text)
+    if found is None:
+        raise MissingFieldError(
+            f"no {KEY} annotation (HAMi's NVIDIA inventory) in this text",
+            source=source,
+            field=KEY,
+        )
+    value, line = found
+    raws: list[RawGPU] = []
+    if value.startswith("["):
+        try:
+            items = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise MalformedInputError(
+                f"annotation value is not valid JSON ({err.msg} at character {err.pos})",
+                source=source,
+                field=KEY,
+                line=line,
+            ) from None
+        if not isinstance(items, list):
+            raise MalformedInputError(
+                "JSON value is not a list", source=source, field=KEY, line=line
+            )
+        for pos, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise MalformedInputError(
+                    f"entry {pos} is not an object", source=source, field=KEY, line=line
+                )
+            idx = _int(item.get("index"))
+            devmem = _int(item.get("devmem"))
+            raws.append(
+                RawGPU(
+                    index=idx if idx is not None else pos,
+                    uuid=item.get("id"),
+                    product_name=_product(item.get("type")),
+                    memory=str(devmem) if devmem is not None else None,
+                    numa_node=_int(item.get("numa")),
+                    mig_enabled=item.get("mode") == "mig",
+                    line=line,
+                )
+            )
+        return raws
+    for pos, record in enumerate(r for r in value.split(":") if r.strip()):
+        parts = [p.strip() for p in record.split(",")]
+        if len(parts) < 7:
+            raise MalformedInputError(
+                f"record {pos} {record!r} has {len(parts)} fields; expected "
+                "UUID,count,devmem,devcore,type,numa,health[,index,mode]",
+                source=source,
+                field=KEY,
+                line=line,
+            )
+        idx = _int(parts[7]) if len(parts) > 7 else None
+        raws.append(
+            RawGPU(
+                index=idx if idx is not None else pos,
+                uuid=parts[0],
+                product_name=_product(parts[4]),
+                memory=parts[2],
+                numa_node=_int(parts[5]),
+                mig_enabled=len(parts) > 8 and parts[8] == "mig",
+                line=line,
+            )
+        )
+    return raws
