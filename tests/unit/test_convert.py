@@ -6,11 +6,10 @@ import copy
 import re
 from typing import Any
 
-import celpy
 import pytest
-from celpy import celtypes
 
 from tessera.api.quantity import Quantity
+from tessera.cel import DeviceView, compile_selector, device_activation
 from tessera.convert import (
     HAMI_RESOURCES,
     ContainerRequest,
@@ -76,21 +75,15 @@ def is_dns_subdomain(s: str) -> bool:
     return 0 < len(s) <= 253 and all(_LABEL.match(p) for p in s.split("."))
 
 
-_CEL_ENV = celpy.Environment()
-
-
 def cel_eval(expr: str, device: dict[str, Any]) -> bool:
-    """Evaluate a selector with celpy, adding lowerAscii() and quantity() (as bytes)."""
-    prog = _CEL_ENV.program(
-        _CEL_ENV.compile(expr),
-        functions={
-            "lowerAscii": lambda s: celtypes.StringType(
-                "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in s)
-            ),
-            "quantity": lambda s: celtypes.IntType(Quantity.parse(str(s)).value_int()),
-        },
+    """Evaluate a selector in Tessera's device CEL environment (tessera.cel)."""
+    view = DeviceView(
+        device["driver"],
+        {f"gpu.tessera.dev/{k}": v for k, v in device["attributes"]["gpu.tessera.dev"].items()},
+        {f"gpu.tessera.dev/{k}": Quantity.parse(v) for k, v in device["capacity"]["gpu.tessera.dev"].items()},
+        True,
     )
-    return bool(prog.evaluate({"device": celpy.json_to_cel(device)}))
+    return compile_selector(expr).evaluate(device_activation(view))
 
 
 def device(**attrs: Any) -> dict[str, Any]:
@@ -138,7 +131,7 @@ def assert_api_valid(conv: Conversion, original: dict[str, Any], *, stripped: bo
                     assert set(s) == {"cel"} and set(s["cel"]) == {"expression"}
                     expr = s["cel"]["expression"]
                     assert isinstance(expr, str) and 0 < len(expr) <= 10 * 1024
-                    _CEL_ENV.compile(expr)  # raises on a syntax error
+                    compile_selector(expr)  # raises on a syntax error
                 caps = b["capacity"]["requests"]
                 assert set(caps) <= {"memory", "cores"} and "cores" in caps
                 for v in caps.values():
@@ -681,14 +674,14 @@ def test_use_uuid_list_is_trimmed_and_matches_exactly() -> None:
     conv = convert(
         pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/use-gpuuuid": " GPU-a , ,GPU-b,GPU-a"})
     )
-    assert selectors_of(conv) == [f'{ATTRS}.uuid in ["GPU-a", "GPU-b"]']
+    assert selectors_of(conv) == [f'has({ATTRS}.uuid) && {ATTRS}.uuid in ["GPU-a", "GPU-b"]']
     assert cel_eval(selectors_of(conv)[0], device(uuid="GPU-b"))
     assert not cel_eval(selectors_of(conv)[0], device(uuid="GPU-c"))
 
 
 def test_nouse_uuid_excludes() -> None:
     conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/nouse-gpuuuid": "GPU-a"}))
-    assert selectors_of(conv) == [f'!({ATTRS}.uuid in ["GPU-a"])']
+    assert selectors_of(conv) == [f'!(has({ATTRS}.uuid) && {ATTRS}.uuid in ["GPU-a"])']
     assert not cel_eval(selectors_of(conv)[0], device(uuid="GPU-a"))
     assert cel_eval(selectors_of(conv)[0], device(uuid="GPU-b"))
 
@@ -733,8 +726,8 @@ def test_nouse_gputype_excludes_every_listed_substring(product: str, expected: b
     )
     (expr,) = selectors_of(conv)
     assert expr == (
-        f'!{ATTRS}.productName.lowerAscii().contains("1080") && '
-        f'!{ATTRS}.productName.lowerAscii().contains("2080")'
+        f'!has({ATTRS}.productName) || (!{ATTRS}.productName.lowerAscii().contains("1080") && '
+        f'!{ATTRS}.productName.lowerAscii().contains("2080"))'
     )
     assert cel_eval(expr, device(productName=product)) is expected
 
@@ -743,7 +736,7 @@ def test_cel_literals_are_escaped() -> None:
     nasty = 'GPU-"x\\" || true || "\n\t\x01'
     conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/use-gpuuuid": nasty}))
     (expr,) = selectors_of(conv)
-    assert expr == f'{ATTRS}.uuid in ["GPU-\\"x\\\\\\" || true || \\"\\n\\t\\u0001"]'
+    assert expr == f'has({ATTRS}.uuid) && {ATTRS}.uuid in ["GPU-\\"x\\\\\\" || true || \\"\\n\\t\\u0001"]'
     assert cel_eval(expr, device(uuid=nasty.strip()))
     assert not cel_eval(expr, device(uuid="GPU-other"))
     assert cel_string("é\x7f") == '"é\\u007f"'
@@ -751,7 +744,7 @@ def test_cel_literals_are_escaped() -> None:
 
 def test_vgpu_mode_mig_selects_mig_devices_with_warning() -> None:
     conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/vgpu-mode": "mig"}))
-    assert selectors_of(conv) == [f'{ATTRS}.type == "mig"']
+    assert selectors_of(conv) == [f'has({ATTRS}.type) && {ATTRS}.type == "mig"']
     assert conv.warnings == [
         "pod ns/p: annotation nvidia.com/vgpu-mode 'mig': Tessera does not create MIG "
         'instances; the claim shares existing MIG devices (type "mig") by memory and cores'
@@ -760,7 +753,7 @@ def test_vgpu_mode_mig_selects_mig_devices_with_warning() -> None:
 
 def test_vgpu_mode_hami_core_selects_whole_gpus() -> None:
     conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/vgpu-mode": "hami-core"}))
-    assert selectors_of(conv) == [f'{ATTRS}.type == "gpu"']
+    assert selectors_of(conv) == [f'has({ATTRS}.type) && {ATTRS}.type == "gpu"']
 
 
 def test_vgpu_mode_mps_is_warned_and_ignored() -> None:

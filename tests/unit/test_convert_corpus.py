@@ -297,8 +297,9 @@ def test_specify_card_type_to_use() -> None:
                         "selectors": [
                             {
                                 "cel": {
-                                    "expression": f'{ATTRS}.productName.lowerAscii().contains("a100")'
-                                    f' || {ATTRS}.productName.lowerAscii().contains("v100")'
+                                    "expression": f"has({ATTRS}.productName) && "
+                                    f'({ATTRS}.productName.lowerAscii().contains("a100")'
+                                    f' || {ATTRS}.productName.lowerAscii().contains("v100"))'
                                 }
                             }
                         ],
@@ -326,7 +327,7 @@ def test_specify_uuid_not_use() -> None:
                         "selectors": [
                             {
                                 "cel": {
-                                    "expression": f"!({ATTRS}.uuid in "
+                                    "expression": f"!(has({ATTRS}.uuid) && {ATTRS}.uuid in "
                                     '["GPU-03f69c50-207a-2038-9b45-23cac89cb67d"])'
                                 }
                             }
@@ -345,7 +346,7 @@ def test_specify_uuid_to_use_lists_both_uuids() -> None:
     assert spec_of(conv)["devices"]["requests"][0]["exactly"]["selectors"] == [
         {
             "cel": {
-                "expression": f"{ATTRS}.uuid in "
+                "expression": f"has({ATTRS}.uuid) && {ATTRS}.uuid in "
                 '["GPU-03f69c50-207a-2038-9b45-23cac89cb67d", '
                 '"GPU-03f69c50-207a-2038-9b45-23cac89cb67e"]'
             }
@@ -507,7 +508,7 @@ def test_sharing_cards_and_exclusive_volcano() -> None:
 def test_dynamic_mig_example_selects_mig_devices() -> None:
     conv = convert_file("HAMi__examples_nvidia__dynamic_mig_example.yaml")
     body = spec_of(conv)["devices"]["requests"][0]["exactly"]
-    assert body["selectors"] == [{"cel": {"expression": f'{ATTRS}.type == "mig"'}}]
+    assert body["selectors"] == [{"cel": {"expression": f'has({ATTRS}.type) && {ATTRS}.type == "mig"'}}]
     assert body["capacity"] == {"requests": {"memory": "8000Mi", "cores": "0"}}
     assert conv.gpu_scheduler_policy == "binpack"
     assert len(conv.warnings) == 1 and "does not create MIG instances" in conv.warnings[0]

@@ -45,13 +45,23 @@ def lower_ascii(text: str) -> str:
     return "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in text)
 
 
+# Every attribute read is guarded with has(): a device without the attribute (a MIG device
+# without a UUID, another driver's device) must simply not match. An unguarded read is a CEL
+# runtime error, which aborts scheduling of the whole pod (dra-spec.md 3.2).
+
+
+def has_attr(name: str) -> str:
+    """``has(device.attributes["gpu.tessera.dev"].<name>)``."""
+    return f"has({ATTRS}.{name})"
+
+
 def uuid_in(uuids: Sequence[str]) -> str:
-    """``device.attributes["gpu.tessera.dev"].uuid in [...]`` (exact match)."""
-    return f"{ATTRS}.uuid in {cel_list(uuids)}"
+    """The device has a ``uuid`` attribute and it is in ``uuids`` (exact match)."""
+    return f"{has_attr('uuid')} && {ATTRS}.uuid in {cel_list(uuids)}"
 
 
 def uuid_not_in(uuids: Sequence[str]) -> str:
-    """``!(device.attributes["gpu.tessera.dev"].uuid in [...])``."""
+    """The device has no ``uuid`` in ``uuids``."""
     return f"!({uuid_in(uuids)})"
 
 
@@ -60,18 +70,19 @@ def _product_contains(needle: str) -> str:
 
 
 def product_contains_any(needles: Sequence[str]) -> str:
-    """Case-insensitive substring match of ``productName`` against any needle (OR)."""
-    return " || ".join(_product_contains(n) for n in needles)
+    """``productName`` exists and contains any needle, case-insensitively (OR)."""
+    return f"{has_attr('productName')} && ({' || '.join(_product_contains(n) for n in needles)})"
 
 
 def product_contains_none(needles: Sequence[str]) -> str:
     """No needle is a case-insensitive substring of ``productName`` (AND of negations)."""
-    return " && ".join(f"!{_product_contains(n)}" for n in needles)
+    inner = " && ".join(f"!{_product_contains(n)}" for n in needles)
+    return f"!{has_attr('productName')} || ({inner})"
 
 
 def type_is(device_type: str) -> str:
-    """``device.attributes["gpu.tessera.dev"].type == "<device_type>"`` (``gpu`` or ``mig``)."""
-    return f"{ATTRS}.type == {cel_string(device_type)}"
+    """The device's ``type`` attribute is ``device_type`` (``gpu`` or ``mig``)."""
+    return f"{has_attr('type')} && {ATTRS}.type == {cel_string(device_type)}"
 
 
 def memory_is(quantity: str) -> str:
