@@ -131,7 +131,7 @@ def test_bundled_default_node_inputs() -> None:
     h100 = load_inventory(
         inv / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
     )
-    topo = load_topology(top / "nccl-issue-1264__topo-m.HGX-H100-SXM-8x-NV18-10nic.excerpt.txt")
+    topo = load_topology(top / "litgpt__tests_test_utils__topo-m.8xGPU-NV12-10nic.txt")
     (s,) = build_resource_slices("h100-node", h100, topo)
     assert validate(s) == []
     assert {d["attributes"]["nvlinkDomain"]["int"] for d in s["spec"]["devices"]} == {0}
