@@ -75,7 +75,10 @@ def _selectors(sels: Any, path: str, out: list[FieldProblem]) -> None:
         p = f"{path}[{i}]"
         expr = (s.get("cel") or {}).get("expression") if isinstance(s, dict) else None
         if not isinstance(expr, str) or not expr.strip():
-            out.append(FieldProblem(f"{p}.cel.expression", "required: a CEL expression string"))
+            hint = ""
+            if isinstance(s, dict) and "expression" in s:
+                hint = " (found 'expression' beside 'cel': indent it under 'cel')"
+            out.append(FieldProblem(f"{p}.cel.expression", f"required: a CEL expression string{hint}"))
         elif len(expr) > MAX_CEL_LENGTH:
             out.append(FieldProblem(f"{p}.cel.expression", "longer than 10 KiB"))
 

@@ -1,0 +1,156 @@
+"""The `tessera simulate` command: the bundled default, output formats, and bad input (exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from tessera.cli import main
+
+CLUSTER = str(Path(__file__).resolve().parents[2] / "src/tessera/examples/cluster.yaml")
+H100_Q = "inventories/gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_default_run_places_pods_and_reports_pending() -> None:
+    code, out, _ = run("simulate")
+    assert code == 0
+    assert "16 pod(s) scheduled, 2 pending." in out
+    assert "default/too-big" in out and "default/hami-uuid-pinned" in out
+
+
+def test_default_yaml_is_a_list_with_allocations() -> None:
+    code, out, _ = run("simulate", "-o", "yaml")
+    assert code == 0
+    lst = yaml.safe_load(out)
+    assert lst["kind"] == "List"
+    kinds = [o["kind"] for o in lst["items"]]
+    assert kinds.count("ResourceSlice") == 4 and kinds.count("DeviceClass") == 1
+    pods = {o["metadata"]["name"]: o for o in lst["items"] if o["kind"] == "Pod"}
+    assert len(pods) == 18
+    assert pods["hami-default-use"]["spec"]["nodeName"] == "h100-node"
+    assert "nvidia.com/gpumem" not in str(pods["hami-default-use"]["spec"])
+    cond = pods["too-big"]["status"]["conditions"][0]
+    assert cond["status"] == "False" and "4 cannot allocate all claims" in cond["message"]
+    claims = {o["metadata"]["name"]: o for o in lst["items"] if o["kind"] == "ResourceClaim"}
+    shared = claims["shared-notebook-gpu"]
+    assert [r["name"] for r in shared["status"]["reservedFor"]] == ["notebook-a", "notebook-b"]
+    (res,) = shared["status"]["allocation"]["devices"]["results"]
+    assert (res["pool"], res["device"], res["consumedCapacity"]) == (
+        "a5000-node",
+        "gpu-0",
+        {"memory": "16Gi", "cores": "30"},
+    )
+    # Nothing is ever booked past capacity.
+    slices = [o for o in lst["items"] if o["kind"] == "ResourceSlice"]
+    cap = {
+        (s["spec"]["pool"]["name"], d["name"]): d["capacity"]
+        for s in slices
+        for d in s["spec"]["devices"]
+    }
+    from fractions import Fraction
+
+    from tessera.api.quantity import Quantity
+
+    used: dict[tuple[str, str], dict[str, Fraction]] = {}
+    for c in claims.values():
+        for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []):
+            u = used.setdefault((r["pool"], r["device"]), {})
+            for k, v in (r.get("consumedCapacity") or {}).items():
+                u[k] = u.get(k, Fraction(0)) + Quantity.parse(v).value
+    assert used
+    for key, u in used.items():
+        for k, v in u.items():
+            assert v <= Quantity.parse(cap[key][k]["value"]).value
+
+
+def test_json_output(tmp_path: Path) -> None:
+    code, out, _ = run("simulate", "-o", "json")
+    assert code == 0 and out.lstrip().startswith("{")
+
+
+def test_node_flag_with_corpus_inventory(corpus: Path, tmp_path: Path) -> None:
+    pod = corpus / "hami-pods" / "HAMi__examples_nvidia__use_memory_fraction.yaml"
+    inv = corpus / H100_Q
+    code, out, err = run("simulate", "--node", f"gpu-a={inv}", str(pod), "-o", "yaml")
+    assert code == 0, err
+    lst = yaml.safe_load(out)
+    claim = next(o for o in lst["items"] if o["kind"] == "ResourceClaim")
+    res = claim["status"]["allocation"]["devices"]["results"]
+    # 50% of 81559 MiB = 40779.5 -> 40779 MiB, on two distinct GPUs.
+    assert [(r["device"], r["consumedCapacity"]) for r in res] == [
+        ("gpu-0", {"memory": "40779Mi", "cores": "30"}),
+        ("gpu-1", {"memory": "40779Mi", "cores": "30"}),
+    ]
+
+
+def _bad(tmp_path: Path, *args: str) -> str:
+    code, out, err = run(*args)
+    assert code == 2, (code, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_truncated_inventory(corpus: Path, tmp_path: Path) -> None:
+    src = (corpus / "inventories" / "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml").read_text()
+    cut = tmp_path / "cut.xml"
+    cut.write_text(src[: len(src) // 2])
+    msg = _bad(tmp_path, "simulate", "--node", f"n1={cut}")
+    assert msg.startswith(f"tessera: error: {cut}:")
+
+
+def test_helm_template_input(corpus: Path, tmp_path: Path) -> None:
+    f = corpus / "dra-manifests" / "k8s-dra-driver-gpu__helm_templates__deviceclass-gpu.helm-template.yaml"
+    msg = _bad(tmp_path, "simulate", str(f))
+    assert "this is a Helm template" in msg and "helm template" in msg
+
+
+def test_shell_prompt_input(tmp_path: Path) -> None:
+    f = tmp_path / "pasted.yaml"
+    f.write_text("$ kubectl get pods\nNAME   READY   STATUS\n")
+    msg = _bad(tmp_path, "simulate", str(f))
+    assert msg.startswith(f"tessera: error: {f}") and "not a Kubernetes object" in msg
+
+
+def test_negative_gpumem(tmp_path: Path) -> None:
+    f = tmp_path / "neg.yaml"
+    f.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: neg}\nspec:\n  containers:\n"
+        "  - name: c\n    image: x\n    resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: -1024}}\n"
+    )
+    msg = _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f))
+    assert "neg" in msg and "container c" in msg and "nvidia.com/gpumem" in msg
+
+
+def test_unknown_device_class(corpus: Path, tmp_path: Path) -> None:
+    f = corpus / "dra-manifests" / "kubernetes-website__examples_dra__resourceclaimtemplate.yaml"
+    msg = _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f))
+    assert msg == (
+        f"tessera: error: {f} (document 1): ResourceClaimTemplate default/example-resource-claim-template: "
+        "spec.spec.devices.requests[0].exactly.deviceClassName: DeviceClass 'example-device-class' does not exist "
+        "(known: gpu.tessera.dev): use one of them or add the DeviceClass"
+    )
+
+
+def test_misindented_selector_from_kubernetes_docs(corpus: Path, tmp_path: Path) -> None:
+    # The kubernetes.io example has `expression` beside `cel` instead of under it.
+    f = corpus / "dra-manifests" / "kubernetes-website__examples_dra__resourceclaim.yaml"
+    msg = _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f))
+    assert msg.endswith(
+        "ResourceClaim default/example-resource-claim: spec.devices.requests[0].exactly.selectors[0].cel.expression: "
+        "required: a CEL expression string (found 'expression' beside 'cel': indent it under 'cel')"
+    )
+
+
+def test_no_nodes(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: x}]}\n")
+    assert "no nodes to schedule on" in _bad(tmp_path, "simulate", str(f))
