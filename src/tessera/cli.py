@@ -39,6 +39,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
+class _NoAliasDumper(yaml.SafeDumper):
+    """Plain YAML without anchors: claims share their template's spec object in memory."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def fail(msg: str) -> None:
     click.echo(f"tessera: error: {msg}", err=True)
     sys.exit(2)
@@ -129,7 +136,7 @@ def _simulate(manifests: tuple[str, ...], cluster_file: str | None, node_specs: 
         if output == "json":
             click.echo(json.dumps(lst, indent=2, sort_keys=False))
         else:
-            click.echo(yaml.safe_dump(lst, sort_keys=False, width=120))
+            click.echo(yaml.dump(lst, Dumper=_NoAliasDumper, sort_keys=False, width=120))
         return
     console = Console(width=max(Console().width, 160))
     t = Table(title="Placements", title_justify="left")

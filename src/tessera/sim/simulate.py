@@ -11,9 +11,10 @@ not defined). Node CPU and memory are not modelled.
 from __future__ import annotations
 
 import copy
+import json
 import random
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -105,6 +106,19 @@ def _name(obj: dict[str, Any]) -> str:
     return str(md.get("name") or md.get("generateName") or "")
 
 
+def _signature(claims: Sequence[dict[str, Any]]) -> str | None:
+    """A key for "these claim specs", or None where a failure may not be permanent.
+
+    Capacity on a node only shrinks during a simulation, so an unsatisfiable set of specs stays
+    unsatisfiable; except with allocationMode All, whose device set shrinks with it.
+    """
+    specs = [c.get("spec") or {} for c in claims]
+    text = json.dumps(specs, sort_keys=True)
+    if '"All"' in text:
+        return None
+    return text
+
+
 def _pod_fits_node(pod: dict[str, Any], node: Node) -> bool:
     spec = pod.get("spec") or {}
     if spec.get("nodeName") and spec["nodeName"] != node.name:
@@ -149,6 +163,11 @@ class Simulation:
         self.state = AllocatedState()
         for c in self.claims.values():
             self.state.add_claim(c)
+        # Allocations are only ever added here, never released, so a node that cannot satisfy
+        # a set of claim specs now never will: per pod shape, the first node still worth trying.
+        self._cursor: dict[str | None, tuple[int, dict[str, int]]] = {}
+        self._placed = 0
+        self._explained: dict[tuple[str, int], str] = {}
         self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed))
         self.memory_sizes = sorted(
             {
@@ -185,7 +204,8 @@ class Simulation:
                         )
 
     # ------------------------------------------------------------------------------------------
-    def run(self) -> SimResult:
+    def run(self, on_pod: Callable[[str], None] | None = None) -> SimResult:
+        """Schedule every pod in input order. ``on_pod(ref)`` is called after each (progress)."""
         from tessera.convert import convert_pod
 
         placements: list[Placement] = []
@@ -195,7 +215,7 @@ class Simulation:
         out_templates: list[dict[str, Any]] = list(self.templates.values())
         for m in self.pods:
             conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
-            pod = copy.deepcopy(conv.pod)
+            pod = conv.pod  # a new dict: convert_pod never returns its input
             for w in conv.warnings:
                 self.warnings.append(f"{m.source}: {w}")
             for t in conv.templates:
@@ -222,6 +242,8 @@ class Simulation:
                 scheduled.append(ref)
                 placements.extend(self._placements(pod, ref, node, claims))
             out_pods.append(pod)
+            if on_pod is not None:
+                on_pod(ref)
         objects: list[dict[str, Any]] = []
         objects.extend(self.classes.values())
         objects.extend(self.slices)
@@ -269,7 +291,8 @@ class Simulation:
                                  "controller": True, "blockOwnerDeletion": True}
                             ],
                         },
-                        "spec": copy.deepcopy(tspec.get("spec") or {}),
+                        # Shared with the template and never mutated (specs are immutable).
+                        "spec": tspec.get("spec") or {},
                     }
                     if not claim["metadata"]["labels"]:
                         del claim["metadata"]["labels"]
@@ -288,36 +311,64 @@ class Simulation:
             if len(rf) >= 256 and not any(r.get("name") == _name(pod) for r in rf):
                 return None, "resourceclaim in use", claims
         n_total = len(self.nodes)
-        counts: dict[str, int] = {}
-        for node in self.nodes:
-            if not _pod_fits_node(pod, node):
-                counts["didn't match Pod's node affinity/selector"] = counts.get("didn't match Pod's node affinity/selector", 0) + 1
-                continue
-            if any(
-                (c["status"]["allocation"].get("nodeSelector") is not None)
-                and not node_selector_matches(c["status"]["allocation"]["nodeSelector"], node)
-                for c in done
-            ):
-                counts["resourceclaim not available on the node"] = counts.get("resourceclaim not available on the node", 0) + 1
-                continue
-            try:
-                results = self.allocator.allocate(node, todo)
-            except AllocationError as e:
-                return None, f"allocation error: {e}", claims
-            if results is None:
-                counts["cannot allocate all claims"] = counts.get("cannot allocate all claims", 0) + 1
-                continue
-            for c, res in zip(todo, results, strict=True):
-                c["status"] = {"allocation": res}
-                self.state.add_claim(c)
-            for c in todo + done:
-                rf = c.setdefault("status", {}).setdefault("reservedFor", [])
-                rf.append({"resource": "pods", "name": _name(pod), "uid": pod["metadata"]["uid"]})
-            return node.name, "", claims
+        sig = _signature(todo)
+        # Nodes already proven unable to take this pod shape are skipped as a prefix: the scan
+        # resumes at the first node not yet proven (failures are permanent, see _signature).
+        key = None
+        if sig is not None and not done:
+            spec = pod.get("spec") or {}
+            key = sig + json.dumps([spec.get("nodeName"), spec.get("nodeSelector"), spec.get("affinity")], sort_keys=True)
+        start, counts = self._cursor.get(key, (0, {})) if key else (0, {})
+        counts = dict(counts)
+        prefix = key is not None
+        for i in range(start, n_total):
+            node = self.nodes[i]
+            why = self._try_node(pod, node, todo, done)
+            if isinstance(why, AllocationError):
+                return None, f"allocation error: {why}", claims
+            if why is None:
+                self._placed += 1
+                for c in todo + done:
+                    rf = c.setdefault("status", {}).setdefault("reservedFor", [])
+                    rf.append({"resource": "pods", "name": _name(pod), "uid": pod["metadata"]["uid"]})
+                if key is not None:
+                    self._cursor[key] = (i, counts)
+                return node.name, "", claims
+            counts[why] = counts.get(why, 0) + 1
+            if prefix and key is not None:
+                self._cursor[key] = (i + 1, dict(counts))
         parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         msg = f"0/{n_total} nodes are available: {parts}." if parts else f"0/{n_total} nodes are available."
-        detail = self.explain_claims(todo) if counts.get("cannot allocate all claims") else ""
+        detail = ""
+        if counts.get("cannot allocate all claims"):
+            # Explaining walks every device: reuse it while nothing new was allocated.
+            ekey = (sig or json.dumps([c.get("spec") for c in todo], sort_keys=True), self._placed)
+            detail = self._explained.get(ekey) or self.explain_claims(todo)
+            if self._explained and next(iter(self._explained))[1] != self._placed:
+                self._explained = {}
+            self._explained[ekey] = detail
         return None, msg + (f" {detail}" if detail else ""), claims
+
+    def _try_node(
+        self, pod: dict[str, Any], node: Node, todo: list[dict[str, Any]], done: list[dict[str, Any]]
+    ) -> str | AllocationError | None:
+        """Allocate ``todo`` on ``node`` and record it; else the scheduler's reason (or error)."""
+        if not _pod_fits_node(pod, node):
+            return "didn't match Pod's node affinity/selector"
+        for c in done:
+            sel = c["status"]["allocation"].get("nodeSelector")
+            if sel is not None and not node_selector_matches(sel, node):
+                return "resourceclaim not available on the node"
+        try:
+            results = self.allocator.allocate(node, todo)
+        except AllocationError as e:
+            return e
+        if results is None:
+            return "cannot allocate all claims"
+        for c, res in zip(todo, results, strict=True):
+            c["status"] = {"allocation": res}
+            self.state.add_claim(c)
+        return None
 
     # ------------------------------------------------------------------------------------------
     def explain_claims(self, claims: Sequence[dict[str, Any]]) -> str:
@@ -341,9 +392,9 @@ class Simulation:
         matching: list[Device] = []
         for d in self.index.devices():
             try:
-                if all(s.evaluate(d.activation()) for s in sels):
+                if self.allocator.matches(sels, d, "explain"):
                     matching.append(d)
-            except Exception:
+            except AllocationError:
                 continue
         want = int(req.get("count") or 1)
         if not matching:

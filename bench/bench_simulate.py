@@ -1,0 +1,158 @@
+"""Benchmark: place fractional GPU claims one by one on a large simulated cluster.
+
+Nodes are 8x H100 80GB (the corpus gpud inventory's GPUs, UUIDs made unique per node); claims
+come from a ResourceClaimTemplate per shape, one pod per claim, shapes drawn with a fixed seed
+from realistic inference/training slices. Reports wall time, time per claim, peak Python heap
+(tracemalloc, with --trace-memory) and RSS, and the placed / pending counts.
+
+    .venv/bin/python bench/bench_simulate.py --nodes 100 --claims 10000
+    .venv/bin/python bench/bench_simulate.py --nodes 1000 --claims 50000 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import resource
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tessera.api.loader import Manifest, Source
+from tessera.inventory import build_resource_slices, load_inventory
+from tessera.sim.cluster import Cluster, SimNode
+from tessera.sim.simulate import Simulation
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "tessera" / "examples"
+H100 = EXAMPLES / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+
+# (memory, cores) shapes and their weights: small inference slices dominate.
+SHAPES = [("4Gi", "10", 30), ("8Gi", "20", 30), ("16Gi", "25", 20), ("20Gi", "30", 10), ("40Gi", "50", 7), ("80Gi", "100", 3)]
+
+
+def make_cluster(n_nodes: int) -> Cluster:
+    base = load_inventory(H100)
+    nodes = []
+    for i in range(n_nodes):
+        name = f"node-{i:05d}"
+        gpus = [dataclasses.replace(g, uuid=f"GPU-{i:08x}-0000-4000-8000-{g.index:012x}") for g in base]
+        nodes.append(SimNode(name, {"kubernetes.io/hostname": name}, build_resource_slices(name, gpus)))
+    return Cluster(nodes)
+
+
+def make_workload(n_claims: int, seed: int) -> list[Manifest]:
+    rng = random.Random(seed)
+    out: list[Manifest] = []
+    src = Source("bench", 1)
+    for mem, cores, _ in SHAPES:
+        out.append(
+            Manifest(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaimTemplate",
+                    "metadata": {"name": f"slice-{mem.lower()}-{cores}", "namespace": "default"},
+                    "spec": {
+                        "spec": {
+                            "devices": {
+                                "requests": [
+                                    {
+                                        "name": "gpu",
+                                        "exactly": {
+                                            "deviceClassName": "gpu.tessera.dev",
+                                            "capacity": {"requests": {"memory": mem, "cores": cores}},
+                                        },
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                },
+                src,
+            )
+        )
+    weights = [w for *_, w in SHAPES]
+    for i in range(n_claims):
+        mem, cores, _ = rng.choices(SHAPES, weights)[0]
+        out.append(
+            Manifest(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"pod-{i:06d}", "namespace": "default"},
+                    "spec": {
+                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": f"slice-{mem.lower()}-{cores}"}],
+                        "containers": [{"name": "app", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+                    },
+                },
+                src,
+            )
+        )
+    return out
+
+
+def run(n_nodes: int, n_claims: int, seed: int, progress: bool, trace: bool = False) -> dict[str, Any]:
+    if trace:
+        tracemalloc.start()
+    t0 = time.perf_counter()
+    cluster = make_cluster(n_nodes)
+    workload = make_workload(n_claims, seed)
+    sim = Simulation(cluster, workload, seed=seed)
+    t_setup = time.perf_counter() - t0
+    done = 0
+    if progress:
+        with Progress(TextColumn("placing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True) as bar:
+            task = bar.add_task("placing", total=n_claims)
+
+            def tick(_: str) -> None:
+                nonlocal done
+                done += 1
+                if done % 200 == 0 or done == n_claims:
+                    bar.update(task, completed=done)
+
+            t1 = time.perf_counter()
+            result = sim.run(on_pod=tick)
+    else:
+        t1 = time.perf_counter()
+        result = sim.run()
+    t_place = time.perf_counter() - t1
+    peak = 0
+    if trace:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    return {
+        "nodes": n_nodes,
+        "gpus": n_nodes * 8,
+        "claims": n_claims,
+        "scheduled": len(result.scheduled),
+        "pending": len(result.pending),
+        "setup_s": round(t_setup, 2),
+        "place_s": round(t_place, 2),
+        "per_claim_ms": round(1000 * t_place / n_claims, 3),
+        "peak_heap_mib": round(peak / 2**20, 1) if trace else None,
+        "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=100)
+    ap.add_argument("--claims", type=int, default=10000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--trace-memory", action="store_true", help="also measure the Python heap peak (slow)")
+    a = ap.parse_args()
+    r = run(a.nodes, a.claims, a.seed, progress=not a.no_progress and sys.stderr.isatty(), trace=a.trace_memory)
+    print(json.dumps(r))
+    if a.json:
+        a.json.write_text(json.dumps(r, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
