@@ -1,7 +1,14 @@
 import pytest
 
 from tessera.api.quantity import Quantity
-from tessera.cel import CelCompileError, CelRuntimeError, DeviceView, SemverValue, compile_selector, device_activation
+from tessera.cel import (
+    CelCompileError,
+    CelRuntimeError,
+    DeviceView,
+    SemverValue,
+    compile_selector,
+    device_activation,
+)
 
 DEV = device_activation(
     DeviceView(
