@@ -24,6 +24,7 @@ from tessera.allocator.model import (
     Device,
     DeviceID,
     Node,
+    RequestPolicy,
     Slice,
     UnsupportedAttribute,
     device_on_node,
@@ -190,6 +191,20 @@ def gather_pools(index: SliceIndex, node: Node, features: Features) -> list[Pool
 # Consumable capacity arithmetic (dra-spec.md 2.2, 2.3)
 
 
+def _range_scale(pol: RequestPolicy) -> int:
+    """Units of validRange arithmetic: ``Value()`` (1), or milli-units (1000) when any of
+    min/max/step/default is fractional (DRAFractionalCapacityRange, beta and on in 1.37)."""
+    for x in (pol.range_min, pol.range_max, pol.range_step, pol.default):
+        if x is not None and not x.is_integer():
+            return 1000
+    return 1
+
+
+def _units(x: Quantity, scale: int) -> int:
+    """``Value()`` / ``MilliValue()``: rounded up to whole units."""
+    return math.ceil(x.value * scale)
+
+
 def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
     """``calculateConsumedCapacity`` for one capacity of a device."""
     pol = cap.policy
@@ -204,9 +219,10 @@ def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
             return pol.range_min
         if pol.range_step is None:
             return requested
-        mn, step = pol.range_min.value_int(), pol.range_step.value_int()
-        n = mn + math.ceil(Fraction(requested.value_int() - mn, step)) * step
-        return Quantity(Fraction(n), requested.format)
+        scale = _range_scale(pol)
+        mn, step = _units(pol.range_min, scale), _units(pol.range_step, scale)
+        n = mn + math.ceil(Fraction(_units(requested, scale) - mn, step)) * step
+        return Quantity(Fraction(n, scale), requested.format)
     if pol.valid_values:
         for v in sorted(pol.valid_values, key=lambda q: q.value):
             if v.value >= requested.value:
@@ -225,7 +241,8 @@ def violates_policy(cap: Capacity, amount: Quantity) -> bool:
         if pol.range_max is not None and amount.value > pol.range_max.value:
             return True
         if pol.range_step is not None:
-            return (amount.value_int() - pol.range_min.value_int()) % pol.range_step.value_int() != 0
+            scale = _range_scale(pol)
+            return (_units(amount, scale) - _units(pol.range_min, scale)) % _units(pol.range_step, scale) != 0
         return False
     if pol.valid_values:
         return all(v.value != amount.value for v in pol.valid_values)
