@@ -10,6 +10,7 @@ consumable capacity, counters, taints, constraints and result shape follow dra-s
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import uuid
@@ -24,7 +25,6 @@ from tessera.allocator.model import (
     Device,
     DeviceID,
     Node,
-    RequestPolicy,
     Slice,
     UnsupportedAttribute,
     device_on_node,
@@ -41,6 +41,12 @@ from tessera.cel import (
 )
 
 MAX_RESULTS_PER_CLAIM = 32
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_quantity(v: str | int) -> Quantity:
+    """Quantity.parse for capacity requests, which repeat across claims and calls (Quantity is immutable)."""
+    return Quantity.parse(v)
 
 
 class AllocationError(Exception):
@@ -191,20 +197,6 @@ def gather_pools(index: SliceIndex, node: Node, features: Features) -> list[Pool
 # Consumable capacity arithmetic (dra-spec.md 2.2, 2.3)
 
 
-def _range_scale(pol: RequestPolicy) -> int:
-    """Units of validRange arithmetic: ``Value()`` (1), or milli-units (1000) when any of
-    min/max/step/default is fractional (DRAFractionalCapacityRange, beta and on in 1.37)."""
-    for x in (pol.range_min, pol.range_max, pol.range_step, pol.default):
-        if x is not None and not x.is_integer():
-            return 1000
-    return 1
-
-
-def _units(x: Quantity, scale: int) -> int:
-    """``Value()`` / ``MilliValue()``: rounded up to whole units."""
-    return math.ceil(x.value * scale)
-
-
 def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
     """``calculateConsumedCapacity`` for one capacity of a device."""
     pol = cap.policy
@@ -219,10 +211,10 @@ def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
             return pol.range_min
         if pol.range_step is None:
             return requested
-        scale = _range_scale(pol)
-        mn, step = _units(pol.range_min, scale), _units(pol.range_step, scale)
-        n = mn + math.ceil(Fraction(_units(requested, scale) - mn, step)) * step
-        return Quantity(Fraction(n, scale), requested.format)
+        scale, mn, step = pol.scale, pol.min_units, pol.step_units
+        ru = math.ceil(requested.value * scale) if scale != 1 else math.ceil(requested.value)
+        n = mn - ((mn - ru) // step) * step  # min + ceil((requested - min) / step) * step
+        return Quantity(Fraction(n, scale) if scale != 1 else Fraction(n), requested.format)
     if pol.valid_values:
         for v in sorted(pol.valid_values, key=lambda q: q.value):
             if v.value >= requested.value:
@@ -241,8 +233,8 @@ def violates_policy(cap: Capacity, amount: Quantity) -> bool:
         if pol.range_max is not None and amount.value > pol.range_max.value:
             return True
         if pol.range_step is not None:
-            scale = _range_scale(pol)
-            return (_units(amount, scale) - _units(pol.range_min, scale)) % _units(pol.range_step, scale) != 0
+            au = math.ceil(amount.value * pol.scale) if pol.scale != 1 else math.ceil(amount.value)
+            return (au - pol.min_units) % pol.step_units != 0
         return False
     if pol.valid_values:
         return all(v.value != amount.value for v in pol.valid_values)
@@ -268,6 +260,7 @@ class RequestData:
     admin: bool
     tolerations: list[dict[str, Any]]
     capacity: dict[str, Quantity]
+    cap_key: str  # capacity requests as a string: memo key for _Search._consumption
     raw: dict[str, Any]
     all_devices: list[Device] = field(default_factory=list)
     sub_index: int = -1
@@ -411,6 +404,7 @@ class Allocator:
         self._pools_cache: dict[tuple[str, tuple[tuple[str, str], ...]], list[Pool]] = {}
         self._sel_cache: dict[tuple[str, int], bool | CelRuntimeError] = {}
         self._lists = self.features.list_type_attributes
+        self._cap_memo: dict[tuple[int, str], tuple[tuple[str, Fraction, Fraction, str], ...] | None] = {}
 
     # ---- public ----------------------------------------------------------------------------
     def pools(self, node: Node) -> list[Pool]:
@@ -500,7 +494,8 @@ class _Search:
         mode = r.get("allocationMode") or "ExactCount"
         if mode not in ("ExactCount", "All"):
             raise AllocationError(f"{what}: unsupported count mode {mode}")
-        caps = {k: Quantity.parse(v) for k, v in ((r.get("capacity") or {}).get("requests") or {}).items()}
+        caps = {k: _parse_quantity(v) for k, v in ((r.get("capacity") or {}).get("requests") or {}).items()}
+        cap_key = ";".join(f"{k}={caps[k].value}" for k in sorted(caps))
         rd = RequestData(
             claim_index=ci,
             name=name,
@@ -513,6 +508,7 @@ class _Search:
             admin=admin,
             tolerations=list(r.get("tolerations") or []),
             capacity=caps,
+            cap_key=cap_key,
             raw=dict(r),
         )
         if rd.all_mode:
@@ -599,17 +595,40 @@ class _Search:
             return d.id in self.st.dedicated
         return d.id in self.st.dedicated or d.id in self.allocating
 
+    def _consumption(self, rd: RequestData, d: Device) -> tuple[tuple[str, Fraction, Fraction, str], ...] | None:
+        """What ``rd`` would consume of each capacity of ``d``: (name, amount, published value,
+        amount as a result string); None if ``d`` lacks a requested capacity or an amount
+        violates its policy (dra-spec.md 2.2, 2.3). Depends only on the request's capacity
+        requests and the device, so it is memoised for the allocator's lifetime."""
+        key = (id(d), rd.cap_key)
+        memo = self.a._cap_memo
+        if key in memo:
+            return memo[key]
+        out: tuple[tuple[str, Fraction, Fraction, str], ...] | None = None
+        if all(k in d.capacity for k in rd.capacity):
+            items = []
+            for k, cap in d.capacity.items():
+                amount = consumed_amount(cap, rd.capacity.get(k))
+                if violates_policy(cap, amount):
+                    break
+                items.append((k, amount.value, cap.value.value, Quantity(amount.value, cap.value.format).canonical()))
+            else:
+                out = tuple(items)
+        memo[key] = out
+        return out
+
     def _capacity_fits(self, rd: RequestData, d: Device, *, in_call: bool) -> bool:
-        for k in rd.capacity:
-            if k not in d.capacity:
-                return False
-        existing = self.st.aggregated.get(d.id, {}) if self._multi(d) else {}
-        pending = self.cap_in_call.get(d.id, {}) if in_call else {}
-        for k, cap in d.capacity.items():
-            amount = consumed_amount(cap, rd.capacity.get(k))
-            if violates_policy(cap, amount):
-                return False
-            if existing.get(k, 0) + pending.get(k, 0) + amount.value > cap.value.value:
+        use = self._consumption(rd, d)
+        if use is None:
+            return False
+        existing = self.st.aggregated.get(d.id) if self._multi(d) else None
+        pending = self.cap_in_call.get(d.id) if in_call else None
+        for k, amount, total, _ in use:
+            if existing:
+                amount = amount + existing.get(k, 0)
+            if pending:
+                amount = amount + pending.get(k, 0)
+            if amount > total:
                 return False
         return True
 
@@ -682,11 +701,9 @@ class _Search:
             result["shareID"] = str(uuid.UUID(int=self.a.rng.getrandbits(128), version=4))
             if d.capacity:
                 consumed = {}
-                for k, cap in d.capacity.items():
-                    amount = consumed_amount(cap, rd.capacity.get(k))
-                    q = Quantity(amount.value, cap.value.format)
-                    consumed[k] = q.canonical()
-                    cap_added[k] = amount.value
+                for k, amount, _, text in self._consumption(rd, d) or ():
+                    consumed[k] = text
+                    cap_added[k] = amount
                 result["consumedCapacity"] = consumed
             entry = self.cap_in_call.setdefault(d.id, {})
             for k, v in cap_added.items():

@@ -6,6 +6,7 @@ Field names follow ``resource.k8s.io/v1``; semantics follow dra-spec.md sections
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -49,6 +50,22 @@ class RequestPolicy:
     range_min: Quantity | None = None
     range_max: Quantity | None = None
     range_step: Quantity | None = None
+    # validRange arithmetic, precomputed: units are Value() (scale 1), or milli-units (1000)
+    # when any of min/max/step/default is fractional (DRAFractionalCapacityRange, on in 1.37).
+    scale: int = field(default=1, init=False, compare=False)
+    min_units: int = field(default=0, init=False, compare=False)
+    step_units: int = field(default=0, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        scale = 1
+        for x in (self.range_min, self.range_max, self.range_step, self.default):
+            if x is not None and not x.is_integer():
+                scale = 1000
+        object.__setattr__(self, "scale", scale)
+        if self.range_min is not None:
+            object.__setattr__(self, "min_units", math.ceil(self.range_min.value * scale))
+        if self.range_step is not None:
+            object.__setattr__(self, "step_units", math.ceil(self.range_step.value * scale))
 
 
 @dataclass(frozen=True, slots=True)
