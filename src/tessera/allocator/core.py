@@ -845,7 +845,7 @@ class _Search:
 
     def _node_selector(self, devices: Sequence[Device]) -> dict[str, Any] | None:
         for d in devices:
-            if d.node_name or d.binds_to_node:
+            if d.node_name or (d.binds_to_node and self.f.device_binding_and_status):
                 return {
                     "nodeSelectorTerms": [
                         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [self.node.name]}]}
@@ -887,16 +887,17 @@ class _Search:
             for c in (self.a.classes[cls].get("spec") or {}).get("config") or []:
                 if c.get("opaque"):
                     out.append({"source": "FromClass", "requests": list(reqs), "opaque": c["opaque"]})
-        names = {r["request"] for r in cd.results}
+        names = {r["request"] for r in cd.results}  # "req" or the chosen "req/sub"
         parents = {n.split("/")[0] for n in names}
         for c in ((cd.claim.get("spec") or {}).get("devices") or {}).get("config") or []:
             reqs = c.get("requests") or []
             if (not reqs or any(x in names or x in parents for x in reqs)) and c.get("opaque"):
-                    out.append({"source": "FromClaim", "requests": list(reqs), "opaque": c["opaque"]})
-        all_reqs = {r.get("name") for r in ((cd.claim.get("spec") or {}).get("devices") or {}).get("requests") or []}
+                out.append({"source": "FromClaim", "requests": list(reqs), "opaque": c["opaque"]})
+        # A config that covers every request of the claim (the request itself or its chosen
+        # subrequest) applies to all: its request list is cleared.
         for c in out:
-            covered = {x.split("/")[0] for x in c["requests"]}
-            if not c["requests"] or covered >= all_reqs:
+            listed = set(c["requests"])
+            if not listed or all(n in listed or n.split("/")[0] in listed for n in names):
                 c.pop("requests")
         return out
 
