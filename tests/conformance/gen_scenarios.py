@@ -1311,6 +1311,11 @@ case("tessera-r6-search-blow-up-no-solution", classes=CA, slices=[many("slice-1"
 case("tessera-r6-search-blow-up-second-request", classes=CA, slices=[many("slice-1", "node-1", "pool-1", DA, 12)],
      claims=[c0(r0(count=12), req("req-1"))],
      note="R6: 12 + 1 devices requested from 12: exhaustive search upstream, none either way", **_R)
+case("tessera-pool-with-more-slices-than-count-is-incomplete", classes=CA,
+     slices=[slc("slice-1", "node-1", "pool-1", DA, dev(d(1))), slc("slice-2", "node-1", "pool-1", DA, dev(d(2)))],
+     claims=[c0(r0())],
+     note="two slices of one generation that both declare resourceSliceCount 1: the pool is incomplete (the catalogue notes "
+          "this for partitionable-devices-no-capacity-available and two other cases whose answer is none anyway)", **_R)
 case("tessera-n-list-match-backtrack-restores-intersection", features=[LT], classes=CA,
      slices=lattrs("numa", [1, 2], [1], [2], [2]), claims=[c0(r0(count=3), constraints=[match(ATTR_INT)])],
      results=[alloc(res("req-0", d(1)), res("req-0", d(3)), res("req-0", d(4)))],

@@ -157,7 +157,7 @@ def gather_pools(index: SliceIndex, node: Node, features: Features) -> list[Pool
         if len(cur) != cur[0].slice_count:
             if any(s.generation > gen for s in all_of_pool):
                 continue  # obsolete: a newer generation exists
-            if len([s for s in all_of_pool if s.generation == gen]) < cur[0].slice_count:
+            if len([s for s in all_of_pool if s.generation == gen]) != cur[0].slice_count:
                 complete = False
         counters: dict[str, dict[str, Fraction]] = {}
         invalid: str | None = None
