@@ -10,6 +10,7 @@ consumable capacity, counters, taints, constraints and result shape follow dra-s
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import uuid
@@ -25,14 +26,27 @@ from tessera.allocator.model import (
     DeviceID,
     Node,
     Slice,
+    UnsupportedAttribute,
     device_on_node,
     node_selector_matches,
     slice_from_dict,
 )
 from tessera.api.quantity import Quantity
-from tessera.cel import CelCompileError, CelRuntimeError, CompiledSelector, compile_selector
+from tessera.cel import (
+    CelCompileError,
+    CelRuntimeError,
+    CompiledSelector,
+    SemverValue,
+    compile_selector,
+)
 
 MAX_RESULTS_PER_CLAIM = 32
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_quantity(v: str | int) -> Quantity:
+    """Quantity.parse for capacity requests, which repeat across claims and calls (Quantity is immutable)."""
+    return Quantity.parse(v)
 
 
 class AllocationError(Exception):
@@ -143,7 +157,7 @@ def gather_pools(index: SliceIndex, node: Node, features: Features) -> list[Pool
         if len(cur) != cur[0].slice_count:
             if any(s.generation > gen for s in all_of_pool):
                 continue  # obsolete: a newer generation exists
-            if len([s for s in all_of_pool if s.generation == gen]) < cur[0].slice_count:
+            if len([s for s in all_of_pool if s.generation == gen]) != cur[0].slice_count:
                 complete = False
         counters: dict[str, dict[str, Fraction]] = {}
         invalid: str | None = None
@@ -155,18 +169,23 @@ def gather_pools(index: SliceIndex, node: Node, features: Features) -> list[Pool
                     invalid = f"duplicate counter set {cs}"
                 counters[cs] = cvals
         device_slices = sorted((s for s in cur if s.devices), key=lambda s: s.name)
+        # Validity covers every slice of the pool at this generation, including slices that
+        # target other nodes (case partitionable-devices-validation-error-on-non-targeting-slice).
         seen: set[str] = set()
-        has_bc = False
-        for s in device_slices:
+        for s in all_of_pool:
+            if s.generation != gen or not s.devices:
+                continue
+            if not features.partitionable_devices and s.per_device_node_selection:
+                continue
             for d in s.devices:
                 if d.name in seen:
                     invalid = f"duplicate device name {d.name}"
                 seen.add(d.name)
-                for cs, cvals in d.consumes_counters:
-                    if cs not in counters or any(c not in counters[cs] for c in cvals):
-                        invalid = f"device {d.name} consumes unknown counters of set {cs}"
-                if d.binding_conditions and device_on_node(d, node):
-                    has_bc = True
+                if features.partitionable_devices:
+                    for cs, cvals in d.consumes_counters:
+                        if cs not in counters or any(c not in counters[cs] for c in cvals):
+                            invalid = f"device {d.name} consumes unknown counters of set {cs}"
+        has_bc = any(d.binding_conditions and device_on_node(d, node) for s in device_slices for d in s.devices)
         pools.append(Pool(key[0], key[1], device_slices, counters, complete, invalid, has_bc))
     pools.sort(key=lambda p: p.key)
     if features.device_binding_and_status:
@@ -192,9 +211,10 @@ def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
             return pol.range_min
         if pol.range_step is None:
             return requested
-        mn, step = pol.range_min.value_int(), pol.range_step.value_int()
-        n = mn + math.ceil(Fraction(requested.value_int() - mn, step)) * step
-        return Quantity(Fraction(n), requested.format)
+        scale, mn, step = pol.scale, pol.min_units, pol.step_units
+        ru = math.ceil(requested.value * scale) if scale != 1 else math.ceil(requested.value)
+        n = mn - ((mn - ru) // step) * step  # min + ceil((requested - min) / step) * step
+        return Quantity(Fraction(n, scale) if scale != 1 else Fraction(n), requested.format)
     if pol.valid_values:
         for v in sorted(pol.valid_values, key=lambda q: q.value):
             if v.value >= requested.value:
@@ -213,7 +233,8 @@ def violates_policy(cap: Capacity, amount: Quantity) -> bool:
         if pol.range_max is not None and amount.value > pol.range_max.value:
             return True
         if pol.range_step is not None:
-            return (amount.value_int() - pol.range_min.value_int()) % pol.range_step.value_int() != 0
+            au = math.ceil(amount.value * pol.scale) if pol.scale != 1 else math.ceil(amount.value)
+            return (au - pol.min_units) % pol.step_units != 0
         return False
     if pol.valid_values:
         return all(v.value != amount.value for v in pol.valid_values)
@@ -239,6 +260,7 @@ class RequestData:
     admin: bool
     tolerations: list[dict[str, Any]]
     capacity: dict[str, Quantity]
+    cap_key: str  # capacity requests as a string: memo key for _Search._consumption
     raw: dict[str, Any]
     all_devices: list[Device] = field(default_factory=list)
     sub_index: int = -1
@@ -256,53 +278,84 @@ class ClaimData:
 
 
 class _Constraint:
-    """matchAttribute / distinctAttribute over the requests in scope (dra-spec.md 4.5, 2.6)."""
+    """matchAttribute / distinctAttribute over the requests in scope (dra-spec.md 4.5, 2.6).
 
-    def __init__(self, attribute: str, requests: Sequence[str], distinct: bool) -> None:
+    Values are compared as sets of (type, value) keys: a scalar is a one-element set, a list
+    attribute (DRAListTypeAttributes on) the set of its items. ``match`` keeps the running
+    intersection (must stay non-empty), ``distinct`` the union of what was seen (each new
+    device must be disjoint from it). Both are stacks, undone in reverse order by the search,
+    so backtracking restores the running intersection (upstream PR #140326).
+
+    Deliberate difference (scenario tessera-r2-distinct-count-3-within-one-request):
+    upstream remembers one distinct value per request name, so inside one request of count
+    >= 3 it only compares with the previous device; Tessera compares with every device in
+    scope.
+    """
+
+    __slots__ = ("attribute", "distinct", "lists", "scope", "seen", "stack")
+
+    def __init__(self, attribute: str, requests: Sequence[str], distinct: bool, lists: bool) -> None:
         self.attribute = attribute
-        self.scope = list(requests)
+        self.scope = frozenset(requests)
         self.distinct = distinct
-        self.values: list[Any] = []
+        self.lists = lists
+        self.stack: list[frozenset[tuple[str, Any]]] = []
+        self.seen: frozenset[tuple[str, Any]] = frozenset()
 
     def covers(self, request: str) -> bool:
         if not self.scope:
             return True
-        parent = request.split("/")[0]
-        return any(s in (request, parent) for s in self.scope)
+        return request in self.scope or request.split("/", 1)[0] in self.scope
 
-    def _value(self, d: Device) -> Any:
-        return d.attributes.get(self.attribute, _MISSING)
+    def _keys(self, d: Device) -> frozenset[tuple[str, Any]] | None:
+        v = d.attributes.get(self.attribute, _MISSING)
+        if v is _MISSING or isinstance(v, UnsupportedAttribute):
+            return None
+        if isinstance(v, list):
+            if not self.lists:
+                return None  # list attributes are not understood without DRAListTypeAttributes
+            return frozenset(_attr_key(x) for x in v)
+        return frozenset((_attr_key(v),))
 
     def add(self, request: str, d: Device) -> bool:
         if not self.covers(request):
             return True
-        v = self._value(d)
-        if v is _MISSING:
+        keys = self._keys(d)
+        if keys is None:
             return False
         if self.distinct:
-            if any(_same(v, o) for o in self.values):
+            if self.seen & keys:
                 return False
-        elif self.values and not _same(v, self.values[0]):
+            self.seen = self.seen | keys
+            self.stack.append(keys)
+            return True
+        new = self.stack[-1] & keys if self.stack else keys
+        if not new:
             return False
-        self.values.append(v)
+        self.stack.append(new)
         return True
 
     def remove(self, request: str, d: Device) -> None:
         if not self.covers(request):
             return
-        self.values.pop()
+        keys = self.stack.pop()
+        if self.distinct:
+            self.seen = self.seen - keys
 
 
 _MISSING = object()
 
 
-def _same(a: Any, b: Any) -> bool:
-    if type(a) is not type(b):
-        return False
-    try:
-        return bool(a == b)
-    except TypeError:
-        return False
+def _attr_key(v: Any) -> tuple[str, Any]:
+    if isinstance(v, bool):
+        return ("bool", v)
+    if isinstance(v, int):
+        return ("int", v)
+    if isinstance(v, str):
+        return ("string", v)
+    if isinstance(v, SemverValue):
+        return ("version", v.text)
+    return (type(v).__name__, repr(v))
 
 
 def _tolerates(tols: Sequence[Mapping[str, Any]], key: str, value: str, effect: str) -> bool:
@@ -350,6 +403,8 @@ class Allocator:
         self.rng = rng or random.Random()
         self._pools_cache: dict[tuple[str, tuple[tuple[str, str], ...]], list[Pool]] = {}
         self._sel_cache: dict[tuple[str, int], bool | CelRuntimeError] = {}
+        self._lists = self.features.list_type_attributes
+        self._cap_memo: dict[tuple[int, str], tuple[tuple[str, Fraction, Fraction, str], ...] | None] = {}
 
     # ---- public ----------------------------------------------------------------------------
     def pools(self, node: Node) -> list[Pool]:
@@ -375,7 +430,7 @@ class Allocator:
             r = self._sel_cache.get(key)
             if r is None:
                 try:
-                    r = sel.evaluate(d.activation())
+                    r = sel.evaluate(d.activation(self._lists))
                 except CelRuntimeError as e:
                     r = e
                 self._sel_cache[key] = r
@@ -421,7 +476,8 @@ class _Search:
 
     # ---- preparation (dra-spec.md 4.3) ------------------------------------------------------
     def _request(self, ci: int, ref: str, name: str, parent: str, r: Mapping[str, Any], admin_ok: bool) -> RequestData:
-        what = f"claim {ref}, {'subrequest' if '/' in name else 'request'} {name}"
+        # Upstream names a subrequest by its own name ("subrequest subReq-0"), not "req/sub".
+        what = f"claim {ref}, subrequest {name.split('/', 1)[1]}" if "/" in name else f"claim {ref}, request {name}"
         if r.get("capacity") and not self.f.consumable_capacity:
             raise AllocationError(f"{what}: has capacity requests, but the DRAConsumableCapacity feature is disabled")
         admin = bool(r.get("adminAccess")) if admin_ok else False
@@ -438,7 +494,8 @@ class _Search:
         mode = r.get("allocationMode") or "ExactCount"
         if mode not in ("ExactCount", "All"):
             raise AllocationError(f"{what}: unsupported count mode {mode}")
-        caps = {k: Quantity.parse(v) for k, v in ((r.get("capacity") or {}).get("requests") or {}).items()}
+        caps = {k: _parse_quantity(v) for k, v in ((r.get("capacity") or {}).get("requests") or {}).items()}
+        cap_key = ";".join(f"{k}={caps[k].value}" for k in sorted(caps))
         rd = RequestData(
             claim_index=ci,
             name=name,
@@ -451,6 +508,7 @@ class _Search:
             admin=admin,
             tolerations=list(r.get("tolerations") or []),
             capacity=caps,
+            cap_key=cap_key,
             raw=dict(r),
         )
         if rd.all_mode:
@@ -479,7 +537,9 @@ class _Search:
     def _prepare(self) -> None:
         for ci, claim in enumerate(self.claims_in):
             md = claim.get("metadata") or {}
-            ref = f"{md.get('namespace') or 'default'}/{md.get('name') or md.get('generateName') or ''}"
+            # klog.KObj: "namespace/name", or just "name" for an object without a namespace.
+            name = md.get("name") or md.get("generateName") or ""
+            ref = f"{md['namespace']}/{name}" if md.get("namespace") else name
             devices = (claim.get("spec") or {}).get("devices") or {}
             reqs: list[list[RequestData]] = []
             min_total = 0
@@ -510,9 +570,9 @@ class _Search:
             cons: list[_Constraint] = []
             for i, c in enumerate(devices.get("constraints") or []):
                 if c.get("matchAttribute"):
-                    cons.append(_Constraint(c["matchAttribute"], c.get("requests") or [], distinct=False))
+                    cons.append(_Constraint(c["matchAttribute"], c.get("requests") or [], False, self.f.list_type_attributes))
                 elif c.get("distinctAttribute") and self.f.consumable_capacity:
-                    cons.append(_Constraint(c["distinctAttribute"], c.get("requests") or [], distinct=True))
+                    cons.append(_Constraint(c["distinctAttribute"], c.get("requests") or [], True, self.f.list_type_attributes))
                 else:
                     raise AllocationError(f"claim {ref}, constraint #{i}: empty constraint (unsupported constraint type?)")
             self.claims.append(ClaimData(claim, ref, reqs, cons))
@@ -535,17 +595,40 @@ class _Search:
             return d.id in self.st.dedicated
         return d.id in self.st.dedicated or d.id in self.allocating
 
+    def _consumption(self, rd: RequestData, d: Device) -> tuple[tuple[str, Fraction, Fraction, str], ...] | None:
+        """What ``rd`` would consume of each capacity of ``d``: (name, amount, published value,
+        amount as a result string); None if ``d`` lacks a requested capacity or an amount
+        violates its policy (dra-spec.md 2.2, 2.3). Depends only on the request's capacity
+        requests and the device, so it is memoised for the allocator's lifetime."""
+        key = (id(d), rd.cap_key)
+        memo = self.a._cap_memo
+        if key in memo:
+            return memo[key]
+        out: tuple[tuple[str, Fraction, Fraction, str], ...] | None = None
+        if all(k in d.capacity for k in rd.capacity):
+            items = []
+            for k, cap in d.capacity.items():
+                amount = consumed_amount(cap, rd.capacity.get(k))
+                if violates_policy(cap, amount):
+                    break
+                items.append((k, amount.value, cap.value.value, Quantity(amount.value, cap.value.format).canonical()))
+            else:
+                out = tuple(items)
+        memo[key] = out
+        return out
+
     def _capacity_fits(self, rd: RequestData, d: Device, *, in_call: bool) -> bool:
-        for k in rd.capacity:
-            if k not in d.capacity:
-                return False
-        existing = self.st.aggregated.get(d.id, {}) if self._multi(d) else {}
-        pending = self.cap_in_call.get(d.id, {}) if in_call else {}
-        for k, cap in d.capacity.items():
-            amount = consumed_amount(cap, rd.capacity.get(k))
-            if violates_policy(cap, amount):
-                return False
-            if existing.get(k, 0) + pending.get(k, 0) + amount.value > cap.value.value:
+        use = self._consumption(rd, d)
+        if use is None:
+            return False
+        existing = self.st.aggregated.get(d.id) if self._multi(d) else None
+        pending = self.cap_in_call.get(d.id) if in_call else None
+        for k, amount, total, _ in use:
+            if existing:
+                amount = amount + existing.get(k, 0)
+            if pending:
+                amount = amount + pending.get(k, 0)
+            if amount > total:
                 return False
         return True
 
@@ -573,7 +656,9 @@ class _Search:
             return None
         counter_charge: list[tuple[str, str, Fraction]] = []
         if d.consumes_counters:
-            in_use_cap = bool(self.st.aggregated.get(d.id)) or d.id in self.cap_in_call
+            # A share placed earlier (any earlier cycle: an aggregated entry exists even for a
+            # share without consumedCapacity; or this call) already paid the counters.
+            in_use_cap = d.id in self.st.aggregated or d.id in self.cap_in_call
             if not (multi and in_use_cap):
                 avail = self._available_counters(pool.key, pool.counters)
                 used = self.counters_in_call.setdefault(pool.key, {})
@@ -616,11 +701,9 @@ class _Search:
             result["shareID"] = str(uuid.UUID(int=self.a.rng.getrandbits(128), version=4))
             if d.capacity:
                 consumed = {}
-                for k, cap in d.capacity.items():
-                    amount = consumed_amount(cap, rd.capacity.get(k))
-                    q = Quantity(amount.value, cap.value.format)
-                    consumed[k] = q.canonical()
-                    cap_added[k] = amount.value
+                for k, amount, _, text in self._consumption(rd, d) or ():
+                    consumed[k] = text
+                    cap_added[k] = amount
                 result["consumedCapacity"] = consumed
             entry = self.cap_in_call.setdefault(d.id, {})
             for k, v in cap_added.items():
@@ -697,6 +780,8 @@ class _Search:
         return False
 
     def _slot(self, cd: ClaimData, ci: int, ri: int, rd: RequestData, di: int, start: tuple[int, int, int]) -> bool:
+        if rd.all_mode and not rd.all_devices:
+            return False  # All needs at least one device (dra-spec.md 4.6)
         if di >= rd.count:
             return self._req(ci, ri + 1)
         if len(cd.results) + (rd.count - di) > MAX_RESULTS_PER_CLAIM:
@@ -709,8 +794,12 @@ class _Search:
             undo = self._allocate_device(cd, rd, d, pool, must=True)
             if undo is None:
                 return False
-            if self._slot(cd, ci, ri, rd, di + 1, start):
-                return True
+            try:
+                if self._slot(cd, ci, ri, rd, di + 1, start):
+                    return True
+            except _MaxSizeExceeded:
+                undo()
+                raise
             undo()
             return False
         p0, s0, d0 = start
@@ -734,8 +823,12 @@ class _Search:
                     undo = self._allocate_device(cd, rd, d, pool, must=False)
                     if undo is None:
                         continue
-                    if self._slot(cd, ci, ri, rd, di + 1, (pi, si, dj)):
-                        return True
+                    try:
+                        if self._slot(cd, ci, ri, rd, di + 1, (pi, si, dj)):
+                            return True
+                    except _MaxSizeExceeded:
+                        undo()  # the firstAvailable parent may still try another subrequest
+                        raise
                     undo()
         return False
 
@@ -752,7 +845,7 @@ class _Search:
 
     def _node_selector(self, devices: Sequence[Device]) -> dict[str, Any] | None:
         for d in devices:
-            if d.node_name or d.binds_to_node:
+            if d.node_name or (d.binds_to_node and self.f.device_binding_and_status):
                 return {
                     "nodeSelectorTerms": [
                         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [self.node.name]}]}
@@ -794,16 +887,17 @@ class _Search:
             for c in (self.a.classes[cls].get("spec") or {}).get("config") or []:
                 if c.get("opaque"):
                     out.append({"source": "FromClass", "requests": list(reqs), "opaque": c["opaque"]})
-        names = {r["request"] for r in cd.results}
+        names = {r["request"] for r in cd.results}  # "req" or the chosen "req/sub"
         parents = {n.split("/")[0] for n in names}
         for c in ((cd.claim.get("spec") or {}).get("devices") or {}).get("config") or []:
             reqs = c.get("requests") or []
             if (not reqs or any(x in names or x in parents for x in reqs)) and c.get("opaque"):
-                    out.append({"source": "FromClaim", "requests": list(reqs), "opaque": c["opaque"]})
-        all_reqs = {r.get("name") for r in ((cd.claim.get("spec") or {}).get("devices") or {}).get("requests") or []}
+                out.append({"source": "FromClaim", "requests": list(reqs), "opaque": c["opaque"]})
+        # A config that covers every request of the claim (the request itself or its chosen
+        # subrequest) applies to all: its request list is cleared.
         for c in out:
-            covered = {x.split("/")[0] for x in c["requests"]}
-            if not c["requests"] or covered >= all_reqs:
+            listed = set(c["requests"])
+            if not listed or all(n in listed or n.split("/")[0] in listed for n in names):
                 c.pop("requests")
         return out
 

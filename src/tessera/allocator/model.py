@@ -6,6 +6,7 @@ Field names follow ``resource.k8s.io/v1``; semantics follow dra-spec.md sections
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -14,13 +15,30 @@ from typing import Any
 from tessera.api.errors import ManifestError
 from tessera.api.loader import object_ref
 from tessera.api.quantity import Quantity, QuantityError
-from tessera.cel import DeviceView, SemverValue, device_activation
+from tessera.cel import CelRuntimeError, DeviceView, SemverValue, device_activation
 
 DeviceID = tuple[str, str, str]  # (driver, pool, device)
 
 
 def device_id_str(d: DeviceID) -> str:
     return "/".join(d)
+
+
+class UnsupportedAttribute:
+    """An attribute value the allocator cannot use: no value set, or an empty list.
+
+    API validation rejects these, but the allocator must cope: upstream fails with
+    ``unsupported attribute value`` as soon as a selector is evaluated on the device (the whole
+    attribute map is converted for CEL up front), and constraints never match it.
+    """
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"UnsupportedAttribute({self.why!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +50,22 @@ class RequestPolicy:
     range_min: Quantity | None = None
     range_max: Quantity | None = None
     range_step: Quantity | None = None
+    # validRange arithmetic, precomputed: units are Value() (scale 1), or milli-units (1000)
+    # when any of min/max/step/default is fractional (DRAFractionalCapacityRange, on in 1.37).
+    scale: int = field(default=1, init=False, compare=False)
+    min_units: int = field(default=0, init=False, compare=False)
+    step_units: int = field(default=0, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        scale = 1
+        for x in (self.range_min, self.range_max, self.range_step, self.default):
+            if x is not None and not x.is_integer():
+                scale = 1000
+        object.__setattr__(self, "scale", scale)
+        if self.range_min is not None:
+            object.__setattr__(self, "min_units", math.ceil(self.range_min.value * scale))
+        if self.range_step is not None:
+            object.__setattr__(self, "step_units", math.ceil(self.range_step.value * scale))
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +103,7 @@ class Device:
     all_nodes: bool = False
     per_device_node_selection: bool = False
     _activation: dict[str, Any] | None = None
+    _activation_scalar: dict[str, Any] | None = None
 
     @property
     def driver(self) -> str:
@@ -82,17 +117,34 @@ class Device:
     def name(self) -> str:
         return self.id[2]
 
-    def activation(self) -> dict[str, Any]:
-        """CEL activation, built on first use and kept."""
-        if self._activation is None:
+    def activation(self, lists: bool = True) -> dict[str, Any]:
+        """CEL activation, built on first use and kept.
+
+        ``lists``: DRAListTypeAttributes is on. When it is off, list-valued attributes are not
+        visible to selectors (as if the device did not have them). Raises
+        :class:`CelRuntimeError` (``unsupported attribute value``) for an attribute without a
+        usable value, like upstream's up-front conversion of the attribute map.
+        """
+        act = self._activation if lists else self._activation_scalar
+        if act is None:
+            attrs = self.attributes
+            for k, v in attrs.items():
+                if isinstance(v, UnsupportedAttribute):
+                    raise CelRuntimeError(f"attribute {k}: unsupported attribute value ({v.why})")
+            if not lists:
+                attrs = {k: v for k, v in attrs.items() if not isinstance(v, list)}
             view = DeviceView(
                 driver=self.driver,
-                attributes=self.attributes,
+                attributes=attrs,
                 capacity={_qualify(k, self.driver): c.value for k, c in self.capacity.items()},
                 allow_multiple_allocations=self.allow_multiple,
             )
-            self._activation = device_activation(view)
-        return self._activation
+            act = device_activation(view)
+            if lists:
+                self._activation = act
+            else:
+                self._activation_scalar = act
+        return act
 
 
 @dataclass
@@ -125,6 +177,8 @@ def _q(v: Any, where: str, ref: str) -> Quantity:
 
 
 def _attr_value(a: Any, where: str, ref: str) -> Any:
+    if a is None or (isinstance(a, dict) and not any(v is not None for v in a.values())):
+        return UnsupportedAttribute("no value set")
     if not isinstance(a, dict) or len([k for k in a if a[k] is not None]) != 1:
         raise ManifestError(
             "must have exactly one of int, bool, string, version (or ints/bools/strings/versions)",
@@ -143,7 +197,9 @@ def _attr_value(a: Any, where: str, ref: str) -> Any:
             return SemverValue.parse(v)
         except ValueError as e:
             raise ManifestError(str(e), obj=ref, field=where) from None
-    if kind in ("ints", "bools", "strings", "versions") and isinstance(v, list) and v:
+    if kind in ("ints", "bools", "strings", "versions") and isinstance(v, list):
+        if not v:
+            return UnsupportedAttribute(f"empty {kind} list")
         inner = kind[:-1]
         return [_attr_value({inner: x}, where, ref) for x in v]
     raise ManifestError(f"{kind}: {v!r} is not a valid {kind} attribute value", obj=ref, field=where)

@@ -10,6 +10,7 @@ from fractions import Fraction
 from typing import Any
 
 import celpy
+import lark
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
@@ -352,6 +353,9 @@ class CompiledSelector:
 def _eval_message(e: CELEvalError) -> str:
     args = e.args
     msg = str(args[0]) if args else str(e)
+    if "undeclared reference" in msg:
+        name = re.search(r"undeclared reference to '([^']*)'", msg)
+        return f"undeclared reference to '{name.group(1) if name else '?'}'"
     if args and len(args) > 1 and args[1] is KeyError:
         m = re.search(r"'([^']*)'", msg)
         key = m.group(1) if m else msg
@@ -360,13 +364,56 @@ def _eval_message(e: CELEvalError) -> str:
         return f"no such key: {key}"
     if msg == "return error for overflow" and len(args) > 2 and args[2]:
         return str(args[2][0])
-    if "undeclared reference" in msg:
-        name = re.search(r"undeclared reference to '([^']*)'", msg)
-        return f"undeclared reference to '{name.group(1) if name else '?'}'"
     msg = msg.split(" (in activation")[0]
     if "no matching overload" in msg:
         return "no matching overload: " + re.sub(r"Token\('RULE', '([a-z_]+)'\)", r"\1", msg).split("overload for ")[-1]
     return msg
+
+
+# Identifiers a device selector may reference besides comprehension variables: the one
+# variable of the environment and CEL's type denotations.
+_DECLARED = frozenset(
+    {"device", "int", "uint", "double", "bool", "string", "bytes", "list", "map", "type", "null_type",
+     "duration", "timestamp"}
+)
+_MACROS = frozenset({"all", "exists", "exists_one", "map", "filter", "transformList", "transformMap"})
+
+
+def _single_ident(node: Any) -> str | None:
+    """The name if ``node`` (an expr subtree) is nothing but one identifier."""
+    while isinstance(node, lark.Tree):
+        if node.data == "ident":
+            return str(node.children[0])
+        if len(node.children) != 1:
+            return None
+        node = node.children[0]
+    return None
+
+
+def _undeclared(ast: Any) -> str | None:
+    """First identifier that is neither declared nor bound by a comprehension macro.
+
+    cel-python only notices undeclared references when it evaluates them; upstream's
+    type-checker rejects them at compile time (``undeclared reference to 'x'``). Scopes are
+    approximated: a name bound by any macro in the expression counts as bound everywhere.
+    """
+    bound: set[str] = set()
+    for node in ast.iter_subtrees():
+        if node.data == "member_dot_arg" and len(node.children) >= 3:
+            method = str(node.children[1])
+            args = node.children[2]
+            if method in _MACROS and isinstance(args, lark.Tree):
+                exprs = args.children
+                for e in exprs[:-1]:
+                    name = _single_ident(e)
+                    if name:
+                        bound.add(name)
+    for node in ast.iter_subtrees_topdown():
+        if node.data == "ident":
+            name = str(node.children[0])
+            if name not in _DECLARED and name not in bound:
+                return name
+    return None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -383,4 +430,7 @@ def compile_selector(expression: str) -> CompiledSelector:
     except Exception as e:  # celpy raises CELParseError with a multi-line caret diagram
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CelCompileError(f"syntax error: {first}") from None
+    name = _undeclared(ast)
+    if name is not None:
+        raise CelCompileError(f"undeclared reference to '{name}'")
     return CompiledSelector(expression, _ENV.program(ast, functions=FUNCTIONS))
