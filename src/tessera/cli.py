@@ -86,7 +86,23 @@ def _fmt_num(v: Fraction | None) -> str:
 )
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for shareIDs (upstream draws them at random).")
-def simulate(manifests: tuple[str, ...], cluster_file: str | None, node_specs: tuple[str, ...], output: str, seed: int) -> None:
+@click.option(
+    "--policy",
+    type=click.Choice(["first-fit", "binpack", "spread", "topology"]),
+    default="first-fit",
+    show_default=True,
+    help="Placement policy. first-fit is what kube-scheduler does; the others are Tessera's planning policies.",
+)
+@click.option("--compare", is_flag=True, help="Run the workload under every policy and as whole GPUs; print GPUs used and pods pending.")
+def simulate(
+    manifests: tuple[str, ...],
+    cluster_file: str | None,
+    node_specs: tuple[str, ...],
+    output: str,
+    seed: int,
+    policy: str,
+    compare: bool,
+) -> None:
     """Schedule MANIFESTS (Pods, workloads, ResourceClaims, templates, DeviceClasses,
     ResourceSlices; HAMi-style pods too) onto simulated GPU nodes, as kube-scheduler would.
 
@@ -95,14 +111,24 @@ def simulate(manifests: tuple[str, ...], cluster_file: str | None, node_specs: t
     DRA-native claims.
     """
     try:
-        _simulate(manifests, cluster_file, node_specs, output, seed)
+        cluster, loaded = load_inputs(manifests, cluster_file, node_specs)
+        if compare:
+            _compare(cluster, loaded, output, seed)
+        else:
+            _simulate(cluster, loaded, output, seed, policy)
     except _user_errors() as e:
         fail(str(e))
 
 
-def _simulate(manifests: tuple[str, ...], cluster_file: str | None, node_specs: tuple[str, ...], output: str, seed: int) -> None:
+def load_inputs(
+    manifests: tuple[str, ...], cluster_file: str | None, node_specs: tuple[str, ...]
+) -> tuple[Any, list[Any]]:
+    """Nodes and manifests for simulate/explain: ``(Cluster, [Manifest])``.
+
+    With no inputs at all, the bundled default cluster and workloads. Raises the user errors
+    of :func:`_user_errors` for bad input.
+    """
     from tessera.sim.cluster import Cluster, SimNode, load_cluster
-    from tessera.sim.simulate import Simulation
 
     if not manifests and not cluster_file and not node_specs:
         ex = examples_dir()
@@ -129,7 +155,54 @@ def _simulate(manifests: tuple[str, ...], cluster_file: str | None, node_specs: 
     } - {None} - {n.name for n in nodes}
     for extra in sorted(str(x) for x in slice_nodes):
         nodes.append(SimNode(extra, {"kubernetes.io/hostname": extra}, [], "ResourceSlices"))
-    sim = Simulation(Cluster(nodes), loaded, seed=seed)
+    return Cluster(nodes), loaded
+
+
+def _compare(cluster: Any, loaded: list[Any], output: str, seed: int) -> None:
+    from tessera.sim.simulate import Simulation
+
+    rows = []
+    runs = [(p, p, False) for p in ("first-fit", "binpack", "spread", "topology")] + [("whole GPUs", "first-fit", True)]
+    for label, pol, whole in runs:
+        res = Simulation(cluster, loaded, seed=seed, policy=pol, whole_gpus=whole).run()
+        used = [u for u in res.gpus if u.shares or u.dedicated]
+        mem_used = sum((u.memory_allocated for u in used), Fraction(0))
+        mem_cap = sum((u.memory_capacity or Fraction(0) for u in used), Fraction(0))
+        rows.append(
+            {
+                "allocation": label,
+                "gpusUsed": len(used),
+                "podsScheduled": len(res.scheduled),
+                "podsPending": len(res.pending),
+                "pending": [p.pod for p in res.pending],
+                "memoryBookedOnUsedGPUs": f"{float(100 * mem_used / mem_cap):.1f}%" if mem_cap else "-",
+            }
+        )
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if output == "yaml":
+        click.echo(yaml.safe_dump(rows, sort_keys=False))
+        return
+    t = Table(title="Policy comparison", title_justify="left")
+    for col in ("allocation", "GPUs used", "pods scheduled", "pending", "memory booked on used GPUs", "pending pods"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(
+            str(r["allocation"]),
+            str(r["gpusUsed"]),
+            str(r["podsScheduled"]),
+            str(r["podsPending"]),
+            str(r["memoryBookedOnUsedGPUs"]),
+            ", ".join(r["pending"]) or "-",  # type: ignore[arg-type]
+        )
+    Console(width=max(Console().width, 160)).print(t)
+
+
+def _simulate(cluster: Any, loaded: list[Any], output: str, seed: int, policy: str) -> None:
+    from tessera.sim.simulate import Simulation
+
+    sim = Simulation(cluster, loaded, seed=seed, policy=policy)
     result = sim.run()
     if output in ("json", "yaml"):
         lst = {"apiVersion": "v1", "kind": "List", "items": result.objects}

@@ -14,7 +14,7 @@ import functools
 import math
 import random
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -415,13 +415,22 @@ class Allocator:
             self._pools_cache[key] = p
         return p
 
-    def allocate(self, node: Node, claims: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+    def allocate(
+        self,
+        node: Node,
+        claims: Sequence[Mapping[str, Any]],
+        device_rank: Callable[[Device], Any] | None = None,
+    ) -> list[dict[str, Any]] | None:
         """Allocate ``claims`` (ResourceClaim dicts, in order) on ``node``.
 
         Returns one AllocationResult dict per claim, or ``None`` if unsatisfiable here.
         Raises :class:`AllocationError` for what upstream reports as an error.
+
+        ``device_rank`` (Tessera's placement policies, not upstream) re-orders the candidate
+        devices: they are tried in ascending rank, ties kept in upstream's pool, slice and
+        device order. ``None`` is upstream's first fit.
         """
-        return _Search(self, node, claims).run()
+        return _Search(self, node, claims, device_rank).run()
 
     # ---- selectors ----------------------------------------------------------------------------
     def matches(self, sels: Sequence[CompiledSelector], d: Device, owner: str) -> bool:
@@ -460,7 +469,13 @@ def _compile_all(sels: Any, owner: str) -> list[CompiledSelector]:
 
 
 class _Search:
-    def __init__(self, alloc: Allocator, node: Node, claims: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(
+        self,
+        alloc: Allocator,
+        node: Node,
+        claims: Sequence[Mapping[str, Any]],
+        device_rank: Callable[[Device], Any] | None = None,
+    ) -> None:
         self.a = alloc
         self.f = alloc.features
         self.st = alloc.state
@@ -473,6 +488,17 @@ class _Search:
         self._available: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = {}
         self.claims: list[ClaimData] = []
         self.invalid_seen = any(p.invalid for p in self.pools)
+        # Candidate devices in search order: pools, slices, devices (dra-spec.md 4.4), from
+        # complete and valid pools only; a placement policy may re-rank them (stable sort).
+        self.order: list[tuple[Pool, Device]] = [
+            (pool, d)
+            for pool in self.pools
+            if pool.complete and not pool.invalid
+            for sl in pool.slices
+            for d in sl.devices
+        ]
+        if device_rank is not None:
+            self.order.sort(key=lambda pd: device_rank(pd[1]))
 
     # ---- preparation (dra-spec.md 4.3) ------------------------------------------------------
     def _request(self, ci: int, ref: str, name: str, parent: str, r: Mapping[str, Any], admin_ok: bool) -> RequestData:
@@ -767,11 +793,11 @@ class _Search:
             return self._claim(ci + 1)
         alts = cd.requests[ri]
         if len(alts) == 1 and alts[0].sub_index < 0:
-            return self._slot(cd, ci, ri, alts[0], 0, (0, 0, -1))
+            return self._slot(cd, ci, ri, alts[0], 0, -1)
         exceeded = 0
         for rd in alts:
             try:
-                if self._slot(cd, ci, ri, rd, 0, (0, 0, -1)):
+                if self._slot(cd, ci, ri, rd, 0, -1):
                     return True
             except _MaxSizeExceeded:
                 exceeded += 1
@@ -779,7 +805,7 @@ class _Search:
             raise _MaxSizeExceeded()
         return False
 
-    def _slot(self, cd: ClaimData, ci: int, ri: int, rd: RequestData, di: int, start: tuple[int, int, int]) -> bool:
+    def _slot(self, cd: ClaimData, ci: int, ri: int, rd: RequestData, di: int, start: int) -> bool:
         if rd.all_mode and not rd.all_devices:
             return False  # All needs at least one device (dra-spec.md 4.6)
         if di >= rd.count:
@@ -802,34 +828,28 @@ class _Search:
                 raise
             undo()
             return False
-        p0, s0, d0 = start
-        for pi in range(p0, len(self.pools)):
-            pool = self.pools[pi]
-            if not pool.complete or pool.invalid:
+        # Combination pruning: the next device of the same request comes after the previous one.
+        order = self.order
+        for k in range(start + 1, len(order)):
+            pool, d = order[k]
+            if not device_on_node(d, self.node):
                 continue
-            for si in range(s0 if pi == p0 else 0, len(pool.slices)):
-                devs = pool.slices[si].devices
-                first = d0 + 1 if (pi == p0 and si == s0) else 0
-                for dj in range(first, len(devs)):
-                    d = devs[dj]
-                    if not device_on_node(d, self.node):
-                        continue
-                    if self._in_use(rd, d, cd):
-                        continue
-                    if not self._selectable(rd, d, cd.ref):
-                        continue
-                    if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=True):
-                        continue
-                    undo = self._allocate_device(cd, rd, d, pool, must=False)
-                    if undo is None:
-                        continue
-                    try:
-                        if self._slot(cd, ci, ri, rd, di + 1, (pi, si, dj)):
-                            return True
-                    except _MaxSizeExceeded:
-                        undo()  # the firstAvailable parent may still try another subrequest
-                        raise
-                    undo()
+            if self._in_use(rd, d, cd):
+                continue
+            if not self._selectable(rd, d, cd.ref):
+                continue
+            if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=True):
+                continue
+            undo = self._allocate_device(cd, rd, d, pool, must=False)
+            if undo is None:
+                continue
+            try:
+                if self._slot(cd, ci, ri, rd, di + 1, k):
+                    return True
+            except _MaxSizeExceeded:
+                undo()  # the firstAvailable parent may still try another subrequest
+                raise
+            undo()
         return False
 
     # ---- result (dra-spec.md 4.8) -----------------------------------------------------------

@@ -28,6 +28,15 @@ from tessera.api.loader import Manifest, object_ref
 from tessera.api.quantity import Quantity
 from tessera.api.validation import check
 from tessera.sim.cluster import Cluster
+from tessera.sim.policies import (
+    POLICIES,
+    PodPolicy,
+    device_rank,
+    device_usage,
+    order_nodes,
+    pod_policy,
+    topology_variants,
+)
 
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 
@@ -106,6 +115,26 @@ def _name(obj: dict[str, Any]) -> str:
     return str(md.get("name") or md.get("generateName") or "")
 
 
+def whole_gpu_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The claim spec as the device-plugin model would serve it: every device whole.
+
+    Capacity requests are replaced by ``cores: 100`` and no memory request, so each device
+    books all of its memory (the request policy's default) and all of its cores; a memory
+    request stays as a selector (the device must have at least that much).
+    """
+    out = copy.deepcopy(spec)
+    for r in (out.get("devices") or {}).get("requests") or []:
+        for sub in ([r["exactly"]] if r.get("exactly") else []) + list(r.get("firstAvailable") or []):
+            mem = ((sub.get("capacity") or {}).get("requests") or {}).get("memory")
+            if mem is not None:
+                expr = (
+                    f'device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("{Quantity.parse(mem).canonical()}")) >= 0'
+                )
+                sub.setdefault("selectors", []).append({"cel": {"expression": expr}})
+            sub["capacity"] = {"requests": {"cores": "100"}}
+    return out
+
+
 def _signature(claims: Sequence[dict[str, Any]]) -> str | None:
     """A key for "these claim specs", or None where a failure may not be permanent.
 
@@ -133,7 +162,20 @@ def _pod_fits_node(pod: dict[str, Any], node: Node) -> bool:
 class Simulation:
     """Holds the cluster state; :meth:`run` schedules pods and returns a :class:`SimResult`."""
 
-    def __init__(self, cluster: Cluster, manifests: Sequence[Manifest], *, seed: int = 0, features: Features | None = None) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        manifests: Sequence[Manifest],
+        *,
+        seed: int = 0,
+        features: Features | None = None,
+        policy: str = "first-fit",
+        whole_gpus: bool = False,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown placement policy {policy!r}: use one of {', '.join(POLICIES)}")
+        self.policy = policy
+        self.whole_gpus = whole_gpus
         self.cluster = cluster
         self.nodes = [Node(n.name, n.labels) for n in cluster.nodes]
         self.warnings: list[str] = []
@@ -152,7 +194,10 @@ class Simulation:
             elif kind == "ResourceClaimTemplate":
                 self.templates[(m.namespace, m.name)] = m.obj
             elif kind == "ResourceClaim":
-                self.claims[(m.namespace, m.name)] = copy.deepcopy(m.obj)
+                claim = copy.deepcopy(m.obj)
+                if whole_gpus and not (claim.get("status") or {}).get("allocation"):
+                    claim["spec"] = whole_gpu_spec(claim.get("spec") or {})
+                self.claims[(m.namespace, m.name)] = claim
             elif kind == "Pod":
                 self.pods.append(m)
             else:
@@ -166,6 +211,8 @@ class Simulation:
         # Allocations are only ever added here, never released, so a node that cannot satisfy
         # a set of claim specs now never will: per pod shape, the first node still worth trying.
         self._cursor: dict[str | None, tuple[int, dict[str, int]]] = {}
+        self._unsat: list[set[str]] = [set() for _ in self.nodes]
+        self._node_usage: list[Fraction] = [Fraction(0) for _ in self.nodes]
         self._placed = 0
         self._explained: dict[tuple[str, int], str] = {}
         self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed))
@@ -227,7 +274,8 @@ class Simulation:
             md = pod.setdefault("metadata", {})
             md.setdefault("namespace", _ns(pod))
             md.setdefault("uid", _pod_uid(ref))
-            node, reason, claims = self._schedule(pod, ref)
+            policy = pod_policy(self.policy, (pod.get("metadata") or {}).get("annotations") or {})
+            node, reason, claims = self._schedule(pod, ref, policy)
             if node is None:
                 pending.append(Pending(ref, reason))
                 pod["status"] = {
@@ -292,7 +340,7 @@ class Simulation:
                             ],
                         },
                         # Shared with the template and never mutated (specs are immutable).
-                        "spec": tspec.get("spec") or {},
+                        "spec": whole_gpu_spec(tspec.get("spec") or {}) if self.whole_gpus else tspec.get("spec") or {},
                     }
                     if not claim["metadata"]["labels"]:
                         del claim["metadata"]["labels"]
@@ -300,7 +348,9 @@ class Simulation:
                 out.append((pcname, claim))
         return out, None
 
-    def _schedule(self, pod: dict[str, Any], ref: str) -> tuple[str | None, str, list[tuple[str, dict[str, Any]]]]:
+    def _schedule(
+        self, pod: dict[str, Any], ref: str, policy: PodPolicy
+    ) -> tuple[str | None, str, list[tuple[str, dict[str, Any]]]]:
         claims, reason = self._resolve_claims(pod, ref)
         if reason:
             return None, reason, []
@@ -315,19 +365,29 @@ class Simulation:
         # Nodes already proven unable to take this pod shape are skipped as a prefix: the scan
         # resumes at the first node not yet proven (failures are permanent, see _signature).
         key = None
-        if sig is not None and not done:
+        if sig is not None and not done and policy.nodes == "first-fit":
             spec = pod.get("spec") or {}
             key = sig + json.dumps([spec.get("nodeName"), spec.get("nodeSelector"), spec.get("affinity")], sort_keys=True)
         start, counts = self._cursor.get(key, (0, {})) if key else (0, {})
         counts = dict(counts)
         prefix = key is not None
-        for i in range(start, n_total):
+        order = range(start, n_total) if policy.nodes == "first-fit" else order_nodes(policy.nodes, self._node_usage)
+        for i in order:
             node = self.nodes[i]
-            why = self._try_node(pod, node, todo, done)
+            if sig is not None and sig in self._unsat[i]:
+                why: str | AllocationError | None = "cannot allocate all claims"
+            else:
+                why = self._try_node(pod, node, todo, done, policy)
+                if why == "cannot allocate all claims" and sig is not None:
+                    self._unsat[i].add(sig)
             if isinstance(why, AllocationError):
                 return None, f"allocation error: {why}", claims
             if why is None:
                 self._placed += 1
+                self._node_usage[i] = sum(
+                    (device_usage(self.state, d) for sl in self.index.by_node.get(node.name, []) for d in sl.devices),
+                    Fraction(0),
+                )
                 for c in todo + done:
                     rf = c.setdefault("status", {}).setdefault("reservedFor", [])
                     rf.append({"resource": "pods", "name": _name(pod), "uid": pod["metadata"]["uid"]})
@@ -350,7 +410,12 @@ class Simulation:
         return None, msg + (f" {detail}" if detail else ""), claims
 
     def _try_node(
-        self, pod: dict[str, Any], node: Node, todo: list[dict[str, Any]], done: list[dict[str, Any]]
+        self,
+        pod: dict[str, Any],
+        node: Node,
+        todo: list[dict[str, Any]],
+        done: list[dict[str, Any]],
+        policy: PodPolicy,
     ) -> str | AllocationError | None:
         """Allocate ``todo`` on ``node`` and record it; else the scheduler's reason (or error)."""
         if not _pod_fits_node(pod, node):
@@ -359,8 +424,14 @@ class Simulation:
             sel = c["status"]["allocation"].get("nodeSelector")
             if sel is not None and not node_selector_matches(sel, node):
                 return "resourceclaim not available on the node"
+        rank = device_rank(policy.gpus, self.state)
+        variants = topology_variants(todo) if policy.gpus == "topology" else [todo]
+        results = None
         try:
-            results = self.allocator.allocate(node, todo)
+            for variant in variants:
+                results = self.allocator.allocate(node, variant, rank)
+                if results is not None:
+                    break
         except AllocationError as e:
             return e
         if results is None:
