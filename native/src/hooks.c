@@ -71,7 +71,21 @@ uint64_t ts_now_ns(void)
 typedef void *(*dlsym_fn)(void *, const char *);
 static dlsym_fn g_real_dlsym;
 
-static dlsym_fn real_dlsym(void)
+/* dlsym can be called before any constructor runs, by a sanitizer runtime initialising
+ * itself, so the code on the dlsym path is never instrumented and calls no libc string
+ * functions. */
+#define TS_NOSAN __attribute__((no_sanitize("address", "undefined")))
+
+TS_NOSAN static int ts_streq(const char *a, const char *b)
+{
+    while (*a && *a == *b) {
+        a++;
+        b++;
+    }
+    return *a == *b;
+}
+
+TS_NOSAN static dlsym_fn real_dlsym(void)
 {
     dlsym_fn f = __atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE);
     if (TS_LIKELY(f != NULL))
@@ -467,12 +481,21 @@ static void remember(uint8_t kind, uint64_t key, uint64_t bytes, int g)
         ts_log(TS_ERR, "out of host memory tracking an allocation; it stays charged");
 }
 
-static void forget(uint8_t kind, uint64_t key)
-{
-    ts_entry e;
-    if (ts_table_take(&G.table, kind, key, &e) == 0)
-        credit(e.g, e.bytes, kind == TS_KIND_CTX ? 1 : 0);
-}
+/* Release an allocation: the real call first, the credit only once it succeeded, so that the
+ * claim's charged usage never drops below what the driver still holds. */
+#define RELEASE(kind, handle_, call)                                                   \
+    do {                                                                           \
+        ts_entry e_;                                                               \
+        int have_ = ts_table_take(&G.table, (kind), (uint64_t)(handle_), &e_) == 0;    \
+        CUresult r_ = (call);                                                      \
+        if (have_) {                                                               \
+            if (r_ == CUDA_SUCCESS)                                                \
+                credit(e_.g, e_.bytes, (kind) == TS_KIND_CTX ? 1 : 0);             \
+            else                                                                   \
+                remember((kind), e_.key, e_.bytes, e_.g);                         \
+        }                                                                          \
+        return r_;                                                                 \
+    } while (0)
 
 /* Charge, call, and record (or undo) one allocation on device dev. */
 #define ALLOC_ON(dev, bytes, kind, keyexpr, what, call)                    \
@@ -590,9 +613,9 @@ TS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
 
 TS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    if (cuda_enter())
-        forget(TS_KIND_DPTR, dptr);
-    return REAL(cuMemFree_v2) ? REAL(cuMemFree_v2)(dptr) : CUDA_ERROR_NOT_FOUND;
+    if (!cuda_enter() || !REAL(cuMemFree_v2))
+        return REAL(cuMemFree_v2) ? REAL(cuMemFree_v2)(dptr) : CUDA_ERROR_NOT_FOUND;
+    RELEASE(TS_KIND_DPTR, dptr, REAL(cuMemFree_v2)(dptr));
 }
 
 #define ASYNC_ALLOC(sym)                                                                     \
@@ -631,9 +654,9 @@ POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
 #define ASYNC_FREE(sym)                                                                \
     TS_EXPORT CUresult sym(CUdeviceptr dptr, CUstream hStream)                         \
     {                                                                                  \
-        if (cuda_enter())                                                              \
-            forget(TS_KIND_DPTR, dptr);                                                \
-        return REAL(sym) ? REAL(sym)(dptr, hStream) : CUDA_ERROR_NOT_FOUND;            \
+        if (!cuda_enter() || !REAL(sym))                                               \
+            return REAL(sym) ? REAL(sym)(dptr, hStream) : CUDA_ERROR_NOT_FOUND;        \
+        RELEASE(TS_KIND_DPTR, dptr, REAL(sym)(dptr, hStream));                         \
     }
 ASYNC_FREE(cuMemFreeAsync)
 ASYNC_FREE(cuMemFreeAsync_ptsz)
@@ -699,9 +722,9 @@ TS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 
 TS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    if (cuda_enter())
-        forget(TS_KIND_VMM, handle);
-    return REAL(cuMemRelease) ? REAL(cuMemRelease)(handle) : CUDA_ERROR_NOT_FOUND;
+    if (!cuda_enter() || !REAL(cuMemRelease))
+        return REAL(cuMemRelease) ? REAL(cuMemRelease)(handle) : CUDA_ERROR_NOT_FOUND;
+    RELEASE(TS_KIND_VMM, handle, REAL(cuMemRelease)(handle));
 }
 
 TS_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
@@ -727,9 +750,9 @@ TS_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCR
 
 TS_EXPORT CUresult cuArrayDestroy(CUarray hArray)
 {
-    if (cuda_enter())
-        forget(TS_KIND_ARRAY, (uintptr_t)hArray);
-    return REAL(cuArrayDestroy) ? REAL(cuArrayDestroy)(hArray) : CUDA_ERROR_NOT_FOUND;
+    if (!cuda_enter() || !REAL(cuArrayDestroy))
+        return REAL(cuArrayDestroy) ? REAL(cuArrayDestroy)(hArray) : CUDA_ERROR_NOT_FOUND;
+    RELEASE(TS_KIND_ARRAY, (uintptr_t)hArray, REAL(cuArrayDestroy)(hArray));
 }
 
 TS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
@@ -754,9 +777,10 @@ TS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
 
 TS_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
 {
-    if (cuda_enter())
-        forget(TS_KIND_MIPMAP, (uintptr_t)h);
-    return REAL(cuMipmappedArrayDestroy) ? REAL(cuMipmappedArrayDestroy)(h) : CUDA_ERROR_NOT_FOUND;
+    if (!cuda_enter() || !REAL(cuMipmappedArrayDestroy))
+        return REAL(cuMipmappedArrayDestroy) ? REAL(cuMipmappedArrayDestroy)(h)
+                                             : CUDA_ERROR_NOT_FOUND;
+    RELEASE(TS_KIND_MIPMAP, (uintptr_t)h, REAL(cuMipmappedArrayDestroy)(h));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -875,9 +899,9 @@ TS_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, un
 
 TS_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
-    if (cuda_enter())
-        forget(TS_KIND_CTX, (uintptr_t)ctx);
-    return REAL(cuCtxDestroy_v2) ? REAL(cuCtxDestroy_v2)(ctx) : CUDA_ERROR_NOT_FOUND;
+    if (!cuda_enter() || !REAL(cuCtxDestroy_v2))
+        return REAL(cuCtxDestroy_v2) ? REAL(cuCtxDestroy_v2)(ctx) : CUDA_ERROR_NOT_FOUND;
+    RELEASE(TS_KIND_CTX, (uintptr_t)ctx, REAL(cuCtxDestroy_v2)(ctx));
 }
 
 TS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
@@ -1220,25 +1244,25 @@ TS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
 /* ---------------------------------------------------------------------------------------- */
 /* dlsym                                                                                     */
 
-static void *hook_by_name(const char *name)
+TS_NOSAN static void *hook_by_name(const char *name)
 {
     if (name[0] == 'c' && name[1] == 'u') {
         for (int i = 0; i < H_CUDA_COUNT; i++)
-            if (strcmp(g_cuda_hooks[i].name, name) == 0)
+            if (ts_streq(g_cuda_hooks[i].name, name))
                 return g_cuda_hooks[i].hook;
-    } else if (strncmp(name, "nvml", 4) == 0) {
+    } else if (name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l') {
         for (size_t i = 0; i < sizeof(g_nvml_hooks) / sizeof(g_nvml_hooks[0]); i++)
-            if (strcmp(g_nvml_hooks[i].name, name) == 0)
+            if (ts_streq(g_nvml_hooks[i].name, name))
                 return g_nvml_hooks[i].hook;
     }
     return NULL;
 }
 
-static void *dlsym_next(void *handle, const char *name) __attribute__((noinline));
+TS_NOSAN static void *dlsym_next(void *handle, const char *name) __attribute__((noinline));
 
 /* RTLD_NEXT is relative to the caller's object, which glibc finds from the return address:
  * forward with a sibling call so that the return address is still the application's. */
-__attribute__((optimize("optimize-sibling-calls"))) TS_EXPORT void *dlsym(void *handle,
+TS_NOSAN __attribute__((optimize("optimize-sibling-calls"))) TS_EXPORT void *dlsym(void *handle,
                                                                           const char *name)
 {
     if (handle == RTLD_NEXT)
@@ -1246,7 +1270,7 @@ __attribute__((optimize("optimize-sibling-calls"))) TS_EXPORT void *dlsym(void *
     return dlsym_next(handle, name);
 }
 
-static void *dlsym_next(void *handle, const char *name)
+TS_NOSAN static void *dlsym_next(void *handle, const char *name)
 {
     void *r = real_dlsym()(handle, name);
     if (r && name) {
