@@ -95,9 +95,11 @@ int main(int argc, char **argv)
                     break;
                 default: /* duplicate a chunk */
                     if (n && n * 2 < 4096) {
+                        char chunk[4096];
                         size_t k = rnd() % n;
+                        memcpy(chunk, buf, k);
                         memmove(buf + pos + k, buf + pos, n - pos);
-                        memcpy(buf + pos, buf, k);
+                        memcpy(buf + pos, chunk, k);
                         n += k;
                     }
                 }
