@@ -33,8 +33,6 @@ typedef struct ts_region {
 /* Open (creating and initialising if new) the region at path and claim a slot. */
 TS_HIDDEN int ts_region_open(ts_region *r, const char *path, uint64_t context_overhead,
                              char *err, size_t errlen);
-/* Map a process-private anonymous region (used when the limits have no shared region). */
-TS_HIDDEN int ts_region_open_private(ts_region *r, uint64_t context_overhead);
 /* Index of uuid in the region's GPU table, adding it (with limit/cores) if absent; -1 if full. */
 TS_HIDDEN int ts_region_gpu(ts_region *r, const char *uuid, uint64_t limit, uint32_t cores);
 /* Charge bytes (and ncontexts) on gpu entry g if the claim's usage stays <= limit.

@@ -208,23 +208,6 @@ fail:
     return -1;
 }
 
-int ts_region_open_private(ts_region *r, uint64_t context_overhead)
-{
-    memset(r, 0, sizeof(*r));
-    r->fd = -1;
-    r->slot = -1;
-    pthread_mutex_init(&r->mu, NULL);
-    void *m = mmap(NULL, TESSERA_REGION_FILE_SIZE, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED)
-        return -1;
-    r->hdr = m;
-    r->slots = (tessera_region_slot *)((char *)m + TESSERA_REGION_HEADER_SIZE);
-    init_header(r->hdr, context_overhead);
-    r->slot = claim_slot(r);
-    return 0;
-}
-
 int ts_region_gpu(ts_region *r, const char *uuid, uint64_t limit, uint32_t cores)
 {
     tessera_region_header *h = r->hdr;
