@@ -1,0 +1,76 @@
+/*
+ * A fake libnvidia-ml.so.1: the devices of fake_state.h in physical order (NVML ignores
+ * CUDA_VISIBLE_DEVICES), their UUIDs and memory (used = bytes taken from the fake driver by
+ * all processes), and a utilisation that a test sets with FAKE_GPU_UTIL (percent).
+ */
+#include "fake_state.h"
+#include "tessera_cuda.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+struct nvmlDevice_st {
+    unsigned int index;
+};
+static struct nvmlDevice_st g_dev[FAKE_MAX_DEV];
+
+EXPORT nvmlReturn_t nvmlInit_v2(void)
+{
+    fake_state_get();
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n)
+{
+    *n = fake_state_get()->ndev;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    if (index >= fake_state_get()->ndev)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    g_dev[index].index = index;
+    *device = &g_dev[index];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    const char *u = fake_state_get()->dev[device->index].uuid;
+    if (strlen(u) + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(uuid, u, strlen(u) + 1);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m)
+{
+    fake_dev *d = &fake_state_get()->dev[device->index];
+    m->total = d->total;
+    m->used = __atomic_load_n(&d->used, __ATOMIC_ACQUIRE);
+    m->free = m->total - m->used;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *m)
+{
+    if (m->version != nvmlMemory_v2)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    fake_dev *d = &fake_state_get()->dev[device->index];
+    m->total = d->total;
+    m->reserved = 1 << 20;
+    m->used = __atomic_load_n(&d->used, __ATOMIC_ACQUIRE);
+    m->free = m->total - m->reserved - m->used;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *u)
+{
+    (void)device;
+    const char *s = getenv("FAKE_GPU_UTIL");
+    u->gpu = s ? (unsigned)atoi(s) : 0;
+    u->memory = 0;
+    return NVML_SUCCESS;
+}

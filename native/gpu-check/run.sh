@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Tessera GPU check: run on a machine with an NVIDIA GPU (uses GPU 0, ~5 minutes, stops at 8).
+# NOT YET RUN ON A GPU. Prints a table; exit status 1 if any check fails.
+set -euo pipefail
+cd "$(dirname "$0")"
+command -v nvidia-smi >/dev/null || { echo "nvidia-smi not found: this needs an NVIDIA GPU" >&2; exit 2; }
+exec timeout 480 python3 gpu_check.py "$@"

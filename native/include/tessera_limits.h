@@ -1,0 +1,86 @@
+/*
+ * tessera_limits.h - the limits file: what one container of a claim may use.
+ *
+ * The Tessera DRA driver writes this file at NodePrepareResources time and mounts it read-only
+ * into every container of the claim at TESSERA_LIMITS_PATH. The enforcement library reads it
+ * once per process. Python writer and parser: tessera.enforcement.limits (they must agree with
+ * the C parser below byte for byte; tests/native round-trips and fuzzes both).
+ *
+ * Format, version 1 (ASCII, line based):
+ *
+ *     # comment lines start with '#'; blank lines are ignored
+ *     version 1
+ *     claim <namespace>/<name> <uid>          (optional, informational, at most once)
+ *     region <absolute path>                  (required, exactly once)
+ *     context-overhead <bytes>                (optional, at most once; default 0)
+ *     gpu <UUID> memory <bytes> cores <0-100> (one line per GPU of the claim, 1..16 lines)
+ *
+ * Rules:
+ *  - `version 1` is the first line that is neither blank nor a comment.
+ *  - Tokens are separated by one or more spaces or tabs; leading/trailing blanks and a final
+ *    '\r' are ignored. A '#' only starts a comment at the start of a line (after blanks).
+ *  - Numbers are unsigned decimal ASCII digits only (no sign, no suffix, no leading '+'), at
+ *    most 20 digits and at most 2^64-1. memory >= 1. cores 0..100.
+ *  - <UUID> is "GPU-" or "MIG-" followed by the canonical 8-4-4-4-12 hex form; hex digits are
+ *    case-insensitive and normalised to lower case. Each UUID appears at most once.
+ *  - <path> is absolute ('/' first), at most 4095 bytes, no blanks, no control characters.
+ *  - Unknown keywords, extra tokens, lines longer than 4095 bytes (before the '\r' is removed),
+ *    and any byte that is not printable ASCII, space or tab (NUL, other controls, >= 0x7f) are
+ *    errors.
+ *  - cores 0 means best effort (no compute limiter); cores 100 means the whole GPU (no limiter).
+ *
+ * Canonical form (what the Python writer emits, and what tessera_limits_format prints):
+ *     version 1\n[claim ...\n]region ...\ncontext-overhead N\ngpu ... memory N cores N\n...
+ * with the GPU lines in file order.
+ */
+#ifndef TESSERA_LIMITS_H
+#define TESSERA_LIMITS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TESSERA_LIMITS_PATH "/etc/tessera/limits"
+/* Fallback outside Kubernetes, read only when TESSERA_LIMITS_PATH does not exist. */
+#define TESSERA_LIMITS_ENV "TESSERA_LIMITS_FILE"
+
+#define TESSERA_LIMITS_VERSION 1
+#define TESSERA_LIMITS_MAX_GPUS 16
+#define TESSERA_LIMITS_MAX_LINE 4095
+#define TESSERA_LIMITS_MAX_PATH 4095
+#define TESSERA_LIMITS_MAX_FILE (1024 * 1024)
+/* "GPU-" + 36 characters + NUL */
+#define TESSERA_UUID_STR_LEN 41
+#define TESSERA_CLAIM_MAX 512
+
+typedef struct tessera_limit_gpu {
+    char uuid[TESSERA_UUID_STR_LEN]; /* normalised: prefix + lower-case canonical form */
+    uint64_t memory;                 /* bytes, >= 1 */
+    uint32_t cores;                  /* percent of SMs, 0..100 */
+} tessera_limit_gpu;
+
+typedef struct tessera_limits {
+    uint32_t version;
+    char claim[TESSERA_CLAIM_MAX];             /* "" when absent: "<ns>/<name> <uid>" */
+    char region[TESSERA_LIMITS_MAX_PATH + 1];  /* absolute path */
+    uint64_t context_overhead;                 /* bytes charged per CUDA context */
+    uint32_t gpu_count;
+    tessera_limit_gpu gpus[TESSERA_LIMITS_MAX_GPUS];
+} tessera_limits;
+
+/*
+ * Parse `len` bytes at `buf`. Returns 0 on success; on error returns -1 and writes a message
+ * "line N: ..." (NUL-terminated, truncated to errlen) into err. Never reads past buf+len.
+ */
+int tessera_limits_parse(const char *buf, size_t len, tessera_limits *out, char *err,
+                         size_t errlen);
+
+/* Read and parse a file (at most TESSERA_LIMITS_MAX_FILE bytes). Same return convention. */
+int tessera_limits_load(const char *path, tessera_limits *out, char *err, size_t errlen);
+
+/* Canonical text of `l` into buf; returns the length it needs (like snprintf). */
+size_t tessera_limits_format(const tessera_limits *l, char *buf, size_t buflen);
+
+/* Compare the 36-character canonical parts of two UUID strings ("GPU-"/"MIG-" ignored). */
+int tessera_uuid_equal(const char *a, const char *b);
+
+#endif /* TESSERA_LIMITS_H */

@@ -1,0 +1,85 @@
+/*
+ * tp_launch - launch loops on the fake GPU (device 0, primary context).
+ *
+ *   tp_launch util SECONDS GRID_US [KIND]
+ *       launch kernels of GRID_US simulated microseconds for SECONDS of wall clock, then
+ *       synchronise; print "util=<percent busy> launches=N elapsed_ms=E".
+ *       KIND: kernel (default) | ex | coop | graph | mixed (alternates GRID_US and GRID_US*5)
+ *   tp_launch bench N
+ *       N launches of zero-length kernels; print "ns_per_launch=X" (CPU cost of a launch).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tessera_cuda.h"
+
+uint64_t fakecuda_busy_ns(int ordinal);
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static CUresult launch(const char *kind, unsigned grid, unsigned long k)
+{
+    CUfunction f = (CUfunction)(uintptr_t)0x1000;
+    if (!strcmp(kind, "ex")) {
+        CUlaunchConfig c;
+        memset(&c, 0, sizeof(c));
+        c.gridDimX = grid;
+        c.gridDimY = c.gridDimZ = c.blockDimX = c.blockDimY = c.blockDimZ = 1;
+        return cuLaunchKernelEx(&c, f, NULL, NULL);
+    }
+    if (!strcmp(kind, "coop"))
+        return cuLaunchCooperativeKernel(f, grid, 1, 1, 1, 1, 1, 0, NULL, NULL);
+    if (!strcmp(kind, "graph"))
+        return cuGraphLaunch((CUgraphExec)(uintptr_t)grid, NULL);
+    if (!strcmp(kind, "mixed")) {
+        if (k % 2)
+            return cuLaunchKernel((CUfunction)(uintptr_t)0x2000, grid * 5, 1, 1, 1, 1, 1, 0, NULL,
+                                  NULL, NULL);
+        return cuLaunchKernel(f, grid, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    }
+    return cuLaunchKernel(f, grid, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: tp_launch util SECONDS GRID_US [KIND] | bench N\n");
+        return 2;
+    }
+    CUcontext ctx;
+    cuInit(0);
+    if (cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+        return 1;
+    if (!strcmp(argv[1], "bench")) {
+        unsigned long n = strtoul(argv[2], NULL, 10);
+        uint64_t t0 = now_ns();
+        for (unsigned long k = 0; k < n; k++)
+            if (cuLaunchKernel((CUfunction)(uintptr_t)0x1000, 0, 1, 1, 1, 1, 1, 0, NULL, NULL,
+                               NULL) != CUDA_SUCCESS)
+                return 1;
+        printf("ns_per_launch=%.1f\n", (double)(now_ns() - t0) / (double)n);
+        return 0;
+    }
+    double secs = atof(argv[2]);
+    unsigned grid = (unsigned)strtoul(argv[3], NULL, 10);
+    const char *kind = argc > 4 ? argv[4] : "kernel";
+    uint64_t t0 = now_ns(), stop = t0 + (uint64_t)(secs * 1e9);
+    unsigned long k = 0;
+    uint64_t b0 = fakecuda_busy_ns(0);
+    while (now_ns() < stop) {
+        if (launch(kind, grid, k++) != CUDA_SUCCESS)
+            return 1;
+    }
+    cuCtxSynchronize();
+    uint64_t el = now_ns() - t0;
+    double util = 100.0 * (double)(fakecuda_busy_ns(0) - b0) / (double)el;
+    printf("util=%.2f launches=%lu elapsed_ms=%.1f\n", util, k, (double)el / 1e6);
+    return 0;
+}

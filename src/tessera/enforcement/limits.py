@@ -1,0 +1,272 @@
+"""The limits file: what the containers of one claim may use on each GPU.
+
+The driver writes it at NodePrepareResources time (:func:`write_limits`) and mounts it
+read-only at :data:`LIMITS_PATH` in every container of the claim; the enforcement library
+(``native/src/limits.c``) parses it. The format is defined in ``native/include/tessera_limits.h``;
+this module and the C parser accept exactly the same files and produce the same canonical
+text (``tests/native`` round-trips and fuzzes both).
+
+Format, version 1 (printable ASCII, one statement per line)::
+
+    version 1
+    claim <namespace>/<name> <uid>            (optional)
+    region <absolute path>
+    context-overhead <bytes>                  (optional, default 0)
+    gpu <UUID> memory <bytes> cores <0-100>   (1..16 lines)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field, replace
+
+LIMITS_PATH = "/etc/tessera/limits"
+"""Fixed path of the limits file inside a container."""
+LIMITS_ENV = "TESSERA_LIMITS_FILE"
+"""Environment fallback, read by the library only when :data:`LIMITS_PATH` does not exist."""
+VERSION = 1
+MAX_GPUS = 16
+MAX_LINE = 4095
+MAX_PATH = 4095
+MAX_FILE = 1024 * 1024
+CLAIM_MAX = 512
+_MAX_TOKENS = 8
+_U64_MAX = 2**64 - 1
+_HEX = "0123456789abcdefABCDEF"
+
+
+class LimitsError(ValueError):
+    """A limits file (or a :class:`Limits` value) that the enforcement library would reject.
+
+    ``line`` is the 1-based line number the problem was found on (0 for whole-value problems).
+    """
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+        self.message = message
+
+
+@dataclass(frozen=True)
+class GpuLimit:
+    """Limits of the claim on one GPU.
+
+    ``uuid``: ``GPU-``/``MIG-`` + 8-4-4-4-12 hex (normalised to lower case by the parser);
+    ``memory``: bytes, >= 1; ``cores``: percent of the GPU's SMs, 0..100 (0 = best effort,
+    100 = whole GPU; neither is paced).
+    """
+
+    uuid: str
+    memory: int
+    cores: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One limits file.
+
+    ``region``: absolute path of the claim's usage region (see :mod:`tessera.enforcement.region`);
+    ``gpus``: 1..16 :class:`GpuLimit` in file order; ``context_overhead``: bytes charged per
+    CUDA context; ``claim``: ``"<namespace>/<name>"`` and ``claim_uid``: the ResourceClaim UID,
+    both informational and either both set or both ``None``.
+    """
+
+    region: str
+    gpus: tuple[GpuLimit, ...]
+    context_overhead: int = 0
+    claim: str | None = None
+    claim_uid: str | None = None
+    version: int = field(default=VERSION)
+
+
+def _u64(tok: str) -> int | None:
+    if not 1 <= len(tok) <= 20 or not all("0" <= c <= "9" for c in tok):
+        return None
+    v = int(tok)
+    return v if v <= _U64_MAX else None
+
+
+def _uuid(tok: str) -> str | None:
+    if len(tok) != 40 or tok[:4] not in ("GPU-", "MIG-"):
+        return None
+    out = [tok[:4]]
+    for k, c in enumerate(tok[4:]):
+        if k in (8, 13, 18, 23):
+            if c != "-":
+                return None
+            out.append("-")
+        elif c in _HEX:
+            out.append(c.lower())
+        else:
+            return None
+    return "".join(out)
+
+
+def parse_limits(data: bytes | str) -> Limits:
+    """Parse the text of a limits file.
+
+    ``data``: the file's bytes (``str`` is encoded as ASCII first; non-ASCII is an error).
+    Returns the :class:`Limits`. Raises :class:`LimitsError` (with the line number) on anything
+    the C parser rejects.
+    """
+    if isinstance(data, str):
+        try:
+            data = data.encode("ascii")
+        except UnicodeEncodeError as e:
+            raise LimitsError(0, "non-ASCII text") from e
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # a final newline ends the last line; it does not start another
+    seen_version = False
+    region: str | None = None
+    claim: tuple[str, str] | None = None
+    overhead: int | None = None
+    gpus: list[GpuLimit] = []
+    lineno = 0
+    for raw in lines:
+        lineno += 1
+        if len(raw) > MAX_LINE:
+            raise LimitsError(lineno, f"line longer than {MAX_LINE} bytes")
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        for b in raw:
+            if b == 0:
+                raise LimitsError(lineno, "NUL byte")
+            if (b < 0x20 and b != 0x09) or b >= 0x7F:
+                raise LimitsError(lineno, f"control or non-ASCII byte 0x{b:02x}")
+        line = raw.decode("ascii")
+        stripped = line.strip(" \t")
+        if not stripped or stripped.startswith("#"):
+            continue
+        toks = [t for t in stripped.replace("\t", " ").split(" ") if t]
+        if len(toks) > _MAX_TOKENS:
+            raise LimitsError(lineno, "too many fields")
+        key = toks[0]
+        if not seen_version:
+            if len(toks) != 2 or key != "version":
+                raise LimitsError(lineno, "expected 'version 1' first")
+            if _u64(toks[1]) != VERSION:
+                raise LimitsError(lineno, "unsupported version (this library reads 1)")
+            seen_version = True
+            continue
+        if key == "version":
+            raise LimitsError(lineno, "duplicate 'version'")
+        if key == "region":
+            if region is not None:
+                raise LimitsError(lineno, "duplicate 'region'")
+            if len(toks) != 2:
+                raise LimitsError(lineno, "expected 'region <absolute path>'")
+            if not toks[1].startswith("/"):
+                raise LimitsError(lineno, "region path must be absolute")
+            if len(toks[1]) > MAX_PATH:
+                raise LimitsError(lineno, "region path too long")
+            region = toks[1]
+        elif key == "claim":
+            if claim is not None:
+                raise LimitsError(lineno, "duplicate 'claim'")
+            if len(toks) != 3:
+                raise LimitsError(lineno, "expected 'claim <namespace>/<name> <uid>'")
+            if len(toks[1]) + 1 + len(toks[2]) >= CLAIM_MAX:
+                raise LimitsError(lineno, "claim too long")
+            if "/" not in toks[1]:
+                raise LimitsError(lineno, "claim must be <namespace>/<name>")
+            claim = (toks[1], toks[2])
+        elif key == "context-overhead":
+            if overhead is not None:
+                raise LimitsError(lineno, "duplicate 'context-overhead'")
+            v = _u64(toks[1]) if len(toks) == 2 else None
+            if v is None:
+                raise LimitsError(lineno, "expected 'context-overhead <bytes>'")
+            overhead = v
+        elif key == "gpu":
+            if len(toks) != 6 or toks[2] != "memory" or toks[4] != "cores":
+                raise LimitsError(lineno, "expected 'gpu <UUID> memory <bytes> cores <0-100>'")
+            if len(gpus) == MAX_GPUS:
+                raise LimitsError(lineno, f"more than {MAX_GPUS} gpus")
+            uuid = _uuid(toks[1])
+            if uuid is None:
+                raise LimitsError(lineno, "bad GPU UUID")
+            if any(g.uuid == uuid for g in gpus):
+                raise LimitsError(lineno, f"duplicate gpu {uuid}")
+            mem = _u64(toks[3])
+            if mem is None or mem == 0:
+                raise LimitsError(lineno, "memory must be a positive byte count")
+            cores = _u64(toks[5])
+            if cores is None or cores > 100:
+                raise LimitsError(lineno, "cores must be 0..100")
+            gpus.append(GpuLimit(uuid, mem, cores))
+        else:
+            raise LimitsError(lineno, f"unknown keyword '{key[:32]}'")
+    if not seen_version:
+        raise LimitsError(lineno, "empty file (expected 'version 1')")
+    if region is None:
+        raise LimitsError(lineno, "missing 'region'")
+    if not gpus:
+        raise LimitsError(lineno, "no 'gpu' lines")
+    return Limits(
+        region=region,
+        gpus=tuple(gpus),
+        context_overhead=overhead or 0,
+        claim=claim[0] if claim else None,
+        claim_uid=claim[1] if claim else None,
+    )
+
+
+def format_limits(limits: Limits) -> str:
+    """Canonical text of ``limits`` (exactly what the C ``tessera_limits_format`` prints).
+
+    Raises :class:`LimitsError` when the result would not parse (e.g. a relative region path,
+    cores outside 0..100, a bad UUID, whitespace inside a field, more than 16 GPUs).
+    """
+    if (limits.claim is None) != (limits.claim_uid is None):
+        raise LimitsError(0, "claim and claim_uid must be given together")
+    norm = replace(
+        limits, gpus=tuple(replace(g, uuid=_uuid(g.uuid) or g.uuid) for g in limits.gpus)
+    )
+    out = [f"version {norm.version}\n"]
+    if norm.claim is not None:
+        out.append(f"claim {norm.claim} {norm.claim_uid}\n")
+    out.append(f"region {norm.region}\n")
+    out.append(f"context-overhead {norm.context_overhead}\n")
+    for g in norm.gpus:
+        out.append(f"gpu {g.uuid} memory {g.memory} cores {g.cores}\n")
+    text = "".join(out)
+    # The writer never emits what the library would refuse or read differently.
+    if parse_limits(text) != norm:
+        raise LimitsError(0, "a field contains blanks or does not survive a round trip")
+    return text
+
+
+def read_limits(path: str) -> Limits:
+    """Read and parse the limits file at ``path`` (at most 1 MiB).
+
+    Raises :class:`LimitsError` on bad content and ``OSError`` when it cannot be read.
+    """
+    with open(path, "rb") as f:
+        data = f.read(MAX_FILE + 1)
+    if len(data) > MAX_FILE:
+        raise LimitsError(0, f"{path}: larger than {MAX_FILE} bytes")
+    return parse_limits(data)
+
+
+def write_limits(path: str, limits: Limits, mode: int = 0o444) -> None:
+    """Write ``limits`` in canonical form to ``path`` atomically (temp file + rename).
+
+    The file gets permissions ``mode`` (read-only by default). Nothing half-written is left
+    behind on error. Raises :class:`LimitsError` for an invalid value and ``OSError`` for I/O.
+    """
+    text = format_limits(limits).encode("ascii")
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".limits.", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
