@@ -6,9 +6,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test lint venv clean
+.PHONY: simulate test lint venv clean native native-test
+
+# The enforcement library (C) is built first and copied into the package
+# (src/tessera/enforcement/lib/), so it is installed with it.
+native:
+	$(MAKE) -C native package
 
 $(STAMP): pyproject.toml
+	$(MAKE) native
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -23,10 +29,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 
-test: $(STAMP)
-	$(BIN)/ruff check src tests
+test: $(STAMP) native
+	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
+native-test: $(STAMP) native
+	$(BIN)/python -m pytest -q -m native tests/native
+
 clean:
-	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build native/build src/tessera/enforcement/lib .pytest_cache .mypy_cache .ruff_cache
