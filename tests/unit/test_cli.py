@@ -154,3 +154,18 @@ def test_no_nodes(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: x}]}\n")
     assert "no nodes to schedule on" in _bad(tmp_path, "simulate", str(f))
+
+
+def test_compare_on_the_default() -> None:
+    import json
+
+    code, out, err = run("simulate", "--compare", "-o", "json")
+    assert code == 0, err
+    rows = {r["allocation"]: r for r in json.loads(out)}
+    assert list(rows) == ["first-fit", "binpack", "spread", "topology", "whole GPUs"]
+    # Fractional sharing needs fewer GPUs than whole-GPU allocation and leaves fewer pods out.
+    assert rows["first-fit"]["gpusUsed"] == 13 and rows["whole GPUs"]["gpusUsed"] == 18
+    assert rows["first-fit"]["pending"] == ["default/too-big", "default/hami-uuid-pinned"]
+    assert rows["whole GPUs"]["pending"] == ["default/trainer-1", "default/too-big", "default/hami-uuid-pinned"]
+    assert rows["whole GPUs"]["memoryBookedOnUsedGPUs"] == "100.0%"
+    assert rows["spread"]["gpusUsed"] > rows["binpack"]["gpusUsed"]

@@ -15,9 +15,11 @@ from tessera.sim.simulate import Simulation
 MiB = 2**20
 
 
-def gpu_slice(node: str, mem_mib: list[int], product: str = "NVIDIA H100 80GB HBM3") -> dict[str, Any]:
+def gpu_slice(
+    node: str, mem_mib: list[int], product: str = "NVIDIA H100 80GB HBM3", nvlink: list[int] | None = None
+) -> dict[str, Any]:
     """A slice shaped exactly like tessera.inventory publishes (one device per GPU)."""
-    devices = []
+    devices: list[dict[str, Any]] = []
     for i, m in enumerate(mem_mib):
         devices.append(
             {
@@ -41,6 +43,8 @@ def gpu_slice(node: str, mem_mib: list[int], product: str = "NVIDIA H100 80GB HB
                 },
             }
         )
+        if nvlink is not None:
+            devices[-1]["attributes"]["nvlinkDomain"] = {"int": nvlink[i]}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -232,3 +236,86 @@ spec:
         "test.yaml (document 1): ResourceClaim default/c: spec.devices.requests[0].exactly.deviceClassName: "
         "DeviceClass 'gpu.example.com' does not exist (known: gpu.tessera.dev): use one of them or add the DeviceClass"
     )
+
+
+def pods(*shapes: tuple[str, str, str], annotations: dict[str, str] | None = None) -> str:
+    """Pods with one inline-template claim each: (name, memory, count)."""
+    docs = []
+    for name, mem, count in shapes:
+        docs.append(f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: {name}}}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {{deviceClassName: gpu.tessera.dev, count: {count}, capacity: {{requests: {{memory: {mem}}}}}}}
+      constraints: [{{distinctAttribute: gpu.tessera.dev/uuid}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, annotations: {annotations or {}}}}
+spec:
+  resourceClaims: [{{name: gpu, resourceClaimTemplateName: {name}}}]
+  containers: [{{name: c, image: x, resources: {{claims: [{{name: gpu}}]}}}}]
+""")
+    return "---".join(docs)
+
+
+def placed(res: Any) -> list[tuple[str, str]]:
+    return [(p.pod.split("/")[1], p.device.split("/", 1)[1]) for p in res.placements]
+
+
+GPU_POLICY_PODS = pods(("p1", "40Gi", "1"), ("p2", "60Gi", "1"), ("p3", "10Gi", "1"))
+
+
+def test_gpu_policies_first_fit_binpack_spread() -> None:
+    c = cluster(("n", [81920, 81920, 81920]))
+    ms = manifests(GPU_POLICY_PODS)
+    # first-fit: p3 goes to the first GPU with room (gpu-0: 40Gi used).
+    assert placed(Simulation(c, ms).run()) == [("p1", "n/gpu-0"), ("p2", "n/gpu-1"), ("p3", "n/gpu-0")]
+    # binpack: the most booked GPU that fits (gpu-1: 60 of 80Gi).
+    assert placed(Simulation(c, ms, policy="binpack").run()) == [("p1", "n/gpu-0"), ("p2", "n/gpu-1"), ("p3", "n/gpu-1")]
+    # spread: the least booked GPU (gpu-2, empty); p2 also avoids gpu-0.
+    assert placed(Simulation(c, ms, policy="spread").run()) == [("p1", "n/gpu-0"), ("p2", "n/gpu-1"), ("p3", "n/gpu-2")]
+
+
+def test_node_policies() -> None:
+    c = cluster(("a", [81920]), ("b", [81920]))
+    ms = manifests(pods(("p1", "10Gi", "1"), ("p2", "10Gi", "1"), ("p3", "10Gi", "1")))
+    assert placed(Simulation(c, ms).run()) == [("p1", "a/gpu-0"), ("p2", "a/gpu-0"), ("p3", "a/gpu-0")]
+    assert placed(Simulation(c, ms, policy="spread").run()) == [("p1", "a/gpu-0"), ("p2", "b/gpu-0"), ("p3", "a/gpu-0")]
+
+
+def test_hami_annotations_choose_the_policy_per_pod() -> None:
+    c = cluster(("a", [81920]), ("b", [81920]))
+    ann = {"hami.io/node-scheduler-policy": "spread"}
+    ms = manifests(pods(("p1", "10Gi", "1")) + "---" + pods(("p2", "10Gi", "1"), annotations=ann))
+    assert placed(Simulation(c, ms).run()) == [("p1", "a/gpu-0"), ("p2", "b/gpu-0")]
+
+
+def test_topology_keeps_a_pair_in_one_nvlink_domain() -> None:
+    # gpu-0/1 form NVLink domain 0, gpu-2/3 domain 2; gpu-1 is nearly full.
+    c = Cluster([SimNode("n", {}, [gpu_slice("n", [81920] * 4, nvlink=[0, 0, 2, 2])])])
+    ms = manifests(pods(("filler", "75Gi", "1"), ("pair", "20Gi", "2")))
+    first_fit = placed(Simulation(c, ms).run())
+    assert first_fit == [("filler", "n/gpu-0"), ("pair", "n/gpu-1"), ("pair", "n/gpu-2")]  # crosses domains
+    topo = placed(Simulation(c, ms, policy="topology").run())
+    assert topo == [("filler", "n/gpu-0"), ("pair", "n/gpu-2"), ("pair", "n/gpu-3")]
+    res = Simulation(c, ms, policy="topology").run()
+    claim = next(o for o in res.objects if o["kind"] == "ResourceClaim" and o["metadata"]["name"] == "pair-gpu")
+    assert claim["spec"]["devices"]["constraints"] == [{"distinctAttribute": "gpu.tessera.dev/uuid"}]  # spec untouched
+
+
+def test_whole_gpus_mode_books_every_device_whole() -> None:
+    c = cluster(("n", [81920, 81920]))
+    ms = manifests(pods(("p1", "10Gi", "1"), ("p2", "10Gi", "1"), ("p3", "90Gi", "1")))
+    res = Simulation(c, ms, whole_gpus=True).run()
+    assert [(p.pod, p.device, p.memory, p.cores) for p in res.placements] == [
+        ("default/p1", "gpu.tessera.dev/n/gpu-0", "80Gi", "100"),
+        ("default/p2", "gpu.tessera.dev/n/gpu-1", "80Gi", "100"),
+    ]
+    # A memory request stays a requirement: no 80 GiB GPU satisfies 90Gi.
+    assert [p.pod for p in res.pending] == ["default/p3"]
