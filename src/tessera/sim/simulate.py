@@ -214,7 +214,10 @@ class Simulation:
         self._unsat: list[set[str]] = [set() for _ in self.nodes]
         self._node_usage: list[Fraction] = [Fraction(0) for _ in self.nodes]
         self._placed = 0
-        self._explained: dict[tuple[str, int], str] = {}
+        # Pending pods whose claims fit on no node: explained once the run is over (against
+        # the final state, which is what a user asks about), one walk per distinct claim shape.
+        self._to_explain: dict[str, list[dict[str, Any]]] = {}
+        self._request_notes: dict[str, str] = {}
         self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed))
         self.memory_sizes = sorted(
             {
@@ -292,6 +295,7 @@ class Simulation:
             out_pods.append(pod)
             if on_pod is not None:
                 on_pod(ref)
+        self._add_explanations(pending, out_pods)
         objects: list[dict[str, Any]] = []
         objects.extend(self.classes.values())
         objects.extend(self.slices)
@@ -399,15 +403,18 @@ class Simulation:
                 self._cursor[key] = (i + 1, dict(counts))
         parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         msg = f"0/{n_total} nodes are available: {parts}." if parts else f"0/{n_total} nodes are available."
-        detail = ""
         if counts.get("cannot allocate all claims"):
-            # Explaining walks every device: reuse it while nothing new was allocated.
-            ekey = (sig or json.dumps([c.get("spec") for c in todo], sort_keys=True), self._placed)
-            detail = self._explained.get(ekey) or self.explain_claims(todo)
-            if self._explained and next(iter(self._explained))[1] != self._placed:
-                self._explained = {}
-            self._explained[ekey] = detail
-        return None, msg + (f" {detail}" if detail else ""), claims
+            self._to_explain[ref] = todo
+        return None, msg, claims
+
+    def _add_explanations(self, pending: list[Pending], pods: list[dict[str, Any]]) -> None:
+        by_ref = {f"{_ns(p)}/{_name(p)}": p for p in pods}
+        for pend in pending:
+            todo = self._to_explain.get(pend.pod)
+            if not todo:
+                continue
+            pend.reason = f"{pend.reason} {self.explain_claims(todo)}"
+            by_ref[pend.pod]["status"]["conditions"][0]["message"] = pend.reason
 
     def _try_node(
         self,
@@ -450,7 +457,10 @@ class Simulation:
             for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or []:
                 alts = [r["exactly"]] if r.get("exactly") else list(r.get("firstAvailable") or [])
                 for sub in alts:
-                    notes.append(f"claim {cref}, request {r.get('name')}: {self._explain_request(sub)}")
+                    key = json.dumps(sub, sort_keys=True)
+                    if key not in self._request_notes:
+                        self._request_notes[key] = self._explain_request(sub)
+                    notes.append(f"claim {cref}, request {r.get('name')}: {self._request_notes[key]}")
         return "; ".join(notes)
 
     def _explain_request(self, req: dict[str, Any]) -> str:
