@@ -8,7 +8,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import yaml
@@ -18,6 +18,10 @@ from rich.table import Table
 from tessera.api.errors import TesseraError
 from tessera.api.loader import expand_workloads, load_files
 from tessera.api.quantity import Quantity, QuantityError
+
+if TYPE_CHECKING:
+    from tessera.api.loader import Manifest
+    from tessera.sim.cluster import Cluster
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -100,9 +104,13 @@ def simulate(manifests: tuple[str, ...], cluster_file: str | None, node_specs: t
         fail(str(e))
 
 
-def _simulate(manifests: tuple[str, ...], cluster_file: str | None, node_specs: tuple[str, ...], output: str, seed: int) -> None:
+def load_inputs(
+    manifests: tuple[str, ...], cluster_file: str | None, node_specs: tuple[str, ...]
+) -> tuple[Cluster, list[Manifest]]:
+    """The nodes and manifests of a simulation, from simulate's arguments (shared with
+    ``tessera explain``). With no arguments at all: the bundled default. Raises the user errors
+    of :func:`_user_errors` for bad input."""
     from tessera.sim.cluster import Cluster, SimNode, load_cluster
-    from tessera.sim.simulate import Simulation
 
     if not manifests and not cluster_file and not node_specs:
         ex = examples_dir()
@@ -129,7 +137,14 @@ def _simulate(manifests: tuple[str, ...], cluster_file: str | None, node_specs: 
     } - {None} - {n.name for n in nodes}
     for extra in sorted(str(x) for x in slice_nodes):
         nodes.append(SimNode(extra, {"kubernetes.io/hostname": extra}, [], "ResourceSlices"))
-    sim = Simulation(Cluster(nodes), loaded, seed=seed)
+    return Cluster(nodes), loaded
+
+
+def _simulate(manifests: tuple[str, ...], cluster_file: str | None, node_specs: tuple[str, ...], output: str, seed: int) -> None:
+    from tessera.sim.simulate import Simulation
+
+    cluster, loaded = load_inputs(manifests, cluster_file, node_specs)
+    sim = Simulation(cluster, loaded, seed=seed)
     result = sim.run()
     if output in ("json", "yaml"):
         lst = {"apiVersion": "v1", "kind": "List", "items": result.objects}
@@ -169,6 +184,12 @@ def _simulate(manifests: tuple[str, ...], cluster_file: str | None, node_specs: 
     for w in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
 
+
+from tessera.explain.commands import explain as _explain_cmd  # noqa: E402
+from tessera.explain.commands import lint as _lint_cmd  # noqa: E402
+
+main.add_command(_explain_cmd)
+main.add_command(_lint_cmd)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
