@@ -617,7 +617,7 @@ def _hami_lines(
                 verb = "has" if len(ok) == 1 else "have"
                 ne.hami.append(f"{head} — {_plural(len(ok), 'GPU')} on {ne.node} {verb} {_hami_need(hr)} free")
         if not any_selectable:
-            out.append(f"{head} — no GPU on any node matches the pod's device selectors (HAMi annotations such as nvidia.com/use-gpuuuid)")
+            out.append(f"{head} — no GPU on any node matches the pod's device selectors (HAMi annotations such as nvidia.com/use-gputype or nvidia.com/use-gpuuuid)")
         elif best[0] < hr.gpus:
             most = f" (most: {best[0]} on {best[1]})" if best[0] > 0 else ""
             out.append(f"{head} — no node has {_plural(hr.gpus, 'GPU')} with {_hami_need(hr)} free{most}")
