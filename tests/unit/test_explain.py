@@ -145,7 +145,7 @@ def test_default_shared_claim_second_pod_and_claim_target() -> None:
 
 
 def test_unknown_target_is_one_line_error() -> None:
-    with pytest.raises(ExplainError, match=r"^'nope' is neither a pod nor a ResourceClaim of the simulation \(pods: default/gpu-pod"):
+    with pytest.raises(ExplainError, match=r"^'nope' is neither a pod nor a ResourceClaim of the simulation \(pods: default/inference-0, "):
         _default("nope")
 
 
