@@ -24,6 +24,7 @@ Pure: takes loaded manifests and ResourceSlice dicts, returns findings.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,18 +40,14 @@ from tessera.explain import celtools
 
 # Tessera's published device schema (src/tessera/inventory/slices.py): what a selector can read
 # on a gpu.tessera.dev device, used when no cluster is given. Full GPUs and MIG devices differ.
-GPU_ATTRIBUTES = {
-    "type", "uuid", "index", "productName", "architecture", "cudaComputeCapability",
-    "driverVersion", "cudaDriverVersion", "pcieBusID", "numaNode", "nvlinkDomain", "uuidSynthesized",
-}
-MIG_ATTRIBUTES = {
-    "type", "uuid", "parentUUID", "parentIndex", "profile", "gpuInstanceID", "computeInstanceID",
-    "parentUUIDSynthesized",
-}
-ALWAYS_ATTRIBUTES = {"type"}
+ALWAYS_ATTRIBUTES = {"type", "productName"}
+GPU_ONLY_ATTRIBUTES = {"index", "nvlinkDomain", "uuidSynthesized"}
+MIG_ONLY_ATTRIBUTES = {"parentUUID", "parentIndex", "profile", "gpuInstanceID", "computeInstanceID", "parentUUIDSynthesized"}
+# Published only when the inventory reports them (a MIG device's uuid included).
+OPTIONAL_ATTRIBUTES = {"uuid", "architecture", "cudaComputeCapability", "driverVersion", "cudaDriverVersion", "pcieBusID", "numaNode"}
 VERSION_ATTRIBUTES = {"cudaComputeCapability", "driverVersion", "cudaDriverVersion"}
 CAPACITIES = {"memory", "cores", "multiprocessors"}
-ALL_ATTRIBUTES = GPU_ATTRIBUTES | MIG_ATTRIBUTES
+ALL_ATTRIBUTES = ALWAYS_ATTRIBUTES | GPU_ONLY_ATTRIBUTES | MIG_ONLY_ATTRIBUTES | OPTIONAL_ATTRIBUTES
 
 
 @dataclass(frozen=True)
@@ -262,6 +259,18 @@ def _class_devices(world: _World, cls: str) -> list[Device]:
 
 
 def _check_selector(add: Any, field: str, expr: str, world: _World, cls: str | None) -> None:
+    found: list[str] = []
+
+    def add_here(f: str, problem: str, fix: str) -> None:
+        found.append(problem)
+        add(f, problem, fix)
+
+    _static(add_here, field, expr, world)
+    if world.published and not found:
+        _evaluate(add, field, expr, world, cls)
+
+
+def _static(add: Any, field: str, expr: str, world: _World) -> None:
     try:
         compile_selector(expr)
     except CelCompileError as e:
@@ -317,11 +326,15 @@ def _check_selector(add: Any, field: str, expr: str, world: _World, cls: str | N
         if r.in_has or (r.kind, r.domain, r.name) in guarded or world.published:
             continue  # with published devices, the evaluation below is exact
         if r.kind == "attributes" and r.domain == DRIVER_NAME and r.name not in ALWAYS_ATTRIBUTES:
-            lacking = "MIG devices" if r.name in GPU_ATTRIBUTES - MIG_ATTRIBUTES else (
-                "full GPUs" if r.name in MIG_ATTRIBUTES - GPU_ATTRIBUTES else "some devices")
+            if r.name in GPU_ONLY_ATTRIBUTES:
+                lacking = f"MIG devices publish no {r.name}"
+            elif r.name in MIG_ONLY_ATTRIBUTES:
+                lacking = f"full GPUs publish no {r.name}"
+            else:
+                lacking = f"{r.name} is published only where the GPU inventory reports it"
             add(
                 field,
-                f"`{r.text}` is read without has(): {lacking} publish no {r.name}, and reading it there is a "
+                f"`{r.text}` is read without has(): {lacking}, and reading it on a device without it is a "
                 "runtime error that aborts scheduling of the pod",
                 f"guard it: has({r.text}) && ...",
             )
@@ -341,8 +354,6 @@ def _check_selector(add: Any, field: str, expr: str, world: _World, cls: str | N
             f"`{c.text}` orders {t} values with {c.op}: Kubernetes CEL has no such overload (the API server rejects it)",
             f"write {lt}.compareTo({rt}) {c.op} 0",
         )
-    if world.published:
-        _evaluate(add, field, expr, world, cls)
 
 
 def _q(s: str | None) -> str:
@@ -356,7 +367,7 @@ def _capacity_fix(r: celtools.Read, expr: str, domain: str) -> str:
         for side, other in ((c.left, c.right), (c.right, c.left)):
             sr = celtools.read_of(side, expr)
             if sr is not None and sr.node is r.node:
-                rhs = celtools.text_of(other, expr)
+                rhs = re.sub(r"quantity\('([^'\"]*)'\)", r'quantity("\1")', celtools.text_of(other, expr))
                 if not rhs.startswith("quantity("):
                     rhs = f"quantity({_q(rhs)})" if rhs.isdigit() else rhs
                 op = c.op if side is c.left else {"<": ">", "<=": ">=", ">": "<", ">=": "<="}.get(c.op, c.op)
