@@ -484,6 +484,7 @@ class _Explainer:
                 if not r.get("shareID") and not r.get("adminAccess"):
                     owners[(r["driver"], r["pool"], r["device"])] = _claim_ref(c)
         self.checker = _Checker(self.alloc, state, owners)
+        self.devices = {"/".join(d.id): d for d in sim.index.devices()}
 
     def pool_problems(self, node: Node) -> list[str]:
         out: list[str] = []
@@ -532,7 +533,7 @@ class _Explainer:
         if fitting and len(fitting) < need:
             ron.notes.append(f"needs {need} devices, {len(fitting)} fit on their own")
         if len(fitting) >= 1 and need > 1:
-            devs = {"/".join(d.id): d for d in self.sim.index.devices()}
+            devs = self.devices
             for i, c in cons:
                 attr = c.get("matchAttribute") or c.get("distinctAttribute") or ""
                 vals: dict[str, list[str]] = {}
