@@ -8,7 +8,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import yaml
@@ -18,6 +18,10 @@ from rich.table import Table
 from tessera.api.errors import TesseraError
 from tessera.api.loader import expand_workloads, load_files
 from tessera.api.quantity import Quantity, QuantityError
+
+if TYPE_CHECKING:
+    from tessera.api.loader import Manifest
+    from tessera.sim.cluster import Cluster
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -122,12 +126,10 @@ def simulate(
 
 def load_inputs(
     manifests: tuple[str, ...], cluster_file: str | None, node_specs: tuple[str, ...]
-) -> tuple[Any, list[Any]]:
-    """Nodes and manifests for simulate/explain: ``(Cluster, [Manifest])``.
-
-    With no inputs at all, the bundled default cluster and workloads. Raises the user errors
-    of :func:`_user_errors` for bad input.
-    """
+) -> tuple[Cluster, list[Manifest]]:
+    """The nodes and manifests of a simulation, from simulate's arguments (shared with
+    ``tessera explain``). With no arguments at all: the bundled default. Raises the user errors
+    of :func:`_user_errors` for bad input."""
     from tessera.sim.cluster import Cluster, SimNode, load_cluster
 
     if not manifests and not cluster_file and not node_specs:
@@ -158,7 +160,7 @@ def load_inputs(
     return Cluster(nodes), loaded
 
 
-def _compare(cluster: Any, loaded: list[Any], output: str, seed: int) -> None:
+def _compare(cluster: Cluster, loaded: list[Manifest], output: str, seed: int) -> None:
     from tessera.sim.simulate import Simulation
 
     rows = []
@@ -199,7 +201,7 @@ def _compare(cluster: Any, loaded: list[Any], output: str, seed: int) -> None:
     Console(width=max(Console().width, 160)).print(t)
 
 
-def _simulate(cluster: Any, loaded: list[Any], output: str, seed: int, policy: str) -> None:
+def _simulate(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str) -> None:
     from tessera.sim.simulate import Simulation
 
     sim = Simulation(cluster, loaded, seed=seed, policy=policy)
@@ -242,6 +244,12 @@ def _simulate(cluster: Any, loaded: list[Any], output: str, seed: int, policy: s
     for w in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
 
+
+from tessera.explain.commands import explain as _explain_cmd  # noqa: E402
+from tessera.explain.commands import lint as _lint_cmd  # noqa: E402
+
+main.add_command(_explain_cmd)
+main.add_command(_lint_cmd)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

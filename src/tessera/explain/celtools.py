@@ -1,0 +1,233 @@
+"""Read device-selector expressions as syntax: top-level ``&&`` conjuncts, attribute and
+capacity reads, ordering comparisons. Shared by ``explain`` (which sub-expression was false)
+and ``lint`` (what a selector reads and whether that is a mistake).
+
+Works on cel-python's lark parse tree (the grammar of ``celpy``: ``expr`` > ``conditionalor``
+> ``conditionaland`` > ``relation`` > ... > ``member`` > ``primary``). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import celpy
+import lark
+
+_ENV = celpy.Environment()
+
+RELATIONS = {
+    "relation_lt": "<",
+    "relation_le": "<=",
+    "relation_gt": ">",
+    "relation_ge": ">=",
+    "relation_eq": "==",
+    "relation_ne": "!=",
+    "relation_in": "in",
+}
+
+
+@functools.lru_cache(maxsize=1024)
+def parse(expression: str) -> lark.Tree | None:
+    """The parse tree of ``expression``, or None where it does not parse."""
+    try:
+        tree = _ENV.compile(expression)
+    except Exception:  # celpy raises its own parse error types
+        return None
+    return tree if isinstance(tree, lark.Tree) else None
+
+
+def text_of(node: lark.Tree, expression: str) -> str:
+    """The source text of ``node`` (whitespace collapsed)."""
+    meta = node.meta
+    if getattr(meta, "empty", True):
+        return ""
+    return " ".join(expression[meta.start_pos : meta.end_pos].split())
+
+
+def _unwrap(node: lark.Tree) -> lark.Tree:
+    """Descend single-child wrappers (and parentheses) to the node that does something."""
+    while True:
+        kids = [c for c in node.children if isinstance(c, lark.Tree)]
+        if node.data == "paren_expr" and kids:
+            node = kids[0]
+            continue
+        if len(node.children) == 1 and len(kids) == 1 and node.data not in ("ident_arg", "member_dot"):
+            node = kids[0]
+            continue
+        return node
+
+
+def conjuncts(expression: str) -> list[str]:
+    """The top-level ``&&`` operands of ``expression`` as source text, in order.
+
+    ``a && (b && c) && d`` gives ``["a", "b", "c", "d"]`` (parenthesised conjunctions are
+    flattened, as ``&&`` is associative); anything else is one conjunct: ``[expression]``.
+    Returns ``[expression]`` unchanged when it does not parse.
+    """
+    tree = parse(expression)
+    if tree is None:
+        return [expression]
+    out: list[str] = []
+
+    def walk(node: lark.Tree) -> None:
+        node = _unwrap(node)
+        if node.data == "conditionaland" and len(node.children) == 2:
+            for c in node.children:
+                if isinstance(c, lark.Tree):
+                    walk(c)
+            return
+        out.append(text_of(node, expression))
+
+    walk(tree)
+    return [c for c in out if c] or [expression]
+
+
+def string_literal(node: lark.Tree | lark.Token) -> str | None:
+    """The value of a string literal expression (``"x"``, ``'x'``), else None."""
+    if isinstance(node, lark.Tree):
+        node = _unwrap(node)
+        if node.data != "literal" or len(node.children) != 1:
+            return None
+        node = node.children[0]
+    text = str(node)
+    if not text or (text[0] not in "\"'" and text[:2].lower() not in ("r'", 'r"')):
+        return None
+    try:
+        v = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None
+    return v if isinstance(v, str) else None
+
+
+@dataclass(frozen=True)
+class Read:
+    """One read of ``device.attributes`` or ``device.capacity``.
+
+    ``kind``: ``"attributes"`` or ``"capacity"``; ``domain``: the index key (None when not a
+    string literal); ``name``: the id read inside the domain (None when only the domain map is
+    used, e.g. ``device.attributes["d"]`` alone); ``in_has``: the read is the argument of
+    ``has(...)`` (a test, not a read); ``text``: its source text; ``node``: the tree node of the
+    outermost part (``...["d"].name``).
+    """
+
+    kind: str
+    domain: str | None
+    name: str | None
+    in_has: bool
+    text: str
+    node: lark.Tree
+
+
+def _device_map(node: lark.Tree) -> str | None:
+    """``"attributes"``/``"capacity"`` if ``node`` is ``device.attributes`` / ``device.capacity``."""
+    node = _unwrap(node)
+    if node.data != "member_dot" or len(node.children) != 2:
+        return None
+    obj, field = node.children
+    if not isinstance(obj, lark.Tree):
+        return None
+    obj = _unwrap(obj)
+    if obj.data == "ident" and str(obj.children[0]) == "device" and str(field) in ("attributes", "capacity"):
+        return str(field)
+    return None
+
+
+def _domain_index(node: lark.Tree) -> tuple[str, str | None] | None:
+    """(kind, domain) if ``node`` is ``device.attributes[<lit>]`` (domain None if not a literal)."""
+    node = _unwrap(node)
+    if node.data != "member_index" or len(node.children) != 2:
+        return None
+    obj, key = node.children
+    if not isinstance(obj, lark.Tree):
+        return None
+    kind = _device_map(obj)
+    if kind is None:
+        return None
+    return kind, string_literal(key)
+
+
+def reads(expression: str) -> list[Read]:
+    """Every attribute/capacity read in ``expression``, outermost form, in source order."""
+    tree = parse(expression)
+    if tree is None:
+        return []
+    found: list[Read] = []
+    claimed: set[int] = set()
+    has_args: set[int] = set()
+    for node in tree.iter_subtrees_topdown():
+        if node.data == "ident_arg" and node.children and str(node.children[0]) == "has":
+            for sub in node.iter_subtrees():
+                has_args.add(id(sub))
+    for node in tree.iter_subtrees_topdown():
+        if id(node) in claimed:
+            continue
+        kind_domain: tuple[str, str | None] | None = None
+        name: str | None = None
+        if node.data == "member_dot" and len(node.children) == 2 and isinstance(node.children[0], lark.Tree):
+            kind_domain = _domain_index(node.children[0])
+            name = str(node.children[1])
+        elif node.data == "member_index" and len(node.children) == 2 and isinstance(node.children[0], lark.Tree):
+            kind_domain = _domain_index(node.children[0])
+            if kind_domain is not None:
+                name = string_literal(node.children[1])
+                if name is None:
+                    kind_domain = None
+        if kind_domain is None:
+            kind_domain = _domain_index(node)
+            name = None
+        if kind_domain is None:
+            continue
+        for sub in node.iter_subtrees():
+            claimed.add(id(sub))
+        found.append(Read(kind_domain[0], kind_domain[1], name, id(node) in has_args, text_of(node, expression), node))
+    found.sort(key=lambda r: r.node.meta.start_pos if not r.node.meta.empty else 0)
+    return found
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """An ordering or equality comparison: ``op`` (``<``, ``>=``, ...), operand texts and nodes."""
+
+    op: str
+    left: lark.Tree
+    right: lark.Tree
+    text: str
+
+
+def comparisons(expression: str) -> Iterator[Comparison]:
+    """Every relational comparison in ``expression``."""
+    tree = parse(expression)
+    if tree is None:
+        return
+    for node in tree.iter_subtrees_topdown():
+        if node.data != "relation" or len(node.children) != 2:
+            continue
+        first, rhs = node.children
+        if not isinstance(first, lark.Tree) or first.data not in RELATIONS or not isinstance(rhs, lark.Tree):
+            continue
+        lhs = first.children[0] if first.children and isinstance(first.children[0], lark.Tree) else None
+        if lhs is None:
+            continue
+        yield Comparison(RELATIONS[first.data], lhs, rhs, text_of(node, expression))
+
+
+def call_name(node: lark.Tree) -> str | None:
+    """``f`` if ``node`` is a global call ``f(...)``, ``.f`` for a member call ``x.f(...)``."""
+    node = _unwrap(node)
+    if node.data == "ident_arg" and node.children:
+        return str(node.children[0])
+    if node.data == "member_dot_arg" and len(node.children) >= 2:
+        return "." + str(node.children[1])
+    return None
+
+
+def read_of(node: lark.Tree, expression: str) -> Read | None:
+    """The attribute/capacity read that ``node`` is exactly (not a call on it), else None."""
+    node = _unwrap(node)
+    for r in reads(expression):
+        if r.node is node:
+            return r
+    return None

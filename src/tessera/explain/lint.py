@@ -1,0 +1,445 @@
+"""``tessera lint``: find mistakes in DeviceClasses, ResourceClaims and ResourceClaimTemplates
+before they are applied.
+
+Checks, each reported as a :class:`Finding` naming file, document, object and field:
+
+* API validation (:mod:`tessera.api.validation`): wrong apiVersion, misplaced fields;
+* selectors that do not compile, or use ``.?``/``orValue``/``cel.bind`` (valid Kubernetes CEL,
+  not supported by Tessera's engine);
+* API-shape mistakes: ``device.attributes["memory"]`` (attributes are keyed by *domain*, and
+  memory is a capacity), an attribute read under ``device.capacity`` or the reverse;
+* ordering a Quantity or semver with ``<``/``>=`` (no such overload in Kubernetes CEL);
+* domains and names no published device has (closest existing name suggested, ``difflib``);
+  without a cluster, names are checked against Tessera's own device schema for
+  ``gpu.tessera.dev`` and domains against known drivers;
+* unguarded reads of attributes that not every device has (a runtime error aborts scheduling
+  of the pod, dra-spec.md 3.2); with a cluster, by evaluating every selector on every
+  published device, which also finds selectors that match no device at all;
+* capacity requests naming a capacity no device publishes, ``cores`` over 100, and DeviceClass
+  names that do not exist.
+
+Pure: takes loaded manifests and ResourceSlice dicts, returns findings.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+from tessera.allocator import SliceIndex
+from tessera.allocator.model import Device
+from tessera.api.loader import Manifest
+from tessera.api.quantity import Quantity, QuantityError
+from tessera.api.validation import manifest_problems
+from tessera.cel import CelCompileError, CelRuntimeError, SemverValue, compile_selector
+from tessera.explain import celtools
+
+# Tessera's published device schema (src/tessera/inventory/slices.py): what a selector can read
+# on a gpu.tessera.dev device, used when no cluster is given. Full GPUs and MIG devices differ.
+ALWAYS_ATTRIBUTES = {"type", "productName"}
+GPU_ONLY_ATTRIBUTES = {"index", "nvlinkDomain", "uuidSynthesized"}
+MIG_ONLY_ATTRIBUTES = {"parentUUID", "parentIndex", "profile", "gpuInstanceID", "computeInstanceID", "parentUUIDSynthesized"}
+# Published only when the inventory reports them (a MIG device's uuid included).
+OPTIONAL_ATTRIBUTES = {"uuid", "architecture", "cudaComputeCapability", "driverVersion", "cudaDriverVersion", "pcieBusID", "numaNode"}
+VERSION_ATTRIBUTES = {"cudaComputeCapability", "driverVersion", "cudaDriverVersion"}
+CAPACITIES = {"memory", "cores", "multiprocessors"}
+ALL_ATTRIBUTES = ALWAYS_ATTRIBUTES | GPU_ONLY_ATTRIBUTES | MIG_ONLY_ATTRIBUTES | OPTIONAL_ATTRIBUTES
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: where (``file``, ``doc`` 1-based, ``obj`` as ``Kind ns/name``, ``field``
+    path), what is wrong (``problem``) and how to fix it (``fix``)."""
+
+    file: str
+    doc: int
+    obj: str
+    field: str
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.file} (document {self.doc}): {self.obj}: {self.field}: {self.problem}. fix: {self.fix}"
+
+
+def _closest(name: str, options: Sequence[str] | set[str]) -> str | None:
+    m = difflib.get_close_matches(name, sorted(options), n=1, cutoff=0.6)
+    return m[0] if m else None
+
+
+class _World:
+    """What devices exist: from ResourceSlices when given, else Tessera's schema."""
+
+    def __init__(self, slices: Sequence[Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]]) -> None:
+        self.index = SliceIndex(slices) if slices else None
+        self.devices: list[Device] = list(self.index.devices()) if self.index else []
+        self.published = bool(self.devices)
+        self.classes = classes
+        self.attrs: dict[str, dict[str, list[Device]]] = {}
+        self.caps: dict[str, dict[str, list[Device]]] = {}
+        self.versions: set[str] = set()
+        self.by_domain: dict[str, list[Device]] = {}
+        for d in self.devices:
+            for k, v in d.attributes.items():
+                dom, _, name = k.rpartition("/")
+                self.attrs.setdefault(dom, {}).setdefault(name, []).append(d)
+                if isinstance(v, SemverValue):
+                    self.versions.add(k)
+            for k in d.capacity:
+                dom, _, name = (k if "/" in k else f"{d.driver}/{k}").rpartition("/")
+                self.caps.setdefault(dom, {}).setdefault(name, []).append(d)
+        for dom in set(self.attrs) | set(self.caps):
+            self.by_domain[dom] = [
+                d for d in self.devices
+                if any(k.rpartition("/")[0] == dom for k in d.attributes) or d.driver == dom
+            ]
+        if not self.published:
+            self.attrs = {DRIVER_NAME: {a: [] for a in ALL_ATTRIBUTES}}
+            self.caps = {DRIVER_NAME: {c: [] for c in CAPACITIES}}
+            self.versions = {f"{DRIVER_NAME}/{a}" for a in VERSION_ATTRIBUTES}
+        self.domains = set(self.attrs) | set(self.caps) | {DRIVER_NAME}
+        for cls in classes.values():
+            for s in (cls.get("spec") or {}).get("selectors") or []:
+                expr = ((s or {}).get("cel") or {}).get("expression") or ""
+                for c in celtools.comparisons(expr):
+                    if "device.driver" in celtools.text_of(c.left, expr) and c.op == "==":
+                        lit = celtools.string_literal(c.right)
+                        if lit:
+                            self.domains.add(lit)
+
+    def capacity_domain(self, name: str) -> str:
+        for dom, names in self.caps.items():
+            if name in names:
+                return dom
+        return DRIVER_NAME
+
+
+@dataclass
+class _Sel:
+    """One selector to lint: its expression and where it lives."""
+
+    m: Manifest
+    field: str
+    expression: str
+    class_name: str | None  # the request's class (None for a DeviceClass's own selectors)
+
+
+def _selectors_of(m: Manifest) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(field path of the request or class, request body) for everything holding selectors."""
+    if m.kind == "DeviceClass":
+        yield "spec", (m.obj.get("spec") or {})
+        return
+    if m.kind == "ResourceClaim":
+        base, spec = "spec", m.obj.get("spec") or {}
+    else:
+        base, spec = "spec.spec", (m.obj.get("spec") or {}).get("spec") or {}
+    if not isinstance(spec, dict):
+        return
+    for i, r in enumerate(((spec.get("devices") or {}).get("requests")) or []):
+        if not isinstance(r, dict):
+            continue
+        p = f"{base}.devices.requests[{i}]"
+        if isinstance(r.get("exactly"), dict):
+            yield f"{p}.exactly", r["exactly"]
+        elif isinstance(r.get("firstAvailable"), list):
+            for j, s in enumerate(r["firstAvailable"]):
+                if isinstance(s, dict):
+                    yield f"{p}.firstAvailable[{j}]", s
+        elif r.get("deviceClassName"):  # v1beta1 shape: the request itself
+            yield p, r
+
+
+def lint(manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = ()) -> list[Finding]:
+    """Findings for every DeviceClass, ResourceClaim and ResourceClaimTemplate in
+    ``manifests``, in input order. ``slices``: ResourceSlice dicts of the cluster (ResourceSlices
+    among ``manifests`` are added); without any, names are checked against Tessera's schema."""
+    classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in manifests if m.kind == "DeviceClass"}
+    classes.setdefault(DEVICE_CLASS_NAME, {"spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+    all_slices = list(slices) + [m.obj for m in manifests if m.kind == "ResourceSlice"]
+    world = _World(all_slices, classes)
+    out: list[Finding] = []
+    for m in manifests:
+        if m.kind not in ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate"):
+            continue
+
+        def add(field: str, problem: str, fix: str, m: Manifest = m) -> None:
+            out.append(Finding(m.source.file, m.source.doc, m.ref(), field, problem, fix))
+
+        for fp in manifest_problems(m):
+            problem, fix = _split_fix(fp.message)
+            add(fp.field, problem, fix)
+        for path, body in _selectors_of(m):
+            cls_name = body.get("deviceClassName") if m.kind != "DeviceClass" else None
+            if m.kind != "DeviceClass":
+                _check_request(add, path, body, world)
+            for i, s in enumerate(body.get("selectors") or []):
+                expr = ((s or {}).get("cel") or {}).get("expression") if isinstance(s, dict) else None
+                if isinstance(expr, str) and expr.strip():
+                    _check_selector(add, f"{path}.selectors[{i}].cel.expression", expr, world, cls_name)
+    return out
+
+
+def _split_fix(message: str) -> tuple[str, str]:
+    """Validation messages carry their fix after ': ' or in '(... : fix)'; split them."""
+    if "(found 'expression' beside 'cel': " in message:
+        head, _, fix = message.partition(" (found 'expression' beside 'cel': ")
+        return f"{head}; found 'expression' beside 'cel'", fix.rstrip(")")
+    for marker in (": write ", ": use ", ": name "):
+        if marker in message:
+            head, _, fix = message.partition(marker)
+            return head, marker[2:] + fix
+    return message, "correct the field as the message says (resource.k8s.io/v1 API rules)"
+
+
+def _check_request(add: Any, path: str, body: Mapping[str, Any], world: _World) -> None:
+    cls = body.get("deviceClassName")
+    if isinstance(cls, str) and cls and cls not in world.classes:
+        near = _closest(cls, set(world.classes))
+        known = ", ".join(sorted(world.classes))
+        add(
+            f"{path}.deviceClassName",
+            f"DeviceClass {cls!r} does not exist (known: {known})",
+            f"use {near!r}" if near else "name an existing DeviceClass or add its manifest to the input",
+        )
+    reqs = (body.get("capacity") or {}).get("requests") if isinstance(body.get("capacity"), dict) else None
+    if not isinstance(reqs, dict):
+        return
+    published: set[str] = set()
+    if world.published:
+        cands = _class_devices(world, cls) if isinstance(cls, str) else world.devices
+        for d in cands:
+            published |= set(d.capacity)
+    elif cls == DEVICE_CLASS_NAME:
+        published = set(CAPACITIES)
+    for k, v in reqs.items():
+        where = f"{path}.capacity.requests[{k}]"
+        if published and k not in published:
+            near = _closest(str(k), published)
+            add(
+                where,
+                f"no device{' of class ' + str(cls) if cls else ''} publishes a capacity {k!r} "
+                f"(published: {', '.join(sorted(published))}); no device can satisfy this request",
+                f"use {near!r}" if near else "request a published capacity",
+            )
+        if str(k).rpartition("/")[2] == "cores":
+            try:
+                q = Quantity.parse(v)
+            except QuantityError:
+                continue
+            if q.value > 100:
+                add(
+                    where,
+                    f"cores {q.canonical()} is over 100: cores is percent of one GPU's SMs (0-100)",
+                    "ask for at most 100 per device, and count: N for several GPUs",
+                )
+
+
+def _class_devices(world: _World, cls: str) -> list[Device]:
+    c = world.classes.get(cls)
+    if c is None:
+        return world.devices
+    out = []
+    for d in world.devices:
+        ok = True
+        for s in (c.get("spec") or {}).get("selectors") or []:
+            expr = ((s or {}).get("cel") or {}).get("expression") or ""
+            try:
+                ok = compile_selector(expr).evaluate(d.activation())
+            except (CelCompileError, CelRuntimeError):
+                ok = False
+            if not ok:
+                break
+        if ok:
+            out.append(d)
+    return out
+
+
+def _check_selector(add: Any, field: str, expr: str, world: _World, cls: str | None) -> None:
+    found: list[str] = []
+
+    def add_here(f: str, problem: str, fix: str) -> None:
+        found.append(problem)
+        add(f, problem, fix)
+
+    _static(add_here, field, expr, world)
+    if world.published and not found:
+        _evaluate(add, field, expr, world, cls)
+
+
+def _static(add: Any, field: str, expr: str, world: _World) -> None:
+    try:
+        compile_selector(expr)
+    except CelCompileError as e:
+        msg = str(e)
+        if msg.startswith(("optional field selection", "orValue", "cel.bind")):
+            what, _, fix = msg.partition(": ")
+            add(field, f"{what} (Kubernetes accepts it; Tessera's CEL engine, cel-python 0.5, does not)", fix)
+        else:
+            add(field, f"does not compile: {msg}", "correct the expression (Kubernetes CEL syntax, one variable: device)")
+        if celtools.parse(expr) is None:
+            return
+    reads = celtools.reads(expr)
+    guarded = {(r.kind, r.domain, r.name) for r in reads if r.in_has}
+    shape_reads: set[int] = set()
+    for r in reads:
+        if r.domain is None:
+            continue
+        if r.kind == "attributes" and "." not in r.domain and r.domain not in world.domains:
+            shape_reads.add(id(r.node))
+            add(field, *_shape_message(r, expr, world))
+            continue
+        if r.domain not in world.domains:
+            near = _closest(r.domain, world.domains)
+            if world.published or near:
+                add(
+                    field,
+                    f"`{r.text}`: no device publishes domain {r.domain!r}; an unknown domain reads as an empty map, "
+                    f"so {'`.' + r.name + '` is a runtime error (no such key) that aborts scheduling' if r.name else 'nothing is found'}",
+                    f"write device.{r.kind}[{_q(near)}]" if near else f"use a published domain ({', '.join(sorted(world.domains))})",
+                )
+            continue
+        if r.name is None:
+            continue
+        names = world.attrs.get(r.domain, {}) if r.kind == "attributes" else world.caps.get(r.domain, {})
+        other = world.caps.get(r.domain, {}) if r.kind == "attributes" else world.attrs.get(r.domain, {})
+        if names and r.name not in names:
+            if r.name in other:
+                if r.kind == "attributes":
+                    add(field, f"`{r.text}`: {r.name} is a capacity, not an attribute (a Quantity under device.capacity)",
+                        _capacity_fix(r, expr, r.domain))
+                else:
+                    add(field, f"`{r.text}`: {r.name} is an attribute, not a capacity",
+                        f"write device.attributes[{_q(r.domain)}].{r.name}")
+            else:
+                near = _closest(r.name, set(names))
+                add(
+                    field,
+                    f"`{r.text}`: no device publishes {r.kind[:-1] if r.kind == 'attributes' else 'capacity'} "
+                    f"{r.domain}/{r.name}; reading it is a runtime error (no such key) that aborts scheduling",
+                    f"write device.{r.kind}[{_q(r.domain)}].{near}" if near else f"use one of: {', '.join(sorted(names))}",
+                )
+            continue
+        if r.in_has or (r.kind, r.domain, r.name) in guarded or world.published:
+            continue  # with published devices, the evaluation below is exact
+        if r.kind == "attributes" and r.domain == DRIVER_NAME and r.name not in ALWAYS_ATTRIBUTES:
+            if r.name in GPU_ONLY_ATTRIBUTES:
+                lacking = f"MIG devices publish no {r.name}"
+            elif r.name in MIG_ONLY_ATTRIBUTES:
+                lacking = f"full GPUs publish no {r.name}"
+            else:
+                lacking = f"{r.name} is published only where the GPU inventory reports it"
+            add(
+                field,
+                f"`{r.text}` is read without has(): {lacking}, and reading it on a device without it is a "
+                "runtime error that aborts scheduling of the pod",
+                f"guard it: has({r.text}) && ...",
+            )
+    for c in celtools.comparisons(expr):
+        if c.op not in ("<", "<=", ">", ">="):
+            continue
+        kinds = [_operand_type(x, expr, world) for x in (c.left, c.right)]
+        sides = [celtools.read_of(x, expr) for x in (c.left, c.right)]
+        if any(sr is not None and id(sr.node) in shape_reads for sr in sides):
+            continue
+        t = next((k for k in kinds if k), None)
+        if t is None:
+            continue
+        lt, rt = celtools.text_of(c.left, expr), celtools.text_of(c.right, expr)
+        add(
+            field,
+            f"`{c.text}` orders {t} values with {c.op}: Kubernetes CEL has no such overload (the API server rejects it)",
+            f"write {lt}.compareTo({rt}) {c.op} 0",
+        )
+
+
+def _q(s: str | None) -> str:
+    return f'"{s}"'
+
+
+def _capacity_fix(r: celtools.Read, expr: str, domain: str) -> str:
+    name = r.name if r.kind == "attributes" and r.domain == domain else r.domain
+    target = f"device.capacity[{_q(domain)}].{name}"
+    for c in celtools.comparisons(expr):
+        for side, other in ((c.left, c.right), (c.right, c.left)):
+            sr = celtools.read_of(side, expr)
+            if sr is not None and sr.node is r.node:
+                rhs = re.sub(r"quantity\('([^'\"]*)'\)", r'quantity("\1")', celtools.text_of(other, expr))
+                if not rhs.startswith("quantity("):
+                    rhs = f"quantity({_q(rhs)})" if rhs.isdigit() else rhs
+                op = c.op if side is c.left else {"<": ">", "<=": ">=", ">": "<", ">=": "<="}.get(c.op, c.op)
+                if op in ("==", "!="):
+                    return f"write {target} {op} {rhs}"
+                return f"write {target}.compareTo({rhs}) {op} 0"
+    return f'write {target}.compareTo(quantity("40Gi")) >= 0'
+
+
+def _shape_message(r: celtools.Read, expr: str, world: _World) -> tuple[str, str]:
+    key = r.domain or ""
+    if key in {n for names in world.caps.values() for n in names} or key in CAPACITIES:
+        dom = world.capacity_domain(key)
+        return (
+            f"`{r.text}` reads attribute domain {key!r}: device.attributes is keyed by domain "
+            f"(e.g. {dom}), and {key} is a capacity (a Quantity under device.capacity), not an attribute",
+            _capacity_fix(r, expr, dom),
+        )
+    attr_domains = [dom for dom, names in world.attrs.items() if key in names]
+    if attr_domains:
+        dom = attr_domains[0]
+        return (
+            f"`{r.text}` reads attribute domain {key!r}: device.attributes is keyed by domain (e.g. {dom}), "
+            f"then by attribute name",
+            f"write device.attributes[{_q(dom)}].{key}",
+        )
+    return (
+        f"`{r.text}`: {key!r} is not a domain; device.attributes is keyed by domain (a DNS name such as {DRIVER_NAME})",
+        f'write device.attributes["<domain>"].<name>, e.g. device.attributes["{DRIVER_NAME}"].productName',
+    )
+
+
+def _operand_type(node: Any, expr: str, world: _World) -> str | None:
+    call = celtools.call_name(node)
+    if call in ("quantity", ".add", ".sub"):
+        return "Quantity"
+    if call == "semver":
+        return "semver"
+    r = celtools.read_of(node, expr)
+    if r is not None and r.domain and r.name:
+        if r.kind == "capacity":
+            return "Quantity"
+        if f"{r.domain}/{r.name}" in world.versions:
+            return "semver"
+    return None
+
+
+def _evaluate(add: Any, field: str, expr: str, world: _World, cls: str | None) -> None:
+    """Evaluate the selector on every published device (a request's selector only on devices
+    its class selects, as the allocator does): runtime errors, and no device matching."""
+    try:
+        sel = compile_selector(expr)
+    except CelCompileError:
+        return
+    devices = _class_devices(world, cls) if cls else world.devices
+    errors: list[tuple[Device, str]] = []
+    matched = 0
+    for d in devices:
+        try:
+            if sel.evaluate(d.activation()):
+                matched += 1
+        except CelRuntimeError as e:
+            errors.append((d, str(e)))
+    if errors:
+        d, msg = errors[0]
+        hint = "guard the read with has(...) so devices without it simply do not match" if "no such key" in msg else "fix the expression"
+        add(
+            field,
+            f"CEL runtime error on {len(errors)} of {len(devices)} devices (e.g. {'/'.join(d.id)}: {msg}); "
+            "a runtime error aborts scheduling of the pod",
+            hint,
+        )
+    elif devices and matched == 0:
+        scope = f"of the {len(devices)} devices of class {cls}" if cls else f"of the {len(devices)} published devices"
+        add(field, f"matches none {scope}", "check the values against the ResourceSlices (tessera explain shows the false sub-expression)")

@@ -1,0 +1,173 @@
+"""tessera lint: exact findings for real manifests from the corpus and for hand-written mistakes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tessera.api.loader import Manifest, Source, load_files
+from tessera.cli import examples_dir, main
+from tessera.explain.lint import lint
+from tessera.sim.cluster import load_cluster
+
+
+def _lint(corpus: Path, *names: str) -> list[str]:
+    files = [corpus / "dra-manifests" / n for n in names]
+    return [str(f).replace(str(corpus / "dra-manifests") + "/", "") for f in lint(load_files(files))]
+
+
+def _one(expr: str, *, cluster: bool = False) -> list[str]:
+    obj = yaml.safe_load(f"""
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {{name: c}}
+spec:
+  selectors: [{{cel: {{expression: {expr!r}}}}}]
+""")
+    slices = [s for n in load_cluster(examples_dir() / "cluster.yaml").nodes for s in n.slices] if cluster else []
+    return [f"{f.problem}. fix: {f.fix}" for f in lint([Manifest(obj, Source("x.yaml", 1))], slices)]
+
+
+def test_kubernetes_website_examples(corpus: Path) -> None:
+    assert _lint(corpus, "kubernetes-website__examples_dra__deviceclass.yaml", "kubernetes-website__examples_dra__resourceclaim.yaml") == [
+        "kubernetes-website__examples_dra__deviceclass.yaml (document 1): DeviceClass example-device-class: apiVersion: "
+        "'resource.k8s.io/v1beta2' is not served here. fix: write resource.k8s.io/v1 (v1beta1/v1beta2 shapes differ)",
+        # The page's YAML puts `expression` beside `cel`, not under it.
+        "kubernetes-website__examples_dra__resourceclaim.yaml (document 1): ResourceClaim default/example-resource-claim: "
+        "spec.devices.requests[0].exactly.selectors[0].cel.expression: required: a CEL expression string; found "
+        "'expression' beside 'cel'. fix: indent it under 'cel'",
+    ]
+
+
+def test_dra_example_driver_cel_selector(corpus: Path) -> None:
+    assert _lint(corpus, "dra-example-driver__demo_examples__cel-selector.yaml") == [
+        "dra-example-driver__demo_examples__cel-selector.yaml (document 2): ResourceClaimTemplate cel-selector/single-gpu-cel: "
+        "spec.spec.devices.requests[0].exactly.deviceClassName: DeviceClass 'gpu.example.com' does not exist "
+        "(known: gpu.tessera.dev). fix: name an existing DeviceClass or add its manifest to the input"
+    ]
+
+
+def test_gpu_cel_nomatch_against_a_tessera_cluster(corpus: Path) -> None:
+    slices = [s for n in load_cluster(examples_dir() / "cluster.yaml").nodes for s in n.slices]
+    f = corpus / "dra-manifests" / "k8s-dra-driver-gpu__tests_bats_specs__gpu-cel-nomatch.yaml"
+    got = [f"{x.field}: {x.problem}. fix: {x.fix}" for x in lint(load_files([f]), slices)]
+    assert got == [
+        "spec.spec.devices.requests[0].exactly.deviceClassName: DeviceClass 'gpu.nvidia.com' does not exist "
+        "(known: gpu.tessera.dev). fix: name an existing DeviceClass or add its manifest to the input",
+        'spec.spec.devices.requests[0].exactly.selectors[0].cel.expression: `device.attributes["gpu.nvidia.com"].productName`: '
+        "no device publishes domain 'gpu.nvidia.com'; an unknown domain reads as an empty map, so `.productName` is a "
+        "runtime error (no such key) that aborts scheduling. fix: use a published domain (gpu.tessera.dev, "
+        "resource.kubernetes.io)",
+    ]
+
+
+def test_helm_template_is_unreadable_input(corpus: Path) -> None:
+    f = corpus / "dra-manifests" / "k8s-dra-driver-gpu__helm_templates__deviceclass-gpu.helm-template.yaml"
+    r = CliRunner().invoke(main, ["lint", str(f)])
+    assert r.exit_code == 2
+    assert r.output.count("\n") == 1
+    assert "this is a Helm template ('{{- if .Values.resources.gpus.enabled }}'), not a manifest" in r.output
+
+
+def test_memory_as_attribute_domain() -> None:
+    assert _one("device.attributes['memory'].quantity >= quantity('40Gi')") == [
+        "`device.attributes['memory'].quantity` reads attribute domain 'memory': device.attributes is keyed by domain "
+        "(e.g. gpu.tessera.dev), and memory is a capacity (a Quantity under device.capacity), not an attribute. "
+        'fix: write device.capacity["gpu.tessera.dev"].memory.compareTo(quantity("40Gi")) >= 0'
+    ]
+
+
+def test_quantity_and_semver_ordering() -> None:
+    assert _one('device.capacity["gpu.tessera.dev"].memory >= quantity("40Gi")') == [
+        '`device.capacity["gpu.tessera.dev"].memory >= quantity("40Gi")` orders Quantity values with >=: Kubernetes CEL '
+        'has no such overload (the API server rejects it). fix: write '
+        'device.capacity["gpu.tessera.dev"].memory.compareTo(quantity("40Gi")) >= 0'
+    ]
+    got = _one('has(device.attributes["gpu.tessera.dev"].driverVersion) && device.attributes["gpu.tessera.dev"].driverVersion < semver("550.0.0")')
+    assert got == [
+        '`device.attributes["gpu.tessera.dev"].driverVersion < semver("550.0.0")` orders semver values with <: '
+        "Kubernetes CEL has no such overload (the API server rejects it). fix: write "
+        'device.attributes["gpu.tessera.dev"].driverVersion.compareTo(semver("550.0.0")) < 0'
+    ]
+    assert _one('device.capacity["gpu.tessera.dev"].memory.compareTo(quantity("40Gi")) >= 0') == []
+
+
+def test_domain_typo_and_attribute_typo() -> None:
+    assert _one('device.attributes["gpu.tesera.dev"].productName == "x"') == [
+        "`device.attributes[\"gpu.tesera.dev\"].productName`: no device publishes domain 'gpu.tesera.dev'; an unknown "
+        "domain reads as an empty map, so `.productName` is a runtime error (no such key) that aborts scheduling. "
+        'fix: write device.attributes["gpu.tessera.dev"]'
+    ]
+    assert _one('device.attributes["gpu.tessera.dev"].prodctName == "x"') == [
+        '`device.attributes["gpu.tessera.dev"].prodctName`: no device publishes attribute gpu.tessera.dev/prodctName; '
+        "reading it is a runtime error (no such key) that aborts scheduling. "
+        'fix: write device.attributes["gpu.tessera.dev"].productName'
+    ]
+
+
+def test_unguarded_optional_attribute() -> None:
+    assert _one('device.attributes["gpu.tessera.dev"].nvlinkDomain == 0') == [
+        '`device.attributes["gpu.tessera.dev"].nvlinkDomain` is read without has(): MIG devices publish no nvlinkDomain, '
+        "and reading it on a device without it is a runtime error that aborts scheduling of the pod. "
+        'fix: guard it: has(device.attributes["gpu.tessera.dev"].nvlinkDomain) && ...'
+    ]
+    assert _one('has(device.attributes["gpu.tessera.dev"].nvlinkDomain) && device.attributes["gpu.tessera.dev"].nvlinkDomain == 0') == []
+
+
+def test_with_cluster_runtime_error_counts_and_no_match() -> None:
+    # The bundled A100 in MIG mode publishes no uuid for its MIG devices.
+    assert _one('device.attributes["gpu.tessera.dev"].uuid == "GPU-1"', cluster=True) == [
+        "CEL runtime error on 4 of 22 devices (e.g. gpu.tessera.dev/a100-mig-node/gpu-0-mig-3-0: no such key: uuid); "
+        "a runtime error aborts scheduling of the pod. fix: guard the read with has(...) so devices without it simply do not match"
+    ]
+    assert _one('device.attributes["gpu.tessera.dev"].productName == "NONEXISTENT-GPU-XYZ"', cluster=True) == [
+        "matches none of the 22 published devices. fix: check the values against the ResourceSlices "
+        "(tessera explain shows the false sub-expression)"
+    ]
+
+
+def test_optional_syntax_is_a_note() -> None:
+    assert _one('device.attributes["gpu.tessera.dev"].?uuid.orValue("") == "x"') == [
+        "optional field selection '.?' is not supported here (Kubernetes accepts it; Tessera's CEL engine, "
+        "cel-python 0.5, does not). fix: guard with has(...)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("caps", "expected"),
+    [
+        ("{mem: 8Gi}", "no device of class gpu.tessera.dev publishes a capacity 'mem' (published: cores, memory, "
+         "multiprocessors); no device can satisfy this request. fix: use 'memory'"),
+        ("{cores: '150'}", "cores 150 is over 100: cores is percent of one GPU's SMs (0-100). fix: ask for at most 100 "
+         "per device, and count: N for several GPUs"),
+    ],
+)
+def test_capacity_requests(caps: str, expected: str) -> None:
+    obj = yaml.safe_load(f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: c}}
+spec: {{devices: {{requests: [{{name: gpu, exactly: {{deviceClassName: gpu.tessera.dev, capacity: {{requests: {caps}}}}}}}]}}}}
+""")
+    assert [f"{f.problem}. fix: {f.fix}" for f in lint([Manifest(obj, Source("x.yaml", 1))])] == [expected]
+
+
+def test_cli_exit_codes(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: ok}\nspec: {devices: {requests: "
+        "[{name: gpu, exactly: {deviceClassName: gpu.tessera.dev, capacity: {requests: {memory: 8Gi, cores: '20'}}}}]}}\n"
+    )
+    assert CliRunner().invoke(main, ["lint", str(good)]).exit_code == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("gpu.tessera.dev,", "gpu.tesera.dev,"))
+    r = CliRunner().invoke(main, ["lint", str(bad)])
+    assert r.exit_code == 1
+    assert r.output == (
+        f"{bad} (document 1): ResourceClaim default/ok: spec.devices.requests[0].exactly.deviceClassName: DeviceClass "
+        "'gpu.tesera.dev' does not exist (known: gpu.tessera.dev). fix: use 'gpu.tessera.dev'\n"
+    )
+    assert CliRunner().invoke(main, ["lint", str(tmp_path / "missing.yaml")]).exit_code == 2
