@@ -102,3 +102,41 @@ def test_all_mode_without_devices_falls_through_to_next_subrequest() -> None:
         {"name": "subReq-1", "deviceClassName": "class-b"}]})
     res = a.allocate(NODE, [claim])
     assert res is not None and [r["request"] for r in res[0]["devices"]["results"]] == ["req-0/subReq-1"]
+
+
+def test_selector_results_shared_only_between_devices_that_agree_on_named_fields() -> None:
+    from tessera.allocator import Allocator
+    from tessera.allocator.core import _reads, _selector_key
+    from tessera.cel import compile_selector
+
+    def dev(name: str, model: str, numa: int) -> dict:
+        return {
+            "name": name,
+            "attributes": {"model": {"string": model}, "numa": {"int": numa}, "uuid": {"string": f"GPU-{name}"}},
+            "capacity": {"memory": {"value": "80Gi"}},
+        }
+
+    sl = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "s"},
+        "spec": {
+            "driver": "d.example.com",
+            "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+            "nodeName": "n",
+            "devices": [dev("a", "H100", 0), dev("b", "H100", 1), dev("c", "A100", 0)],
+        },
+    }
+    alloc = Allocator([sl], {})
+    a, b, c = list(alloc.index.devices())
+    by_model = compile_selector('device.attributes["d.example.com"].model == "H100"')
+    by_numa = compile_selector('device.attributes["d.example.com"]["numa"] == 0')
+    assert [alloc.matches([by_model], d, "t") for d in (a, b, c)] == [True, True, False]
+    assert [alloc.matches([by_numa], d, "t") for d in (a, b, c)] == [True, False, True]
+    # a and b differ only in fields by_model does not name: one key; c differs in model.
+    assert _selector_key(by_model.expression, a) == _selector_key(by_model.expression, b)
+    assert _selector_key(by_model.expression, a) != _selector_key(by_model.expression, c)
+    assert _selector_key(by_numa.expression, a) != _selector_key(by_numa.expression, b)
+    # Enumerating the attribute map may read anything: no sharing.
+    assert _reads('device.attributes["d.example.com"].size() > 2') is None
+    assert _reads('device.attributes["d.example.com"].exists(k, k == "x")') is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -403,6 +404,7 @@ class Allocator:
         self.rng = rng or random.Random()
         self._pools_cache: dict[tuple[str, tuple[tuple[str, str], ...]], list[Pool]] = {}
         self._sel_cache: dict[tuple[str, int], bool | CelRuntimeError] = {}
+        self._sig_cache: dict[tuple[Any, ...], bool | CelRuntimeError] = {}
         self._lists = self.features.list_type_attributes
         self._cap_memo: dict[tuple[int, str], tuple[tuple[str, Fraction, Fraction, str], ...] | None] = {}
 
@@ -434,14 +436,25 @@ class Allocator:
 
     # ---- selectors ----------------------------------------------------------------------------
     def matches(self, sels: Sequence[CompiledSelector], d: Device, owner: str) -> bool:
+        """Whether ``d`` passes every selector; a CEL runtime error raises AllocationError.
+
+        Results are memoised per (expression, device), and across devices that agree on every
+        field the expression can read (see :func:`_reads`): 8 identical GPUs but for their
+        UUIDs evaluate ``device.driver == "x"`` once.
+        """
         for i, sel in enumerate(sels):
             key = (sel.expression, id(d))
             r = self._sel_cache.get(key)
             if r is None:
-                try:
-                    r = sel.evaluate(d.activation(self._lists))
-                except CelRuntimeError as e:
-                    r = e
+                skey = _selector_key(sel.expression, d)
+                r = self._sig_cache.get(skey) if skey is not None else None
+                if r is None:
+                    try:
+                        r = sel.evaluate(d.activation(self._lists))
+                    except CelRuntimeError as e:
+                        r = e
+                    if skey is not None:
+                        self._sig_cache[skey] = r
                 self._sel_cache[key] = r
             if isinstance(r, CelRuntimeError):
                 hint = ""
@@ -453,6 +466,41 @@ class Allocator:
             if not r:
                 return False
         return True
+
+
+# Expressions that may read fields they do not name (map enumeration, computed keys): their
+# results are memoised per device only.
+_ENUMERATES = re.compile(
+    r"\b(size|all|exists|exists_one|map|filter)\s*\(|\bin\s+device\b|"
+    r"device\s*\.\s*(attributes|capacity)\s*(\[\s*[^\"'\s]|\.|\s*\)|$)"
+)
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"|\'((?:[^\'\\]|\\.)*)\'')
+
+
+@functools.lru_cache(maxsize=4096)
+def _reads(expression: str) -> frozenset[str] | None:
+    """The words an expression names (identifiers and string literals), or None if it may
+    read device fields without naming them."""
+    if _ENUMERATES.search(expression):
+        return None
+    literals = {a or b for a, b in _LITERAL.findall(expression)}
+    return frozenset(_IDENT.findall(expression)) | literals
+
+
+def _selector_key(expression: str, d: Device) -> tuple[Any, ...] | None:
+    """A key under which devices give the same result for ``expression``: the driver, the
+    multi-allocation flag, and the values of the attributes and capacities it names."""
+    words = _reads(expression)
+    if words is None:
+        return None
+
+    def named(k: str) -> bool:
+        return k in words or k.rpartition("/")[2] in words
+
+    attrs = tuple(sorted((k, f"{type(v).__name__}:{v!r}") for k, v in d.attributes.items() if named(k)))
+    caps = tuple(sorted((k, c.value.value) for k, c in d.capacity.items() if named(k)))
+    return (expression, d.driver, d.allow_multiple, attrs, caps)
 
 
 def _compile_all(sels: Any, owner: str) -> list[CompiledSelector]:

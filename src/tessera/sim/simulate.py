@@ -550,9 +550,12 @@ class Simulation:
     def _gpu_usage(self) -> list[GPUUsage]:
         out: list[GPUUsage] = []
         node_of = {n.name for n in self.cluster.nodes}
+        share_count: dict[tuple[str, str, str], int] = {}
+        for did, _ in self.state.shared:
+            share_count[did] = share_count.get(did, 0) + 1
         for d in self.index.devices():
             agg = self.state.aggregated.get(d.id, {})
-            shares = sum(1 for did, _ in self.state.shared if did == d.id)
+            shares = share_count.get(d.id, 0)
             dedicated = d.id in self.state.dedicated
             mem = d.capacity.get("memory")
             cores = d.capacity.get("cores")
