@@ -602,7 +602,10 @@ class _Search:
                             continue
                         if not self._selectable(rd, d, ref):
                             continue
-                        if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=False):
+                        # Kubernetes v1.37.2 (checked with tools/kube's harness): the All set
+                        # drops devices the request can never fit, not those that earlier
+                        # allocations filled; those make the request fail (dra-spec.md 2.7).
+                        if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=False, existing=False):
                             continue
                         rd.all_devices.append(d)
             rd.count = len(rd.all_devices)
@@ -691,15 +694,15 @@ class _Search:
         memo[key] = out
         return out
 
-    def _capacity_fits(self, rd: RequestData, d: Device, *, in_call: bool) -> bool:
+    def _capacity_fits(self, rd: RequestData, d: Device, *, in_call: bool, existing: bool = True) -> bool:
         use = self._consumption(rd, d)
         if use is None:
             return False
-        existing = self.st.aggregated.get(d.id) if self._multi(d) else None
+        prior = self.st.aggregated.get(d.id) if self._multi(d) and existing else None
         pending = self.cap_in_call.get(d.id) if in_call else None
         for k, amount, total, _ in use:
-            if existing:
-                amount = amount + existing.get(k, 0)
+            if prior:
+                amount = amount + prior.get(k, 0)
             if pending:
                 amount = amount + pending.get(k, 0)
             if amount > total:
