@@ -47,6 +47,7 @@ def run_scenario(
     mode: Mode = "allocate",
     binary: Path | None = None,
     build_if_missing: bool = True,
+    defaults: bool = True,
     timeout: float = 600.0,
 ) -> dict[str, Any]:
     """Run the harness on ``scenario`` (a dict in the documented format, or a YAML file).
@@ -56,7 +57,9 @@ def run_scenario(
     random ``shareID`` values) or None. An allocator error is *returned* in ``error``
     (results then all None); an invalid scenario raises :class:`HarnessError`.
     ``binary`` defaults to ``tools/kube/bin/allocator-harness``, built on first use unless
-    ``build_if_missing`` is False. ``timeout`` is in seconds.
+    ``build_if_missing`` is False. ``defaults`` applies the API server's resource.k8s.io/v1
+    defaulting to claims and slices first (allocationMode ExactCount, count 1, toleration
+    operator Equal), as kube-scheduler only sees defaulted objects. ``timeout``: seconds.
     """
     exe = binary or build.binary("allocator-harness")
     if binary is None and not exe.is_file():
@@ -64,9 +67,9 @@ def run_scenario(
             raise HarnessError(f"{exe} is missing; run tools/kube/build.sh")
         build.ensure_built()
     if isinstance(scenario, Path):
-        args, stdin = [str(exe), "-mode", mode, str(scenario)], None
+        args, stdin = [str(exe), "-mode", mode, f"-defaults={str(defaults).lower()}", str(scenario)], None
     else:
-        args = [str(exe), "-mode", mode, "-"]
+        args = [str(exe), "-mode", mode, f"-defaults={str(defaults).lower()}", "-"]
         stdin = json.dumps(scenario, default=_json_default)
     try:
         proc = subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
