@@ -44,7 +44,7 @@ import yaml
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.kube import build
 from tessera.kube.client import ApiError, KubeClient, describe
-from tessera.kube.pki import SERVICE_CIDR, Pki, make_pki
+from tessera.kube.pki import FRONT_PROXY_CLIENT, SERVICE_CIDR, Pki, make_pki
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
@@ -565,6 +565,13 @@ class Cluster:
                 f"--tls-cert-file={pki.apiserver.cert}",
                 f"--tls-private-key-file={pki.apiserver.key}",
                 f"--client-ca-file={pki.ca.cert}",
+                f"--requestheader-client-ca-file={pki.front_proxy_ca.cert}",
+                f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki.front_proxy_client.cert}",
+                f"--proxy-client-key-file={pki.front_proxy_client.key}",
                 f"--cert-dir={gen_dir}",
                 f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
                 f"--service-account-key-file={pki.sa_pub}",
@@ -593,7 +600,9 @@ class Cluster:
                 f"--cluster-signing-cert-file={pki.ca.cert}",
                 f"--cluster-signing-key-file={pki.ca.key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--use-service-account-credentials=false",
+                # Each controller acts as its own ServiceAccount (kube-system/<controller>),
+                # as with kubeadm: the bootstrap RBAC roles are written for that.
+                "--use-service-account-credentials=true",
                 # No kubelet heartbeats: the node lifecycle controller would mark the
                 # simulated nodes NotReady and taint them. Everything else runs, including
                 # resourceclaim-controller (ResourceClaimTemplate -> ResourceClaim).

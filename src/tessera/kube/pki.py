@@ -16,6 +16,8 @@ Files written by :func:`make_pki` (``<name>.crt`` + ``<name>.key`` unless noted)
 ``kube-scheduler``    CN=system:kube-scheduler (client)
 ``kube-controller-manager``  CN=system:kube-controller-manager (client)
 ``scheduler-serving`` / ``controller-manager-serving``  their secure-port certificates
+``front-proxy-ca``    separate CA for the API server's request-header (aggregation) clients
+``front-proxy-client``  CN=front-proxy-client, signed by ``front-proxy-ca``
 ``sa.key`` / ``sa.pub``  service-account signing key pair (RSA, PKCS#8 / SubjectPublicKeyInfo)
 ====================  ==================================================================
 """
@@ -163,8 +165,14 @@ class Pki:
     controller_manager: CertPair
     scheduler_serving: CertPair
     controller_manager_serving: CertPair
+    front_proxy_ca: CertPair
+    front_proxy_client: CertPair
     sa_key: Path
     sa_pub: Path
+
+
+#: Common name of the request-header client certificate (``--requestheader-allowed-names``).
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 def make_pki(directory: Path) -> Pki:
@@ -210,6 +218,9 @@ def make_pki(directory: Path) -> Pki:
         "controller-manager-serving",
         *ca.issue("kube-controller-manager", server=True, dns=local_dns, ips=loopback),
     )
+    fp_ca = _CA.create("tessera-front-proxy-ca")
+    fp_ca_pair = save("front-proxy-ca", fp_ca.cert, fp_ca.key)
+    fp_client = save("front-proxy-client", *fp_ca.issue(FRONT_PROXY_CLIENT, client=True))
     sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     sa_key = directory / "sa.key"
     sa_pub = directory / "sa.pub"
@@ -225,5 +236,5 @@ def make_pki(directory: Path) -> Pki:
         dir=directory, ca=ca_pair, etcd_server=etcd_server, etcd_client=etcd_client,
         apiserver=apiserver, admin=admin, scheduler=scheduler, controller_manager=kcm,
         scheduler_serving=sched_serving, controller_manager_serving=kcm_serving,
-        sa_key=sa_key, sa_pub=sa_pub,
+        front_proxy_ca=fp_ca_pair, front_proxy_client=fp_client, sa_key=sa_key, sa_pub=sa_pub,
     )
