@@ -59,7 +59,8 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveClust
     inventory = load_slice_files([SESSION_SLICES])
     try:
         try:
-            cluster.up(inventory, build_binaries=False)
+            # die_with_parent: even a SIGKILLed test session leaves no component behind.
+            cluster.up(inventory, build_binaries=False, die_with_parent=True)
         except ClusterError as e:
             pytest.fail(f"tessera cluster up failed: {e}")
         yield LiveCluster(cluster, cluster.kubeconfig, cluster.client(), str(cluster.server), inventory)

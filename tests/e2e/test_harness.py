@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tessera.kube import build
 from tessera.kube.harness import HarnessError, run_scenario
 
 pytestmark = pytest.mark.cluster
+
+DATA = Path(__file__).parent / "data"
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ALL = ["ConsumableCapacity", "PartitionableDevices", "PrioritizedList", "AdminAccess", "DeviceTaints", "DeviceBindingAndStatus"]
@@ -172,3 +176,19 @@ def test_invalid_scenarios_name_the_field() -> None:
     pre = copy.deepcopy(base(allocated=[claim("x", "1Gi")]))
     with pytest.raises(HarnessError, match=r"allocated\[0\] \(claim default/x\): status.allocation is missing"):
         run_scenario(pre)
+
+
+def test_scenario_file_matches_its_expectation() -> None:
+    path = DATA / "harness" / "range-policy.yaml"
+    expect = yaml.safe_load(path.read_text())["expect"]["results"]
+    out = run_scenario(path)
+    assert out["name"] == "range-policy-rounding" and out["error"] == ""
+    for result in out["results"]:
+        for r in result["devices"]["results"]:
+            assert UUID_RE.match(r["shareID"])
+            r["shareID"] = "*"
+    assert out["results"] == expect
+    # A third claim of 3 would need 4 more: 2 + 4 + 4 > 8.
+    scenario = yaml.safe_load(path.read_text())
+    scenario["claims"].append(copy.deepcopy(scenario["claims"][1]) | {"metadata": {"name": "claim-2", "namespace": "default"}})
+    assert run_scenario(scenario)["results"] == [None, None, None]

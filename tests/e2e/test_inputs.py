@@ -113,3 +113,43 @@ def test_status_and_down_of_never_started_cluster(tmp_path: Path) -> None:
     res = runner.invoke(cluster, ["down", "--state-dir", str(tmp_path)])
     assert res.exit_code == 0 and "nothing was running" in res.output
     assert Cluster(tmp_path).running_components() == []
+
+
+def test_cluster_description_through_load_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--cluster goes through tessera.sim.cluster.load_cluster (the lead's loader); a stand-in
+    with the documented shape (nodes with .name, .labels, .slices) checks the adapter."""
+    import types
+    from dataclasses import dataclass, field
+
+    from tessera.kube.cluster import load_cluster_file
+
+    slice_obj = load_slice_files([SESSION_SLICES]).slices[1]
+
+    @dataclass
+    class N:
+        name: str
+        labels: dict[str, str]
+        slices: list[dict[str, object]] = field(default_factory=list)
+
+    seen: list[Path] = []
+
+    def load_cluster(path: Path) -> object:
+        seen.append(path)
+        return types.SimpleNamespace(nodes=[N("gpu-node-2", {"zone": "a"}, [slice_obj]), N("cpu-only", {})])
+
+    stub = types.ModuleType("tessera.sim.cluster")
+    stub.load_cluster = load_cluster  # type: ignore[attr-defined]
+    monkeypatch.setitem(__import__("sys").modules, "tessera.sim.cluster", stub)
+    desc = tmp_path / "cluster.yaml"
+    inv = load_cluster_file(desc)
+    assert seen == [desc]
+    assert [(n.name, n.labels) for n in inv.nodes] == [("gpu-node-2", {"zone": "a"}), ("cpu-only", {})]
+    assert [s["metadata"]["name"] for s in inv.slices] == ["gpu-node-2-gpu.tessera.dev"]
+
+
+def test_cluster_description_without_loader_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tessera.kube.cluster import load_cluster_file
+
+    monkeypatch.setitem(__import__("sys").modules, "tessera.sim.cluster", None)
+    with pytest.raises(ClusterInputError, match=r"pass the node ResourceSlices with --slices instead"):
+        load_cluster_file(tmp_path / "c.yaml")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import datetime as _dt
 import json
 import os
@@ -389,6 +390,16 @@ def _stop_group(pid: int, binary: str | None, grace: float = 10.0) -> bool:
     return True
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _set_parent_death_signal() -> None:
+    """In the child before exec: ask Linux to SIGKILL it when its parent thread exits."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
 def _free_ports(n: int) -> list[int]:
     socks = []
     try:
@@ -491,11 +502,15 @@ class Cluster:
         node_capacity: Mapping[str, str] = DEFAULT_NODE_CAPACITY,
         timeout: float = 180.0,
         progress: Callable[[str], None] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         """Start a fresh control plane and register ``inventory``'s nodes and slices.
 
         ``build_binaries`` runs ``tools/kube/build.sh`` first (a no-op when up to date).
         ``timeout`` bounds the wait for each component to become healthy, in seconds.
+        ``die_with_parent`` makes the kernel SIGKILL the components when the calling
+        thread exits (``PR_SET_PDEATHSIG``), so a test session killed outright leaves
+        nothing behind; the CLI leaves it off, as its components must outlive it.
         On any failure every started process is stopped again and :class:`ClusterError`
         is raised with the failing component's log tail; API rejections of a slice name the
         slice and field. Raises :class:`ClusterError` if a cluster already runs here.
@@ -650,7 +665,7 @@ class Cluster:
         try:
             for name in COMPONENTS:
                 say(f"starting {name}")
-                pid = self._spawn(name, argv[name])
+                pid = self._spawn(name, argv[name], die_with_parent)
                 state["components"][name] = {
                     "pid": pid, "binary": argv[name][0], "log": str(self.log_dir / f"{name}.log"),
                     "health": health[name],
@@ -688,12 +703,13 @@ class Cluster:
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump(cfg, f, sort_keys=False)
 
-    def _spawn(self, name: str, argv: Sequence[str]) -> int:
+    def _spawn(self, name: str, argv: Sequence[str], die_with_parent: bool = False) -> int:
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 cwd=self.state_dir, start_new_session=True, close_fds=True,
+                preexec_fn=_set_parent_death_signal if die_with_parent else None,
             )
         _CHILDREN[proc.pid] = proc
         (self.run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
