@@ -1,0 +1,108 @@
+"""``tessera cluster up|down|status``: a real control plane on loopback (click group ``cluster``).
+
+Registered by the top-level CLI with ``main.add_command(cluster)``. Exit status: 0 on
+success; 1 when the control plane fails (message includes the failing component's log
+tail); 2 on bad input (``--slices``/``--cluster`` files, named with document and field).
+``status`` exits 0 when every component is healthy, 1 when degraded, 3 when stopped.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from tessera.kube.build import BuildError
+from tessera.kube.cluster import (
+    COMPONENTS,
+    Cluster,
+    ClusterError,
+    ClusterInputError,
+    Inventory,
+    default_state_dir,
+    load_cluster_file,
+    load_slice_files,
+)
+
+_state_dir_option = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help=f"Where certificates, etcd data, logs, pids and the kubeconfig live [default: {default_state_dir()}].",
+)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(name="cluster")
+def cluster() -> None:
+    """Run a real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler,
+    kube-controller-manager) on loopback, with simulated GPU nodes. No kubelet: pods are
+    scheduled and their ResourceClaims allocated, but never run."""
+
+
+@cluster.command()
+@_state_dir_option
+@click.option(
+    "--slices", "slice_files", multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML file of resource.k8s.io/v1 ResourceSlices; a Node is registered for each distinct spec.nodeName. Repeatable.",
+)
+@click.option(
+    "--cluster", "cluster_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+    help="Cluster description (tessera.sim.cluster format): nodes with labels and slices.",
+)
+@click.option("--no-build", is_flag=True, help="Do not run tools/kube/build.sh; use the binaries as they are.")
+@click.option("--timeout", type=float, default=180.0, show_default=True, help="Seconds to wait for each component.")
+def up(state_dir: Path | None, slice_files: tuple[Path, ...], cluster_file: Path | None, no_build: bool, timeout: float) -> None:
+    """Start a fresh control plane and register nodes, ResourceSlices and the DeviceClass gpu.tessera.dev."""
+    try:
+        inv = Inventory()
+        if cluster_file is not None:
+            load_cluster_file(cluster_file, inv)
+        load_slice_files(slice_files, inv)
+    except ClusterInputError as e:
+        _fail(str(e), 2)
+    c = Cluster(state_dir)
+    try:
+        c.up(inv, build_binaries=not no_build, timeout=timeout, progress=lambda m: click.echo(f"tessera cluster: {m}", err=True))
+    except ClusterInputError as e:
+        _fail(str(e), 2)
+    except (ClusterError, BuildError) as e:
+        _fail(str(e), 1)
+    click.echo(f"control plane running at {c.server} ({len(inv.nodes)} nodes, {len(inv.slices)} ResourceSlices)")
+    click.echo(f"state: {c.state_dir}   stop: tessera cluster down --state-dir {shlex.quote(str(c.state_dir))}")
+    click.echo(f"export KUBECONFIG={shlex.quote(str(c.kubeconfig))}")
+
+
+@cluster.command()
+@_state_dir_option
+def down(state_dir: Path | None) -> None:
+    """Stop every component (SIGTERM to each process group, SIGKILL after 10 s)."""
+    c = Cluster(state_dir)
+    stopped = c.down()
+    left = c.running_components()
+    if left:
+        _fail(f"still running after down: {', '.join(left)} (state {c.state_dir})", 1)
+    click.echo(f"stopped: {', '.join(stopped)}" if stopped else f"nothing was running ({c.state_dir})")
+
+
+@cluster.command()
+@_state_dir_option
+def status(state_dir: Path | None) -> None:
+    """Show each component's pid and health; exit 0 healthy, 1 degraded, 3 stopped."""
+    st = Cluster(state_dir).status()
+    click.echo(f"cluster: {st.state}   state dir: {st.state_dir}")
+    if st.server:
+        click.echo(f"server: {st.server}   kubeconfig: {st.kubeconfig}")
+    width = max(len(n) for n in COMPONENTS)
+    for comp in st.components:
+        word = "healthy" if comp.healthy else ("unhealthy" if comp.running else "stopped")
+        pid = str(comp.pid) if comp.pid is not None else "-"
+        click.echo(f"  {comp.name:<{width}}  pid {pid:>7}  {word:<9}  {comp.detail}")
+    sys.exit({"running": 0, "degraded": 1}.get(st.state, 3))

@@ -1,0 +1,342 @@
+"""A small Kubernetes REST client over HTTPS with client certificates (stdlib only).
+
+It speaks to any kind the API server serves: resource names and scopes come from API
+discovery (``/api/v1``, ``/apis/<group>/<version>``), objects are plain ``dict``\\ s in the
+API's JSON shape. It covers what Tessera's tooling and tests need: get, list, create,
+server-side apply, delete, status updates, and raw GETs (health endpoints).
+
+Errors: every failed request raises :class:`ApiError` carrying the HTTP status, the
+``Status.reason`` (``NotFound``, ``Invalid``, ``AlreadyExists`` ...) and the server's
+message, which for validation failures names the object and the offending field.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import ssl
+import tempfile
+import threading
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+Obj = dict[str, Any]
+
+
+class KubeconfigError(ValueError):
+    """The kubeconfig file is missing, unreadable or lacks a field this client needs."""
+
+
+class ApiError(RuntimeError):
+    """An API request failed.
+
+    ``status`` is the HTTP status (0 when the server could not be reached), ``reason`` the
+    ``Status.reason`` of the reply (e.g. ``NotFound``, ``Invalid``, ``AlreadyExists``,
+    ``Conflict``), ``message`` the server's explanation.
+    """
+
+    def __init__(self, verb: str, what: str, status: int, reason: str, message: str) -> None:
+        self.verb = verb
+        self.what = what
+        self.status = status
+        self.reason = reason
+        self.message = message
+        super().__init__(f"{verb} {what}: {status} {reason}: {message}")
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Discovery facts about one kind: its plural resource name and whether it is namespaced."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+
+def describe(obj: Mapping[str, Any]) -> str:
+    """``Kind namespace/name`` (or ``Kind name``) for messages."""
+    meta = obj.get("metadata") or {}
+    name = meta.get("name") or meta.get("generateName", "<unnamed>")
+    ns = meta.get("namespace")
+    return f"{obj.get('kind', '<no kind>')} {ns + '/' if ns else ''}{name}"
+
+
+class KubeClient:
+    """HTTPS client for one API server, authenticated with a client certificate.
+
+    ``server`` is the base URL (``https://127.0.0.1:6443``); ``ca_file`` the PEM bundle
+    that signed the server certificate; ``cert_file``/``key_file`` the client certificate.
+    Thread-safe: each request opens its own connection. ``timeout`` is per request, seconds.
+    """
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        ca_file: Path | None = None,
+        ca_data: bytes | None = None,
+        cert_file: Path | None = None,
+        key_file: Path | None = None,
+        cert_data: bytes | None = None,
+        key_data: bytes | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        url = urllib.parse.urlsplit(server)
+        if url.scheme != "https" or not url.hostname:
+            raise KubeconfigError(f"server {server!r}: must be an https:// URL with a host")
+        self.server = server.rstrip("/")
+        self._host = url.hostname
+        self._port = url.port or 443
+        self._prefix = url.path.rstrip("/")
+        self.timeout = timeout
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+        if ca_file is not None:
+            ctx.load_verify_locations(cafile=str(ca_file))
+        if ca_data is not None:
+            ctx.load_verify_locations(cadata=ca_data.decode())
+        if cert_file is not None and key_file is not None:
+            ctx.load_cert_chain(str(cert_file), str(key_file))
+        elif cert_data is not None and key_data is not None:
+            _load_cert_chain_data(ctx, cert_data, key_data)
+        self._ssl = ctx
+        self._discovery: dict[str, dict[str, Resource]] = {}
+        self._lock = threading.Lock()
+
+    # ---- construction -----------------------------------------------------------------
+    @classmethod
+    def from_kubeconfig(cls, path: Path, *, timeout: float = 30.0) -> KubeClient:
+        """Build a client from the current context of a kubeconfig file.
+
+        Supports ``certificate-authority(-data)`` and ``client-certificate(-data)`` /
+        ``client-key(-data)``. Raises :class:`KubeconfigError` naming the missing field.
+        """
+        try:
+            cfg = yaml.safe_load(Path(path).read_text())
+        except OSError as e:
+            raise KubeconfigError(f"kubeconfig {path}: cannot read: {e}") from e
+        if not isinstance(cfg, dict):
+            raise KubeconfigError(f"kubeconfig {path}: not a YAML mapping")
+        ctx_name = cfg.get("current-context")
+
+        def pick(section: str, name: str | None) -> dict[str, Any]:
+            for entry in cfg.get(section) or []:
+                if name is None or entry.get("name") == name:
+                    return dict(entry.get(section[:-1]) or {})
+            raise KubeconfigError(f"kubeconfig {path}: {section}: no entry named {name!r}")
+
+        context = pick("contexts", ctx_name)
+        cluster = pick("clusters", context.get("cluster"))
+        user = pick("users", context.get("user"))
+        base = Path(path).parent
+
+        def rel(p: str | None) -> Path | None:
+            return None if p is None else (base / p if not os.path.isabs(p) else Path(p))
+
+        def b64(v: str | None) -> bytes | None:
+            return None if v is None else base64.b64decode(v)
+
+        if "server" not in cluster:
+            raise KubeconfigError(f"kubeconfig {path}: clusters[{context.get('cluster')}].server is missing")
+        return cls(
+            cluster["server"],
+            ca_file=rel(cluster.get("certificate-authority")),
+            ca_data=b64(cluster.get("certificate-authority-data")),
+            cert_file=rel(user.get("client-certificate")),
+            key_file=rel(user.get("client-key")),
+            cert_data=b64(user.get("client-certificate-data")),
+            key_data=b64(user.get("client-key-data")),
+            timeout=timeout,
+        )
+
+    # ---- raw requests -----------------------------------------------------------------
+    def request(
+        self,
+        verb: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: Mapping[str, str] | None = None,
+        what: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Send one request; return the decoded JSON reply (or text for non-JSON replies).
+
+        ``path`` is the URL path below the server (``/api/v1/nodes``). Raises
+        :class:`ApiError` for HTTP status >= 400 or when the server cannot be reached.
+        """
+        url = self._prefix + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = content_type
+        conn = http.client.HTTPSConnection(
+            self._host, self._port, context=self._ssl, timeout=timeout or self.timeout
+        )
+        try:
+            try:
+                conn.request(verb, url, body=data, headers=headers)
+                resp = conn.getresponse()
+                raw = resp.read()
+            except (OSError, http.client.HTTPException) as e:
+                raise ApiError(verb, what or path, 0, "Unreachable", f"{self.server}: {e}") from e
+        finally:
+            conn.close()
+        text = raw.decode(errors="replace")
+        try:
+            payload: Any = json.loads(text) if text else None
+        except json.JSONDecodeError:
+            payload = text
+        if resp.status >= 400:
+            if isinstance(payload, dict) and payload.get("kind") == "Status":
+                raise ApiError(verb, what or path, resp.status, payload.get("reason", ""), payload.get("message", ""))
+            raise ApiError(verb, what or path, resp.status, resp.reason, text.strip()[:2000])
+        return payload
+
+    # ---- discovery --------------------------------------------------------------------
+    def resource(self, api_version: str, kind: str) -> Resource:
+        """Discovery lookup for ``kind`` in ``api_version``.
+
+        Raises :class:`ApiError` (reason ``NotFound``) if the API server does not serve it.
+        """
+        with self._lock:
+            table = self._discovery.get(api_version)
+        if table is None:
+            path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+            doc = self.request("GET", path, what=f"API group version {api_version}")
+            table = {}
+            for r in doc.get("resources", []):
+                if "/" in r["name"]:
+                    continue  # subresource
+                table[r["kind"]] = Resource(api_version, r["kind"], r["name"], bool(r["namespaced"]))
+            with self._lock:
+                self._discovery[api_version] = table
+        if kind not in table:
+            raise ApiError(
+                "discover", f"{kind} in {api_version}", 404, "NotFound",
+                f"the API server does not serve kind {kind} in {api_version}; served kinds: {', '.join(sorted(table))}",
+            )
+        return table[kind]
+
+    def _path(self, res: Resource, namespace: str | None, name: str | None = None) -> str:
+        base = "/api/v1" if res.api_version == "v1" else f"/apis/{res.api_version}"
+        if res.namespaced:
+            if not namespace:
+                raise ValueError(f"{res.kind} is namespaced: give a namespace")
+            base += f"/namespaces/{namespace}"
+        base += f"/{res.plural}"
+        return base + (f"/{name}" if name else "")
+
+    def _obj_path(self, obj: Mapping[str, Any], with_name: bool = True) -> str:
+        try:
+            api_version, kind = obj["apiVersion"], obj["kind"]
+        except KeyError as e:
+            raise ValueError(f"{describe(obj)}: field {e.args[0]} is missing") from None
+        res = self.resource(api_version, kind)
+        meta = obj.get("metadata") or {}
+        ns = meta.get("namespace") or ("default" if res.namespaced else None)
+        name = meta.get("name") if with_name else None
+        if with_name and not name:
+            raise ValueError(f"{describe(obj)}: metadata.name is missing")
+        return self._path(res, ns, name)
+
+    # ---- verbs ------------------------------------------------------------------------
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj:
+        """GET one object. Raises :class:`ApiError` (status 404) if it does not exist."""
+        res = self.resource(api_version, kind)
+        ns = namespace or ("default" if res.namespaced else None)
+        return self.request("GET", self._path(res, ns, name), what=f"{kind} {ns + '/' if ns and res.namespaced else ''}{name}")
+
+    def list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[Obj]:
+        """List objects (all namespaces when ``namespace`` is None for a namespaced kind)."""
+        res = self.resource(api_version, kind)
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        path = f"{base}/namespaces/{namespace}/{res.plural}" if res.namespaced and namespace else f"{base}/{res.plural}"
+        query = {}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        doc = self.request("GET", path, query=query, what=f"{kind} list")
+        items: list[Obj] = doc.get("items") or []
+        for item in items:  # list items carry no apiVersion/kind
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+        return items
+
+    def create(self, obj: Mapping[str, Any]) -> Obj:
+        """POST ``obj``; return the stored object. ``AlreadyExists`` raises :class:`ApiError`."""
+        path = self._obj_path(obj, with_name=False)
+        return self.request("POST", path, body=obj, what=describe(obj))
+
+    def apply(self, obj: Mapping[str, Any], *, field_manager: str = "tessera", force: bool = True) -> Obj:
+        """Server-side apply ``obj`` (create or update); return the stored object."""
+        path = self._obj_path(obj)
+        query = {"fieldManager": field_manager}
+        if force:
+            query["force"] = "true"
+        return self.request(
+            "PATCH", path, body=obj, content_type="application/apply-patch+yaml", query=query, what=describe(obj)
+        )
+
+    def update_status(self, obj: Mapping[str, Any]) -> Obj:
+        """PUT the ``status`` subresource with ``obj`` (which must carry a resourceVersion)."""
+        path = self._obj_path(obj)
+        return self.request("PUT", path + "/status", body=obj, what=describe(obj) + " status")
+
+    def patch_status(self, obj: Mapping[str, Any], patch: Mapping[str, Any]) -> Obj:
+        """JSON-merge-patch the ``status`` subresource of ``obj`` (identified by kind/name)."""
+        path = self._obj_path(obj)
+        return self.request(
+            "PATCH", path + "/status", body=patch, content_type="application/merge-patch+json",
+            what=describe(obj) + " status",
+        )
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None, *, missing_ok: bool = True) -> None:
+        """DELETE one object; a missing object is fine unless ``missing_ok`` is False."""
+        res = self.resource(api_version, kind)
+        ns = namespace or ("default" if res.namespaced else None)
+        try:
+            self.request("DELETE", self._path(res, ns, name), what=f"{kind} {name}")
+        except ApiError as e:
+            if not (missing_ok and e.status == 404):
+                raise
+
+    def raw_get(self, path: str, *, timeout: float | None = None) -> Any:
+        """GET an arbitrary path (``/readyz``, ``/version``); JSON decoded or text."""
+        return self.request("GET", path, timeout=timeout)
+
+
+def _load_cert_chain_data(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """ssl only loads client certificates from files: write both to a private temp dir."""
+    with _private_tempdir() as d:
+        cert_path, key_path = d / "tls.crt", d / "tls.key"
+        cert_path.write_bytes(cert)
+        key_path.write_bytes(key)
+        ctx.load_cert_chain(str(cert_path), str(key_path))
+
+
+@contextmanager
+def _private_tempdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="tessera-kube-") as d:
+        os.chmod(d, 0o700)
+        yield Path(d)

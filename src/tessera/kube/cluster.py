@@ -1,0 +1,831 @@
+"""A real Kubernetes control plane on loopback, for tests and local use.
+
+``up`` starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler (built from
+Go modules by ``tools/kube/build.sh``) as background processes, each in its own process
+group, with locally generated TLS (see :mod:`tessera.kube.pki`) and the DRA feature gates
+Tessera relies on. It then registers simulated GPU nodes: a ``Node`` (Ready, with
+cpu/memory/pods capacity) for every distinct ``spec.nodeName`` of the given ResourceSlices,
+the slices themselves, and the DeviceClass ``gpu.tessera.dev``. There is no kubelet: pods
+are scheduled (``spec.nodeName`` set, claims allocated) but never run.
+
+State directory layout (default ``~/.cache/tessera/cluster``)::
+
+    kubeconfig            admin kubeconfig (embedded certificates) - export KUBECONFIG=...
+    state.json            ports, pids, binaries, URLs of the running cluster
+    pki/                  CA, certificates, keys, service-account key pair
+    kubeconfigs/          per-component kubeconfigs (scheduler, controller-manager)
+    etcd/                 etcd data
+    logs/<component>.log  component output
+    run/<component>.pid   process (and process-group) ids
+
+Every ``up`` starts a fresh cluster: the state directory's previous contents are replaced.
+Linux only (process checks read ``/proc``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import datetime as _dt
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+from tessera.kube import build
+from tessera.kube.client import ApiError, KubeClient, describe
+from tessera.kube.pki import FRONT_PROXY_CLIENT, SERVICE_CIDR, Pki, make_pki
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+#: DRA feature gates passed to every component. All exist in Kubernetes 1.37 and are not
+#: locked there. Gates Tessera needs that 1.37 locks to true (passing them only earns a
+#: deprecation warning) are left out: DRAAdminAccess, DRAPrioritizedList,
+#: DRAResourceClaimDeviceStatus, DRAExtendedResource and DynamicResourceAllocation.
+FEATURE_GATES: Mapping[str, bool] = {
+    "DRAConsumableCapacity": True,
+    "DRAPartitionableDevices": True,
+    "DRADeviceTaints": True,
+    "DRADeviceTaintRules": True,
+    "DRADeviceBindingConditions": True,
+}
+RUNTIME_CONFIG = "resource.k8s.io/v1=true"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+#: The DeviceClass every Tessera claim names.
+DEVICE_CLASS: Mapping[str, Any] = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": DEVICE_CLASS_NAME},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
+}
+
+#: Capacity and allocatable of each simulated node (enough for any test's pods).
+DEFAULT_NODE_CAPACITY: Mapping[str, str] = {"cpu": "128", "memory": "1Ti", "pods": "250"}
+SIMULATED_LABEL = "tessera.dev/simulated-node"
+FIELD_MANAGER = "tessera-cluster"
+
+
+def default_state_dir() -> Path:
+    """``$XDG_CACHE_HOME/tessera/cluster`` (``~/.cache/tessera/cluster``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tessera" / "cluster"
+
+
+class ClusterError(RuntimeError):
+    """The control plane could not be started, stopped or reached. Exit status 1 in the CLI."""
+
+
+class ClusterInputError(ValueError):
+    """A ``--slices``/``--cluster`` input is invalid. Names file, document and field; exit 2."""
+
+
+# ---- node and slice inputs ------------------------------------------------------------
+
+
+@dataclass
+class NodeSpec:
+    """A simulated node: ``name`` (Node name) and extra ``labels``."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Inventory:
+    """What ``up`` registers: nodes (in order) and ResourceSlice dicts (resource.k8s.io/v1)."""
+
+    nodes: list[NodeSpec] = field(default_factory=list)
+    slices: list[dict[str, Any]] = field(default_factory=list)
+
+    def add_node(self, name: str, labels: Mapping[str, str] | None = None) -> None:
+        for n in self.nodes:
+            if n.name == name:
+                n.labels.update(labels or {})
+                return
+        self.nodes.append(NodeSpec(name, dict(labels or {})))
+
+    def add_slice(self, obj: Mapping[str, Any], where: str) -> None:
+        """Validate the shape ``up`` relies on and record the slice (and its node)."""
+        s = _check_slice(obj, where)
+        self.slices.append(s)
+        node_name = s["spec"].get("nodeName")
+        if node_name:
+            self.add_node(node_name)
+
+
+def _check_slice(obj: Any, where: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise ClusterInputError(f"{where}: expected a ResourceSlice mapping, got {type(obj).__name__}")
+    if obj.get("apiVersion") != "resource.k8s.io/v1" or obj.get("kind") != "ResourceSlice":
+        raise ClusterInputError(
+            f"{where}: apiVersion/kind is {obj.get('apiVersion')!r}/{obj.get('kind')!r}; "
+            "slices inputs hold resource.k8s.io/v1 ResourceSlice objects (convert older "
+            "versions with `kubectl convert` or rewrite them in the v1 shape)"
+        )
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        raise ClusterInputError(f"{where}: {describe(obj)}: spec is missing")
+    if not spec.get("driver"):
+        raise ClusterInputError(f"{where}: {describe(obj)}: spec.driver is missing")
+    pool = spec.get("pool")
+    if not isinstance(pool, dict) or not pool.get("name"):
+        raise ClusterInputError(f"{where}: {describe(obj)}: spec.pool.name is missing")
+    node_name = spec.get("nodeName")
+    if node_name is not None and not isinstance(node_name, str):
+        raise ClusterInputError(f"{where}: {describe(obj)}: spec.nodeName must be a string")
+    out = json.loads(json.dumps(obj))  # deep copy, JSON types only
+    meta = out.setdefault("metadata", {})
+    for server_field in ("uid", "resourceVersion", "creationTimestamp", "managedFields", "generation"):
+        meta.pop(server_field, None)
+    out.pop("status", None)
+    return out
+
+
+def load_slice_files(paths: Iterable[Path], inventory: Inventory | None = None) -> Inventory:
+    """Read ResourceSlices from YAML files into an :class:`Inventory`.
+
+    Each file may hold several YAML documents; a document is a ResourceSlice, a ``List``
+    (or ``ResourceSliceList``) with ``items``, or a YAML sequence of slices. Nodes are the
+    distinct ``spec.nodeName`` values in order of appearance. Raises
+    :class:`ClusterInputError` naming file, document and field.
+    """
+    inv = inventory if inventory is not None else Inventory()
+    for path in paths:
+        try:
+            docs = list(yaml.safe_load_all(Path(path).read_text()))
+        except OSError as e:
+            raise ClusterInputError(f"--slices {path}: cannot read: {e.strerror}") from e
+        except yaml.YAMLError as e:
+            raise ClusterInputError(f"--slices {path}: not valid YAML: {e}") from e
+        for i, doc in enumerate(docs, start=1):
+            where = f"{path}: document {i}"
+            if doc is None:
+                continue
+            if isinstance(doc, list):
+                items: list[Any] = doc
+            elif isinstance(doc, dict) and doc.get("kind") in ("List", "ResourceSliceList"):
+                items = doc.get("items") or []
+            else:
+                items = [doc]
+            for j, item in enumerate(items):
+                inv.add_slice(item, where if len(items) == 1 and items[0] is doc else f"{where}, item {j}")
+    return inv
+
+
+def load_cluster_file(path: Path, inventory: Inventory | None = None) -> Inventory:
+    """Read the lead's cluster description with ``tessera.sim.cluster.load_cluster``.
+
+    Every ``Cluster.nodes[i]`` (``.name``, ``.labels``, ``.slices``) becomes a node with
+    those labels and slices. Raises :class:`ClusterInputError` when the loader is not
+    available or rejects the file.
+    """
+    try:
+        from tessera.sim.cluster import load_cluster  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as e:
+        raise ClusterInputError(
+            f"--cluster {path}: this Tessera build has no cluster-description loader "
+            f"(tessera.sim.cluster: {e}); pass the node ResourceSlices with --slices instead"
+        ) from e
+    try:
+        described = load_cluster(Path(path))
+    except (OSError, ValueError) as e:
+        raise ClusterInputError(f"--cluster {path}: {e}") from e
+    inv = inventory if inventory is not None else Inventory()
+    for node in described.nodes:
+        inv.add_node(str(node.name), {str(k): str(v) for k, v in dict(node.labels).items()})
+        for j, s in enumerate(node.slices):
+            inv.add_slice(s, f"{path}: node {node.name}, slice {j}")
+    return inv
+
+
+def node_object(spec: NodeSpec, capacity: Mapping[str, str] = DEFAULT_NODE_CAPACITY) -> dict[str, Any]:
+    """The ``v1`` Node registered for a simulated node: Ready, no taints, given capacity."""
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    labels = {
+        "kubernetes.io/hostname": spec.name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        SIMULATED_LABEL: "true",
+        **spec.labels,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": spec.name, "labels": labels},
+        "spec": {},
+        "status": {
+            "capacity": dict(capacity),
+            "allocatable": dict(capacity),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "TesseraSimulatedNode",
+                    "message": "simulated node registered by `tessera cluster up`; no kubelet runs here",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "osImage": "tessera simulated node",
+                "kernelVersion": "",
+                "containerRuntimeVersion": "",
+                "kubeletVersion": "",
+                "kubeProxyVersion": "",
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+            },
+        },
+    }
+
+
+def _slice_name(s: Mapping[str, Any], index: int) -> str:
+    spec = s["spec"]
+    base = spec.get("nodeName") or spec["pool"]["name"].replace("/", "-")
+    return f"{base}-{spec['driver']}-{index}".lower()[:253]
+
+
+def register_inventory(
+    client: KubeClient, inv: Inventory, capacity: Mapping[str, str] = DEFAULT_NODE_CAPACITY
+) -> None:
+    """Register ``inv`` on a running API server: the DeviceClass ``gpu.tessera.dev``, a
+    Ready, untainted Node per node, and every ResourceSlice (server-side apply; slices
+    without a name get ``<node>-<driver>-<index>``).
+
+    Raises :class:`ClusterError` naming the object when the API server rejects it (its
+    message names the field), e.g. a requestPolicy on a device without
+    allowMultipleAllocations.
+    """
+    client.apply(DEVICE_CLASS, field_manager=FIELD_MANAGER)
+    for spec in inv.nodes:
+        node = node_object(spec, capacity)
+        try:
+            created = client.create(node)
+        except ApiError as e:
+            raise ClusterError(f"registering simulated node: {e}") from e
+        # The TaintNodesByCondition admission plugin adds node.kubernetes.io/not-ready on
+        # create; the (disabled) node lifecycle controller would remove it once the node is
+        # Ready. Do it here.
+        if created.get("spec", {}).get("taints"):
+            client.request(
+                "PATCH", f"/api/v1/nodes/{spec.name}", body={"spec": {"taints": None}},
+                content_type="application/merge-patch+json", what=f"Node {spec.name}",
+            )
+    for i, s in enumerate(inv.slices):
+        obj = json.loads(json.dumps(s))
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name"):
+            meta["name"] = _slice_name(obj, i)
+        try:
+            client.apply(obj, field_manager=FIELD_MANAGER)
+        except ApiError as e:
+            raise ClusterError(f"the API server rejected {describe(obj)}: {e.message}") from e
+
+
+# ---- process handling -----------------------------------------------------------------
+
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _reap(pid: int) -> None:
+    proc = _CHILDREN.get(pid)
+    if proc is not None:
+        if proc.poll() is not None:
+            _CHILDREN.pop(pid, None)
+        return
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def pid_alive(pid: int, binary: str | None = None) -> bool:
+    """True if ``pid`` runs (not a zombie) and, when given, its argv[0] is ``binary``."""
+    _reap(pid)
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    if binary is not None:
+        argv = _cmdline(pid)
+        return bool(argv) and argv[0] == binary
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Members may all be zombies waiting to be reaped by us.
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+        if int(fields[2]) == pgid:
+            _reap(int(entry.name))
+    return False
+
+
+def _stop_group(pid: int, binary: str | None, grace: float = 10.0) -> bool:
+    """SIGTERM the process group led by ``pid``, SIGKILL after ``grace`` seconds.
+
+    Returns True if something was running. Only signals the group when ``pid`` still runs
+    ``binary`` and leads its own group (guards against reused pids).
+    """
+    if not pid_alive(pid, binary):
+        return False
+    try:
+        if os.getpgid(pid) != pid:
+            os.kill(pid, signal.SIGTERM)
+            pgid = None
+        else:
+            pgid = pid
+            os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not pid_alive(pid) and (pgid is None or not _group_alive(pgid)):
+            return True
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        if pgid is not None:
+            os.killpg(pgid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (pid_alive(pid) or (pgid is not None and _group_alive(pgid))):
+        time.sleep(0.05)
+    return True
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _set_parent_death_signal() -> None:
+    """In the child before exec: ask Linux to SIGKILL it when its parent thread exits."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+# ---- the cluster ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    """One component: ``pid`` (None if never started), ``running``, ``healthy``, ``detail``."""
+
+    name: str
+    pid: int | None
+    running: bool
+    healthy: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """``state``: ``running`` (all healthy), ``degraded`` or ``stopped``."""
+
+    state_dir: Path
+    state: str
+    server: str | None
+    kubeconfig: Path | None
+    components: tuple[ComponentStatus, ...]
+
+
+class Cluster:
+    """Handle on the control plane whose state lives in ``state_dir``.
+
+    Methods: :meth:`up`, :meth:`down`, :meth:`status`, :meth:`client`. Attributes after
+    ``up`` (or for a running cluster, read from ``state.json``): ``server`` (https URL),
+    ``kubeconfig`` (path).
+    """
+
+    def __init__(self, state_dir: Path | None = None) -> None:
+        self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self.state_file = self.state_dir / "state.json"
+        self.log_dir = self.state_dir / "logs"
+        self.run_dir = self.state_dir / "run"
+
+    # ---- state ----------------------------------------------------------------------
+    def _read_state(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def _write_state(self, state: Mapping[str, Any]) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(self.state_file)
+
+    @property
+    def server(self) -> str | None:
+        st = self._read_state()
+        return None if st is None else st.get("server")
+
+    def running_components(self) -> list[str]:
+        """Names of components whose recorded pid still runs their binary."""
+        st = self._read_state() or {}
+        out = []
+        for name, comp in (st.get("components") or {}).items():
+            if pid_alive(int(comp["pid"]), comp.get("binary")):
+                out.append(name)
+        return out
+
+    def client(self, timeout: float = 30.0) -> KubeClient:
+        """A :class:`KubeClient` authenticated as the admin user of this cluster."""
+        if not self.kubeconfig.is_file():
+            raise ClusterError(f"{self.kubeconfig} does not exist; start the cluster with `tessera cluster up`")
+        return KubeClient.from_kubeconfig(self.kubeconfig, timeout=timeout)
+
+    # ---- up -------------------------------------------------------------------------
+    def up(
+        self,
+        inventory: Inventory | None = None,
+        *,
+        build_binaries: bool = True,
+        node_capacity: Mapping[str, str] = DEFAULT_NODE_CAPACITY,
+        timeout: float = 180.0,
+        progress: Callable[[str], None] | None = None,
+        die_with_parent: bool = False,
+    ) -> None:
+        """Start a fresh control plane and register ``inventory``'s nodes and slices.
+
+        ``build_binaries`` runs ``tools/kube/build.sh`` first (a no-op when up to date).
+        ``timeout`` bounds the wait for each component to become healthy, in seconds.
+        ``die_with_parent`` makes the kernel SIGKILL the components when the calling
+        thread exits (``PR_SET_PDEATHSIG``), so a test session killed outright leaves
+        nothing behind; the CLI leaves it off, as its components must outlive it.
+        On any failure every started process is stopped again and :class:`ClusterError`
+        is raised with the failing component's log tail; API rejections of a slice name the
+        slice and field. Raises :class:`ClusterError` if a cluster already runs here.
+        """
+        say = progress or (lambda _msg: None)
+        inv = inventory or Inventory()
+        running = self.running_components()
+        if running:
+            raise ClusterError(
+                f"a cluster is already running from {self.state_dir} ({', '.join(running)}); "
+                f"stop it with `tessera cluster down --state-dir {self.state_dir}` first"
+            )
+        bins = build.ensure_built() if build_binaries else build.bin_dir()
+        missing = build.missing_binaries()
+        if missing:
+            raise ClusterError(f"missing binaries in {bins}: {', '.join(missing)}; run tools/kube/build.sh")
+
+        # Fresh state directory (keep nothing from an earlier cluster).
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        for sub in ("pki", "etcd", "logs", "run", "kubeconfigs", "certs-generated"):
+            shutil.rmtree(self.state_dir / sub, ignore_errors=True)
+        for f in (self.kubeconfig, self.state_file):
+            f.unlink(missing_ok=True)
+        for sub in ("logs", "run", "kubeconfigs"):
+            (self.state_dir / sub).mkdir()
+        (self.state_dir / "etcd").mkdir(mode=0o700)
+
+        say("generating certificates")
+        pki = make_pki(self.state_dir / "pki")
+        etcd_port, etcd_peer, api_port, kcm_port, sched_port = _free_ports(5)
+        server = f"https://127.0.0.1:{api_port}"
+        self._write_kubeconfig(self.kubeconfig, server, pki, pki.admin.cert, pki.admin.key, "tessera-admin", embed=True)
+        kc_dir = self.state_dir / "kubeconfigs"
+        sched_kc = kc_dir / "kube-scheduler.kubeconfig"
+        kcm_kc = kc_dir / "kube-controller-manager.kubeconfig"
+        self._write_kubeconfig(sched_kc, server, pki, pki.scheduler.cert, pki.scheduler.key, "system:kube-scheduler")
+        self._write_kubeconfig(kcm_kc, server, pki, pki.controller_manager.cert, pki.controller_manager.key, "system:kube-controller-manager")
+
+        gates = ",".join(f"{k}={str(v).lower()}" for k, v in FEATURE_GATES.items())
+        gen_dir = self.state_dir / "certs-generated"
+        argv: dict[str, list[str]] = {
+            "etcd": [
+                str(bins / "etcd"),
+                "--name=tessera",
+                f"--data-dir={self.state_dir / 'etcd'}",
+                f"--listen-client-urls=https://127.0.0.1:{etcd_port}",
+                f"--advertise-client-urls=https://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-cluster=tessera=http://127.0.0.1:{etcd_peer}",
+                f"--cert-file={pki.etcd_server.cert}",
+                f"--key-file={pki.etcd_server.key}",
+                f"--trusted-ca-file={pki.ca.cert}",
+                "--client-cert-auth=true",
+                "--unsafe-no-fsync=true",  # throwaway test data: skip fsync
+                "--log-level=warn",
+            ],
+            "kube-apiserver": [
+                str(bins / "kube-apiserver"),
+                f"--etcd-servers=https://127.0.0.1:{etcd_port}",
+                f"--etcd-cafile={pki.ca.cert}",
+                f"--etcd-certfile={pki.etcd_client.cert}",
+                f"--etcd-keyfile={pki.etcd_client.key}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                f"--tls-cert-file={pki.apiserver.cert}",
+                f"--tls-private-key-file={pki.apiserver.key}",
+                f"--client-ca-file={pki.ca.cert}",
+                f"--requestheader-client-ca-file={pki.front_proxy_ca.cert}",
+                f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki.front_proxy_client.cert}",
+                f"--proxy-client-key-file={pki.front_proxy_client.key}",
+                f"--cert-dir={gen_dir}",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--endpoint-reconciler-type=none",
+                "--allow-privileged=true",
+                "--profiling=false",
+                f"--feature-gates={gates}",
+                f"--runtime-config={RUNTIME_CONFIG}",
+            ],
+            "kube-controller-manager": [
+                str(bins / "kube-controller-manager"),
+                f"--kubeconfig={kcm_kc}",
+                f"--authentication-kubeconfig={kcm_kc}",
+                f"--authorization-kubeconfig={kcm_kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={kcm_port}",
+                f"--tls-cert-file={pki.controller_manager_serving.cert}",
+                f"--tls-private-key-file={pki.controller_manager_serving.key}",
+                f"--client-ca-file={pki.ca.cert}",
+                f"--cert-dir={gen_dir}",
+                f"--service-account-private-key-file={pki.sa_key}",
+                f"--root-ca-file={pki.ca.cert}",
+                f"--cluster-signing-cert-file={pki.ca.cert}",
+                f"--cluster-signing-key-file={pki.ca.key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # Each controller acts as its own ServiceAccount (kube-system/<controller>),
+                # as with kubeadm: the bootstrap RBAC roles are written for that.
+                "--use-service-account-credentials=true",
+                # No kubelet heartbeats: the node lifecycle controller would mark the
+                # simulated nodes NotReady and taint them. Everything else runs, including
+                # resourceclaim-controller (ResourceClaimTemplate -> ResourceClaim).
+                "--controllers=*,-node-lifecycle-controller",
+                "--leader-elect=false",
+                "--profiling=false",
+                f"--feature-gates={gates}",
+            ],
+            "kube-scheduler": [
+                str(bins / "kube-scheduler"),
+                f"--kubeconfig={sched_kc}",
+                f"--authentication-kubeconfig={sched_kc}",
+                f"--authorization-kubeconfig={sched_kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={sched_port}",
+                f"--tls-cert-file={pki.scheduler_serving.cert}",
+                f"--tls-private-key-file={pki.scheduler_serving.key}",
+                f"--client-ca-file={pki.ca.cert}",
+                "--leader-elect=false",
+                "--profiling=false",
+                f"--feature-gates={gates}",
+            ],
+        }
+        health = {
+            "etcd": f"https://127.0.0.1:{etcd_port}/health",
+            "kube-apiserver": f"{server}/readyz",
+            "kube-controller-manager": f"https://127.0.0.1:{kcm_port}/healthz",
+            "kube-scheduler": f"https://127.0.0.1:{sched_port}/healthz",
+        }
+        state: dict[str, Any] = {
+            "version": 1,
+            "server": server,
+            "kubeconfig": str(self.kubeconfig),
+            "startedAt": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "featureGates": dict(FEATURE_GATES),
+            "ports": {
+                "etcd": etcd_port, "etcdPeer": etcd_peer, "kube-apiserver": api_port,
+                "kube-controller-manager": kcm_port, "kube-scheduler": sched_port,
+            },
+            "pki": {"ca": str(pki.ca.cert), "clientCert": str(pki.admin.cert), "clientKey": str(pki.admin.key),
+                    "etcdClientCert": str(pki.etcd_client.cert), "etcdClientKey": str(pki.etcd_client.key)},
+            "components": {},
+            "nodes": [n.name for n in inv.nodes],
+        }
+        try:
+            for name in COMPONENTS:
+                say(f"starting {name}")
+                pid = self._spawn(name, argv[name], die_with_parent)
+                state["components"][name] = {
+                    "pid": pid, "binary": argv[name][0], "log": str(self.log_dir / f"{name}.log"),
+                    "health": health[name],
+                }
+                self._write_state(state)
+                self._wait_healthy(name, pid, health[name], timeout)
+            say("registering DeviceClass, nodes and ResourceSlices")
+            self._register(inv, node_capacity, timeout)
+        except BaseException:
+            self.down()
+            raise
+
+    def _write_kubeconfig(
+        self, path: Path, server: str, pki: Pki, cert: Path, key: Path, user: str, *, embed: bool = False
+    ) -> None:
+        if embed:
+            cluster = {"server": server, "certificate-authority-data": base64.b64encode(pki.ca.cert.read_bytes()).decode()}
+            creds = {
+                "client-certificate-data": base64.b64encode(cert.read_bytes()).decode(),
+                "client-key-data": base64.b64encode(key.read_bytes()).decode(),
+            }
+        else:
+            cluster = {"server": server, "certificate-authority": str(pki.ca.cert)}
+            creds = {"client-certificate": str(cert), "client-key": str(key)}
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "tessera", "cluster": cluster}],
+            "users": [{"name": user, "user": creds}],
+            "contexts": [{"name": "tessera", "context": {"cluster": "tessera", "user": user}}],
+            "current-context": "tessera",
+            "preferences": {},
+        }
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(cfg, f, sort_keys=False)
+
+    def _spawn(self, name: str, argv: Sequence[str], die_with_parent: bool = False) -> int:
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=self.state_dir, start_new_session=True, close_fds=True,
+                preexec_fn=_set_parent_death_signal if die_with_parent else None,
+            )
+        _CHILDREN[proc.pid] = proc
+        (self.run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
+        return proc.pid
+
+    def _probe(self, url: str, timeout: float = 5.0) -> tuple[bool, str]:
+        st = self._read_state() or {}
+        p = st.get("pki") or {}
+        is_etcd = url.endswith("/health")
+        cert = Path(p["etcdClientCert"] if is_etcd else p["clientCert"])
+        key = Path(p["etcdClientKey"] if is_etcd else p["clientKey"])
+        base, _, path = url.partition("://")[2].partition("/")
+        try:
+            c = KubeClient(f"https://{base}", ca_file=Path(p["ca"]), cert_file=cert, key_file=key, timeout=timeout)
+            body = c.raw_get("/" + path)
+        except ApiError as e:
+            return False, e.message.strip() or e.reason
+        except (OSError, ValueError, KeyError) as e:
+            return False, str(e)
+        if is_etcd:
+            ok = isinstance(body, dict) and body.get("health") == "true"
+            return ok, json.dumps(body)
+        return str(body).strip() == "ok", str(body).strip()
+
+    def _wait_healthy(self, name: str, pid: int, url: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        detail = ""
+        while time.monotonic() < deadline:
+            if not pid_alive(pid):
+                raise ClusterError(
+                    f"{name} exited during startup; last lines of {self.log_dir / (name + '.log')}:\n"
+                    f"{_tail(self.log_dir / (name + '.log'))}"
+                )
+            ok, detail = self._probe(url)
+            if ok:
+                return
+            time.sleep(0.25)
+        raise ClusterError(
+            f"{name} not healthy after {timeout:.0f}s ({url}: {detail}); last lines of "
+            f"{self.log_dir / (name + '.log')}:\n{_tail(self.log_dir / (name + '.log'))}"
+        )
+
+    def _register(self, inv: Inventory, capacity: Mapping[str, str], timeout: float) -> None:
+        client = self.client()
+        register_inventory(client, inv, capacity)
+        # Pods need the namespace's default ServiceAccount (made by kube-controller-manager).
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                client.get("v1", "ServiceAccount", "default", "default")
+                break
+            except ApiError as e:
+                if e.status != 404 or time.monotonic() > deadline:
+                    raise ClusterError(
+                        f"ServiceAccount default/default not created by kube-controller-manager: {e}"
+                    ) from e
+                time.sleep(0.25)
+
+    # ---- down / status --------------------------------------------------------------
+    def down(self) -> list[str]:
+        """Stop every component of this state dir (reverse start order); return those stopped.
+
+        Each component's process group gets SIGTERM, then SIGKILL after 10 s. Pids are
+        taken from ``state.json`` and ``run/*.pid`` and are only signalled while they still
+        run the recorded binary. Safe to call when nothing runs.
+        """
+        st = self._read_state() or {}
+        comps: dict[str, tuple[int, str | None]] = {}
+        for name, comp in (st.get("components") or {}).items():
+            comps[name] = (int(comp["pid"]), comp.get("binary"))
+        for pid_file in sorted(self.run_dir.glob("*.pid")) if self.run_dir.is_dir() else []:
+            name = pid_file.stem
+            if name in comps:
+                continue
+            with contextlib.suppress(ValueError, OSError):
+                comps[name] = (int(pid_file.read_text().strip()), None)
+        stopped = []
+        for name in reversed(COMPONENTS):
+            if name not in comps:
+                continue
+            pid, binary = comps[name]
+            if binary is None:
+                # Without the recorded binary, only accept one of ours by name.
+                argv = _cmdline(pid)
+                if not argv or Path(argv[0]).name != name:
+                    continue
+                binary = argv[0]
+            if _stop_group(pid, binary):
+                stopped.append(name)
+            (self.run_dir / f"{name}.pid").unlink(missing_ok=True)
+            _CHILDREN.pop(pid, None)
+        return stopped
+
+    def status(self) -> ClusterStatus:
+        """Per component: process running and health endpoint answer; overall state."""
+        st = self._read_state()
+        if st is None:
+            return ClusterStatus(self.state_dir, "stopped", None, None, tuple(
+                ComponentStatus(n, None, False, False, "not started") for n in COMPONENTS))
+        comps = []
+        for name in COMPONENTS:
+            comp = (st.get("components") or {}).get(name)
+            if comp is None:
+                comps.append(ComponentStatus(name, None, False, False, "not started"))
+                continue
+            pid = int(comp["pid"])
+            running = pid_alive(pid, comp.get("binary"))
+            if not running:
+                comps.append(ComponentStatus(name, pid, False, False, "not running"))
+                continue
+            ok, detail = self._probe(comp["health"])
+            comps.append(ComponentStatus(name, pid, True, ok, f"{comp['health']}: {detail}"))
+        if all(c.healthy for c in comps):
+            state = "running"
+        elif not any(c.running for c in comps):
+            state = "stopped"
+        else:
+            state = "degraded"
+        return ClusterStatus(self.state_dir, state, st.get("server"), self.kubeconfig, tuple(comps))

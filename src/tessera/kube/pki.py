@@ -1,0 +1,240 @@
+"""Local PKI for the test control plane: a CA, serving and client certificates, SA keys.
+
+Everything is generated with the ``cryptography`` package and written as PEM files into one
+directory (mode 0600 for keys). Keys are ECDSA P-256 (certificates) and RSA-2048 (the
+service-account token signing key, which every Kubernetes version accepts). Certificates
+are valid for one year from creation; ``tessera cluster up`` makes a fresh set each time.
+
+Files written by :func:`make_pki` (``<name>.crt`` + ``<name>.key`` unless noted):
+
+====================  ==================================================================
+``ca``                self-signed CA that signs everything below; API clients trust it
+``etcd-server``       etcd serving certificate (SAN 127.0.0.1, localhost)
+``etcd-client``       kube-apiserver's client certificate towards etcd
+``apiserver``         kube-apiserver serving certificate (127.0.0.1, 10.96.0.1, kubernetes.*)
+``admin``             CN=tessera-admin, O=system:masters (the kubeconfig user)
+``kube-scheduler``    CN=system:kube-scheduler (client)
+``kube-controller-manager``  CN=system:kube-controller-manager (client)
+``scheduler-serving`` / ``controller-manager-serving``  their secure-port certificates
+``front-proxy-ca``    separate CA for the API server's request-header (aggregation) clients
+``front-proxy-client``  CN=front-proxy-client, signed by ``front-proxy-ca``
+``sa.key`` / ``sa.pub``  service-account signing key pair (RSA, PKCS#8 / SubjectPublicKeyInfo)
+====================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+#: First address of the service CIDR the API server is started with (``10.96.0.0/16``);
+#: the ``kubernetes`` Service gets it, so the serving certificate names it.
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+
+_VALIDITY = _dt.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class CertPair:
+    """Paths of one PEM certificate and its private key."""
+
+    cert: Path
+    key: Path
+
+
+def _write(path: Path, data: bytes, private: bool) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _name(cn: str, orgs: tuple[str, ...] = ()) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
+    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, cn))
+    return x509.Name(attrs)
+
+
+class _CA:
+    def __init__(self, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
+        self.cert = cert
+        self.key = key
+
+    @classmethod
+    def create(cls, cn: str) -> _CA:
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = _dt.datetime.now(_dt.UTC)
+        name = _name(cn)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - _dt.timedelta(minutes=5))
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True, content_commitment=False, key_encipherment=False,
+                    data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                    crl_sign=True, encipher_only=False, decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256())
+        )
+        return cls(cert, key)
+
+    def issue(
+        self,
+        cn: str,
+        *,
+        orgs: tuple[str, ...] = (),
+        server: bool = False,
+        client: bool = False,
+        dns: tuple[str, ...] = (),
+        ips: tuple[str, ...] = (),
+    ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = _dt.datetime.now(_dt.UTC)
+        usages = []
+        if server:
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        if client:
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(cn, orgs))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - _dt.timedelta(minutes=5))
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True, content_commitment=False, key_encipherment=False,
+                    data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                    crl_sign=False, encipher_only=False, decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.cert.public_key()),  # type: ignore[arg-type]
+                critical=False,
+            )
+        )
+        if dns or ips:
+            sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+            sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        return builder.sign(self.key, hashes.SHA256()), key
+
+
+@dataclass(frozen=True)
+class Pki:
+    """Paths of everything :func:`make_pki` wrote. ``sa_key``/``sa_pub`` are PEM files."""
+
+    dir: Path
+    ca: CertPair
+    etcd_server: CertPair
+    etcd_client: CertPair
+    apiserver: CertPair
+    admin: CertPair
+    scheduler: CertPair
+    controller_manager: CertPair
+    scheduler_serving: CertPair
+    controller_manager_serving: CertPair
+    front_proxy_ca: CertPair
+    front_proxy_client: CertPair
+    sa_key: Path
+    sa_pub: Path
+
+
+#: Common name of the request-header client certificate (``--requestheader-allowed-names``).
+FRONT_PROXY_CLIENT = "front-proxy-client"
+
+
+def make_pki(directory: Path) -> Pki:
+    """Create a fresh CA and all certificates and keys the control plane needs.
+
+    ``directory`` is created if missing; existing files of the same names are overwritten.
+    Returns a :class:`Pki` with the file paths. Raises ``OSError`` if the directory is not
+    writable.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = _CA.create("tessera-cluster-ca")
+
+    def save(name: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> CertPair:
+        pair = CertPair(directory / f"{name}.crt", directory / f"{name}.key")
+        _write(pair.cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
+        _write(pair.key, _key_pem(key), private=True)
+        return pair
+
+    loopback = ("127.0.0.1",)
+    local_dns = ("localhost",)
+    ca_pair = save("ca", ca.cert, ca.key)
+    etcd_server = save("etcd-server", *ca.issue("etcd", server=True, client=True, dns=local_dns, ips=loopback))
+    etcd_client = save("etcd-client", *ca.issue("kube-apiserver-etcd-client", client=True))
+    apiserver = save(
+        "apiserver",
+        *ca.issue(
+            "kube-apiserver",
+            server=True,
+            dns=(
+                "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            ips=(*loopback, KUBERNETES_SERVICE_IP),
+        ),
+    )
+    admin = save("admin", *ca.issue("tessera-admin", orgs=("system:masters",), client=True))
+    scheduler = save("kube-scheduler", *ca.issue("system:kube-scheduler", client=True))
+    kcm = save("kube-controller-manager", *ca.issue("system:kube-controller-manager", client=True))
+    sched_serving = save(
+        "scheduler-serving", *ca.issue("kube-scheduler", server=True, dns=local_dns, ips=loopback)
+    )
+    kcm_serving = save(
+        "controller-manager-serving",
+        *ca.issue("kube-controller-manager", server=True, dns=local_dns, ips=loopback),
+    )
+    fp_ca = _CA.create("tessera-front-proxy-ca")
+    fp_ca_pair = save("front-proxy-ca", fp_ca.cert, fp_ca.key)
+    fp_client = save("front-proxy-client", *fp_ca.issue(FRONT_PROXY_CLIENT, client=True))
+    sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    sa_key = directory / "sa.key"
+    sa_pub = directory / "sa.pub"
+    _write(sa_key, _key_pem(sa), private=True)
+    _write(
+        sa_pub,
+        sa.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ),
+        private=False,
+    )
+    return Pki(
+        dir=directory, ca=ca_pair, etcd_server=etcd_server, etcd_client=etcd_client,
+        apiserver=apiserver, admin=admin, scheduler=scheduler, controller_manager=kcm,
+        scheduler_serving=sched_serving, controller_manager_serving=kcm_serving,
+        front_proxy_ca=fp_ca_pair, front_proxy_client=fp_client, sa_key=sa_key, sa_pub=sa_pub,
+    )
