@@ -30,10 +30,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_simulate import make_cluster, make_workload  # noqa: E402
+from bench_simulate import make_cluster, make_workload
 
-from tessera.allocator import AllocatedState, Allocator, Node  # noqa: E402
-from tessera.sim.simulate import Simulation, default_device_class  # noqa: E402
+from tessera.allocator import AllocatedState, Allocator, Node
+from tessera.sim.simulate import Simulation, default_device_class
 
 HARNESS = Path(__file__).resolve().parents[1] / "tools" / "kube" / "bin" / "allocator-harness"
 FEATURES = ["AdminAccess", "ConsumableCapacity", "DeviceBindingAndStatus", "DeviceTaints", "PartitionableDevices", "PrioritizedList"]

@@ -247,9 +247,11 @@ def _simulate(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, 
 
 from tessera.explain.commands import explain as _explain_cmd  # noqa: E402
 from tessera.explain.commands import lint as _lint_cmd  # noqa: E402
+from tessera.kube.cli import cluster as _cluster_cmd  # noqa: E402
 
 main.add_command(_explain_cmd)
 main.add_command(_lint_cmd)
+main.add_command(_cluster_cmd)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
