@@ -22,6 +22,7 @@ from tessera.api.quantity import Quantity, QuantityError
 if TYPE_CHECKING:
     from tessera.api.loader import Manifest
     from tessera.sim.cluster import Cluster
+    from tessera.sim.simulate import SimResult, Simulation
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -201,11 +202,30 @@ def _compare(cluster: Cluster, loaded: list[Manifest], output: str, seed: int) -
     Console(width=max(Console().width, 160)).print(t)
 
 
+def _run_with_progress(sim: Simulation) -> SimResult:
+    """Run ``sim``; with 1,000 pods or more and a terminal on stderr, show a progress bar there."""
+    total = len(sim.pods)
+    if total < 1000 or not sys.stderr.isatty():
+        return sim.run()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("scheduling pods"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("pods", total=total)
+        return sim.run(on_pod=lambda _ref: bar.advance(task))
+
+
 def _simulate(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str) -> None:
     from tessera.sim.simulate import Simulation
 
     sim = Simulation(cluster, loaded, seed=seed, policy=policy)
-    result = sim.run()
+    result = _run_with_progress(sim)
     if output in ("json", "yaml"):
         lst = {"apiVersion": "v1", "kind": "List", "items": result.objects}
         if output == "json":
