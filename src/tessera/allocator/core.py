@@ -359,7 +359,8 @@ def _attr_key(v: Any) -> tuple[str, Any]:
     return (type(v).__name__, repr(v))
 
 
-def _tolerates(tols: Sequence[Mapping[str, Any]], key: str, value: str, effect: str) -> bool:
+def tolerates(tols: Sequence[Mapping[str, Any]], key: str, value: str, effect: str) -> bool:
+    """Whether any toleration matches the taint ``key=value:effect`` (dra-spec.md 1.4)."""
     for t in tols:
         te = t.get("effect") or ""
         if te and te != effect:
@@ -750,7 +751,7 @@ class _Search:
                         counter_charge.append((cs, c, v))
         if self.f.device_taints:
             for t in d.taints:
-                if t.effect in ("NoSchedule", "NoExecute") and not _tolerates(rd.tolerations, t.key, t.value, t.effect):
+                if t.effect in ("NoSchedule", "NoExecute") and not tolerates(rd.tolerations, t.key, t.value, t.effect):
                     self._uncharge(pool, counter_charge)
                     return None
         added: list[_Constraint] = []

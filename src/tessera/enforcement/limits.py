@@ -17,9 +17,9 @@ Format, version 1 (printable ASCII, one statement per line)::
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field, replace
+
+from tessera.enforcement._files import write_atomic
 
 LIMITS_PATH = "/etc/tessera/limits"
 """Fixed path of the limits file inside a container."""
@@ -256,17 +256,4 @@ def write_limits(path: str, limits: Limits, mode: int = 0o444) -> None:
     The file gets permissions ``mode`` (read-only by default). Nothing half-written is left
     behind on error. Raises :class:`LimitsError` for an invalid value and ``OSError`` for I/O.
     """
-    text = format_limits(limits).encode("ascii")
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".limits.", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, format_limits(limits).encode("ascii"), mode, ".limits.")

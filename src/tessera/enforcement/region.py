@@ -26,9 +26,10 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from tessera.enforcement._files import write_atomic
 
 MAGIC = 0x314E474552535354
 """``b"TSSREGN1"`` read as a little-endian u64."""
@@ -254,16 +255,4 @@ def create_region(path: str, gpus: Sequence[tuple[str, int, int]],
         if len(raw) >= UUID_LEN:
             raise ValueError(f"GPU UUID too long: {uuid!r}")
         _GPU.pack_into(buf, GPUS_OFFSET + i * GPU_SIZE, raw, limit, cores, GPU_IN_USE, 0, 0, 0, 0)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".region.", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, bytes(buf), mode, ".region.")

@@ -28,7 +28,7 @@ from fractions import Fraction
 from typing import Any
 
 from tessera.allocator import AllocatedState, AllocationError, Allocator, Device, Node
-from tessera.allocator.core import consumed_amount, violates_policy
+from tessera.allocator.core import consumed_amount, tolerates, violates_policy
 from tessera.allocator.model import (
     Capacity,
     UnsupportedAttribute,
@@ -349,7 +349,7 @@ class _Checker:
                 return v
         if self.alloc.features.device_taints:
             for t in d.taints:
-                if t.effect in ("NoSchedule", "NoExecute") and not _tolerates(rq.tolerations, t.key, t.value, t.effect):
+                if t.effect in ("NoSchedule", "NoExecute") and not tolerates(rq.tolerations, t.key, t.value, t.effect):
                     taint = f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}"
                     msg = f"taint {taint} not tolerated: add a toleration to request {rq.name}"
                     return DeviceVerdict(did, "taint", msg, msg)
@@ -407,24 +407,6 @@ def _policy_problem(cap: Capacity, amount: Quantity) -> str:
         vals = ", ".join(v.canonical() for v in pol.valid_values)
         return f"{a} is not one of the request policy's validValues ({vals})"
     return f"{a} violates the request policy"
-
-
-def _tolerates(tols: Sequence[Mapping[str, Any]], key: str, value: str, effect: str) -> bool:
-    for t in tols:
-        te = t.get("effect") or ""
-        if te and te != effect:
-            continue
-        tk = t.get("key") or ""
-        op = t.get("operator") or "Equal"
-        if not tk:
-            if op == "Exists":
-                return True
-            continue
-        if tk != key:
-            continue
-        if op == "Exists" or (t.get("value") or "") == value:
-            return True
-    return False
 
 
 def _group(verdicts: Sequence[DeviceVerdict]) -> list[ReasonGroup]:

@@ -1,0 +1,27 @@
+"""Atomic file writes for what the driver hands to containers (limits file, usage region)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+
+def write_atomic(path: str, data: bytes, mode: int, prefix: str) -> None:
+    """Write ``data`` to ``path`` with permissions ``mode``: all of it or, on error, nothing.
+
+    The bytes go to a temporary file beside ``path`` (named ``prefix`` + random), are synced,
+    and replace ``path`` in one rename. Raises ``OSError`` for I/O errors.
+    """
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
