@@ -18,6 +18,7 @@ from rich.table import Table
 from tessera.api.errors import TesseraError
 from tessera.api.loader import expand_workloads, load_files
 from tessera.api.quantity import Quantity, QuantityError
+from tessera.cli_options import cluster_inputs
 
 if TYPE_CHECKING:
     from tessera.api.loader import Manifest
@@ -81,14 +82,7 @@ def _fmt_num(v: Fraction | None) -> str:
 
 @main.command()
 @click.argument("manifests", nargs=-1, type=click.Path())
-@click.option("--cluster", "cluster_file", type=click.Path(), help="Cluster description (kind: Cluster) naming each node's GPU inventory.")
-@click.option(
-    "--node",
-    "node_specs",
-    multiple=True,
-    metavar="NAME=INVENTORY[:TOPOLOGY]",
-    help="Add a node from an nvidia-smi inventory file (and optional `nvidia-smi topo -m` file). Repeatable.",
-)
+@cluster_inputs
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for shareIDs (upstream draws them at random).")
 @click.option(

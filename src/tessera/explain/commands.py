@@ -8,18 +8,13 @@ import sys
 
 import click
 
+from tessera.cli_options import cluster_inputs
+
 
 @click.command()
 @click.argument("target", metavar="POD_OR_CLAIM")
 @click.argument("manifests", nargs=-1, type=click.Path())
-@click.option("--cluster", "cluster_file", type=click.Path(), help="Cluster description (kind: Cluster) naming each node's GPU inventory.")
-@click.option(
-    "--node",
-    "node_specs",
-    multiple=True,
-    metavar="NAME=INVENTORY[:TOPOLOGY]",
-    help="Add a node from an nvidia-smi inventory file (and optional `nvidia-smi topo -m` file). Repeatable.",
-)
+@cluster_inputs
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--all-devices", is_flag=True, help="Also list every device's verdict, not only grouped reasons.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for shareIDs, as in simulate.")
