@@ -3,9 +3,6 @@ allocates consumable GPU capacity (memory, cores) to pods' ResourceClaims."""
 
 from __future__ import annotations
 
-import re
-import zlib
-
 import pytest
 
 from tessera.kube.client import ApiError
@@ -21,47 +18,18 @@ from tessera.kube.workloads import (
     wait_pod_unschedulable,
 )
 
-from .conftest import LiveCluster
+from .conftest import H100_SINGLE_INVENTORY, LiveCluster, corpus_node, inventory_of, session_nodes
 
 pytestmark = pytest.mark.cluster
 
-UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 RESOURCE = "resource.k8s.io/v1"
 
 
-def one_gpu_node(name: str, memory: str = "81559Mi") -> Inventory:
-    """A node with one GPU in the shape the driver publishes (pool = node name)."""
-    inv = Inventory()
-    inv.add_slice(
-        {
-            "apiVersion": RESOURCE,
-            "kind": "ResourceSlice",
-            "metadata": {"name": f"{name}-gpu.tessera.dev"},
-            "spec": {
-                "driver": "gpu.tessera.dev",
-                "nodeName": name,
-                "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
-                "devices": [
-                    {
-                        "name": "gpu-0",
-                        "allowMultipleAllocations": True,
-                        "attributes": {
-                            "uuid": {"string": f"GPU-00000000-0000-0000-0000-{zlib.crc32(name.encode()):012d}"},
-                            "productName": {"string": "NVIDIA H100 80GB HBM3"},
-                            "index": {"int": 0},
-                        },
-                        "capacity": {
-                            "memory": {"value": memory, "requestPolicy": {"default": memory, "validRange": {"min": "1Mi", "step": "1Mi"}}},
-                            "cores": {"value": "100", "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}}},
-                        },
-                    }
-                ],
-            },
-        },
-        f"test node {name}",
-    )
-    inv.nodes[0].labels["tessera.dev/test-node"] = name
-    return inv
+def one_gpu_node(name: str) -> Inventory:
+    """A node with the single H100 80GB HBM3 of a corpus capture (81559Mi, 100 cores), its
+    slice built by tessera.inventory, labelled ``tessera.dev/test-node=<name>``."""
+    node = corpus_node(name, H100_SINGLE_INVENTORY, labels={"tessera.dev/test-node": name})
+    return inventory_of([node])
 
 
 def test_components_healthy_with_dra_gates(kube_cluster: LiveCluster) -> None:
@@ -81,30 +49,59 @@ def test_components_healthy_with_dra_gates(kube_cluster: LiveCluster) -> None:
 def test_nodes_slices_and_device_class_registered(kube_cluster: LiveCluster) -> None:
     client = kube_cluster.client
     nodes = {n["metadata"]["name"]: n for n in client.list("v1", "Node", label_selector="tessera.dev/simulated-node=true")}
-    assert {"gpu-node-1", "gpu-node-2"} <= set(nodes)
-    node = nodes["gpu-node-1"]
+    assert {"h100-node", "a5000-node"} <= set(nodes)
+    node = nodes["h100-node"]
     assert node["spec"].get("taints") is None
     assert node["status"]["allocatable"] == {"cpu": "128", "memory": "1Ti", "pods": "250"}
     ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True"
-
-    stored = client.get(RESOURCE, "ResourceSlice", "gpu-node-1-gpu.tessera.dev")
-    assert stored["spec"]["nodeName"] == "gpu-node-1"
-    assert stored["spec"]["pool"] == {"name": "gpu-node-1", "generation": 1, "resourceSliceCount": 1}
-    dev = stored["spec"]["devices"][0]
-    assert dev["name"] == "gpu-0" and dev["allowMultipleAllocations"] is True
-    assert dev["capacity"]["memory"] == {
-        "value": "81559Mi",
-        "requestPolicy": {"default": "81559Mi", "validRange": {"min": "1Mi", "step": "1Mi"}},
-    }
-    assert dev["capacity"]["cores"] == {
-        "value": "100",
-        "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}},
-    }
-    assert dev["attributes"]["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
-
     dc = client.get(RESOURCE, "DeviceClass", "gpu.tessera.dev")
     assert dc["spec"]["selectors"] == [{"cel": {"expression": 'device.driver == "gpu.tessera.dev"'}}]
+
+
+def test_inventory_slices_round_trip_through_api_server(kube_cluster: LiveCluster) -> None:
+    """The slices tessera.inventory builds from the corpus' 8x H100 (+ NVLink topology) and
+    2x A5000 inventories are accepted and stored unchanged: the server's canonical form of
+    every quantity is the one Tessera writes."""
+    client = kube_cluster.client
+    built = {s["metadata"]["name"]: s for n in session_nodes() for s in n.slices}
+    assert sorted(built) == ["a5000-node-gpu.tessera.dev", "h100-node-gpu.tessera.dev"]
+    stored = {name: client.get(RESOURCE, "ResourceSlice", name) for name in built}
+    for name, s in built.items():
+        assert stored[name]["spec"] == s["spec"], name
+
+    h100 = stored["h100-node-gpu.tessera.dev"]["spec"]
+    assert h100["nodeName"] == "h100-node" and h100["driver"] == "gpu.tessera.dev"
+    assert h100["pool"] == {"name": "h100-node", "generation": 1, "resourceSliceCount": 1}
+    devs = h100["devices"]
+    assert [d["name"] for d in devs] == [f"gpu-{i}" for i in range(8)]
+    assert all(d["allowMultipleAllocations"] is True for d in devs)
+    d0 = devs[0]
+    assert d0["attributes"]["uuid"] == {"string": "GPU-ee7954ec-da95-fd7a-ddfd-c6b32cc2f8aa"}
+    assert d0["attributes"]["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
+    assert d0["attributes"]["architecture"] == {"string": "Hopper"}
+    assert d0["attributes"]["cudaComputeCapability"] == {"version": "9.0.0"}
+    assert d0["attributes"]["driverVersion"] == {"version": "535.161.8"}
+    assert d0["attributes"]["pcieBusID"] == {"string": "0000:19:00.0"}
+    # NV12 between all eight GPUs: one NVLink domain; NUMA nodes from the topology.
+    assert {d["attributes"]["nvlinkDomain"]["int"] for d in devs} == {0}
+    assert [d["attributes"]["numaNode"]["int"] for d in devs] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert len({d["attributes"]["uuid"]["string"] for d in devs}) == 8
+    for d in devs:
+        assert d["capacity"] == {
+            "memory": {"value": "81559Mi", "requestPolicy": {"default": "81559Mi", "validRange": {"min": "1Mi", "step": "1Mi"}}},
+            "cores": {"value": "100", "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}}},
+        }
+
+    a5000 = stored["a5000-node-gpu.tessera.dev"]["spec"]
+    assert a5000["nodeName"] == "a5000-node"
+    assert [d["name"] for d in a5000["devices"]] == ["gpu-0", "gpu-1"]
+    assert [d["attributes"]["uuid"]["string"] for d in a5000["devices"]] == [
+        "GPU-12345678-aaaa-bbbb-cccc-0123456789ab", "GPU-12345678-aaaa-bbbb-cccc-0123456789cd",
+    ]
+    assert {d["attributes"]["productName"]["string"] for d in a5000["devices"]} == {"NVIDIA RTX A5000"}
+    assert [d["capacity"]["memory"]["value"] for d in a5000["devices"]] == ["24564Mi", "24564Mi"]
+    assert all("nvlinkDomain" not in d["attributes"] for d in a5000["devices"])  # no topology given
 
 
 def test_api_server_rejects_request_policy_without_multiple_allocations(kube_cluster: LiveCluster) -> None:
@@ -115,33 +112,6 @@ def test_api_server_rejects_request_policy_without_multiple_allocations(kube_clu
         kube_cluster.client.create(bad)
     assert err.value.status == 422 and err.value.reason == "Invalid"
     assert "spec.devices[0].capacity[memory].requestPolicy" in err.value.message
-
-
-def test_pod_claim_template_gets_consumable_share(kube_cluster: LiveCluster, kube_namespace: str) -> None:
-    client = kube_cluster.client
-    ns = kube_namespace
-    apply_objects(client, [gpu_claim_template("gpu-8g-20c", namespace=ns, memory="8Gi", cores=20)])
-    apply_objects(client, [gpu_pod("worker", namespace=ns, template="gpu-8g-20c", node_selector={"kubernetes.io/hostname": "gpu-node-1"})])
-
-    pod = wait_pod_scheduled(client, "worker", ns)
-    assert pod["spec"]["nodeName"] == "gpu-node-1"
-    claims = pod_claims(client, "worker", ns)
-    assert list(claims) == ["gpu"]
-    claim = claims["gpu"]
-    assert claim["metadata"]["annotations"]["resource.kubernetes.io/pod-claim-name"] == "gpu"
-    allocation = claim["status"]["allocation"]
-    results = allocation["devices"]["results"]
-    assert len(results) == 1
-    r = results[0]
-    assert (r["request"], r["driver"], r["pool"], r["device"]) == ("gpu", "gpu.tessera.dev", "gpu-node-1", "gpu-0")
-    assert r["consumedCapacity"] == {"memory": "8Gi", "cores": "20"}
-    assert UUID_RE.match(r["shareID"]), r["shareID"]
-    assert allocation["nodeSelector"]["nodeSelectorTerms"] == [
-        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-1"]}]}
-    ]
-    assert claim["status"]["reservedFor"] == [
-        {"resource": "pods", "name": "worker", "uid": pod["metadata"]["uid"]}
-    ]
 
 
 @pytest.mark.parametrize(

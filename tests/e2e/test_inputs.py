@@ -16,7 +16,7 @@ from tessera.kube.client import KubeClient, KubeconfigError
 from tessera.kube.cluster import Cluster, ClusterInputError, NodeSpec, load_slice_files, node_object
 from tessera.kube.pki import make_pki
 
-from .conftest import SESSION_SLICES
+from .conftest import session_nodes, write_slices
 
 SLICE = """apiVersion: resource.k8s.io/v1
 kind: ResourceSlice
@@ -29,11 +29,12 @@ spec:
 """
 
 
-def test_session_slices_give_two_nodes() -> None:
-    inv = load_slice_files([SESSION_SLICES])
-    assert [n.name for n in inv.nodes] == ["gpu-node-1", "gpu-node-2"]
-    assert [s["metadata"]["name"] for s in inv.slices] == ["gpu-node-1-gpu.tessera.dev", "gpu-node-2-gpu.tessera.dev"]
-    assert [d["name"] for d in inv.slices[0]["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+def test_inventory_slices_file_gives_two_nodes(tmp_path: Path) -> None:
+    inv = load_slice_files([write_slices(tmp_path / "slices.yaml", session_nodes())])
+    assert [n.name for n in inv.nodes] == ["h100-node", "a5000-node"]
+    assert [s["metadata"]["name"] for s in inv.slices] == ["h100-node-gpu.tessera.dev", "a5000-node-gpu.tessera.dev"]
+    assert [d["name"] for d in inv.slices[0]["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
+    assert [d["name"] for d in inv.slices[1]["spec"]["devices"]] == ["gpu-0", "gpu-1"]
 
 
 def test_slice_files_lists_and_server_fields(tmp_path: Path) -> None:
@@ -123,7 +124,7 @@ def test_cluster_description_through_load_cluster(tmp_path: Path, monkeypatch: p
 
     from tessera.kube.cluster import load_cluster_file
 
-    slice_obj = load_slice_files([SESSION_SLICES]).slices[1]
+    slice_obj = session_nodes()[1].slices[0]
 
     @dataclass
     class N:
@@ -135,7 +136,7 @@ def test_cluster_description_through_load_cluster(tmp_path: Path, monkeypatch: p
 
     def load_cluster(path: Path) -> object:
         seen.append(path)
-        return types.SimpleNamespace(nodes=[N("gpu-node-2", {"zone": "a"}, [slice_obj]), N("cpu-only", {})])
+        return types.SimpleNamespace(nodes=[N("a5000-node", {"zone": "a"}, [slice_obj]), N("cpu-only", {})])
 
     stub = types.ModuleType("tessera.sim.cluster")
     stub.load_cluster = load_cluster  # type: ignore[attr-defined]
@@ -143,8 +144,8 @@ def test_cluster_description_through_load_cluster(tmp_path: Path, monkeypatch: p
     desc = tmp_path / "cluster.yaml"
     inv = load_cluster_file(desc)
     assert seen == [desc]
-    assert [(n.name, n.labels) for n in inv.nodes] == [("gpu-node-2", {"zone": "a"}), ("cpu-only", {})]
-    assert [s["metadata"]["name"] for s in inv.slices] == ["gpu-node-2-gpu.tessera.dev"]
+    assert [(n.name, n.labels) for n in inv.nodes] == [("a5000-node", {"zone": "a"}), ("cpu-only", {})]
+    assert [s["metadata"]["name"] for s in inv.slices] == ["a5000-node-gpu.tessera.dev"]
 
 
 def test_cluster_description_without_loader_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
