@@ -40,13 +40,7 @@ test: $(STAMP) native kube
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
-native-# The real control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
-# kubectl) and the upstream-allocator harness, compiled from the Go module proxy into
-# tools/kube/bin/ (cached: a no-op when nothing changed; ~24 min on 2 cores the first time).
-kube:
-	tools/kube/build.sh
-
-test: $(STAMP) native kube
+native-test: $(STAMP) native
 	$(BIN)/python -m pytest -q -m native tests/native
 
 clean:
