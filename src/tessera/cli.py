@@ -143,8 +143,12 @@ def load_inputs(
         inv, _, topo = rest.partition(":")
         gpus = load_inventory(inv)
         topology = load_topology(topo) if topo else None
+        if any(n.name == name for n in nodes):
+            raise TesseraError(f"--node {spec!r}: node {name!r} is already defined (by --cluster or an earlier --node): use another name")
         nodes.append(SimNode(name, {"kubernetes.io/hostname": name}, build_resource_slices(name, gpus, topology), inv))
     loaded = list(expand_workloads(load_files(manifests)))
+    if manifests and not loaded:
+        raise TesseraError(f"no Kubernetes objects in {', '.join(manifests)}: pass YAML or JSON manifests (files or directories)")
     if not nodes and not any(m.kind == "ResourceSlice" for m in loaded):
         raise TesseraError("no nodes to schedule on: give --cluster FILE, --node NAME=INVENTORY, or ResourceSlices")
     slice_nodes = {
@@ -220,6 +224,8 @@ def _simulate(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, 
 
     sim = Simulation(cluster, loaded, seed=seed, policy=policy)
     result = _run_with_progress(sim)
+    for w in result.warnings:  # on stderr in every output mode, so -o json|yaml stays clean
+        click.echo(f"tessera: warning: {w}", err=True)
     if output in ("json", "yaml"):
         lst = {"apiVersion": "v1", "kind": "List", "items": result.objects}
         if output == "json":
@@ -255,8 +261,6 @@ def _simulate(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, 
             pt.add_row(pend.pod, pend.reason)
         console.print(pt)
     console.print(f"{len(result.scheduled)} pod(s) scheduled, {len(result.pending)} pending.")
-    for w in result.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
 
 
 from tessera.explain.commands import explain as _explain_cmd  # noqa: E402

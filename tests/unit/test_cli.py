@@ -169,3 +169,95 @@ def test_compare_on_the_default() -> None:
     assert rows["whole GPUs"]["pending"] == ["default/trainer-1", "default/too-big", "default/hami-uuid-pinned"]
     assert rows["whole GPUs"]["memoryBookedOnUsedGPUs"] == "100.0%"
     assert rows["spread"]["gpusUsed"] > rows["binpack"]["gpusUsed"]
+
+
+POD = "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: c\n    image: x\n    resources: {{limits: {{{res}}}}}\n"
+
+
+def test_duplicate_pod_names_are_an_error(tmp_path: Path) -> None:
+    f = tmp_path / "dup.yaml"
+    f.write_text(POD.format(name="dup", res="nvidia.com/gpu: 1, nvidia.com/gpumem: 1000") + "---\n" + POD.format(name="dup", res="nvidia.com/gpu: 1, nvidia.com/gpumem: 2000"))
+    msg = _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f))
+    assert msg == (
+        f"tessera: error: {f} (document 2): Pod default/dup: metadata.name: duplicate Pod name "
+        f"(first in {f} (document 1)): names must be unique"
+    )
+
+
+def test_duplicate_device_in_a_slice_is_an_error(tmp_path: Path) -> None:
+    f = tmp_path / "slice.yaml"
+    dev = "{name: gpu-0, attributes: {uuid: {string: GPU-1}}}"
+    f.write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: s1}\nspec:\n  driver: gpu.tessera.dev\n"
+        f"  pool: {{name: n9, generation: 1, resourceSliceCount: 1}}\n  nodeName: n9\n  devices: [{dev}, {dev}]\n"
+    )
+    msg = _bad(tmp_path, "simulate", str(f))
+    assert msg.endswith("ResourceSlice s1: spec.devices[1].name: duplicate device name 'gpu-0'")
+
+
+def test_duplicate_node_is_an_error(corpus: Path, tmp_path: Path) -> None:
+    inv = corpus / "inventories" / "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
+    msg = _bad(tmp_path, "simulate", "--cluster", CLUSTER, "--node", f"a5000-node={inv}")
+    assert "node 'a5000-node' is already defined" in msg
+
+
+def test_pod_checks_the_api_server_would_make(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: empty}\nspec: {containers: []}\n")
+    assert _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f)).endswith(
+        "Pod default/empty: spec.containers: a Pod needs at least one container"
+    )
+    f.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n"
+        "  - {name: c, image: x, resources: {claims: [{name: gpu}]}}\n"
+    )
+    assert _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f)).endswith(
+        "spec.containers[0].resources.claims[0].name: claim 'gpu' is not declared in spec.resourceClaims: add it there"
+    )
+
+
+def test_selector_that_does_not_compile_is_an_error(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c}\nspec:\n  devices:\n    requests:\n"
+        "    - name: gpu\n      exactly:\n        deviceClassName: gpu.tessera.dev\n"
+        "        selectors: [{cel: {expression: 'device.driver =='}}]\n"
+    )
+    msg = _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f))
+    assert "ResourceClaim default/c: spec.devices.requests[0].exactly.selectors[0].cel.expression: CEL compile error" in msg
+
+
+def test_nothing_to_read(tmp_path: Path) -> None:
+    (tmp_path / "empty.yaml").write_text("---\n")
+    assert "no Kubernetes objects in" in _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(tmp_path / "empty.yaml"))
+    d = tmp_path / "d"
+    d.mkdir()
+    assert "no Kubernetes objects in" in _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(d))
+
+
+def test_unconverted_extended_resource_stays_pending(corpus: Path) -> None:
+    f = corpus / "hami-pods" / "HAMi__examples_nvidia__mig_example.yaml"
+    code, out, err = run("simulate", "--cluster", CLUSTER, str(f), "-o", "yaml")
+    assert code == 0
+    pod = next(o for o in yaml.safe_load(out)["items"] if o["kind"] == "Pod")
+    assert "nodeName" not in pod["spec"]
+    assert pod["status"]["conditions"][0]["message"] == "0/4 nodes are available: 4 Insufficient nvidia.com/mig-3g.20gb."
+    # The warning goes to stderr, so -o yaml stays clean.
+    assert "nvidia.com/mig-3g.20gb is a MIG-profile resource, not converted" in err
+
+
+def test_output_fed_back_reproduces_the_state(tmp_path: Path) -> None:
+    code, out, _ = run("simulate", "-o", "yaml")
+    assert code == 0
+    f = tmp_path / "world.yaml"
+    f.write_text(out)
+    code, out2, err = run("simulate", "--cluster", CLUSTER, str(f), "-o", "yaml")
+    assert code == 0, err
+    before = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load(out)["items"]}
+    after = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load(out2)["items"]}
+    assert before.keys() == after.keys()
+    for k in before:
+        if k[0] == "ResourceClaim":
+            assert (after[k].get("status") or {}).get("allocation") == (before[k].get("status") or {}).get("allocation")
+        if k[0] == "Pod":
+            assert after[k]["spec"].get("nodeName") == before[k]["spec"].get("nodeName")

@@ -94,13 +94,17 @@ def test_default_too_big_memory_short_grouped_per_node() -> None:
     assert [n.verdict for n in exp.nodes] == ["refused"] * 4
     h100 = _node(exp, "h100-node")
     assert h100.summary == "cannot allocate all claims: claim default/too-big, request gpu: 0 of 8 devices fit (needs 1)"
-    # The state when too-big's turn came: gpu-5..7 still empty, gpu-1 holds two 8Gi + one 24Gi... shares.
+    # A pending pod is explained against the final state, as its scheduler reason is: the H100s
+    # hold 40-72 GiB each (more than 3 distinct amounts: collapsed to the least short), half the
+    # V100S are taken whole by the HAMi exclusive pods.
     assert _groups(h100) == [
-        (4, "memory short by 61801Mi (needs 100Gi, 40599Mi free of 81559Mi)"),
-        (1, "memory short by 69993Mi (needs 100Gi, 32407Mi free of 81559Mi)"),
-        (3, "memory short by 20841Mi (needs 100Gi, 81559Mi free of 81559Mi)"),
+        (8, "memory short (needs 100Gi); the least short: gpu-6: memory short by 61620Mi (needs 100Gi, 40780Mi free of 81559Mi)"),
     ]
-    assert _groups(_node(exp, "v100s-node")) == [(8, "memory short by 69890Mi (needs 100Gi, 32510Mi free of 32510Mi)")]
+    assert "most free memory: 40780Mi on h100-node/gpu-6" in exp.reason
+    assert _groups(_node(exp, "v100s-node")) == [
+        (4, "memory short by 100Gi (needs 100Gi, 0 free of 32510Mi)"),
+        (4, "memory short by 69890Mi (needs 100Gi, 32510Mi free of 32510Mi)"),
+    ]
     assert _groups(_node(exp, "a100-mig-node")) == [(4, "memory short by 82432Mi (needs 100Gi, 19968Mi free of 19968Mi)")]
 
 

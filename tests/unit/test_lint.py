@@ -171,3 +171,15 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
         "'gpu.tesera.dev' does not exist (known: gpu.tessera.dev). fix: use 'gpu.tessera.dev'\n"
     )
     assert CliRunner().invoke(main, ["lint", str(tmp_path / "missing.yaml")]).exit_code == 2
+
+
+def test_bundled_workloads_too_big_claim_is_found() -> None:
+    ex = examples_dir()
+    r = CliRunner().invoke(main, ["lint", "--cluster", str(ex / "cluster.yaml"), str(ex / "workloads")])
+    assert r.exit_code == 1
+    assert r.stdout.strip().splitlines() == [
+        f"{ex / 'workloads' / 'dra-native.yaml'} (document 8): ResourceClaim default/too-big: "
+        "spec.devices.requests[0].exactly.capacity.requests[memory]: 100Gi is more than any device has: the largest "
+        "memory of a matching device is 81559Mi (gpu.tessera.dev/h100-node/gpu-0); no device can satisfy this "
+        "request. fix: ask for at most 81559Mi per device, or use several devices (count: N)"
+    ]

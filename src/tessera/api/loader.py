@@ -119,10 +119,13 @@ def parse_documents(text: str, file: str) -> list[tuple[int, dict[str, Any]]]:
             items = doc.get("items") or []
             if not isinstance(items, list):
                 raise ManifestError("items must be a list", file=file, doc=i, field="items")
-            for item in items:
+            for j, item in enumerate(items):
                 if not isinstance(item, dict) or "kind" not in item:
                     raise ManifestError(
-                        "List item is not a Kubernetes object", file=file, doc=i, field="items"
+                        "List item is not a Kubernetes object (needs apiVersion and kind)",
+                        file=file,
+                        doc=i,
+                        field=f"items[{j}]",
                     )
                 out.append((i, item))
         else:
@@ -137,8 +140,12 @@ def load_file(path: str | Path) -> list[Manifest]:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ManifestError("file not found", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ManifestError(f"cannot read: {e}", file=str(path)) from None
+    except UnicodeDecodeError as e:
+        raise ManifestError(
+            f"not UTF-8 text (byte {e.start}): a binary file? pass YAML or JSON manifests", file=str(path)
+        ) from None
+    except OSError as e:
+        raise ManifestError(f"cannot read: {e.strerror or e}", file=str(path)) from None
     return [Manifest(obj, Source(str(path), doc)) for doc, obj in parse_documents(text, str(path))]
 
 

@@ -785,6 +785,9 @@ def _explain_pod(
     for p in result.pending:
         if p.pod == ref:
             exp.reason = p.reason
+            # A pending pod stays pending; its reason (above) and the per-device account
+            # below both describe the cluster as the simulation left it, after every pod.
+            state = sim.state
     before = copy.deepcopy(state)
     own: list[dict[str, Any]] = []
     done: list[dict[str, Any]] = []

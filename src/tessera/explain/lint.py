@@ -225,11 +225,23 @@ def _check_request(add: Any, path: str, body: Mapping[str, Any], world: _World) 
                 f"(published: {', '.join(sorted(published))}); no device can satisfy this request",
                 f"use {near!r}" if near else "request a published capacity",
             )
+        try:
+            amount = Quantity.parse(v)
+        except QuantityError:
+            continue
+        if world.published and k in published:
+            with_cap = [d for d in cands if k in d.capacity]
+            biggest = max(with_cap, key=lambda d: d.capacity[k].value.value)
+            top = biggest.capacity[k].value
+            if amount.value > top.value:
+                add(
+                    where,
+                    f"{amount.canonical()} is more than any device has: the largest {k} of a matching device is "
+                    f"{top.canonical()} ({'/'.join(biggest.id)}); no device can satisfy this request",
+                    f"ask for at most {top.canonical()} per device, or use several devices (count: N)",
+                )
         if str(k).rpartition("/")[2] == "cores":
-            try:
-                q = Quantity.parse(v)
-            except QuantityError:
-                continue
+            q = amount
             if q.value > 100:
                 add(
                     where,

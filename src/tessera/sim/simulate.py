@@ -115,6 +115,90 @@ def _name(obj: dict[str, Any]) -> str:
     return str(md.get("name") or md.get("generateName") or "")
 
 
+def _dup(m: Manifest, message: str) -> ManifestError:
+    return ManifestError(message, file=m.source.file, doc=m.source.doc, obj=m.ref(), field="metadata.name")
+
+
+def _check_slice(m: Manifest) -> None:
+    """API validation of a ResourceSlice given as input (the API server would reject these)."""
+    from tessera.inventory import validate_resource_slice
+
+    problems = validate_resource_slice(m.obj)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ManifestError(problems[0] + more, file=m.source.file, doc=m.source.doc, obj=m.ref())
+
+
+def _check_selectors(m: Manifest) -> None:
+    """CEL selectors must compile, as the API server checks on create."""
+    from tessera.cel import CelCompileError, compile_selector
+
+    spec = m.obj.get("spec") or {}
+    places: list[tuple[str, Any]] = []
+    if m.kind == "DeviceClass":
+        places.append(("spec.selectors", spec.get("selectors")))
+    else:
+        base = "spec.spec" if m.kind == "ResourceClaimTemplate" else "spec"
+        cspec = (spec.get("spec") or {}) if m.kind == "ResourceClaimTemplate" else spec
+        for i, r in enumerate(((cspec.get("devices") or {}).get("requests")) or []):
+            if r.get("exactly"):
+                places.append((f"{base}.devices.requests[{i}].exactly.selectors", r["exactly"].get("selectors")))
+            for j, sub in enumerate(r.get("firstAvailable") or []):
+                places.append((f"{base}.devices.requests[{i}].firstAvailable[{j}].selectors", sub.get("selectors")))
+    for where, sels in places:
+        for k, sel in enumerate(sels or []):
+            expr = ((sel or {}).get("cel") or {}).get("expression")
+            if not isinstance(expr, str):
+                continue
+            try:
+                compile_selector(expr)
+            except CelCompileError as e:
+                raise ManifestError(
+                    f"CEL compile error: {e}", file=m.source.file, doc=m.source.doc, obj=m.ref(), field=f"{where}[{k}].cel.expression"
+                ) from None
+
+
+def _check_pod(m: Manifest) -> None:
+    """What the API server rejects in a Pod that simulation would otherwise accept."""
+    spec = m.obj.get("spec") or {}
+    ctrs = spec.get("containers")
+    if not isinstance(ctrs, list) or not ctrs:
+        raise ManifestError(
+            "a Pod needs at least one container", file=m.source.file, doc=m.source.doc, obj=m.ref(), field="spec.containers"
+        )
+    declared = {pc.get("name") for pc in spec.get("resourceClaims") or [] if isinstance(pc, dict)}
+    for part in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(part) or []):
+            for j, rc in enumerate(((c or {}).get("resources") or {}).get("claims") or []):
+                if rc.get("name") not in declared:
+                    raise ManifestError(
+                        f"claim {rc.get('name')!r} is not declared in spec.resourceClaims: add it there",
+                        file=m.source.file,
+                        doc=m.source.doc,
+                        obj=m.ref(),
+                        field=f"spec.{part}[{i}].resources.claims[{j}].name",
+                    )
+
+
+# Resources kube-scheduler counts against node allocatable; anything else is an extended
+# resource some device plugin must advertise. Simulated nodes advertise none.
+_NATIVE_RESOURCES = ("cpu", "memory", "ephemeral-storage", "pods")
+
+
+def unserved_extended_resources(pod: dict[str, Any]) -> list[str]:
+    """Extended resources the pod still asks for (after HAMi conversion): no simulated node has them."""
+    out: list[str] = []
+    spec = pod.get("spec") or {}
+    for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
+        res = (c or {}).get("resources") or {}
+        for part in ("requests", "limits"):
+            for name in (res.get(part) or {}):
+                if name in _NATIVE_RESOURCES or str(name).startswith("hugepages-") or name in out:
+                    continue
+                out.append(str(name))
+    return out
+
+
 def whole_gpu_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """The claim spec as the device-plugin model would serve it: every device whole.
 
@@ -184,13 +268,33 @@ class Simulation:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: list[Manifest] = []
         slices = [s for n in cluster.nodes for s in n.slices]
+        slice_names = {_name(s): s for s in slices}
+        seen: dict[tuple[str, str, str], Manifest] = {}
         for m in manifests:
             check(m)
             kind = m.kind
+            if kind == "ResourceSlice":
+                # Identical slices (e.g. simulate's own -o yaml fed back beside --cluster) are
+                # the same object; a different slice under a published name is an error.
+                prior = slice_names.get(m.name)
+                if prior is not None and prior.get("spec") == m.obj.get("spec"):
+                    continue
+                if prior is not None:
+                    raise _dup(m, "a ResourceSlice of this name is already published (by a cluster node or an earlier file)")
+                _check_slice(m)
+                slice_names[m.name] = m.obj
+                slices.append(m.obj)
+                continue
+            if kind == "DeviceClass" and m.name == DEVICE_CLASS_NAME and m.obj.get("spec") == default_device_class()["spec"]:
+                continue
+            key = (kind, m.namespace if kind != "DeviceClass" else "", m.name)
+            if kind in ("DeviceClass", "ResourceClaimTemplate", "ResourceClaim", "Pod"):
+                if key in seen:
+                    raise _dup(m, f"duplicate {kind} name (first in {seen[key].source}): names must be unique")
+                seen[key] = m
+                _check_selectors(m)
             if kind == "DeviceClass":
                 self.classes[m.name] = m.obj
-            elif kind == "ResourceSlice":
-                slices.append(m.obj)
             elif kind == "ResourceClaimTemplate":
                 self.templates[(m.namespace, m.name)] = m.obj
             elif kind == "ResourceClaim":
@@ -199,6 +303,7 @@ class Simulation:
                     claim["spec"] = whole_gpu_spec(claim.get("spec") or {})
                 self.claims[(m.namespace, m.name)] = claim
             elif kind == "Pod":
+                _check_pod(m)
                 self.pods.append(m)
             else:
                 self.warnings.append(f"{m.source}: {m.ref()}: kind {kind} is not simulated; ignored")
@@ -219,12 +324,10 @@ class Simulation:
         self._to_explain: dict[str, list[dict[str, Any]]] = {}
         self._request_notes: dict[str, str] = {}
         self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed))
+        # GPU memory sizes for HAMi's gpumem-percentage: every Tessera device with memory
+        # (MIG instances too: a percentage of a dedicated MIG device filters by its memory).
         self.memory_sizes = sorted(
-            {
-                int(d.capacity["memory"].value.value)
-                for d in self.index.devices()
-                if d.driver == DRIVER_NAME and "memory" in d.capacity and d.allow_multiple
-            },
+            {int(d.capacity["memory"].value.value) for d in self.index.devices() if d.driver == DRIVER_NAME and "memory" in d.capacity},
             reverse=True,
         )
         self._check_classes(manifests)
@@ -266,8 +369,7 @@ class Simulation:
         for m in self.pods:
             conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
             pod = conv.pod  # a new dict: convert_pod never returns its input
-            for w in conv.warnings:
-                self.warnings.append(f"{m.source}: {w}")
+            self.warnings.extend(conv.warnings)  # convert_pod already names the source
             for t in conv.templates:
                 key = (_ns(t), _name(t))
                 if key not in self.templates:
@@ -355,6 +457,11 @@ class Simulation:
     def _schedule(
         self, pod: dict[str, Any], ref: str, policy: PodPolicy
     ) -> tuple[str | None, str, list[tuple[str, dict[str, Any]]]]:
+        extended = unserved_extended_resources(pod)
+        if extended:
+            n = len(self.nodes)
+            parts = ", ".join(f"{n} Insufficient {r}" for r in extended)
+            return None, f"0/{n} nodes are available: {parts}.", []
         claims, reason = self._resolve_claims(pod, ref)
         if reason:
             return None, reason, []
