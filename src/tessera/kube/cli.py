@@ -35,7 +35,7 @@ _state_dir_option = click.option(
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"tessera: error: {message}", err=True)
     sys.exit(code)
 
 
@@ -60,7 +60,15 @@ def cluster() -> None:
 @click.option("--no-build", is_flag=True, help="Do not run tools/kube/build.sh; use the binaries as they are.")
 @click.option("--timeout", type=float, default=180.0, show_default=True, help="Seconds to wait for each component.")
 def up(state_dir: Path | None, slice_files: tuple[Path, ...], cluster_file: Path | None, no_build: bool, timeout: float) -> None:
-    """Start a fresh control plane and register nodes, ResourceSlices and the DeviceClass gpu.tessera.dev."""
+    """Start a fresh control plane and register nodes, ResourceSlices and the DeviceClass gpu.tessera.dev.
+
+    With neither --cluster nor --slices, the nodes of the bundled default cluster (the one
+    `tessera simulate` uses with no arguments) are registered.
+    """
+    if cluster_file is None and not slice_files:
+        from tessera.cli import examples_dir
+
+        cluster_file = examples_dir() / "cluster.yaml"
     try:
         inv = Inventory()
         if cluster_file is not None:
