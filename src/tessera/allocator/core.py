@@ -531,7 +531,9 @@ class _Search:
         self.node = node
         self.claims_in = claims
         self.pools = alloc.pools(node)
-        self.allocating: set[DeviceID] = set()  # dedicated picks in this call
+        # Dedicated picks in this call, counted: an admin request may pick a device another
+        # claim of the call already holds, and undoing it must not free the other pick.
+        self.allocating: dict[DeviceID, int] = {}
         self.cap_in_call: dict[DeviceID, dict[str, Fraction]] = {}
         self.counters_in_call: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = {}
         self._available: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = {}
@@ -787,10 +789,10 @@ class _Search:
             for k, v in cap_added.items():
                 entry[k] = entry.get(k, Fraction(0)) + v
         else:
-            self.allocating.add(d.id)
+            self.allocating[d.id] = self.allocating.get(d.id, 0) + 1
             cd.picked_dedicated.add(d.id)
-        if rd.admin and multi:
-            cd.picked_dedicated.add(d.id)
+        # A multi-allocatable device is never "in use" within the call, not even for admin
+        # requests of the same claim (Kubernetes v1.37.2, checked with the harness).
         cd.results.append(result)
         cd.devices.append(d)
 
@@ -801,12 +803,14 @@ class _Search:
                 entry = self.cap_in_call.get(d.id, {})
                 for k, v in cap_added.items():
                     entry[k] -= v
-                if rd.admin:
-                    cd.picked_dedicated.discard(d.id)
                 # Upstream keeps the (possibly empty) entry and the counter charge of a
                 # multi-allocatable device on undo (dra-spec.md 2.5 quirks): mirror it.
             else:
-                self.allocating.discard(d.id)
+                left = self.allocating[d.id] - 1
+                if left:
+                    self.allocating[d.id] = left
+                else:
+                    del self.allocating[d.id]
                 cd.picked_dedicated.discard(d.id)
                 self._uncharge(pool, counter_charge)
             for con in reversed(added):
