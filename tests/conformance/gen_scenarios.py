@@ -1288,10 +1288,9 @@ case("tessera-r1-same-claim-distinct-rejects-shared-device", features=[CC], clas
 case("tessera-r2-distinct-count-3-within-one-request", features=[CC], classes=CA,
      slices=mslice(dev(d(1), attr={"stringAttribute": "A"}), dev(d(2), attr={"stringAttribute": "B"}), dev(d(3), attr={"stringAttribute": "A"})),
      claims=[c0(r0(count=3), constraints=[distinct(ATTR_STR)])],
-     divergence="upstream (incubating, 2026-07) remembers one value per request name, so within a request of count 3 it only "
-                "compares each device with the previous one and allocates device-1, device-2, device-3 (A, B, A); Tessera enforces "
-                "distinctness across all devices in scope and finds no allocation (dra-spec.md 2.6)",
-     note="R2", **_R)
+     note="R2: dra-spec.md 2.6 describes master (2026-07) remembering one value per request name, which would allocate "
+          "A, B, A here; Kubernetes v1.37.2 (checked with tools/kube's harness) enforces distinctness across all devices in "
+          "scope, as Tessera does: no allocation", **_R)
 case("tessera-r3-cel-runtime-error-aborts-allocation", classes=CA,
      slices=mslice(dev(d(1)), dev(d(2), attr={"model": "x"})),
      claims=[c0(r0(sel=[cel(f'device.attributes["{DA}"].model == "x"')]))],
