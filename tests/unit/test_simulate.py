@@ -319,3 +319,33 @@ def test_whole_gpus_mode_books_every_device_whole() -> None:
     ]
     # A memory request stays a requirement: no 80 GiB GPU satisfies 90Gi.
     assert [p.pod for p in res.pending] == ["default/p3"]
+
+
+def test_reason_names_the_capacity_that_is_short() -> None:
+    text = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: busy}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: gpu.tessera.dev, capacity: {requests: {memory: 8Gi, cores: "60"}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: busy}
+spec:
+  replicas: 2
+  template:
+    spec:
+      resourceClaims: [{name: gpu, resourceClaimTemplateName: busy}]
+      containers: [{name: c, image: x, resources: {claims: [{name: gpu}]}}]
+"""
+    res = Simulation(cluster(("n", [81920])), manifests(text)).run()
+    assert [p.pod for p in res.pending] == ["default/busy-1"]
+    assert res.pending[0].reason.endswith(
+        "1 device(s) match its selectors, 0 of them with room for memory 8Gi, cores 60; "
+        "most free memory: 72Gi on n/gpu-0; most free cores: 40 on n/gpu-0"
+    )

@@ -588,7 +588,9 @@ class Simulation:
         if not matching:
             return "no device matches its selectors"
         room: list[Device] = []
-        best: tuple[Fraction, Device] | None = None
+        # Per capacity the request names (memory if none): the most free on any device.
+        shown = list(caps) or ["memory"]
+        best: dict[str, tuple[Fraction, Device]] = {}
         for d in matching:
             if d.id in self.state.dedicated:
                 continue
@@ -599,8 +601,8 @@ class Simulation:
                 free = cap.value.value - agg.get(k, Fraction(0))
                 if amount.value > free:
                     ok = False
-                if k == "memory" and (best is None or free > best[0]):
-                    best = (free, d)
+                if k in shown and (k not in best or free > best[k][0]):
+                    best[k] = (free, d)
             if any(k not in d.capacity for k in caps):
                 ok = False
             if ok:
@@ -609,8 +611,12 @@ class Simulation:
         msg = f"{len(matching)} device(s) match its selectors, {len(room)} of them with room for {need}"
         if want > 1:
             msg += f" ({want} distinct devices on one node needed)"
-        if best is not None and len(room) < want:
-            msg += f"; most free memory: {Quantity(best[0], 'BinarySI').canonical()} on {best[1].pool}/{best[1].name}"
+        if len(room) < want:
+            for k in shown:
+                if k in best:
+                    free, d = best[k]
+                    q = Quantity(free, d.capacity[k].value.format).canonical()
+                    msg += f"; most free {k}: {q} on {d.pool}/{d.name}"
         return msg
 
     # ------------------------------------------------------------------------------------------
