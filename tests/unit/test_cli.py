@@ -110,7 +110,7 @@ def test_truncated_inventory(corpus: Path, tmp_path: Path) -> None:
 def test_helm_template_input(corpus: Path, tmp_path: Path) -> None:
     f = corpus / "dra-manifests" / "k8s-dra-driver-gpu__helm_templates__deviceclass-gpu.helm-template.yaml"
     msg = _bad(tmp_path, "simulate", str(f))
-    assert "this is a Helm template" in msg and "helm template" in msg
+    assert "this is a template" in msg and "`helm template` for a Helm chart" in msg
 
 
 def test_shell_prompt_input(tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ def test_helm_template_is_unreadable_input(corpus: Path) -> None:
     r = CliRunner().invoke(main, ["lint", str(f)])
     assert r.exit_code == 2
     assert r.output.count("\n") == 1
-    assert "this is a Helm template ('{{- if .Values.resources.gpus.enabled }}'), not a manifest" in r.output
+    assert "this is a template ('{{- if .Values.resources.gpus.enabled }}'), not a manifest" in r.output
 
 
 def test_memory_as_attribute_domain() -> None:

@@ -91,8 +91,8 @@ def parse_documents(text: str, file: str) -> list[tuple[int, dict[str, Any]]]:
         assert m is not None
         line = text.count("\n", 0, m.start()) + 1
         raise ManifestError(
-            f"line {line}: this is a Helm template ({m.group(0)[:40]!r}), not a manifest: "
-            "render it first with `helm template` and pass the output",
+            f"line {line}: this is a template ({m.group(0)[:40]!r}), not a manifest: "
+            "render it first (`helm template` for a Helm chart) and pass the output",
             file=file,
         )
     try:
