@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
@@ -24,9 +23,6 @@ if TYPE_CHECKING:
     from tessera.api.loader import Manifest
     from tessera.sim.cluster import Cluster
     from tessera.sim.simulate import SimResult, Simulation
-
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     errs: list[type[BaseException]] = [TesseraError, QuantityError]

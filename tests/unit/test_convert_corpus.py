@@ -7,7 +7,6 @@ A missing corpus is a failure, not a skip.
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +14,10 @@ import pytest
 import yaml
 from test_convert import ATTRS, H100_80GB, V100S_32GB, assert_api_valid
 
+from conftest import corpus_path
 from tessera.convert import ContainerRequest, Conversion, convert_pod
 
-
-def corpus_root() -> Path:
-    env = os.environ.get("TESSERA_CORPUS")
-    root = Path(env) if env else Path(__file__).resolve().parents[2] / ".." / "shared" / "corpus"
-    return root.resolve()
-
-
-HAMI_PODS = corpus_root() / "hami-pods"
+HAMI_PODS = corpus_path().resolve() / "hami-pods"
 SIZES = (H100_80GB, V100S_32GB)
 
 # Workload kinds and where their pod template lives.

@@ -3,12 +3,11 @@ ResourceSlices or its documented, exact error."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
+from conftest import corpus_path
 from tessera.inventory import (
     GPU,
     InventoryError,
@@ -19,15 +18,7 @@ from tessera.inventory import (
     validate_resource_slice,
 )
 
-
-def corpus_dir() -> Path:
-    env = os.environ.get("TESSERA_CORPUS")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / ".." / "shared" / "corpus"
-
-
-CORPUS = corpus_dir()
+CORPUS = corpus_path()
 MISSING = "<corpus missing: set TESSERA_CORPUS or put shared/ beside the repository>"
 
 

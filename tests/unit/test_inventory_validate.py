@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import tessera
+from conftest import corpus_path
 from tessera.inventory import build_resource_slices, load_inventory, load_topology
 from tessera.inventory import validate_resource_slice as validate
 
 EXAMPLES = Path(tessera.__file__).resolve().parent / "examples"
-
-
-def corpus_dir() -> Path:
-    env = os.environ.get("TESSERA_CORPUS")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / ".." / "shared" / "corpus"
 
 
 def good() -> dict[str, Any]:
@@ -120,7 +113,7 @@ def test_slice_level_rules() -> None:
     sorted(str(p.relative_to(EXAMPLES)) for p in EXAMPLES.glob("*/*") if p.is_file() and p.parent.name in ("inventories", "topologies")),
 )
 def test_bundled_examples_are_byte_copies_of_the_corpus(name: str) -> None:
-    corpus = corpus_dir() / name
+    corpus = corpus_path() / name
     assert corpus.is_file(), f"corpus file missing: {corpus} (set TESSERA_CORPUS)"
     assert (EXAMPLES / name).read_bytes() == corpus.read_bytes()
     assert f"`{Path(name).name}`" in (EXAMPLES / "SOURCES.md").read_text(encoding="utf-8")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from conftest import corpus_path
 from tessera.inventory import (
     GPU,
     InventoryError,
@@ -28,15 +28,7 @@ from tessera.inventory import (
 )
 from tessera.inventory.model import derive_architecture, normalize_bus_id, pcie_root_of, to_semver
 
-
-def corpus_dir() -> Path:
-    env = os.environ.get("TESSERA_CORPUS")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / ".." / "shared" / "corpus"
-
-
-CORPUS = corpus_dir()
+CORPUS = corpus_path()
 H100_Q = "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
 V100S_XML = "datakit__nvidiasmi_testdata__gtx-8card.8xV100S-PCIE-32GB.xml"
 A5000_XML = "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"

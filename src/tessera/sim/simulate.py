@@ -24,7 +24,7 @@ from tessera.allocator import AllocatedState, AllocationError, Allocator, Featur
 from tessera.allocator.core import consumed_amount
 from tessera.allocator.model import Device, node_selector_matches
 from tessera.api.errors import ManifestError
-from tessera.api.loader import Manifest, object_ref
+from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
 from tessera.api.validation import check
 from tessera.sim.cluster import Cluster
@@ -688,6 +688,3 @@ class Simulation:
             )
         return out
 
-
-def object_key(obj: dict[str, Any]) -> str:
-    return object_ref(obj)
