@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from corpus_paths import corpus_path
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def corpus_path() -> Path:
-    """Where the corpus should be: ``$TESSERA_CORPUS``, else ``../shared/corpus`` beside the repo."""
-    env = os.environ.get("TESSERA_CORPUS")
-    return Path(env) if env else REPO.parent / "shared" / "corpus"
 
 
 def corpus_dir() -> Path:

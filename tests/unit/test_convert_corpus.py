@@ -14,7 +14,7 @@ import pytest
 import yaml
 from test_convert import ATTRS, H100_80GB, V100S_32GB, assert_api_valid
 
-from conftest import corpus_path
+from corpus_paths import corpus_path
 from tessera.convert import ContainerRequest, Conversion, convert_pod
 
 HAMI_PODS = corpus_path().resolve() / "hami-pods"

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import corpus_path
+from corpus_paths import corpus_path
 from tessera.inventory import (
     GPU,
     InventoryError,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import tessera
-from conftest import corpus_path
+from corpus_paths import corpus_path
 from tessera.inventory import build_resource_slices, load_inventory, load_topology
 from tessera.inventory import validate_resource_slice as validate
 

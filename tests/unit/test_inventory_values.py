@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conftest import corpus_path
+from corpus_paths import corpus_path
 from tessera.inventory import (
     GPU,
     InventoryError,
