@@ -22,7 +22,7 @@ esac
 
 command -v go >/dev/null || { echo "build.sh: 'go' not found on PATH; install Go >= 1.26 (https://go.dev/dl/)" >&2; exit 2; }
 
-binaries=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl allocator-harness)
+binaries=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet allocator-harness)
 mkdir -p "$bin"
 # One build at a time (a CLI call and a test session may race).
 exec 9>"$bin/.lock"
@@ -57,12 +57,13 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
 done
 export CGO_ENABLED=0
-echo "build.sh: building kube-apiserver kube-scheduler kube-controller-manager kubectl ($k8s_version) and allocator-harness"
+echo "build.sh: building kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet ($k8s_version) and allocator-harness"
 go build -o "$bin/" -ldflags "$ldflags" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kubectl \
+  k8s.io/kubernetes/cmd/kubelet \
   ./cmd/allocator-harness
 etcd_version="$(cd etcd && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
 echo "build.sh: building etcd ($etcd_version)"
