@@ -1,6 +1,6 @@
 """The ``tessera`` command line: the one entry-point package.
 
-Every command lives in a module here (``simulate``, ``explain``/``lint``, ``cluster``) and
+Every command lives in a module here (``simulate``, ``explain``/``lint``, ``cluster``, ``driver``) and
 reports bad input the same way (:func:`tessera.cli._common.fail`: one line, exit 2), catching
 only :class:`tessera.api.errors.TesseraError`, the root of every user error. Services
 (``sim``, ``explain``, ``kube``...) and core packages never import this package.
@@ -19,10 +19,11 @@ def main() -> None:
 
 def _register() -> None:
     from tessera.cli.cluster import cluster
+    from tessera.cli.driver import driver
     from tessera.cli.explain import explain, lint
     from tessera.cli.simulate import simulate
 
-    for cmd in (simulate, explain, lint, cluster):
+    for cmd in (simulate, explain, lint, cluster, driver):
         main.add_command(cmd)
 
 

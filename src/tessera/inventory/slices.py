@@ -10,7 +10,13 @@ from tessera.api.quantity import Quantity
 
 from .errors import SliceBuildError
 from .model import GPU, MIB, MigDevice, Topology, pcie_root_of, to_semver
-from .validate import MAX_DEVICES, MAX_STRING, is_dns_subdomain, validate_resource_slice
+from .validate import (
+    MAX_DEVICES,
+    MAX_DEVICES_WITH_COUNTERS,
+    MAX_STRING,
+    is_dns_subdomain,
+    validate_resource_slice,
+)
 
 DRIVER = "gpu.tessera.dev"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
@@ -178,6 +184,8 @@ def build_resource_slices(
     driver: str = DRIVER,
     generation: int = 1,
     pcie_roots: Mapping[str, str] | None = None,
+    taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    attributes: Mapping[str, Attr] | None = None,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices (``resource.k8s.io/v1``) that publish ``gpus`` as one pool.
 
@@ -205,6 +213,11 @@ def build_resource_slices(
     (``pci0000:64``) for callers that can read sysfs; otherwise the root is published only when
     the bus id alone determines it (see :func:`~tessera.inventory.model.pcie_root_of`).
 
+    ``taints`` (DRADeviceTaints, KEP-5055) maps a GPU UUID to the device taints
+    (``{key, value, effect}``) of that GPU's devices (its MIG devices too); a pool with any
+    taint is cut into slices of at most 64 devices, as the API server requires. ``attributes``
+    are added to every device (the node driver's ``enforcementBackend``).
+
     Raises :class:`SliceBuildError` for an invalid node or driver name or generation, duplicate
     GPU indices or UUIDs, or a topology with another GPU count. Every returned slice passes
     :func:`validate_resource_slice`.
@@ -217,11 +230,19 @@ def build_resource_slices(
         if numa is None and topology is not None:
             numa = topology.numa.get(gpu.index)
         if gpu.mig_enabled:
-            for mig in sorted(gpu.mig_devices, key=lambda m: m.index):
-                devices.append(_mig_device(gpu, mig, numa, pcie_roots))
+            made = [_mig_device(gpu, mig, numa, pcie_roots)
+                    for mig in sorted(gpu.mig_devices, key=lambda m: m.index)]
         else:
-            devices.append(_gpu_device(gpu, numa, domains.get(gpu.index), pcie_roots))
-    chunks = [devices[i : i + MAX_DEVICES] for i in range(0, len(devices), MAX_DEVICES)] or [[]]
+            made = [_gpu_device(gpu, numa, domains.get(gpu.index), pcie_roots)]
+        gpu_taints = (taints or {}).get(gpu.uuid)
+        for dev in made:
+            if attributes:
+                dev["attributes"].update({k: dict(v) for k, v in attributes.items()})
+            if gpu_taints:
+                dev["taints"] = [dict(t) for t in gpu_taints]
+        devices.extend(made)
+    per_slice = MAX_DEVICES_WITH_COUNTERS if any("taints" in d for d in devices) else MAX_DEVICES
+    chunks = [devices[i : i + per_slice] for i in range(0, len(devices), per_slice)] or [[]]
     base = f"{node_name}-{driver}"
     slices: list[dict[str, Any]] = []
     for k, chunk in enumerate(chunks):
