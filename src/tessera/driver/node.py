@@ -90,6 +90,7 @@ class DriverConfig:
     rescan_seconds: float = 10.0
     xid_recovery_seconds: float = 60.0
     write_claim_status: bool = True
+    cgroup_root: str = "/sys/fs/cgroup"
 
 
 @dataclass
@@ -149,7 +150,7 @@ class NodeDriver:
         self.registry.update(inv.gpus, {})
         self.backend = backends.detect(
             cfg.enforcement_backend, self.nvml, inv.driver_version,
-            [g.gpu.uuid for g in inv.gpus], backends.find_cdi_hook(cfg.cdi_hook))
+            [g.gpu.uuid for g in inv.gpus], backends.find_cdi_hook(cfg.cdi_hook), cfg.cgroup_root)
         self.layout = Layout(**{**self.layout.__dict__, "cdi_hook": backends.find_cdi_hook(cfg.cdi_hook)})
         self.log(f"{len(inv.gpus)} GPU(s) from {inv.source} (driver {inv.driver_version}); "
                  f"enforcement backend {self.backend.backend}: {self.backend.reason}")

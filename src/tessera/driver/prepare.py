@@ -310,7 +310,7 @@ def _cdi_spec(ref: ClaimRef, layout: Layout, gpus: Sequence[GpuRecord],
     return {
         "cdiVersion": CDI_VERSION,
         "kind": layout.cdi_kind,
-        "annotations": {"tessera.dev/claim": f"{ref.namespace}.{ref.name}", "tessera.dev/claim-uid": ref.uid},
+        "annotations": {"tessera.dev/claim": f"{ref.namespace}/{ref.name}", "tessera.dev/claim-uid": ref.uid},
         "devices": devices,
         "containerEdits": edits,
     }
