@@ -344,3 +344,47 @@ def test_start_errors_are_one_line(driver_env: DriverEnv, tmp_path: Path) -> Non
         NodeDriver(env.config(nvml_library=str(tmp_path / "libnvidia-ml.so.1"), nvidia_smi="nvidia-smi-missing"),
                    env.client).start()
     time.sleep(0)
+
+
+def test_cli_start_errors_are_one_line_exit_2(driver_env: DriverEnv, kube_namespace: str, tmp_path: Path) -> None:
+    """``tessera driver`` refuses to start, in one line with exit 2: missing kubelet directory,
+    no NVML and no nvidia-smi, and an identity the API server denies (a ServiceAccount token
+    without RBAC, through the client's bearer-token authentication)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    env = driver_env
+    base = [sys.executable, "-m", "tessera", "driver", "--node-name", env.node, "--kubelet-root-dir", str(env.kubelet_root),
+            "--cdi-dir", str(env.cdi_dir), "--state-dir", str(env.state_dir), "--dev-root", str(env.dev_root),
+            "--health-address", ""]
+
+    def run(*extra: str, kubeconfig: Path = env.kubeconfig) -> tuple[int, list[str]]:
+        p = subprocess.run([*base, "--kubeconfig", str(kubeconfig), *extra], env=env.env(), capture_output=True,
+                           text=True, timeout=60)
+        return p.returncode, p.stderr.strip().splitlines()
+
+    rc, err = run("--nvml-library", str(env.nvml_lib), "--kubelet-root-dir", str(tmp_path / "missing"))
+    assert rc == 2 and err == [f"tessera: error: kubelet directory {tmp_path / 'missing'} does not exist: run the driver "
+                               "on a node whose kubelet uses it, or pass the kubelet's --root-dir as --kubelet-root-dir"]
+    rc, err = run("--nvml-library", str(tmp_path / "libnvidia-ml.so.1"), "--nvidia-smi", "no-nvidia-smi")
+    assert rc == 2 and len(err) == 1
+    assert err[0].startswith(f"tessera: error: no GPU inventory: NVML: NVML library {tmp_path / 'libnvidia-ml.so.1'}: cannot load")
+    assert err[0].endswith("nvidia-smi fallback: no-nvidia-smi not found on PATH (install the NVIDIA driver, or pass --nvml-library PATH)")
+    # A ServiceAccount with no RBAC at all.
+    env.client.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "noperm", "namespace": kube_namespace}})
+    tok = env.client.request("POST", f"/api/v1/namespaces/{kube_namespace}/serviceaccounts/noperm/token",
+                             body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                                   "spec": {"expirationSeconds": 600}})["status"]["token"]
+    admin = yaml.safe_load(env.kubeconfig.read_text())
+    admin["users"] = [{"name": "noperm", "user": {"token": tok}}]
+    admin["contexts"][0]["context"]["user"] = "noperm"
+    kc = tmp_path / "noperm.kubeconfig"
+    kc.write_text(yaml.safe_dump(admin))
+    rc, err = run("--nvml-library", str(env.nvml_lib), kubeconfig=kc)
+    assert rc == 2 and err == [
+        "tessera: error: the API server denies this identity: get resourceclaims, list resourceslices, create resourceslices, "
+        "patch resourceslices, delete resourceslices (group resource.k8s.io); grant the driver's ServiceAccount the "
+        "ClusterRole in docs/driver.md"]
+    assert node_slices(env.client, env.node) == []

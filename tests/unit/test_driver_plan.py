@@ -156,7 +156,7 @@ def test_materialize_is_idempotent_and_remove_takes_everything(devices: dict[str
 
 def test_checkpoint_round_trip_and_refuses_foreign_files(tmp_path: Path) -> None:
     cp = Checkpoint(tmp_path / "checkpoint.json")
-    cp.update(put={"a": {"state": "preparing", "plan": {}}, "b": {"state": "prepared", "plan": {}}})
+    cp.update(put={"a": {"state": "prepared", "plan": {}}, "b": {"state": "prepared", "plan": {}}})
     cp.update(drop=["a"])
     assert Checkpoint(tmp_path / "checkpoint.json").claims == {"b": {"state": "prepared", "plan": {}}}
     (tmp_path / "bad.json").write_text('{"version": 7}')
@@ -177,3 +177,31 @@ def test_generated_stubs_serve_the_kubelets_method_paths() -> None:
     assert [m.name for m in dra_pb2.DESCRIPTOR.services_by_name["DRAPlugin"].methods] == [
         "NodePrepareResources", "NodeUnprepareResources"]
     assert reg_pb2.DESCRIPTOR.services_by_name["Registration"].full_name == "pluginregistration.Registration"
+
+
+def test_checkpoint_group_commit_applies_every_concurrent_update(tmp_path: Path) -> None:
+    import threading
+
+    cp = Checkpoint(tmp_path / "checkpoint.json")
+    writes = []
+    import tessera.driver.checkpoint as mod
+
+    real = mod.write_atomic
+
+    def counting(*a: Any, **kw: Any) -> None:
+        writes.append(1)
+        real(*a, **kw)
+
+    mod.write_atomic = counting  # type: ignore[assignment]
+    try:
+        threads = [threading.Thread(target=cp.update, kwargs={"put": {f"u{i}": {"state": "prepared", "plan": {"i": i}}}})
+                   for i in range(50)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        mod.write_atomic = real  # type: ignore[assignment]
+    on_disk = json.loads((tmp_path / "checkpoint.json").read_text())["claims"]
+    assert on_disk == {f"u{i}": {"state": "prepared", "plan": {"i": i}} for i in range(50)}
+    assert 1 <= len(writes) <= 50

@@ -4,19 +4,22 @@ One JSON file, ``<state>/checkpoint.json``, replaced atomically (temporary file,
 rename) on every change, so after a crash or ``kill -9`` at any instant it holds either the
 state before a change or after it, never a mix::
 
-    {"version": 1, "claims": {"<claim uid>": {"state": "preparing" | "prepared",
-                                              "plan": <ClaimPlan JSON>}}}
+    {"version": 1, "claims": {"<claim uid>": {"state": "prepared", "plan": <ClaimPlan JSON>}}}
 
-Write-ahead rule (what makes restarts safe):
+Rules (what makes restarts safe):
 
-* prepare records the claim's plan as ``preparing`` *before* writing any of its files, then
-  ``prepared`` after; a retried prepare of a claim already in the checkpoint re-writes the
-  *recorded* plan (so a claim is never prepared twice with different content, even if the
-  node's GPUs changed in between);
-* unprepare removes the files *before* dropping the entry, so a file always belongs to an
-  entry and a retried unprepare finishes the job.
+* prepare writes a claim's files first (each atomically), then records the claim and its
+  whole plan; unprepare removes the files, then the entry. So an entry always has its files
+  (or had: a crash may interrupt an unprepare, which the kubelet retries), and a file without
+  an entry belongs to a prepare whose answer never reached the kubelet;
+* at start, files no entry covers and temporary files of interrupted writes are removed, and
+  every entry's files are written again from the *recorded* plan where they are missing or
+  differ. A retried prepare of a recorded claim uses the recorded plan too, so a claim is
+  never prepared twice with different content, even if the node's GPUs changed in between;
+* the checkpoint is the only file synced to disk (the others are re-derived from it).
 
-Files that no entry covers (a temporary file of an interrupted write) are removed at start.
+Concurrent updates are committed together (group commit): one write serves every caller that
+arrived while the previous write was in progress.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from typing import Any
 
 from tessera.enforcement._files import write_atomic
 
-PREPARING = "preparing"
 PREPARED = "prepared"
 VERSION = 1
 
@@ -46,6 +48,12 @@ class Checkpoint:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._seq = 0
+        self._done = 0
+        self._writing = False
+        self._pending: list[tuple[int, dict[str, dict[str, Any]], list[str]]] = []
+        self._failed: dict[int, OSError] = {}
         self.claims: dict[str, dict[str, Any]] = {}
         if self.path.is_file():
             try:
@@ -66,20 +74,45 @@ class Checkpoint:
             return list(self.claims)
 
     def update(self, put: dict[str, dict[str, Any]] | None = None, drop: list[str] | None = None) -> None:
-        """Set entries ``put`` and remove ``drop``, then write the file once (atomically).
-        Raises ``OSError`` (the in-memory state is rolled back)."""
-        with self._lock:
-            before = dict(self.claims)
-            for uid, entry in (put or {}).items():
-                self.claims[uid] = entry
-            for uid in drop or []:
-                self.claims.pop(uid, None)
-            if self.claims == before and self.path.is_file():
-                return
-            data = json.dumps({"version": VERSION, "claims": self.claims}, sort_keys=True).encode()
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(str(self.path), data, 0o600, ".checkpoint.")
-            except OSError:
-                self.claims = before
-                raise
+        """Set entries ``put`` and remove ``drop``; return once that is on disk.
+
+        Callers that arrive while a write is in progress are committed together by the next
+        write. Raises ``OSError`` when the write failed (nothing of it is applied).
+        """
+        with self._cond:
+            self._seq += 1
+            ticket = self._seq
+            self._pending.append((ticket, put or {}, drop or []))
+            while True:
+                if ticket in self._failed:
+                    raise self._failed.pop(ticket)
+                if self._done >= ticket:
+                    return
+                if not self._writing:
+                    break
+                self._cond.wait()
+            self._writing = True
+            batch, self._pending = self._pending, []
+        claims = dict(self.claims)
+        for _, p, d in batch:
+            claims.update(p)
+            for uid in d:
+                claims.pop(uid, None)
+        error: OSError | None = None
+        try:
+            data = json.dumps({"version": VERSION, "claims": claims}, sort_keys=True).encode()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(str(self.path), data, 0o600, ".checkpoint.")
+        except OSError as e:
+            error = e
+        with self._cond:
+            self._writing = False
+            if error is None:
+                self.claims = claims
+            else:
+                for t, _, _ in batch:
+                    self._failed[t] = error
+            self._done = max(self._done, max(t for t, _, _ in batch)) if error is None else self._done
+            self._cond.notify_all()
+            if ticket in self._failed:
+                raise self._failed.pop(ticket)

@@ -33,7 +33,7 @@ from tessera.api.errors import TesseraError
 from tessera.kube.client import ApiError, KubeClient
 
 from . import backend as backends
-from .checkpoint import PREPARED, PREPARING, Checkpoint
+from .checkpoint import PREPARED, Checkpoint
 from .discovery import (
     DiscoveryError,
     Inventory,
@@ -253,6 +253,13 @@ class NodeDriver:
                 f.unlink(missing_ok=True)
         if removed:
             self.log(f"removed leftovers not in the checkpoint: {', '.join(sorted(removed))}")
+        repaired = []
+        for uid in known:
+            entry = self.checkpoint.get(uid)
+            if entry is not None and materialize(ClaimPlan.from_json(entry["plan"]), self.layout):
+                repaired.append(uid)
+        if repaired:
+            self.log(f"rewrote the files of recorded claims: {', '.join(sorted(repaired))}")
 
     # ---- kubelet calls ------------------------------------------------------------------
     def _lock_for(self, uid: str) -> threading.Lock:
@@ -268,19 +275,24 @@ class NodeDriver:
             self.stats.api_read.append(time.perf_counter() - t0)
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        """NodePrepareResources for a batch of claims; one result per claim UID."""
+        """NodePrepareResources for a batch of claims; one result per claim UID.
+
+        Per claim: the recorded plan when the checkpoint has one, else a new plan from the
+        ResourceClaim; its files are written, then new claims are recorded (one checkpoint
+        write for the batch, shared with concurrent batches), then the answer is given.
+        """
         assert self.checkpoint is not None
         out: dict[str, PrepareResult] = {}
         fetched: dict[str, dict[str, Any]] = {}
         for ref in claims:
             if self.checkpoint.get(ref.uid) is not None:
-                continue  # prepared (or being prepared) before: the recorded plan is used
+                continue  # prepared before: the recorded plan is used
             try:
                 fetched[ref.uid] = self.read_claim(ref)
             except ApiError as e:
                 out[ref.uid] = PrepareResult(error=f"ResourceClaim {ref.namespace}/{ref.name}: {e.reason or 'error'}: {e.message}")
         todo = [r for r in claims if r.uid not in out]
-        locks = [self._lock_for(r.uid) for r in sorted(todo, key=lambda r: r.uid)]
+        locks = [self._lock_for(u) for u in sorted({r.uid for r in todo})]
         for lk in locks:
             lk.acquire()
         try:
@@ -293,6 +305,12 @@ class NodeDriver:
                 if entry is not None:
                     plans[ref.uid] = ClaimPlan.from_json(entry["plan"])
                     continue
+                if ref.uid not in fetched:  # recorded when we looked, unprepared since
+                    try:
+                        fetched[ref.uid] = self.read_claim(ref)
+                    except ApiError as e:
+                        out[ref.uid] = PrepareResult(error=f"ResourceClaim {ref.namespace}/{ref.name}: {e.reason or 'error'}: {e.message}")
+                        continue
                 try:
                     plan = plan_claim(fetched[ref.uid], ref, self.cfg.node_name, devices,
                                       self.backend.backend, self.layout)
@@ -300,29 +318,32 @@ class NodeDriver:
                     out[ref.uid] = PrepareResult(error=str(e))
                     continue
                 plans[ref.uid] = plan
-                new[ref.uid] = {"state": PREPARING, "plan": plan.to_json()}
-            if new:
-                self.checkpoint.update(put=new)
-            done: dict[str, dict[str, Any]] = {}
-            for uid, plan in plans.items():
+                new[ref.uid] = {"state": PREPARED, "plan": plan.to_json()}
+            for uid, plan in list(plans.items()):
                 try:
                     materialize(plan, self.layout)
                 except OSError as e:
                     out[uid] = PrepareResult(error=f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: writing its files: {e}")
-                    continue
-                entry = self.checkpoint.get(uid)
-                if entry is not None and entry["state"] != PREPARED:
-                    done[uid] = {"state": PREPARED, "plan": entry["plan"]}
+                    new.pop(uid, None)
+                    plans.pop(uid)
+            if new:
+                try:
+                    self.checkpoint.update(put=new)
+                except OSError as e:
+                    for uid in new:
+                        remove_files(uid, self.layout)
+                        plans.pop(uid, None)
+                        out[uid] = PrepareResult(error=f"ResourceClaim {fetched[uid]['metadata'].get('namespace')}/"
+                                                       f"{fetched[uid]['metadata'].get('name')}: checkpoint: {e}")
+            for uid, plan in plans.items():
                 out[uid] = PrepareResult(devices=plan.devices)
-            if done:
-                self.checkpoint.update(put=done)
-            per = (time.perf_counter() - t0) / max(1, len(plans))
-            self.stats.prepare.extend([per] * len(plans))
+            per = (time.perf_counter() - t0) / max(1, len(todo))
+            self.stats.prepare.extend([per] * len(todo))
         finally:
             for lk in locks:
                 lk.release()
         for uid in new:
-            if uid in out and not out[uid].error:
+            if uid in plans:
                 self._status_q.put(plans[uid])
         return out
 
@@ -330,7 +351,7 @@ class NodeDriver:
         """NodeUnprepareResources: remove each claim's files, then its checkpoint entry."""
         assert self.checkpoint is not None
         out: dict[str, str] = {}
-        locks = [self._lock_for(r.uid) for r in sorted(claims, key=lambda r: r.uid)]
+        locks = [self._lock_for(u) for u in sorted({r.uid for r in claims})]
         for lk in locks:
             lk.acquire()
         try:

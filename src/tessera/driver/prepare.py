@@ -40,7 +40,14 @@ from typing import Any
 
 from tessera.api.quantity import Quantity, QuantityError
 from tessera.enforcement._files import write_atomic
-from tessera.enforcement.limits import LIMITS_PATH, GpuLimit, Limits, format_limits
+from tessera.enforcement.limits import (
+    LIMITS_PATH,
+    GpuLimit,
+    Limits,
+    format_limits,
+    parse_limits,
+    write_limits,
+)
 from tessera.enforcement.region import FILE_SIZE, MAGIC, create_region
 
 from .backend import DRIVER_NATIVE, LIBRARY
@@ -325,26 +332,33 @@ def _region_ok(path: Path) -> bool:
         return False
 
 
-def materialize(plan: ClaimPlan, layout: Layout) -> None:
-    """Write the plan's files: usage region (kept when a valid one exists: processes may
-    already use it), limits file (0444), CDI spec. Each write is atomic; calling it again with
-    the same plan changes nothing. Raises ``OSError``."""
+def materialize(plan: ClaimPlan, layout: Layout) -> bool:
+    """Write the plan's files that are missing or differ: usage region (kept when a valid one
+    exists: processes may already use it), limits file (0444, ``write_limits``), CDI spec
+    (last). Each write is atomic (not synced: the checkpoint, which is, can re-derive them);
+    calling it again with the same plan changes nothing. Returns True when it wrote anything.
+    Raises ``OSError``."""
+    wrote = False
     if plan.limits_text is not None:
         cdir = layout.claim_dir(plan.ref.uid)
         cdir.mkdir(parents=True, exist_ok=True)
         region = cdir / "region"
         if not _region_ok(region):
-            create_region(str(region), list(plan.region_gpus))
+            create_region(str(region), list(plan.region_gpus), sync=False)
+            wrote = True
         limits = cdir / "limits"
         data = plan.limits_text.encode("ascii")
         if not (limits.is_file() and limits.read_bytes() == data):
-            write_atomic(str(limits), data, 0o444, ".limits.")
+            write_limits(str(limits), parse_limits(data), sync=False)
+            wrote = True
     layout.cdi_dir.mkdir(parents=True, exist_ok=True)
     spec = (json.dumps(plan.cdi_spec, indent=1, sort_keys=True) + "\n").encode()
     path = layout.cdi_path(plan.ref.uid)
     if not (path.is_file() and path.read_bytes() == spec):
         # The temporary name has no .json/.yaml suffix: the runtime never loads a half spec.
-        write_atomic(str(path), spec, 0o644, ".tessera-cdi.")
+        write_atomic(str(path), spec, 0o644, ".tessera-cdi.", sync=False)
+        wrote = True
+    return wrote
 
 
 def remove_files(uid: str, layout: Layout) -> None:

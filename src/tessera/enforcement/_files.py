@@ -6,10 +6,12 @@ import os
 import tempfile
 
 
-def write_atomic(path: str, data: bytes, mode: int, prefix: str) -> None:
+def write_atomic(path: str, data: bytes, mode: int, prefix: str, *, sync: bool = True) -> None:
     """Write ``data`` to ``path`` with permissions ``mode``: all of it or, on error, nothing.
 
-    The bytes go to a temporary file beside ``path`` (named ``prefix`` + random), are synced,
+    The bytes go to a temporary file beside ``path`` (named ``prefix`` + random), are synced
+    (unless ``sync`` is False: then the rename is still atomic for every process, and a crash
+    of the writer leaves the old or the new file, but a power loss may leave an empty one),
     and replace ``path`` in one rename. Raises ``OSError`` for I/O errors.
     """
     d = os.path.dirname(os.path.abspath(path))
@@ -18,7 +20,8 @@ def write_atomic(path: str, data: bytes, mode: int, prefix: str) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
