@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -158,7 +159,8 @@ def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = 
     """A fresh node ``drv-<random>`` registered in ``cluster`` (Ready, no slices), with the
     GPUs of ``inventory`` in the fake NVML, stand-in device nodes, and empty directories."""
     node = f"drv-{uuid.uuid4().hex[:8]}"
-    root = tmp / node
+    # Unix socket paths are limited to 107 characters: a short root, removed by the fixture.
+    root = Path(tempfile.mkdtemp(prefix=f"{node}-", dir="/tmp"))
     kubelet_root = root / "kubelet"
     (kubelet_root / "plugins_registry").mkdir(parents=True)
     dev = root / "devroot" / "dev"
@@ -181,6 +183,7 @@ def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = 
 def driver_env(tmp_path: Path, kube_cluster: LiveCluster, fake_nvml_lib: Path) -> Iterator[DriverEnv]:
     env = make_env(tmp_path, kube_cluster, fake_nvml_lib)
     yield env
+    shutil.rmtree(env.root, ignore_errors=True)
     for s in kube_cluster.client.list("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={env.node}"):
         kube_cluster.client.delete("resource.k8s.io/v1", "ResourceSlice", s["metadata"]["name"])
 

@@ -31,6 +31,8 @@ from typing import Any, Protocol
 from tessera.api.errors import TesseraError
 
 DRA_SERVICE_V1 = "v1.DRAPlugin"
+#: Longest path of a unix socket (``sun_path`` is 108 bytes with its NUL).
+MAX_SOCKET_PATH = 107
 PLUGIN_TYPE = "DRAPlugin"
 
 
@@ -201,6 +203,9 @@ class PluginServers:
                 return resp
 
         for path in (self.dra_path, self.registration_path):
+            if len(str(path)) > MAX_SOCKET_PATH:
+                raise OSError(f"socket path {path} has {len(str(path))} characters, more than a unix "
+                              f"socket allows ({MAX_SOCKET_PATH}); use a shorter --kubelet-root-dir")
             path.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()  # a stale socket of an earlier run

@@ -166,7 +166,10 @@ class NodeDriver:
         self.checkpoint = Checkpoint(cfg.state_dir / "checkpoint.json")
         self._reconcile_files()
         self.servers = PluginServers(cfg.kubelet_root, cfg.driver, self, log=self.log)
-        self.servers.start()
+        try:
+            self.servers.start()
+        except OSError as e:
+            raise DriverStartError(f"kubelet plugin sockets: {e}") from e
         self._spawn(self._rescan_loop, "tessera-rescan")
         if cfg.write_claim_status:
             self._spawn(self._status_loop, "tessera-status")
