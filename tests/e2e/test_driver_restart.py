@@ -149,15 +149,26 @@ def test_sigkill_100_times_during_prepare_and_unprepare(
     for t in threads:
         t.start()
     kill_points: list[float] = []
+    starting = [0]
     try:
         for _ in range(KILLS):
-            # Let the driver come up and serve for a random while, then kill it.
-            deadline = time.monotonic() + 120
-            while not (env.kubelet_root / "plugins" / "gpu.tessera.dev" / "dra.sock").exists():
-                assert drv.alive(), f"driver exited:\n{drv.log.read_text()[-3000:]}"
-                assert time.monotonic() < deadline, "driver did not come up"
-                time.sleep(0.01)
-            delay = rng.uniform(0.0, 0.4)
+            if rng.random() < 0.25:
+                # Kill it while it starts (reconciling its files, publishing...).
+                delay = rng.uniform(0.0, 1.5)
+                starting[0] += 1
+            else:
+                # Let it come up (the killed one cannot answer: an answer is the new one's) and
+                # serve the stream for a random while.
+                deadline = time.monotonic() + 120
+                while True:
+                    assert drv.alive(), f"driver exited:\n{drv.log.read_text()[-3000:]}"
+                    assert time.monotonic() < deadline, "driver did not come up"
+                    try:
+                        kubelet.get_info()
+                        break
+                    except grpc.RpcError:
+                        time.sleep(0.01)
+                delay = rng.uniform(0.0, 0.5)
             kill_points.append(delay)
             time.sleep(delay)
             drv.kill()
@@ -172,6 +183,7 @@ def test_sigkill_100_times_during_prepare_and_unprepare(
     try:
         assert not errors, errors[:5]
         assert ops[0] > KILLS, f"only {ops[0]} operations completed"
+        assert len(responses) == CLAIMS
         # Make sure the last driver is up, then compare the node's state with the kubelet's.
         deadline = time.monotonic() + 60
         while True:
@@ -203,8 +215,9 @@ def test_sigkill_100_times_during_prepare_and_unprepare(
             assert kubelet.unprepare([refs[uid]]).claims[uid].error == ""
         assert list(env.cdi_dir.iterdir()) == []
         assert json.loads((env.state_dir / "checkpoint.json").read_text())["claims"] == {}
-        print(f"restart test: {KILLS} SIGKILLs, {ops[0]} completed operations, kill delays "
-              f"{min(kill_points):.3f}..{max(kill_points):.3f} s, {len(responses)} claims prepared at least once")
+        print(f"restart test: {KILLS} SIGKILLs ({starting[0]} during start-up), {ops[0]} completed operations, "
+              f"kill delays {min(kill_points):.3f}..{max(kill_points):.3f} s, {len(responses)} claims prepared "
+              f"at least once, {len(prepared)} prepared at the end")
     finally:
         kubelet.close()
         drv.stop()

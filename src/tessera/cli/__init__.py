@@ -10,23 +10,34 @@ from __future__ import annotations
 
 import click
 
+#: Command name -> ``module:attribute``, imported when the command is used (so a node agent such
+#: as ``tessera driver`` does not pay for the simulator's imports at start).
+COMMANDS = {
+    "simulate": "tessera.cli.simulate:simulate",
+    "explain": "tessera.cli.explain:explain",
+    "lint": "tessera.cli.explain:lint",
+    "cluster": "tessera.cli.cluster:cluster",
+    "driver": "tessera.cli.driver:driver",
+}
 
-@click.group()
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            import importlib
+
+            module, attr = COMMANDS[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_LazyGroup)
 @click.version_option(package_name="tessera")
 def main() -> None:
     """Tessera: share NVIDIA GPUs on Kubernetes by memory and compute through DRA."""
 
-
-def _register() -> None:
-    from tessera.cli.cluster import cluster
-    from tessera.cli.driver import driver
-    from tessera.cli.explain import explain, lint
-    from tessera.cli.simulate import simulate
-
-    for cmd in (simulate, explain, lint, cluster, driver):
-        main.add_command(cmd)
-
-
-_register()
 
 __all__ = ["main"]

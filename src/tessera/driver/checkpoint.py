@@ -55,6 +55,7 @@ class Checkpoint:
         self._pending: list[tuple[int, dict[str, dict[str, Any]], list[str]]] = []
         self._failed: dict[int, OSError] = {}
         self.claims: dict[str, dict[str, Any]] = {}
+        self._encoded: dict[str, str] = {}
         if self.path.is_file():
             try:
                 doc = json.loads(self.path.read_text())
@@ -63,6 +64,7 @@ class Checkpoint:
             if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("claims"), dict):
                 raise CheckpointError(f"{self.path}: not a version {VERSION} Tessera driver checkpoint")
             self.claims = doc["claims"]
+            self._encoded = {u: json.dumps(e, sort_keys=True, separators=(",", ":")) for u, e in self.claims.items()}
 
     def get(self, uid: str) -> dict[str, Any] | None:
         with self._lock:
@@ -94,13 +96,19 @@ class Checkpoint:
             self._writing = True
             batch, self._pending = self._pending, []
         claims = dict(self.claims)
+        encoded = dict(self._encoded)
         for _, p, d in batch:
-            claims.update(p)
+            for uid, entry in p.items():
+                claims[uid] = entry
+                encoded[uid] = json.dumps(entry, sort_keys=True, separators=(",", ":"))
             for uid in d:
                 claims.pop(uid, None)
+                encoded.pop(uid, None)
         error: OSError | None = None
         try:
-            data = json.dumps({"version": VERSION, "claims": claims}, sort_keys=True).encode()
+            # Entries are encoded once, when they are put: a write only joins strings.
+            body = ",".join(f"{json.dumps(uid)}:{encoded[uid]}" for uid in sorted(encoded))
+            data = f'{{"claims":{{{body}}},"version":{VERSION}}}\n'.encode()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(str(self.path), data, 0o600, ".checkpoint.")
         except OSError as e:
@@ -109,6 +117,7 @@ class Checkpoint:
             self._writing = False
             if error is None:
                 self.claims = claims
+                self._encoded = encoded
             else:
                 for t, _, _ in batch:
                     self._failed[t] = error

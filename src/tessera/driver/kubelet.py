@@ -131,7 +131,7 @@ class PluginServers:
     kubelet reports a successful registration (``registration_error`` holds a refusal).
     """
 
-    def __init__(self, root_dir: Path, driver: str, plugin: Plugin, *, max_workers: int = 16,
+    def __init__(self, root_dir: Path, driver: str, plugin: Plugin, *, max_workers: int = 8,
                  log: Callable[[str], None] | None = None) -> None:
         self.root_dir = Path(root_dir)
         self.driver = driver

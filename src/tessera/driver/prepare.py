@@ -150,7 +150,7 @@ class ClaimPlan:
 def _digest(plan: ClaimPlan) -> str:
     body = plan.to_json()
     body.pop("digest")
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _bytes(value: Any, where: str) -> int:
@@ -332,6 +332,11 @@ def _region_ok(path: Path) -> bool:
         return False
 
 
+def cdi_bytes(spec: Mapping[str, Any]) -> bytes:
+    """The CDI spec file's bytes: compact JSON (C encoder), keys sorted, one final newline."""
+    return (json.dumps(spec, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
 def materialize(plan: ClaimPlan, layout: Layout) -> bool:
     """Write the plan's files that are missing or differ: usage region (kept when a valid one
     exists: processes may already use it), limits file (0444, ``write_limits``), CDI spec
@@ -352,7 +357,7 @@ def materialize(plan: ClaimPlan, layout: Layout) -> bool:
             write_limits(str(limits), parse_limits(data), sync=False)
             wrote = True
     layout.cdi_dir.mkdir(parents=True, exist_ok=True)
-    spec = (json.dumps(plan.cdi_spec, indent=1, sort_keys=True) + "\n").encode()
+    spec = cdi_bytes(plan.cdi_spec)
     path = layout.cdi_path(plan.ref.uid)
     if not (path.is_file() and path.read_bytes() == spec):
         # The temporary name has no .json/.yaml suffix: the runtime never loads a half spec.

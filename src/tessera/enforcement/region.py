@@ -256,4 +256,5 @@ def create_region(path: str, gpus: Sequence[tuple[str, int, int]],
         if len(raw) >= UUID_LEN:
             raise ValueError(f"GPU UUID too long: {uuid!r}")
         _GPU.pack_into(buf, GPUS_OFFSET + i * GPU_SIZE, raw, limit, cores, GPU_IN_USE, 0, 0, 0, 0)
-    write_atomic(path, bytes(buf), mode, ".region.", sync=sync)
+    # The slots are all zero: only the header is written, the rest is allocated zeros.
+    write_atomic(path, bytes(buf[:HEADER_SIZE]), mode, ".region.", sync=sync, size=FILE_SIZE)
