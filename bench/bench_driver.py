@@ -172,6 +172,8 @@ def main() -> None:
         sock = root / "kubelet" / "plugins" / "gpu.tessera.dev" / "dra.sock"
         call = concurrently(sock, refs, unprepare=False)
         out["prepare_driver_ms"] = ms(d.stats.prepare)
+        out["prepare_work_ms"] = ms(d.stats.prepare_work)
+        out["prepare_checkpoint_wait_ms"] = ms(d.stats.checkpoint_wait)
         out["prepare_api_read_ms"] = ms(d.stats.api_read)
         out["prepare_call_ms"] = ms(call)
         out["prepare_wall_s"] = round(max(call), 3)
@@ -180,7 +182,8 @@ def main() -> None:
         shutil.rmtree(root)
 
         # 2 + 3. A driver process: time to slices, then RSS after preparing everything.
-        starts = []
+        starts: list[float] = []
+        inside: list[float] = []
         proc = None
         for k in range(args.starts):
             root = tmp / f"proc{k}"
@@ -189,17 +192,26 @@ def main() -> None:
                 client.delete("resource.k8s.io/v1", "ResourceSlice", s["metadata"]["name"])
             env = {**os.environ, "FAKE_NVML_CONFIG": str(cfg_file)}
             t0 = time.perf_counter()
+            log = open(root / "driver.log", "wb")  # noqa: SIM115 (closed with the process)
             proc = subprocess.Popen(driver_argv(node, cluster.kubeconfig, root, nvml, devroot), env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                    stdout=log, stderr=subprocess.STDOUT)
             while not client.list("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={node}"):
                 if proc.poll() is not None:
                     raise SystemExit("tessera driver exited")
                 time.sleep(0.005)
             starts.append(time.perf_counter() - t0)
+            sock_k = root / "kubelet" / "plugins" / "gpu.tessera.dev" / "dra.sock"
+            while not sock_k.exists():
+                time.sleep(0.01)
+            time.sleep(0.05)
+            for line in (root / "driver.log").read_text().splitlines():
+                if "slices published" in line:
+                    inside.append(float(line.rsplit("published ", 1)[1].split()[0]))
             if k < args.starts - 1:
                 proc.terminate()
                 proc.wait()
-        out["time_to_slices_s"] = {"median": round(statistics.median(starts), 3), "max": round(max(starts), 3)}
+        out["time_to_slices_s"] = {"median": round(statistics.median(starts), 3), "max": round(max(starts), 3),
+                                   "after_imports_median": round(statistics.median(inside), 3) if inside else None}
         assert proc is not None
         sock = tmp / f"proc{args.starts - 1}" / "kubelet" / "plugins" / "gpu.tessera.dev" / "dra.sock"
         while not sock.exists():

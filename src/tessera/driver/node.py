@@ -99,6 +99,8 @@ class Stats:
 
     api_read: list[float] = field(default_factory=list)
     prepare: list[float] = field(default_factory=list)
+    prepare_work: list[float] = field(default_factory=list)
+    checkpoint_wait: list[float] = field(default_factory=list)
     status_errors: int = 0
     first_publish: float | None = None
 
@@ -179,7 +181,8 @@ class NodeDriver:
         if cfg.health_address:
             self._start_http(cfg.health_address)
         self.ready.set()
-        self.log(f"serving {self.servers.dra_path} (registration {self.servers.registration_path})")
+        self.log(f"serving {self.servers.dra_path} (registration {self.servers.registration_path}); "
+                 f"slices published {self.stats.first_publish:.3f} s after start")
 
     def stop(self) -> None:
         """Stop serving (sockets removed); prepared claims stay prepared (checkpoint)."""
@@ -202,14 +205,19 @@ class NodeDriver:
         self._threads.append(t)
 
     def _check_access(self) -> None:
-        denied = []
-        for verb, group, resource, sub in REQUIRED_ACCESS:
-            try:
-                ok, _why = self.client.allowed(verb, resource, group=group, subresource=sub)
-            except ApiError as e:
-                raise DriverStartError(f"API server {self.client.server}: {e}") from e
-            if not ok:
-                denied.append(f"{verb} {resource}{'/' + sub if sub else ''}")
+        from concurrent.futures import ThreadPoolExecutor
+
+        def ask(a: tuple[str, str, str, str]) -> bool:
+            verb, group, resource, sub = a
+            return self.client.allowed(verb, resource, group=group, subresource=sub)[0]
+
+        try:
+            with ThreadPoolExecutor(len(REQUIRED_ACCESS)) as pool:
+                answers = list(pool.map(ask, REQUIRED_ACCESS))
+        except ApiError as e:
+            raise DriverStartError(f"API server {self.client.server}: {e}") from e
+        denied = [f"{verb} {resource}{'/' + sub if sub else ''}"
+                  for (verb, _g, resource, sub), ok in zip(REQUIRED_ACCESS, answers, strict=True) if not ok]
         if denied:
             raise DriverStartError(
                 f"the API server denies this identity: {', '.join(denied)} (group resource.k8s.io); "
@@ -329,6 +337,7 @@ class NodeDriver:
                     out[uid] = PrepareResult(error=f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: writing its files: {e}")
                     new.pop(uid, None)
                     plans.pop(uid)
+            t1 = time.perf_counter()
             if new:
                 try:
                     self.checkpoint.update(put=new)
@@ -340,8 +349,11 @@ class NodeDriver:
                                                        f"{fetched[uid]['metadata'].get('name')}: checkpoint: {e}")
             for uid, plan in plans.items():
                 out[uid] = PrepareResult(devices=plan.devices)
-            per = (time.perf_counter() - t0) / max(1, len(todo))
-            self.stats.prepare.extend([per] * len(todo))
+            t2 = time.perf_counter()
+            n = max(1, len(todo))
+            self.stats.prepare.extend([(t2 - t0) / n] * len(todo))
+            self.stats.prepare_work.extend([(t1 - t0) / n] * len(todo))
+            self.stats.checkpoint_wait.extend([(t2 - t1) / n] * len(todo))
         finally:
             for lk in locks:
                 lk.release()
