@@ -188,6 +188,11 @@ def test_prepare_writes_limits_region_cdi_and_unprepare_removes(
     assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
     cp = json.loads((env.state_dir / "checkpoint.json").read_text())
     assert cp["claims"][meta["uid"]]["state"] == PREPARED
+    if os.environ.get("TESSERA_DRIVER_EXAMPLES"):  # docs/driver.md shows these files
+        out = Path(os.environ["TESSERA_DRIVER_EXAMPLES"])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "cdi.json").write_text(json.dumps(spec, indent=2) + "\n")
+        (out / "limits").write_bytes((env.state_dir / "claims" / meta["uid"] / "limits").read_bytes())
 
     # The claim's device status names the backend (written by the driver, asynchronously).
     st = wait_for(lambda: (env.client.get("resource.k8s.io/v1", "ResourceClaim", meta["name"], kube_namespace)
