@@ -63,17 +63,16 @@ def load_nodes(cluster_file: str | None, node_specs: tuple[str, ...]) -> Cluster
     """The nodes of ``--cluster FILE`` then of each ``--node NAME=INVENTORY[:TOPOLOGY]``, with
     every inventory's publication warnings in ``Cluster.warnings``. Raises
     :class:`~tessera.api.errors.TesseraError` for bad input."""
+    from tessera.inventory import (
+        build_resource_slices,
+        load_inventory,
+        load_topology,
+        publication_warnings,
+    )
     from tessera.sim.cluster import Cluster, SimNode, load_cluster
 
     cluster = load_cluster(cluster_file) if cluster_file else Cluster([])
     for spec in node_specs:
-        from tessera.inventory import (
-            build_resource_slices,
-            load_inventory,
-            load_topology,
-            publication_warnings,
-        )
-
         name, sep, rest = spec.partition("=")
         if not sep or not name or not rest:
             raise TesseraError(f"--node {spec!r}: expected NAME=INVENTORY[:TOPOLOGY], e.g. gpu-1=nvidia-smi-q.xml")

@@ -1,9 +1,10 @@
 """Tables that fit the terminal, and short names that still tell things apart.
 
 Every table is as wide as the terminal (rich's width: the terminal, else ``$COLUMNS``, else 80
-columns). Cells wrap at spaces and fold (never cut) words that do not fit; identifier columns
-(device keys, UUIDs, shareIDs) only fold as a last resort. ``-o wide`` prints every table at its
-natural width instead, whatever the terminal.
+columns). Cells wrap at spaces and fold (never cut) words that do not fit. Where a table is too
+wide, the rare cells wider than their column's typical width fold first, then text columns
+narrow, and identifier columns (device keys, UUIDs, shareIDs) last. ``-o wide`` prints every
+table at its natural width instead, whatever the terminal.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from tessera import DRIVER_NAME
 #: Shortest prefix shown for a GPU UUID (``GPU-`` and its first 8 hex digits) and a shareID.
 UUID_MIN = 12
 SHARE_ID_MIN = 8
+#: Narrowest a text column / an identifier column is made before the table exceeds the width.
+TEXT_FLOOR = 10
+IDENT_FLOOR = 8
+#: Fewer rows than this have no outliers (see :meth:`FitTable.typical_widths`).
+OUTLIER_ROWS = 4
 
 
 def device_key(driver: str, pool: str, device: str) -> str:
@@ -61,10 +67,10 @@ def unique_prefixes(values: Iterable[str], minimum: int) -> dict[str, str]:
 class FitTable:
     """A titled table of plain-text cells, laid out only when printed (:func:`print_tables`).
 
-    ``columns`` = ``[(header, is_identifier)]``. Over the terminal's width, text columns give
-    way first (wrapping at spaces, folding long words), down to :data:`TEXT_FLOOR` characters;
-    identifier columns (device keys, UUIDs, shareIDs) give way only after that. No cell is ever
-    cut: what does not fit folds onto the next line.
+    ``columns`` = ``[(header, is_identifier)]``. Over the terminal's width, columns give way as
+    :func:`_fit` says: outliers, then text columns (down to :data:`TEXT_FLOOR` characters), then
+    identifier columns (device keys, UUIDs, shareIDs; down to :data:`IDENT_FLOOR`). No cell is
+    ever cut: what does not fit wraps or folds onto the next line.
     """
 
     title: str
@@ -83,11 +89,15 @@ class FitTable:
 
     def typical_widths(self) -> list[int]:
         """Per column, the width three cells in four fit in (at least the header's longest
-        word): a wider cell is an outlier that may fold rather than widen every row."""
+        word): a wider cell is an outlier that may fold rather than widen every row. With
+        fewer than :data:`OUTLIER_ROWS` rows there are no outliers (the natural width)."""
         out = []
         for c in self._cell_widths():
             head, cells = c[0], sorted(c[1:])
-            out.append(max(head, cells[(3 * (len(cells) - 1)) // 4]) if cells else head)
+            if len(cells) < OUTLIER_ROWS:
+                out.append(max([head, *cells]))
+            else:
+                out.append(max(head, cells[(3 * (len(cells) - 1)) // 4]))
         return out
 
     def _cell_widths(self) -> list[list[int]]:
@@ -115,18 +125,15 @@ class FitTable:
         return t
 
 
-TEXT_FLOOR = 10
-IDENT_FLOOR = 8
-
-
 def _fit(widths: list[int], typical: list[int], ident: list[bool], available: int) -> list[int]:
-    """Narrow columns one character at a time, widest first, until their sum fits
-    ``available``: first any column down to its ``typical`` width (outliers fold), then text
-    columns down to :data:`TEXT_FLOOR`, then identifier columns down to :data:`IDENT_FLOOR`.
-    A column is never made narrower than the lowest of these that applies to it."""
+    """Narrow columns one character at a time until their sum fits ``available``, in three
+    rounds, each taking first the column furthest above that round's floor: every column down
+    to its ``typical`` width (its outliers fold), then text columns down to
+    :data:`TEXT_FLOOR`, then identifier columns down to :data:`IDENT_FLOOR`. What still does
+    not fit (a very narrow terminal) is left for rich to squeeze."""
     out = list(widths)
     floors = [
-        [t for t in typical],
+        list(typical),
         [TEXT_FLOOR if not i else w for i, w in zip(ident, typical, strict=True)],
         [IDENT_FLOOR if i else TEXT_FLOOR for i in ident],
     ]
