@@ -1,18 +1,9 @@
 """Inventories of new or unusual hardware: read, published with what is known, warned about.
 
 Real inputs where the corpus has them (MIG-mode GPUs in ``--query-gpu`` CSV and XML, a GPU
-passed through to a VM). The corpus has no capture of a unified-memory GPU, so the GB10 inputs
-below are small texts of the shape public reports show, each line traceable to them:
-
-- ``FB Memory Usage`` with ``Total : N/A`` / ``Used : N/A`` / ``Free : N/A``: NVIDIA DGX Spark
-  (GB10), driver 580.142, in https://github.com/Syllo/nvtop/pull/466;
-- ``memory.total`` = ``[N/A]`` from ``--query-gpu``: GB10 in
-  https://github.com/mostlygeek/llama-swap/issues/782;
-- product ``NVIDIA GB10``, bus id ``0000000F:01:00.0``, driver 580.126.09, CUDA 13.0 (and
-  ``Memory-Usage: Not Supported`` in the table): https://github.com/snowflakedb/ArcticTraining/pull/345;
-- UUID ``GPU-2dee1e25-b3b5-007e-2b55-79f2d0f2ebe5`` on bus ``000f:01:00.0``:
-  https://github.com/leptonai/gpud/pull/1170;
-- compute capability 12.1 (``sm_121``): https://github.com/infinigence/ApxInf/issues/58.
+passed through to a VM). The corpus has no capture of a unified-memory GPU: the GB10 inputs in
+``tests/data/new-hardware`` are small texts of the shape public reports show, every value traced
+to them in its ``SOURCES.md`` (nvtop#466, llama-swap#782, ArcticTraining#345, gpud#1170).
 """
 
 from __future__ import annotations
@@ -40,45 +31,10 @@ from tessera.inventory import (
 CORPUS = corpus_path()
 GB10_UUID = "GPU-2dee1e25-b3b5-007e-2b55-79f2d0f2ebe5"
 
-GB10_Q = f"""==============NVSMI LOG==============
-
-Timestamp                                 : Mon Jan  5 10:00:00 2026
-Driver Version                            : 580.126.09
-CUDA Version                              : 13.0
-
-Attached GPUs                             : 1
-GPU 0000000F:01:00.0
-    Product Name                          : NVIDIA GB10
-    MIG Mode
-        Current                           : N/A
-        Pending                           : N/A
-    GPU UUID                              : {GB10_UUID}
-    PCI
-        Bus Id                            : 0000000F:01:00.0
-    FB Memory Usage
-        Total                             : N/A
-        Used                              : N/A
-        Free                              : N/A
-"""
-
-GB10_XML = f"""<?xml version="1.0" ?>
-<nvidia_smi_log>
-    <driver_version>580.126.09</driver_version>
-    <cuda_version>13.0</cuda_version>
-    <attached_gpus>1</attached_gpus>
-    <gpu id="0000000F:01:00.0">
-        <product_name>NVIDIA GB10</product_name>
-        <mig_mode><current_mig>N/A</current_mig><pending_mig>N/A</pending_mig></mig_mode>
-        <uuid>{GB10_UUID}</uuid>
-        <pci><pci_bus_id>0000000F:01:00.0</pci_bus_id></pci>
-        <fb_memory_usage><total>N/A</total><used>N/A</used><free>N/A</free></fb_memory_usage>
-    </gpu>
-</nvidia_smi_log>
-"""
-
-GB10_CSV = f"""index, uuid, name, memory.total [MiB], pci.bus_id, driver_version
-0, {GB10_UUID}, NVIDIA GB10, [N/A], 0000000F:01:00.0, 580.126.09
-"""
+DATA = Path(__file__).resolve().parents[1] / "data" / "new-hardware"
+GB10_Q = (DATA / "gb10-dgx-spark.nvidia-smi-q.txt").read_text()
+GB10_XML = (DATA / "gb10-dgx-spark.nvidia-smi-q-x.xml").read_text()
+GB10_CSV = (DATA / "gb10-dgx-spark.query-gpu.csv").read_text()
 
 
 def inv(name: str) -> str:
