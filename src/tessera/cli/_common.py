@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+import yaml
 
 from tessera.api.errors import TesseraError
 from tessera.api.loader import expand_workloads, load_files
@@ -52,6 +53,19 @@ def cluster_inputs(f: F) -> F:
         help="Cluster description (kind: Cluster) naming each node's GPU inventory.",
     )(f)
     return f
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Plain YAML without anchors: objects may share sub-objects in memory (a claim and its
+    template's spec), which must print as copies."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(obj: Any) -> str:
+    """``obj`` as block YAML, keys in their order, no anchors (what ``-o yaml`` prints)."""
+    return yaml.dump(obj, Dumper=_NoAliasDumper, sort_keys=False, width=120)
 
 
 def warn(msg: str) -> None:

@@ -12,23 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest, Source, load_files, parse_documents
-from tessera.cli._common import UserError, cluster_inputs, fail, load_nodes, warn
-
-
-class _Dumper(yaml.SafeDumper):
-    """Block-style YAML without anchors (converted objects share no structure on purpose)."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+from tessera.cli._common import UserError, cluster_inputs, fail, load_nodes, to_yaml, warn
 
 
 def _yaml(objs: list[dict[str, Any]]) -> str:
     """A multi-document YAML stream, ``---`` between documents; keys in input order."""
-    return "---\n".join(yaml.dump(o, Dumper=_Dumper, sort_keys=False, width=120) for o in objs)
+    return "---\n".join(to_yaml(o) for o in objs)
 
 
 def _json(objs: list[dict[str, Any]]) -> str:

@@ -13,7 +13,7 @@ import yaml
 from rich.console import Console
 
 from tessera.api.quantity import Quantity
-from tessera.cli._common import UserError, cluster_inputs, fail, load_inputs
+from tessera.cli._common import UserError, cluster_inputs, fail, load_inputs, to_yaml
 from tessera.cli._tables import (
     SHARE_ID_MIN,
     UUID_MIN,
@@ -28,13 +28,6 @@ if TYPE_CHECKING:
     from tessera.api.loader import Manifest
     from tessera.sim.cluster import Cluster
     from tessera.sim.simulate import Placement, SimResult, Simulation
-
-class _NoAliasDumper(yaml.SafeDumper):
-    """Plain YAML without anchors: claims share their template's spec object in memory."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
 
 def _fmt_bytes(v: Fraction | None) -> str:
     if v is None:
@@ -212,7 +205,7 @@ def _simulate(
         if output == "json":
             click.echo(json.dumps(lst, indent=2, sort_keys=False))
         else:
-            click.echo(yaml.dump(lst, Dumper=_NoAliasDumper, sort_keys=False, width=120))
+            click.echo(to_yaml(lst))
         return len(pending)
     wide = output == "wide"
     tables = [_placement_table(result, placements, wide), _gpu_table(result, wide)]
