@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from tessera.sim.cluster import Cluster
     from tessera.sim.simulate import Placement, SimResult, Simulation
 
+
 def _fmt_bytes(v: Fraction | None) -> str:
     if v is None:
         return "-"
