@@ -1,6 +1,7 @@
 """The ``tessera`` command line: the one entry-point package.
 
-Every command lives in a module here (``simulate``, ``explain``/``lint``, ``cluster``, ``driver``) and
+Every command lives in a module here (``simulate``, ``explain``/``lint``, ``convert``,
+``cluster``, ``driver``) and
 reports bad input the same way (:func:`tessera.cli._common.fail`: one line, exit 2), catching
 only :class:`tessera.api.errors.TesseraError`, the root of every user error. Services
 (``sim``, ``explain``, ``kube``...) and core packages never import this package.
@@ -8,7 +9,11 @@ only :class:`tessera.api.errors.TesseraError`, the root of every user error. Ser
 
 from __future__ import annotations
 
+import importlib
+
 import click
+
+from tessera import DRIVER_NAME, KUBERNETES_VERSION
 
 #: Command name -> ``module:attribute``, imported when the command is used (so a node agent such
 #: as ``tessera driver`` does not pay for the simulator's imports at start).
@@ -16,6 +21,7 @@ COMMANDS = {
     "simulate": "tessera.cli.simulate:simulate",
     "explain": "tessera.cli.explain:explain",
     "lint": "tessera.cli.explain:lint",
+    "convert": "tessera.cli.convert:convert",
     "cluster": "tessera.cli.cluster:cluster",
     "driver": "tessera.cli.driver:driver",
 }
@@ -27,15 +33,20 @@ class _LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
-            import importlib
-
             module, attr = COMMANDS[cmd_name].split(":")
             self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
         return super().get_command(ctx, cmd_name)
 
 
 @click.group(cls=_LazyGroup)
-@click.version_option(package_name="tessera")
+@click.version_option(
+    package_name="tessera",
+    prog_name="tessera",
+    message=(
+        f"%(prog)s %(version)s\ntargets Kubernetes {KUBERNETES_VERSION}: resource.k8s.io/v1 with "
+        f"DRAConsumableCapacity (KEP-5075); DRA driver {DRIVER_NAME}"
+    ),
+)
 def main() -> None:
     """Tessera: share NVIDIA GPUs on Kubernetes by memory and compute through DRA."""
 

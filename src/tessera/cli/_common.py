@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+import yaml
 
 from tessera.api.errors import TesseraError
 from tessera.api.loader import expand_workloads, load_files
@@ -54,33 +55,68 @@ def cluster_inputs(f: F) -> F:
     return f
 
 
-def load_inputs(
-    manifests: tuple[str, ...], cluster_file: str | None, node_specs: tuple[str, ...]
-) -> tuple[Cluster, list[Manifest]]:
-    """The nodes and manifests of a simulation, from simulate's arguments (shared with
-    ``tessera explain``). With no arguments at all: the bundled default. Raises
+class _NoAliasDumper(yaml.SafeDumper):
+    """Plain YAML without anchors: objects may share sub-objects in memory (a claim and its
+    template's spec), which must print as copies."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(obj: Any) -> str:
+    """``obj`` as block YAML, keys in their order, no anchors (what ``-o yaml`` prints)."""
+    return yaml.dump(obj, Dumper=_NoAliasDumper, sort_keys=False, width=120)
+
+
+def warn(msg: str) -> None:
+    """Print ``tessera: warning: MSG`` on stderr (stdout stays clean for -o json|yaml)."""
+    click.echo(f"tessera: warning: {msg}", err=True)
+
+
+def load_nodes(cluster_file: str | None, node_specs: tuple[str, ...]) -> Cluster:
+    """The nodes of ``--cluster FILE`` then of each ``--node NAME=INVENTORY[:TOPOLOGY]``, with
+    every inventory's publication warnings in ``Cluster.warnings``. Raises
     :class:`~tessera.api.errors.TesseraError` for bad input."""
+    from tessera.inventory import (
+        build_resource_slices,
+        load_inventory,
+        load_topology,
+        publication_warnings,
+    )
     from tessera.sim.cluster import Cluster, SimNode, load_cluster
 
-    if not manifests and not cluster_file and not node_specs:
-        ex = examples_dir()
-        cluster_file = str(ex / "cluster.yaml")
-        manifests = (str(ex / "workloads"),)
-    nodes: list[SimNode] = []
-    if cluster_file:
-        nodes.extend(load_cluster(cluster_file).nodes)
+    cluster = load_cluster(cluster_file) if cluster_file else Cluster([])
     for spec in node_specs:
-        from tessera.inventory import build_resource_slices, load_inventory, load_topology
-
         name, sep, rest = spec.partition("=")
         if not sep or not name or not rest:
             raise TesseraError(f"--node {spec!r}: expected NAME=INVENTORY[:TOPOLOGY], e.g. gpu-1=nvidia-smi-q.xml")
         inv, _, topo = rest.partition(":")
         gpus = load_inventory(inv)
         topology = load_topology(topo) if topo else None
-        if any(n.name == name for n in nodes):
+        if any(n.name == name for n in cluster.nodes):
             raise TesseraError(f"--node {spec!r}: node {name!r} is already defined (by --cluster or an earlier --node): use another name")
-        nodes.append(SimNode(name, {"kubernetes.io/hostname": name}, build_resource_slices(name, gpus, topology), inv))
+        cluster.nodes.append(SimNode(name, {"kubernetes.io/hostname": name}, build_resource_slices(name, gpus, topology), inv))
+        cluster.warnings.extend(publication_warnings(gpus, f"--node {name}: {inv}"))
+    return cluster
+
+
+def load_inputs(
+    manifests: tuple[str, ...], cluster_file: str | None, node_specs: tuple[str, ...]
+) -> tuple[Cluster, list[Manifest]]:
+    """The nodes and manifests of a simulation, from simulate's arguments (shared with
+    ``tessera explain``). With no arguments at all: the bundled default. Inventory warnings
+    (what a GPU is published without) go to stderr. Raises
+    :class:`~tessera.api.errors.TesseraError` for bad input."""
+    from tessera.sim.cluster import SimNode
+
+    if not manifests and not cluster_file and not node_specs:
+        ex = examples_dir()
+        cluster_file = str(ex / "cluster.yaml")
+        manifests = (str(ex / "workloads"),)
+    cluster = load_nodes(cluster_file, node_specs)
+    for w in cluster.warnings:
+        warn(w)
+    nodes = cluster.nodes
     loaded = list(expand_workloads(load_files(manifests)))
     if manifests and not loaded:
         raise TesseraError(f"no Kubernetes objects in {', '.join(manifests)}: pass YAML or JSON manifests (files or directories)")
@@ -91,4 +127,4 @@ def load_inputs(
     } - {None} - {n.name for n in nodes}
     for extra in sorted(str(x) for x in slice_nodes):
         nodes.append(SimNode(extra, {"kubernetes.io/hostname": extra}, [], "ResourceSlices"))
-    return Cluster(nodes), loaded
+    return cluster, loaded

@@ -27,6 +27,7 @@ from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
 from tessera.api.validation import check
+from tessera.convert import gpu_memory_sizes
 from tessera.sim.cluster import Cluster
 from tessera.sim.policies import (
     POLICIES,
@@ -86,6 +87,8 @@ class GPUUsage:
     cores_capacity: Fraction | None
     shares: int
     dedicated: bool
+    driver: str = ""
+    pool: str = ""
 
 
 @dataclass
@@ -211,9 +214,8 @@ def whole_gpu_spec(spec: dict[str, Any]) -> dict[str, Any]:
         for sub in ([r["exactly"]] if r.get("exactly") else []) + list(r.get("firstAvailable") or []):
             mem = ((sub.get("capacity") or {}).get("requests") or {}).get("memory")
             if mem is not None:
-                expr = (
-                    f'device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("{Quantity.parse(mem).canonical()}")) >= 0'
-                )
+                cap = f'device.capacity["{DRIVER_NAME}"].memory'
+                expr = f'has({cap}) && {cap}.compareTo(quantity("{Quantity.parse(mem).canonical()}")) >= 0'
                 sub.setdefault("selectors", []).append({"cel": {"expression": expr}})
             sub["capacity"] = {"requests": {"cores": "100"}}
     return out
@@ -324,12 +326,8 @@ class Simulation:
         self._to_explain: dict[str, list[dict[str, Any]]] = {}
         self._request_notes: dict[str, str] = {}
         self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed))
-        # GPU memory sizes for HAMi's gpumem-percentage: every Tessera device with memory
-        # (MIG instances too: a percentage of a dedicated MIG device filters by its memory).
-        self.memory_sizes = sorted(
-            {int(d.capacity["memory"].value.value) for d in self.index.devices() if d.driver == DRIVER_NAME and "memory" in d.capacity},
-            reverse=True,
-        )
+        # GPU memory sizes for HAMi's gpumem-percentage (the same function as `tessera convert`).
+        self.memory_sizes = gpu_memory_sizes(self.slices)
         self._check_classes(manifests)
 
     def _check_classes(self, manifests: Iterable[Manifest]) -> None:
@@ -609,6 +607,10 @@ class Simulation:
                 room.append(d)
         need = ", ".join(f"{k} {v.canonical()}" for k, v in caps.items()) or "the whole device"
         msg = f"{len(matching)} device(s) match its selectors, {len(room)} of them with room for {need}"
+        lacking = sorted({k for d in matching for k in caps if k not in d.capacity})
+        if lacking:
+            n = sum(1 for d in matching if any(k not in d.capacity for k in caps))
+            msg += f" ({n} publish no {', '.join(lacking)} capacity)"
         if want > 1:
             msg += f" ({want} distinct devices on one node needed)"
         if len(room) < want:
@@ -684,6 +686,8 @@ class Simulation:
                     cores_capacity=cores.value.value if cores else None,
                     shares=shares,
                     dedicated=dedicated,
+                    driver=d.driver,
+                    pool=d.pool,
                 )
             )
         return out
