@@ -108,7 +108,12 @@ def discover_nvml(nvml: object) -> Inventory:
             h = n.nvmlDeviceGetHandleByIndex(i)
             uuid = _s(n.nvmlDeviceGetUUID(h))
             name = _s(n.nvmlDeviceGetName(h))
-            mem = int(n.nvmlDeviceGetMemoryInfo(h).total)
+            try:
+                mem: int | None = int(n.nvmlDeviceGetMemoryInfo(h).total)
+            except n.NVMLError as e:
+                if getattr(e, "value", None) != n.NVML_ERROR_NOT_SUPPORTED:
+                    raise
+                mem = None  # unified memory (no framebuffer of its own): published whole
             bus = normalize_bus_id(_s(n.nvmlDeviceGetPciInfo(h).busId))
             try:
                 major, minor_cc = n.nvmlDeviceGetCudaComputeCapability(h)

@@ -203,14 +203,18 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
             raise ClaimError(f"{field_path}.device: GPU {rec.gpu.uuid} ({name}) is gone from this node")
         gpu = rec.gpu
         consumed = r.get("consumedCapacity") or {}
-        mem = gpu.memory_bytes
+        # A unified-memory GPU (memory unknown) is published whole, without a memory capacity.
+        full = gpu.memory_bytes
+        mem = full or 0
         cores = 0
         for cap, value in consumed.items():
             key = cap.split("/", 1)[1] if cap.startswith(driver + "/") else cap
+            if key == "memory" and full is None:
+                raise ClaimError(f"{field_path}.consumedCapacity: 'memory' is not a capacity of GPU {gpu.uuid} (unified memory: it is published whole)")
             if key == "memory":
                 mem = _bytes(value, f"{field_path}.consumedCapacity.memory")
-                if mem < 1 or mem > gpu.memory_bytes:
-                    raise ClaimError(f"{field_path}.consumedCapacity.memory: {value} is outside 1..{gpu.memory_bytes} bytes, the memory of GPU {gpu.uuid}")
+                if mem < 1 or mem > (full or 0):
+                    raise ClaimError(f"{field_path}.consumedCapacity.memory: {value} is outside 1..{full} bytes, the memory of GPU {gpu.uuid}")
             elif key == "cores":
                 cores = _bytes(value, f"{field_path}.consumedCapacity.cores")
                 if cores > 100:
@@ -219,7 +223,7 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
                 raise ClaimError(f"{field_path}.consumedCapacity: {cap!r} is not a capacity of GPU {gpu.uuid} (it has memory and cores)")
         admin = bool(r.get("adminAccess"))
         share = r.get("shareID")
-        whole = share is None or (mem >= gpu.memory_bytes and cores in (0, 100))
+        whole = share is None or full is None or (mem >= full and cores in (0, 100))
         request = str(r.get("request", ""))
         cdi_name = f"{ref.uid}-{i}-{name}"
         ids = [f"{layout.cdi_kind}={cdi_name}"]
