@@ -26,8 +26,9 @@ simulate: $(STAMP)
 	$(BIN)/tessera simulate
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The real control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
 # kubectl) and the upstream-allocator harness, compiled from the Go module proxy into
@@ -38,6 +39,7 @@ kube:
 test: $(STAMP) native kube
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 native-test: $(STAMP) native

@@ -9,7 +9,8 @@ import yaml
 from click.testing import CliRunner
 
 from tessera.api.loader import Manifest, Source, load_files
-from tessera.cli import examples_dir, main
+from tessera.cli import main
+from tessera.cli._common import examples_dir
 from tessera.explain.lint import lint
 from tessera.sim.cluster import load_cluster
 

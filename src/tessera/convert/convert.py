@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+from tessera.api.errors import TesseraError
 from tessera.api.quantity import Quantity, QuantityError
 
 from . import cel, hami
@@ -35,7 +36,7 @@ _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 
-class ConversionError(ValueError):
+class ConversionError(TesseraError, ValueError):
     """A HAMi request cannot be converted. One line: the pod, the container (if any), the
     resource or annotation, what is wrong and how to fix it.
 

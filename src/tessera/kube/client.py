@@ -28,10 +28,12 @@ from typing import Any
 
 import yaml
 
+from tessera.api.errors import TesseraError
+
 Obj = dict[str, Any]
 
 
-class KubeconfigError(ValueError):
+class KubeconfigError(TesseraError, ValueError):
     """The kubeconfig file is missing, unreadable or lacks a field this client needs."""
 
 

@@ -55,6 +55,7 @@ from typing import Any
 import yaml
 
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+from tessera.api.errors import TesseraError
 from tessera.kube import build, images
 from tessera.kube import node as realnode
 from tessera.kube.client import ApiError, KubeClient, describe
@@ -102,7 +103,7 @@ class ClusterError(RuntimeError):
     """The control plane could not be started, stopped or reached. Exit status 1 in the CLI."""
 
 
-class ClusterInputError(ValueError):
+class ClusterInputError(TesseraError, ValueError):
     """A ``--slices``/``--cluster`` input is invalid. Names file, document and field; exit 2."""
 
 

@@ -1,12 +1,10 @@
-"""The ``tessera`` command line. Bad input prints one line and exits 2, never a traceback."""
+"""``tessera simulate``: where every GPU request lands, as kube-scheduler would place it."""
 
 from __future__ import annotations
 
 import json
 import sys
 from fractions import Fraction
-from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -14,54 +12,19 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from tessera.api.errors import TesseraError
-from tessera.api.loader import expand_workloads, load_files
-from tessera.api.quantity import Quantity, QuantityError
-from tessera.cli_options import cluster_inputs
+from tessera.api.quantity import Quantity
+from tessera.cli._common import UserError, cluster_inputs, fail, load_inputs
 
 if TYPE_CHECKING:
     from tessera.api.loader import Manifest
     from tessera.sim.cluster import Cluster
     from tessera.sim.simulate import SimResult, Simulation
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    errs: list[type[BaseException]] = [TesseraError, QuantityError]
-    try:
-        from tessera.inventory import InventoryError
-
-        errs.append(InventoryError)
-    except ImportError:  # pragma: no cover - package always present once merged
-        pass
-    try:
-        from tessera.convert import ConversionError
-
-        errs.append(ConversionError)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(errs)
-
-
 class _NoAliasDumper(yaml.SafeDumper):
     """Plain YAML without anchors: claims share their template's spec object in memory."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
-
-
-def fail(msg: str) -> None:
-    click.echo(f"tessera: error: {msg}", err=True)
-    sys.exit(2)
-
-
-def examples_dir() -> Path:
-    """The bundled examples shipped inside the package."""
-    return Path(str(resources.files("tessera") / "examples"))
-
-
-@click.group()
-@click.version_option(package_name="tessera")
-def main() -> None:
-    """Tessera: share NVIDIA GPUs on Kubernetes by memory and compute through DRA."""
 
 
 def _fmt_bytes(v: Fraction | None) -> str:
@@ -76,7 +39,7 @@ def _fmt_num(v: Fraction | None) -> str:
     return Quantity(v).canonical()
 
 
-@main.command()
+@click.command()
 @click.argument("manifests", nargs=-1, type=click.Path())
 @cluster_inputs
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True)
@@ -111,48 +74,8 @@ def simulate(
             _compare(cluster, loaded, output, seed)
         else:
             _simulate(cluster, loaded, output, seed, policy)
-    except _user_errors() as e:
+    except UserError as e:
         fail(str(e))
-
-
-def load_inputs(
-    manifests: tuple[str, ...], cluster_file: str | None, node_specs: tuple[str, ...]
-) -> tuple[Cluster, list[Manifest]]:
-    """The nodes and manifests of a simulation, from simulate's arguments (shared with
-    ``tessera explain``). With no arguments at all: the bundled default. Raises the user errors
-    of :func:`_user_errors` for bad input."""
-    from tessera.sim.cluster import Cluster, SimNode, load_cluster
-
-    if not manifests and not cluster_file and not node_specs:
-        ex = examples_dir()
-        cluster_file = str(ex / "cluster.yaml")
-        manifests = (str(ex / "workloads"),)
-    nodes: list[SimNode] = []
-    if cluster_file:
-        nodes.extend(load_cluster(cluster_file).nodes)
-    for spec in node_specs:
-        from tessera.inventory import build_resource_slices, load_inventory, load_topology
-
-        name, sep, rest = spec.partition("=")
-        if not sep or not name or not rest:
-            raise TesseraError(f"--node {spec!r}: expected NAME=INVENTORY[:TOPOLOGY], e.g. gpu-1=nvidia-smi-q.xml")
-        inv, _, topo = rest.partition(":")
-        gpus = load_inventory(inv)
-        topology = load_topology(topo) if topo else None
-        if any(n.name == name for n in nodes):
-            raise TesseraError(f"--node {spec!r}: node {name!r} is already defined (by --cluster or an earlier --node): use another name")
-        nodes.append(SimNode(name, {"kubernetes.io/hostname": name}, build_resource_slices(name, gpus, topology), inv))
-    loaded = list(expand_workloads(load_files(manifests)))
-    if manifests and not loaded:
-        raise TesseraError(f"no Kubernetes objects in {', '.join(manifests)}: pass YAML or JSON manifests (files or directories)")
-    if not nodes and not any(m.kind == "ResourceSlice" for m in loaded):
-        raise TesseraError("no nodes to schedule on: give --cluster FILE, --node NAME=INVENTORY, or ResourceSlices")
-    slice_nodes = {
-        (m.obj.get("spec") or {}).get("nodeName") for m in loaded if m.kind == "ResourceSlice"
-    } - {None} - {n.name for n in nodes}
-    for extra in sorted(str(x) for x in slice_nodes):
-        nodes.append(SimNode(extra, {"kubernetes.io/hostname": extra}, [], "ResourceSlices"))
-    return Cluster(nodes), loaded
 
 
 def _compare(cluster: Cluster, loaded: list[Manifest], output: str, seed: int) -> None:
@@ -257,15 +180,3 @@ def _simulate(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, 
             pt.add_row(pend.pod, pend.reason)
         console.print(pt)
     console.print(f"{len(result.scheduled)} pod(s) scheduled, {len(result.pending)} pending.")
-
-
-from tessera.explain.commands import explain as _explain_cmd  # noqa: E402
-from tessera.explain.commands import lint as _lint_cmd  # noqa: E402
-from tessera.kube.cli import cluster as _cluster_cmd  # noqa: E402
-
-main.add_command(_explain_cmd)
-main.add_command(_lint_cmd)
-main.add_command(_cluster_cmd)
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

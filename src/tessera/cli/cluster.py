@@ -1,6 +1,6 @@
 """``tessera cluster up|down|status``: a real control plane on loopback (click group ``cluster``).
 
-Registered by the top-level CLI with ``main.add_command(cluster)``. Exit status: 0 on
+Exit status: 0 on
 success; 1 when the control plane fails (message includes the failing component's log
 tail); 2 on bad input (``--slices``/``--cluster`` files, named with document and field).
 ``status`` exits 0 when every component is healthy, 1 when degraded, 3 when stopped.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from tessera.cli._common import examples_dir, fail
 from tessera.kube.build import BuildError
 from tessera.kube.cluster import (
     Cluster,
@@ -37,11 +38,6 @@ _state_dir_option = click.option(
 
 def _progress(message: str) -> None:
     click.echo(f"tessera cluster: {message}", err=True)
-
-
-def _fail(message: str, code: int) -> None:
-    click.echo(f"tessera: error: {message}", err=True)
-    sys.exit(code)
 
 
 @click.group(name="cluster")
@@ -81,8 +77,6 @@ def up(
     (then the real node is the only one).
     """
     if cluster_file is None and not slice_files and not kubelet:
-        from tessera.cli import examples_dir
-
         cluster_file = examples_dir() / "cluster.yaml"
     try:
         inv = Inventory()
@@ -90,14 +84,14 @@ def up(
             load_cluster_file(cluster_file, inv)
         load_slice_files(slice_files, inv)
     except ClusterInputError as e:
-        _fail(str(e), 2)
+        fail(str(e), 2)
     c = Cluster(state_dir)
     try:
         c.up(inv, build_binaries=not no_build, timeout=timeout, progress=_progress, kubelet=kubelet)
     except ClusterInputError as e:
-        _fail(str(e), 2)
+        fail(str(e), 2)
     except (ClusterError, BuildError) as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
     click.echo(f"control plane running at {c.server} ({len(inv.nodes)} simulated nodes, {len(inv.slices)} ResourceSlices)")
     node = c.node
     if node is not None:
@@ -116,10 +110,10 @@ def down(state_dir: Path | None) -> None:
     try:
         stopped = c.down(progress=_progress)
     except ClusterError as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
     left = c.running_components()
     if left:
-        _fail(f"still running after down: {', '.join(left)} (state {c.state_dir})", 1)
+        fail(f"still running after down: {', '.join(left)} (state {c.state_dir})", 1)
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else f"nothing was running ({c.state_dir})")
 
 

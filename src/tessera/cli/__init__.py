@@ -1,0 +1,31 @@
+"""The ``tessera`` command line: the one entry-point package.
+
+Every command lives in a module here (``simulate``, ``explain``/``lint``, ``cluster``) and
+reports bad input the same way (:func:`tessera.cli._common.fail`: one line, exit 2), catching
+only :class:`tessera.api.errors.TesseraError`, the root of every user error. Services
+(``sim``, ``explain``, ``kube``...) and core packages never import this package.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group()
+@click.version_option(package_name="tessera")
+def main() -> None:
+    """Tessera: share NVIDIA GPUs on Kubernetes by memory and compute through DRA."""
+
+
+def _register() -> None:
+    from tessera.cli.cluster import cluster
+    from tessera.cli.explain import explain, lint
+    from tessera.cli.simulate import simulate
+
+    for cmd in (simulate, explain, lint, cluster):
+        main.add_command(cmd)
+
+
+_register()
+
+__all__ = ["main"]
