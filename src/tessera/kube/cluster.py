@@ -575,6 +575,7 @@ class Cluster:
             if problems:
                 raise ClusterError(f"could not restore the host after this state dir's earlier node: {'; '.join(problems)}")
             if kubelet:
+                realnode.process_path(bins)  # raises early when the kubelet would find iptables
                 realnode.claim_host(self.state_dir, paths, bins, wait=node_lock_wait, progress=say)
         except realnode.NodeError as e:
             raise ClusterError(str(e)) from e
@@ -775,7 +776,7 @@ class Cluster:
         pause = images.pause_image(paths.images_dir)
 
         say("starting containerd")
-        env = {"PATH": f"{bins}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+        env = {"PATH": realnode.process_path(bins)}
         self._start_component(
             state, "containerd", [str(bins / "containerd"), f"--config={paths.containerd_config}"],
             f"unix://{paths.containerd_socket}", timeout, die_with_parent, env,
@@ -786,6 +787,7 @@ class Cluster:
             plugins_registry_dir=paths.plugins_registry_dir, cdi_spec_dir=paths.cdi_spec_dir,
             containerd_socket=paths.containerd_socket, ctr=bins / "ctr", images_dir=paths.images_dir,
             pod_logs_dir=paths.pod_logs_dir, sandbox_image=pause.ref,
+            kubelet_url=f"https://{address}:{realnode.KUBELET_PORT}",
         )
         state["node"] = info.to_json()
 
@@ -886,7 +888,7 @@ class Cluster:
                     sock.connect(url.removeprefix("unix://"))
                 except OSError as e:
                     return False, f"{url}: {e.strerror or e}"
-            return True, f"{url}: accepting connections"
+            return True, "accepting connections"
         if url.startswith("http://"):  # the kubelet's healthz port (plain HTTP on loopback)
             try:
                 with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -998,6 +1000,18 @@ class Cluster:
         if problems:
             raise ClusterError(f"stopped {', '.join(stopped) or 'nothing'}, but the host is not restored: {'; '.join(problems)}")
         return stopped
+
+    def kubelet_client(self, timeout: float = 30.0) -> KubeClient:
+        """A :class:`KubeClient` of the real node's kubelet (port 10250, its serving
+        certificate checked against the cluster CA), authenticated as the admin user: for
+        ``/metrics``, ``/pods``, ``/healthz``. Raises :class:`ClusterError` without a node."""
+        st = self._read_state() or {}
+        info = self.node
+        if info is None:
+            raise ClusterError(f"no real node runs from {self.state_dir}; start one with `tessera cluster up --kubelet`")
+        p = st["pki"]
+        return KubeClient(info.kubelet_url, ca_file=Path(p["ca"]), cert_file=Path(p["clientCert"]),
+                          key_file=Path(p["clientKey"]), timeout=timeout)
 
     @property
     def node(self) -> realnode.NodeInfo | None:

@@ -41,10 +41,11 @@ from typing import Any
 from tessera.kube import images
 from tessera.kube.client import ApiError, KubeClient
 
-#: Machine-wide directory of the node lock, the holder record and the shim sockets.
+#: Machine-wide directory of the holder record and the shim sockets; removed with the node.
 HOST_DIR = Path("/run/tessera-node")
-LOCK_FILE = HOST_DIR / "lock"
 HOLDER_FILE = HOST_DIR / "holder.json"
+#: The machine-wide lock (an empty file in the FHS lock directory; it stays).
+LOCK_FILE = Path("/run/lock/tessera-node.lock")
 #: containerd's shim sockets (``plugins."io.containerd.shim.v1.manager".socket_dir``): at
 #: most 42 characters (unix socket path limit), so not under the state directory.
 SHIM_SOCKET_DIR = HOST_DIR / "s"
@@ -81,6 +82,11 @@ POD_SUBNET = "10.213.0.0/24"
 CNI_NETWORK = "tessera"
 KUBELET_PORT = 10250
 KUBELET_HEALTHZ_PORT = 10248
+
+#: Kept off the PATH of containerd and the kubelet (see :func:`process_path`).
+IPTABLES = ("iptables", "ip6tables")
+#: Directories :func:`process_path` starts from.
+SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 #: Debian packages the node needs (tools/kube/node-deps.sh installs them).
 DEBIAN_PACKAGES = ("runc", "containernetworking-plugins", "busybox-static")
@@ -352,6 +358,25 @@ def check_host() -> list[str]:
     return problems
 
 
+def process_path(bins: Path) -> str:
+    """``PATH`` for containerd and the kubelet: ``bins`` plus the system directories, except
+    those holding ``iptables``/``ip6tables``. A kubelet that finds iptables creates chains in
+    six tables (``KUBE-IPTABLES-HINT``, ``KUBE-KUBELET-CANARY``, ``KUBE-FIREWALL`` with a
+    DROP rule for non-loopback traffic to 127.0.0.0/8) "for the benefit of other
+    components" (kube-proxy, which does not run here), and never removes them. Everything
+    the node calls by name (``mount``, ``umount``, ``du``, ``find``) must stay reachable:
+    raises NodeError when ``mount`` lives beside iptables."""
+    keep = [d for d in SYSTEM_PATH if Path(d).is_dir() and not any(os.access(Path(d, t), os.X_OK) for t in IPTABLES)]
+    path = ":".join([str(bins), *keep])
+    for tool in ("mount", "umount"):
+        if shutil.which(tool, path=path) is None:
+            raise NodeError(
+                f"{tool} is in the same directory as iptables ({shutil.which('iptables')}); the kubelet would add "
+                "iptables rules it never removes: run the node on a system with iptables in sbin (Debian), or without iptables"
+            )
+    return path
+
+
 def runc_binary() -> Path | None:
     found = shutil.which("runc") or shutil.which("runc", path="/usr/sbin:/usr/bin:/sbin:/bin")
     return Path(found) if found else None
@@ -579,7 +604,7 @@ def kubelet_config(
 
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
-    HOST_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -596,6 +621,7 @@ def _read_holder() -> dict[str, Any] | None:
 
 
 def _write_holder(record: Mapping[str, Any]) -> None:
+    HOST_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = HOLDER_FILE.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(HOLDER_FILE)
@@ -801,7 +827,7 @@ def teardown(record: Mapping[str, Any], *, client: KubeClient | None, progress: 
     7. restore the sysctls that differ from the saved values;
     8. delete the CNI bridge if it did not exist before;
     9. remove the fixed host paths that did not exist before;
-    10. remove the shim socket dir and the holder record.
+    10. remove the shim socket dir, the holder record and /run/tessera-node.
     """
     say = progress or (lambda _m: None)
     problems: list[str] = []
@@ -887,6 +913,8 @@ def teardown(record: Mapping[str, Any], *, client: KubeClient | None, progress: 
         current = _read_holder()
         if current is not None and current.get("stateDir") == record.get("stateDir"):
             HOLDER_FILE.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                HOST_DIR.rmdir()
     return problems
 
 
@@ -902,7 +930,9 @@ class NodeInfo:
     :meth:`plugin_dir` (``<root>/plugins/D``) and its registration socket in
     ``plugins_registry_dir`` (``<root>/plugins_registry``). ``cdi_spec_dir``: where the
     plugin writes CDI specs (containerd's ``cdi_spec_dirs``). ``containerd_socket`` and
-    ``ctr`` reach containerd (namespace ``k8s.io``); ``images_dir`` holds image archives.
+    ``ctr`` reach containerd (namespace ``k8s.io``); ``images_dir`` holds image archives;
+    ``kubelet_url`` is the kubelet's own HTTPS endpoint (port 10250; the API server's node
+    proxy refuses loopback addresses, so metrics are read there).
     """
 
     name: str
@@ -915,6 +945,7 @@ class NodeInfo:
     images_dir: Path
     pod_logs_dir: Path
     sandbox_image: str
+    kubelet_url: str
 
     def plugin_dir(self, driver: str) -> Path:
         """``<kubelet root>/plugins/<driver>``: the DRA plugin's socket directory."""
@@ -926,7 +957,7 @@ class NodeInfo:
             "pluginsRegistryDir": str(self.plugins_registry_dir), "cdiSpecDir": str(self.cdi_spec_dir),
             "containerdSocket": str(self.containerd_socket), "containerdNamespace": images.K8S_NAMESPACE,
             "ctr": str(self.ctr), "imagesDir": str(self.images_dir), "podLogsDir": str(self.pod_logs_dir),
-            "sandboxImage": self.sandbox_image, "hostRecord": str(HOLDER_FILE),
+            "sandboxImage": self.sandbox_image, "kubeletURL": self.kubelet_url, "hostRecord": str(HOLDER_FILE),
         }
 
     @classmethod
@@ -934,7 +965,7 @@ class NodeInfo:
         return cls(
             d["name"], Path(d["kubeletRootDir"]), Path(d["pluginsDir"]), Path(d["pluginsRegistryDir"]),
             Path(d["cdiSpecDir"]), Path(d["containerdSocket"]), Path(d["ctr"]), Path(d["imagesDir"]),
-            Path(d["podLogsDir"]), d["sandboxImage"],
+            Path(d["podLogsDir"]), d["sandboxImage"], d["kubeletURL"],
         )
 
     def build_image(
@@ -948,18 +979,20 @@ class NodeInfo:
         return image
 
 
-def kubelet_metric_lines(client: KubeClient, node: str, metric: str) -> list[str]:
-    """Lines of the kubelet's ``/metrics`` (through the API server's node proxy) for ``metric``."""
-    text = client.raw_get(f"/api/v1/nodes/{node}/proxy/metrics")
+def kubelet_metric_lines(kubelet: KubeClient, metric: str) -> list[str]:
+    """Lines of the kubelet's ``/metrics`` for ``metric`` (``kubelet``: a client of
+    :attr:`NodeInfo.kubelet_url`, e.g. ``Cluster.kubelet_client()``)."""
+    text = kubelet.raw_get("/metrics")
     return [ln for ln in str(text).splitlines() if ln.startswith(metric + "{") or ln.startswith(metric + " ")]
 
 
-def plugin_registered(client: KubeClient, info: NodeInfo, driver: str) -> bool:
+def plugin_registered(kubelet: KubeClient, info: NodeInfo, driver: str) -> bool:
     """True once the kubelet's plugin manager has registered a plugin whose registration
-    socket is in ``plugins_registry`` and named after ``driver`` (kubelet metric
-    ``plugin_manager_total_plugins{socket_path=...,state="actual_state_of_world"}``)."""
-    prefix = f'socket_path="{info.plugins_registry_dir}/{driver}'
-    for ln in kubelet_metric_lines(client, info.name, "plugin_manager_total_plugins"):
-        if prefix in ln and 'state="actual_state_of_world"' in ln and not ln.endswith(" 0"):
+    socket is in ``plugins_registry`` and named after ``driver`` (``<driver>-reg.sock``, as
+    the DRA kubelet-plugin library names it): the kubelet metric
+    ``plugin_manager_total_plugins{socket_path=...,state="actual_state_of_world"}``."""
+    label = f'socket_path="{info.plugins_registry_dir}/{driver}-reg.sock"'
+    for ln in kubelet_metric_lines(kubelet, "plugin_manager_total_plugins"):
+        if label in ln and 'state="actual_state_of_world"' in ln and not ln.endswith(" 0"):
             return True
     return False
