@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test lint venv clean native native-test kube protos
+.PHONY: simulate test lint venv clean native native-test kube protos node-deps
 
 # The enforcement library (C) is built first and copied into the package
 # (src/tessera/enforcement/lib/), so it is installed with it.
@@ -37,12 +37,19 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # The real control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
-# kubectl) and the upstream-allocator harness, compiled from the Go module proxy into
-# tools/kube/bin/ (cached: a no-op when nothing changed; ~24 min on 2 cores the first time).
+# kubectl), a real node (kubelet, containerd, containerd-shim-runc-v2, ctr) and the
+# upstream-allocator harness, compiled from the Go module proxy into tools/kube/bin/
+# (cached: a no-op when nothing changed; ~30 min on 2 cores the first time, docs/cluster.md).
 kube:
 	tools/kube/build.sh
 
-test: $(STAMP) native protos kube
+# Debian packages a real node (`tessera cluster up --kubelet`, the `node` tests) needs:
+# runc, containernetworking-plugins, busybox-static. Installed with apt-get when root and
+# missing; a no-op (one dpkg-query) otherwise.
+node-deps:
+	tools/kube/node-deps.sh
+
+test: $(STAMP) native protos kube node-deps
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
