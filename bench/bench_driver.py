@@ -145,6 +145,9 @@ def main() -> None:
     ap.add_argument("--starts", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--state-on", type=Path, default=None,
+                    help="put the in-process driver's state dir (checkpoint, limits, regions) on this "
+                         "directory's file system, e.g. /dev/shm to take the disk's fsync out")
     args = ap.parse_args()
     out: dict[str, Any] = {"claims": args.claims, "gpus": 8}
     tmp = Path(tempfile.mkdtemp(prefix="bench-driver-"))
@@ -164,8 +167,11 @@ def main() -> None:
         root = tmp / "inproc"
         cfg_file, devroot = node_files(root, gpus)
         os.environ["FAKE_NVML_CONFIG"] = str(cfg_file)
+        state_dir = Path(tempfile.mkdtemp(dir=args.state_on)) if args.state_on else root / "state"
+        out["state_dir_fs"] = subprocess.run(["stat", "-f", "-c", "%T", str(state_dir)], capture_output=True,
+                                             text=True).stdout.strip()
         d = NodeDriver(DriverConfig(
-            node_name=node, kubelet_root=root / "kubelet", cdi_dir=root / "cdi", state_dir=root / "state",
+            node_name=node, kubelet_root=root / "kubelet", cdi_dir=root / "cdi", state_dir=state_dir,
             dev_root=devroot, library=Path(library_path() or "/nonexistent"), nvml_library=str(nvml),
             health_address=None, write_claim_status=False), client, log=lambda m: None)
         d.start()
@@ -180,6 +186,7 @@ def main() -> None:
         out["unprepare_call_ms"] = ms(concurrently(sock, refs, unprepare=True))
         d.stop()
         shutil.rmtree(root)
+        shutil.rmtree(state_dir, ignore_errors=True)
 
         # 2 + 3. A driver process: time to slices, then RSS after preparing everything.
         starts: list[float] = []
