@@ -184,8 +184,10 @@ def driver_env(tmp_path: Path, kube_cluster: LiveCluster, fake_nvml_lib: Path) -
     env = make_env(tmp_path, kube_cluster, fake_nvml_lib)
     yield env
     shutil.rmtree(env.root, ignore_errors=True)
+    # Leave the session cluster as it was: other tests compare the scheduler's view of all nodes.
     for s in kube_cluster.client.list("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={env.node}"):
         kube_cluster.client.delete("resource.k8s.io/v1", "ResourceSlice", s["metadata"]["name"])
+    kube_cluster.client.delete("v1", "Node", env.node)
 
 
 @pytest.fixture
