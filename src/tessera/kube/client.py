@@ -32,6 +32,7 @@ import yaml
 from tessera.api.errors import TesseraError
 
 Obj = dict[str, Any]
+Page = list[Obj]
 
 
 class KubeconfigError(TesseraError, ValueError):
@@ -344,7 +345,7 @@ class KubeClient:
         *,
         limit: int = 500,
         field_selector: str | None = None,
-    ) -> Iterator[list[Obj]]:
+    ) -> Iterator[Page]:
         """List objects a page of at most ``limit`` at a time (the API's ``limit``/``continue``
         chunking), all namespaces when ``namespace`` is None. Yields each page's items (with
         apiVersion/kind set). An expired continue token raises :class:`ApiError` (410)."""
@@ -359,7 +360,7 @@ class KubeClient:
             if field_selector:
                 query["fieldSelector"] = field_selector
             doc = self.request("GET", path, query=query, what=f"{kind} list")
-            items: list[Obj] = doc.get("items") or []
+            items: Page = doc.get("items") or []
             for item in items:
                 item.setdefault("apiVersion", api_version)
                 item.setdefault("kind", kind)
