@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tessera.api.quantity import Quantity
-from tessera.cli._common import UserError, cluster_inputs, fail, load_inputs
+from tessera.cli._common import UserError, cluster_inputs, fail, live_outcome, load_inputs
 
 if TYPE_CHECKING:
     from tessera.api.loader import Manifest
@@ -56,6 +56,8 @@ def simulate(
     manifests: tuple[str, ...],
     cluster_file: str | None,
     node_specs: tuple[str, ...],
+    kubeconfig: str | None,
+    add_nodes: tuple[str, ...],
     output: str,
     seed: int,
     policy: str,
@@ -67,9 +69,13 @@ def simulate(
     With no arguments, runs the bundled default: a mixed cluster (8x H100, 8x V100S, 2x A5000,
     an A100 in MIG mode) built from real nvidia-smi inventories, with HAMi example pods and
     DRA-native claims.
+
+    With --kubeconfig, starts from a live cluster (read only): what is allocated there stays,
+    its pending pods are scheduled first, then MANIFESTS. --add-node adds a hypothetical node
+    last: would one more node of this kind let the pending pods in?
     """
     try:
-        cluster, loaded = load_inputs(manifests, cluster_file, node_specs)
+        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes)
         if compare:
             _compare(cluster, loaded, output, seed)
         else:
@@ -180,3 +186,5 @@ def _simulate(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, 
             pt.add_row(pend.pod, pend.reason)
         console.print(pt)
     console.print(f"{len(result.scheduled)} pod(s) scheduled, {len(result.pending)} pending.")
+    for line in live_outcome(cluster, loaded, result.objects):
+        console.print(line, highlight=False)

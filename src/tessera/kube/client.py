@@ -56,6 +56,19 @@ class ApiError(RuntimeError):
         super().__init__(f"{verb} {what}: {status} {reason}: {message}")
 
 
+def api_problem(e: ApiError, server: str) -> str:
+    """One line for a failed read, saying how to fix it: unreachable server, missing
+    permission (the read-only ClusterRole ``deploy/rbac/tessera-reader.yaml``), other errors."""
+    if e.status == 0:
+        return f"cannot reach the API server {server}: {e.message}: check the kubeconfig's server and that the cluster runs"
+    if e.status in (401, 403):
+        return (
+            f"the API server {server} refused {e.verb} {e.what} ({e.status} {e.reason}: {e.message}): "
+            "grant the read-only ClusterRole in deploy/rbac/tessera-reader.yaml to this user or ServiceAccount"
+        )
+    return f"the API server {server} answered {e.verb} {e.what} with {e.status} {e.reason}: {e.message}"
+
+
 @dataclass(frozen=True)
 class Resource:
     """Discovery facts about one kind: its plural resource name and whether it is namespaced."""

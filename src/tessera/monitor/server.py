@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from tessera.api.errors import TesseraError
-from tessera.kube.client import ApiError, KubeClient
+from tessera.kube.client import ApiError, KubeClient, api_problem
 from tessera.monitor.allocation import AllocationView, fetch_allocation_view
 from tessera.monitor.collector import TesseraCollector
 from tessera.monitor.nvml import Nvml
@@ -25,18 +25,6 @@ from tessera.monitor.regions import RegionDir
 
 class MonitorError(TesseraError):
     """The exporter cannot start (port taken, region directory missing, API unreadable)."""
-
-
-def api_problem(e: ApiError, server: str) -> str:
-    """One line for an API failure, saying how to fix it (RBAC, reachability)."""
-    if e.status == 0:
-        return f"cannot reach the API server {server}: {e.message}: check the kubeconfig's server and that the cluster runs"
-    if e.status in (401, 403):
-        return (
-            f"the API server {server} refused {e.verb} {e.what} ({e.status} {e.reason}: {e.message}): "
-            "grant the read-only ClusterRole in deploy/rbac/tessera-reader.yaml to this user or ServiceAccount"
-        )
-    return f"the API server {server} answered {e.verb} {e.what} with {e.status} {e.reason}: {e.message}"
 
 
 class ApiRefresher:
