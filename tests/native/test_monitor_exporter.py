@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 from native_helpers import PHYS, UUIDS, Build, Claim, MiB, wait_line
-from prom_server import REPO, Prometheus, prometheus
 
+from prom_server import REPO, Prometheus, prometheus
 from tessera.enforcement import region as R
 from tessera.enforcement.limits import GpuLimit
 
@@ -164,7 +164,7 @@ def test_hami_names_answer_promql(stack: Stack) -> None:
     assert prom.value(f'hami_vgpu_memory_used_bytes{{device_uuid="{UUIDS[1]}"}}') == 500 * MiB
     assert prom.value(f'hami_vgpu_memory_used_bytes{{device_uuid="{UUIDS[2]}"}}') == 50 * MiB
     # Device level, from fake NVML: used = every byte the fake driver handed out.
-    assert prom.value(f'hami_host_gpu_memory_used_bytes{{device_index="1", zone="vGPU"}}') == 500 * MiB
+    assert prom.value('hami_host_gpu_memory_used_bytes{device_index="1", zone="vGPU"}') == 500 * MiB
     assert prom.value(f'hami_host_gpu_utilization_ratio{{device_uuid="{UUIDS[0]}"}}') == UTIL
     assert prom.value('count(hami_host_gpu_memory_used_bytes{node="gpu-node-1"})') == len(UUIDS)
     assert prom.value('sum(hami_vgpu_memory_used_bytes{zone="vGPU"})') == (120 + 500 + 50) * MiB

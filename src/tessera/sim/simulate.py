@@ -393,8 +393,7 @@ class Simulation:
             md.setdefault("uid", _pod_uid(ref))
             policy = pod_policy(self.policy, (pod.get("metadata") or {}).get("annotations") or {})
             node, reason, claims = self._schedule(pod, ref, policy)
-            # Claims the resource-claim controller generated (a pod read from a cluster) stay named.
-            generated = (pod.get("status") or {}).get("resourceClaimStatuses")
+            generated = self._claim_statuses(pod)
             if node is None:
                 pending.append(Pending(ref, reason))
                 pod["status"] = {
@@ -421,6 +420,19 @@ class Simulation:
         objects.extend(self.claims.values())
         objects.extend(out_pods)
         return SimResult(placements, pending, self._gpu_usage(), objects, self.warnings, scheduled)
+
+    def _claim_statuses(self, pod: dict[str, Any]) -> list[dict[str, str]]:
+        """``status.resourceClaimStatuses`` as the resource-claim controller sets it: the claim
+        made from each template entry (kept from a pod read from a cluster)."""
+        out: list[dict[str, str]] = []
+        ns = _ns(pod)
+        for pc in (pod.get("spec") or {}).get("resourceClaims") or []:
+            if not pc.get("resourceClaimTemplateName"):
+                continue
+            name = generated_claim_name(pod, str(pc.get("name", ""))) or f"{_name(pod)}-{pc.get('name', '')}"
+            if (ns, name) in self.claims:
+                out.append({"name": str(pc.get("name", "")), "resourceClaimName": name})
+        return out
 
     def _resolve_claims(self, pod: dict[str, Any], ref: str) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
         """``[(pod claim name, claim)]`` for the pod, creating template claims; or a reason."""
