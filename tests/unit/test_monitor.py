@@ -307,3 +307,35 @@ def test_live_selection_keeps_allocations_and_queues_pending_oldest_first() -> N
     lines = pending_outcome(ms, sim_out, ["extra"])
     assert lines[0] == "3 pod(s) pending in the cluster; with extra added: 1 would be scheduled there, 2 would stay pending"
     assert lines[1:] == ["  ml/early: scheduled on extra (added)", "  ml/late: stays pending", "  ml/hami: stays pending"]
+
+
+def test_exposition_matches_prometheus_client_byte_for_byte(tmp_path: Path, simulated: tuple[list[dict], list[dict], list[dict]]) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from tessera.monitor.exposition import Exposition
+
+    slices, claims, pods = simulated
+    view = allocation_view("gpu-1", slices, claims, pods, fetched_at=1700000000.0)
+    for c in claims:
+        uuid = next(x.uuid for x in view.shares if x.claim_uid == c["metadata"]["uid"])
+        _claim_dir(tmp_path, c["metadata"]["uid"], [(uuid, GiB, 10)])
+    d = _claim_dir(tmp_path, "odd", [(U0, GiB, 10)])
+    (d / "claim.json").write_text(json.dumps({"name": 'we"ird\\name\nx', "pods": [{"name": "p", "containers": ["a"]}]}))
+
+    class Api:
+        def snapshot(self) -> tuple[AllocationView | None, bool, float]:
+            return view, True, view.fetched_at
+
+    col = TesseraCollector("gpu-1", RegionDir(str(tmp_path)), None, Api())
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(col)
+    expo = Exposition()
+
+    def lines(b: bytes) -> list[str]:
+        return [x for x in b.decode().splitlines() if not x.startswith("tessera_monitor_collect_duration_seconds")]
+
+    ours = expo.render(col.collect())
+    theirs = generate_latest(reg)
+    assert lines(ours) == lines(theirs)
+    assert lines(expo.render(col.collect())) == lines(ours)  # from the label cache: the same text
+    assert 'dra_claim_name="we\\"ird\\\\name\\nx"' in ours.decode()

@@ -1,7 +1,7 @@
-"""Run the exporter: the HTTP endpoint (prometheus-client's server) and the API refresher.
+"""Run the exporter: the HTTP endpoint and the API refresher.
 
-:func:`start` wires a :class:`~tessera.monitor.collector.TesseraCollector` into its own
-registry and serves it; the allocation view is re-read from the API server every
+:func:`start` serves a :class:`~tessera.monitor.collector.TesseraCollector` through
+:class:`~tessera.monitor.exposition.Exposition`; the allocation view is re-read from the API server every
 ``api_interval`` seconds in a background thread, so a scrape never waits on the network.
 """
 
@@ -13,12 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
-
 from tessera.api.errors import TesseraError
 from tessera.kube.client import ApiError, KubeClient, api_problem
 from tessera.monitor.allocation import AllocationView, fetch_allocation_view
 from tessera.monitor.collector import TesseraCollector
+from tessera.monitor.exposition import Exposition, serve
 from tessera.monitor.nvml import Nvml
 from tessera.monitor.regions import RegionDir
 
@@ -116,10 +115,9 @@ def start(
     :class:`MonitorError` when the address cannot be bound."""
     regions = RegionDir(region_dir)
     collector = TesseraCollector(node, regions, nvml.sample if nvml is not None else None, api, log)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
+    expo = Exposition()
     try:
-        httpd, _thread = start_http_server(port, address, registry)
+        httpd, _thread = serve(address, port, lambda: expo.render(collector.collect()))
     except OSError as e:
         raise MonitorError(f"cannot listen on {address}:{port}: {e.strerror or e}: choose another --port or --address") from e
     bound = int(httpd.server_port)
