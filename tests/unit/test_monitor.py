@@ -339,3 +339,23 @@ def test_exposition_matches_prometheus_client_byte_for_byte(tmp_path: Path, simu
     assert lines(ours) == lines(theirs)
     assert lines(expo.render(col.collect())) == lines(ours)  # from the label cache: the same text
     assert 'dra_claim_name="we\\"ird\\\\name\\nx"' in ours.decode()
+
+
+def test_in_cluster_client_reads_the_service_account(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tessera.kube.client import KubeClient, KubeconfigError
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(KubeconfigError, match="not running in a pod"):
+        KubeClient.in_cluster(sa_dir=tmp_path)
+    from tessera.kube.pki import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    (tmp_path / "ca.crt").write_bytes(pki.ca.cert.read_bytes())
+    (tmp_path / "token").write_text("abc\n")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    c = KubeClient.in_cluster(sa_dir=tmp_path)
+    assert c.server == "https://10.96.0.1:443"
+    assert c._bearer_token() == "abc"
+    (tmp_path / "token").write_text("rotated")
+    assert c._bearer_token() == "rotated"  # re-read: projected tokens rotate
