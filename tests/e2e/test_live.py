@@ -77,7 +77,7 @@ class Live:
         kubectl = build.binary("kubectl")
         out = subprocess.run(
             [str(kubectl), "--kubeconfig", str(self.kubeconfig), "get",
-             "nodes,deviceclasses,resourceslices,resourceclaims,pods", "-A", "-o", "yaml"],
+             "nodes,deviceclasses,resourceslices,resourceclaimtemplates,resourceclaims,pods", "-A", "-o", "yaml"],
             check=True, capture_output=True, text=True,
         ).stdout
         p = self.tmp / name
@@ -185,7 +185,11 @@ def test_explain_pending_pods_live_equals_files(live: Live) -> None:
     too_big = json.loads(_ok("explain", f"{NS}/too-big", "--kubeconfig", str(live.kubeconfig), "-o", "json"))
     assert "memory" in json.dumps(too_big["nodes"]) and "100Gi" in json.dumps(too_big)
     text = _ok("explain", f"{NS}/needs-a10", "--kubeconfig", str(live.kubeconfig))
-    assert "NVIDIA A10" in text
+    # The claim the controller made is explained (not its template): per node, the selector.
+    claim = pod_claim_names(_live_pod(live, "needs-a10"))["gpu"]
+    assert f"claim {NS}/{claim}, request gpu" in text and "not found" not in text
+    assert 'productName == "NVIDIA A10"` (productName = "NVIDIA RTX A5000")' in text
+    assert 'productName == "NVIDIA A10"` (productName = "NVIDIA H100 80GB HBM3")' in text
 
 
 def test_explain_bound_pod_keeps_the_schedulers_node(live: Live) -> None:

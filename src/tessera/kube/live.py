@@ -1,7 +1,8 @@
 """Read a live cluster for ``tessera simulate --kubeconfig`` and ``tessera explain --kubeconfig``.
 
 What is read (read-only: ``list`` on each, paginated with the API's ``limit``/``continue``):
-Nodes, DeviceClasses, ResourceSlices, ResourceClaims (with their ``status.allocation`` and
+Nodes, DeviceClasses, ResourceSlices, ResourceClaimTemplates (for pending pods whose claims
+the claim controller has not made yet), ResourceClaims (with their ``status.allocation`` and
 ``status.reservedFor``) and Pods. The objects become :class:`~tessera.api.loader.Manifest`\\ s
 through :func:`tessera.api.loader.load_objects`, so they are validated and simulated exactly
 as the same objects in a file would be (``kubectl get ... -o yaml`` fed to ``tessera
@@ -37,6 +38,7 @@ LIVE_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "Node"),
     (RESOURCE_API, "DeviceClass"),
     (RESOURCE_API, "ResourceSlice"),
+    (RESOURCE_API, "ResourceClaimTemplate"),
     (RESOURCE_API, "ResourceClaim"),
     ("v1", "Pod"),
 )

@@ -448,10 +448,16 @@ class Simulation:
                 out.append((pcname, claim))
             elif pc.get("resourceClaimTemplateName"):
                 tkey = (ns, pc["resourceClaimTemplateName"])
+                generated = generated_claim_name(pod, pcname)
+                if generated and (ns, generated) in self.claims:
+                    # The claim controller already made it (a pod read from a cluster): the
+                    # scheduler only needs the claim, as here.
+                    out.append((pcname, self.claims[(ns, generated)]))
+                    continue
                 tmpl = self.templates.get(tkey)
                 if tmpl is None:
                     return [], f'resourceclaimtemplate "{tkey[1]}" not found'
-                cname = generated_claim_name(pod, pcname) or f"{_name(pod)}-{pcname}"
+                cname = generated or f"{_name(pod)}-{pcname}"
                 key = (ns, cname)
                 claim = self.claims.get(key)
                 if claim is None:
