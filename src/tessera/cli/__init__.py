@@ -1,7 +1,6 @@
 """The ``tessera`` command line: the one entry-point package.
 
-Every command lives in a module here (``simulate``, ``explain``/``lint``, ``convert``,
-``cluster``) and
+Every command lives in a module here (``simulate``, ``explain``/``lint``, ``convert``, ``cluster``, ``monitor``) and
 reports bad input the same way (:func:`tessera.cli._common.fail`: one line, exit 2), catching
 only :class:`tessera.api.errors.TesseraError`, the root of every user error. Services
 (``sim``, ``explain``, ``kube``...) and core packages never import this package.
@@ -31,9 +30,10 @@ def _register() -> None:
     from tessera.cli.cluster import cluster
     from tessera.cli.convert import convert
     from tessera.cli.explain import explain, lint
+    from tessera.cli.monitor import monitor
     from tessera.cli.simulate import simulate
 
-    for cmd in (simulate, explain, lint, convert, cluster):
+    for cmd in (simulate, explain, lint, convert, cluster, monitor):
         main.add_command(cmd)
 
 
