@@ -197,11 +197,11 @@ def test_cost_limit() -> None:
     from tessera.cel import MAX_COST, CelCostError, check_selector
 
     expensive = "lists.range(1000).all(i, lists.range(1000).all(j, i != j || i == j))"
-    with pytest.raises(CelCostError, match="^too complex, exceeds cost limit$") as e:
+    with pytest.raises(CelCostError, match=r"^too complex, exceeds cost limit$") as e:
         check_selector(expensive)
     assert e.value.estimate > MAX_COST
     # At runtime it stops at the limit with cel-go's message; a smaller limit stops sooner.
-    with pytest.raises(CelRuntimeError, match="^operation cancelled: actual cost limit exceeded$"):
+    with pytest.raises(CelRuntimeError, match=r"^operation cancelled: actual cost limit exceeded$"):
         compile_selector(expensive).evaluate(DEV)
     cheap = compile_selector('device.driver == "gpu.tessera.dev"')
     assert cheap.evaluate_cost(DEV) == (True, 4)
