@@ -143,8 +143,8 @@ def _check_slice(m: Manifest) -> None:
 
 
 def _check_selectors(m: Manifest) -> None:
-    """CEL selectors must compile, as the API server checks on create."""
-    from tessera.cel import CelCompileError, compile_selector
+    """CEL selectors must compile and be within the cost limit, as the API server checks on create."""
+    from tessera.cel import CelCompileError, CelCostError, check_selector
 
     spec = m.obj.get("spec") or {}
     places: list[tuple[str, Any]] = []
@@ -164,7 +164,12 @@ def _check_selectors(m: Manifest) -> None:
             if not isinstance(expr, str):
                 continue
             try:
-                compile_selector(expr)
+                check_selector(expr)
+            except CelCostError as e:
+                raise ManifestError(
+                    f"Forbidden: {e} ({e.detail}): bound the iterations (fewer or smaller lists)",
+                    file=m.source.file, doc=m.source.doc, obj=m.ref(), field=f"{where}[{k}].cel.expression",
+                ) from None
             except CelCompileError as e:
                 raise ManifestError(
                     f"CEL compile error: {e}", file=m.source.file, doc=m.source.doc, obj=m.ref(), field=f"{where}[{k}].cel.expression"
