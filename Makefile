@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test lint venv clean native native-test kube protos node-deps
+.PHONY: simulate test lint venv clean native native-test kube protos node-deps prometheus
 
 # The enforcement library (C) is built first and copied into the package
 # (src/tessera/enforcement/lib/), so it is installed with it.
@@ -49,7 +49,11 @@ kube:
 node-deps:
 	tools/kube/node-deps.sh
 
-test: $(STAMP) native protos kube node-deps
+# Debian's prometheus package: the real server the monitor tests scrape with (idempotent).
+prometheus:
+	tools/prometheus/install.sh
+
+test: $(STAMP) native protos kube node-deps prometheus
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
