@@ -106,6 +106,9 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 
 EXPORT const char *nvmlErrorString(nvmlReturn_t result)
 {
+    const char *cfg = fcfg_error_string((int)result);
+    if (cfg)
+        return cfg;
     switch (result) {
     case NVML_SUCCESS:
         return "Success";
@@ -120,7 +123,8 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result)
 
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
-    (void)device;
+    if (device->cfg)
+        return fcfg_name(device, name, length);
     const char *n = getenv("FAKE_GPU_NAME");
     if (!n || !*n)
         n = "Tessera Fake GPU";

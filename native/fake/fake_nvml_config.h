@@ -307,29 +307,23 @@ static nvmlReturn_t fcfg_memory(nvmlDevice_t d, unsigned long long *total,
 
 /* ---- entry points only the configured mode has ------------------------------------------- */
 
-EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+EXPORT nvmlReturn_t nvmlInit(void)
 {
-    (void)flags;
     fake_state_get();
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
-
-EXPORT const char *nvmlErrorString(nvmlReturn_t r)
+/* nvmlErrorString for the codes only this mode returns (fake_nvml.c has the others). */
+static const char *fcfg_error_string(int r)
 {
-    switch ((int)r) {
-    case 0: return "Success";
-    case 1: return "Uninitialized";
-    case 2: return "Invalid Argument";
+    switch (r) {
     case 3: return "Not Supported";
     case 4: return "Insufficient Permissions";
     case 6: return "Not Found";
-    case 7: return "Insufficient Size";
     case 10: return "Timeout";
     case 13: return "Function Not Found";
     case 15: return "GPU is lost";
-    default: return "Unknown Error";
+    default: return NULL;
     }
 }
 
@@ -369,7 +363,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
     return r;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int length)
+/* nvmlDeviceGetName of a configured device (fake_nvml.c's nvmlDeviceGetName calls it). */
+static nvmlReturn_t fcfg_name(nvmlDevice_t d, char *name, unsigned int length)
 {
     nvmlReturn_t r;
     fcfg *c = fcfg_lock();

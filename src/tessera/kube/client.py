@@ -27,7 +27,6 @@ import os
 import ssl
 import tempfile
 import threading
-import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
