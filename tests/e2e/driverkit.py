@@ -7,10 +7,16 @@ Import the fixtures into a test module with ``from .driverkit import *``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import subprocess
+import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +27,7 @@ import grpc
 import pytest
 
 from tessera.driver.kubelet import stubs
-from tessera.driver.node import DriverConfig, NodeDriver
+from tessera.driver.node import DriverConfig
 from tessera.enforcement import library_path
 from tessera.inventory import GPU, load_inventory
 from tessera.kube.client import KubeClient
@@ -171,7 +177,6 @@ def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = 
         os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, 3))
     cfg = root / "nvml.cfg"
     write_atomically(cfg, nvml_config(gpus, **nvml))
-    os.environ["FAKE_NVML_CONFIG"] = str(cfg)
     inv = Inventory()
     inv.add_node(node, {"kubernetes.io/hostname": node})
     register_inventory(cluster.client, inv)
@@ -190,11 +195,72 @@ def driver_env(tmp_path: Path, kube_cluster: LiveCluster, fake_nvml_lib: Path) -
     kube_cluster.client.delete("v1", "Node", env.node)
 
 
+class DriverProcess:
+    """``tessera driver`` for a :class:`DriverEnv`, as a child process (NVML, even the fake one,
+    is loaded once per process and cannot be unloaded: the test process must not load it).
+
+    ``options`` are extra command-line options. :meth:`start` waits until ``/readyz`` answers
+    (or the process exits: then :attr:`returncode` and :attr:`output` say why).
+    """
+
+    def __init__(self, env: DriverEnv, *options: str) -> None:
+        self.env = env
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.argv = [sys.executable, "-m", "tessera", "driver", "--node-name", env.node,
+                     "--kubeconfig", str(env.kubeconfig), "--kubelet-root-dir", str(env.kubelet_root),
+                     "--cdi-dir", str(env.cdi_dir), "--state-dir", str(env.state_dir),
+                     "--dev-root", str(env.dev_root), "--nvml-library", str(env.nvml_lib),
+                     "--health-address", f"127.0.0.1:{self.port}", "--rescan-seconds", "0.5",
+                     "--xid-recovery-seconds", "2", *options]
+        self.log = env.root / f"driver-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> DriverProcess:
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(self.argv, env=self.env.env(), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                return self
+            try:
+                if self.ready()["ok"]:
+                    return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"tessera driver not ready after {timeout} s:\n{self.output}")
+            time.sleep(0.05)
+
+    def ready(self) -> dict[str, Any]:
+        """The ``/readyz`` answer (503 answers are returned too)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=5) as r:
+                return dict(json.loads(r.read()))
+        except urllib.error.HTTPError as e:
+            return dict(json.loads(e.read()))
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
 @pytest.fixture
-def running_driver(driver_env: DriverEnv) -> Iterator[tuple[DriverEnv, NodeDriver]]:
-    """An in-process driver on ``driver_env``, stopped after the test."""
-    d = NodeDriver(driver_env.config(), driver_env.client, log=lambda m: None)
-    d.start()
+def running_driver(driver_env: DriverEnv) -> Iterator[tuple[DriverEnv, DriverProcess]]:
+    """``tessera driver`` on ``driver_env`` (a child process), stopped after the test."""
+    d = DriverProcess(driver_env).start()
+    assert d.returncode is None, d.output
     try:
         yield driver_env, d
     finally:
@@ -223,6 +289,6 @@ def allocated_claim(client: KubeClient, namespace: str, name: str, results: list
 
 
 __all__ = [
-    "A5000", "GIB", "H100", "DriverEnv", "FakeKubelet", "allocated_claim", "driver_env", "fake_nvml_lib",
+    "A5000", "GIB", "H100", "DriverEnv", "DriverProcess", "FakeKubelet", "allocated_claim", "driver_env", "fake_nvml_lib",
     "make_env", "node_slices", "nvml_config", "running_driver", "write_atomically",
 ]

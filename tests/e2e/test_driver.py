@@ -33,7 +33,7 @@ from tessera.kube.workloads import (
 
 from .conftest import LiveCluster
 from .driverkit import *  # noqa: F403 (fixtures)
-from .driverkit import GIB, DriverEnv, allocated_claim, node_slices
+from .driverkit import GIB, DriverEnv, DriverProcess, allocated_claim, node_slices
 
 pytestmark = pytest.mark.cluster
 
@@ -52,7 +52,7 @@ def _taints(slices: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 # ---- registration ------------------------------------------------------------------------------
 
-def test_registration_info_and_socket_paths(running_driver: tuple[DriverEnv, NodeDriver]) -> None:
+def test_registration_info_and_socket_paths(running_driver: tuple[DriverEnv, DriverProcess]) -> None:
     env, d = running_driver
     kubelet = env.kubelet()
     info = kubelet.get_info()
@@ -61,14 +61,14 @@ def test_registration_info_and_socket_paths(running_driver: tuple[DriverEnv, Nod
     assert list(info.supported_versions) == ["v1.DRAPlugin"]
     assert (env.kubelet_root / "plugins_registry" / "gpu.tessera.dev-reg.sock").is_socket()
     assert Path(info.endpoint).is_socket()
-    url = f"http://127.0.0.1:{d.health_port}/readyz"
-    body = json.loads(urllib.request.urlopen(url, timeout=5).read())
+    body = d.ready()
     assert body["ok"] is True and body["registered"] is False and body["gpus"] == 8
+    with urllib.request.urlopen(f"http://127.0.0.1:{d.port}/healthz", timeout=5) as r:
+        assert json.loads(r.read())["ok"] is True
     kubelet.notify(True)
-    assert d.servers is not None and d.servers.registered.is_set()
-    assert json.loads(urllib.request.urlopen(url, timeout=5).read())["registered"] is True
+    assert d.ready()["registered"] is True
     kubelet.notify(False, "plugin name clash")
-    assert d.servers.registration_error == "plugin name clash"
+    assert (d.ready()["registered"], d.ready()["registrationError"]) == (False, "plugin name clash")
     kubelet.close()
 
 
@@ -82,8 +82,7 @@ def test_publishes_the_inventory_slices(driver_env: DriverEnv, kube_cluster: Liv
     stale = build_resource_slices(env.node, env.gpus[:2])[0]
     stale["metadata"]["name"] = f"{env.node}-stale"
     kube_cluster.client.apply(stale)
-    d = NodeDriver(env.config(), env.client, log=lambda m: None)
-    d.start()
+    d = DriverProcess(env).start()
     try:
         slices = node_slices(env.client, env.node)
         want = build_resource_slices(env.node, env.gpus, generation=2,
@@ -94,20 +93,19 @@ def test_publishes_the_inventory_slices(driver_env: DriverEnv, kube_cluster: Liv
         assert [dev["attributes"]["uuid"]["string"] for dev in slices[0]["spec"]["devices"]] == [g.uuid for g in env.gpus]
         # The other node's slice is untouched.
         assert kube_cluster.client.get("resource.k8s.io/v1", "ResourceSlice", f"{env.node}-not-mine")["spec"]["nodeName"] == "somebody-else"
-        assert d.stats.first_publish is not None
+        assert 0 < d.ready()["firstPublishSeconds"] < 30
     finally:
         d.stop()
         kube_cluster.client.delete("resource.k8s.io/v1", "ResourceSlice", f"{env.node}-not-mine")
     # A restart with nothing changed does not bump the generation.
-    d2 = NodeDriver(env.config(), env.client, log=lambda m: None)
-    d2.start()
+    d2 = DriverProcess(env).start()
     try:
         assert node_slices(env.client, env.node)[0]["spec"]["pool"]["generation"] == 2
     finally:
         d2.stop()
 
 
-def test_lost_gpu_is_tainted_then_untainted(running_driver: tuple[DriverEnv, NodeDriver]) -> None:
+def test_lost_gpu_is_tainted_then_untainted(running_driver: tuple[DriverEnv, DriverProcess]) -> None:
     env, _d = running_driver
     lost = env.gpus[3].uuid
     env.set_gpus(lost=[lost])
@@ -127,7 +125,7 @@ def test_lost_gpu_is_tainted_then_untainted(running_driver: tuple[DriverEnv, Nod
     assert [dev["name"] for dev in slices[0]["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
 
 
-def test_xid_taints_until_recovery(running_driver: tuple[DriverEnv, NodeDriver]) -> None:
+def test_xid_taints_until_recovery(running_driver: tuple[DriverEnv, DriverProcess]) -> None:
     env, _d = running_driver
     u = env.gpus[1].uuid
     env.set_gpus(xids=[(1, env.gpus[0].uuid, 13), (2, u, 79)])  # 13: application error, ignored
@@ -150,7 +148,7 @@ def _scheduled_claim(client: Any, ns: str, env: DriverEnv, name: str, memory: st
 
 
 def test_prepare_writes_limits_region_cdi_and_unprepare_removes(
-        running_driver: tuple[DriverEnv, NodeDriver], kube_namespace: str) -> None:
+        running_driver: tuple[DriverEnv, DriverProcess], kube_namespace: str) -> None:
     env, _d = running_driver
     claim = _scheduled_claim(env.client, kube_namespace, env, "share", "8Gi", 20)
     meta = claim["metadata"]
@@ -216,7 +214,7 @@ def test_prepare_writes_limits_region_cdi_and_unprepare_removes(
 
 
 def test_whole_gpu_and_admin_access_get_no_limits(
-        running_driver: tuple[DriverEnv, NodeDriver], kube_namespace: str) -> None:
+        running_driver: tuple[DriverEnv, DriverProcess], kube_namespace: str) -> None:
     env, _d = running_driver
     whole = _scheduled_claim(env.client, kube_namespace, env, "whole", None, None)
     dev = whole["status"]["allocation"]["devices"]["results"][0]["device"]
@@ -239,7 +237,7 @@ def test_whole_gpu_and_admin_access_get_no_limits(
 
 
 def test_malformed_claims_get_per_claim_errors(
-        running_driver: tuple[DriverEnv, NodeDriver], kube_namespace: str) -> None:
+        running_driver: tuple[DriverEnv, DriverProcess], kube_namespace: str) -> None:
     env, _d = running_driver
     ns = kube_namespace
     good = _scheduled_claim(env.client, ns, env, "good", "1Gi", 10)
@@ -306,10 +304,9 @@ def test_enforcement_backend_detected_from_nvml(
     hook = tmp_path / "nvidia-cdi-hook"
     hook.write_text("#!/bin/sh\nexit 0\n")
     hook.chmod(0o755)
-    d = NodeDriver(env.config(cgroup_root=str(cgroup), cdi_hook=str(hook)), env.client, log=lambda m: None)
-    d.start()
+    d = DriverProcess(env, "--cgroup-root", str(cgroup), "--nvidia-cdi-hook", str(hook)).start()
     try:
-        assert d.backend.backend == want
+        assert d.ready()["backend"] == want
         slices = node_slices(env.client, env.node)
         assert {dev["attributes"]["enforcementBackend"]["string"] for dev in slices[0]["spec"]["devices"]} == {want}
         claim = _scheduled_claim(env.client, kube_namespace, env, "b", "8Gi", 20)
@@ -333,10 +330,10 @@ def test_enforcement_backend_detected_from_nvml(
 
 def test_backend_flag_overrides_detection(driver_env: DriverEnv) -> None:
     env = driver_env
-    d = NodeDriver(env.config(enforcement_backend=DRIVER_NATIVE), env.client, log=lambda m: None)
-    d.start()
+    d = DriverProcess(env, "--enforcement-backend", DRIVER_NATIVE).start()
     try:
-        assert (d.backend.backend, d.backend.reason) == (DRIVER_NATIVE, "--enforcement-backend driver-native")
+        r = d.ready()
+        assert (r["backend"], r["backendReason"]) == (DRIVER_NATIVE, "--enforcement-backend driver-native")
     finally:
         d.stop()
 

@@ -3,16 +3,18 @@ real inventory), the nvidia-smi XML fallback, and the GPU registry's stable devi
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tessera.driver.discovery import discover_nvml, discover_smi, load_nvml, probe
+from tessera.driver.discovery import discover_smi
 from tessera.driver.publish import GpuRegistry, desired_slices
-from tessera.inventory import build_resource_slices, load_inventory
+from tessera.inventory import GPU, build_resource_slices, load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
@@ -41,17 +43,37 @@ def _config(path: Path, corpus: Path, extra: str = "", lost: str = "") -> list:
     return gpus
 
 
-def test_nvml_discovery_gives_the_inventorys_gpus(nvml_lib: Path, corpus: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+#: Run in a child process: NVML (even the fake) stays loaded in a process once loaded, and
+#: other tests of this session rely on this machine having no libnvidia-ml.so.1.
+CHILD = """
+import json, sys
+from dataclasses import asdict
+from tessera.driver.discovery import discover_nvml, load_nvml, probe
+nvml = load_nvml(sys.argv[1])
+inv = discover_nvml(nvml)
+print(json.dumps({"source": inv.source, "driver": inv.driver_version, "cuda": inv.cuda_driver_version,
+                  "gpus": [{**asdict(n.gpu), "mig_devices": []} for n in inv.gpus],
+                  "minors": [n.minor for n in inv.gpus],
+                  "probe": {u: probe(nvml, u) for u in sys.argv[2:]}}))
+"""
+
+
+def _discover(nvml_lib: Path, cfg: Path, *probe_uuids: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", CHILD, str(nvml_lib), *probe_uuids], capture_output=True,
+                       text=True, env={**os.environ, "FAKE_NVML_CONFIG": str(cfg)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout))
+
+
+def test_nvml_discovery_gives_the_inventorys_gpus(nvml_lib: Path, corpus: Path, tmp_path: Path) -> None:
     cfg = tmp_path / "nvml.cfg"
     gpus = _config(cfg, corpus)
-    monkeypatch.setenv("FAKE_NVML_CONFIG", str(cfg))
-    nvml = load_nvml(str(nvml_lib))
-    inv = discover_nvml(nvml)
-    assert (inv.source, inv.driver_version, inv.cuda_driver_version) == ("nvml", "535.161.08", 12020)
-    assert [n.minor for n in inv.gpus] == list(range(8))
+    out = _discover(nvml_lib, cfg)
+    assert (out["source"], out["driver"], out["cuda"]) == ("nvml", "535.161.08", 12020)
+    assert out["minors"] == list(range(8))
+    seen = [GPU(**{**g, "mig_devices": ()}) for g in out["gpus"]]
     # The same slices as `tessera simulate` builds from the inventory file (one code path).
-    ours = build_resource_slices("n", [n.gpu for n in inv.gpus])
+    ours = build_resource_slices("n", seen)
     theirs = build_resource_slices("n", gpus)
     for a, b in zip(ours[0]["spec"]["devices"], theirs[0]["spec"]["devices"], strict=True):
         a_attrs = {k: v for k, v in a["attributes"].items() if k != "cudaDriverVersion"}
@@ -59,10 +81,9 @@ def test_nvml_discovery_gives_the_inventorys_gpus(nvml_lib: Path, corpus: Path, 
         assert (a["name"], a_attrs, a["capacity"]) == (b["name"], b_attrs, b["capacity"])
     lost = gpus[2].uuid
     _config(cfg, corpus, lost=lost)
-    assert probe(nvml, lost) == "lost"
-    assert [n.gpu.uuid for n in discover_nvml(nvml).gpus] == [g.uuid for g in gpus if g.uuid != lost]
-    assert probe(nvml, "GPU-00000000-1111-2222-3333-444444444444") == "missing"
-    assert probe(nvml, gpus[0].uuid) == "ok"
+    out = _discover(nvml_lib, cfg, lost, "GPU-00000000-1111-2222-3333-444444444444", gpus[0].uuid)
+    assert [g["uuid"] for g in out["gpus"]] == [g.uuid for g in gpus if g.uuid != lost]
+    assert out["probe"] == {lost: "lost", "GPU-00000000-1111-2222-3333-444444444444": "missing", gpus[0].uuid: "ok"}
 
 
 def test_smi_fallback_reads_xml_and_minor_numbers(corpus: Path) -> None:

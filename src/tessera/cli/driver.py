@@ -51,11 +51,13 @@ from tessera.cli._common import fail
               help="How often GPUs and their health are read again.")
 @click.option("--xid-recovery-seconds", type=float, default=60.0, show_default=True,
               help="How long a GPU stays tainted after its last critical XID.")
+@click.option("--cgroup-root", default="/sys/fs/cgroup", show_default=True,
+              help="The cgroup mount whose version decides whether driver-native limits can work.")
 def driver(node_name: str | None, kubeconfig: str | None, kubelet_root_dir: str, cdi_dir: str,
            state_dir: str, dev_root: str, library: str | None, nvml_library: str | None,
            nvidia_smi: str, enforcement_backend: str, nvidia_cdi_hook: str | None,
            driver_root: str, nvidia_cdi_kind: str | None, health_address: str,
-           rescan_seconds: float, xid_recovery_seconds: float) -> None:
+           rescan_seconds: float, xid_recovery_seconds: float, cgroup_root: str) -> None:
     """Run the DRA node driver gpu.tessera.dev on this node (until SIGTERM).
 
     Publishes the node's GPUs as ResourceSlices, registers with the kubelet, and prepares
@@ -74,7 +76,7 @@ def driver(node_name: str | None, kubeconfig: str | None, kubelet_root_dir: str,
         nvidia_smi=nvidia_smi, enforcement_backend=enforcement_backend, cdi_hook=nvidia_cdi_hook,
         driver_root=driver_root, nvidia_cdi_kind=nvidia_cdi_kind, driver=DRIVER_NAME,
         health_address=health_address or None, rescan_seconds=rescan_seconds,
-        xid_recovery_seconds=xid_recovery_seconds,
+        xid_recovery_seconds=xid_recovery_seconds, cgroup_root=cgroup_root,
     )
     if lib is None or not os.path.isfile(lib):
         fail(f"--library: enforcement library {lib or 'libtessera-enforce.so'} not found; build it with `make native`")

@@ -448,6 +448,8 @@ class NodeDriver:
             "node": self.cfg.node_name, "backend": self.backend.backend, "backendReason": self.backend.reason,
             "gpus": len(self.registry.records), "generation": self.publisher.generation if self.publisher else None,
             "registered": self.servers.registered.is_set() if self.servers else False,
+            "registrationError": self.servers.registration_error if self.servers else "",
+            "firstPublishSeconds": self.stats.first_publish,
             "preparedClaims": len(self.checkpoint.uids()) if self.checkpoint else 0,
             "statusErrors": self.stats.status_errors,
         }
