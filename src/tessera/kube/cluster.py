@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+from tessera.api.deviceclass import device_class
 from tessera.api.errors import TesseraError
 from tessera.kube import build
 from tessera.kube.client import ApiError, KubeClient, describe
@@ -64,13 +64,8 @@ FEATURE_GATES: Mapping[str, bool] = {
 RUNTIME_CONFIG = "resource.k8s.io/v1=true"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
-#: The DeviceClass every Tessera claim names.
-DEVICE_CLASS: Mapping[str, Any] = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": DEVICE_CLASS_NAME},
-    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-}
+#: The DeviceClass every Tessera claim names (one definition: tessera.api.deviceclass).
+DEVICE_CLASS: Mapping[str, Any] = device_class()
 
 #: Capacity and allocatable of each simulated node (enough for any test's pods).
 DEFAULT_NODE_CAPACITY: Mapping[str, str] = {"cpu": "128", "memory": "1Ti", "pods": "250"}
