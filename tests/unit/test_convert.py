@@ -537,8 +537,7 @@ def test_gpumem_annotation_without_resources_still_warns() -> None:
     [
         ("1Gi", "nvidia.com/gpumem is in MiB: write 1024, not 1Gi"),
         ("3000Mi", "nvidia.com/gpumem is in MiB: write 3000, not 3000Mi"),
-        ("5k", "nvidia.com/gpumem is in MiB: write a number such as 1024, not 5k"),
-        ("2e3", "nvidia.com/gpumem is in MiB: write a number such as 1024, not 2e3"),
+        ("1Ki", "nvidia.com/gpumem is in MiB: write a number such as 1024, not 1Ki"),
     ],
 )
 def test_gpumem_with_units_is_refused(raw: str, message: str) -> None:
@@ -547,6 +546,15 @@ def test_gpumem_with_units_is_refused(raw: str, message: str) -> None:
     assert str(e.value) == (
         f"pod ns/p, container c: {message} (HAMi would read the suffixed quantity as that many MiB)"
     )
+
+
+@pytest.mark.parametrize(("raw", "mib"), [("3k", 3000), ("2e3", 2000), ("40k", 40000), ("1024", 1024)])
+def test_gpumem_in_canonical_decimal_notation_is_that_many_mib(raw: str, mib: int) -> None:
+    """The API server stores ``nvidia.com/gpumem: 3000`` as the canonical Quantity ``3k``:
+    that is what the webhook receives, and it means 3000 MiB (HAMi reads Value() too)."""
+    conv = convert(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": raw}))
+    assert conv.requests[0].memory_mib == mib
+    assert exactly(conv)["capacity"]["requests"]["memory"] == Quantity.from_int(mib * MiB, "BinarySI").canonical()
 
 
 # ---- invalid values: one error per kind ----------------------------------------------------------
@@ -582,9 +590,14 @@ def test_gpumem_with_units_is_refused(raw: str, message: str) -> None:
             "nvidia.com/gpu True is not a number; write a whole number of physical GPUs such as 1",
         ),
         (
-            {"nvidia.com/gpucores": "1k"},
-            "nvidia.com/gpucores '1k' has a unit suffix or exponent; write a whole percentage "
+            {"nvidia.com/gpucores": "1Ki"},
+            "nvidia.com/gpucores '1Ki' has a unit suffix or exponent; write a whole percentage "
             "0-100 such as 30",
+        ),
+        (
+            {"nvidia.com/gpu": 1, "nvidia.com/gpucores": "1k"},
+            "nvidia.com/gpucores 1000 is over 100: gpucores is a percentage 0-100 of each GPU's "
+            "compute (HAMi clamps it silently); write 100 or less",
         ),
         (
             {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150},

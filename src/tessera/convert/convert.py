@@ -158,7 +158,11 @@ _HOW = {
 
 
 def _parse_int(raw: object, name: str, role: str, ctx: _Ctx, container: str) -> int:
-    """Parse one HAMi resource value: a YAML int or a string holding a plain integer."""
+    """Parse one HAMi resource value: a YAML int, or a string holding an integer quantity in
+    decimal notation (``3000``, and ``3k`` or ``3e3``, which mean 3000: the API server stores
+    ``resources.limits`` as canonical Quantities, so a pod written with ``3000`` reaches the
+    webhook as ``3k``; HAMi reads both as 3000). Binary suffixes (``1Gi``) are refused: HAMi
+    would read ``1Gi`` as 1,073,741,824 MiB."""
     how = _HOW[role]
     if isinstance(raw, bool) or not isinstance(raw, int | str | float):
         raise ctx.error(container, name, f"{name} {raw!r} is not a number; {how}")
@@ -179,6 +183,8 @@ def _parse_int(raw: object, name: str, role: str, ctx: _Ctx, container: str) -> 
                 raise ctx.error(container, name, f"{name} {raw!r} is negative; {how}")
             if not q.is_integer():
                 raise ctx.error(container, name, f"{name} {raw!r} is fractional; {how}")
+            if q.format != "BinarySI":
+                return int(q.value)
             if role == "memory":
                 mib = q.value / MIB
                 hint = (

@@ -90,6 +90,8 @@ class KubeClient:
         key_file: Path | None = None,
         cert_data: bytes | None = None,
         key_data: bytes | None = None,
+        token: str | None = None,
+        token_file: Path | None = None,
         timeout: float = 30.0,
     ) -> None:
         url = urllib.parse.urlsplit(server)
@@ -110,10 +112,27 @@ class KubeClient:
         elif cert_data is not None and key_data is not None:
             _load_cert_chain_data(ctx, cert_data, key_data)
         self._ssl = ctx
+        self._token = token
+        self._token_file = token_file
         self._discovery: dict[str, dict[str, Resource]] = {}
         self._lock = threading.Lock()
 
     # ---- construction -----------------------------------------------------------------
+    @classmethod
+    def in_cluster(cls, *, timeout: float = 30.0, root: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount")) -> KubeClient:
+        """The client of a pod: ``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT``,
+        the ServiceAccount's CA (``ca.crt``) and token (``token``, re-read on every request:
+        the kubelet rotates it). Raises :class:`KubeconfigError` outside a pod."""
+        host = os.environ.get("KUBERNETES_SERVICE_HOST")
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host or not (root / "token").is_file():
+            raise KubeconfigError(
+                "not running in a pod (no KUBERNETES_SERVICE_HOST or service-account token under "
+                f"{root}): give --kubeconfig"
+            )
+        host = f"[{host}]" if ":" in host else host
+        return cls(f"https://{host}:{port}", ca_file=root / "ca.crt", token_file=root / "token", timeout=timeout)
+
     @classmethod
     def from_kubeconfig(cls, path: Path, *, timeout: float = 30.0) -> KubeClient:
         """Build a client from the current context of a kubeconfig file.
@@ -156,8 +175,19 @@ class KubeClient:
             key_file=rel(user.get("client-key")),
             cert_data=b64(user.get("client-certificate-data")),
             key_data=b64(user.get("client-key-data")),
+            token=user.get("token"),
+            token_file=rel(user.get("tokenFile")),
             timeout=timeout,
         )
+
+    def _auth_headers(self) -> dict[str, str]:
+        token = self._token
+        if self._token_file is not None:
+            try:
+                token = self._token_file.read_text().strip()
+            except OSError as e:
+                raise ApiError("read", str(self._token_file), 0, "Unauthorized", f"cannot read the token: {e}") from e
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     # ---- raw requests -----------------------------------------------------------------
     def request(
@@ -180,7 +210,7 @@ class KubeClient:
         if query:
             url += "?" + urllib.parse.urlencode(query)
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **self._auth_headers()}
         if data is not None:
             headers["Content-Type"] = content_type
         conn = http.client.HTTPSConnection(
@@ -322,6 +352,38 @@ class KubeClient:
         except ApiError as e:
             if not (missing_ok and e.status == 404):
                 raise
+
+    @contextmanager
+    def stream(self, path: str, *, query: Mapping[str, str] | None = None, timeout: float | None = None) -> Iterator[http.client.HTTPResponse]:
+        """GET ``path`` and yield the open response, for a watch (``?watch=1``): read it line
+        by line (one JSON event per line). Raises :class:`ApiError` for status >= 400 or an
+        unreachable server; the connection is closed on exit."""
+        url = self._prefix + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        conn = http.client.HTTPSConnection(self._host, self._port, context=self._ssl, timeout=timeout or self.timeout)
+        try:
+            try:
+                conn.request("GET", url, headers={"Accept": "application/json", **self._auth_headers()})
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as e:
+                raise ApiError("GET", path, 0, "Unreachable", f"{self.server}: {e}") from e
+            if resp.status >= 400:
+                text = resp.read().decode(errors="replace")
+                try:
+                    payload = json.loads(text)
+                except json.JSONDecodeError:
+                    payload = None
+                if isinstance(payload, dict) and payload.get("kind") == "Status":
+                    raise ApiError("GET", path, resp.status, payload.get("reason", ""), payload.get("message", ""))
+                raise ApiError("GET", path, resp.status, resp.reason, text.strip()[:2000])
+            yield resp
+        finally:
+            conn.close()
+
+    def collection_path(self, api_version: str, kind: str, namespace: str | None = None) -> str:
+        """The URL path of a kind's collection (all namespaces when ``namespace`` is None)."""
+        res = self.resource(api_version, kind)
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        return f"{base}/namespaces/{namespace}/{res.plural}" if res.namespaced and namespace else f"{base}/{res.plural}"
 
     def raw_get(self, path: str, *, timeout: float | None = None) -> Any:
         """GET an arbitrary path (``/readyz``, ``/version``); JSON decoded or text."""
