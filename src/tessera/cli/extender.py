@@ -21,6 +21,7 @@ from tessera.cli.webhook import kube_client
 @click.option("--tls-cert-file", type=click.Path(dir_okay=False), default=None, help="Serve HTTPS with this certificate (reloaded when it changes).")
 @click.option("--tls-private-key-file", type=click.Path(dir_okay=False), default=None, help="Its private key.")
 @click.option("--port-file", type=click.Path(dir_okay=False), default=None, help="Write the port listened on to this file once serving.")
+@click.option("-v", "--verbose", is_flag=True, help="Log every prioritize call and its scores.")
 def extender(
     port: int,
     bind_address: str,
@@ -29,6 +30,7 @@ def extender(
     tls_cert_file: str | None,
     tls_private_key_file: str | None,
     port_file: str | None,
+    verbose: bool,
 ) -> None:
     """Serve kube-scheduler's extender `prioritize` verb (POST /prioritize): nodes are ranked
     by the pod's hami.io/node-scheduler-policy (binpack: most-booked first; spread: least-booked
@@ -48,7 +50,7 @@ def extender(
     from tessera.kube.watch import Informer
     from tessera.webhook.server import CertReloader, serve
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     certs = None
     if (tls_cert_file is None) != (tls_private_key_file is None):
         fail("--tls-cert-file and --tls-private-key-file go together")

@@ -7,6 +7,7 @@ extender is configured ``ignorable: true`` (as ``deploy/webhook/scheduler-config
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 
 from starlette.applications import Starlette
@@ -16,7 +17,8 @@ from starlette.routing import Route
 
 from tessera.extender.prioritize import BadArgs, UsageView, prioritize
 
-MAX_BODY = 16 * 2**20  # ExtenderArgs with full Node objects of a large cluster
+MAX_BODY = 16 * 2**20
+log = logging.getLogger("tessera.extender")  # ExtenderArgs with full Node objects of a large cluster
 
 
 def make_app(view: UsageView, default_policy: str = "first-fit", ready: Callable[[], bool] = lambda: True) -> Starlette:
@@ -28,9 +30,15 @@ def make_app(view: UsageView, default_policy: str = "first-fit", ready: Callable
             return PlainTextResponse(f"body over the {MAX_BODY}-byte limit", status_code=413)
         try:
             args = json.loads(body)
-            return JSONResponse(prioritize(args, view, default_policy))
+            result = prioritize(args, view, default_policy)
         except (BadArgs, ValueError, RecursionError) as e:
+            log.warning("prioritize: not an ExtenderArgs: %s", e)
             return PlainTextResponse(f"not an ExtenderArgs: {e}", status_code=400)
+        if log.isEnabledFor(logging.INFO):
+            meta = (args.get("Pod") or {}).get("metadata") or {}
+            log.info("prioritize %s/%s: %s", meta.get("namespace"), meta.get("name"),
+                     ", ".join(f"{r['Host']}={r['Score']}" for r in result))
+        return JSONResponse(result)
 
     async def healthz(_: Request) -> Response:
         return PlainTextResponse("ok")
