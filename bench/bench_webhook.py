@@ -64,8 +64,13 @@ def main() -> int:
     args = ap.parse_args()
 
     from corpus_paths import corpus_path
-    from e2e.conftest import A5000_INVENTORY, H100_INVENTORY, H100_TOPOLOGY, corpus_node, inventory_of
-
+    from e2e.conftest import (
+        A5000_INVENTORY,
+        H100_INVENTORY,
+        H100_TOPOLOGY,
+        corpus_node,
+        inventory_of,
+    )
     from tessera.kube.cluster import Cluster
     from tessera.kube.pki import make_serving_certificate
 
