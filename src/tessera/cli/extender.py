@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -64,9 +65,15 @@ def extender(
     except UserError as e:
         fail(str(e))
     slices = Informer(client, "resource.k8s.io/v1", "ResourceSlice").start()
-    claims = Informer(client, "resource.k8s.io/v1", "ResourceClaim").start()
-    view = UsageView(lambda: ((slices.generation, claims.generation), slices.items(), claims.items()))
-    app = make_app(view, default_node_policy, ready=lambda: slices.synced and claims.synced)
+    calls = iter(range(1 << 62))
+
+    def source() -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
+        # Claims are read from the API server on every call for a pod that names a policy: the
+        # claim allocated for the previous pod a moment ago must count (a watch may lag behind).
+        return next(calls), slices.items(), client.list("resource.k8s.io/v1", "ResourceClaim")
+
+    view = UsageView(source)
+    app = make_app(view, default_node_policy, ready=lambda: slices.synced)
 
     def on_ready(bound: int) -> None:
         scheme = "https" if certs else "http"
@@ -83,4 +90,3 @@ def extender(
         fail(f"cannot listen on {bind_address}:{port}: {e.strerror or e}")
     finally:
         slices.stop()
-        claims.stop()

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -26,6 +27,9 @@ def make_app(view: UsageView, default_policy: str = "first-fit", ready: Callable
 
     async def prioritize_route(request: Request) -> Response:
         body = await request.body()
+        return await run_in_threadpool(answer, body)
+
+    def answer(body: bytes) -> Response:  # may read claims from the API server: off the event loop
         if len(body) > MAX_BODY:
             return PlainTextResponse(f"body over the {MAX_BODY}-byte limit", status_code=413)
         try:
