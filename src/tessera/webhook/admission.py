@@ -26,15 +26,12 @@ Never an HTTP 500: an unexpected exception while converting is a denial with rea
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import jsonpatch  # type: ignore[import-untyped,unused-ignore]
 
 from tessera import DRIVER_NAME
 from tessera.api.loader import Manifest, Source
@@ -275,7 +272,7 @@ def _convert(d: Decision, request: Mapping[str, Any], pod: dict[str, Any], view:
                 f"pod {d.pod}, container {req.container}: {note}; the pod stays pending until a GPU that can "
                 "hold it is published"
             )
-    new_pod = copy.deepcopy(conv.pod)
+    new_pod = conv.pod  # a new dict: convert_pod never mutates its input
     new_pod["metadata"] = meta
     for rc in new_pod["spec"].get("resourceClaims") or []:
         name = rc.get("resourceClaimTemplateName")
@@ -307,8 +304,37 @@ def _has_hami_names(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-def _patch(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
-    """RFC 6902 operations turning ``old`` into ``new`` (python-json-patch's ``make_patch``)."""
-    ops: list[dict[str, Any]] = jsonpatch.make_patch(old, new).patch
-    return ops
+def _esc(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
 
+
+def _diff_keys(old: Mapping[str, Any], new: Mapping[str, Any], base: str, ops: list[dict[str, Any]]) -> None:
+    for key in sorted(set(old) | set(new), key=str):
+        if key in old and key in new and old[key] == new[key]:
+            continue
+        path = f"{base}/{_esc(str(key))}"
+        if key not in new:
+            ops.append({"op": "remove", "path": path})
+        else:
+            ops.append({"op": "replace" if key in old else "add", "path": path, "value": new[key]})
+
+
+def _patch(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+    """RFC 6902 operations turning pod ``old`` into ``new``: per changed container, its changed
+    keys (``resources``); per other changed ``spec`` key (``resourceClaims``), the new value.
+    The converter changes nothing else (``metadata`` is kept as received); the unit tests apply
+    these patches with python-json-patch and compare with the converted pod."""
+    ops: list[dict[str, Any]] = []
+    ospec, nspec = old["spec"], new["spec"]
+    for key in sorted(set(ospec) | set(nspec), key=str):
+        o, n = ospec.get(key), nspec.get(key)
+        if key in ospec and key in nspec and o == n:
+            continue
+        if (key in ("initContainers", "containers") and isinstance(o, list) and isinstance(n, list)
+                and len(o) == len(n) and all(isinstance(x, dict) for x in (*o, *n))):
+            for i, (oc, nc) in enumerate(zip(o, n, strict=True)):
+                if oc != nc:
+                    _diff_keys(oc, nc, f"/spec/{key}/{i}", ops)
+            continue
+        _diff_keys({key: o} if key in ospec else {}, {key: n} if key in nspec else {}, "/spec", ops)
+    return ops

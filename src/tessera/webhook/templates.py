@@ -69,7 +69,7 @@ def hashed_template(template: Mapping[str, Any], namespace: str) -> dict[str, An
             "namespace": namespace,
             "labels": {MANAGED_BY_LABEL: "tessera", HASH_LABEL: digest},
         },
-        "spec": copy.deepcopy(template["spec"]),
+        "spec": template["spec"],  # shared, never mutated
     }
 
 
