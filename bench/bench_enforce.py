@@ -3,9 +3,12 @@
 Builds the library, the fake ``libcuda.so.1`` and ``tp_bench`` with ``make -C native`` (or
 uses ``--build DIR`` from an earlier build), then runs each operation three ways on the fake
 driver: without the library, with it under a claim that is not paced (``cores 0``), and under
-a paced claim (``cores 30``). Each figure is the median of ``--repeat`` runs of ``--n``
-operations; the cost of the library is the difference to the run without it. The fake driver's
-own calls take ~0.1 µs, so the differences are what the library adds, not what a GPU costs.
+a paced claim (``cores 30``). Each figure is the process CPU time (user + system) per
+operation, the median of ``--repeat`` runs, so that other work on a shared machine does not
+inflate it; the cost of the library is the difference to the run without it. The fake driver's
+own calls take ~0.1-0.5 µs, so the differences are what the library adds, not what a GPU costs.
+``--lib`` measures another build of the library (an older commit) against the same fake driver
+and programs, for before/after figures.
 
     .venv/bin/python bench/bench_enforce.py
     .venv/bin/python bench/bench_enforce.py --repeat 9 --json out.json
@@ -47,7 +50,7 @@ def build(root: Path) -> Path:
     return root
 
 
-def env_for(build_dir: Path, work: Path, cores: int | None) -> dict[str, str]:
+def env_for(build_dir: Path, work: Path, cores: int | None, lib: Path) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items()
          if not k.startswith(("CUDA_", "FAKE_", "TESSERA_", "LD_PRELOAD"))}
     e["LD_LIBRARY_PATH"] = str(build_dir / "fake")
@@ -60,7 +63,7 @@ def env_for(build_dir: Path, work: Path, cores: int | None) -> dict[str, str]:
             write_limits(str(limits), Limits(region=str(d / "usage"),
                                              gpus=(GpuLimit(GPU, 8 * 1024 * MiB, cores),)))
         e["TESSERA_LIMITS_FILE"] = str(limits)
-        e["LD_PRELOAD"] = str(build_dir / "libtessera-enforce.so")
+        e["LD_PRELOAD"] = str(lib)
     return e
 
 
@@ -69,12 +72,16 @@ def one(build_dir: Path, env: dict[str, str], args: list[str]) -> float | None:
                        capture_output=True, text=True)
     if r.returncode != 0:
         return None  # operation not available in this build
-    return float(r.stdout.split("=")[1])
+    fields = dict(kv.split("=") for kv in r.stdout.split())
+    return float(fields["cpu_ns_per_op"])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", type=Path, help="an existing native build directory")
+    ap.add_argument("--lib", type=Path,
+                    help="the library to measure (default: the build's), e.g. an older build of "
+                         "it, against the same fake driver and programs")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply operation counts")
     ap.add_argument("--json", type=Path)
@@ -82,12 +89,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-enforce-") as tmp:
         work = Path(tmp)
         build_dir = a.build or build(work / "build")
+        lib = a.lib or build_dir / "libtessera-enforce.so"
         rows = []
         for name, args, n, extra in OPERATIONS:
             cmd = [*args, str(int(n * a.scale)), *extra]
             cells: dict[str, float | None] = {}
             for label, cores in (("without", None), ("unpaced", 0), ("paced", 30)):
-                xs = [one(build_dir, env_for(build_dir, work, cores), cmd)
+                xs = [one(build_dir, env_for(build_dir, work, cores, lib), cmd)
                       for _ in range(a.repeat)]
                 got = [x for x in xs if x is not None]
                 cells[label] = statistics.median(got) if len(got) == len(xs) else None

@@ -420,10 +420,43 @@ uint64_t ts_limit_of(int g)
     return 0;
 }
 
-int ts_current_dev(CUdevice *dev)
+/* The device of the last context each thread saw (a context's device never changes; the
+ * cache is dropped whenever a context is destroyed, so that a new context at the same address
+ * is asked again). One driver call per lookup, the current context, which the allocation
+ * records anyway. */
+static uint64_t g_ctx_gen;
+static __thread __attribute__((tls_model("initial-exec"))) struct {
+    CUcontext ctx;
+    CUdevice dev;
+    uint64_t gen;
+} t_dev;
+
+void ts_contexts_changed(void) { __atomic_add_fetch(&g_ctx_gen, 1, __ATOMIC_ACQ_REL); }
+
+int ts_current(CUdevice *dev, CUcontext *ctx_out)
 {
+    CUcontext c = NULL;
+    if (R.cuCtxGetCurrent && R.cuCtxGetCurrent(&c) == CUDA_SUCCESS && c) {
+        uint64_t gen = __atomic_load_n(&g_ctx_gen, __ATOMIC_ACQUIRE);
+        if (c == t_dev.ctx && gen == t_dev.gen) {
+            *dev = t_dev.dev;
+        } else {
+            if (!R.cuCtxGetDevice || R.cuCtxGetDevice(dev) != CUDA_SUCCESS)
+                return -1;
+            t_dev.ctx = c;
+            t_dev.dev = *dev;
+            t_dev.gen = gen;
+        }
+        if (ctx_out)
+            *ctx_out = c;
+        return 0;
+    }
+    if (ctx_out)
+        *ctx_out = NULL;
     return R.cuCtxGetDevice && R.cuCtxGetDevice(dev) == CUDA_SUCCESS ? 0 : -1;
 }
+
+int ts_current_dev(CUdevice *dev) { return ts_current(dev, NULL); }
 
 CUcontext ts_current_ctx(void)
 {

@@ -161,6 +161,10 @@ TS_HIDDEN int ts_active(void);
 /* Limits of a CUDA ordinal (keyed by the UUID the driver reports); g < 0 when not limited. */
 TS_HIDDEN dev_info ts_dev(CUdevice dev);
 TS_HIDDEN int ts_current_dev(CUdevice *dev);
+/* The current device and context in one lookup. */
+TS_HIDDEN int ts_current(CUdevice *dev, CUcontext *ctx);
+/* A context was destroyed or reset: forget cached context -> device answers. */
+TS_HIDDEN void ts_contexts_changed(void);
 TS_HIDDEN CUcontext ts_current_ctx(void);
 /* Device of a stream's context (the current device for the default streams). */
 TS_HIDDEN int ts_stream_dev(CUstream s, CUdevice *dev);

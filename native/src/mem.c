@@ -61,9 +61,8 @@ void ts_mem_forget(void)
         return r_;                                                                       \
     } while (0)
 
-/* Charge, call, and record (or undo) one allocation on device dev, owned by the current
- * context. */
-#define ALLOC_ON(dev, bytes, kind, keyexpr, what, call)                    \
+/* Charge, call, and record (or undo) one allocation on device dev, owned by context ctx. */
+#define ALLOC_ON(dev, ctx, bytes, kind, keyexpr, what, call)               \
     do {                                                                   \
         int g_ = -1;                                                       \
         int c_ = ts_charge_dev((dev), (bytes), 0, &g_, (what));            \
@@ -72,8 +71,7 @@ void ts_mem_forget(void)
         CUresult r_ = (call);                                              \
         if (c_ > 0) {                                                      \
             if (r_ == CUDA_SUCCESS)                                        \
-                ts_remember((kind), (uint64_t)(keyexpr), (bytes), g_,      \
-                            ts_current_ctx());                             \
+                ts_remember((kind), (uint64_t)(keyexpr), (bytes), g_, (ctx)); \
             else                                                           \
                 ts_credit(g_, (bytes), 0);                                 \
         }                                                                  \
@@ -121,9 +119,11 @@ TS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     if (!ts_cuda_enter() || bytesize == 0 || !dptr)
         return REAL(cuMemAlloc_v2) ? REAL(cuMemAlloc_v2)(dptr, bytesize) : CUDA_ERROR_NOT_FOUND;
     CUdevice dev;
-    if (ts_current_dev(&dev) != 0)
+    CUcontext ctx;
+    if (ts_current(&dev, &ctx) != 0)
         return REAL(cuMemAlloc_v2)(dptr, bytesize);
-    ALLOC_ON(dev, bytesize, TS_KIND_DPTR, *dptr, "cuMemAlloc", REAL(cuMemAlloc_v2)(dptr, bytesize));
+    ALLOC_ON(dev, ctx, bytesize, TS_KIND_DPTR, *dptr, "cuMemAlloc",
+             REAL(cuMemAlloc_v2)(dptr, bytesize));
 }
 
 TS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
@@ -132,9 +132,10 @@ TS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
         return REAL(cuMemAllocManaged) ? REAL(cuMemAllocManaged)(dptr, bytesize, flags)
                                        : CUDA_ERROR_NOT_FOUND;
     CUdevice dev;
-    if (ts_current_dev(&dev) != 0)
+    CUcontext ctx;
+    if (ts_current(&dev, &ctx) != 0)
         return REAL(cuMemAllocManaged)(dptr, bytesize, flags);
-    ALLOC_ON(dev, bytesize, TS_KIND_DPTR, *dptr, "cuMemAllocManaged",
+    ALLOC_ON(dev, ctx, bytesize, TS_KIND_DPTR, *dptr, "cuMemAllocManaged",
              REAL(cuMemAllocManaged)(dptr, bytesize, flags));
 }
 
@@ -146,7 +147,8 @@ TS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
                    ? REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes)
                    : CUDA_ERROR_NOT_FOUND;
     CUdevice dev;
-    if (ts_current_dev(&dev) != 0)
+    CUcontext ctx;
+    if (ts_current(&dev, &ctx) != 0)
         return REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     /* Pre-charge an estimate (rows padded to 512 bytes), then settle on pitch*height. */
     uint64_t est = mul_sat((WidthInBytes + 511) & ~(size_t)511, Height);
@@ -172,7 +174,7 @@ TS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     } else if (actual < est) {
         ts_credit(g, est - actual, 0);
     }
-    ts_remember(TS_KIND_DPTR, *dptr, actual, g, ts_current_ctx());
+    ts_remember(TS_KIND_DPTR, *dptr, actual, g, ctx);
     return r;
 }
 
@@ -228,21 +230,23 @@ TS_EXPORT CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPT
 TS_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
 {
     CUdevice dev;
-    if (!ts_cuda_enter() || !pHandle || !d || ts_current_dev(&dev) != 0)
+    CUcontext ctx;
+    if (!ts_cuda_enter() || !pHandle || !d || ts_current(&dev, &ctx) != 0)
         return REAL(cuArrayCreate_v2) ? REAL(cuArrayCreate_v2)(pHandle, d) : CUDA_ERROR_NOT_FOUND;
     uint64_t bytes = array3d_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels);
-    ALLOC_ON(dev, bytes, TS_KIND_ARRAY, (uintptr_t)*pHandle, "cuArrayCreate",
+    ALLOC_ON(dev, ctx, bytes, TS_KIND_ARRAY, (uintptr_t)*pHandle, "cuArrayCreate",
              REAL(cuArrayCreate_v2)(pHandle, d));
 }
 
 TS_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
 {
     CUdevice dev;
-    if (!ts_cuda_enter() || !pHandle || !d || ts_current_dev(&dev) != 0)
+    CUcontext ctx;
+    if (!ts_cuda_enter() || !pHandle || !d || ts_current(&dev, &ctx) != 0)
         return REAL(cuArray3DCreate_v2) ? REAL(cuArray3DCreate_v2)(pHandle, d)
                                         : CUDA_ERROR_NOT_FOUND;
     uint64_t bytes = array3d_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels);
-    ALLOC_ON(dev, bytes, TS_KIND_ARRAY, (uintptr_t)*pHandle, "cuArray3DCreate",
+    ALLOC_ON(dev, ctx, bytes, TS_KIND_ARRAY, (uintptr_t)*pHandle, "cuArray3DCreate",
              REAL(cuArray3DCreate_v2)(pHandle, d));
 }
 
@@ -257,7 +261,8 @@ TS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
                                           const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
 {
     CUdevice dev;
-    if (!ts_cuda_enter() || !pHandle || !d || levels == 0 || ts_current_dev(&dev) != 0)
+    CUcontext ctx;
+    if (!ts_cuda_enter() || !pHandle || !d || levels == 0 || ts_current(&dev, &ctx) != 0)
         return REAL(cuMipmappedArrayCreate) ? REAL(cuMipmappedArrayCreate)(pHandle, d, levels)
                                             : CUDA_ERROR_NOT_FOUND;
     uint64_t bytes = 0;
@@ -269,7 +274,7 @@ TS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
         h = h > 1 ? h / 2 : h;
         z = z > 1 ? z / 2 : z;
     }
-    ALLOC_ON(dev, bytes, TS_KIND_MIPMAP, (uintptr_t)*pHandle, "cuMipmappedArrayCreate",
+    ALLOC_ON(dev, ctx, bytes, TS_KIND_MIPMAP, (uintptr_t)*pHandle, "cuMipmappedArrayCreate",
              REAL(cuMipmappedArrayCreate)(pHandle, d, levels));
 }
 
@@ -296,6 +301,7 @@ static struct {
 
 void ts_context_gone(CUcontext ctx, CUdevice dev)
 {
+    ts_contexts_changed();
     int g = ts_dev(dev).g;
     if (ctx) {
         ts_entry buf[256];
