@@ -40,7 +40,9 @@
 #include <stdint.h>
 
 #define TESSERA_LIMITS_PATH "/etc/tessera/limits"
-/* Fallback outside Kubernetes, read only when TESSERA_LIMITS_PATH does not exist. */
+/* Fallback outside Kubernetes, read only when nothing is at TESSERA_LIMITS_PATH (the file and
+ * its directories absent). At the fixed path the library accepts only a readable regular file
+ * owned by root and not writable by group or others; anything else fails closed. */
 #define TESSERA_LIMITS_ENV "TESSERA_LIMITS_FILE"
 
 #define TESSERA_LIMITS_VERSION 1
