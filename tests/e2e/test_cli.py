@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import tessera
+from tessera.cli.cluster import cluster
 from tessera.kube import build
-from tessera.kube.cli import cluster
 from tessera.kube.client import KubeClient
 from tessera.kube.workloads import wait_pod_scheduled
 

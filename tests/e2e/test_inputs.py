@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tessera.kube.cli import cluster
+from tessera.cli.cluster import cluster
 from tessera.kube.client import KubeClient, KubeconfigError
 from tessera.kube.cluster import Cluster, ClusterInputError, NodeSpec, load_slice_files, node_object
 from tessera.kube.pki import make_pki

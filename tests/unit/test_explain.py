@@ -12,7 +12,8 @@ import yaml
 from click.testing import CliRunner
 
 from tessera.api.loader import Manifest, Source, expand_workloads, load_files
-from tessera.cli import examples_dir, main
+from tessera.cli import main
+from tessera.cli._common import examples_dir
 from tessera.explain.explain import ExplainError, Explanation, NodeExplanation, explain, render_text
 from tessera.sim.cluster import Cluster, SimNode, load_cluster
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
+from tessera.api.errors import TesseraError
+
 Format = Literal["BinarySI", "DecimalSI", "DecimalExponent"]
 
 _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
@@ -33,7 +35,7 @@ _NANO = Fraction(1, 10**9)
 _MAX = Fraction(2**63 - 1)
 
 
-class QuantityError(ValueError):
+class QuantityError(TesseraError, ValueError):
     """A string is not a valid Kubernetes quantity. The message says what was wrong."""
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+from tessera.api.errors import TesseraError
 from tessera.api.quantity import Quantity, QuantityError
 
 from . import cel, hami
@@ -35,7 +36,7 @@ _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 
-class ConversionError(ValueError):
+class ConversionError(TesseraError, ValueError):
     """A HAMi request cannot be converted. One line: the pod, the container (if any), the
     resource or annotation, what is wrong and how to fix it.
 
@@ -553,8 +554,9 @@ def _device_request(
             req.container,
             fam.percentage,
             f"{fam.percentage} {pct} needs the cluster's GPU memory sizes to become a byte "
-            "request: the caller must pass memory_sizes (bytes per GPU model, from the "
-            f"ResourceSlices), or write {fam.memory} in MiB instead",
+            "request: give the cluster's nodes (`tessera convert --cluster FILE` or --node; "
+            "memory_sizes from the ResourceSlices for callers of convert_pod), or write "
+            f"{fam.memory} in MiB instead",
         )
     subs = []
     for i, size in enumerate(sizes):

@@ -8,8 +8,10 @@ Every error is an :class:`InventoryError` (a :class:`ValueError`). ``str(err)`` 
 
 from __future__ import annotations
 
+from tessera.api.errors import TesseraError
 
-class InventoryError(ValueError):
+
+class InventoryError(TesseraError, ValueError):
     """An inventory, topology or generated ResourceSlice is unusable.
 
     Attributes: ``source`` (file or name), ``field`` (the field concerned), ``line`` and ``column``

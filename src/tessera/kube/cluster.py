@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+from tessera.api.errors import TesseraError
 from tessera.kube import build
 from tessera.kube.client import ApiError, KubeClient, describe
 from tessera.kube.pki import FRONT_PROXY_CLIENT, SERVICE_CIDR, Pki, make_pki
@@ -87,7 +88,7 @@ class ClusterError(RuntimeError):
     """The control plane could not be started, stopped or reached. Exit status 1 in the CLI."""
 
 
-class ClusterInputError(ValueError):
+class ClusterInputError(TesseraError, ValueError):
     """A ``--slices``/``--cluster`` input is invalid. Names file, document and field; exit 2."""
 
 

@@ -1,5 +1,5 @@
-"""Click commands ``tessera explain`` and ``tessera lint`` (registered on the ``main`` group in
-:mod:`tessera.cli`). Bad input prints one line and exits 2, as every Tessera command."""
+"""``tessera explain`` and ``tessera lint``. Bad input prints one line and exits 2, as every
+Tessera command."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from tessera.cli_options import cluster_inputs
+from tessera.cli._common import UserError, cluster_inputs, fail, load_inputs
 
 
 @click.command()
@@ -23,25 +23,27 @@ def explain(
     manifests: tuple[str, ...],
     cluster_file: str | None,
     node_specs: tuple[str, ...],
+    kubeconfig: str | None,
+    add_nodes: tuple[str, ...],
     output: str,
     all_devices: bool,
     seed: int,
 ) -> None:
     """Explain why POD_OR_CLAIM (namespace/name or name) is pending, or where and why it fit.
 
-    Takes the same inputs as `tessera simulate` (with none: the bundled default), runs the
-    simulation, then for the pod's claims reports per node and per device the first check that
+    Takes the same inputs as `tessera simulate` (with none: the bundled default; with
+    --kubeconfig: a live cluster, e.g. `tessera explain NS/POD --kubeconfig ~/.kube/config`
+    for a pod pending there), runs the simulation, then for the pod's claims reports per node and per device the first check that
     refused it: selector sub-expression, capacity short by how much, request policy, taint,
     constraint, incomplete pool. HAMi-style pods get a line in HAMi's words as well.
     """
-    from tessera.cli import _user_errors, fail, load_inputs
     from tessera.explain.explain import explain as run_explain
     from tessera.explain.explain import render_text
 
     try:
-        cluster, loaded = load_inputs(manifests, cluster_file, node_specs)
+        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes)
         exp = run_explain(cluster, loaded, target, seed=seed, all_devices=all_devices)
-    except _user_errors() as e:
+    except UserError as e:
         fail(str(e))
         return
     if output == "json":
@@ -61,7 +63,6 @@ def lint(manifests: tuple[str, ...], cluster_file: str | None) -> None:
     Exit status: 0 clean, 1 findings, 2 unreadable input (e.g. a Helm template).
     """
     from tessera.api.loader import load_files
-    from tessera.cli import _user_errors, fail
     from tessera.explain.lint import lint as run_lint
     from tessera.sim.cluster import load_cluster
 
@@ -69,7 +70,7 @@ def lint(manifests: tuple[str, ...], cluster_file: str | None) -> None:
         loaded = load_files(manifests)
         slices = [s for n in load_cluster(cluster_file).nodes for s in n.slices] if cluster_file else []
         findings = run_lint(loaded, slices)
-    except _user_errors() as e:
+    except UserError as e:
         fail(str(e))
         return
     for f in findings:

@@ -1,6 +1,6 @@
 """``tessera cluster up|down|status``: a real control plane on loopback (click group ``cluster``).
 
-Registered by the top-level CLI with ``main.add_command(cluster)``. Exit status: 0 on
+Exit status: 0 on
 success; 1 when the control plane fails (message includes the failing component's log
 tail); 2 on bad input (``--slices``/``--cluster`` files, named with document and field).
 ``status`` exits 0 when every component is healthy, 1 when degraded, 3 when stopped.
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from tessera.cli._common import examples_dir, fail
 from tessera.kube.build import BuildError
 from tessera.kube.cluster import (
     COMPONENTS,
@@ -32,11 +33,6 @@ _state_dir_option = click.option(
     default=None,
     help=f"Where certificates, etcd data, logs, pids and the kubeconfig live [default: {default_state_dir()}].",
 )
-
-
-def _fail(message: str, code: int) -> None:
-    click.echo(f"tessera: error: {message}", err=True)
-    sys.exit(code)
 
 
 @click.group(name="cluster")
@@ -66,8 +62,6 @@ def up(state_dir: Path | None, slice_files: tuple[Path, ...], cluster_file: Path
     `tessera simulate` uses with no arguments) are registered.
     """
     if cluster_file is None and not slice_files:
-        from tessera.cli import examples_dir
-
         cluster_file = examples_dir() / "cluster.yaml"
     try:
         inv = Inventory()
@@ -75,14 +69,14 @@ def up(state_dir: Path | None, slice_files: tuple[Path, ...], cluster_file: Path
             load_cluster_file(cluster_file, inv)
         load_slice_files(slice_files, inv)
     except ClusterInputError as e:
-        _fail(str(e), 2)
+        fail(str(e), 2)
     c = Cluster(state_dir)
     try:
         c.up(inv, build_binaries=not no_build, timeout=timeout, progress=lambda m: click.echo(f"tessera cluster: {m}", err=True))
     except ClusterInputError as e:
-        _fail(str(e), 2)
+        fail(str(e), 2)
     except (ClusterError, BuildError) as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
     click.echo(f"control plane running at {c.server} ({len(inv.nodes)} nodes, {len(inv.slices)} ResourceSlices)")
     click.echo(f"state: {c.state_dir}   stop: tessera cluster down --state-dir {shlex.quote(str(c.state_dir))}")
     click.echo(f"export KUBECONFIG={shlex.quote(str(c.kubeconfig))}")
@@ -96,7 +90,7 @@ def down(state_dir: Path | None) -> None:
     stopped = c.down()
     left = c.running_components()
     if left:
-        _fail(f"still running after down: {', '.join(left)} (state {c.state_dir})", 1)
+        fail(f"still running after down: {', '.join(left)} (state {c.state_dir})", 1)
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else f"nothing was running ({c.state_dir})")
 
 
