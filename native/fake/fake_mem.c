@@ -358,6 +358,13 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     return CUDA_SUCCESS;
 }
 
+/* Test introspection: a pool made without going through cuMemPoolCreate, as code that finds
+ * the driver's entry points by itself would. */
+EXPORT CUresult fakecuda_pool_create(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    return cuMemPoolCreate(pool, props);
+}
+
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     COUNT();
@@ -418,13 +425,13 @@ EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute att
         *(cuuint64_t *)value = pool->used;
         return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_ALLOCATION_TYPE:
-        *(int *)value = pool->alloc_type;
-        return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_LOCATION_TYPE:
-        *(int *)value = pool->loc_type;
-        return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_LOCATION_ID:
-        *(int *)value = pool->loc_id;
+        if (getenv("FAKE_POOL_NO_LOCATION")) /* a driver before CUDA 13.2 */
+            return CUDA_ERROR_INVALID_VALUE;
+        *(int *)value = attr == CU_MEMPOOL_ATTR_ALLOCATION_TYPE ? (int)pool->alloc_type
+                        : attr == CU_MEMPOOL_ATTR_LOCATION_TYPE ? (int)pool->loc_type
+                                                                : pool->loc_id;
         return CUDA_SUCCESS;
     default:
         return CUDA_ERROR_INVALID_VALUE;

@@ -19,7 +19,7 @@
  *          vrelease H | retain M | export H | import F B | importpath PATH B | closefd F
  *          mc B | mcbind HM HP
  *          mcbindaddr HM M | mcunbind HM | sparse H | lebind H
- *   pools: poolcreate dev|host|domain|numa|managed | palloc P B | getpool dev|host|managed
+ *   pools: poolcreate dev|host|domain|numa|managed | rawpool | palloc P B | getpool dev|host|managed
  *          curpool | setpool P | thresh P V | trim P V | pdestroy P | reserved P | pfree
  *   graphs: gcreate | galloc G B | gfree G | ginst G FLAGS | glaunch E | gupload E
  *          gdestroy E | gtrim | gfreeptr G | capture B | gmem
@@ -45,6 +45,7 @@
 uint64_t fakecuda_calls(const char *name);
 uint64_t fakecuda_used(int ordinal);
 uint64_t fakecuda_peak(int ordinal);
+CUresult fakecuda_pool_create(CUmemoryPool *pool, const CUmemPoolProps *props);
 void *tp_next(const char *name); /* libtpnext.so */
 
 /* X(function, base name for cuGetProcAddress, version to ask for) */
@@ -548,6 +549,13 @@ int main(int argc, char **argv)
             location(!strcmp(where, "managed") ? "none" : where, &pp.location);
             CUresult r = T.cuMemPoolCreate(&P[nP], &pp);
             printf("poolcreate %d p%d\n", r, r == CUDA_SUCCESS ? nP++ : -1);
+        } else if (!strcmp(c, "rawpool")) { /* a device-1 pool the library never saw made */
+            CUmemPoolProps pp;
+            memset(&pp, 0, sizeof(pp));
+            pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+            location("dev1", &pp.location);
+            CUresult r = fakecuda_pool_create(&P[nP], &pp);
+            printf("rawpool %d p%d\n", r, r == CUDA_SUCCESS ? nP++ : -1);
         } else if (!strcmp(c, "getpool")) {
             const char *where = SARG();
             CUmemLocation loc;

@@ -216,6 +216,43 @@ def test_cuda13_pool_getters_charge_the_pool_s_own_gpu(tmp_path: Path, plain: Bu
                        f"nvml 0 total={lim} used={2 * CHUNK} free={lim - 2 * CHUNK}"]
 
 
+@pytest.mark.parametrize("located", [True, False])
+def test_a_pool_the_library_never_saw_is_located_or_refused(
+    tmp_path: Path, plain: Build, located: bool
+) -> None:
+    """A pool made behind the library's back: CUDA 13.2+ drivers say where it is
+    (CU_MEMPOOL_ATTR_LOCATION_TYPE/ID); older ones cannot, and then it is refused."""
+    lim = 100 * MiB
+    c = claim(tmp_path, plain, lim, gpus=2)
+    env = {} if located else {"FAKE_POOL_NO_LOCATION": "1"}
+    r = c.run("tp_cuda", "link", "init", "dev", "0", "rawpool", "palloc", "0", str(3 * MiB),
+              "nvml", "1", "used", "1", **env)
+    if located:
+        assert r.stdout.splitlines()[2:] == [
+            "rawpool 0 p0", f"palloc {3 * MiB} 0",
+            f"nvml 0 total={lim} used={2 * CHUNK} free={lim - 2 * CHUNK}", f"used 1 {2 * CHUNK}"]
+    else:
+        assert r.stdout.splitlines()[2:] == ["rawpool 0 p0", f"palloc {3 * MiB} {REFUSED}",
+                                             f"nvml 0 total={lim} used=0 free={lim}", "used 1 0"]
+        assert "a pool whose location this library cannot tell" in r.stderr
+
+
+def test_a_pool_destroyed_with_allocations_outstanding_stays_charged(
+    tmp_path: Path, plain: Build
+) -> None:
+    """The driver releases its reserve only once they are freed; the library keeps it charged
+    until the process exits."""
+    lim = 100 * MiB
+    c = claim(tmp_path, plain, lim)
+    out = c.tp("link", "init", "dev", "0", "poolcreate", "dev", "palloc", "0", str(3 * MiB),
+               "pdestroy", "0", "meminfo", "used", "0", "pfree", "meminfo", "used", "0")
+    assert out[2:] == ["poolcreate 0 p0", f"palloc {3 * MiB} 0", "pdestroy 0",
+                       meminfo(lim - 2 * CHUNK, lim), f"used 0 {2 * CHUNK}", "pfree 0",
+                       meminfo(lim - 2 * CHUNK, lim),  # over-counted: released by the driver,
+                       "used 0 0"]                      # still charged until exit
+    assert read_region(c.region).used(UUIDS[0]) == 0
+
+
 def test_host_and_managed_pools(tmp_path: Path, anybuild: Build) -> None:
     """Host pools take no GPU memory; managed pools are charged per allocation."""
     lim = 8 * MiB
