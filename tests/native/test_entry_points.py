@@ -3,7 +3,9 @@
 tests/native/cuda_entry_points.tsv lists every entry point of cuda.h 13.4 (and the earlier
 and per-thread variants of the allocation-relevant ones) with what the library does with it.
 The library must interpose exactly the entry points the list says it does, and
-cuGetProcAddress must hand out the hook for every variant of them.
+cuGetProcAddress must hand out the hook for every variant of them. Where the list comes from
+(JuliaGPU/CUDA.jl's libcuda.jl regenerated against CUDA 13.4, cross-checked with NVIDIA's
+cuda-python bindings and the 13.4 driver API reference) is recorded at the top of the list.
 """
 
 from __future__ import annotations
