@@ -15,7 +15,7 @@ import click
 
 from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest, Source, load_files, parse_documents
-from tessera.cli._common import UserError, cluster_inputs, fail, load_nodes, to_yaml, warn
+from tessera.cli._common import UserError, fail, load_nodes, node_inputs, to_yaml, warn
 
 
 def _yaml(objs: list[dict[str, Any]]) -> str:
@@ -46,7 +46,7 @@ def _out_path(arg: str, file: str, out_dir: Path) -> Path:
 
 @click.command()
 @click.argument("manifests", nargs=-1, required=True, type=click.Path(allow_dash=True))
-@cluster_inputs
+@node_inputs
 @click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
 @click.option(
     "--out-dir",

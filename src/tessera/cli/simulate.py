@@ -13,7 +13,7 @@ import yaml
 from rich.console import Console
 
 from tessera.api.quantity import Quantity
-from tessera.cli._common import UserError, cluster_inputs, fail, load_inputs, to_yaml
+from tessera.cli._common import UserError, cluster_inputs, fail, live_outcome, load_inputs, to_yaml
 from tessera.cli._tables import (
     SHARE_ID_MIN,
     UUID_MIN,
@@ -79,6 +79,8 @@ def simulate(
     manifests: tuple[str, ...],
     cluster_file: str | None,
     node_specs: tuple[str, ...],
+    kubeconfig: str | None,
+    add_nodes: tuple[str, ...],
     output: str,
     seed: int,
     policy: str,
@@ -93,10 +95,14 @@ def simulate(
     an A100 in MIG mode) built from real nvidia-smi inventories, with HAMi example pods and
     DRA-native claims.
 
+    With --kubeconfig, starts from a live cluster (read only): what is allocated there stays,
+    its pending pods are scheduled first, then MANIFESTS. --add-node adds a hypothetical node
+    last: would one more node of this kind let the pending pods in?
+
     Exit status: 0; 1 with --fail-on-pending when a pod stays pending; 2 on bad input.
     """
     try:
-        cluster, loaded = load_inputs(manifests, cluster_file, node_specs)
+        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes)
         if compare:
             pending = _compare(cluster, loaded, output, seed, policy, namespaces)
         else:
@@ -216,6 +222,8 @@ def _simulate(
             pt.add_row(pend.pod, pend.reason)
         tables.append(pt)
     print_tables(tables, wide=wide, footer=f"{len(scheduled)} pod(s) scheduled, {len(pending)} pending.")
+    for line in live_outcome(cluster, loaded, result.objects):
+        click.echo(line)
     return len(pending)
 
 

@@ -99,6 +99,16 @@ class SimResult:
     scheduled: list[str] = field(default_factory=list)
 
 
+def generated_claim_name(pod: dict[str, Any], pod_claim_name: str) -> str | None:
+    """The ResourceClaim the resource-claim controller made from a template for the pod's
+    claim entry ``pod_claim_name`` (``status.resourceClaimStatuses``), or None when the pod
+    carries none (files written by hand; the simulation then makes ``<pod>-<name>``)."""
+    for st in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+        if isinstance(st, dict) and st.get("name") == pod_claim_name and st.get("resourceClaimName"):
+            return str(st["resourceClaimName"])
+    return None
+
+
 def _pod_uid(ref: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"tessera-sim/pod/{ref}"))
 
@@ -131,8 +141,8 @@ def _check_slice(m: Manifest) -> None:
 
 
 def _check_selectors(m: Manifest) -> None:
-    """CEL selectors must compile, as the API server checks on create."""
-    from tessera.cel import CelCompileError, compile_selector
+    """CEL selectors must compile and be within the cost limit, as the API server checks on create."""
+    from tessera.cel import CelCompileError, CelCostError, check_selector
 
     spec = m.obj.get("spec") or {}
     places: list[tuple[str, Any]] = []
@@ -152,7 +162,12 @@ def _check_selectors(m: Manifest) -> None:
             if not isinstance(expr, str):
                 continue
             try:
-                compile_selector(expr)
+                check_selector(expr)
+            except CelCostError as e:
+                raise ManifestError(
+                    f"Forbidden: {e} ({e.detail}): bound the iterations (fewer or smaller lists)",
+                    file=m.source.file, doc=m.source.doc, obj=m.ref(), field=f"{where}[{k}].cel.expression",
+                ) from None
             except CelCompileError as e:
                 raise ManifestError(
                     f"CEL compile error: {e}", file=m.source.file, doc=m.source.doc, obj=m.ref(), field=f"{where}[{k}].cel.expression"
@@ -377,6 +392,7 @@ class Simulation:
             md.setdefault("uid", _pod_uid(ref))
             policy = pod_policy(self.policy, (pod.get("metadata") or {}).get("annotations") or {})
             node, reason, claims = self._schedule(pod, ref, policy)
+            generated = self._claim_statuses(pod)
             if node is None:
                 pending.append(Pending(ref, reason))
                 pod["status"] = {
@@ -390,6 +406,8 @@ class Simulation:
                 pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
                 scheduled.append(ref)
                 placements.extend(self._placements(pod, ref, node, claims))
+            if generated:
+                pod["status"]["resourceClaimStatuses"] = generated
             out_pods.append(pod)
             if on_pod is not None:
                 on_pod(ref)
@@ -401,6 +419,19 @@ class Simulation:
         objects.extend(self.claims.values())
         objects.extend(out_pods)
         return SimResult(placements, pending, self._gpu_usage(), objects, self.warnings, scheduled)
+
+    def _claim_statuses(self, pod: dict[str, Any]) -> list[dict[str, str]]:
+        """``status.resourceClaimStatuses`` as the resource-claim controller sets it: the claim
+        made from each template entry (kept from a pod read from a cluster)."""
+        out: list[dict[str, str]] = []
+        ns = _ns(pod)
+        for pc in (pod.get("spec") or {}).get("resourceClaims") or []:
+            if not pc.get("resourceClaimTemplateName"):
+                continue
+            name = generated_claim_name(pod, str(pc.get("name", ""))) or f"{_name(pod)}-{pc.get('name', '')}"
+            if (ns, name) in self.claims:
+                out.append({"name": str(pc.get("name", "")), "resourceClaimName": name})
+        return out
 
     def _resolve_claims(self, pod: dict[str, Any], ref: str) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
         """``[(pod claim name, claim)]`` for the pod, creating template claims; or a reason."""
@@ -416,10 +447,16 @@ class Simulation:
                 out.append((pcname, claim))
             elif pc.get("resourceClaimTemplateName"):
                 tkey = (ns, pc["resourceClaimTemplateName"])
+                generated = generated_claim_name(pod, pcname)
+                if generated and (ns, generated) in self.claims:
+                    # The claim controller already made it (a pod read from a cluster): the
+                    # scheduler only needs the claim, as here.
+                    out.append((pcname, self.claims[(ns, generated)]))
+                    continue
                 tmpl = self.templates.get(tkey)
                 if tmpl is None:
                     return [], f'resourceclaimtemplate "{tkey[1]}" not found'
-                cname = f"{_name(pod)}-{pcname}"
+                cname = generated or f"{_name(pod)}-{pcname}"
                 key = (ns, cname)
                 claim = self.claims.get(key)
                 if claim is None:
@@ -517,9 +554,11 @@ class Simulation:
                 self.state.add_claim(c)
             self._placed += 1
             self._node_usage[i] = node_usage(self.state, self.index.by_node.get(node.name, []))
+            uid = pod["metadata"]["uid"]
             for c in todo + done:
                 rf = c.setdefault("status", {}).setdefault("reservedFor", [])
-                rf.append({"resource": "pods", "name": _name(pod), "uid": pod["metadata"]["uid"]})
+                if not any(r.get("resource") == "pods" and r.get("uid") == uid for r in rf):
+                    rf.append({"resource": "pods", "name": _name(pod), "uid": uid})
             return node.name, "", claims
         parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         msg = f"0/{n_total} nodes are available: {parts}." if parts else f"0/{n_total} nodes are available."
@@ -676,32 +715,41 @@ class Simulation:
         return out
 
     def _gpu_usage(self) -> list[GPUUsage]:
-        out: list[GPUUsage] = []
-        node_of = {n.name for n in self.cluster.nodes}
-        share_count: dict[tuple[str, str, str], int] = {}
-        for did, _ in self.state.shared:
-            share_count[did] = share_count.get(did, 0) + 1
-        for d in self.index.devices():
-            agg = self.state.aggregated.get(d.id, {})
-            shares = share_count.get(d.id, 0)
-            dedicated = d.id in self.state.dedicated
-            mem = d.capacity.get("memory")
-            cores = d.capacity.get("cores")
-            out.append(
-                GPUUsage(
-                    node=d.node_name or (d.pool if d.pool in node_of else ""),
-                    device=d.name,
-                    uuid=d.attributes.get(f"{d.driver}/uuid"),
-                    model=d.attributes.get(f"{d.driver}/productName"),
-                    memory_allocated=(mem.value.value if dedicated and mem else agg.get("memory", Fraction(0))),
-                    memory_capacity=mem.value.value if mem else None,
-                    cores_allocated=(cores.value.value if dedicated and cores else agg.get("cores", Fraction(0))),
-                    cores_capacity=cores.value.value if cores else None,
-                    shares=shares,
-                    dedicated=dedicated,
-                    driver=d.driver,
-                    pool=d.pool,
-                )
-            )
-        return out
+        return gpu_usage(self.index, self.state, {n.name for n in self.cluster.nodes})
 
+
+def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | frozenset[str] = frozenset()) -> list[GPUUsage]:
+    """Memory and cores allocated on every device of ``index`` against its capacity.
+
+    A device allocated without a shareID (dedicated) counts its whole capacity; a shared one
+    the sum of its shares' ``consumedCapacity`` (``AllocatedState.aggregated``). ``node``
+    is the slice's ``nodeName``, else the pool name when it names one of ``node_names``.
+    Used by ``tessera simulate``'s GPU table and by ``tessera monitor``'s allocation figures.
+    """
+    out: list[GPUUsage] = []
+    share_count: dict[tuple[str, str, str], int] = {}
+    for did, _ in state.shared:
+        share_count[did] = share_count.get(did, 0) + 1
+    for d in index.devices():
+        agg = state.aggregated.get(d.id, {})
+        shares = share_count.get(d.id, 0)
+        dedicated = d.id in state.dedicated
+        mem = d.capacity.get("memory")
+        cores = d.capacity.get("cores")
+        out.append(
+            GPUUsage(
+                node=d.node_name or (d.pool if d.pool in node_names else ""),
+                device=d.name,
+                uuid=d.attributes.get(f"{d.driver}/uuid"),
+                model=d.attributes.get(f"{d.driver}/productName"),
+                memory_allocated=(mem.value.value if dedicated and mem else agg.get("memory", Fraction(0))),
+                memory_capacity=mem.value.value if mem else None,
+                cores_allocated=(cores.value.value if dedicated and cores else agg.get("cores", Fraction(0))),
+                cores_capacity=cores.value.value if cores else None,
+                shares=shares,
+                dedicated=dedicated,
+                driver=d.driver,
+                pool=d.pool,
+            )
+        )
+    return out
