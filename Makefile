@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test lint venv clean native native-test kube node-deps
+.PHONY: simulate test lint venv clean native native-test kube node-deps prometheus
 
 # The enforcement library (C) is built first and copied into the package
 # (src/tessera/enforcement/lib/), so it is installed with it.
@@ -38,12 +38,16 @@ kube:
 	tools/kube/build.sh
 
 # Debian packages a real node (`tessera cluster up --kubelet`, the `node` tests) needs:
-# runc, containernetworking-plugins, busybox-static. Installed with apt-get when root and
-# missing; a no-op (one dpkg-query) otherwise.
+# runc, containernetworking-plugins, busybox-static, iproute2. Installed with apt-get when
+# root and missing; a no-op (one dpkg-query) otherwise.
 node-deps:
 	tools/kube/node-deps.sh
 
-test: $(STAMP) native kube node-deps
+# Debian's prometheus package: the real server the monitor tests scrape with (idempotent).
+prometheus:
+	tools/prometheus/install.sh
+
+test: $(STAMP) native kube node-deps prometheus
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
