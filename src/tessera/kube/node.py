@@ -708,6 +708,12 @@ def record_process(state_dir: Path, name: str, pid: int) -> None:
         _write_holder(record)
 
 
+def current_holder() -> dict[str, Any] | None:
+    """The machine's holder record (``/run/tessera-node/holder.json``), or None when no node
+    holds the machine; :func:`holder_alive` says whether its processes still run."""
+    return _read_holder()
+
+
 def holder_of(state_dir: Path) -> dict[str, Any] | None:
     """The holder record if it names ``state_dir``, else None."""
     record = _read_holder()
