@@ -103,6 +103,10 @@ class ClusterError(RuntimeError):
     """The control plane could not be started, stopped or reached. Exit status 1 in the CLI."""
 
 
+class _PortTaken(ClusterError):
+    """A control-plane component found its (just picked) port taken; ``up`` retries."""
+
+
 class ClusterInputError(TesseraError, ValueError):
     """A ``--slices``/``--cluster`` input is invalid. Names file, document and field; exit 2."""
 
@@ -605,6 +609,30 @@ class Cluster:
 
         say("generating certificates")
         pki = make_pki(self.state_dir / "pki")
+        for attempt in range(1, 4):
+            try:
+                state, server = self._start_control_plane(inv, bins, pki, timeout, say, die_with_parent)
+                break
+            except _PortTaken as e:
+                # Ports are picked free, then bound by the component a moment later: on a
+                # machine shared with other clusters one may be taken in between.
+                if attempt == 3:
+                    raise
+                say(f"{e}; starting the control plane again on other ports")
+                self._stop_control_plane()
+                shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
+                (self.state_dir / "etcd").mkdir(mode=0o700)
+        say("registering DeviceClass, nodes and ResourceSlices")
+        self._register(inv, node_capacity, timeout)
+        if kubelet:
+            self._start_node(state, pki, server, bins, paths, name, address, timeout, say, die_with_parent)
+
+    def _start_control_plane(
+        self, inv: Inventory, bins: Path, pki: Pki, timeout: float, say: Callable[[str], None], die_with_parent: bool,
+    ) -> tuple[dict[str, Any], str]:
+        """etcd, kube-apiserver, kube-controller-manager, kube-scheduler on free loopback
+        ports, each healthy before the next; returns the state (written to state.json) and
+        the API server URL. Raises :class:`_PortTaken` when a port was taken meanwhile."""
         etcd_port, etcd_peer, api_port, kcm_port, sched_port = _free_ports(5)
         server = f"https://127.0.0.1:{api_port}"
         self._write_kubeconfig(self.kubeconfig, server, pki, pki.admin.cert, pki.admin.key, "tessera-admin", embed=True)
@@ -735,10 +763,16 @@ class Cluster:
         for comp in COMPONENTS:
             say(f"starting {comp}")
             self._start_component(state, comp, argv[comp], health[comp], timeout, die_with_parent)
-        say("registering DeviceClass, nodes and ResourceSlices")
-        self._register(inv, node_capacity, timeout)
-        if kubelet:
-            self._start_node(state, pki, server, bins, paths, name, address, timeout, say, die_with_parent)
+        return state, server
+
+    def _stop_control_plane(self) -> None:
+        """Stop the control-plane components recorded in state.json (a failed start's)."""
+        st = self._read_state() or {}
+        for name in reversed(COMPONENTS):
+            comp = (st.get("components") or {}).get(name)
+            if comp is not None:
+                _stop_group(int(comp["pid"]), comp.get("binary"))
+                _CHILDREN.pop(int(comp["pid"]), None)
 
     def _start_component(
         self, state: dict[str, Any], name: str, argv: Sequence[str], health: str, timeout: float,
@@ -919,10 +953,10 @@ class Cluster:
         detail = ""
         while time.monotonic() < deadline:
             if not pid_alive(pid):
-                raise ClusterError(
-                    f"{name} exited during startup; last lines of {self.log_dir / (name + '.log')}:\n"
-                    f"{_tail(self.log_dir / (name + '.log'))}"
-                )
+                tail = _tail(self.log_dir / (name + ".log"))
+                if name in COMPONENTS and "address already in use" in tail:
+                    raise _PortTaken(f"{name} could not bind its port (taken by another process meanwhile)")
+                raise ClusterError(f"{name} exited during startup; last lines of {self.log_dir / (name + '.log')}:\n{tail}")
             ok, detail = self._probe(url)
             if ok:
                 return
