@@ -44,8 +44,8 @@ kube:
 	tools/kube/build.sh
 
 # Debian packages a real node (`tessera cluster up --kubelet`, the `node` tests) needs:
-# runc, containernetworking-plugins, busybox-static. Installed with apt-get when root and
-# missing; a no-op (one dpkg-query) otherwise.
+# runc, containernetworking-plugins, busybox-static, iproute2. Installed with apt-get when
+# root and missing; a no-op (one dpkg-query) otherwise.
 node-deps:
 	tools/kube/node-deps.sh
 

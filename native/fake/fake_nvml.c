@@ -8,6 +8,7 @@
  * nvidia-ml-py: names, memory, PCI bus ids, compute capability, minor numbers, MIG mode,
  * driver/CUDA versions, lost GPUs, XID events and the r615 per-cgroup memory-limit calls.
  */
+#define FAKE_STATE_DEFINE
 #include "fake_state.h"
 #include "tessera_cuda.h"
 

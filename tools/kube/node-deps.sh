@@ -3,6 +3,7 @@
 #   runc                          the OCI runtime containerd's runc shim calls (/usr/sbin/runc)
 #   containernetworking-plugins   CNI plugins bridge, host-local, loopback (/usr/lib/cni)
 #   busybox-static                the static busybox every locally built test image carries
+#   iproute2                      `ip`, to delete the pod bridge when the node stops
 # (gcc, for the static pause program, is needed by `make native` already.)
 #
 # Idempotent and fast when everything is installed (one dpkg-query). Installs with apt-get
@@ -15,7 +16,7 @@
 #        non-zero from apt-get when an install was attempted and failed.
 set -euo pipefail
 
-packages=(runc containernetworking-plugins busybox-static)
+packages=(runc containernetworking-plugins busybox-static iproute2)
 check_only=0
 case "${1:-}" in
   --check) check_only=1 ;;

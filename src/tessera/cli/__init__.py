@@ -1,7 +1,7 @@
 """The ``tessera`` command line: the one entry-point package.
 
-Every command lives in a module here (``simulate``, ``explain``/``lint``, ``convert``,
-``cluster``, ``monitor``, ``driver``) and
+Every command lives in a module here (``simulate``, ``explain``/``lint``, ``convert``, ``cluster``, ``monitor``,
+``webhook``, ``extender``, ``driver``) and
 reports bad input the same way (:func:`tessera.cli._common.fail`: one line, exit 2), catching
 only :class:`tessera.api.errors.TesseraError`, the root of every user error. Services
 (``sim``, ``explain``, ``kube``...) and core packages never import this package.
@@ -24,6 +24,8 @@ COMMANDS = {
     "convert": "tessera.cli.convert:convert",
     "cluster": "tessera.cli.cluster:cluster",
     "monitor": "tessera.cli.monitor:monitor",
+    "webhook": "tessera.cli.webhook:webhook",
+    "extender": "tessera.cli.extender:extender",
     "driver": "tessera.cli.driver:driver",
 }
 

@@ -32,6 +32,7 @@ from typing import Any
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.allocator import SliceIndex
 from tessera.allocator.model import Device
+from tessera.api.deviceclass import device_class
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity, QuantityError
 from tessera.api.validation import manifest_problems
@@ -165,7 +166,7 @@ def lint(manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = ()
     ``manifests``, in input order. ``slices``: ResourceSlice dicts of the cluster (ResourceSlices
     among ``manifests`` are added); without any, names are checked against Tessera's schema."""
     classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in manifests if m.kind == "DeviceClass"}
-    classes.setdefault(DEVICE_CLASS_NAME, {"spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+    classes.setdefault(DEVICE_CLASS_NAME, device_class())
     all_slices = list(slices) + [m.obj for m in manifests if m.kind == "ResourceSlice"]
     world = _World(all_slices, classes)
     out: list[Finding] = []

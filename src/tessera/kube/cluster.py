@@ -54,7 +54,7 @@ from typing import Any
 
 import yaml
 
-from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+from tessera.api.deviceclass import device_class
 from tessera.api.errors import TesseraError
 from tessera.kube import build, images
 from tessera.kube import node as realnode
@@ -79,13 +79,8 @@ FEATURE_GATES: Mapping[str, bool] = {
 RUNTIME_CONFIG = "resource.k8s.io/v1=true"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
-#: The DeviceClass every Tessera claim names.
-DEVICE_CLASS: Mapping[str, Any] = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": DEVICE_CLASS_NAME},
-    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-}
+#: The DeviceClass every Tessera claim names (one definition: tessera.api.deviceclass).
+DEVICE_CLASS: Mapping[str, Any] = device_class()
 
 #: Capacity and allocatable of each simulated node (enough for any test's pods).
 DEFAULT_NODE_CAPACITY: Mapping[str, str] = {"cpu": "128", "memory": "1Ti", "pods": "250"}
@@ -101,6 +96,10 @@ def default_state_dir() -> Path:
 
 class ClusterError(RuntimeError):
     """The control plane could not be started, stopped or reached. Exit status 1 in the CLI."""
+
+
+class _PortTaken(ClusterError):
+    """A control-plane component found its (just picked) port taken; ``up`` retries."""
 
 
 class ClusterInputError(TesseraError, ValueError):
@@ -526,10 +525,18 @@ class Cluster:
         timeout: float = 180.0,
         progress: Callable[[str], None] | None = None,
         die_with_parent: bool = False,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
+        scheduler_config: Mapping[str, Any] | None = None,
         kubelet: bool = False,
         node_lock_wait: float = 0.0,
     ) -> None:
         """Start a fresh control plane and register ``inventory``'s nodes and slices.
+
+        ``extra_args`` maps a component (``kube-apiserver``, ``kube-scheduler``...) to flags
+        appended to its command line. ``scheduler_config`` is a ``KubeSchedulerConfiguration``
+        (``kubescheduler.config.k8s.io/v1``; e.g. ``extenders``, ``profiles``) that
+        kube-scheduler is started with (``--config``); its ``clientConnection.kubeconfig`` and
+        ``leaderElection`` are filled in here.
 
         ``kubelet`` also starts a real node (containerd and a kubelet, see
         :mod:`tessera.kube.node`) once the control plane runs, and waits until its Node is
@@ -580,7 +587,10 @@ class Cluster:
         except realnode.NodeError as e:
             raise ClusterError(str(e)) from e
         try:
-            self._up(inv, bins, paths, name, address, node_capacity, timeout, say, die_with_parent, kubelet)
+            self._up(
+                inv, bins, paths, name, address, node_capacity, timeout, say, die_with_parent, kubelet,
+                extra_args, scheduler_config,
+            )
         except BaseException:
             with contextlib.suppress(ClusterError):
                 self.down()
@@ -589,7 +599,8 @@ class Cluster:
     def _up(
         self, inv: Inventory, bins: Path, paths: realnode.NodePaths, name: str, address: str,
         node_capacity: Mapping[str, str], timeout: float, say: Callable[[str], None], die_with_parent: bool,
-        kubelet: bool,
+        kubelet: bool, extra_args: Mapping[str, Sequence[str]] | None = None,
+        scheduler_config: Mapping[str, Any] | None = None,
     ) -> None:
         # Fresh state directory (keep nothing from an earlier cluster).
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -605,6 +616,33 @@ class Cluster:
 
         say("generating certificates")
         pki = make_pki(self.state_dir / "pki")
+        for attempt in range(1, 4):
+            try:
+                state, server = self._start_control_plane(
+                    inv, bins, pki, timeout, say, die_with_parent, extra_args, scheduler_config
+                )
+                break
+            except _PortTaken as e:
+                # Ports are picked free, then bound by the component a moment later: on a
+                # machine shared with other clusters one may be taken in between.
+                if attempt == 3:
+                    raise
+                say(f"{e}; starting the control plane again on other ports")
+                self._stop_control_plane()
+                shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
+                (self.state_dir / "etcd").mkdir(mode=0o700)
+        say("registering DeviceClass, nodes and ResourceSlices")
+        self._register(inv, node_capacity, timeout)
+        if kubelet:
+            self._start_node(state, pki, server, bins, paths, name, address, timeout, say, die_with_parent)
+
+    def _start_control_plane(
+        self, inv: Inventory, bins: Path, pki: Pki, timeout: float, say: Callable[[str], None], die_with_parent: bool,
+        extra_args: Mapping[str, Sequence[str]] | None, scheduler_config: Mapping[str, Any] | None,
+    ) -> tuple[dict[str, Any], str]:
+        """etcd, kube-apiserver, kube-controller-manager, kube-scheduler on free loopback
+        ports, each healthy before the next; returns the state (written to state.json) and
+        the API server URL. Raises :class:`_PortTaken` when a port was taken meanwhile."""
         etcd_port, etcd_peer, api_port, kcm_port, sched_port = _free_ports(5)
         server = f"https://127.0.0.1:{api_port}"
         self._write_kubeconfig(self.kubeconfig, server, pki, pki.admin.cert, pki.admin.key, "tessera-admin", embed=True)
@@ -711,6 +749,19 @@ class Cluster:
                 f"--feature-gates={gates}",
             ],
         }
+        if scheduler_config is not None:
+            sched_cfg = json.loads(json.dumps(scheduler_config))
+            sched_cfg.setdefault("apiVersion", "kubescheduler.config.k8s.io/v1")
+            sched_cfg.setdefault("kind", "KubeSchedulerConfiguration")
+            sched_cfg.setdefault("clientConnection", {})["kubeconfig"] = str(sched_kc)
+            sched_cfg["leaderElection"] = {"leaderElect": False}
+            cfg_path = kc_dir / "kube-scheduler-config.yaml"
+            cfg_path.write_text(yaml.safe_dump(sched_cfg, sort_keys=False))
+            argv["kube-scheduler"].append(f"--config={cfg_path}")
+        for component, flags in (extra_args or {}).items():
+            if component not in argv:
+                raise ClusterError(f"extra_args: unknown component {component!r} (one of {', '.join(argv)})")
+            argv[component].extend(flags)
         health = {
             "etcd": f"https://127.0.0.1:{etcd_port}/health",
             "kube-apiserver": f"{server}/readyz",
@@ -735,10 +786,16 @@ class Cluster:
         for comp in COMPONENTS:
             say(f"starting {comp}")
             self._start_component(state, comp, argv[comp], health[comp], timeout, die_with_parent)
-        say("registering DeviceClass, nodes and ResourceSlices")
-        self._register(inv, node_capacity, timeout)
-        if kubelet:
-            self._start_node(state, pki, server, bins, paths, name, address, timeout, say, die_with_parent)
+        return state, server
+
+    def _stop_control_plane(self) -> None:
+        """Stop the control-plane components recorded in state.json (a failed start's)."""
+        st = self._read_state() or {}
+        for name in reversed(COMPONENTS):
+            comp = (st.get("components") or {}).get(name)
+            if comp is not None:
+                _stop_group(int(comp["pid"]), comp.get("binary"))
+                _CHILDREN.pop(int(comp["pid"]), None)
 
     def _start_component(
         self, state: dict[str, Any], name: str, argv: Sequence[str], health: str, timeout: float,
@@ -919,10 +976,10 @@ class Cluster:
         detail = ""
         while time.monotonic() < deadline:
             if not pid_alive(pid):
-                raise ClusterError(
-                    f"{name} exited during startup; last lines of {self.log_dir / (name + '.log')}:\n"
-                    f"{_tail(self.log_dir / (name + '.log'))}"
-                )
+                tail = _tail(self.log_dir / (name + ".log"))
+                if name in COMPONENTS and "address already in use" in tail:
+                    raise _PortTaken(f"{name} could not bind its port (taken by another process meanwhile)")
+                raise ClusterError(f"{name} exited during startup; last lines of {self.log_dir / (name + '.log')}:\n{tail}")
             ok, detail = self._probe(url)
             if ok:
                 return

@@ -62,16 +62,17 @@ SYSCTLS = (
     "net.ipv4.ip_forward",
 )
 #: Host paths the kubelet or containerd write to whatever their root and state dirs are
-#: (device-manager checkpoints, container log links, CNI result cache, ctr's FIFOs); those
-#: that did not exist before are removed by :func:`teardown`.
+#: (device-manager socket and checkpoint, container log links, libcni's result cache, ctr's
+#: FIFOs). For each, the shallowest component that did not exist before is recorded and
+#: removed by :func:`teardown` (``/var/lib/kubelet`` on a machine without one).
 FIXED_HOST_PATHS = (
-    "/var/lib/kubelet",
+    "/var/lib/kubelet/device-plugins",
     "/var/log/containers",
     "/var/log/pods",
-    "/var/lib/cni",
+    "/var/lib/cni/results",
     "/run/containerd",
-    "/etc/cni",
-    "/opt/cni",
+    "/etc/cni/net.d",
+    "/opt/cni/bin",
     "/opt/containerd",
 )
 #: The cgroup the kubelet makes (``cgroupsPerQOS``, cgroupfs driver) in every hierarchy.
@@ -88,8 +89,6 @@ IPTABLES = ("iptables", "ip6tables")
 #: Directories :func:`process_path` starts from.
 SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
-#: Debian packages the node needs (tools/kube/node-deps.sh installs them).
-DEBIAN_PACKAGES = ("runc", "containernetworking-plugins", "busybox-static")
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 
 
@@ -355,6 +354,8 @@ def check_host() -> list[str]:
         problems.append(str(e))
     if shutil.which("gcc") is None:
         problems.append("gcc not found (it compiles the static pause program): apt-get install gcc libc6-dev")
+    if shutil.which("ip") is None and shutil.which("ip", path="/usr/sbin:/sbin") is None:
+        problems.append("ip not found (down deletes the pod bridge with it): apt-get install iproute2 (tools/kube/node-deps.sh)")
     return problems
 
 
@@ -707,6 +708,12 @@ def record_process(state_dir: Path, name: str, pid: int) -> None:
         _write_holder(record)
 
 
+def current_holder() -> dict[str, Any] | None:
+    """The machine's holder record (``/run/tessera-node/holder.json``), or None when no node
+    holds the machine; :func:`holder_alive` says whether its processes still run."""
+    return _read_holder()
+
+
 def holder_of(state_dir: Path) -> dict[str, Any] | None:
     """The holder record if it names ``state_dir``, else None."""
     record = _read_holder()
@@ -894,7 +901,8 @@ def teardown(record: Mapping[str, Any], *, client: KubeClient | None, progress: 
                 problems.append(f"cannot restore sysctl {name}={before} (now {now}): {e.strerror}")
 
     if host.bridge_absent and _link_exists(BRIDGE):
-        proc = subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, text=True, check=False)
+        ip = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin") or "ip"
+        proc = subprocess.run([ip, "link", "delete", BRIDGE], capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             problems.append(f"ip link delete {BRIDGE}: {proc.stderr.strip()}")
 
