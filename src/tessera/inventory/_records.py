@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 import uuid as uuidlib
 from dataclasses import dataclass, replace
+from typing import Any
 from pathlib import PurePath
 
-from .errors import MissingFieldError
+from .errors import MalformedInputError, MissingFieldError
 from .model import (
     GPU,
     MIB,
@@ -56,6 +57,8 @@ class RawGPU:
     mig_enabled: bool = False
     migs: list[RawMig] | None = None
     line: int | None = None
+    mig_on_demand: bool = False  # HAMi's register annotation: mode "mig" (instances per pod)
+    mig_profiles: list[Any] | None = None  # HAMi's migProfiles records, as found
 
 
 def parse_mib(text: str | None) -> int | None:
@@ -146,6 +149,21 @@ def build_gpus(raws: list[RawGPU], source: str, *, masked: bool = False) -> list
             )
             for m in (raw.migs or [])
         )
+        mig_model = None
+        if raw.mig_profiles:
+            from .mig import model_from_profiles
+
+            try:
+                mig_model = model_from_profiles(
+                    f"{name} ({source}, GPU {raw.index})", raw.mig_profiles, where
+                )
+            except ValueError as err:
+                raise MalformedInputError(
+                    f"{err}; give the annotation as HAMi wrote it",
+                    source=source,
+                    field="migProfiles",
+                    line=raw.line,
+                ) from None
         gpus.append(
             GPU(
                 index=raw.index,
@@ -161,6 +179,8 @@ def build_gpus(raws: list[RawGPU], source: str, *, masked: bool = False) -> list
                 mig_enabled=raw.mig_enabled,
                 mig_devices=migs,
                 memory_reported=(raw.memory or "").strip() if unavailable else None,
+                mig_model=mig_model,
+                mig_on_demand=raw.mig_on_demand,
             )
         )
     seen: dict[str, int] = {}
