@@ -32,11 +32,13 @@ Sources of the tables (each row is checked where a capture exists; see ``docs/mi
   ``nvidia-smi mig -lgip`` outputs (5.81 / 11.69 / 23.44 GiB; 14 / 28 / 56 SMs); H100 80GB from
   the corpus capture (driver 590.48.01: 1g.10gb 9984 MiB/16 SMs, 2g.20gb 20096/32,
   3g.40gb 40448/60) and a published ``-lgip`` of the same driver generation (1g.20gb 19.62 GiB/
-  26 SMs, 4g.40gb 39.50/64, 7g.80gb 79.25/132); H200 from the corpus capture (1g.18gb 16384 MiB/
-  16 SMs, 2g.35gb 33280/32, 3g.71gb 71424) and a published ``-lgip`` (7g.141gb 140.00 GiB/132),
-  with 1g.35gb and 4g.71gb taken equal to 2g.35gb and 3g.71gb as on every other GH100 table;
-  B200 from NVML figures NVIDIA's DRA driver published on a p6-b200.48xlarge (1g.23gb 20992 MiB/
-  18 SMs ... 7g.180gb 182784/148; not yet checked against a capture of ours).
+  26 SMs, 4g.40gb 39.50/64, 7g.80gb 79.25/132); H200 from the ``-lgip`` in NVIDIA/mig-parted
+  issue 120 (16.00 / 32.25 / 69.50 / 139.75 GiB; 16 / 26 / 32 / 60 / 64 / 132 SMs), whose every
+  figure the corpus H200 capture's instances reach or exceed (1g.18gb 16384 MiB/16 SMs, 2g.35gb
+  33280/32, 3g.71gb 71424); B200 from the ``-lgip`` in NVIDIA/mig-parted PR 187 (1g.23gb 20.50
+  GiB/18 SMs, 1g.45gb and 2g.45gb 44.25/30 and 36) and the NVML figures NVIDIA's DRA driver
+  published on a p6-b200.48xlarge, which agree with it (3g.90gb and 4g.90gb 91136 MiB/70 and 72,
+  7g.180gb 182784/148; no B200 capture in the corpus yet).
 
 The node driver may pass NVML's own figures instead (:class:`~.model.MigModel` on
 ``GPU.mig_model``); HAMi's register annotation already carries them (``migProfiles``).
@@ -132,13 +134,13 @@ H200_141GB = MigModel(
     (
         _p("1g.18gb", 1, 1, _ALL1, 16384, 16),
         _p("1g.18gb+me", 1, 1, _ALL1, 16384, 16),
-        _p("1g.35gb", 1, 2, _EVEN, 33280, None),
-        _p("2g.35gb", 2, 2, (0, 2, 4), 33280, 32),
-        _p("3g.71gb", 3, 4, (0, 4), 71424, None),
-        _p("4g.71gb", 4, 4, (0,), 71424, None),
-        _p("7g.141gb", 7, 8, (0,), 143360, 132),
+        _p("1g.35gb", 1, 2, _EVEN, 33024, 26),
+        _p("2g.35gb", 2, 2, (0, 2, 4), 33024, 32),
+        _p("3g.71gb", 3, 4, (0, 4), 71168, 60),
+        _p("4g.71gb", 4, 4, (0,), 71168, 64),
+        _p("7g.141gb", 7, 8, (0,), 143104, 132),
     ),
-    f"{_GUIDE}; memory/SMs: corpus H200 MIG capture (590.48.01) and nvidia-smi mig -lgip",
+    f"{_GUIDE}; memory/SMs: nvidia-smi mig -lgip in NVIDIA/mig-parted#120 (the corpus capture's instances hold as much or more)",
 )
 B200_180GB = MigModel(
     "B200 180GB",
@@ -153,7 +155,7 @@ B200_180GB = MigModel(
         _p("4g.90gb", 4, 4, (0,), 91136, 72),
         _p("7g.180gb", 7, 8, (0,), 182784, 148),
     ),
-    f"{_GUIDE}; memory/SMs: NVML figures published by NVIDIA's DRA driver on a B200 (unchecked)",
+    f"{_GUIDE}; memory/SMs: nvidia-smi mig -lgip in NVIDIA/mig-parted#187 and NVML figures NVIDIA's DRA driver published on a B200",
 )
 
 #: Every model Tessera has a table for, in lookup order.
@@ -252,7 +254,7 @@ def model_from_profiles(name: str, profiles: Iterable[Mapping[str, Any]], where:
         if len(sizes) != 1:
             raise ValueError(f"{where}: migProfiles[{k}] ({pname}) has placements of several sizes")
         out.append(
-            MigProfile(pname, int(m.group("c")), sizes.pop(), tuple(sorted(starts)), mem, None, bool(m.group("me")))
+            MigProfile(str(pname), int(m.group("c")), sizes.pop(), tuple(sorted(starts)), mem, None, bool(m.group("me")))
         )
     if not out:
         raise ValueError(f"{where}: migProfiles is empty")
@@ -351,8 +353,8 @@ def describe_counters(
         elif c == COMPUTE_SLICES:
             out.append(f"compute slices of {counter_set}: {_fmt(pub - have, False)} of {_fmt(pub, False)} used")
         elif c == MEDIA_EXTENSIONS:
-            state = "in use by a +me instance or the whole GPU" if have < pub else "free"
-            out.append(f"media extensions of {counter_set}: {state}")
+            if have < pub:
+                out.append(f"media extensions of {counter_set}: in use (a +me instance or the whole GPU)")
         else:
             out.append(f"counter {c} of {counter_set}: {_fmt(pub - have, False)} of {_fmt(pub, False)} used")
     return out

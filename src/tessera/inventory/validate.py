@@ -258,7 +258,7 @@ def _consumes_counters(entries: Any, path: str, out: list[str]) -> None:
         elif cs in seen:
             out.append(f"{path}[{i}].counterSet: duplicate counter set {cs!r}")
         else:
-            seen.add(cs)
+            seen.add(str(cs))
         _counter_map(e.get("counters") if isinstance(e, dict) else None, f"{path}[{i}].counters", out)
 
 
@@ -333,7 +333,7 @@ def validate_resource_slice(obj: Any) -> list[str]:
                 elif name in set_names:
                     out.append(f"spec.sharedCounters[{i}].name: duplicate counter set {name!r}")
                 else:
-                    set_names.add(name)
+                    set_names.add(str(name))
                 _counter_map(
                     cs.get("counters") if isinstance(cs, dict) else None,
                     f"spec.sharedCounters[{i}].counters",
