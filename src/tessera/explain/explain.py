@@ -621,7 +621,13 @@ def _hami_lines(
             for ron in ne.requests:
                 if ron.claim != cref:
                     continue
-                selectable = {g for grp in ron.groups if grp.check in ("capacity", "policy", "counters", "taint", "constraint") for g in grp.devices}
+                # Devices past the selectors, and devices in use (checked before the selectors,
+                # so possibly matching): "no GPU matches the selectors" must not be said of them.
+                selectable = {
+                    g for grp in ron.groups
+                    if grp.check in ("in-use", "capacity", "policy", "counters", "taint", "constraint")
+                    for g in grp.devices
+                }  # fmt: skip
                 selectable |= set(ron.fitting)
                 any_selectable = any_selectable or bool(selectable)
                 node_selectable = node_selectable or bool(selectable)
@@ -657,6 +663,8 @@ def _hami_need(hr: Any) -> str:
 
 
 def _hami_fits(d: Device, hr: Any, state: AllocatedState) -> bool:
+    if d.id in state.dedicated:
+        return False  # allocated whole to another claim: nothing is free on it
     agg = state.aggregated.get(d.id, {})
     mem = d.capacity.get("memory")
     if mem is None:

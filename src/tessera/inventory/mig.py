@@ -360,6 +360,29 @@ def describe_counters(
     return out
 
 
+def summarize_counters(published: Mapping[str, Fraction]) -> str:
+    """What a counter set holds, in words: ``8 memory slices, 7 compute slices, media
+    extensions`` (a dynamic-MIG GPU) or ``memory of GPU instance 2`` (shared by compute
+    instances)."""
+    parts: list[str] = []
+    n_slices = sum(1 for c in published if _MEMORY_SLICE.match(c))
+    if n_slices:
+        parts.append(f"{n_slices} memory slices")
+    for c in sorted(published):
+        if _MEMORY_SLICE.match(c):
+            continue
+        gi = _GI_MEMORY.match(c)
+        if gi:
+            parts.append(f"memory of GPU instance {gi.group(1)} ({_fmt(published[c], True)})")
+        elif c == COMPUTE_SLICES:
+            parts.append(f"{_fmt(published[c], False)} compute slices")
+        elif c == MEDIA_EXTENSIONS:
+            parts.append("media extensions")
+        else:
+            parts.append(f"{c} {_fmt(published[c], False)}")
+    return ", ".join(parts)
+
+
 # ---- dynamic MIG: which GPUs -------------------------------------------------------------------
 
 
