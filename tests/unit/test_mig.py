@@ -271,7 +271,7 @@ def test_profile_tables_are_consistent(model: Any) -> None:
     assert len(names) == len(set(names))
     for p in model.profiles:
         assert p.name.startswith(f"{p.compute_slices}g.")
-        assert all(0 <= s and s + p.memory_slices <= model.memory_slices for s in p.starts)
+        assert all(s >= 0 and s + p.memory_slices <= model.memory_slices for s in p.starts)
         assert p.compute_slices <= model.compute_slices
         assert p.media_extensions == p.name.endswith("+me")
     full = model.full

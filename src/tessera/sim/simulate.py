@@ -525,7 +525,9 @@ class Simulation:
         order = range(start, n_total) if policy.nodes == "first-fit" else order_nodes(policy.nodes, self._node_usage)
         for i in order:
             node = self.nodes[i]
-            if sig is not None and sig in self._unsat[i]:
+            # Node affinity is the scheduler's first filter: a node the pod does not select says
+            # so even when the claims' shape is known not to fit there.
+            if sig is not None and sig in self._unsat[i] and _pod_fits_node(pod, node):
                 why: str | AllocationError | None = "cannot allocate all claims"
             else:
                 why = self._try_node(pod, node, todo, done, policy)
@@ -575,7 +577,7 @@ class Simulation:
     ) -> str | AllocationError | None:
         """Allocate ``todo`` on ``node`` and record it; else the scheduler's reason (or error)."""
         if not _pod_fits_node(pod, node):
-            return "didn't match Pod's node affinity/selector"
+            return "node(s) didn't match Pod's node affinity/selector"  # kube-scheduler's NodeAffinity wording
         for c in done:
             sel = c["status"]["allocation"].get("nodeSelector")
             if sel is not None and not node_selector_matches(sel, node):
