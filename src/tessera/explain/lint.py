@@ -16,7 +16,9 @@ Checks, each reported as a :class:`Finding` naming file, document, object and fi
   of the pod, dra-spec.md 3.2); with a cluster, by evaluating every selector on every
   published device, which also finds selectors that match no device at all;
 * capacity requests naming a capacity no device publishes, ``cores`` over 100, and DeviceClass
-  names that do not exist.
+  names that do not exist;
+* with a cluster, a request for ``count`` devices that share counters (KEP-4815: placements of a
+  dynamic-MIG GPU) more than any node can hold at once.
 
 Pure: takes loaded manifests and ResourceSlice dicts, returns findings.
 """
