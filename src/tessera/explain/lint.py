@@ -34,6 +34,7 @@ from typing import Any
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.allocator import SliceIndex
 from tessera.allocator.model import Device
+from tessera.api.deviceclass import device_class
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity, QuantityError
 from tessera.api.validation import manifest_problems
@@ -174,7 +175,7 @@ def lint(manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = ()
     ``manifests``, in input order. ``slices``: ResourceSlice dicts of the cluster (ResourceSlices
     among ``manifests`` are added); without any, names are checked against Tessera's schema."""
     classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in manifests if m.kind == "DeviceClass"}
-    classes.setdefault(DEVICE_CLASS_NAME, {"spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+    classes.setdefault(DEVICE_CLASS_NAME, device_class())
     all_slices = list(slices) + [m.obj for m in manifests if m.kind == "ResourceSlice"]
     world = _World(all_slices, classes)
     out: list[Finding] = []
@@ -449,6 +450,9 @@ def _static_reads(add: Any, field: str, expr: str, world: _World) -> None:
             continue
         names = world.attrs.get(r.domain, {}) if r.kind == "attributes" else world.caps.get(r.domain, {})
         other = world.caps.get(r.domain, {}) if r.kind == "attributes" else world.attrs.get(r.domain, {})
+        known = r.kind == "attributes" and r.domain == DRIVER_NAME and r.name in ALL_ATTRIBUTES
+        if known and (r.in_has or (r.kind, r.domain, r.name) in guarded):
+            continue  # a Tessera attribute these devices lack (MIG's parentUUID...), read guarded
         if names and r.name not in names:
             if r.name in other:
                 if r.kind == "attributes":

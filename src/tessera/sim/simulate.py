@@ -23,6 +23,7 @@ from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.allocator import AllocatedState, AllocationError, Allocator, Features, Node, SliceIndex
 from tessera.allocator.core import consumed_amount
 from tessera.allocator.model import Device, node_selector_matches
+from tessera.api.deviceclass import device_class
 from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
@@ -33,9 +34,11 @@ from tessera.sim.policies import (
     POLICIES,
     PodPolicy,
     device_rank,
-    device_usage,
+    max_prioritized_list_score,
+    node_usage,
     order_nodes,
     pod_policy,
+    prioritized_list_score,
     topology_variants,
 )
 
@@ -43,13 +46,8 @@ POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 
 
 def default_device_class() -> dict[str, Any]:
-    """The DeviceClass Tessera's chart installs: every device of driver gpu.tessera.dev."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DEVICE_CLASS_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-    }
+    """The DeviceClass Tessera installs (:func:`tessera.api.deviceclass.device_class`)."""
+    return device_class()
 
 
 @dataclass
@@ -523,35 +521,52 @@ class Simulation:
         counts = dict(counts)
         prefix = key is not None
         order = range(start, n_total) if policy.nodes == "first-fit" else order_nodes(policy.nodes, self._node_usage)
+        # kube-scheduler scores the nodes that fit; its DynamicResources plugin prefers nodes where
+        # an earlier firstAvailable subrequest fits (prioritized_list_score), which decides among
+        # otherwise equal nodes. With first-fit, the scan goes on past the first fit only while a
+        # better score is still possible; other node policies take their first fit.
+        top = max_prioritized_list_score(todo)
+        best: tuple[int, int, list[dict[str, Any]]] | None = None
         for i in order:
             node = self.nodes[i]
             # Node affinity is the scheduler's first filter: a node the pod does not select says
             # so even when the claims' shape is known not to fit there.
             if sig is not None and sig in self._unsat[i] and _pod_fits_node(pod, node):
-                why: str | AllocationError | None = "cannot allocate all claims"
+                why: str | AllocationError | list[dict[str, Any]] = "cannot allocate all claims"
             else:
                 why = self._try_node(pod, node, todo, done, policy)
                 if why == "cannot allocate all claims" and sig is not None:
                     self._unsat[i].add(sig)
             if isinstance(why, AllocationError):
                 return None, f"allocation error: {why}", claims
-            if why is None:
-                self._placed += 1
-                self._node_usage[i] = sum(
-                    (device_usage(self.state, d) for sl in self.index.by_node.get(node.name, []) for d in sl.devices),
-                    Fraction(0),
-                )
-                uid = pod["metadata"]["uid"]
-                for c in todo + done:
-                    rf = c.setdefault("status", {}).setdefault("reservedFor", [])
-                    if not any(r.get("resource") == "pods" and r.get("uid") == uid for r in rf):
-                        rf.append({"resource": "pods", "name": _name(pod), "uid": uid})
-                if key is not None:
-                    self._cursor[key] = (i, counts)
-                return node.name, "", claims
+            if isinstance(why, list):
+                score = prioritized_list_score(todo, why)
+                if best is None:
+                    if key is not None:
+                        self._cursor[key] = (i, counts)
+                    prefix = False
+                if best is None or score > best[0]:
+                    best = (score, i, why)
+                if score >= top or policy.nodes != "first-fit":
+                    break
+                continue
             counts[why] = counts.get(why, 0) + 1
             if prefix and key is not None:
                 self._cursor[key] = (i + 1, dict(counts))
+        if best is not None:
+            _, i, results = best
+            node = self.nodes[i]
+            for c, res in zip(todo, results, strict=True):
+                c["status"] = {"allocation": res}
+                self.state.add_claim(c)
+            self._placed += 1
+            self._node_usage[i] = node_usage(self.state, self.index.by_node.get(node.name, []))
+            uid = pod["metadata"]["uid"]
+            for c in todo + done:
+                rf = c.setdefault("status", {}).setdefault("reservedFor", [])
+                if not any(r.get("resource") == "pods" and r.get("uid") == uid for r in rf):
+                    rf.append({"resource": "pods", "name": _name(pod), "uid": uid})
+            return node.name, "", claims
         parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         msg = f"0/{n_total} nodes are available: {parts}." if parts else f"0/{n_total} nodes are available."
         if counts.get("cannot allocate all claims"):
@@ -574,8 +589,9 @@ class Simulation:
         todo: list[dict[str, Any]],
         done: list[dict[str, Any]],
         policy: PodPolicy,
-    ) -> str | AllocationError | None:
-        """Allocate ``todo`` on ``node`` and record it; else the scheduler's reason (or error)."""
+    ) -> str | AllocationError | list[dict[str, Any]]:
+        """The allocation results of ``todo`` on ``node`` (one per claim, nothing recorded yet);
+        else the scheduler's reason (or error)."""
         if not _pod_fits_node(pod, node):
             return "node(s) didn't match Pod's node affinity/selector"  # kube-scheduler's NodeAffinity wording
         for c in done:
@@ -594,10 +610,7 @@ class Simulation:
             return e
         if results is None:
             return "cannot allocate all claims"
-        for c, res in zip(todo, results, strict=True):
-            c["status"] = {"allocation": res}
-            self.state.add_claim(c)
-        return None
+        return list(results)
 
     # ------------------------------------------------------------------------------------------
     def explain_claims(self, claims: Sequence[dict[str, Any]]) -> str:
