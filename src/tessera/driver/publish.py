@@ -23,7 +23,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,9 @@ TAINT_KEY = "gpu.tessera.dev/unhealthy"
 TAINT_EFFECT = "NoSchedule"
 FIELD_MANAGER = "tessera-driver"
 BACKEND_ATTRIBUTE = "enforcementBackend"
+#: GPU fields the registry does not keep (NVML discovery leaves them at their defaults).
+_NOT_SAVED = frozenset({"mig_devices", "mig_model"})
+_GPU_FIELDS = frozenset(f.name for f in fields(GPU)) - _NOT_SAVED
 
 
 @dataclass
@@ -71,8 +74,7 @@ class GpuRegistry:
         self._lock = threading.Lock()
         if self.path.is_file():
             for d in json.loads(self.path.read_text()).get("gpus", []):
-                g = d["gpu"]
-                g["mig_devices"] = ()
+                g = {k: v for k, v in d["gpu"].items() if k in _GPU_FIELDS}
                 self.records[g["uuid"]] = GpuRecord(
                     gpu=GPU(**g), minor=d.get("minor"), health=d.get("health", "ok"),
                     xid=d.get("xid"), xid_at=d.get("xid_at"), ok_since=d.get("ok_since", time.time()),
@@ -80,7 +82,7 @@ class GpuRegistry:
 
     def save(self) -> None:
         doc = {"version": 1, "gpus": [
-            {"gpu": {k: v for k, v in asdict(r.gpu).items() if k != "mig_devices"},
+            {"gpu": {k: v for k, v in asdict(r.gpu).items() if k not in _NOT_SAVED},
              "minor": r.minor, "health": r.health, "xid": r.xid, "xid_at": r.xid_at,
              "ok_since": r.ok_since}
             for r in sorted(self.records.values(), key=lambda r: r.gpu.index)
