@@ -613,3 +613,62 @@ def test_install_upgrade_uninstall(fresh_cluster: StartCluster, tmp_path: Path) 
     with contextlib.suppress(ApiError):
         client.delete("v1", "Pod", "hami-after", "default")
     time.sleep(0)
+
+
+# ---- migrating a node from HAMi ------------------------------------------------------------------
+
+def test_migration_guide_shows_what_moves(env: Env, tmp_path: Path) -> None:
+    """docs/install.md, "Migrating a node", step 1, run as written (kubectl, sed, tessera) on a
+    HAMi node: the Node carries HAMi's register annotation (from HAMi's docs) and runs two HAMi
+    pods (HAMi's sharing example); the simulation places both pods on Tessera's slices of that
+    node's GPUs. The chart's default affinity keeps the node agent off the node (gpu=on), and
+    the guard would refuse it there."""
+    import os
+    import subprocess
+    import sys
+
+    from tessera.driver.guard import SecondManagerError, check_node
+
+    from .conftest import CORPUS
+
+    hami = dict(line.split(": ", 1) for line in
+                (CORPUS / "inventories" / "HAMi__docs_develop_protocol__node-register-annotations.2xV100-PCIE-32GB.txt").read_text().splitlines())
+    env.client.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-3", "labels": {"gpu": "on", **GPU_NODE_LABELS},
+                                                                         "annotations": hami}})
+    pods = [p for p in yaml.safe_load_all((CORPUS / "hami-pods" / "HAMi__examples_nvidia__use_sharing_card.yaml").read_text()) if p]
+    for p in pods:  # placed by HAMi's scheduler: bound to the node (kube-system: outside the webhook)
+        p["metadata"]["namespace"] = "kube-system"
+        p["spec"]["nodeName"] = "gpu-3"
+        env.client.create(p)
+    try:
+        # The chart's node agent does not go there by default...
+        (ds,) = [o for o in env.objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == f"{RELEASE}-node"]
+        terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert all({"key": "gpu", "operator": "NotIn", "values": ["on"]} in t["matchExpressions"] for t in terms)
+        # ... and would refuse to start there.
+        with pytest.raises(SecondManagerError, match=re.escape("Node gpu-3 annotation hami.io/node-nvidia-register; Node gpu-3 annotation hami.io/node-handshake-nvidia")):
+            check_node(env.client, "gpu-3", ["GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec"])
+        text = (REPO / "docs" / "install.md").read_text()
+        section = text[text.index("### Migrating a node"):]
+        script = re.search(r"```sh\n(.*?)```", section, re.S)
+        assert script is not None
+        bindir = tmp_path / "bin"
+        bindir.mkdir()
+        (bindir / "kubectl").write_text(f"#!/bin/sh\nexec {build.bin_dir() / 'kubectl'} --kubeconfig={env.live.kubeconfig} \"$@\"\n")
+        (bindir / "tessera").write_text(f"#!/bin/sh\nexec {sys.executable} -m tessera \"$@\"\n")
+        for f in bindir.iterdir():
+            f.chmod(0o755)
+        run = script.group(1).replace("~/.kube/config", str(env.live.kubeconfig))
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", run], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "COLUMNS": "200"})
+        assert r.returncode == 0, r.stderr
+        # First fit in cluster order: the H100 node, which already runs Tessera, takes both
+        # shares on one GPU (HAMi's 40 % and 60 % of its memory, 60 and 40 cores).
+        placed = {m.group(1): m.group(2) for m in re.finditer(r"│ (kube-system/gpu-pod\d) +│ \S+ +│ (\S+) ", r.stdout)}
+        assert placed == {"kube-system/gpu-pod1": f"{H100}/gpu-0", "kube-system/gpu-pod2": f"{H100}/gpu-0"}, r.stdout
+        assert "2 pod(s) scheduled, 0 pending." in r.stdout
+    finally:
+        for p in pods:
+            env.client.request("DELETE", f"/api/v1/namespaces/kube-system/pods/{p['metadata']['name']}",
+                               body={"gracePeriodSeconds": 0}, what="Pod")
+        env.client.delete("v1", "Node", "gpu-3")

@@ -57,7 +57,7 @@ def mig_device_class(name: str = MIG_DEVICE_CLASS_NAME) -> dict[str, Any]:
 
 
 def class_users(objects: Iterable[Mapping[str, Any]], class_name: str) -> list[str]:
-    """``Kind namespace/name`` of every ResourceClaim and ResourceClaimTemplate (dicts, as the
+    """``Kind namespace/name`` (``Kind name`` without a namespace) of every ResourceClaim and ResourceClaimTemplate (dicts, as the
     API server returns them) with a request or subrequest naming DeviceClass ``class_name``
     (``spec.devices.requests[].exactly.deviceClassName``, ``...firstAvailable[].deviceClassName``;
     a template's claim spec is ``spec.spec``). In input order."""
@@ -75,7 +75,8 @@ def class_users(objects: Iterable[Mapping[str, Any]], class_name: str) -> list[s
             names.update(sub.get("deviceClassName") for sub in req.get("firstAvailable") or [])
         if class_name in names:
             meta = obj.get("metadata") or {}
-            out.append(f"{kind} {meta.get('namespace')}/{meta.get('name')}")
+            ns = meta.get("namespace")
+            out.append(f"{kind} {ns}/{meta.get('name')}" if ns else f"{kind} {meta.get('name')}")
     return out
 
 
