@@ -45,7 +45,7 @@ kube:
 
 # helm (helm.sh/helm/v4, pinned in tools/helm/go.mod) from the Go module proxy into
 # tools/helm/bin/helm: the chart tests lint, render, install and uninstall deploy/helm/tessera
-# with it (cached like kube; ~15 min cold on 2 busy cores, tools/helm/README.md).
+# with it (cached like kube; under 8 CPU-minutes cold, 15 min on a busy machine: tools/helm/README.md).
 helm:
 	tools/helm/build.sh
 
