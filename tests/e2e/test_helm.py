@@ -414,6 +414,19 @@ def test_driver_runs_under_the_chart_identity(env: Env, fake_nvml_lib: Path, tmp
         (entry,) = wait_for(status, timeout=30, what="the claim's device status", last=lambda: d.output)
         assert (entry["driver"], entry["pool"], entry["device"]) == ("gpu.tessera.dev", denv.node, "gpu-1")
         assert d.ready()["statusErrors"] == 0
+        # helm upgrade replaces the pod; the host paths stay: the new agent serves the prepared
+        # claim from its checkpoint (same CDI device, nothing re-read or rewritten).
+        spec = denv.cdi_dir / f"gpu.tessera.dev-claim_{claim['metadata']['uid']}.json"
+        before = spec.stat().st_mtime_ns
+        d.stop()
+        d = DriverProcess(replace(denv, kubeconfig=kc)).start(timeout=90)
+        assert d.returncode is None, d.output
+        assert d.ready()["preparedClaims"] == 1
+        kubelet = denv.kubelet()
+        again = kubelet.prepare([(ns, "share", claim["metadata"]["uid"])])
+        kubelet.close()
+        assert again.claims[claim["metadata"]["uid"]] == reply.claims[claim["metadata"]["uid"]]
+        assert spec.stat().st_mtime_ns == before
     finally:
         d.stop()
         for s in node_slices(env.client, denv.node):
