@@ -110,7 +110,7 @@ def test_truncated_inventory(corpus: Path, tmp_path: Path) -> None:
 def test_helm_template_input(corpus: Path, tmp_path: Path) -> None:
     f = corpus / "dra-manifests" / "k8s-dra-driver-gpu__helm_templates__deviceclass-gpu.helm-template.yaml"
     msg = _bad(tmp_path, "simulate", str(f))
-    assert "this is a template" in msg and "`helm template` for a Helm chart" in msg
+    assert "this is a template" in msg and "`helm template CHART | tessera ... -` for a Helm chart" in msg
 
 
 def test_shell_prompt_input(tmp_path: Path) -> None:
@@ -232,7 +232,7 @@ def test_nothing_to_read(tmp_path: Path) -> None:
     assert "no Kubernetes objects in" in _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(tmp_path / "empty.yaml"))
     d = tmp_path / "d"
     d.mkdir()
-    assert "no Kubernetes objects in" in _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(d))
+    assert "no *.yaml, *.yml or *.json file in this directory" in _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(d))
 
 
 def test_unconverted_extended_resource_stays_pending(corpus: Path) -> None:
