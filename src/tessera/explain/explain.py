@@ -46,7 +46,7 @@ from tessera.cel import (
 )
 from tessera.explain import celtools
 from tessera.sim.cluster import Cluster
-from tessera.sim.simulate import SimResult, Simulation, _pod_fits_node
+from tessera.sim.simulate import SimResult, Simulation, _pod_fits_node, untolerated_taint
 
 MIB = 2**20
 MAX_NAMES = 4  # device names shown per grouped reason
@@ -852,6 +852,9 @@ def _node(
 ) -> NodeExplanation:
     if pod is not None and not _pod_fits_node(_unbound(pod), node):
         return NodeExplanation(node.name, "refused", "didn't match Pod's node affinity/selector")
+    taint = untolerated_taint(pod, ex.sim.taints.get(node.name, ())) if pod is not None else None
+    if taint is not None:
+        return NodeExplanation(node.name, "refused", f"had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}")
     for c in done:
         sel = ((c.get("status") or {}).get("allocation") or {}).get("nodeSelector")
         if sel is not None and not node_selector_matches(sel, node):

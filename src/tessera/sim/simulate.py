@@ -232,6 +232,18 @@ def _signature(claims: Sequence[dict[str, Any]]) -> str | None:
     return text
 
 
+def untolerated_taint(pod: dict[str, Any], taints: Sequence[dict[str, str]]) -> dict[str, str] | None:
+    """The first NoSchedule/NoExecute node taint the pod does not tolerate (kube-scheduler's
+    TaintToleration filter), or None."""
+    from tessera.allocator.core import tolerates
+
+    tols = (pod.get("spec") or {}).get("tolerations") or []
+    for t in taints:
+        if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tols, t.get("key", ""), t.get("value", ""), t["effect"]):
+            return t
+    return None
+
+
 def _pod_fits_node(pod: dict[str, Any], node: Node) -> bool:
     spec = pod.get("spec") or {}
     if spec.get("nodeName") and spec["nodeName"] != node.name:
@@ -262,6 +274,7 @@ class Simulation:
         self.whole_gpus = whole_gpus
         self.cluster = cluster
         self.nodes = [Node(n.name, n.labels) for n in cluster.nodes]
+        self.taints = {n.name: n.taints for n in cluster.nodes if n.taints}
         self.warnings: list[str] = []
         self.classes: dict[str, dict[str, Any]] = {}
         self.templates: dict[tuple[str, str], dict[str, Any]] = {}
@@ -534,6 +547,9 @@ class Simulation:
         """Allocate ``todo`` on ``node`` and record it; else the scheduler's reason (or error)."""
         if not _pod_fits_node(pod, node):
             return "didn't match Pod's node affinity/selector"
+        taint = untolerated_taint(pod, self.taints.get(node.name, ()))
+        if taint is not None:
+            return f"had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
         for c in done:
             sel = c["status"]["allocation"].get("nodeSelector")
             if sel is not None and not node_selector_matches(sel, node):
