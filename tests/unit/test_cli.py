@@ -205,7 +205,7 @@ def test_pod_checks_the_api_server_would_make(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: empty}\nspec: {containers: []}\n")
     assert _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f)).endswith(
-        "Pod default/empty: spec.containers: a Pod needs at least one container"
+        "Pod default/empty: spec.containers: required: a Pod needs at least one container"
     )
     f.write_text(
         "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n"

@@ -259,15 +259,17 @@ def load_files(
     *,
     limits: Limits = DEFAULT_LIMITS,
     warnings: list[str] | None = None,
+    budget: ReadBudget | None = None,
 ) -> list[Manifest]:
     """Read several manifest files; ``-`` is standard input. Directories are read for
     ``*.yaml``, ``*.yml`` and ``*.json`` (see :func:`manifest_files`); there, a file that holds
     no Kubernetes object (a CI workflow, a kustomization) is skipped with a warning appended to
     ``warnings``. A directory with no manifest file at all is an error, so is any unreadable
-    input. All inputs together are read up to ``limits.max_input_bytes``."""
+    input. All inputs together are read up to ``limits.max_input_bytes`` (or what ``budget``,
+    shared with other readers of the same command, has left)."""
     out: list[Manifest] = []
     notes = warnings if warnings is not None else []
-    budget = ReadBudget.of(limits)
+    budget = budget if budget is not None else ReadBudget.of(limits)
     for path in paths:
         p = Path(path)
         if str(path) != STDIN and p.is_dir():
@@ -375,4 +377,4 @@ def expand_workloads(manifests: Iterable[Manifest], *, max_pods: int = DEFAULT_L
                 "metadata": tmd,
                 "spec": copy.deepcopy(template["spec"]),
             }
-            yield Manifest(pod, m.source, owner=m.ref(), extra={"template": tpath})
+            yield Manifest(pod, m.source, owner=m.ref(), extra={"template": tpath, "validated": m.extra.get("validated", False)})

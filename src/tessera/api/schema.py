@@ -147,7 +147,13 @@ class SchemaSet:
             out = []
             for key in kind.unexpected:
                 near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-                hint = f": did you mean {near[0]!r}?" if near else f" (known fields: {', '.join(known[:12])}{', ...' if len(known) > 12 else ''})"
+                under = [k for k in known if str(key) in ((self._resolve((sub.get("properties") or {})[k]).get("properties")) or {})]
+                if near:
+                    hint = f": did you mean {near[0]!r}?"
+                elif under:
+                    hint = f": it belongs under {under[0]!r} (indent it one level)"
+                else:
+                    hint = f" (known fields: {', '.join(known[:12])}{', ...' if len(known) > 12 else ''})"
                 out.append(SchemaProblem(self.field_path(name, [*path, key]), f"unknown field {str(key)[:60]!r}{hint}"))
             return out
         field = self.field_path(name, path) or "(the object)"

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tessera.api.quantity import Quantity
-from tessera.cli._common import UserError, cluster_inputs, fail, load_inputs
+from tessera.cli._common import UserError, cluster_inputs, fail, input_limits, limits_from, load_inputs, warn
 
 if TYPE_CHECKING:
     from tessera.api.loader import Manifest
@@ -52,6 +52,7 @@ def _fmt_num(v: Fraction | None) -> str:
     help="Placement policy. first-fit is what kube-scheduler does; the others are Tessera's planning policies.",
 )
 @click.option("--compare", is_flag=True, help="Run the workload under every policy and as whole GPUs; print GPUs used and pods pending.")
+@input_limits
 def simulate(
     manifests: tuple[str, ...],
     cluster_file: str | None,
@@ -60,20 +61,25 @@ def simulate(
     seed: int,
     policy: str,
     compare: bool,
+    max_input_size: int | None,
+    max_pods: int | None,
 ) -> None:
     """Schedule MANIFESTS (Pods, workloads, ResourceClaims, templates, DeviceClasses,
     ResourceSlices; HAMi-style pods too) onto simulated GPU nodes, as kube-scheduler would.
 
     With no arguments, runs the bundled default: a mixed cluster (8x H100, 8x V100S, 2x A5000,
     an A100 in MIG mode) built from real nvidia-smi inventories, with HAMi example pods and
-    DRA-native claims.
+    DRA-native claims. MANIFESTS may be files, directories or `-` (standard input).
     """
     try:
-        cluster, loaded = load_inputs(manifests, cluster_file, node_specs)
+        notes: list[str] = []
+        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, limits_from(max_input_size, max_pods), notes)
         if compare:
             _compare(cluster, loaded, output, seed)
+            for w in notes:
+                warn(w)
         else:
-            _simulate(cluster, loaded, output, seed, policy)
+            _simulate(cluster, loaded, output, seed, policy, notes)
     except UserError as e:
         fail(str(e))
 
@@ -138,13 +144,14 @@ def _run_with_progress(sim: Simulation) -> SimResult:
         return sim.run(on_pod=lambda _ref: bar.advance(task))
 
 
-def _simulate(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str) -> None:
+def _simulate(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str, notes: list[str]) -> None:
     from tessera.sim.simulate import Simulation
 
     sim = Simulation(cluster, loaded, seed=seed, policy=policy)
     result = _run_with_progress(sim)
-    for w in result.warnings:  # on stderr in every output mode, so -o json|yaml stays clean
-        click.echo(f"tessera: warning: {w}", err=True)
+    # Only once the run succeeded: bad input prints one line and nothing else.
+    for w in [*notes, *result.warnings]:  # on stderr in every output mode, so -o json|yaml stays clean
+        warn(w)
     if output in ("json", "yaml"):
         lst = {"apiVersion": "v1", "kind": "List", "items": result.objects}
         if output == "json":

@@ -32,9 +32,9 @@ from typing import Any
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.allocator import SliceIndex
 from tessera.allocator.model import Device
-from tessera.api.loader import Manifest
+from tessera.api.loader import WORKLOAD_KINDS, Manifest
 from tessera.api.quantity import Quantity, QuantityError
-from tessera.api.validation import manifest_problems
+from tessera.api.validation import TEMPLATE_PATHS, manifest_problems
 from tessera.cel import CelCompileError, CelRuntimeError, SemverValue, compile_selector
 from tessera.explain import celtools
 
@@ -154,24 +154,36 @@ def _selectors_of(m: Manifest) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def lint(manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = ()) -> list[Finding]:
-    """Findings for every DeviceClass, ResourceClaim and ResourceClaimTemplate in
-    ``manifests``, in input order. ``slices``: ResourceSlice dicts of the cluster (ResourceSlices
-    among ``manifests`` are added); without any, names are checked against Tessera's schema."""
-    classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in manifests if m.kind == "DeviceClass"}
+    """Findings for every object in ``manifests``, in input order: first what the API server
+    would refuse in any object (:func:`tessera.api.validation.manifest_problems`, the judgement
+    ``simulate`` and ``explain`` make too), then for valid DeviceClasses, ResourceClaims and
+    ResourceClaimTemplates the checks above, and for valid Pods and workloads what the HAMi
+    conversion refuses (``nvidia.com/gpumem: "4Gi"``, negative values). An invalid object is
+    reported and not linted further; every other object still is. ``slices``: ResourceSlice
+    dicts of the cluster (valid ResourceSlices among ``manifests`` are added); without any,
+    names are checked against Tessera's schema."""
+    problems = {id(m): manifest_problems(m) for m in manifests}
+    valid = [m for m in manifests if not problems[id(m)]]
+    classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in valid if m.kind == "DeviceClass"}
     classes.setdefault(DEVICE_CLASS_NAME, {"spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
-    all_slices = list(slices) + [m.obj for m in manifests if m.kind == "ResourceSlice"]
+    all_slices = list(slices) + [m.obj for m in valid if m.kind == "ResourceSlice"]
     world = _World(all_slices, classes)
     out: list[Finding] = []
     for m in manifests:
-        if m.kind not in ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate"):
-            continue
 
         def add(field: str, problem: str, fix: str, m: Manifest = m) -> None:
             out.append(Finding(m.source.file, m.source.doc, m.ref(), field, problem, fix))
 
-        for fp in manifest_problems(m):
+        for fp in problems[id(m)]:
             problem, fix = _split_fix(fp.message)
             add(fp.field, problem, fix)
+        if problems[id(m)]:
+            continue
+        if m.kind == "Pod" or m.kind in WORKLOAD_KINDS:
+            _check_hami(add, m, world)
+            continue
+        if m.kind not in ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate"):
+            continue
         for path, body in _selectors_of(m):
             cls_name = body.get("deviceClassName") if m.kind != "DeviceClass" else None
             if m.kind != "DeviceClass":
@@ -181,6 +193,42 @@ def lint(manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = ()
                 if isinstance(expr, str) and expr.strip():
                     _check_selector(add, f"{path}.selectors[{i}].cel.expression", expr, world, cls_name)
     return out
+
+
+def _check_hami(add: Any, m: Manifest, world: _World) -> None:
+    """What the HAMi conversion refuses in a Pod (or a workload's pod template)."""
+    from tessera.convert import ConversionError, convert_pod
+
+    if m.kind == "Pod":
+        pod, base = m.obj, "spec"
+    else:
+        path = TEMPLATE_PATHS[m.kind]
+        cur: Any = m.obj
+        for step in path:
+            cur = cur[step]
+        base = ".".join((*path, "spec"))
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**(cur.get("metadata") or {}), "name": m.name or "workload"},
+               "spec": cur["spec"]}
+    sizes = sorted({int(d.capacity["memory"].value.value) for d in world.devices if "memory" in d.capacity}, reverse=True)
+    try:
+        convert_pod(pod, memory_sizes=sizes or [80 * 2**30])
+    except ConversionError as e:
+        field = base
+        spec = pod.get("spec") or {}
+        for part in ("initContainers", "containers"):
+            for i, c in enumerate(spec.get(part) or []):
+                if e.container and c.get("name") == e.container:
+                    field = f"{base}.{part}[{i}].resources"
+                    if e.field:
+                        field += f"[{e.field}]" if "/" in e.field else f".{e.field}"
+        text = str(e)
+        head = f"pod {e.pod}" + (f", container {e.container}" if e.container else "") + ": "
+        text = text.split(head, 1)[1] if head in text else text
+        problem, fix = _split_fix(text)
+        if fix.startswith("correct the field"):
+            problem, _, rest = text.partition("; ")
+            fix = rest or "see docs/convert.md for the values HAMi accepts"
+        add(field, problem, fix)
 
 
 def _split_fix(message: str) -> tuple[str, str]:

@@ -103,6 +103,7 @@ class Cluster:
 
     nodes: list[SimNode]
     source: str = ""
+    warnings: list[str] = field(default_factory=list)
 
 
 def is_cluster_doc(obj: Any) -> bool:
@@ -168,6 +169,7 @@ def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | N
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
         raise _err(file, p.field, p.message + more)
     nodes: list[SimNode] = []
+    notes: list[str] = []
     seen: set[str] = set()
     total = sum(int(n.get("count", 1)) for n in doc["nodes"])
     if total > MAX_NODES:
@@ -198,7 +200,7 @@ def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | N
 
         if "inventory" in n:
             try:
-                gpus = load_inventory(base / n["inventory"])
+                gpus = load_inventory(base / n["inventory"], notes)
             except TesseraError as e:
                 raise located(e, "inventory") from None
             try:
@@ -233,7 +235,7 @@ def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | N
             node_labels = dict(labels)
             node_labels.setdefault("kubernetes.io/hostname", name)
             nodes.append(SimNode(name, node_labels, slices, src, [dict(t) for t in taints]))
-    return Cluster(nodes, file)
+    return Cluster(nodes, file, notes)
 
 
 def load_cluster(path: str | Path, *, budget: ReadBudget | None = None) -> Cluster:
