@@ -143,7 +143,11 @@ def load_inputs(
         topology = load_topology(topo) if topo else None
         if any(n.name == name for n in nodes):
             raise TesseraError(f"--node {spec!r}: node {name!r} is already defined (by --cluster or an earlier --node): use another name")
-        nodes.append(SimNode(name, {"kubernetes.io/hostname": name}, build_resource_slices(name, gpus, topology), inv))
+        try:
+            slices = build_resource_slices(name, gpus, topology)
+        except TesseraError as e:
+            raise TesseraError(f"--node {spec}: {e}") from None
+        nodes.append(SimNode(name, {"kubernetes.io/hostname": name}, slices, inv))
     loaded = load_files(manifests, limits=limits, warnings=notes, budget=budget)
     if manifests and not loaded:
         raise TesseraError(f"no Kubernetes objects in {', '.join(manifests)}: pass YAML or JSON manifests (files or directories)")
