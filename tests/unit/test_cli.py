@@ -145,8 +145,8 @@ def test_misindented_selector_from_kubernetes_docs(corpus: Path, tmp_path: Path)
     f = corpus / "dra-manifests" / "kubernetes-website__examples_dra__resourceclaim.yaml"
     msg = _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f))
     assert msg.endswith(
-        "ResourceClaim default/example-resource-claim: spec.devices.requests[0].exactly.selectors[0].cel.expression: "
-        "required: a CEL expression string (found 'expression' beside 'cel': indent it under 'cel')"
+        "ResourceClaim default/example-resource-claim: spec.devices.requests[0].exactly.selectors[0].expression: "
+        "unknown field 'expression': it belongs under 'cel' (indent it one level)"
     )
 
 

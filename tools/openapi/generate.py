@@ -15,8 +15,9 @@ decoder and strict field validation decide):
   field is refused, as ``kubectl apply`` refuses it), unless it preserves unknown fields;
 * ``x-kubernetes-int-or-string`` becomes ``type: [integer, string]``; ``int32``/``int64``
   integers get the bounds of their Go type; Quantity is a string or a number;
-* ``required`` is kept where the OpenAPI document has it (the API server's decoder does not
-  enforce it, its validation does).
+* ``required`` is dropped: it marks fields without ``omitempty``, which the API server's decoder
+  does not enforce (a ResourcePool without ``generation`` is accepted as 0); the fields its
+  validation requires are checked by ``tessera.api.validation``'s rules instead.
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ ROOTS: dict[str, tuple[str, str]] = {
     "batch/v1/Job": ("apis/batch/v1", "io.k8s.api.batch.v1.Job"),
     "batch/v1/CronJob": ("apis/batch/v1", "io.k8s.api.batch.v1.CronJob"),
 }
-for _v in ("v1", "v1beta2"):
-    for _k in ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice"):
-        ROOTS[f"resource.k8s.io/{_v}/{_k}"] = (f"apis/resource.k8s.io/{_v}", f"io.k8s.api.resource.{_v}.{_k}")
+# Only v1 of resource.k8s.io: the control plane (like a default kube-apiserver of this version)
+# does not serve the beta versions, so their objects are refused as kubectl would refuse them.
+for _k in ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice"):
+    ROOTS[f"resource.k8s.io/v1/{_k}"] = ("apis/resource.k8s.io/v1", f"io.k8s.api.resource.v1.{_k}")
 
 INT_BOUNDS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 QUANTITY = "io.k8s.apimachinery.pkg.api.resource.Quantity"
@@ -59,12 +61,16 @@ def _rewrite(schema: Any, refs: set[str]) -> Any:
     for k, v in schema.items():
         if k in ("description", "example", "x-kubernetes-group-version-kind", "x-kubernetes-list-map-keys",
                  "x-kubernetes-list-type", "x-kubernetes-patch-merge-key", "x-kubernetes-patch-strategy",
-                 "x-kubernetes-map-type", "x-kubernetes-unions", "x-kubernetes-validations", "default"):
+                 "x-kubernetes-map-type", "x-kubernetes-unions", "x-kubernetes-validations", "default",
+                 "required"):
             continue
         if k == "$ref":
             name = v.rsplit("/", 1)[1]
             refs.add(name)
             out[k] = f"#/definitions/{name}"
+            continue
+        if k == "properties":  # field names, not keywords: keep every one
+            out[k] = {name: _rewrite(sub, refs) for name, sub in v.items()}
             continue
         out[k] = _rewrite(v, refs)
     if schema.get("x-kubernetes-int-or-string"):

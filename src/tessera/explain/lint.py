@@ -236,7 +236,7 @@ def _split_fix(message: str) -> tuple[str, str]:
     if "(found 'expression' beside 'cel': " in message:
         head, _, fix = message.partition(" (found 'expression' beside 'cel': ")
         return f"{head}; found 'expression' beside 'cel'", fix.rstrip(")")
-    for marker in (": write ", ": use ", ": name "):
+    for marker in (": write ", ": use ", ": name ", ": did you mean ", ": it belongs under "):
         if marker in message:
             head, _, fix = message.partition(marker)
             return head, marker[2:] + fix

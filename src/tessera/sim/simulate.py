@@ -372,7 +372,10 @@ class Simulation:
     # ------------------------------------------------------------------------------------------
     def run(self, on_pod: Callable[[str], None] | None = None) -> SimResult:
         """Schedule every pod in input order. ``on_pod(ref)`` is called after each (progress)."""
-        from tessera.convert import convert_pod
+        from tessera.convert import Conversion, ConversionError, convert_pod
+        from tessera.convert.hami import GPUMEM_PERCENTAGE, VOLCANO_MEMORY_PERCENTAGE
+
+        _PERCENTAGES = (GPUMEM_PERCENTAGE, VOLCANO_MEMORY_PERCENTAGE)
 
         placements: list[Placement] = []
         pending: list[Pending] = []
@@ -380,7 +383,15 @@ class Simulation:
         out_pods: list[dict[str, Any]] = []
         out_templates: list[dict[str, Any]] = list(self.templates.values())
         for m in self.pods:
-            conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
+            try:
+                conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
+            except ConversionError as e:
+                if self.memory_sizes or e.field not in _PERCENTAGES:
+                    raise
+                # No device of the cluster publishes memory, so a percentage is of nothing: the pod
+                # stays as written and pending for its unserved HAMi resources, as without Tessera.
+                self.warnings.append(f"{m.source}: {m.ref()}: {e.field}: no GPU of the cluster publishes memory; left unconverted")
+                conv = Conversion(pod=copy.deepcopy(m.obj), templates=[], warnings=[], requests=[])
             pod = conv.pod  # a new dict: convert_pod never returns its input
             self.warnings.extend(conv.warnings)  # convert_pod already names the source
             for t in conv.templates:
