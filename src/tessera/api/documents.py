@@ -21,14 +21,14 @@ from typing import Any
 
 import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
-from yaml.nodes import CollectionNode, MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.resolver import Resolver
 
 from tessera.api.errors import ManifestError
 from tessera.api.limits import MAX_DEPTH, MAX_INT_DIGITS, excessive_aliasing
 
 try:  # libyaml's C parser: ~7x faster than the pure-Python one (PyYAML ships both)
-    from yaml import CParser as _Parser
+    from yaml.cyaml import CParser as _Parser
 
     WITH_LIBYAML = True
 except ImportError:  # pragma: no cover - PyYAML built without libyaml
@@ -65,12 +65,22 @@ def _mark(node: Node) -> str:
     return f"line {m.line + 1}, column {m.column + 1}"
 
 
-class _BoundedConstructor(SafeConstructor):
-    """SafeConstructor with kubectl's reading of nulls, keys and aliases, and Tessera's bounds."""
+_STR = "tag:yaml.org,2002:str"
+_SEQ = "tag:yaml.org,2002:seq"
+_MAP = "tag:yaml.org,2002:map"
+_MERGE = "tag:yaml.org,2002:merge"
+_IN_PROGRESS = object()
+
+
+class _Builder(SafeConstructor):
+    """Builds Python values from libyaml's composed nodes, with kubectl's reading of nulls,
+    keys, aliases and tags and Tessera's bounds. Leaner than PyYAML's SafeConstructor (one
+    recursive walk, bounded by :data:`MAX_DEPTH`, no generator per collection); scalars are
+    converted by SafeConstructor's own methods."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._depth: dict[Node, int] = {}
+        self._built: dict[Node, Any] = {}
         self._sizes: dict[Node, int] = {}
         self._decoded = 0
         self._aliased = 0
@@ -81,16 +91,13 @@ class _BoundedConstructor(SafeConstructor):
 
     # -- aliases ----------------------------------------------------------------------------
     def _expanded_size(self, root: Node) -> int:
-        """Nodes ``root`` stands for once every alias in it is expanded (memoised); refuses an
-        alias that contains itself."""
+        """Nodes ``root`` stands for once every alias in it is expanded (memoised)."""
         if root in self._sizes:
             return self._sizes[root]
-        on_path: set[Node] = set()
         stack: list[tuple[Node, bool]] = [(root, False)]
         while stack:
             node, done = stack.pop()
             if done:
-                on_path.discard(node)
                 total = 1
                 if isinstance(node, MappingNode):
                     for k, v in node.value:
@@ -102,9 +109,6 @@ class _BoundedConstructor(SafeConstructor):
                 continue
             if node in self._sizes:
                 continue
-            if node in on_path:
-                raise self.fail(node, "an alias refers to a node that contains it (a recursive structure): JSON cannot hold it")
-            on_path.add(node)
             stack.append((node, True))
             if isinstance(node, MappingNode):
                 for k, v in node.value:
@@ -114,108 +118,153 @@ class _BoundedConstructor(SafeConstructor):
                 stack.extend((v, False) for v in node.value)
         return self._sizes[root]
 
-    def construct_object(self, node: Node, deep: bool = False) -> Any:
-        if node in self.constructed_objects:
-            if isinstance(node, CollectionNode):
-                size = self._expanded_size(node)
-                self._decoded += size
-                self._aliased += size
-                if excessive_aliasing(self._decoded, self._aliased):
-                    raise self.fail(
-                        node,
-                        f"excessive aliasing: aliases expand to {self._aliased:,} of {self._decoded:,} "
-                        "nodes (a \"billion laughs\" document?); kubectl refuses it too: write the "
-                        "objects out",
-                    )
-            return self.constructed_objects[node]
-        self._decoded += 1
-        return super().construct_object(node, deep)
-
-    def construct_undefined(self, node: Node) -> Any:
-        raise self.fail(node, f"YAML tag {node.tag!r} has no JSON form: Kubernetes manifests hold only maps, lists, strings, numbers, booleans and null")
-
-    # -- collections ------------------------------------------------------------------------
-    def _child_depth(self, node: Node) -> int:
-        depth = self._depth.pop(node, 1) + 1
-        if depth > MAX_DEPTH:
-            raise self.fail(node, f"nested more than {MAX_DEPTH} levels deep: not a Kubernetes object")
-        return depth
-
-    def construct_sequence(self, node: Node, deep: bool = False) -> list[Any]:  # type: ignore[override]
-        if not isinstance(node, SequenceNode):
-            raise self.fail(node, f"expected a sequence, found {node.id}")
-        depth = self._child_depth(node)
-        out = []
-        for child in node.value:
-            if isinstance(child, CollectionNode) and child not in self.constructed_objects:
-                self._depth[child] = depth
-            out.append(self.construct_object(child, deep=deep))
-        return out
-
-    def construct_mapping(self, node: Node, deep: bool = False) -> dict[Any, Any]:  # type: ignore[override]
-        if not isinstance(node, MappingNode):
-            raise self.fail(node, f"expected a mapping, found {node.id}")
-        own: dict[str, Node] = {}
-        for key_node, _ in node.value:
-            if isinstance(key_node, ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
-                if key_node.value in own:
-                    raise self.fail(
-                        key_node,
-                        f"mapping key {key_node.value[:60]!r} already defined at {_mark(own[key_node.value])}: "
-                        "keep one (kubectl refuses duplicate keys)",
-                    )
-                own[key_node.value] = key_node
-        self.flatten_mapping(node)
-        depth = self._child_depth(node)
-        out: dict[str, Any] = {}
-        for key_node, value_node in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, str):
-                if isinstance(key, (list, dict)):
-                    raise self.fail(key_node, "a mapping key is a list or mapping: JSON keys are strings")
-                key = "null" if key is None else str(key).lower() if isinstance(key, bool) else str(key)
-            if isinstance(value_node, CollectionNode) and value_node not in self.constructed_objects:
-                self._depth[value_node] = depth
-            value = self.construct_object(value_node, deep=deep)
-            if value is not None:  # null is "not set", as the API server decodes it
-                out[key] = value
-        return out
-
-    def construct_yaml_int(self, node: Node) -> int:  # type: ignore[override]
-        text = str(node.value).replace("_", "")
-        digits = text.lstrip("+-").lstrip("0")
-        if len(digits) > MAX_INT_DIGITS + 2:  # 0x/0b prefixes included
+    def _alias(self, node: Node, value: Any) -> Any:
+        if value is _IN_PROGRESS:
+            raise self.fail(node, "an alias refers to a node that contains it (a recursive structure): JSON cannot hold it")
+        size = self._expanded_size(node)
+        self._decoded += size
+        self._aliased += size
+        if excessive_aliasing(self._decoded, self._aliased):
             raise self.fail(
                 node,
-                f"integer of {len(digits):,} digits: Kubernetes numbers are 64-bit "
-                "(quote it if it is a string)",
+                f"excessive aliasing: aliases expand to {self._aliased:,} of {self._decoded:,} "
+                "nodes (a \"billion laughs\" document?); kubectl refuses it too: write the objects out",
             )
-        return int(super().construct_yaml_int(node))
+        return value
 
-    def construct_yaml_float(self, node: Node) -> float:  # type: ignore[override]
-        text = str(node.value)
-        if len(text) > 400:
-            raise self.fail(node, f"number of {len(text):,} characters: quote it if it is a string")
-        return float(super().construct_yaml_float(node))
+    # -- values -----------------------------------------------------------------------------
+    def build(self, node: Node, depth: int = 1) -> Any:
+        cls = node.__class__
+        if cls is ScalarNode:
+            if node.tag == _STR:
+                return node.value
+            return self._scalar(node)
+        if depth > MAX_DEPTH:
+            raise self.fail(node, f"nested more than {MAX_DEPTH} levels deep: not a Kubernetes object")
+        built = self._built.get(node)
+        if built is not None:
+            return self._alias(node, built)
+        self._decoded += 1
+        self._built[node] = _IN_PROGRESS
+        if cls is SequenceNode:
+            if node.tag != _SEQ:
+                self.construct_undefined(node)
+            out: Any = [self.build(child, depth + 1) for child in node.value]
+        elif cls is MappingNode:
+            if node.tag != _MAP:
+                self.construct_undefined(node)
+            out = self._mapping(node, depth)
+        else:  # pragma: no cover - libyaml composes only these three
+            raise self.fail(node, f"unexpected YAML node {node.id}")
+        self._built[node] = out
+        return out
+
+    def _mapping(self, node: Node, depth: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        nulls: set[str] = set()
+        merges: list[dict[str, Any]] = []
+        for key_node, value_node in node.value:
+            if key_node.__class__ is ScalarNode and key_node.tag == _STR:
+                key = key_node.value
+            elif key_node.tag == _MERGE:
+                merges.extend(self._merge(value_node, depth))
+                continue
+            else:
+                key = self._key(key_node, depth)
+            if key in out or key in nulls:
+                raise self.fail(key_node, f"mapping key {key[:60]!r} is given twice: keep one (kubectl refuses duplicate keys)")
+            value = self.build(value_node, depth + 1)
+            if value is None:  # null is "not set", as the API server decodes it
+                nulls.add(key)
+            else:
+                out[key] = value
+        for merged in merges:  # explicit keys win; among merged maps, the first wins
+            for k, v in merged.items():
+                if k not in nulls:
+                    out.setdefault(k, v)
+        return out
+
+    def _merge(self, node: Node, depth: int) -> list[dict[str, Any]]:
+        nodes = node.value if isinstance(node, SequenceNode) else [node]
+        out = []
+        for n in nodes:
+            if not isinstance(n, MappingNode):
+                raise self.fail(n, "a merge key (<<) takes a mapping or a list of mappings")
+            value = self.build(n, depth + 1)
+            out.append(value)
+        return out
+
+    def _key(self, node: Node, depth: int) -> str:
+        if not isinstance(node, ScalarNode):
+            raise self.fail(node, "a mapping key is a list or mapping: JSON keys are strings")
+        key = self._scalar(node)
+        if key is None:
+            return "null"
+        if isinstance(key, bool):
+            return str(key).lower()
+        return str(key)
+
+    def _scalar(self, node: Node) -> Any:
+        tag = node.tag
+        if tag == "tag:yaml.org,2002:null":
+            return None
+        if tag == "tag:yaml.org,2002:bool":
+            return self.construct_yaml_bool(node)
+        if tag == "tag:yaml.org,2002:int":
+            text = str(node.value).replace("_", "")
+            digits = text.lstrip("+-").lstrip("0")
+            if len(digits) > MAX_INT_DIGITS + 2:  # 0x/0b prefixes included
+                raise self.fail(
+                    node, f"integer of {len(digits):,} digits: Kubernetes numbers are 64-bit (quote it if it is a string)"
+                )
+            return int(self.construct_yaml_int(node))
+        if tag == "tag:yaml.org,2002:float":
+            if len(str(node.value)) > 400:
+                raise self.fail(node, f"number of {len(node.value):,} characters: quote it if it is a string")
+            return float(self.construct_yaml_float(node))
+        if tag == _STR:
+            return node.value
+        return self.construct_undefined(node)
+
+    def construct_undefined(self, node: Node) -> Any:
+        raise self.fail(
+            node,
+            f"YAML tag {str(node.tag)[:60]!r} has no JSON form: Kubernetes manifests hold only maps, "
+            "lists, strings, numbers, booleans and null",
+        )
+
+    def document(self, node: Node) -> Any:
+        try:
+            return self.build(node)
+        finally:
+            self._built = {}
+            self._sizes = {}
 
 
-for _tag, _fn in (
-    ("tag:yaml.org,2002:int", _BoundedConstructor.construct_yaml_int),
-    ("tag:yaml.org,2002:float", _BoundedConstructor.construct_yaml_float),
-):
-    _BoundedConstructor.add_constructor(_tag, _fn)
-for _tag in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:binary", "tag:yaml.org,2002:omap",
-             "tag:yaml.org,2002:pairs", "tag:yaml.org,2002:set"):
-    _BoundedConstructor.add_constructor(_tag, _BoundedConstructor.construct_undefined)
-_BoundedConstructor.add_constructor(None, _BoundedConstructor.construct_undefined)
-
-
-class _Loader(_Parser, _BoundedConstructor, _Resolver):  # type: ignore[misc,valid-type]
+class _Loader(_Parser, _Builder, _Resolver):  # type: ignore[misc,valid-type]
     def __init__(self, stream: str, file: str) -> None:
         _Parser.__init__(self, stream)
-        _BoundedConstructor.__init__(self)
+        _Builder.__init__(self)
         _Resolver.__init__(self)
         self.file = file
+        self._resolved: dict[str, str] = {}
+
+    def descend_resolver(self, current_node: Any, current_index: Any) -> None:
+        """No path resolvers are registered: nothing to track per node."""
+
+    def ascend_resolver(self) -> None:
+        """See :meth:`descend_resolver`."""
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+        """Resolver.resolve, remembered per plain scalar text (keys and values repeat a lot)."""
+        if kind is ScalarNode and implicit[0]:
+            tag = self._resolved.get(value)
+            if tag is None:
+                tag = _Resolver.resolve(self, kind, value, implicit)
+                if len(value) <= 64 and len(self._resolved) < 100_000:
+                    self._resolved[value] = tag
+            return tag
+        return _Resolver.resolve(self, kind, value, implicit)
 
 
 def _yaml_error(e: yaml.YAMLError, file: str) -> ManifestError:
@@ -229,13 +278,11 @@ def _yaml_error(e: yaml.YAMLError, file: str) -> ManifestError:
 
 def yaml_documents(text: str, file: str) -> Iterator[Any]:
     """The documents of a YAML stream, bounded (see the module docstring)."""
-    loader = _Loader(text, file)
+    loader = None
     try:
+        loader = _Loader(text, file)
         while loader.check_node():
-            node = loader.get_node()
-            loader._depth.clear()
-            yield loader.construct_document(node)
-            loader._sizes.clear()
+            yield loader.document(loader.get_node())
     except yaml.YAMLError as e:
         if isinstance(e, ConstructorError) and e.problem_mark is None:
             raise ManifestError(f"not valid YAML ({e.problem})", file=file) from None
@@ -243,7 +290,8 @@ def yaml_documents(text: str, file: str) -> Iterator[Any]:
     except RecursionError:
         raise ManifestError(f"nested too deeply (at most {MAX_DEPTH} levels)", file=file) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _json_int(text: str) -> int:

@@ -54,25 +54,36 @@ class Manifest:
 
     @property
     def namespace(self) -> str:
-        return str(self.obj.get("metadata", {}).get("namespace") or "default")
+        return _text(_meta(self.obj).get("namespace") or "default")
 
     def ref(self) -> str:
         """``Kind namespace/name`` (cluster-scoped kinds without namespace)."""
         return object_ref(self.obj)
 
 
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+    md = obj.get("metadata")
+    return md if isinstance(md, dict) else {}
+
+
+def _text(v: Any) -> str:
+    """A name for messages: strings as they are, anything else (not yet validated) shortened."""
+    s = v if isinstance(v, str) else repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
 def object_name(obj: dict[str, Any]) -> str:
-    md = obj.get("metadata") or {}
-    return str(md.get("name") or md.get("generateName") or "")
+    md = _meta(obj)
+    return _text(md.get("name") or md.get("generateName") or "")
 
 
 def object_ref(obj: dict[str, Any]) -> str:
-    kind = obj.get("kind", "?")
-    md = obj.get("metadata") or {}
-    name = md.get("name") or md.get("generateName") or "<unnamed>"
+    kind = _text(obj.get("kind", "?"))
+    md = _meta(obj)
+    name = _text(md.get("name") or md.get("generateName") or "<unnamed>")
     if kind in ("ResourceSlice", "DeviceClass", "Node"):
         return f"{kind} {name}"
-    return f"{kind} {md.get('namespace') or 'default'}/{name}"
+    return f"{kind} {_text(md.get('namespace') or 'default')}/{name}"
 
 
 def _kind_of_list_items(doc: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -113,7 +124,7 @@ def parse_documents(
     for i, doc in enumerate(documents(text, file), start=1):
         if doc is None:
             continue
-        if not isinstance(doc, dict) or "kind" not in doc or "apiVersion" not in doc:
+        if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str) or not isinstance(doc.get("apiVersion"), str):
             why = _foreign(doc)
             if skip_foreign is not None:
                 skip_foreign.append(f"{file}: {why}; skipped")
@@ -133,7 +144,7 @@ def parse_documents(
             for j, item in enumerate(items):
                 if isinstance(item, dict) and item_kind and "kind" not in item:
                     item = {"apiVersion": item_version, "kind": item_kind, **item}
-                if not isinstance(item, dict) or "kind" not in item or "apiVersion" not in item:
+                if not isinstance(item, dict) or not isinstance(item.get("kind"), str) or not isinstance(item.get("apiVersion"), str):
                     raise ManifestError(
                         "List item is not a Kubernetes object (needs apiVersion and kind)",
                         file=file,
@@ -148,6 +159,8 @@ def parse_documents(
 
 def _foreign(doc: Any) -> str:
     """Why ``doc`` is not a Kubernetes object, in a few words."""
+    if isinstance(doc, dict) and "kind" in doc and "apiVersion" in doc:
+        return "not a Kubernetes object (apiVersion and kind must be strings)"
     if isinstance(doc, dict):
         if "jobs" in doc and ("on" in doc or "true" in doc):
             return "a CI workflow (GitHub Actions), not a Kubernetes object"

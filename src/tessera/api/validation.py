@@ -309,7 +309,7 @@ def pod_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
     container claim not declared in ``resourceClaims``."""
     out: list[FieldProblem] = []
     if not isinstance(spec, dict):
-        return out
+        spec = {}
     ctrs = spec.get("containers")
     if not ctrs:
         out.append(FieldProblem(f"{path}.containers", "required: a Pod needs at least one container"))

@@ -24,6 +24,7 @@ Pure: takes loaded manifests and ResourceSlice dicts, returns findings.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,6 +80,8 @@ class _World:
         self.devices: list[Device] = list(self.index.devices()) if self.index else []
         self.published = bool(self.devices)
         self.classes = classes
+        self.selector_findings: dict[tuple[str, str | None], list[tuple[str, str]]] = {}
+        self.hami_findings: dict[str, list[tuple[str, str, str]]] = {}
         self.attrs: dict[str, dict[str, list[Device]]] = {}
         self.caps: dict[str, dict[str, list[Device]]] = {}
         self.versions: set[str] = set()
@@ -209,12 +212,21 @@ def _check_hami(add: Any, m: Manifest, world: _World) -> None:
         base = ".".join((*path, "spec"))
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**(cur.get("metadata") or {}), "name": m.name or "workload"},
                "spec": cur["spec"]}
+    spec = pod.get("spec") or {}
+    # Pods that differ only in name convert alike: convert each shape once.
+    key = json.dumps([spec, (pod.get("metadata") or {}).get("annotations"), (pod.get("metadata") or {}).get("labels")], sort_keys=True, default=str)
+    cached = world.hami_findings.get(key)
+    if cached is not None:
+        for f in cached:
+            add(*f)
+        return
+    found: list[tuple[str, str, str]] = []
+    world.hami_findings[key] = found
     sizes = sorted({int(d.capacity["memory"].value.value) for d in world.devices if "memory" in d.capacity}, reverse=True)
     try:
         convert_pod(pod, memory_sizes=sizes or [80 * 2**30])
     except ConversionError as e:
         field = base
-        spec = pod.get("spec") or {}
         for part in ("initContainers", "containers"):
             for i, c in enumerate(spec.get(part) or []):
                 if e.container and c.get("name") == e.container:
@@ -228,6 +240,7 @@ def _check_hami(add: Any, m: Manifest, world: _World) -> None:
         if fix.startswith("correct the field"):
             problem, _, rest = text.partition("; ")
             fix = rest or "see docs/convert.md for the values HAMi accepts"
+        found.append((field, problem, fix))
         add(field, problem, fix)
 
 
@@ -319,15 +332,21 @@ def _class_devices(world: _World, cls: str) -> list[Device]:
 
 
 def _check_selector(add: Any, field: str, expr: str, world: _World, cls: str | None) -> None:
-    found: list[str] = []
+    # The same expression in many objects (one per generated template) is analysed once.
+    key = (expr, cls)
+    cached = world.selector_findings.get(key)
+    if cached is None:
+        found: list[tuple[str, str]] = []
 
-    def add_here(f: str, problem: str, fix: str) -> None:
-        found.append(problem)
-        add(f, problem, fix)
+        def add_here(f: str, problem: str, fix: str) -> None:
+            found.append((problem, fix))
 
-    _static(add_here, field, expr, world)
-    if world.published and not found:
-        _evaluate(add, field, expr, world, cls)
+        _static(add_here, field, expr, world)
+        if world.published and not found:
+            _evaluate(add_here, field, expr, world, cls)
+        cached = world.selector_findings[key] = found
+    for problem, fix in cached:
+        add(field, problem, fix)
 
 
 def _static(add: Any, field: str, expr: str, world: _World) -> None:
