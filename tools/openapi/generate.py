@@ -15,6 +15,8 @@ decoder and strict field validation decide):
   field is refused, as ``kubectl apply`` refuses it), unless it preserves unknown fields;
 * ``x-kubernetes-int-or-string`` becomes ``type: [integer, string]``; ``int32``/``int64``
   integers get the bounds of their Go type; Quantity is a string or a number;
+* elements of lists of strings, numbers or booleans may be ``null`` (Go decodes it as the zero
+  value);
 * ``required`` is dropped: it marks fields without ``omitempty``, which the API server's decoder
   does not enforce (a ResourcePool without ``generation`` is accepted as 0); the fields its
   validation requires are checked by ``tessera.api.validation``'s rules instead.
@@ -83,6 +85,10 @@ def _rewrite(schema: Any, refs: set[str]) -> Any:
     if "properties" in out and "additionalProperties" not in out and not out.pop("x-kubernetes-preserve-unknown-fields", False):
         out["additionalProperties"] = False
     out.pop("x-kubernetes-preserve-unknown-fields", None)
+    items = out.get("items")
+    if out.get("type") == "array" and isinstance(items, dict) and items.get("type") in ("string", "integer", "boolean", "number"):
+        # Go decodes a null list element into the zero value ("" / 0 / false): accepted.
+        out["items"] = {**items, "type": [items["type"], "null"]}
     if "allOf" in out and len(out["allOf"]) == 1 and set(out) == {"allOf"}:
         return out["allOf"][0]
     return out

@@ -111,9 +111,10 @@ class Quantity:
                 )
             return cls(Fraction(text), "DecimalSI")
         if isinstance(text, float):
-            raise QuantityError(
-                f"{text!r} is not an exact quantity: write it as a string such as '1.5' or '1500m'"
-            )
+            # A JSON/YAML number: the API server parses its decimal text (1.5 -> 1500m).
+            if not math.isfinite(text):
+                raise QuantityError(f"{text!r} is not a quantity: write a number such as '1.5' or '1500m'")
+            return cls.parse(repr(text).replace("e+", "e"))
         if not isinstance(text, str):
             raise QuantityError(f"{_shown(repr(text))} is not a quantity (expected a string such as '8Gi')")
         s = text.strip()

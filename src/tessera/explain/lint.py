@@ -290,6 +290,13 @@ def _check_request(add: Any, path: str, body: Mapping[str, Any], world: _World) 
             amount = Quantity.parse(v)
         except QuantityError:
             continue
+        if amount.value < 0:
+            add(
+                where,
+                f"{amount.canonical()} is negative: the API server accepts it, but no device has negative room",
+                "ask for a positive amount, or leave the capacity out to get the default",
+            )
+            continue
         if world.published and k in published:
             with_cap = [d for d in cands if k in d.capacity]
             biggest = max(with_cap, key=lambda d: d.capacity[k].value.value)
