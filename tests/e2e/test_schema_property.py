@@ -31,12 +31,12 @@ from typing import Any
 
 import pytest
 
+from fuzz import mutate as fuzz_mutate
 from tessera.api.errors import TesseraError
 from tessera.api.loader import Manifest, Source, load_file, parse_documents
 from tessera.api.validation import READ_KINDS, manifest_problems
 from tessera.kube.client import ApiError, KubeClient
 
-from fuzz import mutate as fuzz_mutate
 from .conftest import CORPUS, LiveCluster
 
 pytestmark = pytest.mark.cluster

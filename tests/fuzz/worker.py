@@ -15,7 +15,6 @@ import argparse
 import json
 import resource
 import signal
-import sys
 import time
 import traceback
 from typing import Any

@@ -28,7 +28,7 @@ from tessera.api.errors import ManifestError
 from tessera.api.limits import MAX_DEPTH, MAX_INT_DIGITS, excessive_aliasing
 
 try:  # libyaml's C parser: ~7x faster than the pure-Python one (PyYAML ships both)
-    from yaml.cyaml import CParser as _Parser
+    from yaml.cyaml import CParser as _Parser  # type: ignore[attr-defined]
 
     WITH_LIBYAML = True
 except ImportError:  # pragma: no cover - PyYAML built without libyaml
@@ -155,7 +155,7 @@ class _Builder(SafeConstructor):
                 self.construct_undefined(node)
             out = self._mapping(node, depth)
         else:  # pragma: no cover - libyaml composes only these three
-            raise self.fail(node, f"unexpected YAML node {node.id}")
+            raise self.fail(node, f"unexpected YAML node {type(node).__name__}")
         self._built[node] = out
         return out
 
@@ -204,7 +204,7 @@ class _Builder(SafeConstructor):
             return str(key).lower()
         return str(key)
 
-    def _scalar(self, node: Node) -> Any:
+    def _scalar(self, node: Any) -> Any:
         tag = node.tag
         if tag == "tag:yaml.org,2002:null":
             return None
@@ -241,7 +241,7 @@ class _Builder(SafeConstructor):
             self._sizes = {}
 
 
-class _Loader(_Parser, _Builder, _Resolver):  # type: ignore[misc,valid-type]
+class _Loader(_Parser, _Builder, _Resolver):
     def __init__(self, stream: str, file: str) -> None:
         _Parser.__init__(self, stream)
         _Builder.__init__(self)
@@ -282,7 +282,9 @@ def yaml_documents(text: str, file: str) -> Iterator[Any]:
     try:
         loader = _Loader(text, file)
         while loader.check_node():
-            yield loader.document(loader.get_node())
+            node = loader.get_node()
+            if node is not None:
+                yield loader.document(node)
     except yaml.YAMLError as e:
         if isinstance(e, ConstructorError) and e.problem_mark is None:
             raise ManifestError(f"not valid YAML ({e.problem})", file=file) from None
@@ -415,7 +417,7 @@ def template_action(text: str) -> tuple[int, str] | None:
             continue  # in a comment
         line = text.count("\n", 0, start) + 1
         stripped = before.strip()
-        if stripped in ("", "-", "- -") or re.search(r"(^|\s|-)(:|-)$", stripped) and not re.search(r"[\"']", before):
+        if stripped in ("", "-", "- -") or (re.search(r"(^|\s|-)(:|-)$", stripped) and not re.search(r"[\"']", before)):
             return line, m.group(0)
         if _TEMPLATE_WORDS.match(m.group(1)):
             return line, m.group(0)

@@ -96,7 +96,7 @@ def _kind_of_list_items(doc: dict[str, Any]) -> tuple[str | None, str | None]:
 
 
 def _is_list(doc: dict[str, Any]) -> bool:
-    return str(doc.get("kind", "")).endswith("List") and "items" in doc or doc.get("kind") == "List"
+    return (str(doc.get("kind", "")).endswith("List") and "items" in doc) or doc.get("kind") == "List"
 
 
 def parse_documents(
@@ -176,10 +176,11 @@ class ReadBudget:
     """Bytes that may still be read by one command (all inputs together)."""
 
     remaining: int
+    limit: int = 0
 
     @classmethod
     def of(cls, limits: Limits) -> ReadBudget:
-        return cls(limits.max_input_bytes)
+        return cls(limits.max_input_bytes, limits.max_input_bytes)
 
 
 def _too_big(file: str, limit: int) -> ManifestError:
@@ -220,7 +221,7 @@ def read_text(path: str | Path, budget: ReadBudget | None = None) -> str:
     except OSError as e:
         raise ManifestError(f"cannot read: {e.strerror or e}", file=name) from None
     if len(data) > limit:
-        raise _too_big(name, budget.remaining)
+        raise _too_big(name, budget.limit or limit)
     budget.remaining -= len(data)
     try:
         text = data.decode("utf-8")

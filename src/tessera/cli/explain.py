@@ -8,7 +8,15 @@ import sys
 
 import click
 
-from tessera.cli._common import UserError, cluster_inputs, fail, input_limits, limits_from, load_inputs, warn
+from tessera.cli._common import (
+    UserError,
+    cluster_inputs,
+    fail,
+    input_limits,
+    limits_from,
+    load_inputs,
+    warn,
+)
 
 
 @click.command()
@@ -95,8 +103,9 @@ def lint(manifests: tuple[str, ...], cluster_file: str | None, max_input_size: i
     findings = run_lint(loaded, slices)
     for f in findings:
         click.echo(str(f))
-    for w in notes:
-        warn(w)
+    if not unreadable:  # exit 2: the error lines only
+        for w in notes:
+            warn(w)
     for msg in unreadable:
         click.echo(f"tessera: error: {msg}", err=True)
     sys.exit(2 if unreadable else 1 if findings else 0)

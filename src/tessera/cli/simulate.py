@@ -13,7 +13,15 @@ from rich.console import Console
 from rich.table import Table
 
 from tessera.api.quantity import Quantity
-from tessera.cli._common import UserError, cluster_inputs, fail, input_limits, limits_from, load_inputs, warn
+from tessera.cli._common import (
+    UserError,
+    cluster_inputs,
+    fail,
+    input_limits,
+    limits_from,
+    load_inputs,
+    warn,
+)
 
 if TYPE_CHECKING:
     from tessera.api.loader import Manifest

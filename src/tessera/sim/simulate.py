@@ -14,7 +14,7 @@ import copy
 import json
 import random
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -232,7 +232,7 @@ def _signature(claims: Sequence[dict[str, Any]]) -> str | None:
     return text
 
 
-def untolerated_taint(pod: dict[str, Any], taints: Sequence[dict[str, str]]) -> dict[str, str] | None:
+def untolerated_taint(pod: Mapping[str, Any], taints: Sequence[dict[str, str]]) -> dict[str, str] | None:
     """The first NoSchedule/NoExecute node taint the pod does not tolerate (kube-scheduler's
     TaintToleration filter), or None."""
     from tessera.allocator.core import tolerates
@@ -614,6 +614,16 @@ class Simulation:
         want = int(req.get("count") or 1)
         if not matching:
             return "no device matches its selectors"
+        # Devices of an incomplete or invalid pool match but are never allocated: say so (as
+        # explain does), rather than count them as room.
+        unusable = self._unusable_pools()
+        held_back = [d for d in matching if (d.driver, d.pool) in unusable]
+        if held_back:
+            matching = [d for d in matching if (d.driver, d.pool) not in unusable]
+            pools = sorted({f"{d.driver}/{d.pool} ({unusable[(d.driver, d.pool)]})" for d in held_back})
+            note = f"{len(held_back)} matching device(s) are in pool(s) whose devices are never allocated: {', '.join(pools)}"
+            if not matching:
+                return note
         room: list[Device] = []
         # Per capacity the request names (memory if none): the most free on any device.
         shown = list(caps) or ["memory"]
@@ -644,7 +654,26 @@ class Simulation:
                     free, d = best[k]
                     q = Quantity(free, d.capacity[k].value.format).canonical()
                     msg += f"; most free {k}: {q} on {d.pool}/{d.name}"
+        if held_back:
+            msg += f"; {note}"
         return msg
+
+    def _unusable_pools(self) -> dict[tuple[str, str], str]:
+        """Pools no device of which is allocated on any node: incomplete (fewer slices than
+        resourceSliceCount at the newest generation) or invalid."""
+        if not hasattr(self, "_unusable"):
+            self._unusable: dict[tuple[str, str], str] = {}
+            for n in self.nodes:
+                for p in self.allocator.pools(n):
+                    if p.invalid:
+                        self._unusable[p.key] = f"invalid: {p.invalid}"
+                    elif not p.complete:
+                        sl = self.index.by_pool.get(p.key, [])
+                        gen = max((s.generation for s in sl), default=0)
+                        have = len([s for s in sl if s.generation == gen])
+                        want = sl[0].slice_count if sl else 0
+                        self._unusable[p.key] = f"incomplete: {have} of resourceSliceCount {want} slices at generation {gen}"
+        return self._unusable
 
     # ------------------------------------------------------------------------------------------
     def _device(self, driver: str, pool: str, name: str) -> Device | None:
