@@ -6,7 +6,7 @@ temporary folder (or ``--workdir``) with a fixed layout:
 
 * ``lint-100mb``: ``tessera lint`` on one ~100 MB multi-document manifest (ResourceClaimTemplates,
   Pods, Deployments and DeviceClasses in the shapes of the bundled examples);
-* ``load-50mb-json``: ``tessera lint`` on a ~50 MB ``kubectl get pods -o json``-style List;
+* ``lint-json-list``: ``tessera lint`` on a ~65 MB ``kubectl get pods -o json``-style List;
 * ``simulate-100k``: ``tessera simulate -o json`` of 100,000 small pods (one 1Gi/1-core claim
   each, from two ResourceClaimTemplates) on 160 nodes of 8x H100 80GB (a cluster file with
   ``count: 160``; ``--explicit-nodes`` lists them one by one instead), output to /dev/null.
@@ -186,7 +186,7 @@ def measure(args: list[str], cwd: Path) -> dict[str, Any]:
     }
 
 
-CASES = ("lint-100mb", "load-50mb-json", "simulate-100k")
+CASES = ("lint-100mb", "lint-json-list", "simulate-100k")
 
 
 def run_case(case: str, work: Path, explicit_nodes: bool) -> dict[str, Any]:
@@ -196,7 +196,7 @@ def run_case(case: str, work: Path, explicit_nodes: bool) -> dict[str, Any]:
             write_big_manifest(f, 100 * 10**6)
         r = measure(["lint", str(f)], work)
         r["input_mb"] = round(f.stat().st_size / 10**6, 1)
-    elif case == "load-50mb-json":
+    elif case == "lint-json-list":
         f = work / "pods.json"
         if not f.exists():
             write_json_list(f, 50 * 10**6)
