@@ -390,7 +390,7 @@ def test_percentage_becomes_first_available_per_memory_size() -> None:
                 "selectors": [
                     {
                         "cel": {
-                            "expression": 'device.capacity["gpu.tessera.dev"].memory == quantity("81559Mi")'
+                            "expression": 'has(device.capacity["gpu.tessera.dev"].memory) && device.capacity["gpu.tessera.dev"].memory == quantity("81559Mi")'
                         }
                     }
                 ],
@@ -405,7 +405,7 @@ def test_percentage_becomes_first_available_per_memory_size() -> None:
                 "selectors": [
                     {
                         "cel": {
-                            "expression": 'device.capacity["gpu.tessera.dev"].memory == quantity("32510Mi")'
+                            "expression": 'has(device.capacity["gpu.tessera.dev"].memory) && device.capacity["gpu.tessera.dev"].memory == quantity("32510Mi")'
                         }
                     }
                 ],
@@ -452,8 +452,9 @@ def test_percentage_without_memory_sizes_is_an_error() -> None:
         convert_pod(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50}))
     assert str(e.value) == (
         "pod ns/p, container c: nvidia.com/gpumem-percentage 50 needs the cluster's GPU memory "
-        "sizes to become a byte request: the caller must pass memory_sizes (bytes per GPU "
-        "model, from the ResourceSlices), or write nvidia.com/gpumem in MiB instead"
+        "sizes to become a byte request: give the cluster's nodes (`tessera convert --cluster "
+        "FILE` or --node; memory_sizes from the ResourceSlices for callers of convert_pod), or "
+        "write nvidia.com/gpumem in MiB instead"
     )
     assert (e.value.pod, e.value.container, e.value.field) == (
         "ns/p",

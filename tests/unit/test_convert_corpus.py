@@ -251,7 +251,7 @@ def test_use_memory_fraction_80gb_and_32gb() -> None:
             "selectors": [
                 {
                     "cel": {
-                        "expression": f'device.capacity["gpu.tessera.dev"].memory == quantity("{size}")'
+                        "expression": f'has(device.capacity["gpu.tessera.dev"].memory) && device.capacity["gpu.tessera.dev"].memory == quantity("{size}")'
                     }
                 }
             ],

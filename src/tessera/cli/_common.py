@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+import yaml
 
 from tessera.api.errors import TesseraError
 from tessera.api.limits import DEFAULT_LIMITS, Limits
 from tessera.api.loader import expand_workloads, load_files
 
 if TYPE_CHECKING:
-    from tessera.api.loader import Manifest
-    from tessera.sim.cluster import Cluster
+    from tessera.api.loader import Manifest, ReadBudget
+    from tessera.sim.cluster import Cluster, SimNode
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -32,18 +33,18 @@ def fail(msg: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
-def warn(msg: str) -> None:
-    """Print ``tessera: warning: MSG`` on stderr (every output mode keeps stdout clean)."""
-    click.echo(f"tessera: warning: {msg}", err=True)
-
-
 def examples_dir() -> Path:
     """The bundled examples shipped inside the package."""
     return Path(str(resources.files("tessera") / "examples"))
 
 
-def cluster_inputs(f: F) -> F:
-    """``--cluster FILE`` and repeatable ``--node NAME=INVENTORY[:TOPOLOGY]``."""
+#: ``SimNode.source`` prefix of the nodes ``--add-node`` adds.
+ADDED_NODE = "--add-node"
+
+
+def node_inputs(f: F) -> F:
+    """``--cluster FILE`` and repeatable ``--node NAME=INVENTORY[:TOPOLOGY]`` (the nodes of
+    :func:`load_nodes`)."""
     f = click.option(
         "--node",
         "node_specs",
@@ -100,71 +101,164 @@ def limits_from(max_input_size: int | None, max_pods: int | None) -> Limits:
     )
 
 
+def cluster_inputs(f: F) -> F:
+    """:func:`node_inputs`, plus ``--kubeconfig FILE`` (start from a live cluster) and
+    repeatable ``--add-node NAME=INVENTORY[:TOPOLOGY]`` (the inputs of :func:`load_inputs`)."""
+    f = click.option(
+        "--add-node",
+        "add_nodes",
+        multiple=True,
+        metavar="NAME=INVENTORY[:TOPOLOGY]",
+        help="Add a hypothetical node after all others (e.g. to a --kubeconfig cluster): would it let the pending pods in? Repeatable.",
+    )(f)
+    f = click.option(
+        "--kubeconfig",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Start from this live cluster (read only): its nodes, DeviceClasses, ResourceSlices, allocated ResourceClaims and pods.",
+    )(f)
+    return node_inputs(f)
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Plain YAML without anchors: objects may share sub-objects in memory (a claim and its
+    template's spec), which must print as copies."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(obj: Any) -> str:
+    """``obj`` as block YAML, keys in their order, no anchors (what ``-o yaml`` prints)."""
+    return yaml.dump(obj, Dumper=_NoAliasDumper, sort_keys=False, width=120)
+
+
+def warn(msg: str) -> None:
+    """Print ``tessera: warning: MSG`` on stderr (stdout stays clean for -o json|yaml)."""
+    click.echo(f"tessera: warning: {msg}", err=True)
+
+
+def _inventory_node(spec: str, option: str, cluster: Cluster) -> SimNode:
+    """The node of one ``--node``/``--add-node NAME=INVENTORY[:TOPOLOGY]``; the inventory's
+    publication warnings are added to ``cluster.warnings``."""
+    from tessera.inventory import (
+        build_resource_slices,
+        load_inventory,
+        load_topology,
+        publication_warnings,
+    )
+    from tessera.sim.cluster import SimNode
+
+    name, sep, rest = spec.partition("=")
+    if not sep or not name or not rest:
+        raise TesseraError(f"{option} {spec!r}: expected NAME=INVENTORY[:TOPOLOGY], e.g. gpu-1=nvidia-smi-q.xml")
+    inv, _, topo = rest.partition(":")
+    gpus = load_inventory(inv, cluster.warnings)
+    topology = load_topology(topo) if topo else None
+    if any(n.name == name for n in cluster.nodes):
+        raise TesseraError(
+            f"{option} {spec!r}: node {name!r} is already defined (by --cluster, --kubeconfig, a Node object or an earlier "
+            "--node/--add-node): use another name"
+        )
+    cluster.warnings.extend(publication_warnings(gpus, f"{option} {name}: {inv}"))
+    source = f"{ADDED_NODE} {inv}" if option == ADDED_NODE else inv
+    try:
+        slices = build_resource_slices(name, gpus, topology)
+    except TesseraError as e:  # a topology of another node: name the files
+        raise TesseraError(f"{option} {spec}: {e}") from None
+    return SimNode(name, {"kubernetes.io/hostname": name}, slices, source)
+
+
+def load_nodes(cluster_file: str | None, node_specs: tuple[str, ...], budget: ReadBudget | None = None) -> Cluster:
+    """The nodes of ``--cluster FILE`` then of each ``--node NAME=INVENTORY[:TOPOLOGY]``, with
+    every inventory's publication warnings in ``Cluster.warnings``. Raises
+    :class:`~tessera.api.errors.TesseraError` for bad input."""
+    from tessera.sim.cluster import Cluster, load_cluster
+
+    cluster = load_cluster(cluster_file, budget=budget) if cluster_file else Cluster([])
+    for spec in node_specs:
+        cluster.nodes.append(_inventory_node(spec, "--node", cluster))
+    return cluster
+
+
 def load_inputs(
     manifests: tuple[str, ...],
     cluster_file: str | None,
     node_specs: tuple[str, ...],
+    kubeconfig: str | None = None,
+    add_nodes: tuple[str, ...] = (),
     limits: Limits = DEFAULT_LIMITS,
     warnings: list[str] | None = None,
 ) -> tuple[Cluster, list[Manifest]]:
     """The nodes and manifests of a simulation, from simulate's arguments (shared with
     ``tessera explain``). With no arguments at all: the bundled default.
 
+    Node order (the order nodes are tried): ``--cluster``, ``--node``, Node objects (from
+    ``--kubeconfig`` or the files; their labels count), nodes only named by ResourceSlices,
+    then ``--add-node``. A live cluster's objects come before the files' (the new workloads
+    are scheduled on top of what is already there).
+
     Every manifest is validated (:func:`tessera.api.validation.check_all`: apiVersion, schema,
-    API rules) before anything reads it; Node objects become nodes (HAMi's register annotation
-    their inventory); pods HAMi already bound keep their node; workloads are expanded, at most
-    ``limits.max_pods`` pods. Warnings (skipped files, finished pods) are appended to
-    ``warnings``. Raises :class:`~tessera.api.errors.TesseraError` for bad input.
+    API rules) before anything reads it; Node objects become nodes (labels, taints, and HAMi's
+    register annotation as their inventory); pods HAMi already bound keep their node; workloads
+    are expanded, at most ``limits.max_pods`` pods; all inputs together are read up to
+    ``limits.max_input_bytes``. Warnings (inventories, skipped files, finished pods) are
+    appended to ``warnings`` for the caller to print once the command succeeded (printed here
+    when it is None). Raises :class:`~tessera.api.errors.TesseraError` for bad input.
     """
     from tessera.api.loader import ReadBudget
     from tessera.api.validation import check_all
-    from tessera.sim.cluster import Cluster, SimNode, load_cluster
+    from tessera.sim.cluster import SimNode
     from tessera.sim.inputs import node_from_object, unbind_hami_pods
 
-    notes = warnings if warnings is not None else []
-    if not manifests and not cluster_file and not node_specs:
+    if not manifests and not cluster_file and not node_specs and not kubeconfig and not add_nodes:
         ex = examples_dir()
         cluster_file = str(ex / "cluster.yaml")
         manifests = (str(ex / "workloads"),)
+    notes: list[str] = []
     budget = ReadBudget.of(limits)
-    nodes: list[SimNode] = []
-    if cluster_file:
-        described = load_cluster(cluster_file, budget=budget)
-        nodes.extend(described.nodes)
-        notes.extend(described.warnings)
-    for spec in node_specs:
-        from tessera.inventory import build_resource_slices, load_inventory, load_topology
+    cluster = load_nodes(cluster_file, node_specs, budget)
+    nodes = cluster.nodes
+    live: list[Manifest] = []
+    if kubeconfig:
+        from tessera.kube.live import read_cluster
 
-        name, sep, rest = spec.partition("=")
-        if not sep or not name or not rest:
-            raise TesseraError(f"--node {spec!r}: expected NAME=INVENTORY[:TOPOLOGY], e.g. gpu-1=nvidia-smi-q.xml")
-        inv, _, topo = rest.partition(":")
-        gpus = load_inventory(inv, notes)
-        topology = load_topology(topo) if topo else None
-        if any(n.name == name for n in nodes):
-            raise TesseraError(f"--node {spec!r}: node {name!r} is already defined (by --cluster or an earlier --node): use another name")
-        try:
-            slices = build_resource_slices(name, gpus, topology)
-        except TesseraError as e:
-            raise TesseraError(f"--node {spec}: {e}") from None
-        nodes.append(SimNode(name, {"kubernetes.io/hostname": name}, slices, inv))
+        live = read_cluster(kubeconfig, progress=True)
     loaded = load_files(manifests, limits=limits, warnings=notes, budget=budget)
     if manifests and not loaded:
         raise TesseraError(f"no Kubernetes objects in {', '.join(manifests)}: pass YAML or JSON manifests (files or directories)")
+    loaded = live + loaded
     check_all(loaded)
     for m in loaded:
-        if m.kind == "Node":
-            node = node_from_object(m)
-            if any(n.name == node.name for n in nodes):
-                raise TesseraError(f"{m.source}: {m.ref()}: node {node.name!r} is already defined (by --cluster, --node or an earlier Node)")
-            nodes.append(node)
+        if m.kind == "Node" and not any(n.name == m.name for n in nodes):
+            nodes.append(node_from_object(m))
     loaded = unbind_hami_pods([m for m in loaded if m.kind != "Node"], nodes, notes)
     loaded = list(expand_workloads(loaded, max_pods=limits.max_pods))
-    if not nodes and not any(m.kind == "ResourceSlice" for m in loaded):
-        raise TesseraError("no nodes to schedule on: give --cluster FILE, --node NAME=INVENTORY, Node objects or ResourceSlices")
+    if not nodes and not add_nodes and not any(m.kind == "ResourceSlice" for m in loaded):
+        raise TesseraError("no nodes to schedule on: give --cluster FILE, --node NAME=INVENTORY, --kubeconfig FILE, or ResourceSlices")
     slice_nodes = {
         (m.obj.get("spec") or {}).get("nodeName") for m in loaded if m.kind == "ResourceSlice"
     } - {None} - {n.name for n in nodes}
     for extra in sorted(str(x) for x in slice_nodes):
         nodes.append(SimNode(extra, {"kubernetes.io/hostname": extra}, [], "ResourceSlices"))
-    return Cluster(nodes), loaded
+    for spec in add_nodes:
+        nodes.append(_inventory_node(spec, ADDED_NODE, cluster))
+    notes = [*cluster.warnings, *notes]
+    if warnings is None:
+        for w in notes:
+            warn(w)
+    else:
+        warnings.extend(notes)
+    return cluster, loaded
+
+
+def live_outcome(cluster: Cluster, loaded: list[Manifest], objects: list[dict[str, Any]]) -> list[str]:
+    """For ``--kubeconfig``/``--add-node`` runs: what became of the pods pending in the
+    cluster, or who landed on the added nodes (see :func:`tessera.kube.live.pending_outcome`);
+    empty for other runs."""
+    from tessera.kube.live import LIVE_STATE, pending_outcome
+
+    added = [n.name for n in cluster.nodes if n.source.startswith(ADDED_NODE)]
+    if not added and not any(LIVE_STATE in m.extra for m in loaded):
+        return []
+    return pending_outcome(loaded, objects, added)

@@ -32,6 +32,8 @@ def explain(
     manifests: tuple[str, ...],
     cluster_file: str | None,
     node_specs: tuple[str, ...],
+    kubeconfig: str | None,
+    add_nodes: tuple[str, ...],
     output: str,
     all_devices: bool,
     seed: int,
@@ -40,8 +42,9 @@ def explain(
 ) -> None:
     """Explain why POD_OR_CLAIM (namespace/name or name) is pending, or where and why it fit.
 
-    Takes the same inputs as `tessera simulate` (with none: the bundled default), runs the
-    simulation, then for the pod's claims reports per node and per device the first check that
+    Takes the same inputs as `tessera simulate` (with none: the bundled default; with
+    --kubeconfig: a live cluster, e.g. `tessera explain NS/POD --kubeconfig ~/.kube/config`
+    for a pod pending there), runs the simulation, then for the pod's claims reports per node and per device the first check that
     refused it: selector sub-expression, capacity short by how much, request policy, taint,
     constraint, incomplete pool. HAMi-style pods get a line in HAMi's words as well.
     """
@@ -50,7 +53,8 @@ def explain(
 
     try:
         notes: list[str] = []
-        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, limits_from(max_input_size, max_pods), notes)
+        limits = limits_from(max_input_size, max_pods)
+        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes, limits, notes)
         exp = run_explain(cluster, loaded, target, seed=seed, all_devices=all_devices)
         for w in notes:
             warn(w)

@@ -554,8 +554,9 @@ def _device_request(
             req.container,
             fam.percentage,
             f"{fam.percentage} {pct} needs the cluster's GPU memory sizes to become a byte "
-            "request: the caller must pass memory_sizes (bytes per GPU model, from the "
-            f"ResourceSlices), or write {fam.memory} in MiB instead",
+            "request: give the cluster's nodes (`tessera convert --cluster FILE` or --node; "
+            "memory_sizes from the ResourceSlices for callers of convert_pod), or write "
+            f"{fam.memory} in MiB instead",
         )
     subs = []
     for i, size in enumerate(sizes):

@@ -103,6 +103,8 @@ class Cluster:
 
     nodes: list[SimNode]
     source: str = ""
+    #: What an inventory could not give in full (``tessera.inventory.publication_warnings``,
+    #: an ``attached_gpus`` count that differs from the GPUs listed).
     warnings: list[str] = field(default_factory=list)
 
 
@@ -161,7 +163,12 @@ def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | N
     unreadable inventory, topology or slices file (its own error, prefixed with the field that
     names it).
     """
-    from tessera.inventory import build_resource_slices, load_inventory, load_topology
+    from tessera.inventory import (
+        build_resource_slices,
+        load_inventory,
+        load_topology,
+        publication_warnings,
+    )
 
     problems = _schema().problems("Cluster", doc)
     if problems:
@@ -208,6 +215,7 @@ def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | N
             except TesseraError as e:
                 raise located(e, "topology") from None
             src = str(n["inventory"])
+            notes.extend(publication_warnings(gpus, f"{file}: node {base_name}: {src}"))
             if len(names) == 1 or len(base_name) > 200:  # long names: slice names get hashed
                 try:
                     built = [(nm, build_resource_slices(nm, gpus, topo)) for nm in names]

@@ -27,6 +27,7 @@ from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
 from tessera.api.validation import check
+from tessera.convert import gpu_memory_sizes
 from tessera.sim.cluster import Cluster
 from tessera.sim.policies import (
     POLICIES,
@@ -86,6 +87,8 @@ class GPUUsage:
     cores_capacity: Fraction | None
     shares: int
     dedicated: bool
+    driver: str = ""
+    pool: str = ""
 
 
 @dataclass
@@ -96,6 +99,16 @@ class SimResult:
     objects: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
     scheduled: list[str] = field(default_factory=list)
+
+
+def generated_claim_name(pod: dict[str, Any], pod_claim_name: str) -> str | None:
+    """The ResourceClaim the resource-claim controller made from a template for the pod's
+    claim entry ``pod_claim_name`` (``status.resourceClaimStatuses``), or None when the pod
+    carries none (files written by hand; the simulation then makes ``<pod>-<name>``)."""
+    for st in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+        if isinstance(st, dict) and st.get("name") == pod_claim_name and st.get("resourceClaimName"):
+            return str(st["resourceClaimName"])
+    return None
 
 
 def _pod_uid(ref: str) -> str:
@@ -130,8 +143,8 @@ def _check_slice(m: Manifest) -> None:
 
 
 def _check_selectors(m: Manifest) -> None:
-    """CEL selectors must compile, as the API server checks on create."""
-    from tessera.cel import CelCompileError, compile_selector
+    """CEL selectors must compile and be within the cost limit, as the API server checks on create."""
+    from tessera.cel import CelCompileError, CelCostError, check_selector
 
     spec = m.obj.get("spec") or {}
     places: list[tuple[str, Any]] = []
@@ -151,7 +164,12 @@ def _check_selectors(m: Manifest) -> None:
             if not isinstance(expr, str):
                 continue
             try:
-                compile_selector(expr)
+                check_selector(expr)
+            except CelCostError as e:
+                raise ManifestError(
+                    f"Forbidden: {e} ({e.detail}): bound the iterations (fewer or smaller lists)",
+                    file=m.source.file, doc=m.source.doc, obj=m.ref(), field=f"{where}[{k}].cel.expression",
+                ) from None
             except CelCompileError as e:
                 raise ManifestError(
                     f"CEL compile error: {e}", file=m.source.file, doc=m.source.doc, obj=m.ref(), field=f"{where}[{k}].cel.expression"
@@ -211,9 +229,8 @@ def whole_gpu_spec(spec: dict[str, Any]) -> dict[str, Any]:
         for sub in ([r["exactly"]] if r.get("exactly") else []) + list(r.get("firstAvailable") or []):
             mem = ((sub.get("capacity") or {}).get("requests") or {}).get("memory")
             if mem is not None:
-                expr = (
-                    f'device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("{Quantity.parse(mem).canonical()}")) >= 0'
-                )
+                cap = f'device.capacity["{DRIVER_NAME}"].memory'
+                expr = f'has({cap}) && {cap}.compareTo(quantity("{Quantity.parse(mem).canonical()}")) >= 0'
                 sub.setdefault("selectors", []).append({"cel": {"expression": expr}})
             sub["capacity"] = {"requests": {"cores": "100"}}
     return out
@@ -337,12 +354,8 @@ class Simulation:
         self._to_explain: dict[str, list[dict[str, Any]]] = {}
         self._request_notes: dict[str, str] = {}
         self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed))
-        # GPU memory sizes for HAMi's gpumem-percentage: every Tessera device with memory
-        # (MIG instances too: a percentage of a dedicated MIG device filters by its memory).
-        self.memory_sizes = sorted(
-            {int(d.capacity["memory"].value.value) for d in self.index.devices() if d.driver == DRIVER_NAME and "memory" in d.capacity},
-            reverse=True,
-        )
+        # GPU memory sizes for HAMi's gpumem-percentage (the same function as `tessera convert`).
+        self.memory_sizes = gpu_memory_sizes(self.slices)
         self._check_classes(manifests)
 
     def _check_classes(self, manifests: Iterable[Manifest]) -> None:
@@ -405,6 +418,7 @@ class Simulation:
             md.setdefault("uid", _pod_uid(ref))
             policy = pod_policy(self.policy, (pod.get("metadata") or {}).get("annotations") or {})
             node, reason, claims = self._schedule(pod, ref, policy)
+            generated = self._claim_statuses(pod)
             if node is None:
                 pending.append(Pending(ref, reason))
                 pod["status"] = {
@@ -418,6 +432,8 @@ class Simulation:
                 pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
                 scheduled.append(ref)
                 placements.extend(self._placements(pod, ref, node, claims))
+            if generated:
+                pod["status"]["resourceClaimStatuses"] = generated
             out_pods.append(pod)
             if on_pod is not None:
                 on_pod(ref)
@@ -429,6 +445,19 @@ class Simulation:
         objects.extend(self.claims.values())
         objects.extend(out_pods)
         return SimResult(placements, pending, self._gpu_usage(), objects, self.warnings, scheduled)
+
+    def _claim_statuses(self, pod: dict[str, Any]) -> list[dict[str, str]]:
+        """``status.resourceClaimStatuses`` as the resource-claim controller sets it: the claim
+        made from each template entry (kept from a pod read from a cluster)."""
+        out: list[dict[str, str]] = []
+        ns = _ns(pod)
+        for pc in (pod.get("spec") or {}).get("resourceClaims") or []:
+            if not pc.get("resourceClaimTemplateName"):
+                continue
+            name = generated_claim_name(pod, str(pc.get("name", ""))) or f"{_name(pod)}-{pc.get('name', '')}"
+            if (ns, name) in self.claims:
+                out.append({"name": str(pc.get("name", "")), "resourceClaimName": name})
+        return out
 
     def _resolve_claims(self, pod: dict[str, Any], ref: str) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
         """``[(pod claim name, claim)]`` for the pod, creating template claims; or a reason."""
@@ -444,10 +473,16 @@ class Simulation:
                 out.append((pcname, claim))
             elif pc.get("resourceClaimTemplateName"):
                 tkey = (ns, pc["resourceClaimTemplateName"])
+                generated = generated_claim_name(pod, pcname)
+                if generated and (ns, generated) in self.claims:
+                    # The claim controller already made it (a pod read from a cluster): the
+                    # scheduler only needs the claim, as here.
+                    out.append((pcname, self.claims[(ns, generated)]))
+                    continue
                 tmpl = self.templates.get(tkey)
                 if tmpl is None:
                     return [], f'resourceclaimtemplate "{tkey[1]}" not found'
-                cname = f"{_name(pod)}-{pcname}"
+                cname = generated or f"{_name(pod)}-{pcname}"
                 key = (ns, cname)
                 claim = self.claims.get(key)
                 if claim is None:
@@ -523,9 +558,11 @@ class Simulation:
                     (device_usage(self.state, d) for sl in self.index.by_node.get(node.name, []) for d in sl.devices),
                     Fraction(0),
                 )
+                uid = pod["metadata"]["uid"]
                 for c in todo + done:
                     rf = c.setdefault("status", {}).setdefault("reservedFor", [])
-                    rf.append({"resource": "pods", "name": _name(pod), "uid": pod["metadata"]["uid"]})
+                    if not any(r.get("resource") == "pods" and r.get("uid") == uid for r in rf):
+                        rf.append({"resource": "pods", "name": _name(pod), "uid": uid})
                 if key is not None:
                     self._cursor[key] = (i, counts)
                 return node.name, "", claims
@@ -646,6 +683,10 @@ class Simulation:
                 room.append(d)
         need = ", ".join(f"{k} {v.canonical()}" for k, v in caps.items()) or "the whole device"
         msg = f"{len(matching)} device(s) match its selectors, {len(room)} of them with room for {need}"
+        lacking = sorted({k for d in matching for k in caps if k not in d.capacity})
+        if lacking:
+            n = sum(1 for d in matching if any(k not in d.capacity for k in caps))
+            msg += f" ({n} publish no {', '.join(lacking)} capacity)"
         if want > 1:
             msg += f" ({want} distinct devices on one node needed)"
         if len(room) < want:
@@ -717,30 +758,41 @@ class Simulation:
         return out
 
     def _gpu_usage(self) -> list[GPUUsage]:
-        out: list[GPUUsage] = []
-        node_of = {n.name for n in self.cluster.nodes}
-        share_count: dict[tuple[str, str, str], int] = {}
-        for did, _ in self.state.shared:
-            share_count[did] = share_count.get(did, 0) + 1
-        for d in self.index.devices():
-            agg = self.state.aggregated.get(d.id, {})
-            shares = share_count.get(d.id, 0)
-            dedicated = d.id in self.state.dedicated
-            mem = d.capacity.get("memory")
-            cores = d.capacity.get("cores")
-            out.append(
-                GPUUsage(
-                    node=d.node_name or (d.pool if d.pool in node_of else ""),
-                    device=d.name,
-                    uuid=d.attributes.get(f"{d.driver}/uuid"),
-                    model=d.attributes.get(f"{d.driver}/productName"),
-                    memory_allocated=(mem.value.value if dedicated and mem else agg.get("memory", Fraction(0))),
-                    memory_capacity=mem.value.value if mem else None,
-                    cores_allocated=(cores.value.value if dedicated and cores else agg.get("cores", Fraction(0))),
-                    cores_capacity=cores.value.value if cores else None,
-                    shares=shares,
-                    dedicated=dedicated,
-                )
-            )
-        return out
+        return gpu_usage(self.index, self.state, {n.name for n in self.cluster.nodes})
 
+
+def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | frozenset[str] = frozenset()) -> list[GPUUsage]:
+    """Memory and cores allocated on every device of ``index`` against its capacity.
+
+    A device allocated without a shareID (dedicated) counts its whole capacity; a shared one
+    the sum of its shares' ``consumedCapacity`` (``AllocatedState.aggregated``). ``node``
+    is the slice's ``nodeName``, else the pool name when it names one of ``node_names``.
+    Used by ``tessera simulate``'s GPU table and by ``tessera monitor``'s allocation figures.
+    """
+    out: list[GPUUsage] = []
+    share_count: dict[tuple[str, str, str], int] = {}
+    for did, _ in state.shared:
+        share_count[did] = share_count.get(did, 0) + 1
+    for d in index.devices():
+        agg = state.aggregated.get(d.id, {})
+        shares = share_count.get(d.id, 0)
+        dedicated = d.id in state.dedicated
+        mem = d.capacity.get("memory")
+        cores = d.capacity.get("cores")
+        out.append(
+            GPUUsage(
+                node=d.node_name or (d.pool if d.pool in node_names else ""),
+                device=d.name,
+                uuid=d.attributes.get(f"{d.driver}/uuid"),
+                model=d.attributes.get(f"{d.driver}/productName"),
+                memory_allocated=(mem.value.value if dedicated and mem else agg.get("memory", Fraction(0))),
+                memory_capacity=mem.value.value if mem else None,
+                cores_allocated=(cores.value.value if dedicated and cores else agg.get("cores", Fraction(0))),
+                cores_capacity=cores.value.value if cores else None,
+                shares=shares,
+                dedicated=dedicated,
+                driver=d.driver,
+                pool=d.pool,
+            )
+        )
+    return out
