@@ -364,6 +364,19 @@ def _json_rest(text: str, file: str, first: Any, end: int) -> Iterator[Any]:
         pos = _WS.match(text, end).end()  # type: ignore[union-attr]
 
 
+def without_nulls(value: Any, file: str = "", doc: int = 0, depth: int = 1) -> Any:
+    """``value`` with every ``null`` mapping value dropped (unset, as the API server decodes
+    it), for objects that did not come through :func:`documents` (read from an API server).
+    Refuses nesting deeper than :data:`MAX_DEPTH`."""
+    if depth > MAX_DEPTH:
+        raise ManifestError(f"nested more than {MAX_DEPTH} levels deep: not a Kubernetes object", file=file, doc=doc)
+    if isinstance(value, dict):
+        return {k: without_nulls(v, file, doc, depth + 1) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v, file, doc, depth + 1) for v in value]
+    return value
+
+
 def check_depth(value: Any, file: str, doc: int) -> None:
     """Refuse a JSON value nested deeper than :data:`MAX_DEPTH` (YAML is bounded while read)."""
     stack: list[tuple[Any, int]] = [(value, 1)]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tessera.api.documents import documents, template_action
+from tessera.api.documents import documents, template_action, without_nulls
 from tessera.api.errors import ManifestError
 from tessera.api.limits import DEFAULT_LIMITS, Limits
 
@@ -307,7 +307,7 @@ def load_objects(objects: Iterable[dict[str, Any]], origin: str) -> list[Manifes
     for i, obj in enumerate(objects, start=1):
         if not isinstance(obj, dict) or "kind" not in obj:
             raise ManifestError("not a Kubernetes object (needs apiVersion and kind)", file=origin, doc=i)
-        out.append(Manifest(obj, Source(origin, i)))
+        out.append(Manifest(without_nulls(obj, origin, i), Source(origin, i)))
     return out
 
 
