@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from sys import intern
 from typing import Any
 
 import yaml
@@ -81,6 +82,7 @@ class _Builder(SafeConstructor):
     def __init__(self) -> None:
         super().__init__()
         self._built: dict[Node, Any] = {}
+        self._strings: dict[str, str] = {}
         self._sizes: dict[Node, int] = {}
         self._decoded = 0
         self._aliased = 0
@@ -137,7 +139,10 @@ class _Builder(SafeConstructor):
         cls = node.__class__
         if cls is ScalarNode:
             if node.tag == _STR:
-                return node.value
+                v = node.value
+                # One object per distinct short string: a 100 MB manifest repeats the same
+                # names and values hundreds of thousands of times.
+                return self._strings.setdefault(v, v) if len(v) <= 40 else v
             return self._scalar(node)
         if depth > MAX_DEPTH:
             raise self.fail(node, f"nested more than {MAX_DEPTH} levels deep: not a Kubernetes object")
@@ -165,7 +170,7 @@ class _Builder(SafeConstructor):
         merges: list[dict[str, Any]] = []
         for key_node, value_node in node.value:
             if key_node.__class__ is ScalarNode and key_node.tag == _STR:
-                key = key_node.value
+                key = intern(key_node.value)
             elif key_node.tag == _MERGE:
                 merges.extend(self._merge(value_node, depth))
                 continue

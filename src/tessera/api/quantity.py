@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from fractions import Fraction
 from typing import Literal
 
@@ -117,6 +118,12 @@ class Quantity:
             return cls.parse(repr(text).replace("e+", "e"))
         if not isinstance(text, str):
             raise QuantityError(f"{_shown(repr(text))} is not a quantity (expected a string such as '8Gi')")
+        if len(text) <= 64:  # the same few quantities come back thousands of times in a manifest
+            return _parse_text(text)
+        return cls._parse_text(text)
+
+    @classmethod
+    def _parse_text(cls, text: str) -> Quantity:
         s = text.strip()
         m = _QUANTITY_RE.match(s)
         if not m or s in ("", "+", "-"):
@@ -232,6 +239,12 @@ class Quantity:
 
     def __repr__(self) -> str:
         return f"Quantity({self.canonical()!r})"
+
+
+@lru_cache(maxsize=4096)
+def _parse_text(text: str) -> Quantity:
+    """:meth:`Quantity._parse_text`, remembered (a Quantity is immutable; errors are not cached)."""
+    return Quantity._parse_text(text)
 
 
 def parse_quantity(text: str | int | Quantity) -> Quantity:

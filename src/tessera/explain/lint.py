@@ -207,8 +207,11 @@ def lint(manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = ()
 
 def _check_hami(add: Any, m: Manifest, world: _World) -> None:
     """What the HAMi conversion refuses in a Pod (or a workload's pod template)."""
-    from tessera.convert import ConversionError, convert_pod
+    from tessera.convert import HAMI_RESOURCES, ConversionError, convert_pod
 
+    text = json.dumps(m.obj.get("spec"), default=str)
+    if not any(name in text for name in HAMI_RESOURCES):
+        return  # nothing to convert: the conversion refuses nothing (its warnings are simulate's)
     if m.kind == "Pod":
         pod, base = m.obj, "spec"
     else:
