@@ -230,7 +230,8 @@ def _simulate(
         items = [o for o in result.objects if _object_in_namespaces(o, namespaces)]
         lst = {"apiVersion": "v1", "kind": "List", "items": items}
         if output == "json":
-            click.echo(json.dumps(lst, indent=2, sort_keys=False))
+            json.dump(lst, sys.stdout, indent=2, sort_keys=False)  # written as it is encoded
+            sys.stdout.write("\n")
         else:
             click.echo(to_yaml(lst))
         return len(pending)

@@ -198,6 +198,32 @@ def _check_pod(m: Manifest) -> None:
                     )
 
 
+_HAMI_MARKS = ("hami.io/", "nvidia.com/", "volcano.sh/")
+
+
+def _mentions_hami(pod: dict[str, Any]) -> bool:
+    """Whether the HAMi conversion has anything to read in ``pod`` (resources or annotations
+    in HAMi's names); a pod without is simulated as written, without a conversion pass."""
+    md = pod.get("metadata") or {}
+    for names in (md.get("annotations") or {}, md.get("labels") or {}):
+        if any(str(k).startswith(_HAMI_MARKS) for k in names):
+            return True
+    spec = pod.get("spec") or {}
+    for part in ("initContainers", "containers"):
+        for c in spec.get(part) or []:
+            res = (c or {}).get("resources") or {}
+            for block in (res.get("limits"), res.get("requests")):
+                if isinstance(block, dict) and any(str(k).startswith(_HAMI_MARKS) for k in block):
+                    return True
+    return False
+
+
+def _fresh_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """A new pod dict sharing its content with ``pod`` but for the levels a run writes to
+    (``metadata``, ``spec``, ``status``)."""
+    return {**pod, "metadata": dict(pod.get("metadata") or {}), "spec": dict(pod.get("spec") or {})}
+
+
 # Resources kube-scheduler counts against node allocatable; anything else is an extended
 # resource some device plugin must advertise. Simulated nodes advertise none.
 _NATIVE_RESOURCES = ("cpu", "memory", "ephemeral-storage", "pods")
@@ -348,6 +374,7 @@ class Simulation:
         self._cursor: dict[str | None, tuple[int, dict[str, int]]] = {}
         self._unsat: list[set[str]] = [set() for _ in self.nodes]
         self._node_usage: list[Fraction] = [Fraction(0) for _ in self.nodes]
+        self._usage_stale: set[int] = set()
         self._placed = 0
         # Pending pods whose claims fit on no node: explained once the run is over (against
         # the final state, which is what a user asks about), one walk per distinct claim shape.
@@ -397,7 +424,10 @@ class Simulation:
         out_templates: list[dict[str, Any]] = list(self.templates.values())
         for m in self.pods:
             try:
-                conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
+                if _mentions_hami(m.obj):
+                    conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
+                else:  # nothing to convert: a copy of the levels the run writes to
+                    conv = Conversion(pod=_fresh_pod(m.obj), templates=[], warnings=[], requests=[])
             except ConversionError as e:
                 if self.memory_sizes or e.field not in _PERCENTAGES:
                     raise
@@ -541,6 +571,13 @@ class Simulation:
         start, counts = self._cursor.get(key, (0, {})) if key else (0, {})
         counts = dict(counts)
         prefix = key is not None
+        if policy.nodes != "first-fit":
+            for j in self._usage_stale:
+                self._node_usage[j] = sum(
+                    (device_usage(self.state, d) for sl in self.index.by_node.get(self.nodes[j].name, []) for d in sl.devices),
+                    Fraction(0),
+                )
+            self._usage_stale.clear()
         order = range(start, n_total) if policy.nodes == "first-fit" else order_nodes(policy.nodes, self._node_usage)
         for i in order:
             node = self.nodes[i]
@@ -554,10 +591,7 @@ class Simulation:
                 return None, f"allocation error: {why}", claims
             if why is None:
                 self._placed += 1
-                self._node_usage[i] = sum(
-                    (device_usage(self.state, d) for sl in self.index.by_node.get(node.name, []) for d in sl.devices),
-                    Fraction(0),
-                )
+                self._usage_stale.add(i)  # recomputed only when a policy orders nodes by usage
                 uid = pod["metadata"]["uid"]
                 for c in todo + done:
                     rf = c.setdefault("status", {}).setdefault("reservedFor", [])
