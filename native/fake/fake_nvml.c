@@ -3,6 +3,7 @@
  * CUDA_VISIBLE_DEVICES), their UUIDs and memory (used = bytes taken from the fake driver by
  * all processes), and a utilisation that a test sets with FAKE_GPU_UTIL (percent).
  */
+#define FAKE_STATE_DEFINE
 #include "fake_state.h"
 #include "tessera_cuda.h"
 

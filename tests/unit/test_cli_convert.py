@@ -40,10 +40,13 @@ def test_pod_becomes_template_then_pod(corpus: Path) -> None:
     tmpl, pod = list(yaml.safe_load_all(out))
     assert (tmpl["kind"], tmpl["metadata"]["name"]) == ("ResourceClaimTemplate", "gpu-pod-ubuntu-container-gpu")
     req = tmpl["spec"]["spec"]["devices"]["requests"][0]
-    # 50% of each GPU size of the cluster, largest first: H100, V100S, A5000, A100 MIG device.
+    # 50% of each GPU size of the cluster, largest first: H100, V100S, A5000, A100 MIG device;
+    # 2 GPUs: each size on one NVLink domain first, then anywhere (4 sizes x 3 topology levels
+    # is over firstAvailable's 8, so the NUMA level is left out).
+    sizes = [("mem-0", "40779Mi"), ("mem-1", "16255Mi"), ("mem-2", "12282Mi"), ("mem-3", "9984Mi")]
     assert [(s["name"], s["capacity"]["requests"]["memory"]) for s in req["firstAvailable"]] == [
-        ("mem-0", "40779Mi"), ("mem-1", "16255Mi"), ("mem-2", "12282Mi"), ("mem-3", "9984Mi"),
-    ]  # fmt: skip
+        (f"{level}-{name}", mem) for level in ("nvlink", "any") for name, mem in sizes
+    ]
     assert pod["spec"]["resourceClaims"] == [{"name": "ubuntu-container-gpu", "resourceClaimTemplateName": "gpu-pod-ubuntu-container-gpu"}]
     ctr = pod["spec"]["containers"][0]
     assert ctr["resources"] == {"claims": [{"name": "ubuntu-container-gpu"}]}
@@ -134,4 +137,4 @@ def test_round_trip_gives_the_same_placements(corpus: Path, tmp_path: Path) -> N
         before, after = _placements([str(f)]), _placements([str(converted)])
         assert after == before, f.name
         placed += sum(1 for node, _ in before["pods"].values() if node)
-    assert placed == 31  # pods of the corpus that the bundled cluster can place
+    assert placed == 32  # pods of the corpus that the bundled cluster can place (MIG devices included)

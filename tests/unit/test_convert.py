@@ -63,8 +63,33 @@ def claim_request(conv: Conversion, i: int = 0) -> dict[str, Any]:
     return reqs[0]
 
 
+TOPOLOGY = ["nvlink", "numa", "any"]
+
+
 def exactly(conv: Conversion, i: int = 0) -> dict[str, Any]:
-    return claim_request(conv, i)["exactly"]
+    """The request's ``exactly`` body; for a multi-GPU request (``firstAvailable`` over the
+    topology levels, the same body under each name) the body of its last level."""
+    r = claim_request(conv, i)
+    if "exactly" in r:
+        return r["exactly"]
+    subs = r["firstAvailable"]
+    assert [s["name"] for s in subs] in (TOPOLOGY, TOPOLOGY[:2]), subs
+    bodies = [{k: v for k, v in s.items() if k != "name"} for s in subs]
+    assert all(b == bodies[-1] for b in bodies)
+    return bodies[-1]
+
+
+def topology_constraints(numa_bind: bool = False) -> list[dict[str, Any]]:
+    """The constraints of a multi-GPU request: N distinct GPUs, then one per topology level."""
+    out: list[dict[str, Any]] = [{"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/unit"}]
+    if numa_bind:
+        out.append({"requests": ["gpu"], "matchAttribute": "gpu.tessera.dev/numaNode"})
+        return [*out, {"requests": ["gpu/nvlink"], "matchAttribute": "gpu.tessera.dev/nvlinkDomain"}]
+    return [
+        *out,
+        {"requests": ["gpu/nvlink"], "matchAttribute": "gpu.tessera.dev/nvlinkDomain"},
+        {"requests": ["gpu/numa"], "matchAttribute": "gpu.tessera.dev/numaNode"},
+    ]
 
 
 def is_dns_label(s: str) -> bool:
@@ -230,9 +255,7 @@ def test_cores_or_percentage_alone_imply_one_gpu(
 def test_two_gpus_get_distinct_uuid_constraint() -> None:
     conv = convert(pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}))
     devices = conv.templates[0]["spec"]["spec"]["devices"]
-    assert devices["constraints"] == [
-        {"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"}
-    ]
+    assert devices["constraints"] == topology_constraints()
     assert exactly(conv)["count"] == 2
     assert exactly(conv)["capacity"] == {"requests": {"memory": "3000Mi", "cores": "30"}}
 
@@ -514,8 +537,7 @@ def test_gpumem_annotation_without_resources_still_warns() -> None:
     [
         ("1Gi", "nvidia.com/gpumem is in MiB: write 1024, not 1Gi"),
         ("3000Mi", "nvidia.com/gpumem is in MiB: write 3000, not 3000Mi"),
-        ("5k", "nvidia.com/gpumem is in MiB: write a number such as 1024, not 5k"),
-        ("2e3", "nvidia.com/gpumem is in MiB: write a number such as 1024, not 2e3"),
+        ("1Ki", "nvidia.com/gpumem is in MiB: write a number such as 1024, not 1Ki"),
     ],
 )
 def test_gpumem_with_units_is_refused(raw: str, message: str) -> None:
@@ -524,6 +546,15 @@ def test_gpumem_with_units_is_refused(raw: str, message: str) -> None:
     assert str(e.value) == (
         f"pod ns/p, container c: {message} (HAMi would read the suffixed quantity as that many MiB)"
     )
+
+
+@pytest.mark.parametrize(("raw", "mib"), [("3k", 3000), ("2e3", 2000), ("40k", 40000), ("1024", 1024)])
+def test_gpumem_in_canonical_decimal_notation_is_that_many_mib(raw: str, mib: int) -> None:
+    """The API server stores ``nvidia.com/gpumem: 3000`` as the canonical Quantity ``3k``:
+    that is what the webhook receives, and it means 3000 MiB (HAMi reads Value() too)."""
+    conv = convert(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": raw}))
+    assert conv.requests[0].memory_mib == mib
+    assert exactly(conv)["capacity"]["requests"]["memory"] == Quantity.from_int(mib * MiB, "BinarySI").canonical()
 
 
 # ---- invalid values: one error per kind ----------------------------------------------------------
@@ -559,9 +590,14 @@ def test_gpumem_with_units_is_refused(raw: str, message: str) -> None:
             "nvidia.com/gpu True is not a number; write a whole number of physical GPUs such as 1",
         ),
         (
-            {"nvidia.com/gpucores": "1k"},
-            "nvidia.com/gpucores '1k' has a unit suffix or exponent; write a whole percentage "
+            {"nvidia.com/gpucores": "1Ki"},
+            "nvidia.com/gpucores '1Ki' has a unit suffix or exponent; write a whole percentage "
             "0-100 such as 30",
+        ),
+        (
+            {"nvidia.com/gpu": 1, "nvidia.com/gpucores": "1k"},
+            "nvidia.com/gpucores 1000 is over 100: gpucores is a percentage 0-100 of each GPU's "
+            "compute (HAMi clamps it silently); write 100 or less",
         ),
         (
             {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150},
@@ -675,16 +711,27 @@ def test_use_uuid_list_is_trimmed_and_matches_exactly() -> None:
     conv = convert(
         pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/use-gpuuuid": " GPU-a , ,GPU-b,GPU-a"})
     )
-    assert selectors_of(conv) == [f'has({ATTRS}.uuid) && {ATTRS}.uuid in ["GPU-a", "GPU-b"]']
+    items = '["GPU-a", "GPU-b"]'
+    assert selectors_of(conv) == [
+        f"(has({ATTRS}.uuid) && {ATTRS}.uuid in {items}) || "
+        f"(has({ATTRS}.parentUUID) && {ATTRS}.parentUUID in {items})"
+    ]
     assert cel_eval(selectors_of(conv)[0], device(uuid="GPU-b"))
     assert not cel_eval(selectors_of(conv)[0], device(uuid="GPU-c"))
+    # HAMi compares the physical GPU's UUID in MIG mode too: a MIG device of GPU-a matches.
+    assert cel_eval(selectors_of(conv)[0], device(type="mig", parentUUID="GPU-a"))
+    assert not cel_eval(selectors_of(conv)[0], device(type="mig", parentUUID="GPU-c"))
 
 
 def test_nouse_uuid_excludes() -> None:
     conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/nouse-gpuuuid": "GPU-a"}))
-    assert selectors_of(conv) == [f'!(has({ATTRS}.uuid) && {ATTRS}.uuid in ["GPU-a"])']
+    assert selectors_of(conv) == [
+        f'!((has({ATTRS}.uuid) && {ATTRS}.uuid in ["GPU-a"]) || '
+        f'(has({ATTRS}.parentUUID) && {ATTRS}.parentUUID in ["GPU-a"]))'
+    ]
     assert not cel_eval(selectors_of(conv)[0], device(uuid="GPU-a"))
     assert cel_eval(selectors_of(conv)[0], device(uuid="GPU-b"))
+    assert not cel_eval(selectors_of(conv)[0], device(type="mig", parentUUID="GPU-a"))
 
 
 def test_empty_uuid_annotation_is_no_constraint() -> None:
@@ -737,19 +784,19 @@ def test_cel_literals_are_escaped() -> None:
     nasty = 'GPU-"x\\" || true || "\n\t\x01'
     conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/use-gpuuuid": nasty}))
     (expr,) = selectors_of(conv)
-    assert expr == f'has({ATTRS}.uuid) && {ATTRS}.uuid in ["GPU-\\"x\\\\\\" || true || \\"\\n\\t\\u0001"]'
+    literal = '["GPU-\\"x\\\\\\" || true || \\"\\n\\t\\u0001"]'
+    assert expr == f"(has({ATTRS}.uuid) && {ATTRS}.uuid in {literal}) || (has({ATTRS}.parentUUID) && {ATTRS}.parentUUID in {literal})"
     assert cel_eval(expr, device(uuid=nasty.strip()))
     assert not cel_eval(expr, device(uuid="GPU-other"))
     assert cel_string("é\x7f") == '"é\\u007f"'
 
 
-def test_vgpu_mode_mig_selects_mig_devices_with_warning() -> None:
+def test_vgpu_mode_mig_selects_mig_devices() -> None:
+    # A whole MIG device per GPU asked: an existing instance, or a profile placement of a
+    # dynamic-MIG GPU; nothing is dropped, so nothing to warn about.
     conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/vgpu-mode": "mig"}))
     assert selectors_of(conv) == [f'has({ATTRS}.type) && {ATTRS}.type == "mig"']
-    assert conv.warnings == [
-        "pod ns/p: annotation nvidia.com/vgpu-mode 'mig': Tessera does not create MIG "
-        'instances; the claim shares existing MIG devices (type "mig") by memory and cores'
-    ]
+    assert conv.warnings == []
 
 
 def test_vgpu_mode_hami_core_selects_whole_gpus() -> None:
@@ -776,17 +823,17 @@ def test_vgpu_mode_unknown_is_an_error() -> None:
 
 def test_numa_bind_with_several_gpus_matches_numa_node() -> None:
     conv = convert(pod({"nvidia.com/gpu": 2}, annotations={"nvidia.com/numa-bind": "true"}))
-    assert conv.templates[0]["spec"]["spec"]["devices"]["constraints"] == [
-        {"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"},
-        {"requests": ["gpu"], "matchAttribute": "gpu.tessera.dev/numaNode"},
-    ]
+    assert conv.templates[0]["spec"]["spec"]["devices"]["constraints"] == topology_constraints(numa_bind=True)
+    # the last level ("numa") has no constraint of its own: the whole request is NUMA-bound
+    assert [s["name"] for s in claim_request(conv)["firstAvailable"]] == ["nvlink", "numa"]
 
 
 @pytest.mark.parametrize(("gpus", "value"), [(1, "true"), (2, "false"), (2, "0")])
 def test_numa_bind_without_effect(gpus: int, value: str) -> None:
     conv = convert(pod({"nvidia.com/gpu": gpus}, annotations={"nvidia.com/numa-bind": value}))
     constraints = conv.templates[0]["spec"]["spec"]["devices"].get("constraints", [])
-    assert all("matchAttribute" not in c for c in constraints)
+    assert all(c.get("requests") != ["gpu"] or "matchAttribute" not in c for c in constraints)
+    assert constraints == (topology_constraints() if gpus > 1 else [])
 
 
 def test_numa_bind_not_boolean_is_an_error() -> None:
@@ -925,12 +972,15 @@ def test_template_is_namespaced_like_the_pod() -> None:
     [
         lambda t: t["metadata"].__setitem__("name", "Bad_Name"),
         lambda t: t["spec"]["spec"]["devices"]["requests"].extend([{"name": "x"}] * 32),
-        lambda t: t["spec"]["spec"]["devices"]["requests"][0]["exactly"].__setitem__(
+        lambda t: t["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][0].__setitem__(
             "selectors", [{"cel": {"expression": 42}}]
         ),
-        lambda t: t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"][
+        lambda t: t["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][1]["capacity"][
             "requests"
         ].__setitem__("memory", "1024Mi"),  # not canonical
+        lambda t: t["spec"]["spec"]["devices"]["constraints"][1].__setitem__(
+            "requests", ["gpu/nvlink-x"]
+        ),  # names no subrequest
         lambda t: t["spec"]["spec"]["devices"]["constraints"][0].__setitem__(
             "distinctAttribute", "uuid"
         ),

@@ -117,13 +117,18 @@ def test_default_hami_uuid_pinned_names_the_false_subexpression() -> None:
     ]
     v100 = _groups(_node(exp, "v100s-node"))
     assert len(v100) == 1 and v100[0][0] == 8
-    assert v100[0][1].startswith(
-        'request gpu selector #0 is false: `device.attributes["gpu.tessera.dev"].uuid in ["GPU-123456"]` '
-        '(uuid = "GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e"; '
+    sel = (
+        '`(has(device.attributes["gpu.tessera.dev"].uuid) && device.attributes["gpu.tessera.dev"].uuid in ["GPU-123456"]) || '
+        '(has(device.attributes["gpu.tessera.dev"].parentUUID) && device.attributes["gpu.tessera.dev"].parentUUID in ["GPU-123456"])`'
     )
-    # MIG devices have no uuid in this inventory: the has() guard is the false conjunct.
+    assert v100[0][1].startswith(
+        f'request gpu selector #0 is false: {sel} (uuid = "GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e", '
+        "no attribute gpu.tessera.dev/parentUUID; "
+    )
+    # MIG devices have no uuid in this inventory; their GPU's UUID (parentUUID) is not listed either.
     assert _groups(_node(exp, "a100-mig-node")) == [
-        (4, 'request gpu selector #0 is false: `has(device.attributes["gpu.tessera.dev"].uuid)`')
+        (4, f'request gpu selector #0 is false: {sel} (no attribute gpu.tessera.dev/uuid, '
+            'parentUUID = "GPU-513536b6-7d19-9063-b049-1e69664bb298")')
     ]
 
 
@@ -167,11 +172,13 @@ def test_hami_percentage_two_gpus_on_one_gpu_node(corpus: Path) -> None:
         "HAMi request (container ubuntu-container): 2 GPUs × gpumem-percentage 50, gpucores 30 — no node has 2 GPUs "
         "with 50% memory and 30% cores free (most: 1 on v100)"
     ]
-    r = exp.nodes[0].requests[0]
-    assert r.request == "gpu/mem-0" and r.wants == "2 devices × memory 16255Mi, cores 30 (class gpu.tessera.dev)"
+    # 2 GPUs: firstAvailable tries one NVLink domain, one NUMA node, then any two GPUs
+    assert [r.request for r in exp.nodes[0].requests] == ["gpu/nvlink-mem-0", "gpu/numa-mem-0", "gpu/any-mem-0"]
+    r = exp.nodes[0].requests[-1]
+    assert r.request == "gpu/any-mem-0" and r.wants == "2 devices × memory 16255Mi, cores 30 (class gpu.tessera.dev)"
     assert r.notes == [
         "needs 2 devices, 1 fit on their own",
-        "constraint #0 distinctAttribute gpu.tessera.dev/uuid: the fitting devices have 1 distinct value, 2 needed",
+        "constraint #0 distinctAttribute gpu.tessera.dev/unit: the fitting devices have 1 distinct value, 2 needed",
     ]
 
 
@@ -181,9 +188,11 @@ def test_hami_card_type_selector_shows_device_value(corpus: Path) -> None:
     inv = corpus / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.129.03.A10.txt"
     cl = Cluster([SimNode("a10", {"kubernetes.io/hostname": "a10"}, build_resource_slices("a10", load_inventory(str(inv))))])
     exp = explain(cl, load_files([corpus / "hami-pods" / "HAMi__examples_nvidia__specify_card_type_to_use.yaml"]), "gpu-pod")
+    # 2 GPUs: the same selector on each topology level of the firstAvailable list
     assert _groups(exp.nodes[0]) == [(1,
-        'request gpu selector #0 is false: `device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("a100") || '
-        'device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("v100")` (productName = "NVIDIA A10")')]
+        f'request gpu/{level} selector #0 is false: `device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("a100") || '
+        'device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("v100")` (productName = "NVIDIA A10")')
+        for level in ("nvlink", "numa", "any")]
     assert exp.nodes[0].hami == [
         "HAMi request (container ubuntu-container): 2 GPUs × gpumem all of each GPU's memory, gpucores 100 — "
         "no GPU on a10 matches the pod's device selectors"

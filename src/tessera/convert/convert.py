@@ -158,7 +158,11 @@ _HOW = {
 
 
 def _parse_int(raw: object, name: str, role: str, ctx: _Ctx, container: str) -> int:
-    """Parse one HAMi resource value: a YAML int or a string holding a plain integer."""
+    """Parse one HAMi resource value: a YAML int, or a string holding an integer quantity in
+    decimal notation (``3000``, and ``3k`` or ``3e3``, which mean 3000: the API server stores
+    ``resources.limits`` as canonical Quantities, so a pod written with ``3000`` reaches the
+    webhook as ``3k``; HAMi reads both as 3000). Binary suffixes (``1Gi``) are refused: HAMi
+    would read ``1Gi`` as 1,073,741,824 MiB."""
     how = _HOW[role]
     if isinstance(raw, bool) or not isinstance(raw, int | str | float):
         raise ctx.error(container, name, f"{name} {raw!r} is not a number; {how}")
@@ -179,6 +183,8 @@ def _parse_int(raw: object, name: str, role: str, ctx: _Ctx, container: str) -> 
                 raise ctx.error(container, name, f"{name} {raw!r} is negative; {how}")
             if not q.is_integer():
                 raise ctx.error(container, name, f"{name} {raw!r} is fractional; {how}")
+            if q.format != "BinarySI":
+                return int(q.value)
             if role == "memory":
                 mib = q.value / MIB
                 hint = (
@@ -223,6 +229,9 @@ class _PodHints:
     numa_bind: bool
     node_policy: str | None
     gpu_policy: str | None
+    #: container position (initContainers first, as HAMi counts) -> MIG profiles HAMi's
+    #: scheduler recorded for it in hami.io/vgpu-mig-allocations
+    mig_profiles: dict[int, list[str]] = field(default_factory=dict)
 
 
 def _pod_hints(annotations: Mapping[str, Any], ctx: _Ctx) -> _PodHints:
@@ -290,7 +299,41 @@ def _pod_hints(annotations: Mapping[str, Any], ctx: _Ctx) -> _PodHints:
         numa_bind=numa_bind,
         node_policy=text(hami.NODE_SCHEDULER_POLICY),
         gpu_policy=text(hami.GPU_SCHEDULER_POLICY),
+        mig_profiles=_mig_allocations(text(hami.MIG_ALLOCATIONS), ctx),
     )
+
+
+def _mig_allocations(raw: str | None, ctx: _Ctx) -> dict[int, list[str]]:
+    """The profiles of ``hami.io/vgpu-mig-allocations`` per container position.
+
+    HAMi's scheduler writes it (``pkg/device/nvidia/mig_allocations.go``: a JSON list of
+    ``{containerIndex, deviceIndex, gpuUUID, profile, placement{start,size}, ...}``); a pod that
+    carries it (recreated from a HAMi cluster) keeps the profile HAMi chose: the claim selects
+    that profile. The GPU and the placement are chosen again. Anything unreadable is warned about
+    and ignored: a scheduler record never rejects a pod.
+    """
+    if raw is None:
+        return {}
+    key = hami.MIG_ALLOCATIONS
+    try:
+        items = json.loads(raw)
+    except json.JSONDecodeError as e:
+        ctx.warn("", f"annotation {key} is not JSON ({e.msg}); ignored")
+        return {}
+    out: dict[int, list[str]] = {}
+    if not isinstance(items, list):
+        ctx.warn("", f"annotation {key} is not a JSON list; ignored")
+        return {}
+    for i, it in enumerate(items):
+        c = it.get("containerIndex") if isinstance(it, dict) else None
+        prof = it.get("profile") if isinstance(it, dict) else None
+        if not isinstance(c, int) or isinstance(c, bool) or c < 0 or not isinstance(prof, str) or not prof:
+            ctx.warn("", f"annotation {key}: entry {i} has no containerIndex and profile; ignored")
+            return {}
+        names = out.setdefault(c, [])
+        if prof not in names:
+            names.append(prof)
+    return out
 
 
 def _type_needles(items: list[str]) -> list[str]:
@@ -312,12 +355,10 @@ def _vgpu_mode(key: str, raw: str, ctx: _Ctx) -> str | None:
         ctx.warn("", f"annotation {key} {raw!r}: mps is not supported by Tessera; mps is ignored")
     elif not types:
         raise ctx.error("", key, f"annotation {key} {raw!r} names no mode; write hami-core or mig")
-    if "mig" in types:
-        ctx.warn(
-            "",
-            f"annotation {key} {raw!r}: Tessera does not create MIG instances; the claim "
-            'shares existing MIG devices (type "mig") by memory and cores',
-        )
+    # mig: the claim takes one whole MIG device per GPU asked (type "mig"): an existing
+    # instance, or on a GPU published for dynamic MIG a profile placement the scheduler picks
+    # and the node driver creates. Devices are published smallest first, so first fit is the
+    # smallest instance or profile whose memory holds gpumem, as HAMi picks it.
     if len(types) == 1:
         return cel.type_is(types[0])
     return None  # both kinds (or mps only): no constraint
@@ -522,13 +563,86 @@ def _selectors(exprs: Sequence[str]) -> list[dict[str, Any]]:
     return [{"cel": {"expression": e}} for e in exprs]
 
 
+#: Topology levels a multi-GPU request tries in turn, through ``firstAvailable`` (strictest
+#: first): all GPUs on one NVLink domain, else on one NUMA node, else anywhere on the node. Each
+#: level's subrequests carry a ``matchAttribute`` constraint on its attribute (none for ``any``).
+#: kube-scheduler's allocator takes the first subrequest that fits on a node, and its
+#: DynamicResources score prefers nodes where an earlier subrequest fits (dra-spec 4.10).
+TOPOLOGY_LEVELS: tuple[tuple[str, str | None], ...] = (
+    ("nvlink", f"{DRIVER_NAME}/nvlinkDomain"),
+    ("numa", f"{DRIVER_NAME}/numaNode"),
+    ("any", None),
+)
+#: The attributes of the strict levels (also what ``tessera simulate --policy topology`` matches).
+TOPOLOGY_ATTRIBUTES: tuple[str, ...] = tuple(a for _, a in TOPOLOGY_LEVELS if a)
+
+
+@dataclass(frozen=True)
+class _Sub:
+    name: str  # subrequest name ("" for an ``exactly`` request)
+    memory_bytes: int | None
+    extra: tuple[str, ...]  # extra selectors (the memory size of a percentage)
+    attribute: str | None  # matchAttribute of its topology level
+
+
+def _subrequests(
+    req: ContainerRequest, sizes: Sequence[int], numa_bind: bool, ctx: _Ctx
+) -> list[_Sub]:
+    """The alternatives of the claim's request ``gpu``, in the order they are tried: one per
+    memory size of a percentage (``mem-<i>``), times the topology levels of a multi-GPU request
+    (:data:`TOPOLOGY_LEVELS`; level-major, at most 8 in all: every size keeps its last level,
+    stricter levels fill what is left, largest sizes first). One entry named "" means a plain
+    ``exactly`` request."""
+    if req.memory_mib is not None:
+        variants: list[tuple[str, int | None, tuple[str, ...]]] = [("", req.memory_mib * MIB, ())]
+    elif req.memory_percentage == 100:
+        variants = [("", None, ())]
+    else:
+        pct = req.memory_percentage
+        assert pct is not None
+        if not sizes:
+            fam = hami.VOLCANO if req.family == "volcano" else hami.NVIDIA
+            raise ctx.error(
+                req.container,
+                fam.percentage,
+                f"{fam.percentage} {pct} needs the cluster's GPU memory sizes to become a byte "
+                "request: give the cluster's nodes (`tessera convert --cluster FILE` or --node; "
+                "memory_sizes from the ResourceSlices for callers of convert_pod), or write "
+                f"{fam.memory} in MiB instead",
+            )
+        variants = [
+            (
+                f"mem-{i}",
+                max((size * pct // 100) // MIB * MIB, MIB),
+                (cel.memory_is(Quantity.from_int(size, "BinarySI").canonical()),),
+            )
+            for i, size in enumerate(sizes)
+        ]
+    if req.gpus == 1:
+        return [_Sub(name, mem, extra, None) for name, mem, extra in variants]
+    # numa-bind puts every GPU on one NUMA node through a constraint on the whole request: the
+    # last level is then "numa" with no constraint of its own.
+    levels = [TOPOLOGY_LEVELS[0], ("numa", None)] if numa_bind else list(TOPOLOGY_LEVELS)
+    budget = MAX_SUBREQUESTS - len(variants)  # room for the levels before the last
+    subs: list[_Sub] = []
+    for level, attr in levels:
+        last = level == levels[-1][0]
+        for name, mem, extra in variants:
+            if not last:
+                if budget == 0:
+                    break
+                budget -= 1
+            sub = f"{level}-{name}" if name else level
+            subs.append(_Sub(sub, mem, extra, attr))
+    return subs
+
+
 def _device_request(
     req: ContainerRequest,
     selectors: Sequence[str],
-    sizes: Sequence[int],
-    ctx: _Ctx,
+    subs: Sequence[_Sub],
 ) -> dict[str, Any]:
-    """The claim's single request ``gpu`` (``exactly``, or ``firstAvailable`` for percentages)."""
+    """The claim's single request ``gpu``: ``exactly``, or ``firstAvailable`` over ``subs``."""
 
     def exact(memory_bytes: int | None, extra: Sequence[str] = ()) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -542,42 +656,37 @@ def _device_request(
         body["capacity"] = _capacity(memory_bytes, req.cores)
         return body
 
-    if req.memory_mib is not None:
-        return {"name": REQUEST_NAME, "exactly": exact(req.memory_mib * MIB)}
-    pct = req.memory_percentage
-    assert pct is not None
-    if pct == 100:
-        return {"name": REQUEST_NAME, "exactly": exact(None)}
-    if not sizes:
-        fam = hami.VOLCANO if req.family == "volcano" else hami.NVIDIA
-        raise ctx.error(
-            req.container,
-            fam.percentage,
-            f"{fam.percentage} {pct} needs the cluster's GPU memory sizes to become a byte "
-            "request: give the cluster's nodes (`tessera convert --cluster FILE` or --node; "
-            "memory_sizes from the ResourceSlices for callers of convert_pod), or write "
-            f"{fam.memory} in MiB instead",
-        )
-    subs = []
-    for i, size in enumerate(sizes):
-        memory_bytes = max((size * pct // 100) // MIB * MIB, MIB)
-        canonical = Quantity.from_int(size, "BinarySI").canonical()
-        body = exact(memory_bytes, [cel.memory_is(canonical)])
-        subs.append({"name": f"mem-{i}", **body})
-    return {"name": REQUEST_NAME, "firstAvailable": subs}
+    if len(subs) == 1 and not subs[0].name:
+        return {"name": REQUEST_NAME, "exactly": exact(subs[0].memory_bytes, subs[0].extra)}
+    return {
+        "name": REQUEST_NAME,
+        "firstAvailable": [{"name": s.name, **exact(s.memory_bytes, s.extra)} for s in subs],
+    }
 
 
 def _claim_spec(
-    req: ContainerRequest, hints: _PodHints, sizes: Sequence[int], ctx: _Ctx
+    req: ContainerRequest,
+    hints: _PodHints,
+    sizes: Sequence[int],
+    ctx: _Ctx,
+    mig_profiles: Sequence[str] = (),
 ) -> dict[str, Any]:
-    devices: dict[str, Any] = {"requests": [_device_request(req, hints.selectors, sizes, ctx)]}
+    selectors = [*hints.selectors, cel.profile_in(mig_profiles)] if mig_profiles else hints.selectors
+    subs = _subrequests(req, sizes, hints.numa_bind, ctx)
+    devices: dict[str, Any] = {"requests": [_device_request(req, selectors, subs)]}
     constraints: list[dict[str, Any]] = []
     if req.gpus > 1:
-        constraints.append({"requests": [REQUEST_NAME], "distinctAttribute": f"{DRIVER_NAME}/uuid"})
+        # `unit` names the hardware a device gives: a GPU's UUID, a MIG instance or placement
+        # of its own. N units = N GPUs, or N MIG devices that may share a parent GPU.
+        constraints.append({"requests": [REQUEST_NAME], "distinctAttribute": f"{DRIVER_NAME}/unit"})
         if hints.numa_bind:
             constraints.append(
                 {"requests": [REQUEST_NAME], "matchAttribute": f"{DRIVER_NAME}/numaNode"}
             )
+        for _, attr in TOPOLOGY_LEVELS:
+            refs = [f"{REQUEST_NAME}/{s.name}" for s in subs if attr and s.attribute == attr]
+            if refs:
+                constraints.append({"requests": refs, "matchAttribute": attr})
     if constraints:
         devices["constraints"] = constraints
     return {"devices": devices}
@@ -660,7 +769,7 @@ def convert_pod(
     asked means the whole memory; gpumem beats percentage. The container then gets one claim
     whose template has one request ``gpu`` on DeviceClass ``gpu.tessera.dev`` with
     ``count`` = GPUs, ``capacity.requests`` memory (bytes) and cores (percent), a
-    ``distinctAttribute: gpu.tessera.dev/uuid`` constraint when count > 1, and CEL selectors from
+    ``distinctAttribute: gpu.tessera.dev/unit`` constraint when count > 1, and CEL selectors from
     the pod's HAMi annotations. Template names are ``<pod>-<container>-gpu`` and pod claim names
     ``<container>-gpu`` (hashed suffix when too long or not DNS-valid).
 
@@ -702,7 +811,7 @@ def convert_pod(
             raise
         # Nothing to convert: a bad HAMi annotation must not reject an unrelated pod.
         ctx.warnings.append(f"{e} (ignored: no container asks for a GPU)")
-        hints = _PodHints([], False, None, None)
+        hints = _PodHints([], False, None, None, {})
     result_pod = copy.deepcopy(pod)
 
     def done(templates: list[dict[str, Any]], requests: list[ContainerRequest]) -> Conversion:
@@ -743,7 +852,7 @@ def convert_pod(
     }
     templates: list[dict[str, Any]] = []
     requests: list[ContainerRequest] = []
-    for (c, init), out_c in zip(containers, out_containers, strict=True):
+    for position, ((c, init), out_c) in enumerate(zip(containers, out_containers, strict=True)):
         cname = c.get("name")
         if not isinstance(cname, str) or not cname:
             raise ctx.error("", "name", "a container without a name cannot be converted")
@@ -785,7 +894,15 @@ def convert_pod(
         existing_claims.add(claim)
         tname = dns_subdomain(f"{base}-{cname}-gpu")
         req = replace(req, claim_name=claim, template_name=tname)
-        templates.append(_template(req, tname, ns, hints, sizes, ctx))
+        profiles = hints.mig_profiles.get(position, [])
+        if profiles:
+            ctx.warn(
+                cname,
+                f"{hami.MIG_ALLOCATIONS} (written by HAMi's scheduler) recorded MIG profile(s) "
+                f"{', '.join(profiles)}: the claim asks for that profile; GPU and placement are "
+                "chosen again",
+            )
+        templates.append(_template(req, tname, ns, hints, sizes, ctx, profiles))
         requests.append(req)
         out_spec.setdefault("resourceClaims", []).append(
             {"name": claim, "resourceClaimTemplateName": tname}
@@ -826,6 +943,7 @@ def _template(
     hints: _PodHints,
     sizes: Sequence[int],
     ctx: _Ctx,
+    mig_profiles: Sequence[str] = (),
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if namespace:
@@ -839,5 +957,5 @@ def _template(
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": meta,
-        "spec": {"spec": _claim_spec(req, hints, sizes, ctx)},
+        "spec": {"spec": _claim_spec(req, hints, sizes, ctx, mig_profiles)},
     }

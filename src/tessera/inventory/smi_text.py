@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ._records import RawGPU, RawMig, parse_mib
+from ._records import RawGPU, RawMig, mig_problem, parse_mib
 from .errors import MalformedInputError, UnsupportedFormatError
 from .model import small_int
 
@@ -109,8 +109,11 @@ def raw_gpus_from_smi_text(text: str, source: str, line_offset: int = 0) -> list
             )
             if small_int(gi) is None or small_int(ci) is None or mib is None:
                 raise MalformedInputError(
-                    f"GPU {index}: MIG Device {k} lacks GPU Instance ID, Compute Instance ID or "
-                    "FB memory total",
+                    mig_problem(
+                        index,
+                        k,
+                        {"GPU Instance ID": gi, "Compute Instance ID": ci, "FB Memory Usage/Total": mem},
+                    ),
                     source=source,
                     field="MIG Device",
                     line=mig.line,

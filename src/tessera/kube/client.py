@@ -420,6 +420,42 @@ class KubeClient:
             if not (missing_ok and e.status == 404):
                 raise
 
+    @contextmanager
+    def stream(self, path: str, *, query: Mapping[str, str] | None = None, timeout: float | None = None) -> Iterator[http.client.HTTPResponse]:
+        """GET ``path`` and yield the open response, for a watch (``?watch=1``): read it line
+        by line (one JSON event per line). Raises :class:`ApiError` for status >= 400 or an
+        unreachable server; the connection is closed on exit."""
+        url = self._prefix + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        headers = {"Accept": "application/json"}
+        token = self._bearer_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        conn = http.client.HTTPSConnection(self._host, self._port, context=self._ssl, timeout=timeout or self.timeout)
+        try:
+            try:
+                conn.request("GET", url, headers=headers)
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as e:
+                raise ApiError("GET", path, 0, "Unreachable", f"{self.server}: {e}") from e
+            if resp.status >= 400:
+                text = resp.read().decode(errors="replace")
+                try:
+                    payload = json.loads(text)
+                except json.JSONDecodeError:
+                    payload = None
+                if isinstance(payload, dict) and payload.get("kind") == "Status":
+                    raise ApiError("GET", path, resp.status, payload.get("reason", ""), payload.get("message", ""))
+                raise ApiError("GET", path, resp.status, resp.reason, text.strip()[:2000])
+            yield resp
+        finally:
+            conn.close()
+
+    def collection_path(self, api_version: str, kind: str, namespace: str | None = None) -> str:
+        """The URL path of a kind's collection (all namespaces when ``namespace`` is None)."""
+        res = self.resource(api_version, kind)
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        return f"{base}/namespaces/{namespace}/{res.plural}" if res.namespaced and namespace else f"{base}/{res.plural}"
+
     def raw_get(self, path: str, *, timeout: float | None = None) -> Any:
         """GET an arbitrary path (``/readyz``, ``/version``); JSON decoded or text."""
         return self.request("GET", path, timeout=timeout)

@@ -13,9 +13,15 @@ The file format (``kind: Cluster``) is documented in ``docs/cluster-file.md``; i
       labels: {zone: a}                 # optional Node labels
       taints:                           # optional Node taints (NoSchedule/NoExecute keep pods
       - {key: gpu, value: h100, effect: NoSchedule}   #  without a toleration away)
+      dynamicMIG: true                  # optional: partition MIG GPUs on demand (docs/mig.md)
 
 A node may instead give ``slices: FILE`` holding its ResourceSlices. Paths are relative to the
 file. Unknown keys are refused, naming the key and the closest known one.
+
+``dynamicMIG`` (:func:`tessera.inventory.mig.parse_dynamic_mig`, the same setting the node
+driver reads): ``true`` for every MIG-capable GPU of the node, a list of GPU indices or UUIDs,
+or ``{gpus: all | [...], profiles: [1g.5gb, ...]}`` to offer only some profiles. Without it a
+node publishes dynamic MIG only for GPUs its inventory marks so (HAMi's ``mode: mig``).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ _NODE = {
         "slices": {"type": "string", "minLength": 1},
         "labels": {"type": "object", "additionalProperties": _LABEL_VALUE},
         "taints": {"type": "array", "items": _TAINT, "maxItems": 64},
+        "dynamicMIG": {"type": ["boolean", "string", "array", "object"]},  # parse_dynamic_mig checks it
     },
     "required": ["name"],
     "additionalProperties": False,
@@ -129,10 +136,15 @@ class _Copier:
     checked once, for placeholder names, then copied with the names substituted in their JSON
     text: microseconds per node instead of milliseconds."""
 
-    def __init__(self, gpus: list[Any], topo: Any) -> None:
+    def __init__(self, gpus: list[Any], topo: Any, dynamic: Any = None, where: str | None = None) -> None:
         from tessera.inventory import build_resource_slices
 
         self.uuids = [g.uuid for g in gpus]
+        if dynamic is not None and dynamic.gpus:  # GPUs named by UUID: name the placeholders
+            by_uuid = {u.lower(): _PLACEHOLDER_UUID.format(k) for k, u in enumerate(self.uuids)}
+            dynamic = dataclasses.replace(
+                dynamic, gpus=tuple(by_uuid.get(g.lower(), g) if isinstance(g, str) else g for g in dynamic.gpus)
+            )
         placeholders = [
             dataclasses.replace(
                 g,
@@ -142,7 +154,7 @@ class _Copier:
             )
             for k, g in enumerate(gpus)
         ]
-        self.text = json.dumps(build_resource_slices(_PLACEHOLDER, placeholders, topo))
+        self.text = json.dumps(build_resource_slices(_PLACEHOLDER, placeholders, topo, dynamic_mig=dynamic, where=where))
 
     def slices(self, node: str) -> list[dict[str, Any]]:
         text = self.text.replace(_PLACEHOLDER, node)
@@ -169,6 +181,7 @@ def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | N
         load_topology,
         publication_warnings,
     )
+    from tessera.inventory.mig import parse_dynamic_mig
 
     problems = _schema().problems("Cluster", doc)
     if problems:
@@ -191,6 +204,17 @@ def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | N
                 raise _err(file, f"{where}.name", f"{name!r} is not a valid node name (lower-case DNS subdomain)")
         labels = {str(k): str(v) for k, v in (n.get("labels") or {}).items()}
         taints = [dict(t) for t in n.get("taints") or []]
+        try:
+            dynamic = parse_dynamic_mig(n.get("dynamicMIG"), f"{where}.dynamicMIG")
+        except ValueError as e:
+            raise ManifestError(str(e), file=file, obj="Cluster") from None
+        if "dynamicMIG" in n and "inventory" not in n:
+            raise _err(
+                file,
+                f"{where}.dynamicMIG",
+                "dynamicMIG needs 'inventory' (an nvidia-smi output file): ResourceSlices given as 'slices' are "
+                "published as they are",
+            )
         sources = [k for k in ("inventory", "slices") if k in n]
         if len(sources) != 1:
             raise _err(
@@ -202,7 +226,9 @@ def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | N
         if "topology" in n and "slices" in n:
             raise _err(file, f"{where}.topology", "a topology goes with an inventory, not with slices")
 
-        def located(e: TesseraError, key: str, where: str = where) -> ManifestError:
+        def located(e: TesseraError, key: str, where: str = where) -> TesseraError:
+            if str(e).startswith(f"{file}: "):  # already names this file and node
+                return e
             return _err(file, f"{where}.{key}", str(e))
 
         if "inventory" in n:
@@ -215,15 +241,16 @@ def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | N
             except TesseraError as e:
                 raise located(e, "topology") from None
             src = str(n["inventory"])
-            notes.extend(publication_warnings(gpus, f"{file}: node {base_name}: {src}"))
+            built_where = f"{file}: node {base_name}: {src}"
+            notes.extend(publication_warnings(gpus, built_where, dynamic))
             if len(names) == 1 or len(base_name) > 200:  # long names: slice names get hashed
                 try:
-                    built = [(nm, build_resource_slices(nm, gpus, topo)) for nm in names]
+                    built = [(nm, build_resource_slices(nm, gpus, topo, dynamic_mig=dynamic, where=built_where)) for nm in names]
                 except TesseraError as e:
                     raise located(e, "inventory") from None
             else:
                 try:
-                    copier = _Copier(gpus, topo)
+                    copier = _Copier(gpus, topo, dynamic, built_where)
                 except TesseraError as e:
                     raise located(e, "inventory") from None
                 built = [(nm, copier.slices(nm)) for nm in names]

@@ -23,6 +23,7 @@ from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.allocator import AllocatedState, AllocationError, Allocator, Features, Node, SliceIndex
 from tessera.allocator.core import consumed_amount
 from tessera.allocator.model import Device, node_selector_matches
+from tessera.api.deviceclass import device_class
 from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
@@ -33,9 +34,11 @@ from tessera.sim.policies import (
     POLICIES,
     PodPolicy,
     device_rank,
-    device_usage,
+    max_prioritized_list_score,
+    node_usage,
     order_nodes,
     pod_policy,
+    prioritized_list_score,
     topology_variants,
 )
 
@@ -43,13 +46,8 @@ POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 
 
 def default_device_class() -> dict[str, Any]:
-    """The DeviceClass Tessera's chart installs: every device of driver gpu.tessera.dev."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DEVICE_CLASS_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-    }
+    """The DeviceClass Tessera installs (:func:`tessera.api.deviceclass.device_class`)."""
+    return device_class()
 
 
 @dataclass
@@ -89,6 +87,11 @@ class GPUUsage:
     dedicated: bool
     driver: str = ""
     pool: str = ""
+    #: The counter sets the device consumes (KEP-4815), one line each, e.g. ``memory slices of
+    #: gpu-0: 3 of 8 used, compute slices 3 of 7`` (``tessera.inventory.mig.describe_counters``).
+    counters: list[str] = field(default_factory=list)
+    #: An unallocated profile placement of a dynamic-MIG GPU: a possible instance, not hardware.
+    potential: bool = False
 
 
 @dataclass
@@ -573,36 +576,55 @@ class Simulation:
         prefix = key is not None
         if policy.nodes != "first-fit":
             for j in self._usage_stale:
-                self._node_usage[j] = sum(
-                    (device_usage(self.state, d) for sl in self.index.by_node.get(self.nodes[j].name, []) for d in sl.devices),
-                    Fraction(0),
-                )
+                self._node_usage[j] = node_usage(self.state, self.index.by_node.get(self.nodes[j].name, []))
             self._usage_stale.clear()
         order = range(start, n_total) if policy.nodes == "first-fit" else order_nodes(policy.nodes, self._node_usage)
+        # kube-scheduler scores the nodes that fit; its DynamicResources plugin prefers nodes where
+        # an earlier firstAvailable subrequest fits (prioritized_list_score), which decides among
+        # otherwise equal nodes. With first-fit, the scan goes on past the first fit only while a
+        # better score is still possible; other node policies take their first fit.
+        top = max_prioritized_list_score(todo)
+        best: tuple[int, int, list[dict[str, Any]]] | None = None
         for i in order:
             node = self.nodes[i]
-            if sig is not None and sig in self._unsat[i]:
-                why: str | AllocationError | None = "cannot allocate all claims"
+            # Node affinity is the scheduler's first filter: a node the pod does not select says
+            # so even when the claims' shape is known not to fit there.
+            if sig is not None and sig in self._unsat[i] and _pod_fits_node(pod, node):
+                why: str | AllocationError | list[dict[str, Any]] = "cannot allocate all claims"
             else:
                 why = self._try_node(pod, node, todo, done, policy)
                 if why == "cannot allocate all claims" and sig is not None:
                     self._unsat[i].add(sig)
             if isinstance(why, AllocationError):
                 return None, f"allocation error: {why}", claims
-            if why is None:
-                self._placed += 1
-                self._usage_stale.add(i)  # recomputed only when a policy orders nodes by usage
-                uid = pod["metadata"]["uid"]
-                for c in todo + done:
-                    rf = c.setdefault("status", {}).setdefault("reservedFor", [])
-                    if not any(r.get("resource") == "pods" and r.get("uid") == uid for r in rf):
-                        rf.append({"resource": "pods", "name": _name(pod), "uid": uid})
-                if key is not None:
-                    self._cursor[key] = (i, counts)
-                return node.name, "", claims
+            if isinstance(why, list):
+                score = prioritized_list_score(todo, why)
+                if best is None:
+                    if key is not None:
+                        self._cursor[key] = (i, counts)
+                    prefix = False
+                if best is None or score > best[0]:
+                    best = (score, i, why)
+                if score >= top or policy.nodes != "first-fit":
+                    break
+                continue
             counts[why] = counts.get(why, 0) + 1
             if prefix and key is not None:
                 self._cursor[key] = (i + 1, dict(counts))
+        if best is not None:
+            _, i, results = best
+            node = self.nodes[i]
+            for c, res in zip(todo, results, strict=True):
+                c["status"] = {"allocation": res}
+                self.state.add_claim(c)
+            self._placed += 1
+            self._usage_stale.add(i)  # recomputed only when a policy orders nodes by usage
+            uid = pod["metadata"]["uid"]
+            for c in todo + done:
+                rf = c.setdefault("status", {}).setdefault("reservedFor", [])
+                if not any(r.get("resource") == "pods" and r.get("uid") == uid for r in rf):
+                    rf.append({"resource": "pods", "name": _name(pod), "uid": uid})
+            return node.name, "", claims
         parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         msg = f"0/{n_total} nodes are available: {parts}." if parts else f"0/{n_total} nodes are available."
         if counts.get("cannot allocate all claims"):
@@ -625,13 +647,14 @@ class Simulation:
         todo: list[dict[str, Any]],
         done: list[dict[str, Any]],
         policy: PodPolicy,
-    ) -> str | AllocationError | None:
-        """Allocate ``todo`` on ``node`` and record it; else the scheduler's reason (or error)."""
+    ) -> str | AllocationError | list[dict[str, Any]]:
+        """The allocation results of ``todo`` on ``node`` (one per claim, nothing recorded yet);
+        else the scheduler's reason (or error)."""
         if not _pod_fits_node(pod, node):
-            return "didn't match Pod's node affinity/selector"
+            return "node(s) didn't match Pod's node affinity/selector"  # kube-scheduler's NodeAffinity wording
         taint = untolerated_taint(pod, self.taints.get(node.name, ()))
-        if taint is not None:
-            return f"had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
+        if taint is not None:  # kube-scheduler's TaintToleration wording
+            return f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
         for c in done:
             sel = c["status"]["allocation"].get("nodeSelector")
             if sel is not None and not node_selector_matches(sel, node):
@@ -648,10 +671,7 @@ class Simulation:
             return e
         if results is None:
             return "cannot allocate all claims"
-        for c, res in zip(todo, results, strict=True):
-            c["status"] = {"allocation": res}
-            self.state.add_claim(c)
-        return None
+        return list(results)
 
     # ------------------------------------------------------------------------------------------
     def explain_claims(self, claims: Sequence[dict[str, Any]]) -> str:
@@ -696,11 +716,23 @@ class Simulation:
             if not matching:
                 return note
         room: list[Device] = []
-        # Per capacity the request names (memory if none): the most free on any device.
+        # Per capacity the request names (memory if none): the most free on any device that
+        # could take the request (it has every capacity named and its shared counters are free).
         shown = list(caps) or ["memory"]
         best: dict[str, tuple[Fraction, Device]] = {}
+        usage = counter_usage(self.index, self.state)
+        blocked: dict[tuple[str, str, str], CounterSetUsage] = {}
+        n_blocked = 0
         for d in matching:
             if d.id in self.state.dedicated:
+                continue
+            if any(k not in d.capacity for k in caps):
+                continue
+            short = counters_short(d, usage, self.state)
+            if short:
+                n_blocked += 1
+                for u, _ in short:
+                    blocked[(u.driver, u.pool, u.name)] = u
                 continue
             agg = self.state.aggregated.get(d.id, {})
             ok = True
@@ -711,12 +743,15 @@ class Simulation:
                     ok = False
                 if k in shown and (k not in best or free > best[k][0]):
                     best[k] = (free, d)
-            if any(k not in d.capacity for k in caps):
-                ok = False
             if ok:
                 room.append(d)
         need = ", ".join(f"{k} {v.canonical()}" for k, v in caps.items()) or "the whole device"
         msg = f"{len(matching)} device(s) match its selectors, {len(room)} of them with room for {need}"
+        if blocked:
+            sets = [blocked[k] for k in sorted(blocked)]
+            lines = [f"{u.pool}: {line}" for u in sets[:2] for line in u.lines()]
+            more = f"; and {len(sets) - 2} more counter sets" if len(sets) > 2 else ""
+            msg += f" ({n_blocked} blocked by shared counters: {'; '.join(lines)}{more})"
         lacking = sorted({k for d in matching for k in caps if k not in d.capacity})
         if lacking:
             n = sum(1 for d in matching if any(k not in d.capacity for k in caps))
@@ -749,6 +784,7 @@ class Simulation:
                         want = sl[0].slice_count if sl else 0
                         self._unusable[p.key] = f"incomplete: {have} of resourceSliceCount {want} slices at generation {gen}"
         return self._unusable
+
 
     # ------------------------------------------------------------------------------------------
     def _device(self, driver: str, pool: str, name: str) -> Device | None:
@@ -795,6 +831,72 @@ class Simulation:
         return gpu_usage(self.index, self.state, {n.name for n in self.cluster.nodes})
 
 
+@dataclass
+class CounterSetUsage:
+    """One shared counter set of a pool (KEP-4815): what it publishes and what is left once the
+    allocated devices that consume it are subtracted (``dra-spec.md`` 2.5: a shared device's
+    counters are charged once), with the allocated devices that hold it."""
+
+    driver: str
+    pool: str
+    name: str
+    published: dict[str, Fraction]
+    available: dict[str, Fraction]
+    holders: list[str] = field(default_factory=list)
+
+    def lines(self, needed: dict[str, Fraction] | None = None, *, all_counters: bool = False) -> list[str]:
+        """``describe_counters`` of this set (see there)."""
+        from tessera.inventory.mig import describe_counters
+
+        return describe_counters(self.name, self.published, self.available, needed, all_counters=all_counters)
+
+
+def counter_usage(index: SliceIndex, state: AllocatedState) -> dict[tuple[str, str, str], CounterSetUsage]:
+    """``{(driver, pool, counter set): usage}`` for every counter set published in ``index``
+    (the highest generation of each pool), against the allocations in ``state``. The one place
+    ``simulate``, ``explain`` and ``lint`` read counter availability from."""
+    newest: dict[tuple[str, str], int] = {}
+    for sl in index.slices:
+        key = (sl.driver, sl.pool)
+        newest[key] = max(newest.get(key, sl.generation), sl.generation)
+    out: dict[tuple[str, str, str], CounterSetUsage] = {}
+    for sl in index.slices:
+        if sl.generation != newest[(sl.driver, sl.pool)]:
+            continue
+        for cs, vals in sl.shared_counters.items():
+            out[(sl.driver, sl.pool, cs)] = CounterSetUsage(sl.driver, sl.pool, cs, dict(vals), dict(vals))
+    for d in index.devices():
+        if not d.consumes_counters or not state.is_allocated(d.id):
+            continue
+        for cs, vals in d.consumes_counters:
+            u = out.get((d.driver, d.pool, cs))
+            if u is None:
+                continue
+            for c, v in vals.items():
+                if c in u.available:
+                    u.available[c] -= v
+            u.holders.append(d.name)
+    return out
+
+
+def counters_short(
+    d: Device, usage: Mapping[tuple[str, str, str], CounterSetUsage], state: AllocatedState
+) -> list[tuple[CounterSetUsage, list[str]]]:
+    """The counter sets ``d`` cannot be allocated from, each with the lines saying which of its
+    counters are short (``memory slices of gpu-0: 7 of 8 used (slice 3 needed, in use)``);
+    empty when its counters are free, or when it is a shared device whose counters its first
+    share already paid (dra-spec.md 2.5). A set its pool does not publish makes the pool
+    invalid, which the allocator reports itself: it is not listed here."""
+    if not d.consumes_counters or (d.allow_multiple and d.id in state.aggregated):
+        return []
+    out: list[tuple[CounterSetUsage, list[str]]] = []
+    for cs, vals in d.consumes_counters:
+        u = usage.get((d.driver, d.pool, cs))
+        if u is not None and any(max(u.available.get(c, Fraction(0)), Fraction(0)) < v for c, v in vals.items()):
+            out.append((u, u.lines(dict(vals))))
+    return out
+
+
 def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | frozenset[str] = frozenset()) -> list[GPUUsage]:
     """Memory and cores allocated on every device of ``index`` against its capacity.
 
@@ -807,6 +909,7 @@ def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | f
     share_count: dict[tuple[str, str, str], int] = {}
     for did, _ in state.shared:
         share_count[did] = share_count.get(did, 0) + 1
+    usage = counter_usage(index, state)
     for d in index.devices():
         agg = state.aggregated.get(d.id, {})
         shares = share_count.get(d.id, 0)
@@ -827,6 +930,13 @@ def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | f
                 dedicated=dedicated,
                 driver=d.driver,
                 pool=d.pool,
+                counters=[
+                    line
+                    for cs, _ in d.consumes_counters
+                    if (u := usage.get((d.driver, d.pool, cs))) is not None
+                    for line in u.lines(all_counters=True)
+                ],
+                potential=f"{d.driver}/placementStart" in d.attributes and not state.is_allocated(d.id),
             )
         )
     return out
