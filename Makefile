@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test lint venv clean native native-test kube node-deps prometheus fuzz schemas
+.PHONY: simulate test lint venv clean native native-test kube protos node-deps prometheus fuzz schemas
 
 # The enforcement library (C) is built first and copied into the package
 # (src/tessera/enforcement/lib/), so it is installed with it.
@@ -20,7 +20,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-venv: $(STAMP)
+venv: $(STAMP) protos
+
+# The kubelet plugin APIs (registration, DRA) as Python gRPC stubs, generated from the .proto
+# files of k8s.io/kubelet at the version in tools/kube/go.mod (fetched with `go mod download`)
+# into src/tessera/driver/_generated/ (git-ignored). Cached: a no-op when nothing changed.
+protos: $(STAMP)
+	$(BIN)/python -m tessera.driver.protos
 
 simulate: $(STAMP)
 	$(BIN)/tessera simulate
@@ -47,7 +53,7 @@ node-deps:
 prometheus:
 	tools/prometheus/install.sh
 
-test: $(STAMP) native kube node-deps prometheus
+test: $(STAMP) native protos kube node-deps prometheus
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
@@ -66,4 +72,4 @@ native-test: $(STAMP) native
 	$(BIN)/python -m pytest -q -m native tests/native
 
 clean:
-	rm -rf $(VENV) build native/build src/tessera/enforcement/lib .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build native/build src/tessera/enforcement/lib src/tessera/driver/_generated .pytest_cache .mypy_cache .ruff_cache
