@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test lint venv clean native native-test kube helm go-tools image protos node-deps prometheus
+.PHONY: simulate test lint venv clean native native-test kube helm go-tools image protos node-deps prometheus fuzz schemas
 
 # The enforcement library (C) is built first and copied into the package
 # (src/tessera/enforcement/lib/), so it is installed with it.
@@ -76,6 +76,15 @@ test: $(STAMP) native protos go-tools node-deps prometheus
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
+
+# The fuzz campaign at ten times the CI size (tests/fuzz: 2,000 mutants of every input kind).
+fuzz: $(STAMP)
+	TESSERA_FUZZ_MUTANTS=$${TESSERA_FUZZ_MUTANTS:-2000} $(BIN)/python -m pytest -q -m fuzz tests/fuzz
+
+# Regenerate src/tessera/api/schemas/kubernetes.json from the control plane `make kube` builds
+# (after a Kubernetes version bump in tools/kube).
+schemas: $(STAMP) kube
+	$(BIN)/python tools/openapi/generate.py
 
 native-test: $(STAMP) native
 	$(BIN)/python -m pytest -q -m native tests/native

@@ -226,7 +226,7 @@ class DriverProcess:
             if self.proc.poll() is not None:
                 return self
             try:
-                if self.ready()["ok"]:
+                if self.ready(attempts=1)["ok"]:
                     return self
             except OSError:
                 pass
@@ -234,13 +234,20 @@ class DriverProcess:
                 raise AssertionError(f"tessera driver not ready after {timeout} s:\n{self.output}")
             time.sleep(0.05)
 
-    def ready(self) -> dict[str, Any]:
-        """The ``/readyz`` answer (503 answers are returned too)."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=5) as r:
-                return dict(json.loads(r.read()))
-        except urllib.error.HTTPError as e:
-            return dict(json.loads(e.read()))
+    def ready(self, attempts: int = 3) -> dict[str, Any]:
+        """The ``/readyz`` answer (503 answers are returned too). A connection error is retried
+        (``attempts`` in all): on a loaded machine one answer can take seconds."""
+        for attempt in range(attempts):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=10) as r:
+                    return dict(json.loads(r.read()))
+            except urllib.error.HTTPError as e:
+                return dict(json.loads(e.read()))
+            except OSError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.5)
+        raise AssertionError("unreachable")
 
     @property
     def returncode(self) -> int | None:
