@@ -25,7 +25,7 @@ def device_id_str(d: DeviceID) -> str:
 
 
 class UnsupportedAttribute:
-    """An attribute value the allocator cannot use: no value set, or an empty list.
+    """An attribute value the allocator cannot use: no value set.
 
     API validation rejects these, but the allocator must cope: upstream fails with
     ``unsupported attribute value`` as soon as a selector is evaluated on the device (the whole
@@ -199,7 +199,9 @@ def _attr_value(a: Any, where: str, ref: str) -> Any:
             raise ManifestError(str(e), obj=ref, field=where) from None
     if kind in ("ints", "bools", "strings", "versions") and isinstance(v, list):
         if not v:
-            return UnsupportedAttribute(f"empty {kind} list")
+            # API validation rejects empty lists, but the allocator copes as upstream does: an
+            # empty list is a (list) value for CEL, and of unknown type for constraints.
+            return []
         inner = kind[:-1]
         return [_attr_value({inner: x}, where, ref) for x in v]
     raise ManifestError(f"{kind}: {v!r} is not a valid {kind} attribute value", obj=ref, field=where)
