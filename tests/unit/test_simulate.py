@@ -104,8 +104,11 @@ def test_fill_two_gpus_then_pending() -> None:
     assert [p.pod for p in res.pending] == ["default/web-4"]
     reason = res.pending[0].reason
     assert reason.startswith("0/1 nodes are available: 1 cannot allocate all claims.")
-    assert "2 device(s) match its selectors, 0 of them with room for memory 30Gi, cores 20" in reason
-    assert "most free memory: 20Gi on n1/gpu-0" in reason
+    assert reason == (
+        "0/1 nodes are available: 1 cannot allocate all claims. claim default/web-4-gpu, request gpu: needs 1 device "
+        "with memory 30Gi and cores 20; 2 GPUs in the cluster match its selectors, none has room now: memory short on "
+        "2 GPUs (most free: 20Gi of 80Gi, on n1/gpu-0; needs 30Gi)"
+    )
     usage = {u.device: (u.memory_allocated, u.cores_allocated, u.shares) for u in res.gpus}
     assert usage == {"gpu-0": (60 * 2**30, 40, 2), "gpu-1": (60 * 2**30, 40, 2)}
 
@@ -345,7 +348,8 @@ spec:
 """
     res = Simulation(cluster(("n", [81920])), manifests(text)).run()
     assert [p.pod for p in res.pending] == ["default/busy-1"]
+    # Memory is not short (72Gi free): only cores are named, with the numbers that block.
     assert res.pending[0].reason.endswith(
-        "1 device(s) match its selectors, 0 of them with room for memory 8Gi, cores 60; "
-        "most free memory: 72Gi on n/gpu-0; most free cores: 40 on n/gpu-0"
+        "claim default/busy-1-gpu, request gpu: needs 1 device with memory 8Gi and cores 60; 1 GPU in the cluster "
+        "matches its selectors, none has room now: cores short on n/gpu-0: 40 free of 100, needs 60"
     )

@@ -83,6 +83,22 @@ class NodeAllocationError(AllocationError):
     Unschedulable reason and goes on with the other nodes."""
 
 
+class SelectorError(AllocationError):
+    """A selector could not be evaluated on a device (CEL runtime error): ``owner`` is
+    ``class <name>`` or ``claim <ref>``; ``index``, ``expression`` and the CEL ``error`` text
+    are the parts of upstream's message (dra-spec.md 3.2)."""
+
+    def __init__(self, owner: str, index: int, expression: str, device: str, error: str) -> None:
+        hint = ""
+        if "no such key" in error:
+            hint = " (hint: guard the lookup with has(...) so devices without it do not match)"
+        super().__init__(f"{owner}: selector #{index} on device {device}: CEL runtime error: {error}{hint}")
+        self.owner = owner
+        self.index = index
+        self.expression = expression
+        self.error = error
+
+
 class _MaxSizeExceeded(Exception):
     """Internal signal: the claim would need more than 32 results (dra-spec.md 4.4)."""
 
@@ -153,7 +169,8 @@ class SliceIndex:
             yield from s.devices
 
 
-def _slice_on_node(s: Slice, node: Node) -> bool:
+def slice_on_node(s: Slice, node: Node) -> bool:
+    """Whether a slice targets ``node`` (dra-spec.md 4.2 step 2)."""
     if s.node_name:
         return s.node_name == node.name
     if s.all_nodes:
@@ -172,7 +189,7 @@ def gather_pools(index: SliceIndex, node: Node, features: Features) -> list[Pool
     for s in index.by_node.get(node.name, []) + index.unpinned:
         if not features.partitionable_devices and (s.per_device_node_selection or s.shared_counters):
             continue
-        if not _slice_on_node(s, node):
+        if not slice_on_node(s, node):
             continue
         relevant.setdefault((s.driver, s.pool), []).append(s)
     pools: list[Pool] = []
@@ -268,7 +285,7 @@ def violates_policy(cap: Capacity, amount: Quantity) -> bool:
     return False
 
 
-def _consumption(requests: Mapping[str, Quantity], d: Device) -> tuple[tuple[str, Fraction, Fraction, str], ...] | Refusal:
+def consumption(requests: Mapping[str, Quantity], d: Device) -> tuple[tuple[str, Fraction, Fraction, str], ...] | Refusal:
     """What a request naming ``requests`` consumes of each capacity of ``d`` (dra-spec.md 2.2,
     2.3): (name, amount, published value, amount as a result string) per capacity; or why the
     device cannot serve it at any fill level (a requested capacity it lacks, an amount its
@@ -576,12 +593,7 @@ class Allocator:
                         self._sig_cache[skey] = r
                 self._sel_cache[key] = r
             if isinstance(r, CelRuntimeError):
-                hint = ""
-                if "no such key" in str(r):
-                    hint = " (hint: guard the lookup with has(...) so devices without it do not match)"
-                raise AllocationError(
-                    f"{owner}: selector #{i} on device {'/'.join(d.id)}: CEL runtime error: {r}{hint}"
-                )
+                raise SelectorError(owner, i, sel.expression, "/".join(d.id), str(r))
             if not r:
                 return i
         return -1
@@ -844,7 +856,7 @@ class _Search:
         memo = self.a._cap_memo
         if key in memo:
             return memo[key]
-        got = _consumption(rd.capacity, d)
+        got = consumption(rd.capacity, d)
         out = got if isinstance(got, tuple) else None
         memo[key] = out
         return out
@@ -855,7 +867,7 @@ class _Search:
         use = self._consumption(rd, d)
         if use is None:
             if self.rec is not None:
-                why = _consumption(rd.capacity, d)
+                why = consumption(rd.capacity, d)
                 assert isinstance(why, Refusal)
                 self.rec.refuse(rd, d, why)
             return False
@@ -1057,8 +1069,9 @@ class _Search:
         self.rec.last = None
         try:
             undo = self._candidate(cd, rd, d, pool)
-        except AllocationError as e:
-            return CelError(str(e))
+        except SelectorError as e:
+            owner = "class" if e.owner.startswith("class ") else "request"
+            return CelError(owner, rd.class_name if owner == "class" else rd.name, e.index, e.expression, e.error)
         if undo is not None:
             undo()
             return None

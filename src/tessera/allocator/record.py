@@ -135,14 +135,20 @@ class SelectorFalse(Refusal):
 
 @dataclass(frozen=True, slots=True)
 class CelError(Refusal):
-    """A selector could not be evaluated on this device: upstream aborts the whole pod's
-    scheduling attempt (dra-spec.md 3.2). Only the on-its-own pass records it per device."""
+    """Selector #``index`` of the class or request could not be evaluated on this device (a
+    CEL runtime error): upstream aborts the whole pod's scheduling attempt (dra-spec.md 3.2).
+    Only the on-its-own pass records it per device; the search raises it."""
 
     check: ClassVar[str] = "cel-error"
-    message: str
+    owner: str  # "class" or "request"
+    name: str
+    index: int
+    expression: str
+    error: str
 
     def text(self) -> str:
-        return f"{self.message}; this aborts scheduling of the pod"
+        hint = " (guard the lookup with has(...))" if "no such key" in self.error else ""
+        return f"{self.owner} {self.name} selector #{self.index}: CEL runtime error: {self.error}{hint}; this aborts scheduling of the pod"
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +351,11 @@ class DeviceRecord:
     def id(self) -> DeviceID:
         return self.device.id
 
+    @property
+    def matches(self) -> bool:
+        """The request's class and request selectors (and the node) accept the device."""
+        return self.alone is None or self.alone.check not in SELECTION_CHECKS
+
 
 @dataclass
 class RequestRecord:
@@ -370,10 +381,11 @@ class RequestRecord:
     @property
     def matching(self) -> list[DeviceRecord]:
         """Devices its class and request selectors (and node) accept."""
-        return [d for d in self.devices if d.alone is None or d.alone.check not in _SELECTION]
+        return [d for d in self.devices if d.matches]
 
 
-_SELECTION = frozenset({"class-selector", "selector", "node", "binding-conditions", "cel-error"})
+# Checks that decide whether a device is one the request may use at all (isSelectable).
+SELECTION_CHECKS = frozenset({"class-selector", "selector", "node", "binding-conditions", "cel-error"})
 
 
 @dataclass

@@ -20,8 +20,16 @@ from fractions import Fraction
 from typing import Any
 
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
-from tessera.allocator import AllocatedState, AllocationError, Allocator, Features, Node, SliceIndex
-from tessera.allocator.core import consumed_amount
+from tessera.allocator import (
+    AllocatedState,
+    AllocationError,
+    Allocator,
+    Features,
+    Node,
+    NodeAllocationError,
+    NodeRecord,
+    SliceIndex,
+)
 from tessera.allocator.model import Device, node_selector_matches
 from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest
@@ -37,6 +45,7 @@ from tessera.sim.policies import (
     pod_policy,
     topology_variants,
 )
+from tessera.sim.reasons import request_clauses
 
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 
@@ -232,7 +241,7 @@ def _signature(claims: Sequence[dict[str, Any]]) -> str | None:
     return text
 
 
-def _pod_fits_node(pod: dict[str, Any], node: Node) -> bool:
+def pod_fits_node(pod: dict[str, Any], node: Node) -> bool:
     spec = pod.get("spec") or {}
     if spec.get("nodeName") and spec["nodeName"] != node.name:
         return False
@@ -316,13 +325,13 @@ class Simulation:
         # Allocations are only ever added here, never released, so a node that cannot satisfy
         # a set of claim specs now never will: per pod shape, the first node still worth trying.
         self._cursor: dict[str | None, tuple[int, dict[str, int]]] = {}
-        self._unsat: list[set[str]] = [set() for _ in self.nodes]
+        self._unsat: list[dict[str, str]] = [{} for _ in self.nodes]
         self._node_usage: list[Fraction] = [Fraction(0) for _ in self.nodes]
         self._placed = 0
         # Pending pods whose claims fit on no node: explained once the run is over (against
-        # the final state, which is what a user asks about), one walk per distinct claim shape.
-        self._to_explain: dict[str, list[dict[str, Any]]] = {}
-        self._request_notes: dict[str, str] = {}
+        # the final state, which is what a user asks about), once per distinct claim shape.
+        self._to_explain: dict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        self._reasons: dict[str, list[tuple[int, str, str]]] = {}
         self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed))
         # GPU memory sizes for HAMi's gpumem-percentage: every Tessera device with memory
         # (MIG instances too: a percentage of a dedicated MIG device filters by its memory).
@@ -485,12 +494,18 @@ class Simulation:
         order = range(start, n_total) if policy.nodes == "first-fit" else order_nodes(policy.nodes, self._node_usage)
         for i in order:
             node = self.nodes[i]
-            if sig is not None and sig in self._unsat[i]:
-                why: str | AllocationError | None = "cannot allocate all claims"
+            known = self._unsat[i].get(sig) if sig is not None else None
+            if known is not None:
+                why: str | AllocationError | None = known
             else:
                 why = self._try_node(pod, node, todo, done, policy)
-                if why == "cannot allocate all claims" and sig is not None:
-                    self._unsat[i].add(sig)
+                if isinstance(why, NodeAllocationError):
+                    # Upstream's ErrFailedAllocationOnNode: this node's reason, not the pod's.
+                    why = str(why)
+                    if sig is not None:
+                        self._unsat[i][sig] = why
+                elif why == "cannot allocate all claims" and sig is not None:
+                    self._unsat[i][sig] = why
             if isinstance(why, AllocationError):
                 return None, f"allocation error: {why}", claims
             if why is None:
@@ -510,17 +525,17 @@ class Simulation:
                 self._cursor[key] = (i + 1, dict(counts))
         parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         msg = f"0/{n_total} nodes are available: {parts}." if parts else f"0/{n_total} nodes are available."
-        if counts.get("cannot allocate all claims"):
-            self._to_explain[ref] = todo
+        if counts.get("cannot allocate all claims") or counts.get("invalid resource pools were encountered"):
+            self._to_explain[ref] = (pod, todo, done)
         return None, msg, claims
 
     def _add_explanations(self, pending: list[Pending], pods: list[dict[str, Any]]) -> None:
         by_ref = {f"{_ns(p)}/{_name(p)}": p for p in pods}
         for pend in pending:
-            todo = self._to_explain.get(pend.pod)
-            if not todo:
+            what = self._to_explain.get(pend.pod)
+            if not what:
                 continue
-            pend.reason = f"{pend.reason} {self.explain_claims(todo)}"
+            pend.reason = f"{pend.reason} {self.explain_claims(*what)}"
             by_ref[pend.pod]["status"]["conditions"][0]["message"] = pend.reason
 
     def _try_node(
@@ -532,7 +547,7 @@ class Simulation:
         policy: PodPolicy,
     ) -> str | AllocationError | None:
         """Allocate ``todo`` on ``node`` and record it; else the scheduler's reason (or error)."""
-        if not _pod_fits_node(pod, node):
+        if not pod_fits_node(pod, node):
             return "didn't match Pod's node affinity/selector"
         for c in done:
             sel = c["status"]["allocation"].get("nodeSelector")
@@ -556,68 +571,41 @@ class Simulation:
         return None
 
     # ------------------------------------------------------------------------------------------
-    def explain_claims(self, claims: Sequence[dict[str, Any]]) -> str:
-        """A short account of why ``claims`` fit nowhere: per request, matching devices and room."""
-        notes: list[str] = []
-        for c in claims:
-            cref = f"{_ns(c)}/{_name(c)}"
-            for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or []:
-                alts = [r["exactly"]] if r.get("exactly") else list(r.get("firstAvailable") or [])
-                for sub in alts:
-                    key = json.dumps(sub, sort_keys=True)
-                    if key not in self._request_notes:
-                        self._request_notes[key] = self._explain_request(sub)
-                    notes.append(f"claim {cref}, request {r.get('name')}: {self._request_notes[key]}")
-        return "; ".join(notes)
-
-    def _explain_request(self, req: dict[str, Any]) -> str:
-        from tessera.cel import compile_selector
-
-        cls = self.classes.get(req.get("deviceClassName", ""), {})
-        sels = [compile_selector(s["cel"]["expression"]) for s in ((cls.get("spec") or {}).get("selectors") or [])]
-        sels += [compile_selector(s["cel"]["expression"]) for s in req.get("selectors") or []]
-        caps = {k: Quantity.parse(v) for k, v in ((req.get("capacity") or {}).get("requests") or {}).items()}
-        matching: list[Device] = []
-        for d in self.index.devices():
-            try:
-                if self.allocator.matches(sels, d, "explain"):
-                    matching.append(d)
-            except AllocationError:
+    def node_records(
+        self, pod: dict[str, Any], claims: Sequence[dict[str, Any]], done: Sequence[dict[str, Any]] = ()
+    ) -> list[NodeRecord]:
+        """The allocator's record (:meth:`Allocator.diagnose`) for ``claims`` on every node the
+        pod may use (node affinity, and where its already-allocated claims are available),
+        against the current state."""
+        out = []
+        for node in self.nodes:
+            if not pod_fits_node(pod, node):
                 continue
-        want = int(req.get("count") or 1)
-        if not matching:
-            return "no device matches its selectors"
-        room: list[Device] = []
-        # Per capacity the request names (memory if none): the most free on any device.
-        shown = list(caps) or ["memory"]
-        best: dict[str, tuple[Fraction, Device]] = {}
-        for d in matching:
-            if d.id in self.state.dedicated:
+            if any(
+                (sel := c["status"]["allocation"].get("nodeSelector")) is not None and not node_selector_matches(sel, node)
+                for c in done
+            ):
                 continue
-            agg = self.state.aggregated.get(d.id, {})
-            ok = True
-            for k, cap in d.capacity.items():
-                amount = consumed_amount(cap, caps.get(k))
-                free = cap.value.value - agg.get(k, Fraction(0))
-                if amount.value > free:
-                    ok = False
-                if k in shown and (k not in best or free > best[k][0]):
-                    best[k] = (free, d)
-            if any(k not in d.capacity for k in caps):
-                ok = False
-            if ok:
-                room.append(d)
-        need = ", ".join(f"{k} {v.canonical()}" for k, v in caps.items()) or "the whole device"
-        msg = f"{len(matching)} device(s) match its selectors, {len(room)} of them with room for {need}"
-        if want > 1:
-            msg += f" ({want} distinct devices on one node needed)"
-        if len(room) < want:
-            for k in shown:
-                if k in best:
-                    free, d = best[k]
-                    q = Quantity(free, d.capacity[k].value.format).canonical()
-                    msg += f"; most free {k}: {q} on {d.pool}/{d.name}"
-        return msg
+            out.append(self.allocator.diagnose(node, claims))
+        return out
+
+    def explain_claims(
+        self, pod: dict[str, Any], claims: Sequence[dict[str, Any]], done: Sequence[dict[str, Any]] = ()
+    ) -> str:
+        """Why ``claims`` fit on none of the nodes the pod may use, per request: read from the
+        allocator's record of each such node (:mod:`tessera.sim.reasons`). Memoised per claim
+        shape and node constraints (claim names are filled in per pod)."""
+        spec = pod.get("spec") or {}
+        key = json.dumps(
+            [[c.get("spec") for c in claims], [c.get("status") for c in done],
+             spec.get("nodeName"), spec.get("nodeSelector"), spec.get("affinity")],
+            sort_keys=True, default=str,
+        )
+        clauses = self._reasons.get(key)
+        if clauses is None:
+            clauses = request_clauses(self.node_records(pod, claims, done), len(self.nodes))
+            self._reasons[key] = clauses
+        return "; ".join(f"claim {_ns(claims[ci])}/{_name(claims[ci])}, request {req}: {text}" for ci, req, text in clauses)
 
     # ------------------------------------------------------------------------------------------
     def _device(self, driver: str, pool: str, name: str) -> Device | None:
