@@ -222,7 +222,89 @@ spec:
     assert [p.pod for p in res.pending] == ["default/whole-3"]
 
 
-def test_unknown_device_class_is_an_error() -> None:
+def _bundled() -> Cluster:
+    from tessera.cli._common import examples_dir
+    from tessera.sim.cluster import load_cluster
+
+    return load_cluster(examples_dir() / "cluster.yaml")
+
+
+def test_foreign_device_classes_leave_only_their_pods_pending(corpus: Path) -> None:
+    # The NVIDIA DRA driver's quickstart (class gpu.nvidia.com), the example driver's NIC demo
+    # (net.example.com) and a HAMi pod, in one run: kube-scheduler leaves the first two pending
+    # (PreFilter: "request r: device class c does not exist") and schedules the HAMi pod.
+    dra = corpus / "dra-manifests"
+    ms = list(expand_workloads(load_file(dra / "k8s-dra-driver-gpu__demo_specs_quickstart_v1__gpu-test1.yaml")))
+    ms += list(expand_workloads(load_file(dra / "dra-example-driver__demo_examples__net-consumable-capacity.yaml")))
+    ms += list(expand_workloads(load_file(corpus / "hami-pods" / "HAMi__examples_nvidia__default_use.yaml")))
+    sim = Simulation(_bundled(), ms)
+    res = sim.run()
+    assert [(p.pod, p.node, p.memory, p.cores) for p in res.placements] == [
+        ("default/gpu-pod", "h100-node", "3000Mi", "30"),
+    ]
+    nvidia = (
+        "0/4 nodes are available: request gpu: device class gpu.nvidia.com does not exist. (gpu.nvidia.com is the "
+        "NVIDIA DRA driver's class: --class-map gpu.nvidia.com=gpu.tessera.dev runs these requests on Tessera's GPUs, "
+        "or add the DeviceClass and the driver's ResourceSlices)"
+    )
+    nic = (
+        "0/4 nodes are available: request nic: device class net.example.com does not exist. (known: gpu.tessera.dev; "
+        "add the DeviceClass, or map it with --class-map net.example.com=CLASS)"
+    )
+    assert [(p.pod, p.reason) for p in res.pending] == [
+        ("gpu-test1/pod1", nvidia),
+        ("gpu-test1/pod2", nvidia),
+        ("net-consumable-capacity/pod0", nic),
+        ("net-consumable-capacity/pod1", nic),
+    ]
+    assert sum("DeviceClass 'gpu.nvidia.com' does not exist: pods using it stay pending" in w for w in res.warnings) == 1
+    assert sum("DeviceClass 'net.example.com' does not exist: pods using it stay pending" in w for w in res.warnings) == 2
+
+
+def test_class_map_runs_nvidia_driver_claims_on_tessera_gpus(corpus: Path) -> None:
+    f = corpus / "dra-manifests" / "k8s-dra-driver-gpu__demo_specs_quickstart_v1__gpu-test1.yaml"
+    ms = list(expand_workloads(load_file(f)))
+    res = Simulation(_bundled(), ms, class_map={"gpu.nvidia.com": "gpu.tessera.dev"}).run()
+    # Each claim names no capacity: it books a whole GPU's memory (the request policy's
+    # default), so the two pods get one H100 each.
+    assert [(p.pod, p.device, p.memory, p.cores) for p in res.placements] == [
+        ("gpu-test1/pod1", "gpu.tessera.dev/h100-node/gpu-0", "81559Mi", "0"),
+        ("gpu-test1/pod2", "gpu.tessera.dev/h100-node/gpu-1", "81559Mi", "0"),
+    ]
+    assert res.pending == []
+    assert any(w.endswith("ResourceClaimTemplate gpu-test1/single-gpu: --class-map: gpu.nvidia.com -> gpu.tessera.dev") for w in res.warnings)
+    # The input manifests are untouched.
+    tmpl = next(m for m in ms if m.kind == "ResourceClaimTemplate")
+    assert tmpl.obj["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "gpu.nvidia.com"
+
+
+def test_class_map_rewrites_the_driver_domain_in_selectors() -> None:
+    from tessera.sim.simulate import map_device_classes
+
+    text = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: a100}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel: {expression: 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA A100-SXM4-80GB"'}
+"""
+    notes: list[str] = []
+    out = map_device_classes(manifests(text), {"gpu.nvidia.com": "gpu.tessera.dev"}, notes)
+    exactly = out[0].obj["spec"]["devices"]["requests"][0]["exactly"]
+    assert exactly == {
+        "deviceClassName": "gpu.tessera.dev",
+        "selectors": [{"cel": {"expression": 'device.attributes["gpu.tessera.dev"].productName == "NVIDIA A100-SXM4-80GB"'}}],
+    }
+    assert notes == ["test.yaml (document 1): ResourceClaim default/a100: --class-map: gpu.nvidia.com -> gpu.tessera.dev"]
+
+
+def test_typo_in_device_class_suggests_the_known_one() -> None:
     text = """
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -231,14 +313,37 @@ spec:
   devices:
     requests:
     - name: gpu
-      exactly: {deviceClassName: gpu.example.com}
+      exactly: {deviceClassName: gpu.tesera.dev}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  resourceClaims: [{name: gpu, resourceClaimName: c}]
+  containers: [{name: c, image: x, resources: {claims: [{name: gpu}]}}]
 """
-    with pytest.raises(ManifestError) as e:
-        Simulation(cluster(("n", [1024])), manifests(text))
-    assert str(e.value) == (
+    res = Simulation(cluster(("n", [1024])), manifests(text)).run()
+    assert [(p.pod, p.reason) for p in res.pending] == [
+        ("default/p", "0/1 nodes are available: request gpu: device class gpu.tesera.dev does not exist. (did you mean gpu.tessera.dev?)")
+    ]
+    assert res.warnings == [
         "test.yaml (document 1): ResourceClaim default/c: spec.devices.requests[0].exactly.deviceClassName: "
-        "DeviceClass 'gpu.example.com' does not exist (known: gpu.tessera.dev): use one of them or add the DeviceClass"
-    )
+        "DeviceClass 'gpu.tesera.dev' does not exist: pods using it stay pending (did you mean gpu.tessera.dev?)"
+    ]
+
+
+def test_v1beta2_is_read_as_v1_with_a_note(corpus: Path) -> None:
+    dra = corpus / "dra-manifests"
+    ms = list(load_file(dra / "kubernetes-website__examples_dra__deviceclass.yaml"))
+    ms += list(load_file(dra / "kubernetes__scheduler_perf_dra_templates__resourceclaimtemplate-consumablecapacity.yaml"))
+    sim = Simulation(cluster(("n", [1024])), ms)
+    assert sorted(sim.classes) == ["example-device-class", "gpu.tessera.dev"]
+    assert sim.warnings[:2] == [
+        f"{dra / 'kubernetes-website__examples_dra__deviceclass.yaml'} (document 1): DeviceClass example-device-class: "
+        "resource.k8s.io/v1beta2 is read as resource.k8s.io/v1 (the same shape)",
+        f"{dra / 'kubernetes__scheduler_perf_dra_templates__resourceclaimtemplate-consumablecapacity.yaml'} (document 1): "
+        "ResourceClaimTemplate default/test-claim-template: resource.k8s.io/v1beta2 is read as resource.k8s.io/v1 (the same shape)",
+    ]
 
 
 def pods(*shapes: tuple[str, str, str], annotations: dict[str, str] | None = None) -> str:
@@ -352,4 +457,26 @@ spec:
     assert res.pending[0].reason.endswith(
         "claim default/busy-1-gpu, request gpu: needs 1 device with memory 8Gi and cores 60; 1 GPU in the cluster "
         "matches its selectors, none has room now: cores short on n/gpu-0: 40 free of 100, needs 60"
+    )
+
+
+def test_invalid_pool_on_one_node_is_that_node_only() -> None:
+    # Node a publishes its pool in two slices that both hold a device "gpu-0": the pool is
+    # invalid (duplicate device name), so the allocator returns upstream's per-node error
+    # (ErrFailedAllocationOnNode). kube-scheduler takes it as node a's reason and goes on to b.
+    bad = [gpu_slice("a", [81920]), gpu_slice("a", [81920])]
+    for i, sl in enumerate(bad):
+        sl["metadata"]["name"] = f"a-gpu.tessera.dev-{i}"
+        sl["spec"]["pool"]["resourceSliceCount"] = 2
+    c = Cluster([SimNode("a", {}, bad), SimNode("b", {}, [gpu_slice("b", [81920])])])
+    res = Simulation(c, manifests(TEMPLATE_30G)).run()
+    assert [(p.pod, p.node, p.device) for p in res.placements] == [
+        ("default/web-0", "b", "gpu.tessera.dev/b/gpu-0"),
+        ("default/web-1", "b", "gpu.tessera.dev/b/gpu-0"),
+    ]
+    assert [p.pod for p in res.pending] == ["default/web-2", "default/web-3", "default/web-4"]
+    assert res.pending[0].reason == (
+        "0/2 nodes are available: 1 cannot allocate all claims, 1 invalid resource pools were encountered. "
+        "claim default/web-2-gpu, request gpu: needs 1 device with memory 30Gi and cores 20; 1 GPU in the cluster "
+        "matches its selectors, none has room now: memory short on b/gpu-0: 20Gi free of 80Gi, needs 30Gi"
     )

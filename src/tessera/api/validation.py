@@ -252,11 +252,11 @@ def manifest_problems(m: Manifest) -> list[FieldProblem]:
     kind = m.kind
     if kind in ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice"):
         av = obj.get("apiVersion")
-        if av != "resource.k8s.io/v1":
+        if av not in ("resource.k8s.io/v1", "resource.k8s.io/v1beta2"):  # v1beta2 has v1's shape
             return [
                 FieldProblem(
                     "apiVersion",
-                    f"{av!r} is not served here: write resource.k8s.io/v1 (v1beta1/v1beta2 shapes differ)",
+                    f"{av!r} is not served here: write resource.k8s.io/v1 (the v1beta1 shape differs)",
                 )
             ]
     if kind in ("ResourceClaim", "ResourceClaimTemplate"):

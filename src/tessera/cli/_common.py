@@ -37,7 +37,16 @@ def examples_dir() -> Path:
 
 
 def cluster_inputs(f: F) -> F:
-    """``--cluster FILE`` and repeatable ``--node NAME=INVENTORY[:TOPOLOGY]``."""
+    """``--cluster FILE``, repeatable ``--node NAME=INVENTORY[:TOPOLOGY]`` and repeatable
+    ``--class-map FROM=TO``."""
+    f = click.option(
+        "--class-map",
+        "class_maps",
+        multiple=True,
+        metavar="FROM=TO",
+        help="Run requests for DeviceClass FROM with class TO, e.g. the NVIDIA DRA driver's "
+        "--class-map gpu.nvidia.com=gpu.tessera.dev (selectors' \"FROM\" domain becomes \"TO\"). Repeatable.",
+    )(f)
     f = click.option(
         "--node",
         "node_specs",
@@ -52,6 +61,17 @@ def cluster_inputs(f: F) -> F:
         help="Cluster description (kind: Cluster) naming each node's GPU inventory.",
     )(f)
     return f
+
+
+def class_map(specs: tuple[str, ...]) -> dict[str, str]:
+    """``--class-map FROM=TO`` options as a dict. Raises TesseraError for a malformed one."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        src, sep, dst = spec.partition("=")
+        if not sep or not src.strip() or not dst.strip():
+            raise TesseraError(f"--class-map {spec!r}: expected FROM=TO, e.g. gpu.nvidia.com=gpu.tessera.dev")
+        out[src.strip()] = dst.strip()
+    return out
 
 
 def load_inputs(

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from tessera.cli._common import UserError, cluster_inputs, fail, load_inputs
+from tessera.cli._common import UserError, class_map, cluster_inputs, fail, load_inputs
 
 
 @click.command()
@@ -23,6 +23,7 @@ def explain(
     manifests: tuple[str, ...],
     cluster_file: str | None,
     node_specs: tuple[str, ...],
+    class_maps: tuple[str, ...],
     output: str,
     all_devices: bool,
     seed: int,
@@ -39,7 +40,7 @@ def explain(
 
     try:
         cluster, loaded = load_inputs(manifests, cluster_file, node_specs)
-        exp = run_explain(cluster, loaded, target, seed=seed, all_devices=all_devices)
+        exp = run_explain(cluster, loaded, target, seed=seed, all_devices=all_devices, class_map=class_map(class_maps))
     except UserError as e:
         fail(str(e))
         return

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tessera.api.quantity import Quantity
-from tessera.cli._common import UserError, cluster_inputs, fail, load_inputs
+from tessera.cli._common import UserError, class_map, cluster_inputs, fail, load_inputs
 
 if TYPE_CHECKING:
     from tessera.api.loader import Manifest
@@ -56,6 +56,7 @@ def simulate(
     manifests: tuple[str, ...],
     cluster_file: str | None,
     node_specs: tuple[str, ...],
+    class_maps: tuple[str, ...],
     output: str,
     seed: int,
     policy: str,
@@ -70,21 +71,22 @@ def simulate(
     """
     try:
         cluster, loaded = load_inputs(manifests, cluster_file, node_specs)
+        cmap = class_map(class_maps)
         if compare:
-            _compare(cluster, loaded, output, seed)
+            _compare(cluster, loaded, output, seed, cmap)
         else:
-            _simulate(cluster, loaded, output, seed, policy)
+            _simulate(cluster, loaded, output, seed, policy, cmap)
     except UserError as e:
         fail(str(e))
 
 
-def _compare(cluster: Cluster, loaded: list[Manifest], output: str, seed: int) -> None:
+def _compare(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, cmap: dict[str, str]) -> None:
     from tessera.sim.simulate import Simulation
 
     rows = []
     runs = [(p, p, False) for p in ("first-fit", "binpack", "spread", "topology")] + [("whole GPUs", "first-fit", True)]
     for label, pol, whole in runs:
-        res = Simulation(cluster, loaded, seed=seed, policy=pol, whole_gpus=whole).run()
+        res = Simulation(cluster, loaded, seed=seed, policy=pol, whole_gpus=whole, class_map=cmap).run()
         used = [u for u in res.gpus if u.shares or u.dedicated]
         mem_used = sum((u.memory_allocated for u in used), Fraction(0))
         mem_cap = sum((u.memory_capacity or Fraction(0) for u in used), Fraction(0))
@@ -138,10 +140,10 @@ def _run_with_progress(sim: Simulation) -> SimResult:
         return sim.run(on_pod=lambda _ref: bar.advance(task))
 
 
-def _simulate(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str) -> None:
+def _simulate(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str, cmap: dict[str, str]) -> None:
     from tessera.sim.simulate import Simulation
 
-    sim = Simulation(cluster, loaded, seed=seed, policy=policy)
+    sim = Simulation(cluster, loaded, seed=seed, policy=policy, class_map=cmap)
     result = _run_with_progress(sim)
     for w in result.warnings:  # on stderr in every output mode, so -o json|yaml stays clean
         click.echo(f"tessera: warning: {w}", err=True)

@@ -513,15 +513,17 @@ def explain(
     *,
     seed: int = 0,
     all_devices: bool = False,
+    class_map: Mapping[str, str] | None = None,
 ) -> Explanation:
     """Simulate ``manifests`` on ``cluster`` and explain ``target``.
 
     ``target``: a pod (``namespace/name`` or ``name``) or a ResourceClaim (same forms; claims
     made from templates are named ``<pod>-<pod claim name>``). ``all_devices`` keeps the
-    per-device verdicts (``RequestOnNode.devices``). Raises :class:`ExplainError` when the
+    per-device verdicts (``RequestOnNode.devices``); ``class_map`` is simulate's
+    ``--class-map`` (:func:`tessera.sim.simulate.map_device_classes`). Raises :class:`ExplainError` when the
     target is unknown or ambiguous, and whatever :class:`Simulation` raises for bad input.
     """
-    sim, result, snaps = _run(cluster, manifests, lambda ref: _matches(ref, target), seed)
+    sim, result, snaps = _run(cluster, manifests, lambda ref: _matches(ref, target), seed, class_map)
     if len(snaps) > 1:
         raise ExplainError(f"{target!r} names several pods ({', '.join(sorted(snaps))}): write namespace/name")
     if snaps:
@@ -543,7 +545,7 @@ def explain(
             continue
         if any(c is sim.claims[key] for _, c in _pod_claims(obj, sim)):
             pref = _claim_ref(obj)
-            sim2, result2, snaps2 = _run(cluster, manifests, lambda ref, pref=pref: ref == pref, seed)
+            sim2, result2, snaps2 = _run(cluster, manifests, lambda ref, pref=pref: ref == pref, seed, class_map)
             exp = _explain_pod(sim2, result2, manifests, pref, snaps2[pref], f"{key[0]}/{key[1]}", all_devices)
             exp.target = f"ResourceClaim {key[0]}/{key[1]} (used by Pod {pref})"
             return exp
@@ -562,9 +564,9 @@ def explain(
 
 
 def _run(
-    cluster: Cluster, manifests: Sequence[Manifest], want: Any, seed: int
+    cluster: Cluster, manifests: Sequence[Manifest], want: Any, seed: int, class_map: Mapping[str, str] | None = None
 ) -> tuple[Simulation, SimResult, dict[str, AllocatedState]]:
-    sim = Simulation(cluster, manifests, seed=seed)
+    sim = Simulation(cluster, manifests, seed=seed, class_map=class_map)
     snaps: dict[str, AllocatedState] = {}
 
     def on_pod(ref: str) -> None:
@@ -662,7 +664,8 @@ def _explain_pod(
         exp.notes.append("kube-scheduler picks any node where the pod fits (ties broken at random); the simulation takes the first")
         return exp
     todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
-    if not claims and exp.reason:
+    if (not claims and exp.reason) or sim.missing_class(todo):
+        # Refused before any allocation (kube-scheduler's PreFilter): no per-node account.
         exp.notes.append(exp.reason)
         return exp
     per_node = []

@@ -11,10 +11,12 @@ not defined). Node CPU and memory are not modelled.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import difflib
 import json
 import random
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -48,6 +50,47 @@ from tessera.sim.policies import (
 from tessera.sim.reasons import request_clauses
 
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+BETA2 = "resource.k8s.io/v1beta2"
+# The NVIDIA DRA driver's DeviceClasses (k8s-dra-driver-gpu): its class, driver and attribute
+# domain for full GPUs are all gpu.nvidia.com, as Tessera's are all gpu.tessera.dev.
+NVIDIA_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
+
+
+def map_device_classes(manifests: Sequence[Manifest], class_map: Mapping[str, str], notes: list[str]) -> list[Manifest]:
+    """``--class-map FROM=TO``: ResourceClaims and ResourceClaimTemplates whose requests name
+    DeviceClass FROM get TO instead, and in those requests' selectors the string literal
+    ``"FROM"`` becomes ``"TO"`` (the NVIDIA DRA driver's attribute and capacity domain is its
+    class name, ``gpu.nvidia.com``, as Tessera's is ``gpu.tessera.dev``; the attribute names
+    Tessera publishes are the driver's: productName, uuid, index, architecture, ...). Returns new
+    manifests (inputs untouched); appends one note per changed object to ``notes``."""
+    out: list[Manifest] = []
+    for m in manifests:
+        if m.kind not in ("ResourceClaim", "ResourceClaimTemplate"):
+            out.append(m)
+            continue
+        obj = copy.deepcopy(m.obj)
+        spec = obj.get("spec") or {}
+        if m.kind == "ResourceClaimTemplate":
+            spec = spec.get("spec") or {}
+        changed: list[str] = []
+        for r in (spec.get("devices") or {}).get("requests") or []:
+            for sub in ([r["exactly"]] if r.get("exactly") else []) + list(r.get("firstAvailable") or []):
+                src = sub.get("deviceClassName")
+                if src not in class_map:
+                    continue
+                dst = class_map[src]
+                sub["deviceClassName"] = dst
+                for sel in sub.get("selectors") or []:
+                    cel = (sel or {}).get("cel") or {}
+                    if isinstance(cel.get("expression"), str):
+                        cel["expression"] = cel["expression"].replace(f'"{src}"', f'"{dst}"').replace(f"'{src}'", f"'{dst}'")
+                changed.append(f"{src} -> {dst}")
+        if changed:
+            notes.append(f"{m.source}: {m.ref()}: --class-map: {', '.join(sorted(set(changed)))}")
+            out.append(dataclasses.replace(m, obj=obj))
+        else:
+            out.append(m)
+    return out
 
 
 def default_device_class() -> dict[str, Any]:
@@ -264,14 +307,17 @@ class Simulation:
         features: Features | None = None,
         policy: str = "first-fit",
         whole_gpus: bool = False,
+        class_map: Mapping[str, str] | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown placement policy {policy!r}: use one of {', '.join(POLICIES)}")
+        self.warnings: list[str] = []
+        if class_map:
+            manifests = map_device_classes(manifests, class_map, self.warnings)
         self.policy = policy
         self.whole_gpus = whole_gpus
         self.cluster = cluster
         self.nodes = [Node(n.name, n.labels) for n in cluster.nodes]
-        self.warnings: list[str] = []
         self.classes: dict[str, dict[str, Any]] = {}
         self.templates: dict[tuple[str, str], dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
@@ -282,6 +328,8 @@ class Simulation:
         for m in manifests:
             check(m)
             kind = m.kind
+            if m.obj.get("apiVersion") == BETA2:
+                self.warnings.append(f"{m.source}: {m.ref()}: {BETA2} is read as resource.k8s.io/v1 (the same shape)")
             if kind == "ResourceSlice":
                 # Identical slices (e.g. simulate's own -o yaml fed back beside --cluster) are
                 # the same object; a different slice under a published name is an error.
@@ -342,6 +390,9 @@ class Simulation:
         self._check_classes(manifests)
 
     def _check_classes(self, manifests: Iterable[Manifest]) -> None:
+        """A request naming a DeviceClass the simulation lacks is not bad input: kube-scheduler
+        leaves the pods that use it pending (``request r: device class c does not exist``) and
+        schedules the others. Warn once per claim or template, with a hint."""
         for m in manifests:
             if m.kind not in ("ResourceClaim", "ResourceClaimTemplate"):
                 continue
@@ -356,14 +407,37 @@ class Simulation:
                 for where, sub in alts:
                     cls = sub.get("deviceClassName")
                     if cls and cls not in self.classes:
-                        known = ", ".join(sorted(self.classes))
-                        raise ManifestError(
-                            f"DeviceClass {cls!r} does not exist (known: {known}): use one of them or add the DeviceClass",
-                            file=m.source.file,
-                            doc=m.source.doc,
-                            obj=m.ref(),
-                            field=f"{base}.devices.requests[{i}].{where}.deviceClassName",
+                        self.warnings.append(
+                            f"{m.source}: {m.ref()}: {base}.devices.requests[{i}].{where}.deviceClassName: "
+                            f"DeviceClass {cls!r} does not exist: pods using it stay pending{self.class_hint(cls)}"
                         )
+
+    def class_hint(self, cls: str) -> str:
+        """What to do about a missing DeviceClass ``cls`` ("" when nothing useful to say)."""
+        if cls in NVIDIA_CLASSES:
+            return (
+                f" ({cls} is the NVIDIA DRA driver's class: --class-map {cls}={DEVICE_CLASS_NAME} runs these requests "
+                "on Tessera's GPUs, or add the DeviceClass and the driver's ResourceSlices)"
+            )
+        close = difflib.get_close_matches(cls, list(self.classes), n=1)
+        if close:
+            return f" (did you mean {close[0]}?)"
+        return f" (known: {', '.join(sorted(self.classes))}; add the DeviceClass, or map it with --class-map {cls}=CLASS)"
+
+    def missing_class(self, claims: Sequence[dict[str, Any]]) -> str | None:
+        """PreFilter's check (validateDeviceClass): the first request of ``claims`` whose class
+        does not exist, as kube-scheduler words it, or None."""
+        for c in claims:
+            for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or []:
+                name = r.get("name", "")
+                alts = [(name, r["exactly"])] if r.get("exactly") else [
+                    (f"{name}/{s.get('name', '')}", s) for s in r.get("firstAvailable") or []
+                ]
+                for req, sub in alts:
+                    cls = sub.get("deviceClassName") or ""
+                    if cls and cls not in self.classes:
+                        return f"request {req}: device class {cls} does not exist"
+        return None
 
     # ------------------------------------------------------------------------------------------
     def run(self, on_pod: Callable[[str], None] | None = None) -> SimResult:
@@ -476,6 +550,10 @@ class Simulation:
             return None, reason, []
         todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
         done = [c for _, c in claims if (c.get("status") or {}).get("allocation")]
+        missing = self.missing_class(todo)
+        if missing:
+            cls = missing.rpartition("device class ")[2].removesuffix(" does not exist")
+            return None, f"0/{len(self.nodes)} nodes are available: {missing}.{self.class_hint(cls)}", claims
         for c in done:
             rf = (c.get("status") or {}).get("reservedFor") or []
             if len(rf) >= 256 and not any(r.get("name") == _name(pod) for r in rf):
