@@ -5,9 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest, Source, expand_workloads, load_file, parse_documents
 from tessera.sim.cluster import Cluster, SimNode
 from tessera.sim.simulate import Simulation
