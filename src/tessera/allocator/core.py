@@ -99,6 +99,19 @@ class SelectorError(AllocationError):
         self.error = error
 
 
+class SelectorCompileError(AllocationError):
+    """A selector does not compile; raised when a device is first evaluated with it (upstream
+    compiles on first use). ``owner``, ``index``, ``expression``, ``error`` as in
+    :class:`SelectorError`."""
+
+    def __init__(self, owner: str, index: int, expression: str, error: str) -> None:
+        super().__init__(f"{owner}: selector #{index}: CEL compile error: {error}")
+        self.owner = owner
+        self.index = index
+        self.expression = expression
+        self.error = error
+
+
 class _MaxSizeExceeded(Exception):
     """Internal signal: the claim would need more than 32 results (dra-spec.md 4.4)."""
 
@@ -315,8 +328,8 @@ class RequestData:
     name: str  # "req" or "req/sub"
     parent: str
     class_name: str
-    class_selectors: list[CompiledSelector]
-    selectors: list[CompiledSelector]
+    class_selectors: list[CompiledSelector | _BadSelector]
+    selectors: list[CompiledSelector | _BadSelector]
     all_mode: bool
     count: int
     admin: bool
@@ -566,11 +579,11 @@ class Allocator:
         return rec
 
     # ---- selectors ----------------------------------------------------------------------------
-    def matches(self, sels: Sequence[CompiledSelector], d: Device, owner: str) -> bool:
+    def matches(self, sels: Sequence[CompiledSelector | _BadSelector], d: Device, owner: str) -> bool:
         """Whether ``d`` passes every selector; a CEL runtime error raises AllocationError."""
         return self.first_false(sels, d, owner) < 0
 
-    def first_false(self, sels: Sequence[CompiledSelector], d: Device, owner: str) -> int:
+    def first_false(self, sels: Sequence[CompiledSelector | _BadSelector], d: Device, owner: str) -> int:
         """The index of the first selector that is false on ``d``, or -1 when all are true;
         a CEL runtime error raises AllocationError (upstream's message, ``owner`` first).
 
@@ -579,6 +592,8 @@ class Allocator:
         UUIDs evaluate ``device.driver == "x"`` once.
         """
         for i, sel in enumerate(sels):
+            if isinstance(sel, _BadSelector):
+                raise SelectorCompileError(owner, i, sel.expression, sel.error)
             key = (sel.expression, id(d))
             r = self._sel_cache.get(key)
             if r is None:
@@ -651,17 +666,30 @@ def _selector_key(expression: str, d: Device) -> tuple[Any, ...] | None:
     return (expression, d.driver, d.allow_multiple, attrs, caps)
 
 
-def _compile_all(sels: Any, owner: str) -> list[CompiledSelector]:
-    out = []
-    for i, s in enumerate(sels or []):
-        expr = ((s or {}).get("cel") or {}).get("expression")
-        if not expr:
-            raise AllocationError(f"{owner}, selector #{i}: CEL expression empty (unsupported selector type?)")
+@dataclass(frozen=True)
+class _BadSelector:
+    """A selector that does not compile: upstream compiles on first use, so the error is raised
+    only when a device is evaluated with it (``CEL compile error``)."""
+
+    expression: str
+    error: str
+
+
+def _compile_all(sels: Any) -> list[CompiledSelector | _BadSelector]:
+    out: list[CompiledSelector | _BadSelector] = []
+    for s in sels or []:
+        expr = ((s or {}).get("cel") or {}).get("expression") or ""
         try:
-            out.append(compile_selector(expr))
+            out.append(_compile(expr))
         except CelCompileError as e:
-            raise AllocationError(f"{owner}: selector #{i}: CEL compile error: {e}") from None
+            out.append(_BadSelector(expr, str(e)))
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _compile(expression: str) -> CompiledSelector:
+    """compile_selector, cached by expression text (upstream's CEL cache)."""
+    return compile_selector(expression)
 
 
 class _Search:
@@ -702,12 +730,15 @@ class _Search:
 
     # ---- preparation (dra-spec.md 4.3) ------------------------------------------------------
     def _request(self, ci: int, ref: str, name: str, parent: str, r: Mapping[str, Any], admin_ok: bool) -> RequestData:
-        # Upstream names a subrequest by its own name ("subrequest subReq-0"), not "req/sub".
-        what = f"claim {ref}, subrequest {name.split('/', 1)[1]}" if "/" in name else f"claim {ref}, request {name}"
-        if r.get("capacity") and not self.f.consumable_capacity:
-            raise AllocationError(f"{what}: has capacity requests, but the DRAConsumableCapacity feature is disabled")
+        """validateDeviceRequest, in upstream's order (messages name a subrequest by its own
+        name, as upstream's ``request.name()`` does)."""
+        own = name.rpartition("/")[2]
+        what = f"claim {ref}, request {own}"
+        for i, sel in enumerate(r.get("selectors") or []):
+            if (sel or {}).get("cel") is None:
+                raise AllocationError(f"{what}, selector #{i}: CEL expression empty (unsupported selector type?)")
         admin = bool(r.get("adminAccess")) if admin_ok else False
-        if admin and not self.f.admin_access:
+        if admin_ok and r.get("adminAccess") is not None and not self.f.admin_access:
             raise AllocationError(f"{what}: admin access is requested, but the feature is disabled")
         cls_name = r.get("deviceClassName") or ""
         if not cls_name:
@@ -718,8 +749,6 @@ class _Search:
                 f"{what}: could not retrieve device class {cls_name}: deviceclass.resource.k8s.io \"{cls_name}\" not found"
             )
         mode = r.get("allocationMode") or "ExactCount"
-        if mode not in ("ExactCount", "All"):
-            raise AllocationError(f"{what}: unsupported count mode {mode}")
         caps = {k: _parse_quantity(v) for k, v in ((r.get("capacity") or {}).get("requests") or {}).items()}
         cap_key = ";".join(f"{k}={caps[k].value}" for k in sorted(caps))
         rd = RequestData(
@@ -727,8 +756,8 @@ class _Search:
             name=name,
             parent=parent,
             class_name=cls_name,
-            class_selectors=_compile_all((cls.get("spec") or {}).get("selectors"), f"class {cls_name}"),
-            selectors=_compile_all(r.get("selectors"), f"claim {ref}"),
+            class_selectors=_compile_all((cls.get("spec") or {}).get("selectors")),
+            selectors=_compile_all(r.get("selectors")),
             all_mode=mode == "All",
             count=int(r.get("count") or 1) if mode == "ExactCount" else 0,
             admin=admin,
@@ -737,7 +766,7 @@ class _Search:
             cap_key=cap_key,
             raw=dict(r),
         )
-        if rd.all_mode:
+        if mode == "All":
             for p in self.pools:
                 if not p.complete:
                     raise AllocationError(
@@ -747,9 +776,8 @@ class _Search:
                     raise AllocationError(
                         f"{what}: asks for all devices, but resource pool {p.driver}/{p.name} is currently invalid"
                     )
-            for p in self.pools:
-                for s in p.slices:
-                    for d in s.devices:
+                for sl in p.slices:
+                    for d in sl.devices:
                         if not self._selectable(rd, d, ref):
                             continue
                         # Kubernetes v1.37.2 (checked with tools/kube's harness): the All set
@@ -759,9 +787,13 @@ class _Search:
                             continue
                         rd.all_devices.append(d)
             rd.count = len(rd.all_devices)
+        elif mode != "ExactCount":
+            raise AllocationError(f"{what}: unsupported count mode {mode}")
         return rd
 
     def _prepare(self) -> None:
+        """Allocate's preparation, in upstream's order: per claim, per request: feature checks,
+        validateDeviceRequest (per subrequest), the 32-device limit; then the constraints."""
         for ci, claim in enumerate(self.claims_in):
             md = claim.get("metadata") or {}
             # klog.KObj: "namespace/name", or just "name" for an object without a namespace.
@@ -772,28 +804,42 @@ class _Search:
             min_total = 0
             for r in devices.get("requests") or []:
                 name = r.get("name", "")
-                if r.get("firstAvailable"):
-                    if not self.f.prioritized_list:
+                subs_in = r.get("firstAvailable") or []
+                if subs_in and not self.f.prioritized_list:
+                    raise AllocationError(
+                        f"claim {ref}, request {name}: has subrequests, but the DRAPrioritizedList feature is disabled"
+                    )
+                if not self.f.consumable_capacity:
+                    if r.get("exactly") is not None and (r.get("exactly") or {}).get("capacity") is not None:
                         raise AllocationError(
-                            f"claim {ref}, request {name}: has subrequests, but the DRAPrioritizedList feature is disabled"
+                            f"claim {ref}, request {name}: has capacity requests, but the DRAConsumableCapacity feature is disabled"
                         )
+                    for sub in subs_in:
+                        if sub.get("capacity") is not None:
+                            raise AllocationError(
+                                f"claim {ref}, subrequest {sub.get('name', '')}: has capacity requests, but the "
+                                "DRAConsumableCapacity feature is disabled"
+                            )
+                if subs_in:
                     subs = [
                         self._request(ci, ref, f"{name}/{s.get('name', '')}", name, s, admin_ok=False)
-                        for s in r["firstAvailable"]
+                        for s in subs_in
                     ]
                     for j, s in enumerate(subs):
                         s.sub_index = j
                     reqs.append(subs)
-                    min_total += min(s.count for s in subs)
+                    need = min(s.count for s in subs)
                 else:
                     exact = r.get("exactly") or {}
                     rd = self._request(ci, ref, name, name, exact, admin_ok=True)
                     reqs.append([rd])
-                    min_total += rd.count
-            if min_total > MAX_RESULTS_PER_CLAIM:
-                raise AllocationError(
-                    f"claim {ref}: number of requested devices {min_total} exceeds the claim limit of {MAX_RESULTS_PER_CLAIM}"
-                )
+                    need = rd.count
+                if need > MAX_RESULTS_PER_CLAIM - min_total:
+                    raise AllocationError(
+                        f"claim {ref}, request {name}: adding {need} devices exceeds the claim limit of "
+                        f"{MAX_RESULTS_PER_CLAIM}, with {min_total} already accounted for"
+                    )
+                min_total += need
             cons: list[_Constraint] = []
             for i, c in enumerate(devices.get("constraints") or []):
                 if c.get("matchAttribute"):
@@ -1069,9 +1115,10 @@ class _Search:
         self.rec.last = None
         try:
             undo = self._candidate(cd, rd, d, pool)
-        except SelectorError as e:
+        except (SelectorError, SelectorCompileError) as e:
             owner = "class" if e.owner.startswith("class ") else "request"
-            return CelError(owner, rd.class_name if owner == "class" else rd.name, e.index, e.expression, e.error)
+            kind = "compile" if isinstance(e, SelectorCompileError) else "runtime"
+            return CelError(owner, rd.class_name if owner == "class" else rd.name, e.index, e.expression, e.error, kind)
         if undo is not None:
             undo()
             return None

@@ -32,13 +32,14 @@ class UnsupportedAttribute:
     attribute map is converted for CEL up front), and constraints never match it.
     """
 
-    __slots__ = ("why",)
+    __slots__ = ("name", "why")
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, why: str, name: str = "") -> None:
         self.why = why
+        self.name = name  # as the slice spells it (upstream's message names it so)
 
     def __repr__(self) -> str:
-        return f"UnsupportedAttribute({self.why!r})"
+        return f"UnsupportedAttribute({self.why!r}, {self.name!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +131,7 @@ class Device:
             attrs = self.attributes
             for k, v in attrs.items():
                 if isinstance(v, UnsupportedAttribute):
-                    raise CelRuntimeError(f"attribute {k}: unsupported attribute value ({v.why})")
+                    raise CelRuntimeError(f"attribute {v.name or k}: unsupported attribute value")
             if not lists:
                 attrs = {k: v for k, v in attrs.items() if not isinstance(v, list)}
             view = DeviceView(
@@ -259,6 +260,10 @@ def slice_from_dict(obj: dict[str, Any]) -> Slice:
             _qualify(k, driver): _attr_value(v, f"{where}.attributes[{k}]", ref)
             for k, v in (d.get("attributes") or {}).items()
         }
+        for k in d.get("attributes") or {}:
+            v = attrs[_qualify(k, driver)]
+            if isinstance(v, UnsupportedAttribute):
+                v.name = k
         caps = {
             k: Capacity(
                 _q((v or {}).get("value"), f"{where}.capacity[{k}].value", ref),

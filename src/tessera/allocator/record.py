@@ -145,10 +145,11 @@ class CelError(Refusal):
     index: int
     expression: str
     error: str
+    kind: str = "runtime"  # or "compile"
 
     def text(self) -> str:
         hint = " (guard the lookup with has(...))" if "no such key" in self.error else ""
-        return f"{self.owner} {self.name} selector #{self.index}: CEL runtime error: {self.error}{hint}; this aborts scheduling of the pod"
+        return f"{self.owner} {self.name} selector #{self.index}: CEL {self.kind} error: {self.error}{hint}; this aborts scheduling of the pod"
 
 
 @dataclass(frozen=True, slots=True)

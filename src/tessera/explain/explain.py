@@ -254,7 +254,7 @@ def verdict(dr: DeviceRecord, lists: bool, owners: Mapping[tuple[str, str, str],
             if failing and failing != " ".join(r.expression.split()):
                 at = f" in `{failing}`"
         hint = " (guard the lookup with has(...))" if "no such key" in r.error else ""
-        msg = f"{r.owner} {r.name} selector #{r.index}: CEL runtime error{at}: {r.error}{hint}; this aborts scheduling of the pod"
+        msg = f"{r.owner} {r.name} selector #{r.index}: CEL {r.kind} error{at}: {r.error}{hint}; this aborts scheduling of the pod"
         return DeviceVerdict(did, r.check, msg, msg)
     if isinstance(r, InUse) and r.by == "allocated":
         owner = owners.get(d.id)
