@@ -13,7 +13,11 @@ files' own comparison (``test_conformance.py``, which follows upstream's ``RunTe
   order** (shareIDs by presence, quantities by value, node selectors ignoring term order).
   Except where upstream's ``stable`` variant runs (no ConsumableCapacity,
   DeviceBindingAndStatus or ListTypeAttributes feature): it visits pools in Go map order, which
-  changes from run to run, so there a claim's device results are compared as a multiset.
+  changes from run to run, and tries permutations rather than combinations, so its answer is
+  one of several and may change between runs. There a claim's device results are compared as a
+  multiset (the scenario files, whose answers do not depend on the order), and for generated
+  scenarios (``exact=False``) only whether the claims were allocated. Tessera always answers as
+  the incubating variant does.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ def ordered(features: Sequence[str]) -> bool:
     return bool(_NOT_STABLE & set(features))
 
 
-def assert_same(sc: dict[str, Any], err: str, results: list[Any], up: dict[str, Any]) -> None:
+def assert_same(sc: dict[str, Any], err: str, results: list[Any], up: dict[str, Any], exact: bool = True) -> None:
     """Tessera's ``(err, results)`` for scenario ``sc`` against the harness output ``up``."""
     up_err = up.get("error") or ""
     assert same_error(err, up_err), f"tessera error {err!r}, upstream error {up_err!r}"
@@ -54,4 +58,7 @@ def assert_same(sc: dict[str, Any], err: str, results: list[Any], up: dict[str, 
         return
     up_results = up.get("results") or [None] * len(results)
     strict = ordered(sc.get("features") or [])
+    if not strict and not exact:
+        assert [r is None for r in results] == [r is None for r in up_results]
+        return
     assert [normalize(r, strict) for r in results] == [normalize(r, strict) for r in up_results]

@@ -37,8 +37,9 @@ PENDING = [p for p in SCENARIOS if _pending(p)]
 def _allocator(sc: dict[str, Any]) -> tuple[Allocator, Node]:
     node_d = sc.get("node") or {"name": "node-1"}
     classes = {c["metadata"]["name"]: c for c in sc.get("classes") or []}
-    state = AllocatedState.from_claims(sc.get("allocated") or [])
-    alloc = Allocator(sc.get("slices") or [], classes, state, Features.from_names(sc.get("features") or []), random.Random(0))
+    features = Features.from_names(sc.get("features") or [])
+    state = AllocatedState.from_claims(sc.get("allocated") or [], features.consumable_capacity)
+    alloc = Allocator(sc.get("slices") or [], classes, state, features, random.Random(0))
     return alloc, Node(node_d["name"], node_d.get("labels") or {})
 
 

@@ -156,6 +156,9 @@ class Pool:
     complete: bool = True
     invalid: str | None = None
     has_binding_conditions: bool = False
+    # Device slices of the pool (this generation) that do not target the node: only known
+    # when the pool looked incomplete from the node; they count for counter accounting.
+    not_targeting: list[Slice] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -197,57 +200,83 @@ def slice_on_node(s: Slice, node: Node) -> bool:
 
 
 def gather_pools(index: SliceIndex, node: Node, features: Features) -> list[Pool]:
-    """The pools visible from ``node``, in allocation order (dra-spec.md 4.2)."""
+    """The pools visible from ``node``, in allocation order: upstream's ``GatherPools``
+    (dra-spec.md 4.2), Kubernetes v1.37.2's incubating variant."""
     relevant: dict[tuple[str, str], list[Slice]] = {}
     for s in index.by_node.get(node.name, []) + index.unpinned:
         if not features.partitionable_devices and (s.per_device_node_selection or s.shared_counters):
             continue
         if not slice_on_node(s, node):
             continue
-        relevant.setdefault((s.driver, s.pool), []).append(s)
-    pools: list[Pool] = []
+        key = (s.driver, s.pool)
+        cur = relevant.get(key)
+        if cur is None or s.generation > cur[0].generation:
+            relevant[key] = [s]  # a newer generation replaces the slices seen so far
+        elif s.generation == cur[0].generation:
+            cur.append(s)
+    plain: list[Pool] = []
+    binding: list[Pool] = []
     for key, sl in relevant.items():
-        gen = max(s.generation for s in sl)
-        cur = [s for s in sl if s.generation == gen]
-        complete = True
-        all_of_pool = index.by_pool.get(key, [])
-        if len(cur) != cur[0].slice_count:
+        gen, count = sl[0].generation, sl[0].slice_count
+        if len(sl) == count:
+            pool = _build_pool(key, sl, features, None)
+        else:
+            # Slices filtered out as not targeting the node may complete the pool.
+            all_of_pool = index.by_pool.get(key, [])
             if any(s.generation > gen for s in all_of_pool):
-                continue  # obsolete: a newer generation exists
-            if len([s for s in all_of_pool if s.generation == gen]) != cur[0].slice_count:
-                complete = False
-        counters: dict[str, dict[str, Fraction]] = {}
-        invalid: str | None = None
-        for s in all_of_pool:
-            if s.generation != gen or not features.partitionable_devices:
+                continue  # obsolete: the driver is publishing a newer generation
+            same = [s for s in all_of_pool if s.generation == gen]
+            if len(same) != count:
+                plain.append(Pool(key[0], key[1], [], {}, complete=False))
                 continue
-            for cs, cvals in s.shared_counters.items():
-                if cs in counters:
-                    invalid = f"duplicate counter set {cs}"
-                counters[cs] = cvals
-        device_slices = sorted((s for s in cur if s.devices), key=lambda s: s.name)
-        # Validity covers every slice of the pool at this generation, including slices that
-        # target other nodes (case partitionable-devices-validation-error-on-non-targeting-slice).
-        seen: set[str] = set()
-        for s in all_of_pool:
-            if s.generation != gen or not s.devices:
-                continue
-            if not features.partitionable_devices and s.per_device_node_selection:
-                continue
-            for d in s.devices:
-                if d.name in seen:
-                    invalid = f"duplicate device name {d.name}"
-                seen.add(d.name)
-                if features.partitionable_devices:
-                    for cs, cvals in d.consumes_counters:
-                        if cs not in counters or any(c not in counters[cs] for c in cvals):
-                            invalid = f"device {d.name} consumes unknown counters of set {cs}"
-        has_bc = any(d.binding_conditions and device_on_node(d, node) for s in device_slices for d in s.devices)
-        pools.append(Pool(key[0], key[1], device_slices, counters, complete, invalid, has_bc))
-    pools.sort(key=lambda p: p.key)
-    if features.device_binding_and_status:
-        pools.sort(key=lambda p: p.has_binding_conditions)
-    return pools
+            pool = _build_pool(key, sl, features, same)
+        (binding if pool.has_binding_conditions else plain).append(pool)
+    plain.sort(key=lambda p: p.key)
+    binding.sort(key=lambda p: p.key)
+    return plain + binding
+
+
+def _build_pool(key: tuple[str, str], slices: list[Slice], features: Features, all_slices: list[Slice] | None) -> Pool:
+    """buildPool: the node's device slices (by name), counter sets, validity."""
+    pd = features.partitionable_devices
+    device_slices: list[Slice] = []
+    counter_slices: list[Slice] = []
+    not_targeting: list[Slice] = []
+    for s in sorted(slices, key=lambda s: s.name):
+        (counter_slices if pd and s.shared_counters else device_slices).append(s)
+    if all_slices is not None and len(slices) < len(all_slices):
+        names = {s.name for s in slices}
+        for s in all_slices:
+            if s.name not in names:
+                (counter_slices if pd and s.shared_counters else not_targeting).append(s)
+    has_bc = any(d.binding_conditions for s in device_slices for d in s.devices)
+    pool = Pool(key[0], key[1], device_slices, {}, True, None, has_bc, not_targeting)
+    seen: set[str] = set()
+    for s in device_slices:
+        for d in s.devices:
+            if d.name in seen:
+                pool.invalid = f"duplicate device name {d.name}"
+                return pool
+            seen.add(d.name)
+    if not pd:
+        return pool
+    for s in counter_slices:
+        for cs, cvals in s.shared_counters.items():
+            if cs in pool.counters:
+                pool.invalid = f"duplicate counter set name {cs}"
+                return pool
+            pool.counters[cs] = cvals
+    for s in device_slices + not_targeting:
+        for d in s.devices:
+            for cs, cvals in d.consumes_counters:
+                if cs not in pool.counters:
+                    pool.invalid = f"counter set {cs} not found"
+                    return pool
+                for c in cvals:
+                    if c not in pool.counters[cs]:
+                        pool.invalid = f"counter {c} not found in counter set {cs}"
+                        return pool
+    return pool
 
 
 # ---------------------------------------------------------------------------------------------
@@ -940,7 +969,8 @@ class _Search:
         av = self._available.get(pool_key)
         if av is None:
             av = {cs: dict(v) for cs, v in counters.items()}
-            for s in self.a.index.by_pool.get(pool_key, []):
+            pool = next(p for p in self.pools if p.key == pool_key)
+            for s in pool.slices + pool.not_targeting:
                 for d in s.devices:
                     if d.consumes_counters and self.st.is_allocated(d.id):
                         for cs, cvals in d.consumes_counters:

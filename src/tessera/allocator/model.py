@@ -366,19 +366,22 @@ class AllocatedState:
 
     ``dedicated``: devices allocated without a shareID; ``shared``: (device, shareID) pairs;
     ``aggregated``: per device, the sum of consumedCapacity of its shares (exact, base units).
-    Admin-access results are not recorded: they never block anyone.
+    Admin-access results are not recorded: they never block anyone. ``consumable_capacity``:
+    the DRAConsumableCapacity gate; off, kube-scheduler counts every result as dedicated,
+    shareID or not.
     """
 
     dedicated: set[DeviceID] = field(default_factory=set)
     shared: set[tuple[DeviceID, str]] = field(default_factory=set)
     aggregated: dict[DeviceID, dict[str, Fraction]] = field(default_factory=dict)
+    consumable_capacity: bool = True
 
     def add_result(self, result: Mapping[str, Any]) -> None:
         """Record one ``status.allocation.devices.results[]`` entry."""
         if result.get("adminAccess"):
             return
         did = (result["driver"], result["pool"], result["device"])
-        share = result.get("shareID")
+        share = result.get("shareID") if self.consumable_capacity else None
         if share:
             self.shared.add((did, share))
             agg = self.aggregated.setdefault(did, {})
@@ -392,7 +395,7 @@ class AllocatedState:
         if result.get("adminAccess"):
             return
         did = (result["driver"], result["pool"], result["device"])
-        share = result.get("shareID")
+        share = result.get("shareID") if self.consumable_capacity else None
         if share:
             self.shared.discard((did, share))
             agg = self.aggregated.get(did, {})
@@ -412,8 +415,8 @@ class AllocatedState:
         return did in self.dedicated or did in self.aggregated
 
     @classmethod
-    def from_claims(cls, claims: Iterable[Mapping[str, Any]]) -> AllocatedState:
-        st = cls()
+    def from_claims(cls, claims: Iterable[Mapping[str, Any]], consumable_capacity: bool = True) -> AllocatedState:
+        st = cls(consumable_capacity=consumable_capacity)
         for c in claims:
             st.add_claim(c)
         return st
