@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from tessera.allocator import AllocatedState, AllocationError, Allocator, Features, Node, RequestRecord
+from tessera.allocator import (
+    AllocatedState,
+    AllocationError,
+    Allocator,
+    Features,
+    Node,
+    RequestRecord,
+)
 from tessera.explain.explain import explain_node
 
 from .test_conformance import SCENARIOS, load, run_scenario
