@@ -196,7 +196,7 @@ def test_typo_attribute_is_a_cel_runtime_error_that_aborts_scheduling() -> None:
     ne = exp.nodes[0]
     assert ne.verdict == "error"
     assert ne.summary == (
-        "allocation error: claim typo: selector #0 on device gpu.tessera.dev/n1/gpu-0: CEL runtime error: "
+        "allocation error: claim default/typo: selector #0 on device gpu.tessera.dev/n1/gpu-0: CEL runtime error: "
         "no such key: productname (hint: guard the lookup with has(...) so devices without it do not match)"
     )
     assert _groups(ne) == [(1, "request gpu selector #0: CEL runtime error: no such key: productname (guard the lookup "

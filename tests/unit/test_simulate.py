@@ -477,3 +477,137 @@ def test_invalid_pool_on_one_node_is_that_node_only() -> None:
         "claim default/web-2-gpu, request gpu: needs 1 device with memory 30Gi and cores 20; 1 GPU in the cluster "
         "matches its selectors, none has room now: memory short on b/gpu-0: 20Gi free of 80Gi, needs 30Gi"
     )
+
+
+GENERIC_CLASS = """
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu}
+spec:
+  selectors: [{cel: {expression: 'device.driver == "gpu.example.com"'}}]
+"""
+
+
+def generic_slice(node: str, devices: list[dict[str, Any]], counters: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """A pool of ``gpu.example.com`` devices on ``node`` (and its counter set, if any)."""
+    n = 2 if counters else 1
+    out = [{
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-devices"},
+        "spec": {"driver": "gpu.example.com", "pool": {"name": node, "generation": 1, "resourceSliceCount": n},
+                 "nodeName": node, "devices": devices},
+    }]
+    if counters:
+        out.append({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-counters"},
+            "spec": {"driver": "gpu.example.com", "pool": {"name": node, "generation": 1, "resourceSliceCount": n},
+                     "nodeName": node, "sharedCounters": [{"name": "cs", "counters": {k: {"value": v} for k, v in counters.items()}}]},
+        })
+    return out
+
+
+def gdev(name: str, numa: int, *, mem: str | None = None, counter: str | None = None, multi: bool = True, kind: str = "gpu") -> dict[str, Any]:
+    d: dict[str, Any] = {"name": name, "attributes": {"numa": {"int": numa}, "kind": {"string": kind}}}
+    if multi:
+        d["allowMultipleAllocations"] = True
+    if mem:
+        d["capacity"] = {"memory": {"value": mem}}
+    if counter:
+        d["consumesCounters"] = [{"counterSet": "cs", "counters": {"mem": {"value": counter}}}]
+    return d
+
+
+def test_all_mode_constraint_error_keeps_the_pod_off_every_node() -> None:
+    # Node a: gpu-1 (numa 1) and gpu-2 (numa 2, filled by the first pod); node b: one numa-1 GPU.
+    # The second pod wants all GPUs of a node with 2Gi each, on one numa node. On node a,
+    # Kubernetes v1.37.2 checks the constraint before gpu-2's remaining capacity: an error, which
+    # aborts the pod's scheduling attempt on every node. It stays pending; it does not go to b.
+    c = Cluster([
+        SimNode("a", {}, generic_slice("a", [gdev("gpu-1", 1, mem="4Gi"), gdev("gpu-2", 2, mem="4Gi")])),
+        SimNode("b", {}, generic_slice("b", [gdev("gpu-1", 1, mem="4Gi")])),
+    ])
+    text = GENERIC_CLASS + """---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: filler}
+spec:
+  devices:
+    requests:
+    - name: g
+      exactly:
+        deviceClassName: gpu
+        selectors: [{cel: {expression: 'device.attributes["gpu.example.com"].numa == 2'}}]
+        capacity: {requests: {memory: 4Gi}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: all}
+spec:
+  devices:
+    requests:
+    - name: g
+      exactly: {deviceClassName: gpu, allocationMode: All, capacity: {requests: {memory: 2Gi}}}
+    constraints: [{matchAttribute: gpu.example.com/numa}]
+""" + "".join(f"""---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {n}}}
+spec:
+  resourceClaims: [{{name: g, resourceClaimName: {n}}}]
+  containers: [{{name: c, image: x, resources: {{claims: [{{name: g}}]}}}}]
+""" for n in ("filler", "all"))
+    res = Simulation(c, manifests(text)).run()
+    assert [(p.pod, p.device) for p in res.placements] == [("default/filler", "gpu.example.com/a/gpu-2")]
+    assert [(p.pod, p.reason) for p in res.pending] == [(
+        "default/all",
+        "allocation error: claim default/all, request g: cannot add device gpu.example.com/a/gpu-2 because a claim "
+        "constraint would not be satisfied",
+    )]
+
+
+def test_backtracking_releases_a_shared_devices_counters() -> None:
+    # One node, a counter set of 8Gi. gpu-1 (numa 0) and gpu-2 (numa 1) are shareable and take
+    # 4Gi of it each; nic-3 (numa 1, dedicated) takes 4Gi. The pod's claim wants a GPU and the
+    # NIC on one numa node: the search first takes gpu-1, finds the NIC on the other numa node,
+    # and backtracks. Kubernetes v1.37.2 gives gpu-1's counters back, so gpu-2 + nic-3 fit in
+    # 8Gi; the second pod then shares gpu-2 (its counters are already paid).
+    c = Cluster([SimNode("n", {}, generic_slice("n", [
+        gdev("gpu-1", 0, counter="4Gi"), gdev("gpu-2", 1, counter="4Gi"), gdev("nic-3", 1, counter="4Gi", multi=False, kind="nic"),
+    ], counters={"mem": "8Gi"}))])
+    nic = 'device.attributes["gpu.example.com"].kind == "nic"'
+    gpu = 'device.attributes["gpu.example.com"].kind == "gpu"'
+    text = GENERIC_CLASS + f"""---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: pair}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {{deviceClassName: gpu, selectors: [{{cel: {{expression: '{gpu}'}}}}]}}
+    - name: nic
+      exactly: {{deviceClassName: gpu, selectors: [{{cel: {{expression: '{nic}'}}}}]}}
+    constraints: [{{matchAttribute: gpu.example.com/numa}}]
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: numa1}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {{deviceClassName: gpu, selectors: [{{cel: {{expression: '{gpu} && device.attributes["gpu.example.com"].numa == 1'}}}}]}}
+""" + "".join(f"""---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {n}}}
+spec:
+  resourceClaims: [{{name: g, resourceClaimName: {n}}}]
+  containers: [{{name: c, image: x, resources: {{claims: [{{name: g}}]}}}}]
+""" for n in ("pair", "numa1"))
+    res = Simulation(c, manifests(text)).run()
+    assert [(p.pod, p.request, p.device, p.share_id is not None) for p in res.placements] == [
+        ("default/pair", "gpu", "gpu.example.com/n/gpu-2", True),
+        ("default/pair", "nic", "gpu.example.com/n/nic-3", False),
+        ("default/numa1", "gpu", "gpu.example.com/n/gpu-2", True),
+    ]
+    assert res.pending == []

@@ -356,6 +356,8 @@ class Simulation:
                 self.templates[(m.namespace, m.name)] = m.obj
             elif kind == "ResourceClaim":
                 claim = copy.deepcopy(m.obj)
+                # As the API server stores it: in a namespace (messages name it ns/name).
+                claim.setdefault("metadata", {}).setdefault("namespace", m.namespace)
                 if whole_gpus and not (claim.get("status") or {}).get("allocation"):
                     claim["spec"] = whole_gpu_spec(claim.get("spec") or {})
                 self.claims[(m.namespace, m.name)] = claim
