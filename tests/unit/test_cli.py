@@ -73,7 +73,17 @@ def test_default_yaml_is_a_list_with_allocations() -> None:
 
 def test_json_output(tmp_path: Path) -> None:
     code, out, _ = run("simulate", "-o", "json")
-    assert code == 0 and out.lstrip().startswith("{")
+    assert code == 0
+    lst = json.loads(out)
+    assert (lst["apiVersion"], lst["kind"]) == ("v1", "List")
+    kinds = [o["kind"] for o in lst["items"]]
+    assert kinds.count("ResourceSlice") == 4 and kinds.count("DeviceClass") == 1 and kinds.count("Pod") == 18
+    # The same List as -o yaml, object for object.
+    code, out_yaml, _ = run("simulate", "-o", "yaml")
+    assert code == 0 and yaml.safe_load(out_yaml) == lst
+    pods = {o["metadata"]["name"]: o for o in lst["items"] if o["kind"] == "Pod"}
+    assert pods["trainer-1"]["spec"]["nodeName"] == "h100-node"
+    assert pods["too-big"]["status"]["conditions"][0]["reason"] == "Unschedulable"
 
 
 def test_node_flag_with_corpus_inventory(corpus: Path, tmp_path: Path) -> None:

@@ -605,6 +605,19 @@ def test_invalid_values(limits: dict[str, Any], message: str) -> None:
     assert isinstance(e.value, ValueError)
 
 
+def test_accepted_boundaries() -> None:
+    # The largest values accepted, one below the refused ones above.
+    conv = convert(pod({"nvidia.com/gpu": 32, "nvidia.com/gpumem": 2**31 - 1}))
+    assert exactly(conv) == {
+        "deviceClassName": "gpu.tessera.dev",
+        "allocationMode": "ExactCount",
+        "count": 32,
+        "capacity": {"requests": {"memory": "2147483647Mi", "cores": "0"}},
+    }
+    assert conv.templates[0]["spec"]["spec"]["devices"]["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"}]
+    assert (conv.requests[0].gpus, conv.requests[0].memory_mib) == (32, 2**31 - 1)
+
+
 def test_invalid_value_in_requests_is_caught_too() -> None:
     with pytest.raises(ConversionError, match=r"nvidia.com/gpumem 'x' is not a number"):
         convert_pod(pod({"nvidia.com/gpu": 1}, requests={"nvidia.com/gpumem": "x"}))

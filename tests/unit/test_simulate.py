@@ -611,3 +611,46 @@ spec:
         ("default/numa1", "gpu", "gpu.example.com/n/gpu-2", True),
     ]
     assert res.pending == []
+
+
+def test_binpack_node_order_is_most_booked_first() -> None:
+    # a and c get 10Gi each, b (pinned by node selector) 40Gi: binpack then tries b first (half
+    # booked), spread the least booked node that fits (a and c tie at 1/8: cluster order), and
+    # first fit cluster order.
+    c = Cluster([SimNode(n, {"kubernetes.io/hostname": n}, [gpu_slice(n, [81920])]) for n in ("a", "b", "c")])
+    pinned = pods(("pin", "40Gi", "1")).replace("spec:\n  resourceClaims", "spec:\n  nodeSelector: {kubernetes.io/hostname: b}\n  resourceClaims")
+    ms = manifests(pods(("p1", "10Gi", "1")) + "---" + pinned + "---" + pods(("p3", "10Gi", "1"), ("p4", "10Gi", "1")))
+    assert placed(Simulation(c, ms).run()) == [("p1", "a/gpu-0"), ("pin", "b/gpu-0"), ("p3", "a/gpu-0"), ("p4", "a/gpu-0")]
+    assert placed(Simulation(c, ms, policy="binpack").run()) == [
+        ("p1", "a/gpu-0"), ("pin", "b/gpu-0"), ("p3", "b/gpu-0"), ("p4", "b/gpu-0"),
+    ]
+    assert placed(Simulation(c, ms, policy="spread").run()) == [
+        ("p1", "a/gpu-0"), ("pin", "b/gpu-0"), ("p3", "c/gpu-0"), ("p4", "a/gpu-0"),
+    ]
+
+
+def test_mig_devices_under_binpack_and_spread() -> None:
+    # The bundled A100 in MIG mode (4 dedicated MIG devices, 19968Mi each) and the dual A5000
+    # (shareable, 24564Mi each). A MIG device allocated whole counts as full (usage 2), so after
+    # the first 16Gi pod lands on a MIG device, binpack keeps the next ones on the MIG node
+    # (next free MIG device), spread sends them to the emptiest node, then GPU.
+    from tessera.cli._common import examples_dir
+    from tessera.inventory import build_resource_slices, load_inventory
+
+    inv = examples_dir() / "inventories"
+    c = Cluster([
+        SimNode("mig", {}, build_resource_slices("mig", load_inventory(inv / "telegraf__nvidia_smi_testdata__a100-sxm4-v12.xml"))),
+        SimNode("a5000", {}, build_resource_slices("a5000", load_inventory(inv / "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"))),
+    ])
+    # One GPU each (no distinctAttribute on uuid: these MIG devices publish none).
+    text = pods(("p1", "16Gi", "1"), ("p2", "16Gi", "1"), ("p3", "16Gi", "1"), ("p4", "4Gi", "1"))
+    ms = manifests(text.replace("      constraints: [{distinctAttribute: gpu.tessera.dev/uuid}]\n", ""))
+    assert placed(Simulation(c, ms).run()) == [
+        ("p1", "mig/gpu-0-mig-3-0"), ("p2", "mig/gpu-0-mig-4-0"), ("p3", "mig/gpu-0-mig-5-0"), ("p4", "mig/gpu-0-mig-6-0"),
+    ]
+    assert placed(Simulation(c, ms, policy="binpack").run()) == [
+        ("p1", "mig/gpu-0-mig-3-0"), ("p2", "mig/gpu-0-mig-4-0"), ("p3", "mig/gpu-0-mig-5-0"), ("p4", "mig/gpu-0-mig-6-0"),
+    ]
+    assert placed(Simulation(c, ms, policy="spread").run()) == [
+        ("p1", "mig/gpu-0-mig-3-0"), ("p2", "a5000/gpu-0"), ("p3", "a5000/gpu-1"), ("p4", "a5000/gpu-0"),
+    ]
