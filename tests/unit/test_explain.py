@@ -292,3 +292,58 @@ def test_cli_explain_unknown_exits_2() -> None:
     r = CliRunner().invoke(main, ["explain", "missing-pod"])
     assert r.exit_code == 2
     assert r.output.startswith("tessera: error: 'missing-pod' is neither a pod nor a ResourceClaim")
+
+
+# --- reasons name every capacity consumed, and never contradict themselves -----------------------
+
+
+GTX1080TI_CSV = """\
+index, uuid, name, memory.total [MiB], pci.bus_id, driver_version, compute_cap, mig.mode.current
+0, GPU-5d2a8e1c-1f0b-7c43-9e1a-3b8f2d6c4a10, NVIDIA GeForce GTX 1080 Ti, 11264 MiB, 00000000:01:00.0, 535.161.08, 6.1, [N/A]
+"""
+
+HAMI_ON_1080TI = """
+apiVersion: v1
+kind: Pod
+metadata: {name: share}
+spec:
+  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 3000}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: whole}
+spec:
+  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: half-cores}
+spec:
+  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpucores: 50}}}]
+"""
+
+
+def test_default_memory_is_named_as_the_blocker_on_a_1080ti() -> None:
+    # One GTX 1080 Ti (11264 MiB) from an `nvidia-smi --query-gpu` CSV; a 3000 MiB share is
+    # placed first. `gpu: 1` and `gpu: 1, gpucores: 50` name no memory, so each books the whole
+    # memory (the request policy's default): both pending, and the reason says memory is what is
+    # short (cores are not: 100 of 100 are free), with the numbers.
+    from tessera.inventory import build_resource_slices, parse_inventory
+    from tessera.sim.simulate import Simulation
+
+    gpus = parse_inventory(GTX1080TI_CSV, "gtx1080ti.csv")
+    cl = Cluster([SimNode("n", {"kubernetes.io/hostname": "n"}, build_resource_slices("n", gpus))])
+    res = Simulation(cl, docs(HAMI_ON_1080TI)).run()
+    assert [(p.pod, p.memory, p.cores) for p in res.placements] == [("default/share", "3000Mi", "0")]
+    whole, half = (
+        "0/1 nodes are available: 1 cannot allocate all claims. claim default/{pod}-c-gpu, request gpu: needs 1 device "
+        "with cores {cores} and memory 11Gi (all of it: the request names no memory, so the request policy's default "
+        "applies); 1 GPU in the cluster matches its selectors, none has room now: memory short on n/gpu-0: 8264Mi free "
+        "of 11Gi, needs 11Gi".format(pod=p, cores=c) for p, c in (("whole", 100), ("half-cores", 50))
+    )
+    assert [(p.pod, p.reason) for p in res.pending] == [("default/whole", whole), ("default/half-cores", half)]
+    exp = explain(cl, docs(HAMI_ON_1080TI), "half-cores")
+    assert _groups(exp.nodes[0]) == [
+        (1, "memory short by 3000Mi (needs 11Gi, policy default: the request names no memory, 8264Mi free of 11Gi)")
+    ]
+    assert exp.nodes[0].requests[0].wants == "1 device × cores 50, memory: all of it (the request policy's default) (class gpu.tessera.dev)"

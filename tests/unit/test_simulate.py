@@ -654,3 +654,54 @@ def test_mig_devices_under_binpack_and_spread() -> None:
     assert placed(Simulation(c, ms, policy="spread").run()) == [
         ("p1", "mig/gpu-0-mig-3-0"), ("p2", "a5000/gpu-0"), ("p3", "a5000/gpu-1"), ("p4", "a5000/gpu-0"),
     ]
+
+
+def test_reason_separates_too_small_from_full_now_and_not_together() -> None:
+    # n1: an 80Gi GPU holding 60Gi, and a 16Gi GPU. A 30Gi share can never fit the 16Gi GPU
+    # and does not fit the 80Gi one now. Three 10Gi shares on distinct GPUs: both GPUs fit one
+    # on their own, three are needed. Two 17Gi requests of one claim: each fits gpu-0 on its own
+    # (20Gi free), not both.
+    c = cluster(("n1", [81920, 16384]))
+    two = """---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: two}
+spec:
+  devices:
+    requests:
+    - {name: a, exactly: {deviceClassName: gpu.tessera.dev, capacity: {requests: {memory: 17Gi}}}}
+    - {name: b, exactly: {deviceClassName: gpu.tessera.dev, capacity: {requests: {memory: 17Gi}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: two}
+spec:
+  resourceClaims: [{name: g, resourceClaimName: two}]
+  containers: [{name: c, image: x, resources: {claims: [{name: g}]}}]
+"""
+    text = TEMPLATE_30G.replace("memory: 30Gi", "memory: 60Gi").replace("replicas: 5", "replicas: 1") + "---" + pods(
+        ("big", "30Gi", "1"), ("pair", "10Gi", "3")
+    ) + two
+    res = Simulation(c, manifests(text)).run()
+    assert [(p.pod, p.device) for p in res.placements] == [("default/web-0", "gpu.tessera.dev/n1/gpu-0")]
+    reasons = {p.pod: p.reason.split(". ", 1)[1] for p in res.pending}
+    assert reasons == {
+        "default/big": (
+            "claim default/big-gpu, request gpu: needs 1 device with memory 30Gi; 2 GPUs in the cluster match its "
+            "selectors: 1 GPU can never hold it (memory 30Gi is more than any of them has: the largest has 16Gi, "
+            "n1/gpu-1); memory short on n1/gpu-0: 20Gi free of 80Gi, needs 30Gi"
+        ),
+        "default/pair": (
+            "claim default/pair-gpu, request gpu: needs 3 devices with memory 10Gi; 2 GPUs in the cluster match its "
+            "selectors: 2 GPUs fit on their own, 3 needed"
+        ),
+        "default/two": (
+            "claim default/two, request a: needs 1 device with memory 17Gi; 2 GPUs in the cluster match its selectors: "
+            "1 GPU can never hold it (memory 17Gi is more than any of them has: the largest has 16Gi, n1/gpu-1); "
+            "1 GPU fits on its own, but not together with the rest of the pod (no combination of them fits); "
+            "claim default/two, request b: needs 1 device with memory 17Gi; 2 GPUs in the cluster match its selectors: "
+            "1 GPU can never hold it (memory 17Gi is more than any of them has: the largest has 16Gi, n1/gpu-1); "
+            "1 GPU fits on its own, but not together with the rest of the pod: memory short by 14Gi (needs 17Gi, "
+            "3Gi free of 80Gi, 17Gi of it picked by this pod's other requests)"
+        ),
+    }

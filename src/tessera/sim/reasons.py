@@ -113,31 +113,35 @@ def request_clause(rr: RequestRecord, seen: Sequence[_Seen], per_node_fit: Mappi
     parts: list[str] = []
     if never:
         if len(never) == len(matching):
-            parts.append(f"no {noun} {scope} is that large{_largest(never)}")
+            parts.append(f"no {noun} {scope} is that large{_largest(never, True)}")
         else:
-            parts.append(f"{_plural(len(never), noun)} can never hold it{_largest(never)}")
+            parts.append(f"{_plural(len(never), noun)} can never hold it{_largest(never, False)}")
     if now:
         parts.append(_now(now, noun))
     if fitting:
         most = max(per_node_fit.values(), default=0)
         want = rr.count
+        fit = f"{_plural(len(fitting), noun)} {'fits on its own' if len(fitting) == 1 else 'fit on their own'}"
         if rr.all_mode:
-            parts.append(f"{_plural(len(fitting), noun)} fit on their own, but allocationMode All needs every matching one")
+            parts.append(f"{fit}, but allocationMode All needs every matching one")
         elif most < want:
-            where = "on one node" if len(per_node_fit) > 1 else "there"
-            parts.append(f"{len(fitting)} fit on their own, at most {most} {where}, {want} needed on one node")
+            if len(per_node_fit) > 1:
+                parts.append(f"{fit}, at most {most} on one node, {want} needed on one node")
+            else:
+                parts.append(f"{fit}, {want} needed")
         else:
             together = next((s.dr.in_search for s in fitting if s.dr.in_search is not None), None)
             why = f": {together.text()}" if together is not None else " (no combination of them fits)"
-            parts.append(f"{_plural(len(fitting), noun)} fit on their own, but not together with the rest of the pod{why}")
+            parts.append(f"{fit}, but not together with the rest of the pod{why}")
     matches = f"{_plural(len(matching), noun)} {scope} {'matches' if len(matching) == 1 else 'match'} its selectors"
     if not fitting and not never:
         return f"{head}; {matches}, none has room now: {'; '.join(parts)}"
     return f"{head}; {matches}: {'; '.join(parts)}"
 
 
-def _largest(never: Sequence[_Seen]) -> str:
-    """For devices too small: the capacity that is too small and the largest amount of it."""
+def _largest(never: Sequence[_Seen], every: bool) -> str:
+    """For devices too small: the capacity that is too small and the largest amount of it among
+    them (``every``: they are all the matching devices there are)."""
     by_cap: dict[str, tuple[CapacityUse, _Seen]] = {}
     other = 0
     for s in never:
@@ -149,7 +153,8 @@ def _largest(never: Sequence[_Seen]) -> str:
         else:
             other += 1
     parts = [
-        f"{u.name} {u.amount(u.needs)} is more than any has: the largest has {u.amount(u.total)}, {s.node}/{s.dr.device.name}"
+        f"{u.name} {u.amount(u.needs)} is more than any {'has' if every else 'of them has'}: the largest has "
+        f"{u.amount(u.total)}, {s.node}/{s.dr.device.name}"
         for u, s in by_cap.values()
     ]
     kinds = {s.dr.alone.text() for s in never if not isinstance(s.dr.alone, CapacityShort) and s.dr.alone is not None}
