@@ -29,7 +29,8 @@ class UnsupportedAttribute:
 
     API validation rejects these, but the allocator must cope: upstream fails with
     ``unsupported attribute value`` as soon as a selector is evaluated on the device (the whole
-    attribute map is converted for CEL up front), and constraints never match it.
+    attribute map is converted for CEL up front); a constraint treats it as a value of unknown
+    type (see ``_Constraint`` in core.py).
     """
 
     __slots__ = ("name", "why")
