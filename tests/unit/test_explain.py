@@ -336,10 +336,10 @@ def test_default_memory_is_named_as_the_blocker_on_a_1080ti() -> None:
     res = Simulation(cl, docs(HAMI_ON_1080TI)).run()
     assert [(p.pod, p.memory, p.cores) for p in res.placements] == [("default/share", "3000Mi", "0")]
     whole, half = (
-        "0/1 nodes are available: 1 cannot allocate all claims. claim default/{pod}-c-gpu, request gpu: needs 1 device "
-        "with cores {cores} and memory 11Gi (all of it: the request names no memory, so the request policy's default "
+        f"0/1 nodes are available: 1 cannot allocate all claims. claim default/{p}-c-gpu, request gpu: needs 1 device "
+        f"with cores {c} and memory 11Gi (all of it: the request names no memory, so the request policy's default "
         "applies); 1 GPU in the cluster matches its selectors, none has room now: memory short on n/gpu-0: 8264Mi free "
-        "of 11Gi, needs 11Gi".format(pod=p, cores=c) for p, c in (("whole", 100), ("half-cores", 50))
+        "of 11Gi, needs 11Gi" for p, c in (("whole", 100), ("half-cores", 50))
     )
     assert [(p.pod, p.reason) for p in res.pending] == [("default/whole", whole), ("default/half-cores", half)]
     exp = explain(cl, docs(HAMI_ON_1080TI), "half-cores")
@@ -347,3 +347,50 @@ def test_default_memory_is_named_as_the_blocker_on_a_1080ti() -> None:
         (1, "memory short by 3000Mi (needs 11Gi, policy default: the request names no memory, 8264Mi free of 11Gi)")
     ]
     assert exp.nodes[0].requests[0].wants == "1 device × cores 50, memory: all of it (the request policy's default) (class gpu.tessera.dev)"
+
+
+def test_device_whose_shared_counters_are_used_up_does_not_fit_on_its_own() -> None:
+    # A partitionable GPU: one 8Gi counter set; "full" (8Gi of it) is held by an earlier claim,
+    # "half" (4Gi) is free by itself but its counters are used up: it does not fit on its own.
+    slices = [
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n1-devices"},
+         "spec": {"driver": "gpu.example.com", "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 2}, "nodeName": "n1",
+                  "devices": [{"name": "full", "consumesCounters": [{"counterSet": "gpu-0", "counters": {"mem": {"value": "8Gi"}}}]},
+                              {"name": "half", "consumesCounters": [{"counterSet": "gpu-0", "counters": {"mem": {"value": "4Gi"}}}]}]}},
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n1-counters"},
+         "spec": {"driver": "gpu.example.com", "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 2}, "nodeName": "n1",
+                  "sharedCounters": [{"name": "gpu-0", "counters": {"mem": {"value": "8Gi"}}}]}},
+    ]
+    cl = Cluster([SimNode("n1", {"kubernetes.io/hostname": "n1"}, slices)])
+    text = """
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: part}
+spec:
+  selectors: [{cel: {expression: 'device.driver == "gpu.example.com"'}}]
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: earlier}
+spec:
+  devices:
+    requests: [{name: g, exactly: {deviceClassName: part}}]
+status:
+  allocation:
+    devices:
+      results: [{request: g, driver: gpu.example.com, pool: n1, device: full}]
+---""" + claim_pod("want", "        deviceClassName: part\n")
+    exp = explain(cl, docs(text), "want", all_devices=True)
+    ne = exp.nodes[0]
+    assert [(v.device, v.check) for v in ne.requests[0].devices] == [
+        ("gpu.example.com/n1/full", "in-use"), ("gpu.example.com/n1/half", "counters"),
+    ]
+    assert _groups(ne) == [
+        (1, "in use: allocated whole (dedicated) to claim default/earlier"),
+        (1, "shared counter gpu-0/mem used up: the device needs 4Gi, 0 of 8Gi left (8Gi held by earlier allocations)"),
+    ]
+    assert ne.requests[0].fitting == []
+    assert exp.reason.endswith(
+        "claim default/want, request gpu: needs 1 device; 2 devices in the cluster match its selectors, none has room "
+        "now: 1 device in use (allocated whole to another claim); 1 device with shared counters used up"
+    )

@@ -998,7 +998,8 @@ class _Search:
                     self._uncharge(pool, charge)
                     if self.rec is not None:
                         own = sum((v for s2, c2, v in charge if (s2, c2) == (cs, c)), Fraction(0))
-                        self.rec.refuse(rd, d, CountersShort(cs, c, own, have, used.get(cs, {}).get(c, Fraction(0))))
+                        in_call = used.get(cs, {}).get(c, Fraction(0))  # after taking ours back
+                        self.rec.refuse(rd, d, CountersShort(cs, c, own, have, in_call, pool.counters[cs][c]))
                     return None
         return charge
 

@@ -265,19 +265,24 @@ class CountersShort(Refusal):
     needs: Fraction
     available: Fraction
     in_call: Fraction
+    published: Fraction
 
     def text(self) -> str:
         free = max(self.available - self.in_call, Fraction(0))
-        picked = f", {_num(self.in_call)} of them taken by this pod's other picks" if self.in_call else ""
+        held = [f"{_num(self.published - self.available)} held by earlier allocations"] if self.published != self.available else []
+        if self.in_call:
+            held.append(f"{_num(self.in_call)} by this pod's other picks")
         return (f"shared counter {self.counter_set}/{self.counter} used up: the device needs {_num(self.needs)}, "
-                f"{_num(free)} left of {_num(max(self.available, Fraction(0)))} not held by earlier allocations{picked}")
+                f"{_num(free)} of {_num(self.published)} left" + (f" ({', '.join(held)})" if held else ""))
 
     def key(self) -> str:
         return f"shared counter {self.counter_set}/{self.counter} used up"
 
 
 def _num(v: Fraction) -> str:
-    return Quantity(v, "DecimalSI").canonical()
+    # Counters carry no format of their own: binary suffixes read best for memory-like ones
+    # (4Gi), and leave plain counts as they are (1000, 3).
+    return Quantity(v, "BinarySI").canonical()
 
 
 @dataclass(frozen=True, slots=True)

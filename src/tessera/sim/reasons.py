@@ -175,7 +175,7 @@ def _now(now: Sequence[_Seen], noun: str) -> str:
         elif isinstance(r, InUse):
             others["in use (allocated whole to another claim)"] = others.get("in use (allocated whole to another claim)", 0) + 1
         elif isinstance(r, (CountersShort, CountersOff)):
-            others["their shared counters used up"] = others.get("their shared counters used up", 0) + 1
+            others["with shared counters used up"] = others.get("with shared counters used up", 0) + 1
         elif isinstance(r, Tainted):
             key = f"tainted {r.key_}={r.value}:{r.effect} (not tolerated)" if r.value else f"tainted {r.key_}:{r.effect} (not tolerated)"
             others[key] = others.get(key, 0) + 1
