@@ -705,3 +705,26 @@ spec:
             "3Gi free of 80Gi, 17Gi of it picked by this pod's other requests)"
         ),
     }
+
+
+def test_no_corpus_dra_manifest_stops_on_a_device_class(corpus: Path) -> None:
+    # 32 of the corpus's DRA manifests name classes Tessera does not have (gpu.nvidia.com,
+    # gpu.example.com, net.example.com, ...): none of them may stop the run any more. What still
+    # stops is bad input of other kinds (templates, fragments, v1beta1/v1alpha shapes).
+    from tessera.api.errors import TesseraError
+    from tessera.api.loader import load_files
+
+    cl = _bundled()
+    ran = 0
+    for f in sorted((corpus / "dra-manifests").iterdir()):
+        try:
+            ms = list(expand_workloads(load_files([f])))
+            res = Simulation(cl, ms).run()
+        except TesseraError as e:
+            assert "DeviceClass" not in str(e) and "device class" not in str(e), str(e)
+            continue
+        ran += 1
+        for p in res.pending:
+            if "does not exist" in p.reason:
+                assert p.reason.startswith("0/4 nodes are available: request "), p.reason
+    assert ran == 44
