@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test lint venv clean native native-test kube
+.PHONY: simulate test lint venv clean native native-test kube prometheus
 
 # The enforcement library (C) is built first and copied into the package
 # (src/tessera/enforcement/lib/), so it is installed with it.
@@ -36,7 +36,11 @@ lint: $(STAMP)
 kube:
 	tools/kube/build.sh
 
-test: $(STAMP) native kube
+# Debian's prometheus package: the real server the monitor tests scrape with (idempotent).
+prometheus:
+	tools/prometheus/install.sh
+
+test: $(STAMP) native kube prometheus
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports

@@ -1,32 +1,35 @@
 /*
- * A fake libcuda.so.1 for CPU-only tests of the enforcement library.
+ * A fake libcuda.so.1 for CPU-only tests of the enforcement library: devices, contexts,
+ * streams, events, launches, synchronisation and cuGetProcAddress. Memory is in fake_mem.c
+ * (allocations, pools, graphs) and fake_vmm.c (cuMemCreate objects, exports, multicast).
  *
  * Devices, their UUIDs and memory come from fake_state.h. CUDA_VISIBLE_DEVICES is honoured
  * like the real driver (indices or GPU-UUID prefixes; the list stops at the first entry that
  * matches nothing). Memory is taken from the shared device state, so several processes see one
  * device. Kernels are simulated: a launch with gridDimX = N occupies this process's queue on
- * the device for N microseconds (a graph launch for (uintptr_t)graph microseconds); events are
- * stamped with the simulated queue time. fakecuda_* functions expose call counts, simulated
- * busy time and physical usage to the test programs.
+ * the device for N microseconds (a graph launch with a small integer as its handle for that
+ * many microseconds); events are stamped with the simulated queue time. fakecuda_* functions
+ * expose call counts, simulated busy time and physical usage to the test programs.
+ *
+ * The fake models what the real driver does with memory, independently of the library's own
+ * accounting: contexts own their allocations and free them when destroyed or reset; device
+ * limits (stack, heap, printf FIFO) take memory; see fake_mem.c and fake_vmm.c for the rest.
  */
-#include <pthread.h>
-
-#include "fake_state.h"
-#include "tessera_cuda.h"
-
-#define EXPORT __attribute__((visibility("default")))
+#define FAKE_STATE_DEFINE
+#include "fake_int.h"
 
 /* ---- call counting ---------------------------------------------------------------------- */
 static struct {
     char name[48];
     uint64_t n;
-} g_calls[128];
+} g_calls[256];
 static pthread_mutex_t g_calls_mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t fk_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void count(const char *name)
+void fk_count(const char *name)
 {
     pthread_mutex_lock(&g_calls_mu);
-    for (int i = 0; i < 128; i++) {
+    for (int i = 0; i < 256; i++) {
         if (!g_calls[i].name[0]) {
             snprintf(g_calls[i].name, sizeof(g_calls[i].name), "%s", name);
             g_calls[i].n = 1;
@@ -39,13 +42,12 @@ static void count(const char *name)
     }
     pthread_mutex_unlock(&g_calls_mu);
 }
-#define COUNT() count(__func__)
 
 EXPORT uint64_t fakecuda_calls(const char *name)
 {
     uint64_t n = 0;
     pthread_mutex_lock(&g_calls_mu);
-    for (int i = 0; i < 128 && g_calls[i].name[0]; i++)
+    for (int i = 0; i < 256 && g_calls[i].name[0]; i++)
         if (strcmp(g_calls[i].name, name) == 0)
             n = g_calls[i].n;
     pthread_mutex_unlock(&g_calls_mu);
@@ -91,28 +93,35 @@ static void init_visible(void)
     g_nvisible = n;
 }
 
-static int phys(CUdevice d)
+int fk_phys(CUdevice d)
 {
     init_visible();
     return (d >= 0 && d < g_nvisible) ? g_visible[d] : -1;
 }
 
+int fk_ordinal(int p)
+{
+    init_visible();
+    for (int i = 0; i < g_nvisible; i++)
+        if (g_visible[i] == p)
+            return i;
+    return -1;
+}
+
+uint64_t fk_chunk(void)
+{
+    const char *c = getenv("FAKE_POOL_CHUNK");
+    uint64_t v = c ? strtoull(c, NULL, 10) : 0;
+    return v ? v : 2ull << 20;
+}
+
 /* ---- contexts and streams ------------------------------------------------------------------ */
-#define CTX_MAGIC 0xC7C7C7C7u
-struct CUctx_st {
-    uint32_t magic;
-    int dev; /* ordinal */
-    int primary;
-};
-struct CUstream_st {
-    struct CUctx_st *ctx;
-};
 struct CUevent_st {
     uint64_t t;
     int recorded;
 };
-struct CUmemPoolHandle_st {
-    int dev;
+struct CUgreenCtx_st {
+    struct CUctx_st ctx;
 };
 
 static struct CUctx_st g_primary[FAKE_MAX_DEV];
@@ -120,10 +129,22 @@ static int g_primary_refs[FAKE_MAX_DEV];
 static __thread struct CUctx_st *t_cur;
 static __thread struct CUctx_st *t_stack[16];
 static __thread int t_sp;
-static struct CUmemPoolHandle_st g_default_pool[FAKE_MAX_DEV];
 
 static uint64_t g_queue_end[FAKE_MAX_DEV];
 static uint64_t g_busy[FAKE_MAX_DEV];
+
+struct CUctx_st *fk_cur(void) { return t_cur && t_cur->magic == CTX_MAGIC ? t_cur : NULL; }
+
+void fk_ctx_init_limits(struct CUctx_st *c)
+{
+    memset(c->limit, 0, sizeof(c->limit));
+    c->limit[CU_LIMIT_STACK_SIZE] = 1024;
+    c->limit[CU_LIMIT_PRINTF_FIFO_SIZE] = 1 << 20;
+    c->limit[CU_LIMIT_MALLOC_HEAP_SIZE] = 8 << 20;
+    c->limit[CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH] = 2;
+    c->limit[CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT] = 2048;
+    c->limit_bytes = 0;
+}
 
 EXPORT CUresult cuInit(unsigned int flags)
 {
@@ -135,7 +156,7 @@ EXPORT CUresult cuInit(unsigned int flags)
 
 EXPORT CUresult cuDriverGetVersion(int *v)
 {
-    *v = 12040;
+    *v = 13040;
     return CUDA_SUCCESS;
 }
 
@@ -148,7 +169,7 @@ EXPORT CUresult cuDeviceGetCount(int *count_out)
 
 EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
-    if (phys(ordinal) < 0)
+    if (fk_phys(ordinal) < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     *device = ordinal;
     return CUDA_SUCCESS;
@@ -156,7 +177,7 @@ EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
 
 EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
-    int p = phys(dev);
+    int p = fk_phys(dev);
     if (p < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     fake_uuid_bytes(fake_state_get()->dev[p].uuid, uuid->bytes);
@@ -165,18 +186,47 @@ EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
 
+EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    if (fk_phys(dev) < 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    switch ((int)attrib) {
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+        *pi = FAKE_SM_COUNT;
+        return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR:
+        *pi = FAKE_THREADS_PER_SM;
+        return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_LOCALITY_DOMAIN_COUNT:
+        *pi = FAKE_LOCALITY_DOMAINS;
+        return CUDA_SUCCESS;
+    default:
+        *pi = 0;
+        return CUDA_SUCCESS;
+    }
+}
+
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    int p = phys(dev);
+    int p = fk_phys(dev);
     if (p < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     *bytes = fake_state_get()->dev[p].total;
     return CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    size_t b;
+    CUresult r = cuDeviceTotalMem_v2(&b, dev);
+    if (r == CUDA_SUCCESS)
+        *bytes = b > 0xffffffffu ? 0xffffffffu : (unsigned int)b;
+    return r;
+}
+
 static CUresult new_ctx(struct CUctx_st *c, CUdevice dev, int primary)
 {
-    int p = phys(dev);
+    int p = fk_phys(dev);
     if (p < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     uint64_t cb = fake_state_get()->dev[p].ctx_bytes;
@@ -185,16 +235,25 @@ static CUresult new_ctx(struct CUctx_st *c, CUdevice dev, int primary)
     c->magic = CTX_MAGIC;
     c->dev = dev;
     c->primary = primary;
+    c->usage = 1;
+    fk_ctx_init_limits(c);
     return CUDA_SUCCESS;
 }
 
+/* The context is destroyed: everything it owned goes back to the device. */
 static void drop_ctx(struct CUctx_st *c)
 {
-    int p = phys(c->dev);
+    fk_ctx_gone(c);
+    int p = fk_phys(c->dev);
     uint64_t cb = fake_state_get()->dev[p].ctx_bytes;
     if (cb)
         fake_give((uint32_t)p, cb);
+    if (c->limit_bytes)
+        fake_give((uint32_t)p, c->limit_bytes);
+    c->limit_bytes = 0;
     c->magic = 0;
+    if (t_cur == c)
+        t_cur = NULL;
 }
 
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
@@ -212,6 +271,12 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev
     return CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    COUNT();
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
 EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, unsigned int flags,
                                CUdevice dev)
 {
@@ -227,22 +292,91 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned i
     return cuCtxCreate_v2(pctx, flags, dev);
 }
 
+EXPORT CUresult cuGLCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    COUNT();
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+EXPORT CUresult cuGLCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return cuGLCtxCreate_v2(pctx, flags, dev);
+}
+
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     COUNT();
     if (!ctx || ctx->magic != CTX_MAGIC || ctx->primary)
         return CUDA_ERROR_INVALID_CONTEXT;
     drop_ctx(ctx);
-    if (t_cur == ctx)
-        t_cur = NULL;
     free(ctx);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+
+EXPORT CUresult cuCtxAttach(CUcontext *pctx, unsigned int flags)
+{
+    (void)flags;
+    COUNT();
+    struct CUctx_st *c = fk_cur();
+    if (!c || c->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    c->usage++;
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDetach(CUcontext ctx)
+{
+    COUNT();
+    if (!ctx || ctx->magic != CTX_MAGIC || ctx->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (--ctx->usage > 0)
+        return CUDA_SUCCESS;
+    drop_ctx(ctx);
+    free(ctx);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev,
+                                 unsigned int flags)
+{
+    (void)desc;
+    (void)flags;
+    COUNT();
+    struct CUgreenCtx_st *g = calloc(1, sizeof(*g));
+    CUresult r = new_ctx(&g->ctx, dev, 0);
+    if (r != CUDA_SUCCESS) {
+        free(g);
+        return r;
+    }
+    *phCtx = g;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pContext, CUgreenCtx hCtx)
+{
+    if (!hCtx || hCtx->ctx.magic != CTX_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *pContext = &hCtx->ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
+{
+    COUNT();
+    if (!hCtx || hCtx->ctx.magic != CTX_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    drop_ctx(&hCtx->ctx);
+    free(hCtx);
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     COUNT();
-    int p = phys(dev);
+    int p = fk_phys(dev);
     if (p < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
@@ -260,26 +394,26 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     COUNT();
-    if (phys(dev) < 0)
+    if (fk_phys(dev) < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
     CUresult r = CUDA_ERROR_INVALID_CONTEXT;
     if (g_primary_refs[dev] > 0) {
-        if (--g_primary_refs[dev] == 0) {
+        if (--g_primary_refs[dev] == 0)
             drop_ctx(&g_primary[dev]);
-            if (t_cur == &g_primary[dev])
-                t_cur = NULL;
-        }
         r = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_mu);
     return r;
 }
 
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+
+/* cudaDeviceReset: the primary context and everything allocated in it are destroyed. */
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     COUNT();
-    if (phys(dev) < 0)
+    if (fk_phys(dev) < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
     if (g_primary_refs[dev] > 0)
@@ -288,6 +422,8 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 
 EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
@@ -330,7 +466,61 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
-static int stream_ordinal(CUstream s)
+/* Device memory a limit value holds beyond what the context already had (fake model: the
+ * stack is per thread, for every thread an SM can hold; heap and printf FIFO are one buffer). */
+static uint64_t limit_bytes(CUlimit l, size_t v)
+{
+    switch (l) {
+    case CU_LIMIT_STACK_SIZE:
+        return (uint64_t)v * FAKE_SM_COUNT * FAKE_THREADS_PER_SM;
+    case CU_LIMIT_PRINTF_FIFO_SIZE:
+    case CU_LIMIT_MALLOC_HEAP_SIZE:
+        return v;
+    case CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT:
+        return (uint64_t)v * 2048; /* launch records */
+    default:
+        return 0;
+    }
+}
+
+EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    COUNT();
+    struct CUctx_st *c = fk_cur();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if ((unsigned)limit >= FK_LIMITS)
+        return CUDA_ERROR_INVALID_VALUE;
+    int p = fk_phys(c->dev);
+    uint64_t before = limit_bytes(limit, c->limit[limit]);
+    uint64_t after = limit_bytes(limit, value);
+    if (after > before) {
+        if (fake_take((uint32_t)p, after - before) != 0)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        c->limit_bytes += after - before;
+    } else if (before > after) {
+        uint64_t give = before - after;
+        if (give > c->limit_bytes)
+            give = c->limit_bytes;
+        fake_give((uint32_t)p, give);
+        c->limit_bytes -= give;
+    }
+    c->limit[limit] = value;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)
+{
+    struct CUctx_st *c = fk_cur();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if ((unsigned)limit >= FK_LIMITS)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pvalue = c->limit[limit];
+    return CUDA_SUCCESS;
+}
+
+int fk_stream_ordinal(CUstream s)
 {
     if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && s->ctx)
         return s->ctx->dev;
@@ -357,6 +547,39 @@ EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
+static int real_stream(CUstream s) { return s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD; }
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
+{
+    (void)mode;
+    COUNT();
+    if (!real_stream(s))
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (s->capturing)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuGraphCreate(&s->graph, 0);
+    if (r == CUDA_SUCCESS)
+        s->capturing = 1;
+    return r;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *phGraph)
+{
+    if (!real_stream(s) || !s->capturing)
+        return CUDA_ERROR_INVALID_VALUE;
+    s->capturing = 0;
+    *phGraph = s->graph;
+    s->graph = NULL;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
+{
+    *st = real_stream(s) && s->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                                         : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
 static void wait_until(uint64_t t)
 {
     uint64_t now = fake_now_ns();
@@ -366,285 +589,46 @@ static void wait_until(uint64_t t)
     }
 }
 
-EXPORT CUresult cuCtxSynchronize(void)
+/* Synchronisation waits for the queue, then pools above their release threshold give memory
+ * back to the device (the implicit trim of the stream-ordered allocator). */
+static CUresult sync_ctx(struct CUctx_st *c)
 {
-    if (!t_cur)
+    if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&g_mu);
-    uint64_t t = g_queue_end[t_cur->dev];
+    uint64_t t = g_queue_end[c->dev];
     pthread_mutex_unlock(&g_mu);
     wait_until(t);
+    fk_sync_pools();
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void)
+{
+    COUNT();
+    return sync_ctx(fk_cur());
+}
+
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    COUNT();
+    return sync_ctx(ctx && ctx->magic == CTX_MAGIC ? ctx : fk_cur());
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream s)
 {
-    (void)s;
-    return cuCtxSynchronize();
-}
-
-/* ---- memory ----------------------------------------------------------------------------------- */
-typedef struct alloc {
-    unsigned long long key;
-    uint64_t bytes;
-    int phys;
-    int kind;
-} alloc;
-#define MAX_ALLOCS 65536
-static alloc g_allocs[MAX_ALLOCS];
-static uint64_t g_next = 0x700000000000ull;
-
-static CUresult do_alloc(int ordinal, uint64_t bytes, int kind, unsigned long long *key)
-{
-    int p = phys(ordinal);
-    if (p < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
-    if (bytes == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (fake_take((uint32_t)p, bytes) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&g_mu);
-    for (int i = 0; i < MAX_ALLOCS; i++) {
-        if (!g_allocs[i].kind) {
-            g_allocs[i].key = g_next;
-            g_allocs[i].bytes = bytes;
-            g_allocs[i].phys = p;
-            g_allocs[i].kind = kind;
-            *key = g_next;
-            g_next += (bytes + 4095) & ~4095ull;
-            pthread_mutex_unlock(&g_mu);
-            return CUDA_SUCCESS;
-        }
-    }
-    pthread_mutex_unlock(&g_mu);
-    fake_give((uint32_t)p, bytes);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-static CUresult do_free(uint64_t key, int kind)
-{
-    pthread_mutex_lock(&g_mu);
-    for (int i = 0; i < MAX_ALLOCS; i++) {
-        if (g_allocs[i].kind == kind && g_allocs[i].key == key) {
-            g_allocs[i].kind = 0;
-            pthread_mutex_unlock(&g_mu);
-            fake_give((uint32_t)g_allocs[i].phys, g_allocs[i].bytes);
-            return CUDA_SUCCESS;
-        }
-    }
-    pthread_mutex_unlock(&g_mu);
-    return CUDA_ERROR_INVALID_VALUE;
-}
-
-static int cur_ordinal(void) { return t_cur ? t_cur->dev : -1; }
-
-EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
-{
     COUNT();
-    if (!t_cur)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    return do_alloc(cur_ordinal(), bytesize, 1, dptr);
+    if (real_stream(s) && s->capturing)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    return sync_ctx(real_stream(s) ? s->ctx : fk_cur());
 }
 
-EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
-{
-    (void)flags;
-    COUNT();
-    if (!t_cur)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    return do_alloc(cur_ordinal(), bytesize, 1, dptr);
-}
-
-EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t w, size_t h,
-                                   unsigned int elem)
-{
-    (void)elem;
-    COUNT();
-    if (!t_cur)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    const char *a = getenv("FAKE_PITCH_ALIGN");
-    size_t align = a ? strtoul(a, NULL, 10) : 512;
-    size_t pitch = (w + align - 1) / align * align;
-    CUresult r = do_alloc(cur_ordinal(), (uint64_t)pitch * h, 1, dptr);
-    if (r == CUDA_SUCCESS)
-        *pPitch = pitch;
-    return r;
-}
-
-EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
-{
-    COUNT();
-    return do_free(dptr, 1);
-}
-
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)
-{
-    COUNT();
-    return do_alloc(stream_ordinal(s), bytesize, 1, dptr);
-}
-
-EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s)
-{
-    COUNT();
-    return do_alloc(stream_ordinal(s), bytesize, 1, dptr);
-}
-
-EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                        CUstream s)
-{
-    (void)s;
-    COUNT();
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    return do_alloc(pool->dev, bytesize, 1, dptr);
-}
-
-EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-                                             CUmemoryPool pool, CUstream s)
-{
-    return cuMemAllocFromPoolAsync(dptr, bytesize, pool, s);
-}
-
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
-{
-    (void)s;
-    COUNT();
-    return do_free(dptr, 1);
-}
-
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s) { return cuMemFreeAsync(dptr, s); }
-
-EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
-{
-    if (phys(dev) < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
-    g_default_pool[dev].dev = dev;
-    *pool = &g_default_pool[dev];
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
-{
-    return cuDeviceGetDefaultMemPool(pool, dev);
-}
-
-EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
-{
-    if (!props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || phys(props->location.id) < 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUmemPoolHandle_st *p = calloc(1, sizeof(*p));
-    p->dev = props->location.id;
-    *pool = p;
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
-{
-    free(pool);
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                            const CUmemAllocationProp *prop, unsigned long long flags)
-{
-    (void)flags;
-    COUNT();
-    if (!prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return CUDA_ERROR_INVALID_VALUE;
-    return do_alloc(prop->location.id, size, 2, handle);
-}
-
-EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    COUNT();
-    return do_free(handle, 2);
-}
-
-static uint64_t fmt_bytes(CUarray_format f)
-{
-    switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-        return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-        return 2;
-    default:
-        return 4;
-    }
-}
-
-EXPORT CUresult cuArrayCreate_v2(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d)
-{
-    COUNT();
-    unsigned long long key;
-    uint64_t b = fmt_bytes(d->Format) * d->NumChannels * d->Width * (d->Height ? d->Height : 1);
-    CUresult r = do_alloc(cur_ordinal(), b, 3, &key);
-    if (r == CUDA_SUCCESS)
-        *ph = (CUarray)(uintptr_t)key;
-    return r;
-}
-
-EXPORT CUresult cuArray3DCreate_v2(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d)
-{
-    COUNT();
-    unsigned long long key;
-    uint64_t b = fmt_bytes(d->Format) * d->NumChannels * d->Width * (d->Height ? d->Height : 1) *
-                 (d->Depth ? d->Depth : 1);
-    CUresult r = do_alloc(cur_ordinal(), b, 3, &key);
-    if (r == CUDA_SUCCESS)
-        *ph = (CUarray)(uintptr_t)key;
-    return r;
-}
-
-EXPORT CUresult cuArrayDestroy(CUarray a)
-{
-    COUNT();
-    return do_free((uint64_t)(uintptr_t)a, 3);
-}
-
-EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d,
-                                       unsigned int levels)
-{
-    COUNT();
-    uint64_t b = 0;
-    size_t w = d->Width, h = d->Height, z = d->Depth;
-    for (unsigned i = 0; i < levels; i++) {
-        b += fmt_bytes(d->Format) * d->NumChannels * (w ? w : 1) * (h ? h : 1) * (z ? z : 1);
-        w = w > 1 ? w / 2 : 1;
-        h = h > 1 ? h / 2 : h;
-        z = z > 1 ? z / 2 : z;
-    }
-    unsigned long long key;
-    CUresult r = do_alloc(cur_ordinal(), b, 4, &key);
-    if (r == CUDA_SUCCESS)
-        *ph = (CUmipmappedArray)(uintptr_t)key;
-    return r;
-}
-
-EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a)
-{
-    COUNT();
-    return do_free((uint64_t)(uintptr_t)a, 4);
-}
-
-EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
-{
-    COUNT();
-    if (!t_cur)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    fake_dev *d = &fake_state_get()->dev[phys(t_cur->dev)];
-    uint64_t used = __atomic_load_n(&d->used, __ATOMIC_ACQUIRE);
-    *total_b = d->total;
-    *free_b = d->total - used;
-    return CUDA_SUCCESS;
-}
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
 
 /* ---- kernels and events ------------------------------------------------------------------- */
 static CUresult simulate(int ordinal, uint64_t dur_ns)
 {
-    if (ordinal < 0 || phys(ordinal) < 0)
+    if (ordinal < 0 || fk_phys(ordinal) < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     for (;;) {
         uint64_t now = fake_now_ns();
@@ -663,6 +647,13 @@ static CUresult simulate(int ordinal, uint64_t dur_ns)
     }
 }
 
+static CUresult launch(CUstream s, uint64_t dur_ns)
+{
+    if (real_stream(s) && s->capturing)
+        return CUDA_SUCCESS; /* recorded into the graph being captured; not run */
+    return simulate(fk_stream_ordinal(s), dur_ns);
+}
+
 #define KERNEL(sym)                                                                              \
     EXPORT CUresult sym(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,         \
                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,     \
@@ -671,7 +662,7 @@ static CUresult simulate(int ordinal, uint64_t dur_ns)
         (void)f, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shm, (void)params,      \
             (void)extra;                                                                         \
         COUNT();                                                                                 \
-        return simulate(stream_ordinal(s), (uint64_t)gx * 1000ull);                              \
+        return launch(s, (uint64_t)gx * 1000ull);                                                \
     }
 KERNEL(cuLaunchKernel)
 KERNEL(cuLaunchKernel_ptsz)
@@ -683,7 +674,7 @@ KERNEL(cuLaunchKernel_ptsz)
     {                                                                                            \
         (void)f, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shm, (void)params;      \
         COUNT();                                                                                 \
-        return simulate(stream_ordinal(s), (uint64_t)gx * 1000ull);                              \
+        return launch(s, (uint64_t)gx * 1000ull);                                                \
     }
 COOP(cuLaunchCooperativeKernel)
 COOP(cuLaunchCooperativeKernel_ptsz)
@@ -693,19 +684,27 @@ COOP(cuLaunchCooperativeKernel_ptsz)
     {                                                                                            \
         (void)f, (void)params, (void)extra;                                                      \
         COUNT();                                                                                 \
-        return simulate(stream_ordinal(c->hStream), (uint64_t)c->gridDimX * 1000ull);            \
+        return launch(c->hStream, (uint64_t)c->gridDimX * 1000ull);                              \
     }
 KEX(cuLaunchKernelEx)
 KEX(cuLaunchKernelEx_ptsz)
 
-#define GRAPH(sym)                                                                               \
+/* Graph launches of small-integer handles are simulated work (the pacing tests); real graph
+ * execs (fake_mem.c) allocate and free their memory nodes. */
+HIDDEN CUresult fk_graph_exec_launch(CUgraphExec g, CUstream s, int upload_only);
+
+#define GRAPH(sym, upload)                                                                       \
     EXPORT CUresult sym(CUgraphExec g, CUstream s)                                               \
     {                                                                                            \
         COUNT();                                                                                 \
-        return simulate(stream_ordinal(s), (uint64_t)(uintptr_t)g * 1000ull);                    \
+        if ((uintptr_t)g >= 0x100000)                                                            \
+            return fk_graph_exec_launch(g, s, upload);                                           \
+        return upload ? CUDA_SUCCESS : launch(s, (uint64_t)(uintptr_t)g * 1000ull);              \
     }
-GRAPH(cuGraphLaunch)
-GRAPH(cuGraphLaunch_ptsz)
+GRAPH(cuGraphLaunch, 0)
+GRAPH(cuGraphLaunch_ptsz, 0)
+GRAPH(cuGraphUpload, 1)
+GRAPH(cuGraphUpload_ptsz, 1)
 
 EXPORT CUresult cuEventCreate(CUevent *pe, unsigned int flags)
 {
@@ -724,7 +723,7 @@ EXPORT CUresult cuEventDestroy_v2(CUevent e)
 EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
 {
     COUNT();
-    int o = stream_ordinal(s);
+    int o = fk_stream_ordinal(s);
     if (o < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     uint64_t now = fake_now_ns();
@@ -743,8 +742,10 @@ EXPORT CUresult cuEventQuery(CUevent e)
 
 EXPORT CUresult cuEventSynchronize(CUevent e)
 {
+    COUNT();
     if (e->recorded)
         wait_until(e->t);
+    fk_sync_pools();
     return CUDA_SUCCESS;
 }
 
@@ -756,16 +757,29 @@ EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)
     return CUDA_SUCCESS;
 }
 
+/* Checkpoint/restore: the fake accepts the call (a restore may move the process to other
+ * GPUs, which the enforcement library must refuse). */
+EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
+{
+    (void)pid;
+    (void)args;
+    COUNT();
+    return CUDA_SUCCESS;
+}
+
 /* ---- test introspection ------------------------------------------------------------------- */
 EXPORT uint64_t fakecuda_busy_ns(int ordinal) { return ordinal >= 0 && ordinal < FAKE_MAX_DEV ? g_busy[ordinal] : 0; }
 EXPORT uint64_t fakecuda_used(int ordinal)
 {
-    int p = phys(ordinal);
-    return p < 0 ? 0 : __atomic_load_n(&fake_state_get()->dev[p].used, __ATOMIC_ACQUIRE);
+    int p = fk_phys(ordinal);
+    if (p < 0)
+        return 0;
+    fk_sweep();
+    return __atomic_load_n(&fake_state_get()->dev[p].used, __ATOMIC_ACQUIRE);
 }
 EXPORT uint64_t fakecuda_peak(int ordinal)
 {
-    int p = phys(ordinal);
+    int p = fk_phys(ordinal);
     return p < 0 ? 0 : __atomic_load_n(&fake_state_get()->dev[p].peak, __ATOMIC_ACQUIRE);
 }
 
@@ -782,79 +796,17 @@ static CUresult tramp_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int
     return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, p, e);
 }
 
-#define FAKE_PROCS(X)                                                                   \
-    X(cuInit, "cuInit", 2000, 0)                                                        \
-    X(cuDriverGetVersion, "cuDriverGetVersion", 2020, 0)                                \
-    X(cuDeviceGet, "cuDeviceGet", 2000, 0)                                              \
-    X(cuDeviceGetCount, "cuDeviceGetCount", 2000, 0)                                    \
-    X(cuDeviceGetUuid, "cuDeviceGetUuid", 9020, 0)                                      \
-    X(cuDeviceGetUuid_v2, "cuDeviceGetUuid", 11040, 0)                                  \
-    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0)                                 \
-    X(cuCtxCreate_v2, "cuCtxCreate", 3020, 0)                                           \
-    X(cuCtxCreate_v3, "cuCtxCreate", 11040, 0)                                          \
-    X(cuCtxCreate_v4, "cuCtxCreate", 12050, 0)                                          \
-    X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0)                                         \
-    X(cuCtxGetCurrent, "cuCtxGetCurrent", 4000, 0)                                      \
-    X(cuCtxSetCurrent, "cuCtxSetCurrent", 4000, 0)                                      \
-    X(cuCtxGetDevice, "cuCtxGetDevice", 2000, 0)                                        \
-    X(cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, 0)                                 \
-    X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, 0)                                   \
-    X(cuCtxSynchronize, "cuCtxSynchronize", 2000, 0)                                    \
-    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0)                    \
-    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0)              \
-    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0)                  \
-    X(cuStreamCreate, "cuStreamCreate", 2000, 0)                                        \
-    X(cuStreamGetCtx, "cuStreamGetCtx", 9020, 0)                                        \
-    X(cuStreamSynchronize, "cuStreamSynchronize", 2000, 0)                              \
-    X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0)                                         \
-    X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0)                                             \
-    X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0)                                   \
-    X(cuMemFree_v2, "cuMemFree", 3020, 0)                                               \
-    X(cuMemAllocManaged, "cuMemAllocManaged", 6000, 0)                                  \
-    X(cuMemAllocAsync, "cuMemAllocAsync", 11020, 0)                                     \
-    X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, 1)                                \
-    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0)                     \
-    X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, 1)                \
-    X(cuMemFreeAsync, "cuMemFreeAsync", 11020, 0)                                       \
-    X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1)                                  \
-    X(cuMemPoolCreate, "cuMemPoolCreate", 11020, 0)                                     \
-    X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, 0)                                   \
-    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0)                 \
-    X(cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020, 0)                               \
-    X(cuMemCreate, "cuMemCreate", 10020, 0)                                             \
-    X(cuMemRelease, "cuMemRelease", 10020, 0)                                           \
-    X(cuArrayCreate_v2, "cuArrayCreate", 3020, 0)                                       \
-    X(cuArray3DCreate_v2, "cuArray3DCreate", 3020, 0)                                   \
-    X(cuArrayDestroy, "cuArrayDestroy", 2000, 0)                                        \
-    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 5000, 0)                        \
-    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 5000, 0)                      \
-    X(cuLaunchKernel, "cuLaunchKernel", 4000, 0)                                        \
-    X(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, 1)                                   \
-    X(cuLaunchKernelEx, "cuLaunchKernelEx", 11060, 0)                                   \
-    X(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, 1)                              \
-    X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, 0)                  \
-    X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1)             \
-    X(cuGraphLaunch, "cuGraphLaunch", 10000, 0)                                         \
-    X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)                                    \
-    X(cuEventCreate, "cuEventCreate", 2000, 0)                                          \
-    X(cuEventRecord, "cuEventRecord", 2000, 0)                                          \
-    X(cuEventQuery, "cuEventQuery", 2000, 0)                                            \
-    X(cuEventSynchronize, "cuEventSynchronize", 2000, 0)                                \
-    X(cuEventElapsedTime, "cuEventElapsedTime", 2000, 0)                                \
-    X(cuEventDestroy_v2, "cuEventDestroy", 4000, 0)                                     \
-    X(cuGetProcAddress, "cuGetProcAddress", 11030, 0)                                   \
-    X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0)
+/* A future variant the enforcement library cannot know (FAKE_PROCADDR_FUTURE=1 hands it out
+ * for cuMemAlloc at versions past TESSERA_CUDA_KNOWN_VERSION). */
+static CUresult future_cuMemAlloc_v3(CUdeviceptr *d, size_t b) { return cuMemAlloc_v2(d, b); }
 
-static const struct {
+HIDDEN extern const struct fk_proc {
     const char *base;
     int ver;
     int ptsz;
     void *fn;
-} g_procs[] = {
-#define X(sym, base, ver, ptsz) {base, ver, ptsz, (void *)&sym},
-    FAKE_PROCS(X)
-#undef X
-};
+} fk_procs[];
+HIDDEN extern const int fk_nprocs;
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags,
                                     CUdriverProcAddressQueryResult *status)
@@ -864,9 +816,9 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuu
     int best = -1;
     for (int pass = 0; pass < 2 && best < 0; pass++) {
         int ptsz = pass == 0 ? want_ptsz : 0;
-        for (int i = 0; i < (int)(sizeof(g_procs) / sizeof(g_procs[0])); i++)
-            if (strcmp(g_procs[i].base, symbol) == 0 && g_procs[i].ptsz == ptsz &&
-                g_procs[i].ver <= ver && (best < 0 || g_procs[i].ver > g_procs[best].ver))
+        for (int i = 0; i < fk_nprocs; i++)
+            if (strcmp(fk_procs[i].base, symbol) == 0 && fk_procs[i].ptsz == ptsz &&
+                fk_procs[i].ver <= ver && (best < 0 || fk_procs[i].ver > fk_procs[best].ver))
                 best = i;
     }
     if (best < 0) {
@@ -875,7 +827,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuu
             *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
         return CUDA_ERROR_NOT_FOUND;
     }
-    *pfn = g_procs[best].fn;
+    *pfn = fk_procs[best].fn;
     const char *tr = getenv("FAKE_PROCADDR_TRAMPOLINE");
     if (tr && *tr == '1') {
         if (*pfn == (void *)&cuMemAlloc_v2)
@@ -885,6 +837,9 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuu
         else if (*pfn == (void *)&cuLaunchKernel)
             *pfn = (void *)&tramp_cuLaunchKernel;
     }
+    const char *fu = getenv("FAKE_PROCADDR_FUTURE");
+    if (fu && *fu == '1' && ver > TESSERA_CUDA_KNOWN_VERSION && strcmp(symbol, "cuMemAlloc") == 0)
+        *pfn = (void *)&future_cuMemAlloc_v3;
     if (status)
         *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;

@@ -3,6 +3,7 @@
  * CUDA_VISIBLE_DEVICES), their UUIDs and memory (used = bytes taken from the fake driver by
  * all processes), and a utilisation that a test sets with FAKE_GPU_UTIL (percent).
  */
+#define FAKE_STATE_DEFINE
 #include "fake_state.h"
 #include "tessera_cuda.h"
 
@@ -72,5 +73,42 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
     const char *s = getenv("FAKE_GPU_UTIL");
     u->gpu = s ? (unsigned)atoi(s) : 0;
     u->memory = 0;
+    return NVML_SUCCESS;
+}
+
+/*
+ * What nvidia-ml-py (the `tessera monitor` exporter) calls besides the above: nvmlInit() is
+ * nvmlInitWithFlags(0), errors are rendered with nvmlErrorString, and the device's name is
+ * HAMi's device_type label (FAKE_GPU_NAME, default "Tessera Fake GPU").
+ */
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
+    return nvmlInit_v2();
+}
+
+EXPORT const char *nvmlErrorString(nvmlReturn_t result)
+{
+    switch (result) {
+    case NVML_SUCCESS:
+        return "Success";
+    case NVML_ERROR_INVALID_ARGUMENT:
+        return "Invalid Argument";
+    case NVML_ERROR_INSUFFICIENT_SIZE:
+        return "Insufficient Size";
+    default:
+        return "Unknown Error";
+    }
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    (void)device;
+    const char *n = getenv("FAKE_GPU_NAME");
+    if (!n || !*n)
+        n = "Tessera Fake GPU";
+    if (strlen(n) + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(name, n, strlen(n) + 1);
     return NVML_SUCCESS;
 }

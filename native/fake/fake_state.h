@@ -21,7 +21,8 @@
 #include <unistd.h>
 
 #define FAKE_MAX_DEV 8
-#define FAKE_MAGIC 0x46414b4547505553ULL
+#define FAKE_MAX_OBJ 4096
+#define FAKE_MAGIC 0x46414b4547505554ULL
 
 typedef struct fake_dev {
     char uuid[48];
@@ -31,16 +32,44 @@ typedef struct fake_dev {
     uint64_t ctx_bytes;
 } fake_dev;
 
+/* A physical allocation made with cuMemCreate (or a multicast object), shared by every process
+ * of a test so that an importer finds what an exporter made. Its memory is returned when no
+ * handle (refs), no mapping or binding (holds) and no exported file descriptor (exports) is
+ * left, as the real driver does. */
+typedef struct fake_obj {
+    uint32_t live;
+    int32_t phys; /* physical device, -1 for host memory and multicast objects */
+    uint64_t bytes;
+    int32_t refs;
+    int32_t holds;
+    int32_t exports;
+    uint32_t export_seq;
+    uint32_t multicast;
+    int32_t loc_type;
+} fake_obj;
+
 typedef struct fake_state {
     uint64_t magic;
     uint32_t ndev;
     uint32_t pad;
     fake_dev dev[FAKE_MAX_DEV];
+    fake_obj obj[FAKE_MAX_OBJ];
 } fake_state;
+
+/* One mapping per library (each of fake libcuda and fake libnvidia-ml defines the storage once
+ * with FAKE_STATE_DEFINE), shared by all its translation units. */
+extern fake_state *fake_state_p __attribute__((visibility("hidden")));
+extern char fake_state_path[512] __attribute__((visibility("hidden")));
+extern int fake_state_fd __attribute__((visibility("hidden")));
+#ifdef FAKE_STATE_DEFINE
+fake_state *fake_state_p;
+char fake_state_path[512];
+int fake_state_fd = -1;
+#endif
 
 static inline fake_state *fake_state_get(void)
 {
-    static fake_state *st;
+    fake_state *st = __atomic_load_n(&fake_state_p, __ATOMIC_ACQUIRE);
     if (st)
         return st;
     const char *path = getenv("FAKE_GPU_STATE");
@@ -58,9 +87,11 @@ static inline fake_state *fake_state_get(void)
         if (s.st_size < (off_t)sizeof(fake_state) && ftruncate(fd, sizeof(fake_state)) != 0)
             abort();
         m = mmap(NULL, sizeof(fake_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        snprintf(fake_state_path, sizeof(fake_state_path), "%s", path);
     } else {
         m = mmap(NULL, sizeof(fake_state), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                  -1, 0);
+        snprintf(fake_state_path, sizeof(fake_state_path), "/tmp/fakecuda.%d", (int)getpid());
     }
     if (m == MAP_FAILED)
         abort();
@@ -87,12 +118,11 @@ static inline fake_state *fake_state_get(void)
             m->dev[i].ctx_bytes = cb ? strtoull(cb, NULL, 10) : 0;
         __atomic_store_n(&m->magic, FAKE_MAGIC, __ATOMIC_RELEASE);
     }
-    if (fd >= 0) {
+    if (fd >= 0)
         flock(fd, LOCK_UN);
-        close(fd);
-    }
-    st = m;
-    return st;
+    fake_state_fd = fd; /* kept open: cross-process lock of the shared object table */
+    __atomic_store_n(&fake_state_p, m, __ATOMIC_RELEASE);
+    return m;
 }
 
 /* Take bytes from device i; 0 on success, -1 if the fake GPU is full. */

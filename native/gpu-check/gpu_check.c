@@ -24,7 +24,6 @@
 #include "tessera_cuda.h"
 
 typedef struct CUmod_st *CUmodule;
-typedef enum { CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16 } CUdevice_attribute;
 
 #define API(X)                     \
     X(cuInit)                      \
@@ -48,7 +47,6 @@ typedef enum { CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16 } CUdevice_attribut
     X(cuEventElapsedTime)
 
 CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
-CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
 CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);

@@ -40,7 +40,9 @@
 #include <stdint.h>
 
 #define TESSERA_LIMITS_PATH "/etc/tessera/limits"
-/* Fallback outside Kubernetes, read only when TESSERA_LIMITS_PATH does not exist. */
+/* Fallback outside Kubernetes, read only when nothing is at TESSERA_LIMITS_PATH (the file and
+ * its directories absent). At the fixed path the library accepts only a readable regular file
+ * owned by root and not writable by group or others; anything else fails closed. */
 #define TESSERA_LIMITS_ENV "TESSERA_LIMITS_FILE"
 
 #define TESSERA_LIMITS_VERSION 1
@@ -76,6 +78,9 @@ int tessera_limits_parse(const char *buf, size_t len, tessera_limits *out, char 
 
 /* Read and parse a file (at most TESSERA_LIMITS_MAX_FILE bytes). Same return convention. */
 int tessera_limits_load(const char *path, tessera_limits *out, char *err, size_t errlen);
+/* The same from an open descriptor (read from offset 0; not closed); name is for messages. */
+int tessera_limits_load_fd(int fd, const char *name, tessera_limits *out, char *err,
+                           size_t errlen);
 
 /* Canonical text of `l` into buf; returns the length it needs (like snprintf). */
 size_t tessera_limits_format(const tessera_limits *l, char *buf, size_t buflen);

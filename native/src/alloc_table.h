@@ -1,4 +1,5 @@
-/* Per-process table of live allocations: (kind, handle) -> (bytes, region GPU entry). */
+/* Per-process table of live allocations: (kind, handle) -> (bytes, region GPU entry, owning
+ * context). Kinds are enum ts_kind (internal.h) and the private kinds of pool.c / vmm.c. */
 #ifndef TESSERA_ALLOC_TABLE_H
 #define TESSERA_ALLOC_TABLE_H
 
@@ -7,19 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum ts_kind {
-    TS_KIND_NONE = 0,
-    TS_KIND_DPTR = 1,   /* cuMemAlloc*, managed, pitch, stream-ordered */
-    TS_KIND_VMM = 2,    /* cuMemCreate handle */
-    TS_KIND_ARRAY = 3,  /* CUarray */
-    TS_KIND_MIPMAP = 4, /* CUmipmappedArray */
-    TS_KIND_CTX = 5,    /* CUcontext made by cuCtxCreate */
-    TS_KIND_POOL = 6    /* CUmemoryPool -> device ordinal (bytes field) */
-};
 
 typedef struct ts_entry {
     uint64_t key;
     uint64_t bytes;
+    uint64_t ctx; /* the context that owns it (freed with it), 0 if none */
     int32_t g;
     uint8_t kind; /* 0 = empty */
 } ts_entry;
@@ -58,7 +51,8 @@ static inline int ts_table_grow(ts_table *t)
 }
 
 /* Insert or replace. Returns 0, or -1 when host memory is exhausted. */
-static inline int ts_table_put(ts_table *t, uint8_t kind, uint64_t key, uint64_t bytes, int32_t g)
+static inline int ts_table_put(ts_table *t, uint8_t kind, uint64_t key, uint64_t bytes, int32_t g,
+                               uint64_t ctx)
 {
     pthread_mutex_lock(&t->mu);
     if ((t->n + 1) * 2 > t->cap && ts_table_grow(t) != 0) {
@@ -74,6 +68,7 @@ static inline int ts_table_put(ts_table *t, uint8_t kind, uint64_t key, uint64_t
     t->e[j].kind = kind;
     t->e[j].bytes = bytes;
     t->e[j].g = g;
+    t->e[j].ctx = ctx;
     pthread_mutex_unlock(&t->mu);
     return 0;
 }
@@ -132,6 +127,30 @@ static inline int ts_table_get(ts_table *t, uint8_t kind, uint64_t key, ts_entry
     }
     pthread_mutex_unlock(&t->mu);
     return rc;
+}
+
+/* Copy up to max entries owned by ctx (with ctx != 0) into out; returns how many there are. */
+static inline size_t ts_table_owned(ts_table *t, uint64_t ctx, ts_entry *out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->cap; i++) {
+        if (t->e[i].kind && t->e[i].ctx == ctx) {
+            if (n < max)
+                out[n] = t->e[i];
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
+static inline void ts_table_clear(ts_table *t)
+{
+    pthread_mutex_init(&t->mu, NULL);
+    free(t->e);
+    t->e = NULL;
+    t->cap = t->n = 0;
 }
 
 #endif

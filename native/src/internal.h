@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "hook_list.h"
 #include "tessera_cuda.h"
 #include "tessera_limits.h"
 #include "tessera_region.h"
@@ -13,6 +14,10 @@
 #define TS_EXPORT __attribute__((visibility("default")))
 #define TS_LIKELY(x) __builtin_expect(!!(x), 1)
 #define TS_UNLIKELY(x) __builtin_expect(!!(x), 0)
+/* dlsym can be called before any constructor runs, by a sanitizer runtime initialising
+ * itself, so the code on the dlsym/dlopen path is never instrumented and calls no libc string
+ * functions. */
+#define TS_NOSAN __attribute__((no_sanitize("address", "undefined")))
 
 /* ---- logging (stderr, "tessera: "), level from TESSERA_LOG_LEVEL (0 error .. 3 debug) --- */
 TS_HIDDEN void ts_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -27,7 +32,13 @@ typedef struct ts_region {
     tessera_region_header *hdr;
     tessera_region_slot *slots;
     int slot; /* our slot index, -1 if none */
+    uint64_t generation; /* the slot's generation when we claimed it */
     pthread_mutex_t mu; /* serialises this process's threads around the OFD region lock */
+    char path[TESSERA_LIMITS_MAX_PATH + 1];
+    /* What this process holds per GPU entry, kept outside the shared file: if the slot is ever
+     * found taken from a live owner (its record overwritten), the usage is charged again. */
+    uint64_t mine[TESSERA_REGION_MAX_GPUS];
+    uint32_t mine_ctx[TESSERA_REGION_MAX_GPUS];
 } ts_region;
 
 /* Open (creating and initialising if new) the region at path and claim a slot. */
@@ -39,6 +50,9 @@ TS_HIDDEN int ts_region_gpu(ts_region *r, const char *uuid, uint64_t limit, uint
  * Reclaims dead slots before giving up. Returns 0 on success, -1 if over the limit. */
 TS_HIDDEN int ts_region_charge(ts_region *r, int g, uint64_t bytes, uint32_t ncontexts,
                                uint64_t limit);
+/* Charge even past the limit: memory the driver already holds (a graph launch that grew its
+ * pool more than announced). The claim is over its limit until it is credited. */
+TS_HIDDEN void ts_region_force(ts_region *r, int g, uint64_t bytes);
 TS_HIDDEN void ts_region_credit(ts_region *r, int g, uint64_t bytes, uint32_t ncontexts);
 /* Sum of used[g] over live slots (after reclaiming dead ones when reclaim != 0). */
 TS_HIDDEN uint64_t ts_region_usage(ts_region *r, int g, int reclaim);
@@ -55,6 +69,155 @@ typedef CUresult (*ts_launch_thunk)(void *arg);
 TS_HIDDEN CUresult ts_pace_launch(int g, uint32_t cores, uint64_t key, CUstream stream,
                                   ts_launch_thunk thunk, void *arg);
 TS_HIDDEN void ts_pacer_forget(void);
+
+/* ---- the hook table (hooks.c) ------------------------------------------------------------- */
+enum {
+#define X(sym, base, ver, ptsz) H_##sym,
+#define A(sym, base, ver, ptsz)
+    TS_CUDA_HOOKS(X, A)
+#undef X
+#undef A
+        H_CUDA_COUNT
+};
+
+typedef struct hook_entry {
+    const char *name;
+    const char *base;
+    int min_version;
+    int ptsz;
+    void *hook;
+    void *real; /* the driver's entry point of this name (dlsym on libcuda.so.1) */
+} hook_entry;
+
+TS_HIDDEN extern hook_entry ts_hooks[];
+#define REAL(sym) ((__typeof__(&sym))ts_hooks[H_##sym].real)
+
+/* NVML hooks (hooks.c); the list ends with a NULL name. */
+typedef struct ts_nvml_hook {
+    const char *name;
+    void *hook;
+    void *real;
+} ts_nvml_hook;
+TS_HIDDEN extern ts_nvml_hook ts_nvml_hooks[];
+
+/* Driver entry points the library calls without interposing them. */
+typedef struct ts_real {
+    CUresult (*cuDeviceGetUuid)(CUuuid *, CUdevice);
+    CUresult (*cuDeviceGetUuid_v2)(CUuuid *, CUdevice);
+    CUresult (*cuDeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
+    CUresult (*cuCtxGetDevice)(CUdevice *);
+    CUresult (*cuCtxGetCurrent)(CUcontext *);
+    CUresult (*cuCtxPushCurrent_v2)(CUcontext);
+    CUresult (*cuCtxPopCurrent_v2)(CUcontext *);
+    CUresult (*cuCtxGetLimit)(size_t *, CUlimit);
+    CUresult (*cuStreamGetCtx)(CUstream, CUcontext *);
+    CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*cuMemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*cuDeviceGetGraphMemAttribute)(CUdevice, CUgraphMem_attribute, void *);
+    CUresult (*cuMemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *,
+                                              CUmemAllocationGranularity_flags);
+    CUresult (*cuMemGetAllocationPropertiesFromHandle)(CUmemAllocationProp *,
+                                                       CUmemGenericAllocationHandle);
+    CUresult (*cuGraphGetNodes)(CUgraph, CUgraphNode *, size_t *);
+    CUresult (*cuGraphNodeGetType)(CUgraphNode, CUgraphNodeType *);
+    CUresult (*cuGraphMemAllocNodeGetParams)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *);
+    CUresult (*cuGraphChildGraphNodeGetGraph)(CUgraphNode, CUgraph *);
+    nvmlReturn_t (*nvmlDeviceGetUUID)(nvmlDevice_t, char *, unsigned int);
+} ts_real;
+TS_HIDDEN extern ts_real R;
+
+/* ---- process state (hooks.c) ---------------------------------------------------------------- */
+enum { ST_UNINIT = 0, ST_INERT = 1, ST_ACTIVE = 2, ST_CLOSED = 3 };
+
+#define MAX_ORDINALS 64
+
+typedef struct dev_info {
+    int resolved; /* 0 no, 1 yes */
+    int g;        /* region GPU entry, -1 = not limited */
+    uint64_t limit;
+    uint32_t cores;
+} dev_info;
+
+typedef struct ts_state {
+    pthread_mutex_t mu;
+    int state;      /* ST_* (atomic) */
+    int closed;     /* fail closed: limits file present but unusable */
+    int cuda_ready; /* real CUDA pointers resolved (atomic) */
+    int nvml_ready; /* real NVML pointers resolved (atomic) */
+    int pacing;     /* some GPU of the limits has 0 < cores < 100 */
+    void *libcuda;
+    void *libnvml;
+    tessera_limits lim;
+    ts_region region;
+    dev_info dev[MAX_ORDINALS];
+} ts_state;
+TS_HIDDEN extern ts_state G;
+
+TS_HIDDEN void ts_cuda_init(void);
+/* Enter a CUDA hook: 1 when the call must be checked (limits present), 0 to pass through. */
+TS_HIDDEN int ts_cuda_enter(void);
+/* 1 when the limits are active (file present); resolves them on first use. */
+TS_HIDDEN int ts_active(void);
+/* Limits of a CUDA ordinal (keyed by the UUID the driver reports); g < 0 when not limited. */
+TS_HIDDEN dev_info ts_dev(CUdevice dev);
+TS_HIDDEN int ts_current_dev(CUdevice *dev);
+/* The current device and context in one lookup. */
+TS_HIDDEN int ts_current(CUdevice *dev, CUcontext *ctx);
+/* A context was destroyed or reset: forget cached context -> device answers. */
+TS_HIDDEN void ts_contexts_changed(void);
+TS_HIDDEN CUcontext ts_current_ctx(void);
+/* Device of a stream's context (the current device for the default streams). */
+TS_HIDDEN int ts_stream_dev(CUstream s, CUdevice *dev);
+TS_HIDDEN CUcontext ts_stream_ctx(CUstream s);
+/* Refuse a call: log why on stderr once per call site and return CUDA_ERROR_NOT_SUPPORTED. */
+TS_HIDDEN CUresult ts_refuse(const char *what, const char *why);
+
+/* ---- accounting (hooks.c) ----------------------------------------------------------------- */
+/* Charge bytes on device dev (nctx contexts). 0: not limited (nothing charged), 1: charged,
+ * -1: refused (over the limit, or the library failed closed). *g_out gets the region entry.
+ * Before refusing, what this process's pools and graph pools no longer hold is given back. */
+TS_HIDDEN int ts_charge_dev(CUdevice dev, uint64_t bytes, uint32_t nctx, int *g_out,
+                            const char *what);
+/* The same on a region entry whose limit is known. 0 charged, -1 refused. */
+TS_HIDDEN int ts_charge_g(int g, uint64_t bytes, uint32_t nctx, uint64_t limit,
+                          const char *what);
+TS_HIDDEN void ts_credit(int g, uint64_t bytes, uint32_t nctx);
+TS_HIDDEN uint64_t ts_limit_of(int g);
+
+/* ---- allocations owned by contexts (mem.c) ------------------------------------------------ */
+enum ts_kind {
+    TS_KIND_NONE = 0,
+    TS_KIND_DPTR = 1,   /* cuMemAlloc*, managed, pitch, managed-pool allocations */
+    TS_KIND_ARRAY = 3,  /* CUarray */
+    TS_KIND_MIPMAP = 4, /* CUmipmappedArray */
+    TS_KIND_CTX = 5,    /* CUcontext made by cuCtxCreate / cuGreenCtxCreate (bytes: overhead) */
+    TS_KIND_LIMIT = 6   /* cuCtxSetLimit memory of a context */
+};
+TS_HIDDEN void ts_remember(uint8_t kind, uint64_t key, uint64_t bytes, int g, CUcontext ctx);
+/* Take and return an entry; 0 if found. */
+TS_HIDDEN int ts_forget(uint8_t kind, uint64_t key, uint64_t *bytes, int *g);
+/* A context is gone with everything it allocated: credit all of it. */
+TS_HIDDEN void ts_context_gone(CUcontext ctx, CUdevice dev);
+TS_HIDDEN void ts_mem_forget(void);
+
+/* ---- VMM (vmm.c) ---------------------------------------------------------------------------- */
+/* After a context reset: drop records whose handles and mappings the driver no longer knows. */
+TS_HIDDEN void ts_vmm_recheck(CUdevice dev);
+TS_HIDDEN void ts_vmm_forget(void);
+
+/* ---- pools and graph memory (pool.c) --------------------------------------------------------- */
+/* Bring this process's pool and graph-pool charges on entry g (or all, g < 0) down to what the
+ * driver reports they hold. Returns the bytes credited. */
+TS_HIDDEN uint64_t ts_pools_resync(int g);
+/* Graph launch / upload: account the exec's memory nodes around call(). */
+TS_HIDDEN CUresult ts_graph_run(CUgraphExec exec, CUstream s, int upload,
+                                CUresult (*call)(void *), void *arg);
+TS_HIDDEN int ts_graph_has_memory(void);
+TS_HIDDEN void ts_pool_forget(void);
+
+/* ---- loader (loader.c) ------------------------------------------------------------------ */
+TS_HIDDEN void *ts_hook_by_name(const char *name);
+TS_HIDDEN void *ts_real_dlsym(void *handle, const char *name);
 
 /* ---- access to real driver entry points (hooks.c) -------------------------------------- */
 TS_HIDDEN void *ts_real_cuda(const char *name);

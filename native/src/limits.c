@@ -232,6 +232,41 @@ int tessera_limits_parse(const char *buf, size_t len, tessera_limits *out, char 
     return 0;
 }
 
+int tessera_limits_load_fd(int fd, const char *name, tessera_limits *out, char *err,
+                           size_t errlen)
+{
+    char *buf = malloc(TESSERA_LIMITS_MAX_FILE + 1);
+    if (!buf) {
+        if (err && errlen)
+            snprintf(err, errlen, "out of host memory");
+        return -1;
+    }
+    size_t len = 0;
+    int rc = -1;
+    for (;;) {
+        ssize_t n = pread(fd, buf + len, TESSERA_LIMITS_MAX_FILE + 1 - len, (off_t)len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (err && errlen)
+                snprintf(err, errlen, "read %s: %s", name, strerror(errno));
+            goto out;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+        if (len > TESSERA_LIMITS_MAX_FILE) {
+            if (err && errlen)
+                snprintf(err, errlen, "%s: larger than %d bytes", name, TESSERA_LIMITS_MAX_FILE);
+            goto out;
+        }
+    }
+    rc = tessera_limits_parse(buf, len, out, err, errlen);
+out:
+    free(buf);
+    return rc;
+}
+
 int tessera_limits_load(const char *path, tessera_limits *out, char *err, size_t errlen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -240,37 +275,8 @@ int tessera_limits_load(const char *path, tessera_limits *out, char *err, size_t
             snprintf(err, errlen, "open %s: %s", path, strerror(errno));
         return -1;
     }
-    char *buf = malloc(TESSERA_LIMITS_MAX_FILE + 1);
-    if (!buf) {
-        close(fd);
-        if (err && errlen)
-            snprintf(err, errlen, "out of host memory");
-        return -1;
-    }
-    size_t len = 0;
-    int rc = -1;
-    for (;;) {
-        ssize_t n = read(fd, buf + len, TESSERA_LIMITS_MAX_FILE + 1 - len);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            if (err && errlen)
-                snprintf(err, errlen, "read %s: %s", path, strerror(errno));
-            goto out;
-        }
-        if (n == 0)
-            break;
-        len += (size_t)n;
-        if (len > TESSERA_LIMITS_MAX_FILE) {
-            if (err && errlen)
-                snprintf(err, errlen, "%s: larger than %d bytes", path, TESSERA_LIMITS_MAX_FILE);
-            goto out;
-        }
-    }
-    rc = tessera_limits_parse(buf, len, out, err, errlen);
-out:
+    int rc = tessera_limits_load_fd(fd, path, out, err, errlen);
     close(fd);
-    free(buf);
     return rc;
 }
 

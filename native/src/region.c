@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -113,6 +114,42 @@ static int validate(const tessera_region_header *h, char *err, size_t errlen)
     return 0;
 }
 
+/*
+ * Hold the liveness lock of slot i so that no code in this process can release it: the lock is
+ * taken through a second open file description of the region, a one-page read-only mapping is
+ * made through it, and the descriptor is closed. The description (and its lock) then lives as
+ * long as the mapping: there is no descriptor left to F_OFD_SETLK F_UNLCK with, and opening the
+ * file again creates a different description. The page is not inherited by fork (a child must
+ * not keep its parent's slot alive) and is sealed against munmap where the kernel has mseal
+ * (Linux 6.10+). It goes away only when the process exits or execs. 0 on success.
+ */
+static int hold_slot_lock(ts_region *r, uint32_t i)
+{
+    int fd = open(r->path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    if (ofd_lock(fd, F_WRLCK, (off_t)TESSERA_REGION_SLOT_OFFSET(i), 0) != 0) {
+        close(fd);
+        return -1;
+    }
+    long page = sysconf(_SC_PAGESIZE);
+    void *m = mmap(NULL, (size_t)page, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd); /* the mapping keeps the description, and the lock, alive */
+    if (m == MAP_FAILED)
+        return -1; /* closing the descriptor released the lock */
+    madvise(m, (size_t)page, MADV_DONTFORK);
+#ifdef SYS_mseal
+    long sr = syscall(SYS_mseal, m, (size_t)page, 0UL);
+#elif defined(__x86_64__) || defined(__aarch64__)
+    long sr = syscall(462, m, (size_t)page, 0UL); /* mseal, Linux 6.10+ */
+#else
+    long sr = -1;
+#endif
+    if (sr != 0)
+        ts_log(TS_DEBUG, "mseal of the slot lock page unavailable (%s)", strerror(errno));
+    return 0;
+}
+
 /* Claim a free or dead slot; region lock held. */
 static int claim_slot(ts_region *r)
 {
@@ -127,7 +164,7 @@ static int claim_slot(ts_region *r)
                 continue;
             /* dead owner: reclaim below by reusing */
         }
-        if (r->fd >= 0 && ofd_lock(r->fd, F_WRLCK, (off_t)TESSERA_REGION_SLOT_OFFSET(i), 0) != 0)
+        if (r->fd >= 0 && hold_slot_lock(r, i) != 0)
             continue;
         STORE32(&s->state, TESSERA_SLOT_FREE);
         for (int g = 0; g < TESSERA_REGION_MAX_GPUS; g++) {
@@ -138,12 +175,37 @@ static int claim_slot(ts_region *r)
         s->pid_ns = pid_ns;
         s->start_time = start_time;
         s->generation = __atomic_add_fetch(&h->generation, 1, __ATOMIC_ACQ_REL);
+        r->generation = s->generation;
         STORE32(&s->state, TESSERA_SLOT_LIVE);
         if (LOAD32(&h->slot_high_water) < i + 1)
             STORE32(&h->slot_high_water, i + 1);
         return (int)i;
     }
     return -1;
+}
+
+/* Region lock held. If our slot is no longer ours (another process found it dead and reclaimed
+ * it, or it was overwritten), claim a new one and charge again what this process holds. */
+static void keep_slot(ts_region *r)
+{
+    if (r->slot < 0)
+        return;
+    tessera_region_slot *s = &r->slots[r->slot];
+    if (LOAD32(&s->state) == TESSERA_SLOT_LIVE && s->generation == r->generation)
+        return;
+    int old = r->slot;
+    r->slot = claim_slot(r);
+    if (r->slot < 0) {
+        ts_log(TS_ERR, "slot %d was taken from this live process and no slot is free", old);
+        return;
+    }
+    tessera_region_slot *n = &r->slots[r->slot];
+    for (int g = 0; g < TESSERA_REGION_MAX_GPUS; g++) {
+        STORE64(&n->used[g], r->mine[g]);
+        STORE32(&n->contexts[g], r->mine_ctx[g]);
+    }
+    ts_log(TS_ERR, "slot %d was taken from this live process; its usage is charged again in slot %d",
+           old, r->slot);
 }
 
 int ts_region_open(ts_region *r, const char *path, uint64_t context_overhead, char *err,
@@ -153,6 +215,7 @@ int ts_region_open(ts_region *r, const char *path, uint64_t context_overhead, ch
     r->fd = -1;
     r->slot = -1;
     pthread_mutex_init(&r->mu, NULL);
+    snprintf(r->path, sizeof(r->path), "%s", path);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
         snprintf(err, errlen, "open %s: %s", path, strerror(errno));
@@ -276,13 +339,17 @@ int ts_region_charge(ts_region *r, int g, uint64_t bytes, uint32_t ncontexts, ui
         return -1;
     int rc = -1;
     region_lock(r);
-    for (int attempt = 0; attempt < 2; attempt++) {
+    keep_slot(r);
+    for (int attempt = 0; attempt < 2 && r->slot >= 0; attempt++) {
         uint64_t used = usage_locked(r, g);
         if (used <= limit && bytes <= limit - used) {
             tessera_region_slot *s = &r->slots[r->slot];
             __atomic_add_fetch(&s->used[g], bytes, __ATOMIC_ACQ_REL);
-            if (ncontexts)
+            __atomic_add_fetch(&r->mine[g], bytes, __ATOMIC_ACQ_REL);
+            if (ncontexts) {
                 __atomic_add_fetch(&s->contexts[g], ncontexts, __ATOMIC_ACQ_REL);
+                __atomic_add_fetch(&r->mine_ctx[g], ncontexts, __ATOMIC_ACQ_REL);
+            }
             rc = 0;
             break;
         }
@@ -291,6 +358,19 @@ int ts_region_charge(ts_region *r, int g, uint64_t bytes, uint32_t ncontexts, ui
     }
     region_unlock(r);
     return rc;
+}
+
+void ts_region_force(ts_region *r, int g, uint64_t bytes)
+{
+    if (r->slot < 0 || bytes == 0)
+        return;
+    region_lock(r);
+    keep_slot(r);
+    if (r->slot >= 0) {
+        __atomic_add_fetch(&r->slots[r->slot].used[g], bytes, __ATOMIC_ACQ_REL);
+        __atomic_add_fetch(&r->mine[g], bytes, __ATOMIC_ACQ_REL);
+    }
+    region_unlock(r);
 }
 
 void ts_region_credit(ts_region *r, int g, uint64_t bytes, uint32_t ncontexts)
@@ -303,9 +383,17 @@ void ts_region_credit(ts_region *r, int g, uint64_t bytes, uint32_t ncontexts)
     while (!__atomic_compare_exchange_n(&s->used[g], &cur, cur >= bytes ? cur - bytes : 0, 0,
                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
     }
+    cur = LOAD64(&r->mine[g]);
+    while (!__atomic_compare_exchange_n(&r->mine[g], &cur, cur >= bytes ? cur - bytes : 0, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
     if (ncontexts) {
         uint32_t c = LOAD32(&s->contexts[g]);
         while (!__atomic_compare_exchange_n(&s->contexts[g], &c, c >= ncontexts ? c - ncontexts : 0,
+                                            0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        }
+        c = LOAD32(&r->mine_ctx[g]);
+        while (!__atomic_compare_exchange_n(&r->mine_ctx[g], &c, c >= ncontexts ? c - ncontexts : 0,
                                             0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         }
     }
@@ -336,13 +424,15 @@ void ts_region_leave(ts_region *r)
         return;
     region_lock(r);
     tessera_region_slot *s = &r->slots[r->slot];
-    STORE32(&s->state, TESSERA_SLOT_FREE);
-    for (int g = 0; g < TESSERA_REGION_MAX_GPUS; g++) {
-        STORE64(&s->used[g], 0);
-        STORE32(&s->contexts[g], 0);
+    if (LOAD32(&s->state) == TESSERA_SLOT_LIVE && s->generation == r->generation) {
+        STORE32(&s->state, TESSERA_SLOT_FREE);
+        for (int g = 0; g < TESSERA_REGION_MAX_GPUS; g++) {
+            STORE64(&s->used[g], 0);
+            STORE32(&s->contexts[g], 0);
+        }
     }
-    if (r->fd >= 0)
-        ofd_lock(r->fd, F_UNLCK, (off_t)TESSERA_REGION_SLOT_OFFSET(r->slot), 0);
+    /* The slot's lock stays held until the process is gone (see hold_slot_lock); a FREE slot
+     * is skipped by every sum, and claim_slot takes another one while the lock is held. */
     r->slot = -1;
     region_unlock(r);
 }
@@ -352,8 +442,10 @@ void ts_region_forget(ts_region *r)
     if (r->hdr)
         munmap(r->hdr, TESSERA_REGION_FILE_SIZE);
     if (r->fd >= 0)
-        close(r->fd); /* the parent's descriptor (and its slot lock) stays open in the parent */
+        close(r->fd); /* the parent's descriptor stays open in the parent */
     r->hdr = NULL;
+    memset(r->mine, 0, sizeof(r->mine));
+    memset(r->mine_ctx, 0, sizeof(r->mine_ctx));
     r->slots = NULL;
     r->fd = -1;
     r->slot = -1;

@@ -4,20 +4,39 @@
  * MODE chooses how entry points are obtained, the three ways applications reach the driver:
  *   link      direct calls to the symbols (linked with -lcuda -lnvidia-ml)
  *   dlsym     dlopen("libcuda.so.1") + dlsym for every function
- *   procaddr  dlsym only cuGetProcAddress_v2, then everything through it (CUDA 12.4, as cudart)
+ *   procaddr  dlsym only cuGetProcAddress_v2, then everything through it (as cudart does)
  *
- * Commands (one output line each, "<cmd> <CUresult> [details]"):
- *   init | dev N | ctx N | destroyctx | release N
+ * Every command prints one line, "<cmd> <CUresult> [details]". Objects made by commands are
+ * numbered from 0 in order of creation, per kind: handles (h), mappings (m), exported file
+ * descriptors (f), pools (p), graphs (g), graph execs (e).
+ *
+ *   init | dev N | ctx N | destroyctx | release N | reset N
  *   alloc B | managed B | pitch W H E | async B | pool B | mkpool B | vmm B | array W H
  *   array3d W H D | mipmap W H L | free | freeall
- *   meminfo | totalmem N | uuid N | nvml I | nvml2 I
- *   calls NAME | used N | peak N | launch N GRID | rtldnext | ready | hold | sleep MS
+ *   meminfo | totalmem N | uuid N | nvml I | nvml2 I | calls NAME | used N | peak N
+ *   launch N GRID | ready | hold | sleep MS | sync | ssync | afree
+ *   VMM:   reserve B | create B dev|host|domain|invisible | map H | unmap M | unmaprange M0 M1
+ *          vrelease H | retain M | export H | import F B | importpath PATH B | closefd F
+ *          mc B | mcbind HM HP
+ *          mcbindaddr HM M | mcunbind HM | sparse H | lebind H
+ *   pools: poolcreate dev|host|domain|numa|managed | rawpool | palloc P B | getpool dev|host|managed
+ *          curpool | setpool P | thresh P V | trim P V | pdestroy P | reserved P | pfree
+ *   graphs: gcreate | galloc G B | gfree G | ginst G FLAGS | glaunch E | gupload E
+ *          gdestroy E | gtrim | gfreeptr G | capture B | gmem
+ *   contexts: setlimit stack|heap|fifo|pending|l2 V | green N | greendestroy | attach | detach
+ *          glctx N | restore
+ *   resolution: v1alloc B | procalloc VER B | procmatch NAME BASE VER PTSZ | nextalloc B
+ *          marker | deepbind B | dlmopen | rtldnext | unlockslot
  */
+#include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,50 +45,84 @@
 uint64_t fakecuda_calls(const char *name);
 uint64_t fakecuda_used(int ordinal);
 uint64_t fakecuda_peak(int ordinal);
+CUresult fakecuda_pool_create(CUmemoryPool *pool, const CUmemPoolProps *props);
+void *tp_next(const char *name); /* libtpnext.so */
 
-#define FNS(X)                       \
-    X(cuInit)                        \
-    X(cuDeviceGet)                   \
-    X(cuDeviceGetUuid)               \
-    X(cuDeviceTotalMem_v2)           \
-    X(cuDevicePrimaryCtxRetain)      \
-    X(cuDevicePrimaryCtxRelease_v2)  \
-    X(cuCtxSetCurrent)               \
-    X(cuCtxCreate_v2)                \
-    X(cuCtxDestroy_v2)               \
-    X(cuMemGetInfo_v2)               \
-    X(cuMemAlloc_v2)                 \
-    X(cuMemAllocManaged)             \
-    X(cuMemAllocPitch_v2)            \
-    X(cuMemFree_v2)                  \
-    X(cuMemAllocAsync)               \
-    X(cuMemAllocFromPoolAsync)       \
-    X(cuMemFreeAsync)                \
-    X(cuMemPoolCreate)               \
-    X(cuDeviceGetDefaultMemPool)     \
-    X(cuMemCreate)                   \
-    X(cuMemRelease)                  \
-    X(cuArrayCreate_v2)              \
-    X(cuArray3DCreate_v2)            \
-    X(cuArrayDestroy)                \
-    X(cuMipmappedArrayCreate)        \
-    X(cuMipmappedArrayDestroy)       \
-    X(cuLaunchKernel)                \
-    X(cuCtxSynchronize)
-
-/* base names for cuGetProcAddress */
-static const char *base_of(const char *n)
-{
-    static char b[64];
-    snprintf(b, sizeof(b), "%s", n);
-    char *v = strstr(b, "_v2");
-    if (v && v[3] == '\0')
-        *v = '\0';
-    return b;
-}
+/* X(function, base name for cuGetProcAddress, version to ask for) */
+#define FNS(X)                                                          \
+    X(cuInit, "cuInit", 2000)                                           \
+    X(cuDeviceGet, "cuDeviceGet", 2000)                                 \
+    X(cuDeviceGetUuid, "cuDeviceGetUuid", 9020)                         \
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020)                    \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000)       \
+    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000) \
+    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000)     \
+    X(cuCtxSetCurrent, "cuCtxSetCurrent", 4000)                         \
+    X(cuCtxCreate_v2, "cuCtxCreate", 3020)                              \
+    X(cuCtxDestroy_v2, "cuCtxDestroy", 4000)                            \
+    X(cuCtxSetLimit, "cuCtxSetLimit", 3010)                             \
+    X(cuCtxAttach, "cuCtxAttach", 2000)                                 \
+    X(cuCtxDetach, "cuCtxDetach", 2000)                                 \
+    X(cuGreenCtxCreate, "cuGreenCtxCreate", 12040)                      \
+    X(cuGreenCtxDestroy, "cuGreenCtxDestroy", 12040)                    \
+    X(cuCtxFromGreenCtx, "cuCtxFromGreenCtx", 12040)                    \
+    X(cuGLCtxCreate_v2, "cuGLCtxCreate", 3020)                          \
+    X(cuCheckpointProcessRestore, "cuCheckpointProcessRestore", 12080)  \
+    X(cuCtxSynchronize, "cuCtxSynchronize", 2000)                       \
+    X(cuStreamCreate, "cuStreamCreate", 2000)                           \
+    X(cuStreamSynchronize, "cuStreamSynchronize", 2000)                 \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010)           \
+    X(cuStreamEndCapture, "cuStreamEndCapture", 10000)                  \
+    X(cuMemGetInfo_v2, "cuMemGetInfo", 3020)                            \
+    X(cuMemAlloc_v2, "cuMemAlloc", 3020)                                \
+    X(cuMemAllocManaged, "cuMemAllocManaged", 6000)                     \
+    X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020)                      \
+    X(cuMemFree_v2, "cuMemFree", 3020)                                  \
+    X(cuMemAllocAsync, "cuMemAllocAsync", 11020)                        \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020)        \
+    X(cuMemFreeAsync, "cuMemFreeAsync", 11020)                          \
+    X(cuMemPoolCreate, "cuMemPoolCreate", 11020)                        \
+    X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020)                      \
+    X(cuMemPoolTrimTo, "cuMemPoolTrimTo", 11020)                        \
+    X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 11020)            \
+    X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", 11020)            \
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020)    \
+    X(cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020)                  \
+    X(cuDeviceSetMemPool, "cuDeviceSetMemPool", 11020)                  \
+    X(cuMemGetDefaultMemPool, "cuMemGetDefaultMemPool", 13000)          \
+    X(cuMemGetMemPool, "cuMemGetMemPool", 13000)                        \
+    X(cuMemAddressReserve, "cuMemAddressReserve", 10020)                \
+    X(cuMemCreate, "cuMemCreate", 10020)                                \
+    X(cuMemRelease, "cuMemRelease", 10020)                              \
+    X(cuMemMap, "cuMemMap", 10020)                                      \
+    X(cuMemUnmap, "cuMemUnmap", 10020)                                  \
+    X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000) \
+    X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020) \
+    X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020) \
+    X(cuMemMapArrayAsync, "cuMemMapArrayAsync", 11010)                  \
+    X(cuMulticastCreate, "cuMulticastCreate", 12010)                    \
+    X(cuMulticastBindMem, "cuMulticastBindMem", 12010)                  \
+    X(cuMulticastBindAddr, "cuMulticastBindAddr", 12010)                \
+    X(cuMulticastUnbind, "cuMulticastUnbind", 12010)                    \
+    X(cuLogicalEndpointBindMem, "cuLogicalEndpointBindMem", 13030)      \
+    X(cuArrayCreate_v2, "cuArrayCreate", 3020)                          \
+    X(cuArray3DCreate_v2, "cuArray3DCreate", 3020)                      \
+    X(cuArrayDestroy, "cuArrayDestroy", 2000)                           \
+    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 5000)           \
+    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 5000)         \
+    X(cuGraphCreate, "cuGraphCreate", 10000)                            \
+    X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 11040)          \
+    X(cuGraphAddMemFreeNode, "cuGraphAddMemFreeNode", 11040)            \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040) \
+    X(cuGraphLaunch, "cuGraphLaunch", 10000)                            \
+    X(cuGraphUpload, "cuGraphUpload", 11010)                            \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", 10000)                  \
+    X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040)              \
+    X(cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute", 11040) \
+    X(cuLaunchKernel, "cuLaunchKernel", 4000)
 
 static struct {
-#define X(f) __typeof__(&f) f;
+#define X(f, b, v) __typeof__(&f) f;
     FNS(X)
 #undef X
     __typeof__(&nvmlInit_v2) nvmlInit_v2;
@@ -78,16 +131,20 @@ static struct {
     __typeof__(&nvmlDeviceGetMemoryInfo_v2) nvmlDeviceGetMemoryInfo_v2;
 } T;
 
+static __typeof__(&cuGetProcAddress_v2) g_gpa;
+static void *g_libcuda;
+
 static void load(const char *mode)
 {
     if (strcmp(mode, "link") == 0) {
-#define X(f) T.f = f;
+#define X(f, b, v) T.f = f;
         FNS(X)
 #undef X
         T.nvmlInit_v2 = nvmlInit_v2;
         T.nvmlDeviceGetHandleByIndex_v2 = nvmlDeviceGetHandleByIndex_v2;
         T.nvmlDeviceGetMemoryInfo = nvmlDeviceGetMemoryInfo;
         T.nvmlDeviceGetMemoryInfo_v2 = nvmlDeviceGetMemoryInfo_v2;
+        g_gpa = cuGetProcAddress_v2;
         return;
     }
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
@@ -96,21 +153,21 @@ static void load(const char *mode)
         fprintf(stderr, "dlopen: %s\n", dlerror());
         exit(2);
     }
+    g_libcuda = h;
     *(void **)&T.nvmlInit_v2 = dlsym(hn, "nvmlInit_v2");
     *(void **)&T.nvmlDeviceGetHandleByIndex_v2 = dlsym(hn, "nvmlDeviceGetHandleByIndex_v2");
     *(void **)&T.nvmlDeviceGetMemoryInfo = dlsym(hn, "nvmlDeviceGetMemoryInfo");
     *(void **)&T.nvmlDeviceGetMemoryInfo_v2 = dlsym(hn, "nvmlDeviceGetMemoryInfo_v2");
+    *(void **)&g_gpa = dlsym(h, "cuGetProcAddress_v2");
     if (strcmp(mode, "dlsym") == 0) {
-#define X(f) *(void **)&T.f = dlsym(h, #f);
+#define X(f, b, v) *(void **)&T.f = dlsym(h, #f);
         FNS(X)
 #undef X
     } else if (strcmp(mode, "procaddr") == 0) {
-        __typeof__(&cuGetProcAddress_v2) gpa;
-        *(void **)&gpa = dlsym(h, "cuGetProcAddress_v2");
         CUdriverProcAddressQueryResult st;
-#define X(f)                                                                         \
-    if (gpa(base_of(#f), (void **)&T.f, 12040, CU_GET_PROC_ADDRESS_DEFAULT, &st) != 0) \
-        fprintf(stderr, "cuGetProcAddress %s failed\n", #f);
+#define X(f, b, v)                                                            \
+    if (g_gpa(b, (void **)&T.f, v, CU_GET_PROC_ADDRESS_DEFAULT, &st) != 0) \
+        fprintf(stderr, "cuGetProcAddress %s failed\n", b);
         FNS(X)
 #undef X
     } else {
@@ -126,7 +183,26 @@ typedef struct item {
 static item stack[4096];
 static int sp;
 static CUcontext g_ctx_created;
-static CUmemoryPool g_pool;
+
+#define MAXOBJ 256
+static CUmemGenericAllocationHandle H[MAXOBJ];
+static size_t Hsize[MAXOBJ];
+static int nH;
+static struct {
+    CUdeviceptr va;
+    size_t size;
+} M[MAXOBJ];
+static int nM;
+static int F[MAXOBJ], nF;
+static CUmemoryPool P[MAXOBJ];
+static int nP;
+static CUgraph Gr[MAXOBJ];
+static CUdeviceptr Glast[MAXOBJ];
+static int nG;
+static CUgraphExec E[MAXOBJ];
+static int nE;
+static CUdeviceptr g_va, g_va_end;
+static CUgreenCtx g_green;
 
 static void push(int kind, uint64_t h) { stack[sp++] = (item){kind, h}; }
 
@@ -147,6 +223,49 @@ static CUresult pop_free(void)
     }
 }
 
+static void location(const char *what, CUmemLocation *l)
+{
+    memset(l, 0, sizeof(*l));
+    if (!strcmp(what, "host")) {
+        l->type = CU_MEM_LOCATION_TYPE_HOST;
+    } else if (!strcmp(what, "numa")) {
+        l->type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    } else if (!strcmp(what, "domain")) {
+        l->type = CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN;
+        l->localized.deviceId = 0;
+        l->localized.localityDomainId = 1;
+    } else if (!strcmp(what, "invisible")) {
+        l->type = CU_MEM_LOCATION_TYPE_INVISIBLE;
+    } else if (!strcmp(what, "none")) {
+        l->type = CU_MEM_LOCATION_TYPE_NONE;
+    } else if (!strcmp(what, "dev1")) {
+        l->type = CU_MEM_LOCATION_TYPE_DEVICE;
+        l->id = 1;
+    } else {
+        l->type = CU_MEM_LOCATION_TYPE_DEVICE;
+        l->id = 0;
+    }
+}
+
+static CUlimit limit_named(const char *n)
+{
+    if (!strcmp(n, "stack"))
+        return CU_LIMIT_STACK_SIZE;
+    if (!strcmp(n, "heap"))
+        return CU_LIMIT_MALLOC_HEAP_SIZE;
+    if (!strcmp(n, "fifo"))
+        return CU_LIMIT_PRINTF_FIFO_SIZE;
+    if (!strcmp(n, "pending"))
+        return CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT;
+    if (!strcmp(n, "l2"))
+        return CU_LIMIT_PERSISTING_L2_CACHE_SIZE;
+    return (CUlimit)atoi(n);
+}
+
+/* Address of a symbol defined in this executable (exported with -rdynamic): a lookup with
+ * RTLD_NEXT from here must start after the executable. */
+__attribute__((visibility("default"))) int tp_marker;
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -158,6 +277,7 @@ int main(int argc, char **argv)
     for (int i = 2; i < argc; i++) {
         const char *c = argv[i];
 #define ARG() (i + 1 < argc ? strtoull(argv[++i], NULL, 10) : (fprintf(stderr, "missing arg\n"), exit(2), 0ull))
+#define SARG() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "missing arg\n"), exit(2), ""))
         if (!strcmp(c, "init")) {
             printf("init %d\n", T.cuInit(0));
         } else if (!strcmp(c, "dev")) {
@@ -170,11 +290,18 @@ int main(int argc, char **argv)
         } else if (!strcmp(c, "release")) {
             int n = (int)ARG();
             printf("release %d %d\n", n, T.cuDevicePrimaryCtxRelease_v2(n));
+        } else if (!strcmp(c, "reset")) {
+            int n = (int)ARG();
+            CUresult r = T.cuDevicePrimaryCtxReset_v2(n);
+            sp = 0; /* the driver freed all of it */
+            printf("reset %d %d\n", n, r);
         } else if (!strcmp(c, "ctx")) {
             int n = (int)ARG();
             printf("ctx %d %d\n", n, T.cuCtxCreate_v2(&g_ctx_created, 0, n));
         } else if (!strcmp(c, "destroyctx")) {
-            printf("destroyctx %d\n", T.cuCtxDestroy_v2(g_ctx_created));
+            CUresult r = T.cuCtxDestroy_v2(g_ctx_created);
+            sp = 0;
+            printf("destroyctx %d\n", r);
         } else if (!strcmp(c, "alloc") || !strcmp(c, "managed") || !strcmp(c, "async")) {
             size_t b = ARG();
             CUdeviceptr p = 0;
@@ -188,15 +315,16 @@ int main(int argc, char **argv)
             size_t b = ARG();
             CUmemoryPool pool = NULL;
             if (!strcmp(c, "mkpool")) {
-                if (!g_pool) {
+                static CUmemoryPool made;
+                if (!made) {
                     CUmemPoolProps pp;
                     memset(&pp, 0, sizeof(pp));
                     pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
                     pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
                     pp.location.id = 0;
-                    T.cuMemPoolCreate(&g_pool, &pp);
+                    T.cuMemPoolCreate(&made, &pp);
                 }
-                pool = g_pool;
+                pool = made;
             } else {
                 T.cuDeviceGetDefaultMemPool(&pool, 0);
             }
@@ -258,6 +386,8 @@ int main(int argc, char **argv)
             printf("%s %d\n", c, r);
         } else if (!strcmp(c, "free")) {
             printf("free %d\n", sp ? (int)pop_free() : -1);
+        } else if (!strcmp(c, "afree")) { /* the newest allocation, with cuMemFreeAsync */
+            printf("afree %d\n", sp ? (int)T.cuMemFreeAsync(stack[--sp].h, NULL) : -1);
         } else if (!strcmp(c, "freeall")) {
             int bad = 0;
             while (sp)
@@ -315,11 +445,365 @@ int main(int argc, char **argv)
                 r = T.cuLaunchKernel((CUfunction)(uintptr_t)0x1000, (unsigned)grid, 1, 1, 1, 1, 1,
                                      0, NULL, NULL, NULL);
             printf("launch %d\n", r);
+        } else if (!strcmp(c, "sync")) {
+            printf("sync %d\n", T.cuCtxSynchronize());
+        } else if (!strcmp(c, "ssync")) {
+            printf("ssync %d\n", T.cuStreamSynchronize(NULL));
+        /* ---- VMM ---- */
+        } else if (!strcmp(c, "reserve")) {
+            size_t b = ARG();
+            CUresult r = T.cuMemAddressReserve(&g_va, b, 0, 0, 0);
+            g_va_end = g_va + b;
+            printf("reserve %d\n", r);
+        } else if (!strcmp(c, "create")) {
+            size_t b = ARG();
+            const char *where = SARG();
+            CUmemAllocationProp prop;
+            memset(&prop, 0, sizeof(prop));
+            prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            location(where, &prop.location);
+            CUresult r = T.cuMemCreate(&H[nH], b, &prop, 0);
+            Hsize[nH] = b;
+            printf("create %d h%d\n", r, r == CUDA_SUCCESS ? nH++ : -1);
+        } else if (!strcmp(c, "map")) {
+            int h = (int)ARG();
+            size_t b = Hsize[h];
+            CUresult r = g_va + b <= g_va_end ? T.cuMemMap(g_va, b, 0, H[h], 0) : CUDA_ERROR_INVALID_VALUE;
+            if (r == CUDA_SUCCESS) {
+                M[nM].va = g_va;
+                M[nM].size = b;
+                g_va += b;
+            }
+            printf("map %d m%d\n", r, r == CUDA_SUCCESS ? nM++ : -1);
+        } else if (!strcmp(c, "unmap")) {
+            int m = (int)ARG();
+            printf("unmap %d\n", T.cuMemUnmap(M[m].va, M[m].size));
+        } else if (!strcmp(c, "unmaprange")) {
+            int a = (int)ARG(), b = (int)ARG();
+            printf("unmaprange %d\n", T.cuMemUnmap(M[a].va, M[b].va + M[b].size - M[a].va));
+        } else if (!strcmp(c, "vrelease")) {
+            int h = (int)ARG();
+            printf("vrelease %d\n", T.cuMemRelease(H[h]));
+        } else if (!strcmp(c, "retain")) {
+            int m = (int)ARG();
+            CUresult r = T.cuMemRetainAllocationHandle(&H[nH], (void *)(uintptr_t)M[m].va);
+            Hsize[nH] = M[m].size;
+            printf("retain %d h%d\n", r, r == CUDA_SUCCESS ? nH++ : -1);
+        } else if (!strcmp(c, "export")) {
+            int h = (int)ARG();
+            CUresult r = T.cuMemExportToShareableHandle(&F[nF], H[h],
+                                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+            printf("export %d f%d\n", r, r == CUDA_SUCCESS ? nF++ : -1);
+        } else if (!strcmp(c, "import")) {
+            int f = (int)ARG();
+            size_t b = ARG();
+            CUresult r = T.cuMemImportFromShareableHandle(&H[nH], (void *)(intptr_t)F[f],
+                                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+            Hsize[nH] = b;
+            printf("import %d h%d\n", r, r == CUDA_SUCCESS ? nH++ : -1);
+        } else if (!strcmp(c, "importpath")) { /* a descriptor another process exported */
+            const char *path = SARG();
+            size_t b = ARG();
+            F[nF] = open(path, O_RDWR | O_CLOEXEC);
+            CUresult r = T.cuMemImportFromShareableHandle(&H[nH], (void *)(intptr_t)F[nF++],
+                                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+            Hsize[nH] = b;
+            printf("importpath %d h%d\n", r, r == CUDA_SUCCESS ? nH++ : -1);
+        } else if (!strcmp(c, "closefd")) {
+            int f = (int)ARG();
+            printf("closefd %d\n", close(F[f]));
+        } else if (!strcmp(c, "mc")) {
+            size_t b = ARG();
+            CUmulticastObjectProp prop = {1, b, 0, 0};
+            CUresult r = T.cuMulticastCreate(&H[nH], &prop);
+            Hsize[nH] = b;
+            printf("mc %d h%d\n", r, r == CUDA_SUCCESS ? nH++ : -1);
+        } else if (!strcmp(c, "mcbind")) {
+            int m = (int)ARG(), p = (int)ARG();
+            printf("mcbind %d\n", T.cuMulticastBindMem(H[m], 0, H[p], 0, Hsize[p], 0));
+        } else if (!strcmp(c, "mcbindaddr")) {
+            int m = (int)ARG(), mp = (int)ARG();
+            printf("mcbindaddr %d\n", T.cuMulticastBindAddr(H[m], 0, M[mp].va, M[mp].size, 0));
+        } else if (!strcmp(c, "mcunbind")) {
+            int m = (int)ARG();
+            printf("mcunbind %d\n", T.cuMulticastUnbind(H[m], 0, 0, Hsize[m]));
+        } else if (!strcmp(c, "sparse")) {
+            int h = (int)ARG();
+            CUarrayMapInfo mi;
+            memset(&mi, 0, sizeof(mi));
+            mi.resource.array = (CUarray)(uintptr_t)0x5000;
+            mi.memOperationType = CU_MEM_OPERATION_TYPE_MAP;
+            mi.memHandleType = CU_MEM_HANDLE_TYPE_GENERIC;
+            mi.memHandle.memHandle = H[h];
+            printf("sparse %d\n", T.cuMemMapArrayAsync(&mi, 1, NULL));
+        } else if (!strcmp(c, "lebind")) {
+            int h = (int)ARG();
+            printf("lebind %d\n", T.cuLogicalEndpointBindMem(1, 0, 0, H[h], 0, Hsize[h], 0));
+        /* ---- pools ---- */
+        } else if (!strcmp(c, "poolcreate")) {
+            const char *where = SARG();
+            CUmemPoolProps pp;
+            memset(&pp, 0, sizeof(pp));
+            pp.allocType = !strcmp(where, "managed") ? CU_MEM_ALLOCATION_TYPE_MANAGED
+                                                     : CU_MEM_ALLOCATION_TYPE_PINNED;
+            location(!strcmp(where, "managed") ? "none" : where, &pp.location);
+            CUresult r = T.cuMemPoolCreate(&P[nP], &pp);
+            printf("poolcreate %d p%d\n", r, r == CUDA_SUCCESS ? nP++ : -1);
+        } else if (!strcmp(c, "rawpool")) { /* a device-1 pool the library never saw made */
+            CUmemPoolProps pp;
+            memset(&pp, 0, sizeof(pp));
+            pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+            location("dev1", &pp.location);
+            CUresult r = fakecuda_pool_create(&P[nP], &pp);
+            printf("rawpool %d p%d\n", r, r == CUDA_SUCCESS ? nP++ : -1);
+        } else if (!strcmp(c, "getpool")) {
+            const char *where = SARG();
+            CUmemLocation loc;
+            location(!strcmp(where, "managed") ? "none" : where, &loc);
+            CUresult r = T.cuMemGetDefaultMemPool(
+                &P[nP], &loc,
+                !strcmp(where, "managed") ? CU_MEM_ALLOCATION_TYPE_MANAGED : CU_MEM_ALLOCATION_TYPE_PINNED);
+            printf("getpool %d p%d\n", r, r == CUDA_SUCCESS ? nP++ : -1);
+        } else if (!strcmp(c, "curpool")) {
+            CUmemLocation loc;
+            location("dev", &loc);
+            CUresult r = T.cuMemGetMemPool(&P[nP], &loc, CU_MEM_ALLOCATION_TYPE_PINNED);
+            printf("curpool %d p%d\n", r, r == CUDA_SUCCESS ? nP++ : -1);
+        } else if (!strcmp(c, "setpool")) {
+            int p = (int)ARG();
+            printf("setpool %d\n", T.cuDeviceSetMemPool(0, P[p]));
+        } else if (!strcmp(c, "palloc")) {
+            int p = (int)ARG();
+            size_t b = ARG();
+            CUdeviceptr d = 0;
+            CUresult r = T.cuMemAllocFromPoolAsync(&d, b, P[p], NULL);
+            if (r == CUDA_SUCCESS)
+                push(2, d);
+            printf("palloc %zu %d\n", b, r);
+        } else if (!strcmp(c, "thresh")) {
+            int p = (int)ARG();
+            cuuint64_t v = ARG();
+            printf("thresh %d\n", T.cuMemPoolSetAttribute(P[p], CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
+        } else if (!strcmp(c, "trim")) {
+            int p = (int)ARG();
+            size_t v = ARG();
+            printf("trim %d\n", T.cuMemPoolTrimTo(P[p], v));
+        } else if (!strcmp(c, "pdestroy")) {
+            int p = (int)ARG();
+            printf("pdestroy %d\n", T.cuMemPoolDestroy(P[p]));
+        } else if (!strcmp(c, "reserved")) {
+            int p = (int)ARG();
+            cuuint64_t v = 0;
+            CUresult r = T.cuMemPoolGetAttribute(P[p], CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v);
+            printf("reserved %d %llu\n", r, (unsigned long long)v);
+        } else if (!strcmp(c, "pfree")) { /* free the newest allocation */
+            printf("pfree %d\n", sp ? (int)pop_free() : -1);
+        /* ---- graphs ---- */
+        } else if (!strcmp(c, "gcreate")) {
+            CUresult r = T.cuGraphCreate(&Gr[nG], 0);
+            printf("gcreate %d g%d\n", r, r == CUDA_SUCCESS ? nG++ : -1);
+        } else if (!strcmp(c, "galloc")) {
+            int g = (int)ARG();
+            size_t b = ARG();
+            CUDA_MEM_ALLOC_NODE_PARAMS p;
+            memset(&p, 0, sizeof(p));
+            p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+            p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            p.poolProps.location.id = 0;
+            p.bytesize = b;
+            CUgraphNode n;
+            CUresult r = T.cuGraphAddMemAllocNode(&n, Gr[g], NULL, 0, &p);
+            Glast[g] = p.dptr;
+            printf("galloc %d\n", r);
+        } else if (!strcmp(c, "gfree")) {
+            int g = (int)ARG();
+            CUgraphNode n;
+            printf("gfree %d\n", T.cuGraphAddMemFreeNode(&n, Gr[g], NULL, 0, Glast[g]));
+        } else if (!strcmp(c, "ginst")) {
+            int g = (int)ARG();
+            unsigned long long flags = ARG();
+            CUresult r = T.cuGraphInstantiateWithFlags(&E[nE], Gr[g], flags);
+            printf("ginst %d e%d\n", r, r == CUDA_SUCCESS ? nE++ : -1);
+        } else if (!strcmp(c, "glaunch")) {
+            int e = (int)ARG();
+            printf("glaunch %d\n", T.cuGraphLaunch(E[e], NULL));
+        } else if (!strcmp(c, "gupload")) {
+            int e = (int)ARG();
+            printf("gupload %d\n", T.cuGraphUpload(E[e], NULL));
+        } else if (!strcmp(c, "gdestroy")) {
+            int e = (int)ARG();
+            printf("gdestroy %d\n", T.cuGraphExecDestroy(E[e]));
+        } else if (!strcmp(c, "gtrim")) {
+            printf("gtrim %d\n", T.cuDeviceGraphMemTrim(0));
+        } else if (!strcmp(c, "gfreeptr")) {
+            int g = (int)ARG();
+            printf("gfreeptr %d\n", T.cuMemFreeAsync(Glast[g], NULL));
+        } else if (!strcmp(c, "gmem")) {
+            cuuint64_t u = 0, rs = 0;
+            T.cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &u);
+            CUresult r = T.cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &rs);
+            printf("gmem %d used=%llu reserved=%llu\n", r, (unsigned long long)u, (unsigned long long)rs);
+        } else if (!strcmp(c, "capture")) {
+            size_t b = ARG();
+            CUstream s;
+            CUdeviceptr d = 0;
+            CUresult r = T.cuStreamCreate(&s, 0);
+            if (r == CUDA_SUCCESS)
+                r = T.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+            CUresult ra = r == CUDA_SUCCESS ? T.cuMemAllocAsync(&d, b, s) : r;
+            if (r == CUDA_SUCCESS)
+                r = T.cuStreamEndCapture(s, &Gr[nG]);
+            Glast[nG] = d;
+            printf("capture %d alloc=%d g%d\n", r, ra, r == CUDA_SUCCESS ? nG++ : -1);
+        /* ---- contexts ---- */
+        } else if (!strcmp(c, "setlimit")) {
+            CUlimit l = limit_named(SARG());
+            size_t v = ARG();
+            printf("setlimit %d\n", T.cuCtxSetLimit(l, v));
+        } else if (!strcmp(c, "green")) {
+            int n = (int)ARG();
+            CUresult r = T.cuGreenCtxCreate(&g_green, NULL, n, 0);
+            CUcontext ctx = NULL;
+            if (r == CUDA_SUCCESS && T.cuCtxFromGreenCtx(&ctx, g_green) == CUDA_SUCCESS)
+                T.cuCtxSetCurrent(ctx);
+            printf("green %d\n", r);
+        } else if (!strcmp(c, "greendestroy")) {
+            CUresult r = T.cuGreenCtxDestroy(g_green);
+            sp = 0;
+            printf("greendestroy %d\n", r);
+        } else if (!strcmp(c, "attach")) {
+            CUcontext ctx;
+            printf("attach %d\n", T.cuCtxAttach(&ctx, 0));
+        } else if (!strcmp(c, "detach")) {
+            CUresult r = T.cuCtxDetach(g_ctx_created);
+            sp = 0;
+            printf("detach %d\n", r);
+        } else if (!strcmp(c, "glctx")) {
+            int n = (int)ARG();
+            CUcontext ctx;
+            printf("glctx %d\n", T.cuGLCtxCreate_v2(&ctx, 0, n));
+        } else if (!strcmp(c, "restore")) {
+            CUcheckpointGpuPair pair;
+            memset(&pair, 0, sizeof(pair));
+            CUcheckpointRestoreArgs a;
+            memset(&a, 0, sizeof(a));
+            a.gpuPairs = &pair;
+            a.gpuPairsCount = 1;
+            printf("restore %d\n", T.cuCheckpointProcessRestore(getpid(), &a));
+        /* ---- resolution ---- */
+        } else if (!strcmp(c, "v1alloc")) {
+            unsigned b = (unsigned)ARG();
+            CUresult (*v1)(CUdeviceptr_v1 *, unsigned int);
+            *(void **)&v1 = g_libcuda ? dlsym(g_libcuda, "cuMemAlloc") : (void *)&cuMemAlloc;
+            CUdeviceptr_v1 p = 0;
+            printf("v1alloc %d\n", v1 ? (int)v1(&p, b) : -1);
+        } else if (!strcmp(c, "procalloc")) {
+            int ver = (int)ARG();
+            size_t b = ARG();
+            void *fn = NULL;
+            CUresult r = g_gpa("cuMemAlloc", &fn, ver, CU_GET_PROC_ADDRESS_DEFAULT, NULL);
+            if (r == CUDA_SUCCESS && ver < 3020) {
+                CUdeviceptr_v1 p = 0;
+                r = ((CUresult(*)(CUdeviceptr_v1 *, unsigned int))fn)(&p, (unsigned)b);
+            } else if (r == CUDA_SUCCESS) {
+                CUdeviceptr p = 0;
+                r = ((CUresult(*)(CUdeviceptr *, size_t))fn)(&p, b);
+                if (r == CUDA_SUCCESS)
+                    push(1, p);
+            }
+            printf("procalloc %d %d\n", ver, r);
+        } else if (!strcmp(c, "nextalloc")) {
+            size_t b = ARG();
+            CUresult (*f)(CUdeviceptr *, size_t);
+            *(void **)&f = tp_next("cuMemAlloc_v2");
+            CUdeviceptr p = 0;
+            CUresult r = f ? f(&p, b) : CUDA_ERROR_NOT_FOUND;
+            if (r == CUDA_SUCCESS)
+                push(1, p);
+            printf("nextalloc %zu %d\n", b, r);
+        } else if (!strcmp(c, "procmatch")) {
+            /* does cuGetProcAddress(BASE, VER[, per-thread]) give what dlsym(NAME) gives? */
+            const char *name = SARG(), *base = SARG();
+            int ver = (int)ARG(), ptsz = (int)ARG();
+            void *fn = NULL;
+            CUresult r = g_gpa(base, &fn, ver,
+                               ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                                    : CU_GET_PROC_ADDRESS_DEFAULT,
+                               NULL);
+            void *d = dlsym(RTLD_DEFAULT, name);
+            printf("procmatch %s %d %s\n", name, r, r == CUDA_SUCCESS && fn && fn == d ? "hook" : "other");
+        } else if (!strcmp(c, "marker")) {
+            /* RTLD_NEXT from the executable starts after it: finds the library's marker */
+            void *n = dlsym(RTLD_NEXT, "tessera_enforce_version");
+            void *own = dlsym(RTLD_NEXT, "tp_marker");
+            printf("marker %s %s\n", n ? "found" : "missing", own ? "found" : "missing");
         } else if (!strcmp(c, "rtldnext")) {
-            /* RTLD_NEXT from the executable must start after it: the preloaded library. */
             void *n = dlsym(RTLD_NEXT, "cuMemAlloc_v2");
             void *d = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
             printf("rtldnext %s\n", n && n == d ? "same" : "different");
+        } else if (!strcmp(c, "deepbind")) {
+            size_t b = ARG();
+            void *h = dlopen("libtpplugin.so", RTLD_NOW | RTLD_DEEPBIND);
+            if (!h) {
+                printf("deepbind dlopen-failed %s\n", dlerror());
+                continue;
+            }
+            int (*direct)(CUdeviceptr *, size_t), (*table)(CUdeviceptr *, size_t),
+                (*viadlsym)(CUdeviceptr *, size_t);
+            *(void **)&direct = dlsym(h, "plugin_direct");
+            *(void **)&table = dlsym(h, "plugin_table");
+            *(void **)&viadlsym = dlsym(h, "plugin_dlsym");
+            CUdeviceptr p1 = 0, p2 = 0, p3 = 0;
+            int r1 = direct(&p1, b), r2 = table(&p2, b), r3 = viadlsym(&p3, b);
+            if (r1 == 0)
+                push(1, p1);
+            if (r2 == 0)
+                push(1, p2);
+            if (r3 == 0)
+                push(1, p3);
+            printf("deepbind direct=%d table=%d dlsym=%d\n", r1, r2, r3);
+        } else if (!strcmp(c, "dlmopen")) {
+            void *h = dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW);
+            const char *e = h ? NULL : dlerror();
+            printf("dlmopen %s %s\n", h ? "loaded" : "refused", e ? e : "-");
+        } else if (!strcmp(c, "unlockslot")) {
+            /* try to release every lock this process holds on any file, and to unmap every
+             * mapping of the region file */
+            int fds = 0;
+            DIR *dir = opendir("/proc/self/fd");
+            struct dirent *de;
+            while (dir && (de = readdir(dir))) {
+                int fd = atoi(de->d_name);
+                if (fd <= 2)
+                    continue;
+                struct flock fl;
+                memset(&fl, 0, sizeof(fl));
+                fl.l_type = F_UNLCK;
+                fl.l_whence = SEEK_SET;
+                if (fcntl(fd, F_OFD_SETLK, &fl) == 0)
+                    fds++;
+                fcntl(fd, F_SETLK, &fl);
+            }
+            if (dir)
+                closedir(dir);
+            const char *region = getenv("TP_REGION");
+            int unmapped = 0, sealed = 0;
+            FILE *maps = fopen("/proc/self/maps", "r");
+            char line[1024];
+            while (region && maps && fgets(line, sizeof(line), maps)) {
+                unsigned long lo, hi;
+                if (!strstr(line, region) || sscanf(line, "%lx-%lx", &lo, &hi) != 2)
+                    continue;
+                if (hi - lo > 4096)
+                    continue; /* the region itself: the library still needs it */
+                if (munmap((void *)lo, hi - lo) == 0)
+                    unmapped++;
+                else if (errno == EPERM)
+                    sealed++;
+            }
+            if (maps)
+                fclose(maps);
+            printf("unlockslot fds=%d unmapped=%d sealed=%d\n", fds, unmapped, sealed);
         } else if (!strcmp(c, "ready")) {
             printf("ready\n");
         } else if (!strcmp(c, "hold")) {

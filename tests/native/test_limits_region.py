@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import shutil
@@ -234,15 +235,19 @@ def test_region_reader_rejects_foreign_files(tmp_path: Path) -> None:
         R.read_region(str(p))
 
 
+def _fixed_build(b: Path, fixed: Path, owner: int, plain: Build) -> Build:
+    r = subprocess.run(["make", "-C", str(NATIVE), f"BUILD={b}", "fixed",
+                        f"FIXED_LIMITS_PATH={fixed}", f"FIXED_LIMITS_OWNER={owner}"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return Build(b, b / "fixed" / "libtessera-enforce.so", plain.fake, plain.bin)
+
+
 def test_fixed_path_wins_over_the_environment(tmp_path: Path, build_root: Path,
                                               plain: Build) -> None:
     fixed = tmp_path / "etc" / "limits"
     fixed.parent.mkdir()
-    b = build_root / "fixedpath"
-    r = subprocess.run(["make", "-C", str(NATIVE), f"BUILD={b}", "fixed",
-                        f"FIXED_LIMITS_PATH={fixed}"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-    lib = Build(b, b / "fixed" / "libtessera-enforce.so", plain.fake, plain.bin)
+    lib = _fixed_build(build_root / "fixedpath", fixed, os.getuid(), plain)
     inside = Claim(tmp_path, lib, [GpuLimit(UUIDS[0], 100 * MiB, 0)], name="inside")
     shutil.copy(inside.limits_path, fixed)
     wide = Claim(tmp_path, lib, [GpuLimit(UUIDS[0], 10000 * MiB, 0)], name="wide")
@@ -259,6 +264,81 @@ def test_fixed_path_wins_over_the_environment(tmp_path: Path, build_root: Path,
     assert "refusing GPU memory" in r.stderr
 
 
+def test_anything_at_the_fixed_path_but_a_root_owned_file_fails_closed(
+    tmp_path: Path, build_root: Path, plain: Build
+) -> None:
+    """Only nothing at all at the fixed path lets the environment choose the limits: a dangling
+    symlink, any symlink (on the path too), a directory, a FIFO, a writable file or another
+    owner's file makes the library refuse GPU memory. (The owner the test builds expect is the
+    test user, standing for root.)"""
+    etc = tmp_path / "etc"
+    fixed = etc / "tessera" / "limits"
+    lib = _fixed_build(build_root / "fixedrules", fixed, os.getuid(), plain)
+    good = Claim(tmp_path, lib, [GpuLimit(UUIDS[0], 100 * MiB, 0)], name="good")
+    env_claim = Claim(tmp_path, lib, [GpuLimit(UUIDS[0], 200 * MiB, 0)], name="env")
+
+    def run() -> tuple[str, str]:
+        r = env_claim.run("tp_cuda", "link", "init", "dev", "0", "meminfo", timeout=20)
+        return " / ".join(r.stdout.splitlines()[1:]), r.stderr
+
+    def reset() -> None:
+        if fixed.is_symlink() or fixed.is_file() or fixed.is_fifo():
+            fixed.unlink()
+        elif fixed.is_dir():
+            fixed.rmdir()
+        if (etc / "tessera").is_symlink():
+            (etc / "tessera").unlink()
+
+    # nothing there (not even the directory): the environment's file is used
+    from_env = f"dev 0 0 / meminfo 0 free={200 * MiB} total={200 * MiB}"
+    assert run()[0] == from_env
+    etc.mkdir()
+    assert run()[0] == from_env
+    (etc / "tessera").mkdir()
+    assert run()[0] == from_env
+    for what, msg in [("dangling symlink", "is a symbolic link"),
+                      ("symlink to a good file", "is a symbolic link"),
+                      ("directory", "not a regular file"),
+                      ("fifo", "not a regular file"),
+                      ("writable", "writable by group or others"),
+                      ("parent symlink", "is a symbolic link")]:
+        reset()
+        if what == "dangling symlink":
+            fixed.symlink_to(tmp_path / "nowhere")
+        elif what == "symlink to a good file":
+            fixed.symlink_to(good.limits_path)
+        elif what == "directory":
+            fixed.mkdir()
+        elif what == "fifo":
+            os.mkfifo(fixed)
+        elif what == "writable":
+            shutil.copy(good.limits_path, fixed)
+            fixed.chmod(0o666)
+        else:
+            real = tmp_path / "real-tessera"
+            real.mkdir(exist_ok=True)
+            shutil.copy(good.limits_path, real / "limits")
+            (etc / "tessera").rmdir()
+            (etc / "tessera").symlink_to(real)
+        line, err = run()
+        assert line.startswith("dev 0 2"), what  # not even a context
+        assert msg in err and "refusing GPU memory" in err, (what, err)
+        if what == "parent symlink":
+            (etc / "tessera").unlink()
+            (etc / "tessera").mkdir()
+    reset()
+    shutil.copy(good.limits_path, fixed)
+    fixed.chmod(0o444)
+    out = good.tp("link", "init", "dev", "0", "meminfo")
+    assert out[1:] == ["dev 0 0", f"meminfo 0 free={100 * MiB} total={100 * MiB}"]
+    # the same file, but the library expects another owner (root, in production)
+    other = _fixed_build(build_root / "fixedowner", fixed, os.getuid() + 1, plain)
+    r = Claim(tmp_path, other, [GpuLimit(UUIDS[0], 100 * MiB, 0)], name="other").run(
+        "tp_cuda", "link", "init", "dev", "0")
+    assert r.stdout.splitlines()[1] == "dev 0 2"
+    assert "not owned by root" in r.stderr
+
+
 def test_one_program_under_valgrind(tmp_path: Path, plain: Build) -> None:
     vg = shutil.which("valgrind")
     if vg is None:
@@ -271,5 +351,27 @@ def test_one_program_under_valgrind(tmp_path: Path, plain: Build) -> None:
            "array", "64", "64", "meminfo", "nvml", "0", "freeall", "meminfo", "launch", "100", "1"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-3:] == ["freeall 0", f"meminfo 0 free={99 * MiB} total={100 * MiB}",
-                                          "launch 0"]
+    assert r.stdout.splitlines()[-3:] == ["freeall 0", f"meminfo 0 free={97 * MiB} total={100 * MiB}",
+                                          "launch 0"]  # the default pool keeps its 2 MiB chunk
+
+
+def test_every_route_under_valgrind(tmp_path: Path, plain: Build) -> None:
+    """VMM references, pools, graph memory, contexts, limits and the loader, under memcheck."""
+    vg = shutil.which("valgrind")
+    if vg is None:
+        pytest.fail("valgrind not installed (apt-get install valgrind)")
+    c = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], 100 * MiB, 0)], context_overhead=MiB)
+    cmd = [vg, "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite",
+           "--track-fds=no", "-q", plain.prog("tp_cuda"), "procaddr", "init", "dev", "0",
+           "reserve", str(16 * MiB), "create", str(2 * MiB), "dev", "map", "0", "retain", "0",
+           "vrelease", "1", "vrelease", "0", "mc", str(2 * MiB), "create", str(2 * MiB), "dev",
+           "mcbind", "2", "3", "vrelease", "3", "mcunbind", "2", "unmap", "0",
+           "poolcreate", "dev", "palloc", "0", str(3 * MiB), "pfree", "pdestroy", "0",
+           "gcreate", "galloc", "0", str(2 * MiB), "ginst", "0", "0", "glaunch", "0",
+           "gfreeptr", "0", "gdestroy", "0", "gtrim", "setlimit", "heap", str(16 * MiB),
+           "nextalloc", str(MiB), "free", "deepbind", str(MiB), "freeall", "dlmopen",
+           "reset", "0", "dev", "0", "meminfo"]
+    r = subprocess.run(cmd, env=c.env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-3:] == ["reset 0 0", "dev 0 0",
+                                          f"meminfo 0 free={99 * MiB} total={100 * MiB}"]

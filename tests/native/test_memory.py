@@ -73,13 +73,15 @@ def test_rtld_next_stays_relative_to_the_caller(tmp_path: Path, anybuild: Build)
 def test_every_allocation_kind_is_charged_and_credited(tmp_path: Path, anybuild: Build) -> None:
     lim = 64 * MiB
     c = Claim(tmp_path, anybuild, [GpuLimit(UUIDS[0], lim, 0)])
+    chunk = 2 * MiB  # stream-ordered pools reserve in 2 MiB chunks on the fake driver
     steps = [
         (["alloc", "1000000"], 1000000),
         (["managed", "2000000"], 2000000),
         (["pitch", "1000", "100", "4"], 1024 * 100),
-        (["async", "3000000"], 3000000),
-        (["pool", "4000000"], 4000000),
-        (["mkpool", "5000000"], 5000000),
+        # the default pool's reserve grows to cover what is in use: 3000000 -> 2 chunks
+        (["async", "3000000"], 2 * chunk),
+        (["pool", "4000000"], 2 * chunk),  # same pool: 7000000 in use, 4 chunks reserved
+        (["mkpool", "5000000"], 3 * chunk),  # a pool of its own
         (["vmm", str(2 * MiB)], 2 * MiB),
         (["array", "1024", "256"], 4 * 1024 * 256),
         (["array3d", "64", "64", "64"], 4 * 64 * 64 * 64),
@@ -88,7 +90,7 @@ def test_every_allocation_kind_is_charged_and_credited(tmp_path: Path, anybuild:
     cmds = ["init", "dev", "0"]
     for args, _ in steps:
         cmds += [*args, "meminfo"]
-    cmds += ["used", "0", "freeall", "meminfo", "used", "0"]
+    cmds += ["used", "0", "freeall", "meminfo", "sync", "meminfo", "used", "0"]
     out = c.tp("link", *cmds)
     total = 0
     i = 2
@@ -98,7 +100,9 @@ def test_every_allocation_kind_is_charged_and_credited(tmp_path: Path, anybuild:
         assert out[i + 1] == f"meminfo 0 free={lim - total} total={lim}", (args, out[i + 1])
         i += 2
     assert out[i] == f"used 0 {total}"  # the fake driver holds exactly what was charged
-    assert out[i + 1:] == ["freeall 0", f"meminfo 0 free={lim} total={lim}", "used 0 0"]
+    reserves = 7 * chunk  # freed pool allocations go back to their pools' reserves
+    assert out[i + 1:] == ["freeall 0", f"meminfo 0 free={lim - reserves} total={lim}", "sync 0",
+                           f"meminfo 0 free={lim} total={lim}", "used 0 0"]
 
 
 def test_pitch_settles_on_the_real_pitch(tmp_path: Path, plain: Build) -> None:

@@ -50,7 +50,7 @@ def test_a_selector_that_does_not_compile_fails_only_when_a_device_reaches_it() 
     bad = exact(selectors=[{"cel": {"expression": "nope == 1"}}])
     assert allocator().allocate(NODE, [rclaim(bad)]) is None
     assert allocator(rslice({"name": "d1"}, driver="driver-b")).allocate(NODE, [rclaim(bad)]) is None
-    with pytest.raises(AllocationError, match=r"^claim claim-0: selector #0: CEL compile error: undeclared reference to 'nope'$"):
+    with pytest.raises(AllocationError, match=r"^claim claim-0: selector #0: CEL compile error: .*undeclared reference to 'nope'"):
         allocator(rslice({"name": "d1"})).allocate(NODE, [rclaim(bad)])
 
 

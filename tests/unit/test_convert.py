@@ -63,8 +63,33 @@ def claim_request(conv: Conversion, i: int = 0) -> dict[str, Any]:
     return reqs[0]
 
 
+TOPOLOGY = ["nvlink", "numa", "any"]
+
+
 def exactly(conv: Conversion, i: int = 0) -> dict[str, Any]:
-    return claim_request(conv, i)["exactly"]
+    """The request's ``exactly`` body; for a multi-GPU request (``firstAvailable`` over the
+    topology levels, the same body under each name) the body of its last level."""
+    r = claim_request(conv, i)
+    if "exactly" in r:
+        return r["exactly"]
+    subs = r["firstAvailable"]
+    assert [s["name"] for s in subs] in (TOPOLOGY, TOPOLOGY[:2]), subs
+    bodies = [{k: v for k, v in s.items() if k != "name"} for s in subs]
+    assert all(b == bodies[-1] for b in bodies)
+    return bodies[-1]
+
+
+def topology_constraints(numa_bind: bool = False) -> list[dict[str, Any]]:
+    """The constraints of a multi-GPU request: N distinct GPUs, then one per topology level."""
+    out: list[dict[str, Any]] = [{"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"}]
+    if numa_bind:
+        out.append({"requests": ["gpu"], "matchAttribute": "gpu.tessera.dev/numaNode"})
+        return [*out, {"requests": ["gpu/nvlink"], "matchAttribute": "gpu.tessera.dev/nvlinkDomain"}]
+    return [
+        *out,
+        {"requests": ["gpu/nvlink"], "matchAttribute": "gpu.tessera.dev/nvlinkDomain"},
+        {"requests": ["gpu/numa"], "matchAttribute": "gpu.tessera.dev/numaNode"},
+    ]
 
 
 def is_dns_label(s: str) -> bool:
@@ -230,9 +255,7 @@ def test_cores_or_percentage_alone_imply_one_gpu(
 def test_two_gpus_get_distinct_uuid_constraint() -> None:
     conv = convert(pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}))
     devices = conv.templates[0]["spec"]["spec"]["devices"]
-    assert devices["constraints"] == [
-        {"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"}
-    ]
+    assert devices["constraints"] == topology_constraints()
     assert exactly(conv)["count"] == 2
     assert exactly(conv)["capacity"] == {"requests": {"memory": "3000Mi", "cores": "30"}}
 
@@ -390,7 +413,7 @@ def test_percentage_becomes_first_available_per_memory_size() -> None:
                 "selectors": [
                     {
                         "cel": {
-                            "expression": 'device.capacity["gpu.tessera.dev"].memory == quantity("81559Mi")'
+                            "expression": 'has(device.capacity["gpu.tessera.dev"].memory) && device.capacity["gpu.tessera.dev"].memory == quantity("81559Mi")'
                         }
                     }
                 ],
@@ -405,7 +428,7 @@ def test_percentage_becomes_first_available_per_memory_size() -> None:
                 "selectors": [
                     {
                         "cel": {
-                            "expression": 'device.capacity["gpu.tessera.dev"].memory == quantity("32510Mi")'
+                            "expression": 'has(device.capacity["gpu.tessera.dev"].memory) && device.capacity["gpu.tessera.dev"].memory == quantity("32510Mi")'
                         }
                     }
                 ],
@@ -452,8 +475,9 @@ def test_percentage_without_memory_sizes_is_an_error() -> None:
         convert_pod(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50}))
     assert str(e.value) == (
         "pod ns/p, container c: nvidia.com/gpumem-percentage 50 needs the cluster's GPU memory "
-        "sizes to become a byte request: the caller must pass memory_sizes (bytes per GPU "
-        "model, from the ResourceSlices), or write nvidia.com/gpumem in MiB instead"
+        "sizes to become a byte request: give the cluster's nodes (`tessera convert --cluster "
+        "FILE` or --node; memory_sizes from the ResourceSlices for callers of convert_pod), or "
+        "write nvidia.com/gpumem in MiB instead"
     )
     assert (e.value.pod, e.value.container, e.value.field) == (
         "ns/p",
@@ -513,8 +537,7 @@ def test_gpumem_annotation_without_resources_still_warns() -> None:
     [
         ("1Gi", "nvidia.com/gpumem is in MiB: write 1024, not 1Gi"),
         ("3000Mi", "nvidia.com/gpumem is in MiB: write 3000, not 3000Mi"),
-        ("5k", "nvidia.com/gpumem is in MiB: write a number such as 1024, not 5k"),
-        ("2e3", "nvidia.com/gpumem is in MiB: write a number such as 1024, not 2e3"),
+        ("1Ki", "nvidia.com/gpumem is in MiB: write a number such as 1024, not 1Ki"),
     ],
 )
 def test_gpumem_with_units_is_refused(raw: str, message: str) -> None:
@@ -523,6 +546,15 @@ def test_gpumem_with_units_is_refused(raw: str, message: str) -> None:
     assert str(e.value) == (
         f"pod ns/p, container c: {message} (HAMi would read the suffixed quantity as that many MiB)"
     )
+
+
+@pytest.mark.parametrize(("raw", "mib"), [("3k", 3000), ("2e3", 2000), ("40k", 40000), ("1024", 1024)])
+def test_gpumem_in_canonical_decimal_notation_is_that_many_mib(raw: str, mib: int) -> None:
+    """The API server stores ``nvidia.com/gpumem: 3000`` as the canonical Quantity ``3k``:
+    that is what the webhook receives, and it means 3000 MiB (HAMi reads Value() too)."""
+    conv = convert(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": raw}))
+    assert conv.requests[0].memory_mib == mib
+    assert exactly(conv)["capacity"]["requests"]["memory"] == Quantity.from_int(mib * MiB, "BinarySI").canonical()
 
 
 # ---- invalid values: one error per kind ----------------------------------------------------------
@@ -558,9 +590,14 @@ def test_gpumem_with_units_is_refused(raw: str, message: str) -> None:
             "nvidia.com/gpu True is not a number; write a whole number of physical GPUs such as 1",
         ),
         (
-            {"nvidia.com/gpucores": "1k"},
-            "nvidia.com/gpucores '1k' has a unit suffix or exponent; write a whole percentage "
+            {"nvidia.com/gpucores": "1Ki"},
+            "nvidia.com/gpucores '1Ki' has a unit suffix or exponent; write a whole percentage "
             "0-100 such as 30",
+        ),
+        (
+            {"nvidia.com/gpu": 1, "nvidia.com/gpucores": "1k"},
+            "nvidia.com/gpucores 1000 is over 100: gpucores is a percentage 0-100 of each GPU's "
+            "compute (HAMi clamps it silently); write 100 or less",
         ),
         (
             {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150},
@@ -606,15 +643,14 @@ def test_invalid_values(limits: dict[str, Any], message: str) -> None:
 
 
 def test_accepted_boundaries() -> None:
-    # The largest values accepted, one below the refused ones above.
+    # The largest values accepted, one below the refused ones above: 32 GPUs of 2^31-1 MiB each,
+    # in every topology alternative.
     conv = convert(pod({"nvidia.com/gpu": 32, "nvidia.com/gpumem": 2**31 - 1}))
-    assert exactly(conv) == {
-        "deviceClassName": "gpu.tessera.dev",
-        "allocationMode": "ExactCount",
-        "count": 32,
-        "capacity": {"requests": {"memory": "2147483647Mi", "cores": "0"}},
-    }
-    assert conv.templates[0]["spec"]["spec"]["devices"]["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"}]
+    devs = conv.templates[0]["spec"]["spec"]["devices"]
+    assert [(s["name"], s["count"], s["capacity"]) for s in devs["requests"][0]["firstAvailable"]] == [
+        (name, 32, {"requests": {"memory": "2147483647Mi", "cores": "0"}}) for name in ("nvlink", "numa", "any")
+    ]
+    assert devs["constraints"][0] == {"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"}
     assert (conv.requests[0].gpus, conv.requests[0].memory_mib) == (32, 2**31 - 1)
 
 
@@ -788,17 +824,17 @@ def test_vgpu_mode_unknown_is_an_error() -> None:
 
 def test_numa_bind_with_several_gpus_matches_numa_node() -> None:
     conv = convert(pod({"nvidia.com/gpu": 2}, annotations={"nvidia.com/numa-bind": "true"}))
-    assert conv.templates[0]["spec"]["spec"]["devices"]["constraints"] == [
-        {"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"},
-        {"requests": ["gpu"], "matchAttribute": "gpu.tessera.dev/numaNode"},
-    ]
+    assert conv.templates[0]["spec"]["spec"]["devices"]["constraints"] == topology_constraints(numa_bind=True)
+    # the last level ("numa") has no constraint of its own: the whole request is NUMA-bound
+    assert [s["name"] for s in claim_request(conv)["firstAvailable"]] == ["nvlink", "numa"]
 
 
 @pytest.mark.parametrize(("gpus", "value"), [(1, "true"), (2, "false"), (2, "0")])
 def test_numa_bind_without_effect(gpus: int, value: str) -> None:
     conv = convert(pod({"nvidia.com/gpu": gpus}, annotations={"nvidia.com/numa-bind": value}))
     constraints = conv.templates[0]["spec"]["spec"]["devices"].get("constraints", [])
-    assert all("matchAttribute" not in c for c in constraints)
+    assert all(c.get("requests") != ["gpu"] or "matchAttribute" not in c for c in constraints)
+    assert constraints == (topology_constraints() if gpus > 1 else [])
 
 
 def test_numa_bind_not_boolean_is_an_error() -> None:
@@ -937,12 +973,15 @@ def test_template_is_namespaced_like_the_pod() -> None:
     [
         lambda t: t["metadata"].__setitem__("name", "Bad_Name"),
         lambda t: t["spec"]["spec"]["devices"]["requests"].extend([{"name": "x"}] * 32),
-        lambda t: t["spec"]["spec"]["devices"]["requests"][0]["exactly"].__setitem__(
+        lambda t: t["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][0].__setitem__(
             "selectors", [{"cel": {"expression": 42}}]
         ),
-        lambda t: t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"][
+        lambda t: t["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][1]["capacity"][
             "requests"
         ].__setitem__("memory", "1024Mi"),  # not canonical
+        lambda t: t["spec"]["spec"]["devices"]["constraints"][1].__setitem__(
+            "requests", ["gpu/nvlink-x"]
+        ),  # names no subrequest
         lambda t: t["spec"]["spec"]["devices"]["constraints"][0].__setitem__(
             "distinctAttribute", "uuid"
         ),

@@ -130,6 +130,32 @@ def spec_of(conv: Conversion, i: int = 0) -> dict[str, Any]:
 
 
 DISTINCT = [{"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"}]
+LEVELS = (("nvlink", "gpu.tessera.dev/nvlinkDomain"), ("numa", "gpu.tessera.dev/numaNode"), ("any", None))
+
+
+def with_topology(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` (one request ``gpu`` of N > 1 GPUs, written as before topology) as convert
+    writes it: ``firstAvailable`` over the topology levels (level-major over the memory-size
+    subrequests of a percentage), one ``matchAttribute`` constraint per strict level."""
+    out = copy.deepcopy(spec)
+    (r,) = out["devices"]["requests"]
+    alts = [("", r.pop("exactly"))] if "exactly" in r else [(s.pop("name"), s) for s in r.pop("firstAvailable")]
+    r["firstAvailable"] = [
+        {"name": f"{level}-{name}" if name else level, **body} for level, _ in LEVELS for name, body in alts
+    ]
+    for level, attr in LEVELS:
+        if attr:
+            refs = [f"gpu/{level}-{name}" if name else f"gpu/{level}" for name, _ in alts]
+            out["devices"]["constraints"].append({"requests": refs, "matchAttribute": attr})
+    return out
+
+
+def body_of(spec: dict[str, Any]) -> dict[str, Any]:
+    """The request body of a one-GPU request, or of the last topology level of a multi-GPU one."""
+    r = spec["devices"]["requests"][0]
+    if "exactly" in r:
+        return r["exactly"]
+    return {k: v for k, v in r["firstAvailable"][-1].items() if k != "name"}
 
 
 # ---- the whole corpus --------------------------------------------------------------------------
@@ -251,14 +277,14 @@ def test_use_memory_fraction_80gb_and_32gb() -> None:
             "selectors": [
                 {
                     "cel": {
-                        "expression": f'device.capacity["gpu.tessera.dev"].memory == quantity("{size}")'
+                        "expression": f'has(device.capacity["gpu.tessera.dev"].memory) && device.capacity["gpu.tessera.dev"].memory == quantity("{size}")'
                     }
                 }
             ],
             "capacity": {"requests": {"memory": memory, "cores": "30"}},
         }
 
-    assert spec_of(conv) == {
+    assert spec_of(conv) == with_topology({
         "devices": {
             "requests": [
                 {
@@ -272,13 +298,13 @@ def test_use_memory_fraction_80gb_and_32gb() -> None:
             ],
             "constraints": DISTINCT,
         }
-    }
+    })
     assert conv.requests[0].memory_percentage == 50 and conv.requests[0].cores == 30
 
 
 def test_specify_card_type_to_use() -> None:
     conv = convert_file("HAMi__examples_nvidia__specify_card_type_to_use.yaml")
-    assert spec_of(conv) == {
+    assert spec_of(conv) == with_topology({
         "devices": {
             "requests": [
                 {
@@ -302,13 +328,13 @@ def test_specify_card_type_to_use() -> None:
             ],
             "constraints": DISTINCT,
         }
-    }
+    })
     assert conv.pod["metadata"]["annotations"] == {"nvidia.com/use-gputype": "A100,V100"}
 
 
 def test_specify_uuid_not_use() -> None:
     conv = convert_file("HAMi__examples_nvidia__specify_uuid_not_use.yaml")
-    assert spec_of(conv) == {
+    assert spec_of(conv) == with_topology({
         "devices": {
             "requests": [
                 {
@@ -331,7 +357,7 @@ def test_specify_uuid_not_use() -> None:
             ],
             "constraints": DISTINCT,
         }
-    }
+    })
 
 
 def test_specify_uuid_to_use_lists_both_uuids() -> None:
@@ -350,7 +376,7 @@ def test_specify_uuid_to_use_lists_both_uuids() -> None:
 
 def test_use_exclusive_card() -> None:
     conv = convert_file("HAMi__examples_nvidia__use_exclusive_card.yaml")
-    assert spec_of(conv) == {
+    assert spec_of(conv) == with_topology({
         "devices": {
             "requests": [
                 {
@@ -365,7 +391,7 @@ def test_use_exclusive_card() -> None:
             ],
             "constraints": DISTINCT,
         }
-    }
+    })
     assert conv.requests[0].whole_memory and conv.requests[0].cores == 100
 
 
@@ -373,7 +399,7 @@ def test_kueue_deployment_with_quoted_strings() -> None:
     conv = convert_file("HAMi-website__docs_kueue_examples__default-use.yaml", 4)
     assert conv.templates[0]["metadata"]["name"] == "gpu-burn-main-gpu"
     assert conv.templates[0]["metadata"]["namespace"] == "kueue-test"
-    assert spec_of(conv) == {
+    assert spec_of(conv) == with_topology({
         "devices": {
             "requests": [
                 {
@@ -388,7 +414,7 @@ def test_kueue_deployment_with_quoted_strings() -> None:
             ],
             "constraints": DISTINCT,
         }
-    }
+    })
     assert conv.pod["metadata"] == {
         "name": "gpu-burn",
         "namespace": "kueue-test",
@@ -422,7 +448,7 @@ def test_volcano_vgpu_case03_three_containers() -> None:
         "gpu-pod12-ubuntu-container-gpu",
         "gpu-pod12-ubuntu-container1-gpu",
     ]
-    assert [spec_of(conv, 0), spec_of(conv, 1)] == [claim("2000Mi"), claim("3000Mi")]
+    assert [spec_of(conv, 0), spec_of(conv, 1)] == [with_topology(claim("2000Mi")), with_topology(claim("3000Mi"))]
     containers = conv.pod["spec"]["containers"]
     assert [c.get("resources") for c in containers] == [
         {"claims": [{"name": "ubuntu-container-gpu"}]},
@@ -468,10 +494,12 @@ def test_vllm_cross_vgpu_keeps_cpu_and_memory() -> None:
         "claims": [{"name": "vllm-gpu"}],
     }
     subs = spec_of(conv)["devices"]["requests"][0]["firstAvailable"]
-    # 30 % of 81559 MiB = 24467.7 -> 24467 MiB; of 32510 MiB = 9753 MiB
-    assert [s["capacity"]["requests"] for s in subs] == [
-        {"memory": "24467Mi", "cores": "30"},
-        {"memory": "9753Mi", "cores": "30"},
+    # 30 % of 81559 MiB = 24467.7 -> 24467 MiB; of 32510 MiB = 9753 MiB; 2 GPUs: each size on
+    # one NVLink domain, then one NUMA node, then anywhere
+    assert [(s["name"], s["capacity"]["requests"]) for s in subs] == [
+        (f"{level}-mem-{i}", {"memory": mem, "cores": "30"})
+        for level in ("nvlink", "numa", "any")
+        for i, mem in enumerate(("24467Mi", "9753Mi"))
     ]
 
 
@@ -480,7 +508,7 @@ def test_scheduling_policy_annotations_are_recorded() -> None:
     assert (conv.node_scheduler_policy, conv.gpu_scheduler_policy) == ("spread", "binpack")
     binpack = convert_file("HAMi-website__docs_nvidia_scheduling-policy__binpack-node-policy.yaml")
     assert (binpack.node_scheduler_policy, binpack.gpu_scheduler_policy) == ("binpack", None)
-    assert spec_of(binpack)["devices"]["requests"][0]["exactly"]["capacity"] == {
+    assert body_of(spec_of(binpack))["capacity"] == {
         "requests": {"memory": "4000Mi", "cores": "0"}
     }
 
@@ -500,7 +528,7 @@ def test_sharing_cards_and_exclusive_volcano() -> None:
 
 def test_dynamic_mig_example_selects_mig_devices() -> None:
     conv = convert_file("HAMi__examples_nvidia__dynamic_mig_example.yaml")
-    body = spec_of(conv)["devices"]["requests"][0]["exactly"]
+    body = body_of(spec_of(conv))
     assert body["selectors"] == [{"cel": {"expression": f'has({ATTRS}.type) && {ATTRS}.type == "mig"'}}]
     assert body["capacity"] == {"requests": {"memory": "8000Mi", "cores": "0"}}
     assert conv.gpu_scheduler_policy == "binpack"

@@ -164,8 +164,10 @@ def test_hami_percentage_two_gpus_on_one_gpu_node(corpus: Path) -> None:
         "HAMi request (container ubuntu-container): 2 GPUs × gpumem-percentage 50, gpucores 30 — no node has 2 GPUs "
         "with 50% memory and 30% cores free (most: 1 on v100)"
     ]
-    r = exp.nodes[0].requests[0]
-    assert r.request == "gpu/mem-0" and r.wants == "2 devices × memory 16255Mi, cores 30 (class gpu.tessera.dev)"
+    # 2 GPUs: firstAvailable tries one NVLink domain, one NUMA node, then any two GPUs
+    assert [r.request for r in exp.nodes[0].requests] == ["gpu/nvlink-mem-0", "gpu/numa-mem-0", "gpu/any-mem-0"]
+    r = exp.nodes[0].requests[-1]
+    assert r.request == "gpu/any-mem-0" and r.wants == "2 devices × memory 16255Mi, cores 30 (class gpu.tessera.dev)"
     assert r.notes == ["needs 2 devices, 1 fit on their own"]
 
 
@@ -175,9 +177,11 @@ def test_hami_card_type_selector_shows_device_value(corpus: Path) -> None:
     inv = corpus / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.129.03.A10.txt"
     cl = Cluster([SimNode("a10", {"kubernetes.io/hostname": "a10"}, build_resource_slices("a10", load_inventory(str(inv))))])
     exp = explain(cl, load_files([corpus / "hami-pods" / "HAMi__examples_nvidia__specify_card_type_to_use.yaml"]), "gpu-pod")
+    # 2 GPUs: the same selector on each topology level of the firstAvailable list
     assert _groups(exp.nodes[0]) == [(1,
-        'request gpu selector #0 is false: `device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("a100") || '
-        'device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("v100")` (productName = "NVIDIA A10")')]
+        f'request gpu/{level} selector #0 is false: `device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("a100") || '
+        'device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("v100")` (productName = "NVIDIA A10")')
+        for level in ("nvlink", "numa", "any")]
     assert exp.nodes[0].hami == [
         "HAMi request (container ubuntu-container): 2 GPUs × gpumem all of each GPU's memory, gpucores 100 — "
         "no GPU on a10 matches the pod's device selectors"

@@ -129,11 +129,28 @@ def test_with_cluster_runtime_error_counts_and_no_match() -> None:
     ]
 
 
-def test_optional_syntax_is_a_note() -> None:
-    assert _one('device.attributes["gpu.tessera.dev"].?uuid.orValue("") == "x"') == [
-        "optional field selection '.?' is not supported here (Kubernetes accepts it; Tessera's CEL engine, "
-        "cel-python 0.5, does not). fix: guard with has(...)"
+def test_optional_syntax_and_bind() -> None:
+    # Optional reads are guarded reads: no finding without a cluster, none with one (MIG devices
+    # have no uuid, and .?uuid.orValue("") reads "" there instead of failing).
+    assert _one('device.attributes["gpu.tessera.dev"].?uuid.orValue("") == "x"') == []
+    assert _one('cel.bind(g, device.attributes["gpu.tessera.dev"], g.?uuid.orValue("") != "")', cluster=True) == []
+    # A misspelt name stays a finding under .?: it is never present.
+    assert _one('device.attributes["gpu.tessera.dev"].?uuidd.hasValue()') == [
+        "`device.attributes[\"gpu.tessera.dev\"].?uuidd`: no device publishes attribute gpu.tessera.dev/uuidd; reading it "
+        "is a runtime error (no such key) that aborts scheduling. fix: write device.attributes[\"gpu.tessera.dev\"].uuid"
     ]
+
+
+def test_cost_over_the_limit() -> None:
+    # About a million iterations: the API server rejects it with this wording.
+    expr = "lists.range(1000).all(i, lists.range(1000).all(j, i != j || i == j))"
+    assert _one(expr) == [
+        "Forbidden: too complex, exceeds cost limit (estimated worst-case cost 10016012 exceeds the limit of 1000000; "
+        "the API server rejects the object). fix: bound the work: iterate over fewer or smaller lists, avoid nested "
+        "macros over large ranges"
+    ]
+    # With a cluster it is not evaluated (the allocator would run to the runtime limit per device).
+    assert _one(expr, cluster=True) == _one(expr)
 
 
 @pytest.mark.parametrize(

@@ -165,6 +165,18 @@ def load_files(paths: Iterable[str | Path]) -> list[Manifest]:
     return out
 
 
+def load_objects(objects: Iterable[dict[str, Any]], origin: str) -> list[Manifest]:
+    """Objects already decoded (read from an API server) as Manifests ``origin (document N)``,
+    N counting from 1 in order, so they reach validation and simulation exactly as the
+    documents of a file do. Raises :class:`ManifestError` for an item that is not an object."""
+    out: list[Manifest] = []
+    for i, obj in enumerate(objects, start=1):
+        if not isinstance(obj, dict) or "kind" not in obj:
+            raise ManifestError("not a Kubernetes object (needs apiVersion and kind)", file=origin, doc=i)
+        out.append(Manifest(obj, Source(origin, i)))
+    return out
+
+
 def _int_field(obj: dict[str, Any], path: str, default: int, m: Manifest) -> int:
     cur: Any = obj
     for part in path.split("."):

@@ -7,26 +7,41 @@ upstream. Version attributes are semver objects; capacities are Quantity objects
 only through their member functions (``compareTo``, ``isGreaterThan``, ``isLessThan``) and
 ``==``, as in the Kubernetes CEL libraries (``apiserver/pkg/cel/library/{quantity,semverlib}.go``).
 
-Differences from upstream, each reported as a compile error rather than silently: optional
-chaining (``.?``, ``orValue``) and ``cel.bind`` are not available in cel-python 0.5.
+Modules: ``syntax`` (grammar with CEL's optional syntax, parse tree -> expression tree with
+cel-go's macro expansion), ``cost`` (checker and cel-go's cost estimate with the Kubernetes
+estimators), ``interp`` (evaluation with cel-go's runtime cost), ``values`` (uint, optional,
+Quantity, semver), ``env`` (the public API below). Selected in docs/cel.md against other CEL
+implementations; what of the Kubernetes environment is not implemented is listed there.
 """
 
 from tessera.cel.env import (
+    COST_LIMIT_MESSAGE,
+    MAX_COST,
+    TOO_COMPLEX,
     CelCompileError,
+    CelCostError,
     CelRuntimeError,
     CompiledSelector,
     DeviceView,
+    QuantityValue,
     SemverValue,
+    check_selector,
     compile_selector,
     device_activation,
 )
 
 __all__ = [
+    "COST_LIMIT_MESSAGE",
+    "MAX_COST",
+    "TOO_COMPLEX",
     "CelCompileError",
+    "CelCostError",
     "CelRuntimeError",
     "CompiledSelector",
     "DeviceView",
+    "QuantityValue",
     "SemverValue",
+    "check_selector",
     "compile_selector",
     "device_activation",
 ]

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+import yaml
 
 from tessera.api.errors import TesseraError
 from tessera.api.loader import expand_workloads, load_files
 
 if TYPE_CHECKING:
     from tessera.api.loader import Manifest
-    from tessera.sim.cluster import Cluster
+    from tessera.sim.cluster import Cluster, SimNode
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,17 +37,13 @@ def examples_dir() -> Path:
     return Path(str(resources.files("tessera") / "examples"))
 
 
-def cluster_inputs(f: F) -> F:
-    """``--cluster FILE``, repeatable ``--node NAME=INVENTORY[:TOPOLOGY]`` and repeatable
-    ``--class-map FROM=TO``."""
-    f = click.option(
-        "--class-map",
-        "class_maps",
-        multiple=True,
-        metavar="FROM=TO",
-        help="Run requests for DeviceClass FROM with class TO, e.g. the NVIDIA DRA driver's "
-        "--class-map gpu.nvidia.com=gpu.tessera.dev (selectors' \"FROM\" domain becomes \"TO\"). Repeatable.",
-    )(f)
+#: ``SimNode.source`` prefix of the nodes ``--add-node`` adds.
+ADDED_NODE = "--add-node"
+
+
+def node_inputs(f: F) -> F:
+    """``--cluster FILE`` and repeatable ``--node NAME=INVENTORY[:TOPOLOGY]`` (the nodes of
+    :func:`load_nodes`)."""
     f = click.option(
         "--node",
         "node_specs",
@@ -63,6 +60,34 @@ def cluster_inputs(f: F) -> F:
     return f
 
 
+def cluster_inputs(f: F) -> F:
+    """:func:`node_inputs`, plus ``--kubeconfig FILE`` (start from a live cluster),
+    repeatable ``--add-node NAME=INVENTORY[:TOPOLOGY]`` (the inputs of :func:`load_inputs`) and
+    repeatable ``--class-map FROM=TO`` (see :func:`class_map`)."""
+    f = click.option(
+        "--class-map",
+        "class_maps",
+        multiple=True,
+        metavar="FROM=TO",
+        help="Run requests for DeviceClass FROM with class TO, e.g. the NVIDIA DRA driver's "
+        "--class-map gpu.nvidia.com=gpu.tessera.dev (selectors' \"FROM\" domain becomes \"TO\"). Repeatable.",
+    )(f)
+    f = click.option(
+        "--add-node",
+        "add_nodes",
+        multiple=True,
+        metavar="NAME=INVENTORY[:TOPOLOGY]",
+        help="Add a hypothetical node after all others (e.g. to a --kubeconfig cluster): would it let the pending pods in? Repeatable.",
+    )(f)
+    f = click.option(
+        "--kubeconfig",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Start from this live cluster (read only): its nodes, DeviceClasses, ResourceSlices, allocated ResourceClaims and pods.",
+    )(f)
+    return node_inputs(f)
+
+
 def class_map(specs: tuple[str, ...]) -> dict[str, str]:
     """``--class-map FROM=TO`` options as a dict. Raises TesseraError for a malformed one."""
     out: dict[str, str] = {}
@@ -74,41 +99,124 @@ def class_map(specs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+class _NoAliasDumper(yaml.SafeDumper):
+    """Plain YAML without anchors: objects may share sub-objects in memory (a claim and its
+    template's spec), which must print as copies."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(obj: Any) -> str:
+    """``obj`` as block YAML, keys in their order, no anchors (what ``-o yaml`` prints)."""
+    return yaml.dump(obj, Dumper=_NoAliasDumper, sort_keys=False, width=120)
+
+
+def warn(msg: str) -> None:
+    """Print ``tessera: warning: MSG`` on stderr (stdout stays clean for -o json|yaml)."""
+    click.echo(f"tessera: warning: {msg}", err=True)
+
+
+def _inventory_node(spec: str, option: str, cluster: Cluster) -> SimNode:
+    """The node of one ``--node``/``--add-node NAME=INVENTORY[:TOPOLOGY]``; the inventory's
+    publication warnings are added to ``cluster.warnings``."""
+    from tessera.inventory import (
+        build_resource_slices,
+        load_inventory,
+        load_topology,
+        publication_warnings,
+    )
+    from tessera.sim.cluster import SimNode
+
+    name, sep, rest = spec.partition("=")
+    if not sep or not name or not rest:
+        raise TesseraError(f"{option} {spec!r}: expected NAME=INVENTORY[:TOPOLOGY], e.g. gpu-1=nvidia-smi-q.xml")
+    inv, _, topo = rest.partition(":")
+    gpus = load_inventory(inv)
+    topology = load_topology(topo) if topo else None
+    if any(n.name == name for n in cluster.nodes):
+        raise TesseraError(
+            f"{option} {spec!r}: node {name!r} is already defined (by --cluster, --kubeconfig, a Node object or an earlier "
+            "--node/--add-node): use another name"
+        )
+    cluster.warnings.extend(publication_warnings(gpus, f"{option} {name}: {inv}"))
+    source = f"{ADDED_NODE} {inv}" if option == ADDED_NODE else inv
+    return SimNode(name, {"kubernetes.io/hostname": name}, build_resource_slices(name, gpus, topology), source)
+
+
+def load_nodes(cluster_file: str | None, node_specs: tuple[str, ...]) -> Cluster:
+    """The nodes of ``--cluster FILE`` then of each ``--node NAME=INVENTORY[:TOPOLOGY]``, with
+    every inventory's publication warnings in ``Cluster.warnings``. Raises
+    :class:`~tessera.api.errors.TesseraError` for bad input."""
+    from tessera.sim.cluster import Cluster, load_cluster
+
+    cluster = load_cluster(cluster_file) if cluster_file else Cluster([])
+    for spec in node_specs:
+        cluster.nodes.append(_inventory_node(spec, "--node", cluster))
+    return cluster
+
+
 def load_inputs(
-    manifests: tuple[str, ...], cluster_file: str | None, node_specs: tuple[str, ...]
+    manifests: tuple[str, ...],
+    cluster_file: str | None,
+    node_specs: tuple[str, ...],
+    kubeconfig: str | None = None,
+    add_nodes: tuple[str, ...] = (),
 ) -> tuple[Cluster, list[Manifest]]:
     """The nodes and manifests of a simulation, from simulate's arguments (shared with
-    ``tessera explain``). With no arguments at all: the bundled default. Raises
-    :class:`~tessera.api.errors.TesseraError` for bad input."""
-    from tessera.sim.cluster import Cluster, SimNode, load_cluster
+    ``tessera explain``). With no arguments at all: the bundled default.
 
-    if not manifests and not cluster_file and not node_specs:
+    Node order (the order nodes are tried): ``--cluster``, ``--node``, Node objects (from
+    ``--kubeconfig`` or the files; their labels count), nodes only named by ResourceSlices,
+    then ``--add-node``. A live cluster's objects come before the files' (the new workloads
+    are scheduled on top of what is already there). Inventory warnings (what a GPU is
+    published without) go to stderr. Raises :class:`~tessera.api.errors.TesseraError` for
+    bad input.
+    """
+    from tessera.sim.cluster import SimNode
+
+    if not manifests and not cluster_file and not node_specs and not kubeconfig and not add_nodes:
         ex = examples_dir()
         cluster_file = str(ex / "cluster.yaml")
         manifests = (str(ex / "workloads"),)
-    nodes: list[SimNode] = []
-    if cluster_file:
-        nodes.extend(load_cluster(cluster_file).nodes)
-    for spec in node_specs:
-        from tessera.inventory import build_resource_slices, load_inventory, load_topology
+    cluster = load_nodes(cluster_file, node_specs)
+    nodes = cluster.nodes
+    live: list[Manifest] = []
+    if kubeconfig:
+        from tessera.kube.live import read_cluster
 
-        name, sep, rest = spec.partition("=")
-        if not sep or not name or not rest:
-            raise TesseraError(f"--node {spec!r}: expected NAME=INVENTORY[:TOPOLOGY], e.g. gpu-1=nvidia-smi-q.xml")
-        inv, _, topo = rest.partition(":")
-        gpus = load_inventory(inv)
-        topology = load_topology(topo) if topo else None
-        if any(n.name == name for n in nodes):
-            raise TesseraError(f"--node {spec!r}: node {name!r} is already defined (by --cluster or an earlier --node): use another name")
-        nodes.append(SimNode(name, {"kubernetes.io/hostname": name}, build_resource_slices(name, gpus, topology), inv))
+        live = read_cluster(kubeconfig, progress=True)
     loaded = list(expand_workloads(load_files(manifests)))
     if manifests and not loaded:
         raise TesseraError(f"no Kubernetes objects in {', '.join(manifests)}: pass YAML or JSON manifests (files or directories)")
-    if not nodes and not any(m.kind == "ResourceSlice" for m in loaded):
-        raise TesseraError("no nodes to schedule on: give --cluster FILE, --node NAME=INVENTORY, or ResourceSlices")
+    loaded = live + loaded
+    for m in loaded:
+        if m.kind == "Node" and not any(n.name == m.name for n in nodes):
+            labels = {str(k): str(v) for k, v in ((m.obj.get("metadata") or {}).get("labels") or {}).items()}
+            labels.setdefault("kubernetes.io/hostname", m.name)
+            nodes.append(SimNode(m.name, labels, [], str(m.source)))
+    loaded = [m for m in loaded if m.kind != "Node"]
+    if not nodes and not add_nodes and not any(m.kind == "ResourceSlice" for m in loaded):
+        raise TesseraError("no nodes to schedule on: give --cluster FILE, --node NAME=INVENTORY, --kubeconfig FILE, or ResourceSlices")
     slice_nodes = {
         (m.obj.get("spec") or {}).get("nodeName") for m in loaded if m.kind == "ResourceSlice"
     } - {None} - {n.name for n in nodes}
     for extra in sorted(str(x) for x in slice_nodes):
         nodes.append(SimNode(extra, {"kubernetes.io/hostname": extra}, [], "ResourceSlices"))
-    return Cluster(nodes), loaded
+    for spec in add_nodes:
+        nodes.append(_inventory_node(spec, ADDED_NODE, cluster))
+    for w in cluster.warnings:
+        warn(w)
+    return cluster, loaded
+
+
+def live_outcome(cluster: Cluster, loaded: list[Manifest], objects: list[dict[str, Any]]) -> list[str]:
+    """For ``--kubeconfig``/``--add-node`` runs: what became of the pods pending in the
+    cluster, or who landed on the added nodes (see :func:`tessera.kube.live.pending_outcome`);
+    empty for other runs."""
+    from tessera.kube.live import LIVE_STATE, pending_outcome
+
+    added = [n.name for n in cluster.nodes if n.source.startswith(ADDED_NODE)]
+    if not added and not any(LIVE_STATE in m.extra for m in loaded):
+        return []
+    return pending_outcome(loaded, objects, added)

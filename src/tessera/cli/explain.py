@@ -23,6 +23,8 @@ def explain(
     manifests: tuple[str, ...],
     cluster_file: str | None,
     node_specs: tuple[str, ...],
+    kubeconfig: str | None,
+    add_nodes: tuple[str, ...],
     class_maps: tuple[str, ...],
     output: str,
     all_devices: bool,
@@ -30,8 +32,9 @@ def explain(
 ) -> None:
     """Explain why POD_OR_CLAIM (namespace/name or name) is pending, or where and why it fit.
 
-    Takes the same inputs as `tessera simulate` (with none: the bundled default), runs the
-    simulation, then for the pod's claims reports per node and per device the first check that
+    Takes the same inputs as `tessera simulate` (with none: the bundled default; with
+    --kubeconfig: a live cluster, e.g. `tessera explain NS/POD --kubeconfig ~/.kube/config`
+    for a pod pending there), runs the simulation, then for the pod's claims reports per node and per device the first check that
     refused it: selector sub-expression, capacity short by how much, request policy, taint,
     constraint, incomplete pool. HAMi-style pods get a line in HAMi's words as well.
     """
@@ -39,7 +42,7 @@ def explain(
     from tessera.explain.explain import render_text
 
     try:
-        cluster, loaded = load_inputs(manifests, cluster_file, node_specs)
+        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes)
         exp = run_explain(cluster, loaded, target, seed=seed, all_devices=all_devices, class_map=class_map(class_maps))
     except UserError as e:
         fail(str(e))

@@ -4,27 +4,38 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
 from rich.console import Console
-from rich.table import Table
 
 from tessera.api.quantity import Quantity
-from tessera.cli._common import UserError, class_map, cluster_inputs, fail, load_inputs
+from tessera.cli._common import (
+    UserError,
+    class_map,
+    cluster_inputs,
+    fail,
+    live_outcome,
+    load_inputs,
+    to_yaml,
+)
+from tessera.cli._tables import (
+    SHARE_ID_MIN,
+    UUID_MIN,
+    FitTable,
+    device_key,
+    device_key_of,
+    print_tables,
+    unique_prefixes,
+)
 
 if TYPE_CHECKING:
     from tessera.api.loader import Manifest
     from tessera.sim.cluster import Cluster
-    from tessera.sim.simulate import SimResult, Simulation
-
-class _NoAliasDumper(yaml.SafeDumper):
-    """Plain YAML without anchors: claims share their template's spec object in memory."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+    from tessera.sim.simulate import Placement, SimResult, Simulation
 
 
 def _fmt_bytes(v: Fraction | None) -> str:
@@ -42,7 +53,14 @@ def _fmt_num(v: Fraction | None) -> str:
 @click.command()
 @click.argument("manifests", nargs=-1, type=click.Path())
 @cluster_inputs
-@click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "wide", "json", "yaml"]),
+    default="table",
+    show_default=True,
+    help="table fits the terminal (UUIDs and shareIDs as unique prefixes); wide shows every column in full.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for shareIDs (upstream draws them at random).")
 @click.option(
     "--policy",
@@ -52,15 +70,32 @@ def _fmt_num(v: Fraction | None) -> str:
     help="Placement policy. first-fit is what kube-scheduler does; the others are Tessera's planning policies.",
 )
 @click.option("--compare", is_flag=True, help="Run the workload under every policy and as whole GPUs; print GPUs used and pods pending.")
+@click.option(
+    "-n",
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    metavar="NAMESPACE",
+    help="Report only pods (and claims, templates) of this namespace; all pods are still scheduled. Repeatable.",
+)
+@click.option(
+    "--fail-on-pending",
+    is_flag=True,
+    help="Exit 1 when a pod (of --namespace, if given) stays pending; with --compare, under --policy.",
+)
 def simulate(
     manifests: tuple[str, ...],
     cluster_file: str | None,
     node_specs: tuple[str, ...],
+    kubeconfig: str | None,
+    add_nodes: tuple[str, ...],
     class_maps: tuple[str, ...],
     output: str,
     seed: int,
     policy: str,
     compare: bool,
+    namespaces: tuple[str, ...],
+    fail_on_pending: bool,
 ) -> None:
     """Schedule MANIFESTS (Pods, workloads, ResourceClaims, templates, DeviceClasses,
     ResourceSlices; HAMi-style pods too) onto simulated GPU nodes, as kube-scheduler would.
@@ -68,19 +103,36 @@ def simulate(
     With no arguments, runs the bundled default: a mixed cluster (8x H100, 8x V100S, 2x A5000,
     an A100 in MIG mode) built from real nvidia-smi inventories, with HAMi example pods and
     DRA-native claims.
+
+    With --kubeconfig, starts from a live cluster (read only): what is allocated there stays,
+    its pending pods are scheduled first, then MANIFESTS. --add-node adds a hypothetical node
+    last: would one more node of this kind let the pending pods in?
+
+    Exit status: 0; 1 with --fail-on-pending when a pod stays pending; 2 on bad input.
     """
     try:
-        cluster, loaded = load_inputs(manifests, cluster_file, node_specs)
+        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes)
         cmap = class_map(class_maps)
         if compare:
-            _compare(cluster, loaded, output, seed, cmap)
+            pending = _compare(cluster, loaded, output, seed, policy, namespaces, cmap)
         else:
-            _simulate(cluster, loaded, output, seed, policy, cmap)
+            pending = _simulate(cluster, loaded, output, seed, policy, namespaces, cmap)
     except UserError as e:
         fail(str(e))
+    if fail_on_pending and pending:
+        sys.exit(1)
 
 
-def _compare(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, cmap: dict[str, str]) -> None:
+def _in_namespaces(ref: str, namespaces: tuple[str, ...]) -> bool:
+    """``ref`` (``namespace/name``) is in one of ``namespaces``; everything is with none given."""
+    return not namespaces or ref.split("/", 1)[0] in namespaces
+
+
+def _compare(
+    cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str, namespaces: tuple[str, ...],
+    cmap: dict[str, str],
+) -> int:
+    """Print the comparison; return how many pods stay pending under ``policy``."""
     from tessera.sim.simulate import Simulation
 
     rows = []
@@ -90,35 +142,38 @@ def _compare(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, c
         used = [u for u in res.gpus if u.shares or u.dedicated]
         mem_used = sum((u.memory_allocated for u in used), Fraction(0))
         mem_cap = sum((u.memory_capacity or Fraction(0) for u in used), Fraction(0))
+        pending = [p.pod for p in res.pending if _in_namespaces(p.pod, namespaces)]
         rows.append(
             {
                 "allocation": label,
                 "gpusUsed": len(used),
-                "podsScheduled": len(res.scheduled),
-                "podsPending": len(res.pending),
-                "pending": [p.pod for p in res.pending],
+                "podsScheduled": len([p for p in res.scheduled if _in_namespaces(p, namespaces)]),
+                "podsPending": len(pending),
+                "pending": pending,
                 "memoryBookedOnUsedGPUs": f"{float(100 * mem_used / mem_cap):.1f}%" if mem_cap else "-",
             }
         )
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
-        return
-    if output == "yaml":
+    elif output == "yaml":
         click.echo(yaml.safe_dump(rows, sort_keys=False))
-        return
-    t = Table(title="Policy comparison", title_justify="left")
-    for col in ("allocation", "GPUs used", "pods scheduled", "pending", "memory booked on used GPUs", "pending pods"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(
-            str(r["allocation"]),
-            str(r["gpusUsed"]),
-            str(r["podsScheduled"]),
-            str(r["podsPending"]),
-            str(r["memoryBookedOnUsedGPUs"]),
-            ", ".join(r["pending"]) or "-",  # type: ignore[arg-type]
-        )
-    Console(width=max(Console().width, 160)).print(t)
+    else:
+        t = FitTable(
+            "Policy comparison",
+            [("allocation", True), ("GPUs used", False), ("pods scheduled", False), ("pending", False),
+             ("memory booked on used GPUs", False), ("pending pods", False)],
+        )  # fmt: skip
+        for r in rows:
+            t.add_row(
+                str(r["allocation"]),
+                str(r["gpusUsed"]),
+                str(r["podsScheduled"]),
+                str(r["podsPending"]),
+                str(r["memoryBookedOnUsedGPUs"]),
+                ", ".join(r["pending"]) or "-",  # type: ignore[arg-type]
+            )
+        print_tables([t], wide=output == "wide")
+    return next(int(r["podsPending"]) for r in rows if r["allocation"] == policy)  # type: ignore[call-overload]
 
 
 def _run_with_progress(sim: Simulation) -> SimResult:
@@ -140,45 +195,105 @@ def _run_with_progress(sim: Simulation) -> SimResult:
         return sim.run(on_pod=lambda _ref: bar.advance(task))
 
 
-def _simulate(cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str, cmap: dict[str, str]) -> None:
+_CLUSTER_SCOPED = ("DeviceClass", "ResourceSlice")
+
+
+def _object_in_namespaces(obj: dict[str, Any], namespaces: tuple[str, ...]) -> bool:
+    if not namespaces or obj.get("kind") in _CLUSTER_SCOPED:
+        return True
+    return str((obj.get("metadata") or {}).get("namespace") or "default") in namespaces
+
+
+def _simulate(
+    cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str, namespaces: tuple[str, ...],
+    cmap: dict[str, str],
+) -> int:
+    """Run and print the simulation; return how many pods (of ``namespaces``) stay pending."""
     from tessera.sim.simulate import Simulation
 
     sim = Simulation(cluster, loaded, seed=seed, policy=policy, class_map=cmap)
     result = _run_with_progress(sim)
     for w in result.warnings:  # on stderr in every output mode, so -o json|yaml stays clean
         click.echo(f"tessera: warning: {w}", err=True)
+    placements = [p for p in result.placements if _in_namespaces(p.pod, namespaces)]
+    pending = [p for p in result.pending if _in_namespaces(p.pod, namespaces)]
+    scheduled = [p for p in result.scheduled if _in_namespaces(p, namespaces)]
     if output in ("json", "yaml"):
-        lst = {"apiVersion": "v1", "kind": "List", "items": result.objects}
+        items = [o for o in result.objects if _object_in_namespaces(o, namespaces)]
+        lst = {"apiVersion": "v1", "kind": "List", "items": items}
         if output == "json":
             click.echo(json.dumps(lst, indent=2, sort_keys=False))
         else:
-            click.echo(yaml.dump(lst, Dumper=_NoAliasDumper, sort_keys=False, width=120))
-        return
-    console = Console(width=max(Console().width, 160))
-    t = Table(title="Placements", title_justify="left")
-    for col in ("pod", "container", "node", "GPU", "model", "memory", "cores", "shareID"):
-        t.add_column(col)
-    for p in result.placements:
-        t.add_row(p.pod, p.container, p.node, p.uuid or p.device, p.model or "-", p.memory or "-", p.cores or "-", p.share_id or "(dedicated)")
-    console.print(t)
-    g = Table(title="GPUs", title_justify="left")
-    for col in ("node", "device", "model", "memory allocated / capacity", "cores allocated / capacity", "shares"):
-        g.add_column(col)
-    for u in result.gpus:
-        g.add_row(
-            u.node,
-            u.device,
-            u.model or "-",
-            f"{_fmt_bytes(u.memory_allocated)} / {_fmt_bytes(u.memory_capacity)}",
-            f"{_fmt_num(u.cores_allocated)} / {_fmt_num(u.cores_capacity)}",
-            "dedicated" if u.dedicated else str(u.shares),
-        )
-    console.print(g)
-    if result.pending:
-        pt = Table(title="Unschedulable pods", title_justify="left")
-        pt.add_column("pod")
-        pt.add_column("reason")
-        for pend in result.pending:
+            click.echo(to_yaml(lst))
+        return len(pending)
+    wide = output == "wide"
+    tables = [_placement_table(result, placements, wide), _gpu_table(result, wide)]
+    if pending:
+        pt = FitTable("Unschedulable pods", [("pod", False), ("reason", False)])
+        for pend in pending:
             pt.add_row(pend.pod, pend.reason)
-        console.print(pt)
-    console.print(f"{len(result.scheduled)} pod(s) scheduled, {len(result.pending)} pending.")
+        tables.append(pt)
+    print_tables(tables, wide=wide, footer=f"{len(scheduled)} pod(s) scheduled, {len(pending)} pending.")
+    for line in live_outcome(cluster, loaded, result.objects):
+        click.echo(line)
+    return len(pending)
+
+
+def _uuid_names(result: SimResult, wide: bool) -> dict[str, str]:
+    """How each GPU UUID is shown: whole with -o wide, else its shortest unique prefix."""
+    uuids = {u.uuid for u in result.gpus if u.uuid} | {p.uuid for p in result.placements if p.uuid}
+    return {u: u for u in uuids} if wide else unique_prefixes(uuids, UUID_MIN)
+
+
+def _placement_table(result: SimResult, placements: list[Placement], wide: bool) -> FitTable:
+    uuids = _uuid_names(result, wide)
+    share_ids = {p.share_id for p in result.placements if p.share_id}
+    shares = {s: s for s in share_ids} if wide else unique_prefixes(share_ids, SHARE_ID_MIN)
+    if wide:
+        t = FitTable(
+            "Placements",
+            [("pod", False), ("container", False), ("claim", False), ("request", True), ("node", True),
+             ("device", True), ("GPU", True), ("model", False), ("memory", True), ("cores", True), ("shareID", True)],
+        )  # fmt: skip
+    else:
+        t = FitTable(
+            "Placements",
+            [("pod", False), ("container", False), ("device", True), ("memory", True), ("cores", True),
+             ("shareID", True)],
+        )  # fmt: skip
+    for p in placements:
+        gpu = uuids.get(p.uuid, "-") if p.uuid else "-"
+        share = shares[p.share_id] if p.share_id else "(dedicated)"
+        key = device_key_of(p.device)
+        if wide:
+            t.add_row(p.pod, p.container, p.claim, p.request, p.node, key, gpu, p.model or "-", p.memory or "-", p.cores or "-", share)
+        else:
+            t.add_row(p.pod, p.container, key, p.memory or "-", p.cores or "-", share)
+    return t
+
+
+def _gpu_table(result: SimResult, wide: bool) -> FitTable:
+    uuids = _uuid_names(result, wide)
+    cols = [("device", True), ("GPU", True), ("model", False), ("memory allocated / capacity", False),
+            ("cores allocated / capacity", False), ("shares", False)]  # fmt: skip
+    if wide:
+        cols.insert(0, ("node", True))
+    g = FitTable("GPUs", cols, caption=None if wide else "UUIDs and shareIDs as unique prefixes; -o wide shows them whole")
+    for u in result.gpus:
+        row = [
+            device_key(u.driver, u.pool, u.device),
+            uuids.get(u.uuid, "-") if u.uuid else "-",
+            u.model or "-",
+            _usage(u.memory_allocated, u.memory_capacity, _fmt_bytes),
+            _usage(u.cores_allocated, u.cores_capacity, _fmt_num),
+            "dedicated" if u.dedicated else str(u.shares),
+        ]
+        g.add_row(*([u.node or "-"] if wide else []), *row)
+    return g
+
+
+def _usage(allocated: Fraction, capacity: Fraction | None, fmt: Callable[[Fraction | None], str]) -> str:
+    """``allocated / capacity``; ``-`` alone for a capacity the device does not publish."""
+    if capacity is None:
+        return "-"
+    return f"{fmt(allocated)} / {fmt(capacity)}"

@@ -9,10 +9,25 @@ Pure code (no I/O), used by the mutating webhook and by ``tessera simulate``::
     conv.warnings     # what was ignored, defaulted or left unconverted
     conv.requests     # per container, the request in HAMi's terms
 
+``convert_object`` does the same for a whole manifest (a Pod, or a Deployment/Job/... whose pod
+template it converts in place); ``gpu_memory_sizes`` reads the sizes percentages resolve against
+from ResourceSlices.
+
 See ``docs/convert.md`` for the mapping table and the deliberate divergences from HAMi.
 """
 
 from .convert import ContainerRequest, Conversion, ConversionError, convert_pod
 from .hami import HAMI_RESOURCES
+from .manifests import POD_TEMPLATE_PATHS, ObjectConversion, convert_object, gpu_memory_sizes
 
-__all__ = ["HAMI_RESOURCES", "ContainerRequest", "Conversion", "ConversionError", "convert_pod"]
+__all__ = [
+    "HAMI_RESOURCES",
+    "POD_TEMPLATE_PATHS",
+    "ContainerRequest",
+    "Conversion",
+    "ConversionError",
+    "ObjectConversion",
+    "convert_object",
+    "convert_pod",
+    "gpu_memory_sizes",
+]

@@ -86,5 +86,6 @@ def type_is(device_type: str) -> str:
 
 
 def memory_is(quantity: str) -> str:
-    """The device's published memory capacity equals ``quantity`` (a canonical Quantity)."""
-    return f"{CAPACITY}.memory == quantity({cel_string(quantity)})"
+    """The device publishes a memory capacity equal to ``quantity`` (a canonical Quantity).
+    Guarded like attribute reads: a device without ``memory`` (memory unknown) must not match."""
+    return f"has({CAPACITY}.memory) && {CAPACITY}.memory == quantity({cel_string(quantity)})"

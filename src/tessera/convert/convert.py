@@ -158,7 +158,11 @@ _HOW = {
 
 
 def _parse_int(raw: object, name: str, role: str, ctx: _Ctx, container: str) -> int:
-    """Parse one HAMi resource value: a YAML int or a string holding a plain integer."""
+    """Parse one HAMi resource value: a YAML int, or a string holding an integer quantity in
+    decimal notation (``3000``, and ``3k`` or ``3e3``, which mean 3000: the API server stores
+    ``resources.limits`` as canonical Quantities, so a pod written with ``3000`` reaches the
+    webhook as ``3k``; HAMi reads both as 3000). Binary suffixes (``1Gi``) are refused: HAMi
+    would read ``1Gi`` as 1,073,741,824 MiB."""
     how = _HOW[role]
     if isinstance(raw, bool) or not isinstance(raw, int | str | float):
         raise ctx.error(container, name, f"{name} {raw!r} is not a number; {how}")
@@ -179,6 +183,8 @@ def _parse_int(raw: object, name: str, role: str, ctx: _Ctx, container: str) -> 
                 raise ctx.error(container, name, f"{name} {raw!r} is negative; {how}")
             if not q.is_integer():
                 raise ctx.error(container, name, f"{name} {raw!r} is fractional; {how}")
+            if q.format != "BinarySI":
+                return int(q.value)
             if role == "memory":
                 mib = q.value / MIB
                 hint = (
@@ -522,13 +528,86 @@ def _selectors(exprs: Sequence[str]) -> list[dict[str, Any]]:
     return [{"cel": {"expression": e}} for e in exprs]
 
 
+#: Topology levels a multi-GPU request tries in turn, through ``firstAvailable`` (strictest
+#: first): all GPUs on one NVLink domain, else on one NUMA node, else anywhere on the node. Each
+#: level's subrequests carry a ``matchAttribute`` constraint on its attribute (none for ``any``).
+#: kube-scheduler's allocator takes the first subrequest that fits on a node, and its
+#: DynamicResources score prefers nodes where an earlier subrequest fits (dra-spec 4.10).
+TOPOLOGY_LEVELS: tuple[tuple[str, str | None], ...] = (
+    ("nvlink", f"{DRIVER_NAME}/nvlinkDomain"),
+    ("numa", f"{DRIVER_NAME}/numaNode"),
+    ("any", None),
+)
+#: The attributes of the strict levels (also what ``tessera simulate --policy topology`` matches).
+TOPOLOGY_ATTRIBUTES: tuple[str, ...] = tuple(a for _, a in TOPOLOGY_LEVELS if a)
+
+
+@dataclass(frozen=True)
+class _Sub:
+    name: str  # subrequest name ("" for an ``exactly`` request)
+    memory_bytes: int | None
+    extra: tuple[str, ...]  # extra selectors (the memory size of a percentage)
+    attribute: str | None  # matchAttribute of its topology level
+
+
+def _subrequests(
+    req: ContainerRequest, sizes: Sequence[int], numa_bind: bool, ctx: _Ctx
+) -> list[_Sub]:
+    """The alternatives of the claim's request ``gpu``, in the order they are tried: one per
+    memory size of a percentage (``mem-<i>``), times the topology levels of a multi-GPU request
+    (:data:`TOPOLOGY_LEVELS`; level-major, at most 8 in all: every size keeps its last level,
+    stricter levels fill what is left, largest sizes first). One entry named "" means a plain
+    ``exactly`` request."""
+    if req.memory_mib is not None:
+        variants: list[tuple[str, int | None, tuple[str, ...]]] = [("", req.memory_mib * MIB, ())]
+    elif req.memory_percentage == 100:
+        variants = [("", None, ())]
+    else:
+        pct = req.memory_percentage
+        assert pct is not None
+        if not sizes:
+            fam = hami.VOLCANO if req.family == "volcano" else hami.NVIDIA
+            raise ctx.error(
+                req.container,
+                fam.percentage,
+                f"{fam.percentage} {pct} needs the cluster's GPU memory sizes to become a byte "
+                "request: give the cluster's nodes (`tessera convert --cluster FILE` or --node; "
+                "memory_sizes from the ResourceSlices for callers of convert_pod), or write "
+                f"{fam.memory} in MiB instead",
+            )
+        variants = [
+            (
+                f"mem-{i}",
+                max((size * pct // 100) // MIB * MIB, MIB),
+                (cel.memory_is(Quantity.from_int(size, "BinarySI").canonical()),),
+            )
+            for i, size in enumerate(sizes)
+        ]
+    if req.gpus == 1:
+        return [_Sub(name, mem, extra, None) for name, mem, extra in variants]
+    # numa-bind puts every GPU on one NUMA node through a constraint on the whole request: the
+    # last level is then "numa" with no constraint of its own.
+    levels = [TOPOLOGY_LEVELS[0], ("numa", None)] if numa_bind else list(TOPOLOGY_LEVELS)
+    budget = MAX_SUBREQUESTS - len(variants)  # room for the levels before the last
+    subs: list[_Sub] = []
+    for level, attr in levels:
+        last = level == levels[-1][0]
+        for name, mem, extra in variants:
+            if not last:
+                if budget == 0:
+                    break
+                budget -= 1
+            sub = f"{level}-{name}" if name else level
+            subs.append(_Sub(sub, mem, extra, attr))
+    return subs
+
+
 def _device_request(
     req: ContainerRequest,
     selectors: Sequence[str],
-    sizes: Sequence[int],
-    ctx: _Ctx,
+    subs: Sequence[_Sub],
 ) -> dict[str, Any]:
-    """The claim's single request ``gpu`` (``exactly``, or ``firstAvailable`` for percentages)."""
+    """The claim's single request ``gpu``: ``exactly``, or ``firstAvailable`` over ``subs``."""
 
     def exact(memory_bytes: int | None, extra: Sequence[str] = ()) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -542,34 +621,19 @@ def _device_request(
         body["capacity"] = _capacity(memory_bytes, req.cores)
         return body
 
-    if req.memory_mib is not None:
-        return {"name": REQUEST_NAME, "exactly": exact(req.memory_mib * MIB)}
-    pct = req.memory_percentage
-    assert pct is not None
-    if pct == 100:
-        return {"name": REQUEST_NAME, "exactly": exact(None)}
-    if not sizes:
-        fam = hami.VOLCANO if req.family == "volcano" else hami.NVIDIA
-        raise ctx.error(
-            req.container,
-            fam.percentage,
-            f"{fam.percentage} {pct} needs the cluster's GPU memory sizes to become a byte "
-            "request: the caller must pass memory_sizes (bytes per GPU model, from the "
-            f"ResourceSlices), or write {fam.memory} in MiB instead",
-        )
-    subs = []
-    for i, size in enumerate(sizes):
-        memory_bytes = max((size * pct // 100) // MIB * MIB, MIB)
-        canonical = Quantity.from_int(size, "BinarySI").canonical()
-        body = exact(memory_bytes, [cel.memory_is(canonical)])
-        subs.append({"name": f"mem-{i}", **body})
-    return {"name": REQUEST_NAME, "firstAvailable": subs}
+    if len(subs) == 1 and not subs[0].name:
+        return {"name": REQUEST_NAME, "exactly": exact(subs[0].memory_bytes, subs[0].extra)}
+    return {
+        "name": REQUEST_NAME,
+        "firstAvailable": [{"name": s.name, **exact(s.memory_bytes, s.extra)} for s in subs],
+    }
 
 
 def _claim_spec(
     req: ContainerRequest, hints: _PodHints, sizes: Sequence[int], ctx: _Ctx
 ) -> dict[str, Any]:
-    devices: dict[str, Any] = {"requests": [_device_request(req, hints.selectors, sizes, ctx)]}
+    subs = _subrequests(req, sizes, hints.numa_bind, ctx)
+    devices: dict[str, Any] = {"requests": [_device_request(req, hints.selectors, subs)]}
     constraints: list[dict[str, Any]] = []
     if req.gpus > 1:
         constraints.append({"requests": [REQUEST_NAME], "distinctAttribute": f"{DRIVER_NAME}/uuid"})
@@ -577,6 +641,10 @@ def _claim_spec(
             constraints.append(
                 {"requests": [REQUEST_NAME], "matchAttribute": f"{DRIVER_NAME}/numaNode"}
             )
+        for _, attr in TOPOLOGY_LEVELS:
+            refs = [f"{REQUEST_NAME}/{s.name}" for s in subs if attr and s.attribute == attr]
+            if refs:
+                constraints.append({"requests": refs, "matchAttribute": attr})
     if constraints:
         devices["constraints"] = constraints
     return {"devices": devices}

@@ -22,9 +22,13 @@ from dataclasses import dataclass, field, replace
 from tessera.enforcement._files import write_atomic
 
 LIMITS_PATH = "/etc/tessera/limits"
-"""Fixed path of the limits file inside a container."""
+"""Fixed path of the limits file inside a container. The library accepts only a readable
+regular file owned by root and not writable by group or others there (:func:`write_limits`
+writes mode 0444); anything else at the path (a symlink, dangling or not, a directory, a FIFO,
+another owner's file) makes it refuse GPU memory."""
 LIMITS_ENV = "TESSERA_LIMITS_FILE"
-"""Environment fallback, read by the library only when :data:`LIMITS_PATH` does not exist."""
+"""Environment fallback, read by the library only when nothing at all is at
+:data:`LIMITS_PATH` (neither the file nor one of its directories exists)."""
 VERSION = 1
 MAX_GPUS = 16
 MAX_LINE = 4095

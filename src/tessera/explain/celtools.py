@@ -2,8 +2,10 @@
 capacity reads, ordering comparisons. Shared by ``explain`` (which sub-expression was false)
 and ``lint`` (what a selector reads and whether that is a mistake).
 
-Works on cel-python's lark parse tree (the grammar of ``celpy``: ``expr`` > ``conditionalor``
-> ``conditionaland`` > ``relation`` > ... > ``member`` > ``primary``). Pure: no I/O.
+Works on the lark parse tree of Tessera's CEL grammar (:func:`tessera.cel.syntax.parse_tree`:
+cel-python's grammar, ``expr`` > ``conditionalor`` > ``conditionaland`` > ``relation`` > ... >
+``member`` > ``primary``, plus the optional syntax ``member_dot_opt``/``member_index_opt``).
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -13,10 +15,9 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import celpy
 import lark
 
-_ENV = celpy.Environment()
+from tessera.cel.syntax import CelSyntaxError, parse_tree
 
 RELATIONS = {
     "relation_lt": "<",
@@ -33,10 +34,9 @@ RELATIONS = {
 def parse(expression: str) -> lark.Tree | None:
     """The parse tree of ``expression``, or None where it does not parse."""
     try:
-        tree = _ENV.compile(expression)
-    except Exception:  # celpy raises its own parse error types
+        return parse_tree(expression)
+    except CelSyntaxError:
         return None
-    return tree if isinstance(tree, lark.Tree) else None
 
 
 def text_of(node: lark.Tree, expression: str) -> str:
@@ -109,8 +109,8 @@ class Read:
     ``kind``: ``"attributes"`` or ``"capacity"``; ``domain``: the index key (None when not a
     string literal); ``name``: the id read inside the domain (None when only the domain map is
     used, e.g. ``device.attributes["d"]`` alone); ``in_has``: the read is the argument of
-    ``has(...)`` (a test, not a read); ``text``: its source text; ``node``: the tree node of the
-    outermost part (``...["d"].name``).
+    ``has(...)`` or optional (``.?name``, ``[?"name"]``): a test, not a read that can fail;
+    ``text``: its source text; ``node``: the tree node of the outermost part (``...["d"].name``).
     """
 
     kind: str
@@ -138,7 +138,7 @@ def _device_map(node: lark.Tree) -> str | None:
 def _domain_index(node: lark.Tree) -> tuple[str, str | None] | None:
     """(kind, domain) if ``node`` is ``device.attributes[<lit>]`` (domain None if not a literal)."""
     node = _unwrap(node)
-    if node.data != "member_index" or len(node.children) != 2:
+    if node.data not in ("member_index", "member_index_opt") or len(node.children) != 2:
         return None
     obj, key = node.children
     if not isinstance(obj, lark.Tree):
@@ -166,10 +166,11 @@ def reads(expression: str) -> list[Read]:
             continue
         kind_domain: tuple[str, str | None] | None = None
         name: str | None = None
-        if node.data == "member_dot" and len(node.children) == 2 and isinstance(node.children[0], lark.Tree):
+        optional = node.data in ("member_dot_opt", "member_index_opt")
+        if node.data in ("member_dot", "member_dot_opt") and len(node.children) == 2 and isinstance(node.children[0], lark.Tree):
             kind_domain = _domain_index(node.children[0])
             name = str(node.children[1])
-        elif node.data == "member_index" and len(node.children) == 2 and isinstance(node.children[0], lark.Tree):
+        elif node.data in ("member_index", "member_index_opt") and len(node.children) == 2 and isinstance(node.children[0], lark.Tree):
             kind_domain = _domain_index(node.children[0])
             if kind_domain is not None:
                 name = string_literal(node.children[1])
@@ -182,7 +183,7 @@ def reads(expression: str) -> list[Read]:
             continue
         for sub in node.iter_subtrees():
             claimed.add(id(sub))
-        found.append(Read(kind_domain[0], kind_domain[1], name, id(node) in has_args, text_of(node, expression), node))
+        found.append(Read(kind_domain[0], kind_domain[1], name, optional or id(node) in has_args, text_of(node, expression), node))
     found.sort(key=lambda r: r.node.meta.start_pos if not r.node.meta.empty else 0)
     return found
 

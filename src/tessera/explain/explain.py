@@ -47,7 +47,7 @@ from tessera.api.quantity import Quantity
 from tessera.cel import CelCompileError, CelRuntimeError, compile_selector
 from tessera.explain import celtools
 from tessera.sim.cluster import Cluster
-from tessera.sim.simulate import SimResult, Simulation, pod_fits_node
+from tessera.sim.simulate import SimResult, Simulation, generated_claim_name, pod_fits_node
 
 MIB = 2**20
 MAX_NAMES = 4  # device names shown per grouped reason
@@ -499,7 +499,8 @@ def _pod_claims(pod: Mapping[str, Any], sim: Simulation) -> list[tuple[str, dict
         if pc.get("resourceClaimName"):
             key = (ns, pc["resourceClaimName"])
         else:
-            key = (ns, f"{md.get('name') or md.get('generateName')}-{pc.get('name', '')}")
+            generated = generated_claim_name(dict(pod), str(pc.get("name", "")))
+            key = (ns, generated or f"{md.get('name') or md.get('generateName')}-{pc.get('name', '')}")
         c = sim.claims.get(key)
         if c is not None:
             out.append((str(pc.get("name", "")), c))

@@ -4,8 +4,8 @@ before they are applied.
 Checks, each reported as a :class:`Finding` naming file, document, object and field:
 
 * API validation (:mod:`tessera.api.validation`): wrong apiVersion, misplaced fields;
-* selectors that do not compile, or use ``.?``/``orValue``/``cel.bind`` (valid Kubernetes CEL,
-  not supported by Tessera's engine);
+* selectors that do not compile, and selectors whose estimated worst-case cost is over the
+  API server's limit (``Forbidden: too complex, exceeds cost limit``, :func:`tessera.cel.check_selector`);
 * API-shape mistakes: ``device.attributes["memory"]`` (attributes are keyed by *domain*, and
   memory is a capacity), an attribute read under ``device.capacity`` or the reverse;
 * ordering a Quantity or semver with ``<``/``>=`` (no such overload in Kubernetes CEL);
@@ -32,10 +32,18 @@ from typing import Any
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.allocator import SliceIndex
 from tessera.allocator.model import Device
+from tessera.api.deviceclass import device_class
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity, QuantityError
 from tessera.api.validation import manifest_problems
-from tessera.cel import CelCompileError, CelRuntimeError, SemverValue, compile_selector
+from tessera.cel import (
+    CelCompileError,
+    CelCostError,
+    CelRuntimeError,
+    SemverValue,
+    check_selector,
+    compile_selector,
+)
 from tessera.explain import celtools
 
 # Tessera's published device schema (src/tessera/inventory/slices.py): what a selector can read
@@ -158,7 +166,7 @@ def lint(manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = ()
     ``manifests``, in input order. ``slices``: ResourceSlice dicts of the cluster (ResourceSlices
     among ``manifests`` are added); without any, names are checked against Tessera's schema."""
     classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in manifests if m.kind == "DeviceClass"}
-    classes.setdefault(DEVICE_CLASS_NAME, {"spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+    classes.setdefault(DEVICE_CLASS_NAME, device_class())
     all_slices = list(slices) + [m.obj for m in manifests if m.kind == "ResourceSlice"]
     world = _World(all_slices, classes)
     out: list[Finding] = []
@@ -284,16 +292,32 @@ def _check_selector(add: Any, field: str, expr: str, world: _World, cls: str | N
 
 def _static(add: Any, field: str, expr: str, world: _World) -> None:
     try:
-        compile_selector(expr)
+        check_selector(expr)
+    except CelCostError as e:
+        add(
+            field,
+            f"Forbidden: {e} ({e.detail}; the API server rejects the object)",
+            "bound the work: iterate over fewer or smaller lists, avoid nested macros over large ranges",
+        )
     except CelCompileError as e:
         msg = str(e)
-        if msg.startswith(("optional field selection", "orValue", "cel.bind")):
-            what, _, fix = msg.partition(": ")
-            add(field, f"{what} (Kubernetes accepts it; Tessera's CEL engine, cel-python 0.5, does not)", fix)
-        else:
+        if not msg.startswith("found no matching overload for '_<") and not msg.startswith("found no matching overload for '_>"):
             add(field, f"does not compile: {msg}", "correct the expression (Kubernetes CEL syntax, one variable: device)")
+        else:
+            # Ordering Quantity/semver values: the checks below say which and how to write it.
+            generic: list[tuple[str, str, str]] = []
+            _static_reads(lambda f, p, x: generic.append((f, p, x)), field, expr, world)
+            if not generic:
+                add(field, f"does not compile: {msg}", "correct the expression (Kubernetes CEL syntax, one variable: device)")
+            for g in generic:
+                add(*g)
+            return
         if celtools.parse(expr) is None:
             return
+    _static_reads(add, field, expr, world)
+
+
+def _static_reads(add: Any, field: str, expr: str, world: _World) -> None:
     reads = celtools.reads(expr)
     guarded = {(r.kind, r.domain, r.name) for r in reads if r.in_has}
     shape_reads: set[int] = set()

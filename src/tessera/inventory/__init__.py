@@ -4,7 +4,8 @@
   text, nvidia_gpu_exporter captures, ``--query-gpu`` CSV, HAMi's node-register annotation ->
   ``list[GPU]`` (memory in bytes).
 - :func:`parse_topology` / :func:`load_topology`: ``nvidia-smi topo -m`` -> :class:`Topology`.
-- :func:`build_resource_slices`: GPUs (+ topology) -> ResourceSlice dicts of one node pool.
+- :func:`build_resource_slices`: GPUs (+ topology) -> ResourceSlice dicts of one node pool;
+  :func:`publication_warnings`: what it could not publish in full (unified memory, MIG unknown).
 - :func:`validate_resource_slice`: the API server's rules for a ResourceSlice, as a problem list.
 
 Every error is an :class:`InventoryError` (``ValueError``) whose message is one line naming the
@@ -20,7 +21,7 @@ from .errors import (
 )
 from .model import GPU, MigDevice, Topology
 from .parse import load_inventory, load_topology, parse_inventory, parse_topology
-from .slices import build_resource_slices
+from .slices import build_resource_slices, publication_warnings
 from .validate import validate_resource_slice
 
 __all__ = [
@@ -37,5 +38,6 @@ __all__ = [
     "load_topology",
     "parse_inventory",
     "parse_topology",
+    "publication_warnings",
     "validate_resource_slice",
 ]

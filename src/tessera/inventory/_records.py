@@ -16,6 +16,7 @@ from .model import (
     _known,
     derive_architecture,
     derive_compute_capability,
+    is_unavailable,
     normalize_bus_id,
 )
 
@@ -45,7 +46,7 @@ class RawGPU:
     index: int
     uuid: str | None
     product_name: str | None
-    memory: str | None  # "81559 MiB" or "81559"
+    memory: str | None  # "81559 MiB" or "81559"; "N/A" / "[Not Supported]" when not reported
     architecture: str | None = None
     compute_capability: str | None = None
     driver_version: str | None = None
@@ -116,7 +117,8 @@ def build_gpus(raws: list[RawGPU], source: str, *, masked: bool = False) -> list
                 line=raw.line,
             )
         mib = parse_mib(raw.memory)
-        if mib is None or mib <= 0:
+        unavailable = mib is None and is_unavailable(raw.memory)
+        if not unavailable and (mib is None or mib <= 0):
             raise MissingFieldError(
                 f"{where} ({uuid}): FB memory total {raw.memory!r} is not a MiB count",
                 source=source,
@@ -155,9 +157,10 @@ def build_gpus(raws: list[RawGPU], source: str, *, masked: bool = False) -> list
                 cuda_version=_known(raw.cuda_version),
                 pcie_bus_id=normalize_bus_id(raw.bus_id),
                 numa_node=raw.numa_node,
-                memory_bytes=mib * MIB,
+                memory_bytes=mib * MIB if mib is not None else None,
                 mig_enabled=raw.mig_enabled,
                 mig_devices=migs,
+                memory_reported=(raw.memory or "").strip() if unavailable else None,
             )
         )
     seen: dict[str, int] = {}

@@ -46,7 +46,9 @@ class GPU:
     - ``driver_version`` / ``cuda_version``: as reported ("535.161.08", "12.2").
     - ``pcie_bus_id``: normal form ``dddd:bb:dd.f``, lower-case hex (see :func:`normalize_bus_id`).
     - ``numa_node``: the NUMA node, when the inventory says (HAMi does; nvidia-smi -q does not).
-    - ``memory_bytes``: FB memory total in bytes.
+    - ``memory_bytes``: FB memory total in bytes; None when the inventory reports it as not
+      available (``N/A``, ``[Not Supported]``: unified-memory GPUs such as the GB10 have no
+      framebuffer of their own), with the reported text in ``memory_reported``.
     - ``mig_enabled`` / ``mig_devices``: current MIG mode and the MIG devices present.
     """
 
@@ -59,10 +61,11 @@ class GPU:
     cuda_version: str | None
     pcie_bus_id: str | None
     numa_node: int | None
-    memory_bytes: int
+    memory_bytes: int | None
     mig_enabled: bool
     mig_devices: tuple[MigDevice, ...] = ()
     uuid_synthesized: bool = False
+    memory_reported: str | None = None
 
 
 _NV_LINK = re.compile(r"^NV(\d+)$")
@@ -196,6 +199,7 @@ _BY_NAME: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
     for p, arch, cc in (
         (r"\bGB?300\b|\bB300\b", "Blackwell", "10.3"),
         (r"\bGB?200\b|\bB100\b", "Blackwell", "10.0"),
+        (r"\bGB10\b", "Blackwell", "12.1"),
         (r"\bRTX PRO \d+ Blackwell\b|\bRTX 50\d0\b", "Blackwell", "12.0"),
         (r"\bGH200\b|\bH100\b|\bH200\b|\bH800\b|\bH20\b", "Hopper", "9.0"),
         (
@@ -213,11 +217,23 @@ _BY_NAME: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
 )
 
 
-def _known(value: str | None) -> str | None:
+#: What nvidia-smi prints for a value it cannot give (bracketed in CSV: ``[N/A]``).
+_UNAVAILABLE = ("N/A", "NOT SUPPORTED", "UNKNOWN ERROR", "UNKNOWN")
+
+
+def is_unavailable(value: str | None) -> bool:
+    """True when ``value`` is nvidia-smi's word for "no value": ``N/A``, ``Not Supported``,
+    ``Unknown Error`` (bare or in brackets, any case) or empty. None (absent) is not."""
     if value is None:
+        return False
+    v = value.strip().strip("[]").strip().upper()
+    return v == "" or v in _UNAVAILABLE
+
+
+def _known(value: str | None) -> str | None:
+    if value is None or is_unavailable(value):
         return None
-    v = value.strip()
-    return None if v == "" or v.upper() in ("N/A", "[N/A]", "UNKNOWN") else v
+    return value.strip()
 
 
 def derive_architecture(

@@ -112,7 +112,9 @@ def raw_gpus_from_query_csv(text: str, source: str) -> list[RawGPU]:
                 index=int(idx) if idx is not None and idx.isdigit() else len(raws),
                 uuid=uuid,
                 product_name=row.get("name"),
-                memory=row.get("memory.total"),
+                # The column is present (checked above): no value means nvidia-smi had none to
+                # give ([N/A] / [Not Supported] on unified-memory GPUs such as the GB10).
+                memory=row.get("memory.total") or "[N/A]",
                 compute_capability=row.get("compute_cap"),
                 driver_version=row.get("driver_version"),
                 bus_id=row.get("pci.bus_id"),

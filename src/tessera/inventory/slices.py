@@ -79,6 +79,16 @@ def _gpu_device(
         attrs["nvlinkDomain"] = {"int": nvlink}
     if gpu.uuid_synthesized:
         attrs["uuidSynthesized"] = {"bool": True}
+    if gpu.memory_bytes is None:
+        # Memory unknown (unified memory, N/A): a dedicated device. A claim that asks for no
+        # memory gets it whole (cores <= 100 is only a filter on a dedicated device); a claim
+        # that asks for memory finds no `memory` capacity and skips it (KEP-5075: every
+        # requested capacity must exist on the device).
+        return {
+            "name": f"gpu-{gpu.index}",
+            "attributes": attrs,
+            "capacity": {"cores": {"value": "100"}},
+        }
     memory = _memory(gpu.memory_bytes)
     return {
         "name": f"gpu-{gpu.index}",
@@ -126,6 +136,34 @@ def _mig_device(
         "attributes": attrs,
         "capacity": capacity,
     }
+
+
+def publication_warnings(gpus: Sequence[GPU], source: str) -> list[str]:
+    """One line per GPU that :func:`build_resource_slices` publishes with less than a GPU
+    normally has, saying what is missing and what is published instead; ``source`` (the
+    inventory file, a node) starts each line. Empty when every GPU is published in full.
+
+    - memory reported as unavailable (``N/A``, ``[Not Supported]``: unified memory): a
+      dedicated device without ``memory`` capacity - whole-GPU claims only;
+    - MIG mode with no MIG device listed (a ``--query-gpu`` CSV and HAMi's annotation never
+      list them; in ``nvidia-smi -q`` output it means no MIG instance exists): nothing.
+    """
+    out: list[str] = []
+    for g in sorted(gpus, key=lambda g: g.index):
+        what = f"{source}: GPU {g.index} ({g.uuid}, {g.product_name})"
+        if g.mig_enabled and not g.mig_devices:
+            out.append(
+                f"{what} is in MIG mode but the inventory lists no MIG device, so nothing is "
+                "published for it: create MIG instances and capture `nvidia-smi -q -x` (a "
+                "--query-gpu CSV or HAMi's annotation cannot list them), or disable MIG mode"
+            )
+        elif not g.mig_enabled and g.memory_bytes is None:
+            out.append(
+                f"{what}: memory total is {g.memory_reported or 'not reported'} (unified memory, "
+                f"or not reported), so gpu-{g.index} is published as a dedicated device without "
+                "a memory capacity: whole-GPU claims can use it, memory shares cannot"
+            )
+    return out
 
 
 def _check_inputs(
@@ -195,6 +233,10 @@ def build_resource_slices(
       ``cudaComputeCapability``, ``driverVersion``, ``cudaDriverVersion`` (semver),
       ``pcieBusID``, ``resource.kubernetes.io/pcieRoot``, ``numaNode``, ``nvlinkDomain``,
       ``uuidSynthesized``;
+    - a GPU whose memory is unknown (``memory_bytes`` None: unified memory) -> ``gpu-<index>``
+      as a dedicated device (no ``allowMultipleAllocations``) with the same attributes and
+      capacity ``cores`` (100) only: a claim asking for no memory gets it whole, a claim asking
+      for memory does not match it;
     - a MIG-enabled GPU -> no shareable parent; each MIG device a dedicated
       ``gpu-<index>-mig-<gi>-<ci>`` with ``type=mig``, ``parentUUID``, ``parentIndex``,
       ``gpuInstanceID``, ``computeInstanceID``, ``uuid``/``profile`` when known, the parent's

@@ -13,6 +13,7 @@ message, which for validation failures names the object and the offending field.
 from __future__ import annotations
 
 import base64
+import binascii
 import http.client
 import json
 import os
@@ -31,6 +32,7 @@ import yaml
 from tessera.api.errors import TesseraError
 
 Obj = dict[str, Any]
+Page = list[Obj]
 
 
 class KubeconfigError(TesseraError, ValueError):
@@ -54,6 +56,19 @@ class ApiError(RuntimeError):
         super().__init__(f"{verb} {what}: {status} {reason}: {message}")
 
 
+def api_problem(e: ApiError, server: str) -> str:
+    """One line for a failed read, saying how to fix it: unreachable server, missing
+    permission (the read-only ClusterRole ``deploy/rbac/tessera-reader.yaml``), other errors."""
+    if e.status == 0:
+        return f"cannot reach the API server {server}: {e.message}: check the kubeconfig's server and that the cluster runs"
+    if e.status in (401, 403):
+        return (
+            f"the API server {server} refused {e.verb} {e.what} ({e.status} {e.reason}: {e.message}): "
+            "grant the read-only ClusterRole in deploy/rbac/tessera-reader.yaml to this user or ServiceAccount"
+        )
+    return f"the API server {server} answered {e.verb} {e.what} with {e.status} {e.reason}: {e.message}"
+
+
 @dataclass(frozen=True)
 class Resource:
     """Discovery facts about one kind: its plural resource name and whether it is namespaced."""
@@ -72,11 +87,18 @@ def describe(obj: Mapping[str, Any]) -> str:
     return f"{obj.get('kind', '<no kind>')} {ns + '/' if ns else ''}{name}"
 
 
+#: Where a pod finds its ServiceAccount's token and the cluster CA (in-cluster configuration).
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
 class KubeClient:
-    """HTTPS client for one API server, authenticated with a client certificate.
+    """HTTPS client for one API server, authenticated with a client certificate or a bearer
+    token.
 
     ``server`` is the base URL (``https://127.0.0.1:6443``); ``ca_file`` the PEM bundle
-    that signed the server certificate; ``cert_file``/``key_file`` the client certificate.
+    that signed the server certificate; ``cert_file``/``key_file`` the client certificate;
+    ``token`` a bearer token, or ``token_file`` a file holding one (re-read before every
+    request, as projected ServiceAccount tokens are rotated).
     Thread-safe: each request opens its own connection. ``timeout`` is per request, seconds.
     """
 
@@ -90,6 +112,8 @@ class KubeClient:
         key_file: Path | None = None,
         cert_data: bytes | None = None,
         key_data: bytes | None = None,
+        token: str | None = None,
+        token_file: Path | None = None,
         timeout: float = 30.0,
     ) -> None:
         url = urllib.parse.urlsplit(server)
@@ -110,6 +134,8 @@ class KubeClient:
         elif cert_data is not None and key_data is not None:
             _load_cert_chain_data(ctx, cert_data, key_data)
         self._ssl = ctx
+        self._token = token
+        self._token_file = token_file
         self._discovery: dict[str, dict[str, Resource]] = {}
         self._lock = threading.Lock()
 
@@ -148,16 +174,44 @@ class KubeClient:
 
         if "server" not in cluster:
             raise KubeconfigError(f"kubeconfig {path}: clusters[{context.get('cluster')}].server is missing")
-        return cls(
-            cluster["server"],
-            ca_file=rel(cluster.get("certificate-authority")),
-            ca_data=b64(cluster.get("certificate-authority-data")),
-            cert_file=rel(user.get("client-certificate")),
-            key_file=rel(user.get("client-key")),
-            cert_data=b64(user.get("client-certificate-data")),
-            key_data=b64(user.get("client-key-data")),
-            timeout=timeout,
-        )
+        for unsupported in ("exec", "auth-provider"):
+            if user.get(unsupported):
+                raise KubeconfigError(
+                    f"kubeconfig {path}: users[{context.get('user')}].{unsupported} is not supported: "
+                    "use a kubeconfig with a client certificate or a (ServiceAccount) token"
+                )
+        try:
+            return cls(
+                cluster["server"],
+                ca_file=rel(cluster.get("certificate-authority")),
+                ca_data=b64(cluster.get("certificate-authority-data")),
+                cert_file=rel(user.get("client-certificate")),
+                key_file=rel(user.get("client-key")),
+                cert_data=b64(user.get("client-certificate-data")),
+                key_data=b64(user.get("client-key-data")),
+                token=user.get("token"),
+                token_file=rel(user.get("tokenFile")),
+                timeout=timeout,
+            )
+        except (OSError, ssl.SSLError, binascii.Error) as e:
+            raise KubeconfigError(f"kubeconfig {path}: cannot load its certificates or key: {e}") from e
+
+    @classmethod
+    def in_cluster(cls, *, timeout: float = 30.0, sa_dir: Path = SERVICE_ACCOUNT_DIR) -> KubeClient:
+        """The client a pod uses: ``KUBERNETES_SERVICE_HOST``/``_PORT`` and the pod's
+        ServiceAccount token and CA under ``sa_dir``. Raises :class:`KubeconfigError` when
+        not running in a pod."""
+        host = os.environ.get("KUBERNETES_SERVICE_HOST")
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        token_file = sa_dir / "token"
+        if not host or not token_file.is_file():
+            raise KubeconfigError(
+                "not running in a pod (no KUBERNETES_SERVICE_HOST or no ServiceAccount token in "
+                f"{sa_dir}): give --kubeconfig FILE"
+            )
+        if ":" in host:
+            host = f"[{host}]"
+        return cls(f"https://{host}:{port}", ca_file=sa_dir / "ca.crt", token_file=token_file, timeout=timeout)
 
     # ---- raw requests -----------------------------------------------------------------
     def request(
@@ -181,6 +235,9 @@ class KubeClient:
             url += "?" + urllib.parse.urlencode(query)
         data = None if body is None else json.dumps(body).encode()
         headers = {"Accept": "application/json"}
+        token = self._bearer_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         if data is not None:
             headers["Content-Type"] = content_type
         conn = http.client.HTTPSConnection(
@@ -205,6 +262,14 @@ class KubeClient:
                 raise ApiError(verb, what or path, resp.status, payload.get("reason", ""), payload.get("message", ""))
             raise ApiError(verb, what or path, resp.status, resp.reason, text.strip()[:2000])
         return payload
+
+    def _bearer_token(self) -> str | None:
+        if self._token_file is not None:
+            try:
+                return self._token_file.read_text().strip()
+            except OSError as e:
+                raise ApiError("read", str(self._token_file), 0, "Unauthorized", f"cannot read the token file: {e}") from e
+        return self._token
 
     # ---- discovery --------------------------------------------------------------------
     def resource(self, api_version: str, kind: str) -> Resource:
@@ -285,6 +350,38 @@ class KubeClient:
             item.setdefault("kind", kind)
         return items
 
+    def list_pages(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        limit: int = 500,
+        field_selector: str | None = None,
+    ) -> Iterator[Page]:
+        """List objects a page of at most ``limit`` at a time (the API's ``limit``/``continue``
+        chunking), all namespaces when ``namespace`` is None. Yields each page's items (with
+        apiVersion/kind set). An expired continue token raises :class:`ApiError` (410)."""
+        res = self.resource(api_version, kind)
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        path = f"{base}/namespaces/{namespace}/{res.plural}" if res.namespaced and namespace else f"{base}/{res.plural}"
+        cont = ""
+        while True:
+            query = {"limit": str(limit)}
+            if cont:
+                query["continue"] = cont
+            if field_selector:
+                query["fieldSelector"] = field_selector
+            doc = self.request("GET", path, query=query, what=f"{kind} list")
+            items: Page = doc.get("items") or []
+            for item in items:
+                item.setdefault("apiVersion", api_version)
+                item.setdefault("kind", kind)
+            yield items
+            cont = (doc.get("metadata") or {}).get("continue") or ""
+            if not cont:
+                return
+
     def create(self, obj: Mapping[str, Any]) -> Obj:
         """POST ``obj``; return the stored object. ``AlreadyExists`` raises :class:`ApiError`."""
         path = self._obj_path(obj, with_name=False)
@@ -322,6 +419,42 @@ class KubeClient:
         except ApiError as e:
             if not (missing_ok and e.status == 404):
                 raise
+
+    @contextmanager
+    def stream(self, path: str, *, query: Mapping[str, str] | None = None, timeout: float | None = None) -> Iterator[http.client.HTTPResponse]:
+        """GET ``path`` and yield the open response, for a watch (``?watch=1``): read it line
+        by line (one JSON event per line). Raises :class:`ApiError` for status >= 400 or an
+        unreachable server; the connection is closed on exit."""
+        url = self._prefix + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        headers = {"Accept": "application/json"}
+        token = self._bearer_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        conn = http.client.HTTPSConnection(self._host, self._port, context=self._ssl, timeout=timeout or self.timeout)
+        try:
+            try:
+                conn.request("GET", url, headers=headers)
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as e:
+                raise ApiError("GET", path, 0, "Unreachable", f"{self.server}: {e}") from e
+            if resp.status >= 400:
+                text = resp.read().decode(errors="replace")
+                try:
+                    payload = json.loads(text)
+                except json.JSONDecodeError:
+                    payload = None
+                if isinstance(payload, dict) and payload.get("kind") == "Status":
+                    raise ApiError("GET", path, resp.status, payload.get("reason", ""), payload.get("message", ""))
+                raise ApiError("GET", path, resp.status, resp.reason, text.strip()[:2000])
+            yield resp
+        finally:
+            conn.close()
+
+    def collection_path(self, api_version: str, kind: str, namespace: str | None = None) -> str:
+        """The URL path of a kind's collection (all namespaces when ``namespace`` is None)."""
+        res = self.resource(api_version, kind)
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        return f"{base}/namespaces/{namespace}/{res.plural}" if res.namespaced and namespace else f"{base}/{res.plural}"
 
     def raw_get(self, path: str, *, timeout: float | None = None) -> Any:
         """GET an arbitrary path (``/readyz``, ``/version``); JSON decoded or text."""

@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+from tessera.api.deviceclass import device_class
 from tessera.api.errors import TesseraError
 from tessera.kube import build
 from tessera.kube.client import ApiError, KubeClient, describe
@@ -64,13 +64,8 @@ FEATURE_GATES: Mapping[str, bool] = {
 RUNTIME_CONFIG = "resource.k8s.io/v1=true"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
-#: The DeviceClass every Tessera claim names.
-DEVICE_CLASS: Mapping[str, Any] = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": DEVICE_CLASS_NAME},
-    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-}
+#: The DeviceClass every Tessera claim names (one definition: tessera.api.deviceclass).
+DEVICE_CLASS: Mapping[str, Any] = device_class()
 
 #: Capacity and allocatable of each simulated node (enough for any test's pods).
 DEFAULT_NODE_CAPACITY: Mapping[str, str] = {"cpu": "128", "memory": "1Ti", "pods": "250"}
@@ -504,8 +499,16 @@ class Cluster:
         timeout: float = 180.0,
         progress: Callable[[str], None] | None = None,
         die_with_parent: bool = False,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
+        scheduler_config: Mapping[str, Any] | None = None,
     ) -> None:
         """Start a fresh control plane and register ``inventory``'s nodes and slices.
+
+        ``extra_args`` maps a component (``kube-apiserver``, ``kube-scheduler``...) to flags
+        appended to its command line. ``scheduler_config`` is a ``KubeSchedulerConfiguration``
+        (``kubescheduler.config.k8s.io/v1``; e.g. ``extenders``, ``profiles``) that
+        kube-scheduler is started with (``--config``); its ``clientConnection.kubeconfig`` and
+        ``leaderElection`` are filled in here.
 
         ``build_binaries`` runs ``tools/kube/build.sh`` first (a no-op when up to date).
         ``timeout`` bounds the wait for each component to become healthy, in seconds.
@@ -642,6 +645,19 @@ class Cluster:
                 f"--feature-gates={gates}",
             ],
         }
+        if scheduler_config is not None:
+            sched_cfg = json.loads(json.dumps(scheduler_config))
+            sched_cfg.setdefault("apiVersion", "kubescheduler.config.k8s.io/v1")
+            sched_cfg.setdefault("kind", "KubeSchedulerConfiguration")
+            sched_cfg.setdefault("clientConnection", {})["kubeconfig"] = str(sched_kc)
+            sched_cfg["leaderElection"] = {"leaderElect": False}
+            cfg_path = kc_dir / "kube-scheduler-config.yaml"
+            cfg_path.write_text(yaml.safe_dump(sched_cfg, sort_keys=False))
+            argv["kube-scheduler"].append(f"--config={cfg_path}")
+        for component, flags in (extra_args or {}).items():
+            if component not in argv:
+                raise ClusterError(f"extra_args: unknown component {component!r} (one of {', '.join(argv)})")
+            argv[component].extend(flags)
         health = {
             "etcd": f"https://127.0.0.1:{etcd_port}/health",
             "kube-apiserver": f"{server}/readyz",

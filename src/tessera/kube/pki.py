@@ -238,3 +238,33 @@ def make_pki(directory: Path) -> Pki:
         scheduler_serving=sched_serving, controller_manager_serving=kcm_serving,
         front_proxy_ca=fp_ca_pair, front_proxy_client=fp_client, sa_key=sa_key, sa_pub=sa_pub,
     )
+
+
+def make_serving_certificate(
+    directory: Path,
+    name: str,
+    *,
+    dns: tuple[str, ...] = ("localhost",),
+    ips: tuple[str, ...] = ("127.0.0.1",),
+    ca: CertPair | None = None,
+) -> tuple[CertPair, CertPair]:
+    """A serving certificate ``<name>.crt``/``<name>.key`` for ``dns``/``ips`` in ``directory``,
+    signed by ``ca`` (a pair written by this module) or by a new CA ``<name>-ca``. Returns
+    ``(ca, serving)``: what a webhook serves and the ``caBundle`` the API server trusts it with.
+    A second call with the same ``ca`` issues a new serving pair (certificate rotation)."""
+    if ca is None:
+        new_ca = _CA.create(f"{name}-ca")
+        ca = CertPair(directory / f"{name}-ca.crt", directory / f"{name}-ca.key")
+        _write(ca.cert, new_ca.cert.public_bytes(serialization.Encoding.PEM), private=False)
+        _write(ca.key, _key_pem(new_ca.key), private=True)
+        signer = new_ca
+    else:
+        key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{ca.key}: expected an ECDSA key written by tessera.kube.pki")
+        signer = _CA(x509.load_pem_x509_certificate(ca.cert.read_bytes()), key)
+    cert, key = signer.issue(dns[0] if dns else name, server=True, dns=dns, ips=ips)
+    serving = CertPair(directory / f"{name}.crt", directory / f"{name}.key")
+    _write(serving.cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
+    _write(serving.key, _key_pem(key), private=True)
+    return ca, serving

@@ -44,6 +44,8 @@ class Cluster:
 
     nodes: list[SimNode]
     source: str = ""
+    #: What an inventory could not give in full (``tessera.inventory.publication_warnings``).
+    warnings: list[str] = field(default_factory=list)
 
 
 def is_cluster_doc(obj: Any) -> bool:
@@ -56,12 +58,18 @@ def cluster_from_dict(doc: dict[str, Any], base: Path, file: str) -> Cluster:
     Raises :class:`ManifestError` naming the node and field for a bad entry, and
     ``InventoryError`` (from :mod:`tessera.inventory`) for an unreadable inventory.
     """
-    from tessera.inventory import build_resource_slices, load_inventory, load_topology
+    from tessera.inventory import (
+        build_resource_slices,
+        load_inventory,
+        load_topology,
+        publication_warnings,
+    )
 
     nodes_in = doc.get("nodes")
     if not isinstance(nodes_in, list) or not nodes_in:
         raise ManifestError("must list at least one node", file=file, obj="Cluster", field="nodes")
     nodes: list[SimNode] = []
+    warnings: list[str] = []
     seen: set[str] = set()
     for i, n in enumerate(nodes_in):
         where = f"nodes[{i}]"
@@ -82,6 +90,7 @@ def cluster_from_dict(doc: dict[str, Any], base: Path, file: str) -> Cluster:
             topo = load_topology(base / n["topology"]) if n.get("topology") else None
             slices = build_resource_slices(name, gpus, topo)
             src = str(n["inventory"])
+            warnings.extend(publication_warnings(gpus, f"{file}: node {name}: {src}"))
         elif n.get("slices"):
             slices = [m.obj for m in load_file(base / n["slices"]) if m.kind == "ResourceSlice"]
             src = str(n["slices"])
@@ -93,7 +102,7 @@ def cluster_from_dict(doc: dict[str, Any], base: Path, file: str) -> Cluster:
                 field=where,
             )
         nodes.append(SimNode(name, labels, slices, src))
-    return Cluster(nodes, file)
+    return Cluster(nodes, file, warnings)
 
 
 def load_cluster(path: str | Path) -> Cluster:

@@ -18,20 +18,21 @@ and ``hami.io/gpu-scheduler-policy`` (binpack | spread | topology-aware).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from tessera import DRIVER_NAME
 from tessera.allocator.model import AllocatedState, Device
+from tessera.convert.convert import TOPOLOGY_ATTRIBUTES
 
 POLICIES = ("first-fit", "binpack", "spread", "topology")
 NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
 GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 
-# Attributes a topology-aware placement tries to match across the GPUs of one request.
-TOPOLOGY_ATTRIBUTES = (f"{DRIVER_NAME}/nvlinkDomain", f"{DRIVER_NAME}/numaNode")
+#: kube-scheduler's weight for one allocated firstAvailable subrequest at index 0
+#: (``resourceapi.FirstAvailableDeviceRequestMaxSize``); index i scores 8 - i.
+FIRST_AVAILABLE_MAX = 8
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,38 @@ def device_rank(policy: str, state: AllocatedState) -> Callable[[Device], Any] |
     if policy == "spread":
         return lambda d: device_usage(state, d)
     return None
+
+
+def node_usage(state: AllocatedState, slices: Iterable[Any]) -> Fraction:
+    """A node's usage for binpack/spread: :func:`device_usage` summed over the devices of its
+    slices (``tessera.allocator`` slices, e.g. ``SliceIndex.by_node[node]``). One judgement for
+    ``tessera simulate`` and the scheduler extender (``tessera extender``)."""
+    return sum((device_usage(state, d) for sl in slices for d in sl.devices), Fraction(0))
+
+
+def prioritized_list_score(claims: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]]) -> int:
+    """kube-scheduler's DynamicResources node score (v1.37 ``computeScore``): for each claim and
+    each of its ``firstAvailable`` requests, ``8 - i`` where i is the index of the subrequest
+    its allocation ``results`` (one ``AllocationResult`` per claim) chose. Claims without
+    ``firstAvailable`` score 0. A node where earlier (preferred) alternatives fit scores higher."""
+    score = 0
+    for claim, res in zip(claims, results, strict=True):
+        chosen = {r.get("request") for r in (res.get("devices") or {}).get("results") or []}
+        for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+            for i, sub in enumerate(r.get("firstAvailable") or []):
+                if f"{r.get('name')}/{sub.get('name')}" in chosen:
+                    score += FIRST_AVAILABLE_MAX - i
+    return score
+
+
+def max_prioritized_list_score(claims: Sequence[Mapping[str, Any]]) -> int:
+    """The best :func:`prioritized_list_score` ``claims`` can get: every first subrequest chosen."""
+    return sum(
+        FIRST_AVAILABLE_MAX
+        for c in claims
+        for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or []
+        if r.get("firstAvailable")
+    )
 
 
 def order_nodes(policy: str, node_usage: Sequence[Fraction]) -> list[int]:

@@ -33,18 +33,22 @@ from tessera.allocator import (
     SliceIndex,
 )
 from tessera.allocator.model import Device, node_selector_matches
+from tessera.api.deviceclass import device_class
 from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
 from tessera.api.validation import check
+from tessera.convert import gpu_memory_sizes
 from tessera.sim.cluster import Cluster
 from tessera.sim.policies import (
     POLICIES,
     PodPolicy,
     device_rank,
-    device_usage,
+    max_prioritized_list_score,
+    node_usage,
     order_nodes,
     pod_policy,
+    prioritized_list_score,
     topology_variants,
 )
 from tessera.sim.reasons import request_clauses
@@ -94,13 +98,8 @@ def map_device_classes(manifests: Sequence[Manifest], class_map: Mapping[str, st
 
 
 def default_device_class() -> dict[str, Any]:
-    """The DeviceClass Tessera's chart installs: every device of driver gpu.tessera.dev."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DEVICE_CLASS_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-    }
+    """The DeviceClass Tessera installs (:func:`tessera.api.deviceclass.device_class`)."""
+    return device_class()
 
 
 @dataclass
@@ -138,6 +137,8 @@ class GPUUsage:
     cores_capacity: Fraction | None
     shares: int
     dedicated: bool
+    driver: str = ""
+    pool: str = ""
 
 
 @dataclass
@@ -148,6 +149,16 @@ class SimResult:
     objects: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
     scheduled: list[str] = field(default_factory=list)
+
+
+def generated_claim_name(pod: dict[str, Any], pod_claim_name: str) -> str | None:
+    """The ResourceClaim the resource-claim controller made from a template for the pod's
+    claim entry ``pod_claim_name`` (``status.resourceClaimStatuses``), or None when the pod
+    carries none (files written by hand; the simulation then makes ``<pod>-<name>``)."""
+    for st in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+        if isinstance(st, dict) and st.get("name") == pod_claim_name and st.get("resourceClaimName"):
+            return str(st["resourceClaimName"])
+    return None
 
 
 def _pod_uid(ref: str) -> str:
@@ -182,8 +193,8 @@ def _check_slice(m: Manifest) -> None:
 
 
 def _check_selectors(m: Manifest) -> None:
-    """CEL selectors must compile, as the API server checks on create."""
-    from tessera.cel import CelCompileError, compile_selector
+    """CEL selectors must compile and be within the cost limit, as the API server checks on create."""
+    from tessera.cel import CelCompileError, CelCostError, check_selector
 
     spec = m.obj.get("spec") or {}
     places: list[tuple[str, Any]] = []
@@ -203,7 +214,12 @@ def _check_selectors(m: Manifest) -> None:
             if not isinstance(expr, str):
                 continue
             try:
-                compile_selector(expr)
+                check_selector(expr)
+            except CelCostError as e:
+                raise ManifestError(
+                    f"Forbidden: {e} ({e.detail}): bound the iterations (fewer or smaller lists)",
+                    file=m.source.file, doc=m.source.doc, obj=m.ref(), field=f"{where}[{k}].cel.expression",
+                ) from None
             except CelCompileError as e:
                 raise ManifestError(
                     f"CEL compile error: {e}", file=m.source.file, doc=m.source.doc, obj=m.ref(), field=f"{where}[{k}].cel.expression"
@@ -263,9 +279,8 @@ def whole_gpu_spec(spec: dict[str, Any]) -> dict[str, Any]:
         for sub in ([r["exactly"]] if r.get("exactly") else []) + list(r.get("firstAvailable") or []):
             mem = ((sub.get("capacity") or {}).get("requests") or {}).get("memory")
             if mem is not None:
-                expr = (
-                    f'device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("{Quantity.parse(mem).canonical()}")) >= 0'
-                )
+                cap = f'device.capacity["{DRIVER_NAME}"].memory'
+                expr = f'has({cap}) && {cap}.compareTo(quantity("{Quantity.parse(mem).canonical()}")) >= 0'
                 sub.setdefault("selectors", []).append({"cel": {"expression": expr}})
             sub["capacity"] = {"requests": {"cores": "100"}}
     return out
@@ -369,7 +384,8 @@ class Simulation:
         self.classes.setdefault(DEVICE_CLASS_NAME, default_device_class())
         self.slices = slices
         self.index = SliceIndex(slices)
-        self.state = AllocatedState()
+        # Without DRAConsumableCapacity kube-scheduler counts every result as dedicated.
+        self.state = AllocatedState(consumable_capacity=(features or Features()).consumable_capacity)
         for c in self.claims.values():
             self.state.add_claim(c)
         # Allocations are only ever added here, never released, so a node that cannot satisfy
@@ -383,12 +399,8 @@ class Simulation:
         self._to_explain: dict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = {}
         self._reasons: dict[str, list[tuple[int, str, str]]] = {}
         self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed))
-        # GPU memory sizes for HAMi's gpumem-percentage: every Tessera device with memory
-        # (MIG instances too: a percentage of a dedicated MIG device filters by its memory).
-        self.memory_sizes = sorted(
-            {int(d.capacity["memory"].value.value) for d in self.index.devices() if d.driver == DRIVER_NAME and "memory" in d.capacity},
-            reverse=True,
-        )
+        # GPU memory sizes for HAMi's gpumem-percentage (the same function as `tessera convert`).
+        self.memory_sizes = gpu_memory_sizes(self.slices)
         self._check_classes(manifests)
 
     def _check_classes(self, manifests: Iterable[Manifest]) -> None:
@@ -466,6 +478,7 @@ class Simulation:
             md.setdefault("uid", _pod_uid(ref))
             policy = pod_policy(self.policy, (pod.get("metadata") or {}).get("annotations") or {})
             node, reason, claims = self._schedule(pod, ref, policy)
+            generated = self._claim_statuses(pod)
             if node is None:
                 pending.append(Pending(ref, reason))
                 pod["status"] = {
@@ -479,6 +492,8 @@ class Simulation:
                 pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
                 scheduled.append(ref)
                 placements.extend(self._placements(pod, ref, node, claims))
+            if generated:
+                pod["status"]["resourceClaimStatuses"] = generated
             out_pods.append(pod)
             if on_pod is not None:
                 on_pod(ref)
@@ -490,6 +505,19 @@ class Simulation:
         objects.extend(self.claims.values())
         objects.extend(out_pods)
         return SimResult(placements, pending, self._gpu_usage(), objects, self.warnings, scheduled)
+
+    def _claim_statuses(self, pod: dict[str, Any]) -> list[dict[str, str]]:
+        """``status.resourceClaimStatuses`` as the resource-claim controller sets it: the claim
+        made from each template entry (kept from a pod read from a cluster)."""
+        out: list[dict[str, str]] = []
+        ns = _ns(pod)
+        for pc in (pod.get("spec") or {}).get("resourceClaims") or []:
+            if not pc.get("resourceClaimTemplateName"):
+                continue
+            name = generated_claim_name(pod, str(pc.get("name", ""))) or f"{_name(pod)}-{pc.get('name', '')}"
+            if (ns, name) in self.claims:
+                out.append({"name": str(pc.get("name", "")), "resourceClaimName": name})
+        return out
 
     def _resolve_claims(self, pod: dict[str, Any], ref: str) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
         """``[(pod claim name, claim)]`` for the pod, creating template claims; or a reason."""
@@ -505,10 +533,16 @@ class Simulation:
                 out.append((pcname, claim))
             elif pc.get("resourceClaimTemplateName"):
                 tkey = (ns, pc["resourceClaimTemplateName"])
+                generated = generated_claim_name(pod, pcname)
+                if generated and (ns, generated) in self.claims:
+                    # The claim controller already made it (a pod read from a cluster): the
+                    # scheduler only needs the claim, as here.
+                    out.append((pcname, self.claims[(ns, generated)]))
+                    continue
                 tmpl = self.templates.get(tkey)
                 if tmpl is None:
                     return [], f'resourceclaimtemplate "{tkey[1]}" not found'
-                cname = f"{_name(pod)}-{pcname}"
+                cname = generated or f"{_name(pod)}-{pcname}"
                 key = (ns, cname)
                 claim = self.claims.get(key)
                 if claim is None:
@@ -572,11 +606,17 @@ class Simulation:
         counts = dict(counts)
         prefix = key is not None
         order = range(start, n_total) if policy.nodes == "first-fit" else order_nodes(policy.nodes, self._node_usage)
+        # kube-scheduler scores the nodes that fit; its DynamicResources plugin prefers nodes where
+        # an earlier firstAvailable subrequest fits (prioritized_list_score), which decides among
+        # otherwise equal nodes. With first-fit, the scan goes on past the first fit only while a
+        # better score is still possible; other node policies take their first fit.
+        top = max_prioritized_list_score(todo)
+        best: tuple[int, int, list[dict[str, Any]]] | None = None
         for i in order:
             node = self.nodes[i]
             known = self._unsat[i].get(sig) if sig is not None else None
             if known is not None:
-                why: str | AllocationError | None = known
+                why: str | AllocationError | list[dict[str, Any]] = known
             else:
                 why = self._try_node(pod, node, todo, done, policy)
                 if isinstance(why, NodeAllocationError):
@@ -588,22 +628,36 @@ class Simulation:
                     self._unsat[i][sig] = why
             if isinstance(why, AllocationError):
                 return None, f"allocation error: {why}", claims
-            if why is None:
-                self._placed += 1
-                self._node_usage[i] = sum(
-                    (device_usage(self.state, d) for sl in self.index.by_node.get(node.name, []) for d in sl.devices),
-                    Fraction(0),
-                )
-                for c in todo + done:
-                    rf = c.setdefault("status", {}).setdefault("reservedFor", [])
-                    rf.append({"resource": "pods", "name": _name(pod), "uid": pod["metadata"]["uid"]})
-                if key is not None:
-                    self._cursor[key] = (i, counts)
-                return node.name, "", claims
+            if isinstance(why, list):
+                score = prioritized_list_score(todo, why)
+                if best is None:
+                    if key is not None:
+                        self._cursor[key] = (i, counts)
+                    prefix = False
+                if best is None or score > best[0]:
+                    best = (score, i, why)
+                if score >= top or policy.nodes != "first-fit":
+                    break
+                continue
             counts[why] = counts.get(why, 0) + 1
             if prefix and key is not None:
                 self._cursor[key] = (i + 1, dict(counts))
-        parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        if best is not None:
+            _, i, results = best
+            node = self.nodes[i]
+            for c, res in zip(todo, results, strict=True):
+                c["status"] = {"allocation": res}
+                self.state.add_claim(c)
+            self._placed += 1
+            self._node_usage[i] = node_usage(self.state, self.index.by_node.get(node.name, []))
+            uid = pod["metadata"]["uid"]
+            for c in todo + done:
+                rf = c.setdefault("status", {}).setdefault("reservedFor", [])
+                if not any(r.get("resource") == "pods" and r.get("uid") == uid for r in rf):
+                    rf.append({"resource": "pods", "name": _name(pod), "uid": uid})
+            return node.name, "", claims
+        # kube-scheduler's FitError: "N reason" strings, sorted as strings.
+        parts = ", ".join(sorted(f"{v} {k}" for k, v in counts.items()))
         msg = f"0/{n_total} nodes are available: {parts}." if parts else f"0/{n_total} nodes are available."
         if counts.get("cannot allocate all claims") or counts.get("invalid resource pools were encountered"):
             self._to_explain[ref] = (pod, todo, done)
@@ -625,8 +679,9 @@ class Simulation:
         todo: list[dict[str, Any]],
         done: list[dict[str, Any]],
         policy: PodPolicy,
-    ) -> str | AllocationError | None:
-        """Allocate ``todo`` on ``node`` and record it; else the scheduler's reason (or error)."""
+    ) -> str | AllocationError | list[dict[str, Any]]:
+        """The allocation results of ``todo`` on ``node`` (one per claim, nothing recorded yet);
+        else the scheduler's reason (or error)."""
         if not pod_fits_node(pod, node):
             return "didn't match Pod's node affinity/selector"
         for c in done:
@@ -645,10 +700,7 @@ class Simulation:
             return e
         if results is None:
             return "cannot allocate all claims"
-        for c, res in zip(todo, results, strict=True):
-            c["status"] = {"allocation": res}
-            self.state.add_claim(c)
-        return None
+        return list(results)
 
     # ------------------------------------------------------------------------------------------
     def node_records(
@@ -729,30 +781,41 @@ class Simulation:
         return out
 
     def _gpu_usage(self) -> list[GPUUsage]:
-        out: list[GPUUsage] = []
-        node_of = {n.name for n in self.cluster.nodes}
-        share_count: dict[tuple[str, str, str], int] = {}
-        for did, _ in self.state.shared:
-            share_count[did] = share_count.get(did, 0) + 1
-        for d in self.index.devices():
-            agg = self.state.aggregated.get(d.id, {})
-            shares = share_count.get(d.id, 0)
-            dedicated = d.id in self.state.dedicated
-            mem = d.capacity.get("memory")
-            cores = d.capacity.get("cores")
-            out.append(
-                GPUUsage(
-                    node=d.node_name or (d.pool if d.pool in node_of else ""),
-                    device=d.name,
-                    uuid=d.attributes.get(f"{d.driver}/uuid"),
-                    model=d.attributes.get(f"{d.driver}/productName"),
-                    memory_allocated=(mem.value.value if dedicated and mem else agg.get("memory", Fraction(0))),
-                    memory_capacity=mem.value.value if mem else None,
-                    cores_allocated=(cores.value.value if dedicated and cores else agg.get("cores", Fraction(0))),
-                    cores_capacity=cores.value.value if cores else None,
-                    shares=shares,
-                    dedicated=dedicated,
-                )
-            )
-        return out
+        return gpu_usage(self.index, self.state, {n.name for n in self.cluster.nodes})
 
+
+def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | frozenset[str] = frozenset()) -> list[GPUUsage]:
+    """Memory and cores allocated on every device of ``index`` against its capacity.
+
+    A device allocated without a shareID (dedicated) counts its whole capacity; a shared one
+    the sum of its shares' ``consumedCapacity`` (``AllocatedState.aggregated``). ``node``
+    is the slice's ``nodeName``, else the pool name when it names one of ``node_names``.
+    Used by ``tessera simulate``'s GPU table and by ``tessera monitor``'s allocation figures.
+    """
+    out: list[GPUUsage] = []
+    share_count: dict[tuple[str, str, str], int] = {}
+    for did, _ in state.shared:
+        share_count[did] = share_count.get(did, 0) + 1
+    for d in index.devices():
+        agg = state.aggregated.get(d.id, {})
+        shares = share_count.get(d.id, 0)
+        dedicated = d.id in state.dedicated
+        mem = d.capacity.get("memory")
+        cores = d.capacity.get("cores")
+        out.append(
+            GPUUsage(
+                node=d.node_name or (d.pool if d.pool in node_names else ""),
+                device=d.name,
+                uuid=d.attributes.get(f"{d.driver}/uuid"),
+                model=d.attributes.get(f"{d.driver}/productName"),
+                memory_allocated=(mem.value.value if dedicated and mem else agg.get("memory", Fraction(0))),
+                memory_capacity=mem.value.value if mem else None,
+                cores_allocated=(cores.value.value if dedicated and cores else agg.get("cores", Fraction(0))),
+                cores_capacity=cores.value.value if cores else None,
+                shares=shares,
+                dedicated=dedicated,
+                driver=d.driver,
+                pool=d.pool,
+            )
+        )
+    return out

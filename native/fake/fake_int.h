@@ -1,0 +1,55 @@
+/* Internal interfaces shared by the translation units of the fake libcuda.so.1. */
+#ifndef FAKE_INT_H
+#define FAKE_INT_H
+
+#include <pthread.h>
+
+#include "fake_state.h"
+#include "tessera_cuda.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define HIDDEN __attribute__((visibility("hidden")))
+
+/* ---- call counting (fakecuda_calls) ---- */
+HIDDEN void fk_count(const char *name);
+#define COUNT() fk_count(__func__)
+
+/* ---- devices ---- */
+HIDDEN int fk_phys(CUdevice ordinal); /* physical index of a CUDA ordinal, -1 if invalid */
+HIDDEN int fk_ordinal(int phys);      /* this process's ordinal of a physical device, -1 */
+HIDDEN uint64_t fk_chunk(void);       /* growth granularity of pools and graph pools */
+#define FAKE_SM_COUNT 8
+#define FAKE_THREADS_PER_SM 1024
+#define FAKE_LOCALITY_DOMAINS 2
+
+/* ---- contexts and streams ---- */
+#define CTX_MAGIC 0xC7C7C7C7u
+#define FK_LIMITS 11
+struct CUctx_st {
+    uint32_t magic;
+    int dev;     /* ordinal */
+    int primary; /* 1 for a device's primary context */
+    int usage;   /* cuCtxAttach / cuCtxDetach count */
+    size_t limit[FK_LIMITS];
+    uint64_t limit_bytes; /* device memory taken for limits above their defaults */
+};
+struct CUstream_st {
+    struct CUctx_st *ctx;
+    int capturing;
+    CUgraph graph;
+};
+HIDDEN struct CUctx_st *fk_cur(void);
+HIDDEN void fk_ctx_init_limits(struct CUctx_st *c);
+HIDDEN extern pthread_mutex_t fk_mu; /* process lock of every per-process table */
+
+/* ---- memory (fake_mem.c) ---- */
+HIDDEN void fk_ctx_gone(struct CUctx_st *c); /* free what a destroyed context owned */
+HIDDEN void fk_sync_pools(void);             /* the implicit trim at a synchronize */
+HIDDEN int fk_stream_ordinal(CUstream s);
+
+/* ---- shared physical objects (fake_vmm.c) ---- */
+HIDDEN void fk_obj_lock(void);
+HIDDEN void fk_obj_unlock(void);
+HIDDEN void fk_sweep(void); /* release objects whose exported descriptors are all closed */
+
+#endif

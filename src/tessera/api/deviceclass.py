@@ -1,0 +1,107 @@
+"""The DeviceClass every Tessera claim names, and who owns an extended resource name.
+
+One definition, used by the local control plane (:mod:`tessera.kube.cluster`), ``tessera
+simulate`` and the shipped manifest ``deploy/deviceclass.yaml`` (a test keeps the file equal
+to :func:`device_class`).
+
+``spec.extendedResourceName: nvidia.com/gpu`` (KEP-5004, DRAExtendedResource, GA in Kubernetes
+1.37) lets kube-scheduler itself serve a pod that asks only ``resources.limits:
+nvidia.com/gpu: N``: it synthesises a claim for N devices of this class (no capacity request,
+so each device books its whole memory; see ``docs/webhook.md``). Pure code, no I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+
+#: The extended resource Tessera's DeviceClass maps (HAMi's and NVIDIA's device plugin's name).
+EXTENDED_RESOURCE_NAME = "nvidia.com/gpu"
+#: The name every DeviceClass also answers to (``deviceclass.resource.kubernetes.io/<class>``).
+IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
+
+
+def device_class() -> dict[str, Any]:
+    """The ``resource.k8s.io/v1`` DeviceClass ``gpu.tessera.dev``: every device of driver
+    ``gpu.tessera.dev``, and ``extendedResourceName: nvidia.com/gpu``. A new dict per call."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS_NAME},
+        "spec": {
+            "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}],
+            "extendedResourceName": EXTENDED_RESOURCE_NAME,
+        },
+    }
+
+
+@dataclass(frozen=True)
+class ExtendedResourceOwner:
+    """Which DeviceClass serves an extended resource name.
+
+    ``resource``: the name (``nvidia.com/gpu``); ``winner``: the DeviceClass kube-scheduler
+    uses for it (None when no class maps it); ``contenders``: every class that maps it, winner
+    first, then the others newest first.
+    """
+
+    resource: str
+    winner: str | None
+    contenders: tuple[str, ...]
+
+    @property
+    def contested(self) -> bool:
+        """More than one DeviceClass maps the name."""
+        return len(self.contenders) > 1
+
+    def message(self) -> str:
+        """One line for logs: who serves the name, and who else claims it."""
+        if self.winner is None:
+            return f"no DeviceClass maps {self.resource}: pods asking it are served by device plugins only"
+        if not self.contested:
+            return f"{self.resource} is served by DeviceClass {self.winner}"
+        others = ", ".join(self.contenders[1:])
+        return (
+            f"{self.resource} is mapped by {len(self.contenders)} DeviceClasses ({self.winner}, {others}); "
+            f"kube-scheduler uses {self.winner} (the most recently created; equal times: the lowest name) "
+            "and ignores the others for it"
+        )
+
+
+def _created(cls: Mapping[str, Any]) -> _dt.datetime:
+    raw = (cls.get("metadata") or {}).get("creationTimestamp")
+    if isinstance(raw, str) and raw:
+        try:
+            return _dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        except ValueError:
+            pass
+    return _dt.datetime.min.replace(tzinfo=_dt.UTC)
+
+
+def extended_resource_owner(
+    classes: Iterable[Mapping[str, Any]], resource: str = EXTENDED_RESOURCE_NAME
+) -> ExtendedResourceOwner:
+    """The DeviceClass kube-scheduler maps ``resource`` to, among ``classes`` (DeviceClass dicts
+    as the API server returns them).
+
+    Upstream's rule (``k8s.io/dynamic-resource-allocation/deviceclass/extendedresourcecache``,
+    KEP-5004): of the classes whose ``spec.extendedResourceName`` is ``resource``, the one created
+    last wins; equal ``metadata.creationTimestamp``: the lexicographically lowest name. A class
+    without a timestamp counts as the oldest. The implicit name
+    ``deviceclass.resource.kubernetes.io/<class>`` always maps to that class.
+    """
+    if resource.startswith(IMPLICIT_PREFIX):
+        name = resource[len(IMPLICIT_PREFIX) :]
+        found = any((c.get("metadata") or {}).get("name") == name for c in classes)
+        return ExtendedResourceOwner(resource, name if found else None, (name,) if found else ())
+    mapping = [
+        c for c in classes if isinstance(c.get("spec"), Mapping) and c["spec"].get("extendedResourceName") == resource
+    ]
+    # Newest first; among equal times the lowest name first.
+    ordered = sorted(mapping, key=lambda c: str((c.get("metadata") or {}).get("name") or ""))
+    ordered.sort(key=_created, reverse=True)
+    names = tuple(str((c.get("metadata") or {}).get("name") or "") for c in ordered)
+    return ExtendedResourceOwner(resource, names[0] if names else None, names)

@@ -1,0 +1,136 @@
+"""``tessera webhook``: the mutating admission webhook that turns HAMi requests into DRA claims.
+
+See ``docs/webhook.md`` for deployment (``deploy/webhook/``), certificates and the template
+life cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from tessera.cli._common import UserError, fail
+
+if TYPE_CHECKING:
+    from tessera.kube.client import KubeClient
+
+
+def kube_client(kubeconfig: str | None) -> KubeClient:
+    """A :class:`~tessera.kube.client.KubeClient` from ``--kubeconfig``, else the pod's own
+    ServiceAccount (in-cluster). Raises :class:`UserError` (``KubeconfigError``)."""
+    from tessera.kube.client import KubeClient
+
+    if kubeconfig:
+        return KubeClient.from_kubeconfig(Path(kubeconfig))
+    return KubeClient.in_cluster()
+
+
+def check_extended_resource(client: KubeClient) -> str:
+    """Who serves ``nvidia.com/gpu`` now (logged at start-up): Tessera's DeviceClass, another
+    class that maps the same name (the NVIDIA DRA driver's), or nobody."""
+    from tessera import DEVICE_CLASS_NAME
+    from tessera.api.deviceclass import extended_resource_owner
+    from tessera.kube.client import ApiError
+
+    try:
+        classes = client.list("resource.k8s.io/v1", "DeviceClass")
+    except ApiError as e:
+        return f"cannot list DeviceClasses to check who serves nvidia.com/gpu: {e}"
+    owner = extended_resource_owner(classes)
+    msg = owner.message()
+    if owner.winner is not None and owner.winner != DEVICE_CLASS_NAME:
+        msg += (
+            f"; pods asking only nvidia.com/gpu that this webhook does not convert are served by {owner.winner}, "
+            f"not by Tessera (see docs/webhook.md, 'Who owns nvidia.com/gpu')"
+        )
+    return msg
+
+
+@click.command()
+@click.option("--tls-cert-file", type=click.Path(dir_okay=False), required=True, help="Serving certificate (PEM); reloaded when the file changes.")
+@click.option("--tls-private-key-file", type=click.Path(dir_okay=False), required=True, help="Its private key (PEM); reloaded with it.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8443, show_default=True, help="HTTPS port (0: any free port).")
+@click.option("--bind-address", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, help="Kubeconfig; in-cluster config (the pod's ServiceAccount) when absent.")
+@click.option("--template-grace", type=click.FloatRange(min=1), default=600.0, show_default=True,
+              help="Seconds an unused ResourceClaimTemplate of the webhook is kept after its last admission.")
+@click.option("--collect-interval", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+              help="Seconds between two passes of the template collector.")
+@click.option("--no-collector", is_flag=True, help="Do not run the template collector in this process (run it elsewhere).")
+@click.option("--port-file", type=click.Path(dir_okay=False), default=None, help="Write the port listened on to this file once serving (tests, --port 0).")
+@click.option("-v", "--verbose", is_flag=True, help="Log each denial and collection.")
+def webhook(
+    tls_cert_file: str,
+    tls_private_key_file: str,
+    port: int,
+    bind_address: str,
+    kubeconfig: str | None,
+    template_grace: float,
+    collect_interval: float,
+    no_collector: bool,
+    port_file: str | None,
+    verbose: bool,
+) -> None:
+    """Serve the mutating admission webhook on HTTPS: AdmissionReview (admission.k8s.io/v1) on
+    /mutate-pods, /healthz, /readyz.
+
+    HAMi-style pods (nvidia.com/gpu, gpumem, gpucores, gpumem-percentage, ...) are converted by
+    the same code as `tessera convert` and `tessera simulate` into DRA claims: the webhook
+    ensures a ResourceClaimTemplate named by the hash of its spec and patches the pod to use it.
+    Unused templates are deleted --template-grace seconds after their last admission.
+
+    Exit status: 0 on SIGTERM/SIGINT; 2 on bad input (certificates, kubeconfig).
+    """
+    import asyncio
+    import ssl
+
+    import uvloop
+
+    from tessera.kube.watch import Informer
+    from tessera.webhook.admission import ClusterView
+    from tessera.webhook.server import CertReloader, Webhook, serve
+    from tessera.webhook.templates import Collector, TemplateStore
+
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        certs = CertReloader(Path(tls_cert_file), Path(tls_private_key_file))
+    except (OSError, ssl.SSLError) as e:
+        fail(f"--tls-cert-file {tls_cert_file} / --tls-private-key-file {tls_private_key_file}: cannot load ({e}); "
+             "give a PEM certificate and its matching key")
+    try:
+        client = kube_client(kubeconfig)
+    except UserError as e:
+        fail(str(e))
+    click.echo(f"tessera webhook: {check_extended_resource(client)}", err=True)
+    slices = Informer(client, "resource.k8s.io/v1", "ResourceSlice").start()
+    view = ClusterView(lambda: (slices.generation, slices.items()))
+    store = TemplateStore(client, refresh=min(60.0, template_grace / 4))
+    collector = None
+    if not no_collector:
+        collector = Collector(client, grace=template_grace, interval=collect_interval, store=store)
+        collector.start()
+    hook = Webhook(view, store, ready=lambda: slices.synced)
+
+    def on_ready(bound: int) -> None:
+        click.echo(f"tessera webhook: serving https://{bind_address}:{bound}/mutate-pods", err=True)
+        if port_file:
+            tmp = Path(port_file + ".tmp")
+            tmp.write_text(f"{bound}\n")
+            tmp.replace(port_file)
+
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(hook.app(), host=bind_address, port=port, certs=certs, ready=on_ready))
+    except OSError as e:
+        fail(f"cannot listen on {bind_address}:{port}: {e.strerror or e}")
+    finally:
+        slices.stop()
+        if collector is not None:
+            collector.stop()

@@ -1,0 +1,122 @@
+"""Whole manifests in, converted manifests out: the HAMi edge for Pods *and* their controllers.
+
+:func:`convert_object` applies :func:`~tessera.convert.convert.convert_pod` to a Pod, or to the
+pod template of a Deployment, ReplicaSet, StatefulSet, DaemonSet, Job or CronJob (the template
+wrapped as a Pod named after the workload, as ``docs/convert.md`` asks of callers), and puts the
+result back in place. Every other object is returned unchanged. ``tessera convert`` is built on
+it; ``tessera simulate`` converts the Pods its workloads expand into with the same
+:func:`convert_pod`, so both give the same claims. Pure code, no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera import DRIVER_NAME
+from tessera.api.quantity import Quantity
+
+from .convert import Conversion, ConversionError, convert_pod
+
+#: Where each controller kind keeps its pod template (``spec.template`` unless listed).
+POD_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
+    "Deployment": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+    "ReplicationController": ("spec", "template"),
+}
+
+
+def gpu_memory_sizes(slices: Iterable[Mapping[str, Any]]) -> list[int]:
+    """The distinct memory sizes, in bytes, largest first, of the devices of driver
+    ``gpu.tessera.dev`` in ``slices`` (ResourceSlice dicts): what ``gpumem-percentage`` is
+    resolved against (:func:`convert_pod`'s ``memory_sizes``). MIG devices count; devices
+    without a ``memory`` capacity (memory unknown) do not. Raises
+    :class:`~tessera.api.quantity.QuantityError` for a capacity that is not a quantity."""
+    sizes: set[int] = set()
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != DRIVER_NAME:
+            continue
+        for d in spec.get("devices") or []:
+            mem = ((d or {}).get("capacity") or {}).get("memory")
+            if isinstance(mem, Mapping) and mem.get("value") is not None:
+                sizes.add(int(Quantity.parse(mem["value"]).value))
+    return sorted(sizes, reverse=True)
+
+
+@dataclass(frozen=True)
+class ObjectConversion:
+    """The result of :func:`convert_object`.
+
+    * ``obj``: the object to apply: a new dict when something was converted, else the input.
+    * ``templates``: the ResourceClaimTemplates it needs (apply them first), in the object's
+      namespace.
+    * ``warnings``: :func:`convert_pod`'s one-line warnings.
+    * ``conversion``: :func:`convert_pod`'s full result (None for an object with no pod).
+    """
+
+    obj: dict[str, Any]
+    templates: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    conversion: Conversion | None = None
+
+
+def _get(obj: Mapping[str, Any], path: Sequence[str]) -> Any:
+    cur: Any = obj
+    for part in path:
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def convert_object(
+    obj: dict[str, Any], *, memory_sizes: Sequence[int] = (), source: str = ""
+) -> ObjectConversion:
+    """Convert the HAMi-style GPU requests of one manifest.
+
+    ``obj`` is a Kubernetes object dict. A Pod goes through :func:`convert_pod` as is. A
+    controller (:data:`POD_TEMPLATE_PATHS`) has its pod template wrapped as a Pod whose
+    ``metadata`` is the template's with ``name`` = the controller's name and ``namespace`` =
+    the controller's namespace (so templates are named ``<workload>-<container>-gpu``); the
+    converted ``spec`` replaces the template's. Anything else comes back unchanged. The input is
+    never mutated. ``memory_sizes`` and ``source`` are passed to :func:`convert_pod`.
+
+    Raises :class:`ConversionError` as :func:`convert_pod` does, and for a controller whose pod
+    template has no ``spec`` mapping.
+    """
+    kind = obj.get("kind")
+    if kind == "Pod":
+        conv = convert_pod(obj, memory_sizes=memory_sizes, source=source)
+        return ObjectConversion(conv.pod, conv.templates, conv.warnings, conv)
+    path = POD_TEMPLATE_PATHS.get(str(kind))
+    if path is None:
+        return ObjectConversion(obj)
+    meta = obj.get("metadata") or {}
+    template = _get(obj, path)
+    if not isinstance(template, Mapping) or not isinstance(template.get("spec"), Mapping):
+        raise ConversionError(
+            f"{source + ': ' if source else ''}{kind} {meta.get('name', '')}: "
+            f"{'.'.join(path)}.spec is missing: a {kind} needs a pod template with a spec"
+        )
+    pod_meta = copy.deepcopy(dict(template.get("metadata") or {}))
+    pod_meta.pop("generateName", None)
+    if meta.get("name"):
+        pod_meta["name"] = meta["name"]
+    if meta.get("namespace"):
+        pod_meta["namespace"] = meta["namespace"]
+    else:
+        pod_meta.pop("namespace", None)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": template["spec"]}
+    conv = convert_pod(pod, memory_sizes=memory_sizes, source=source)
+    if not conv.templates and conv.pod["spec"] == template["spec"]:
+        return ObjectConversion(obj, [], conv.warnings, conv)
+    out = copy.deepcopy(obj)
+    _get(out, path)["spec"] = conv.pod["spec"]
+    return ObjectConversion(out, conv.templates, conv.warnings, conv)

@@ -1,0 +1,340 @@
+"""``admission.k8s.io/v1`` AdmissionReview in, AdmissionReview out: the webhook's decision.
+
+:func:`decide` parses one request body and converts the pod with
+:func:`tessera.convert.convert_pod` (the one conversion code path, shared with ``tessera
+simulate`` and ``tessera convert``), renames its templates by the hash of their spec
+(:mod:`tessera.webhook.templates`) and returns a :class:`Decision`: the JSONPatch, the
+templates to ensure, and the warnings. It does no I/O; the server ensures the templates
+(unless ``dryRun``) and then sends :meth:`Decision.review`.
+
+Outcomes, by input (``docs/webhook.md``):
+
+* not a Pod CREATE, or a pod without HAMi resources: allowed, no patch;
+* a HAMi pod: allowed with a JSONPatch; the converter's warnings, and requests the cluster's
+  current GPUs cannot hold (gpumem above every GPU's memory, more GPUs than any node has, a UUID
+  or type no GPU has), go into ``response.warnings`` -- HAMi admits those too, and a node that
+  can hold them may join;
+* what :class:`~tessera.convert.ConversionError` rejects (gpucores 101, a negative value,
+  gpumem with a unit...): denied, code 422, the converter's one-line message naming pod,
+  container and field;
+* a body that is not an AdmissionReview: :class:`BadReview` (HTTP 400).
+
+Never an HTTP 500: an unexpected exception while converting is a denial with reason
+``InternalError`` naming the exception, in a well-formed AdmissionReview.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera import DRIVER_NAME
+from tessera.api.loader import Manifest, Source
+from tessera.convert import ContainerRequest, ConversionError, convert_pod, gpu_memory_sizes, hami
+from tessera.webhook.templates import hashed_template, spec_hash
+
+ADMISSION_VERSION = "admission.k8s.io/v1"
+#: Largest AdmissionReview body read (bytes); the API server's own request limit is 3 MiB.
+MAX_BODY = 8 * 2**20
+MAX_WARNINGS = 20  # the API server keeps 4 KiB of warnings per request
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+class BadReview(ValueError):
+    """The body is not an ``admission.k8s.io/v1`` AdmissionReview with a request uid (HTTP 400)."""
+
+
+# ---- the cluster as the webhook sees it ------------------------------------------------------
+class ClusterView:
+    """The ResourceSlices of the cluster, and what the webhook derives from them: GPU memory
+    sizes (for ``gpumem-percentage``: :func:`tessera.convert.gpu_memory_sizes`, as ``tessera
+    simulate`` uses) and, per claim shape, what no GPU can hold (``tessera lint``'s checks).
+
+    ``source`` returns ``(generation, slices)``; derived values are recomputed only when the
+    generation changes (an informer bumps it on every slice event).
+    """
+
+    def __init__(self, source: Callable[[], tuple[int, Sequence[Mapping[str, Any]]]]) -> None:
+        self.source = source
+        self._lock = threading.Lock()
+        self._generation = -1
+        self._sizes: list[int] = []
+        self._max_gpus = 0
+        self._notes: dict[str, list[tuple[str, str]]] = {}
+
+    @classmethod
+    def static(cls, slices: Sequence[Mapping[str, Any]]) -> ClusterView:
+        """A view of fixed slices (tests, ``tessera webhook`` without slices)."""
+        items = list(slices)
+        return cls(lambda: (0, items))
+
+    def _refresh(self) -> list[Mapping[str, Any]]:
+        gen, slices = self.source()
+        if gen != self._generation:
+            per_node: dict[str, int] = {}
+            for s in slices:
+                spec = s.get("spec") or {}
+                if spec.get("driver") == DRIVER_NAME:
+                    node = str(spec.get("nodeName") or (spec.get("pool") or {}).get("name") or "")
+                    per_node[node] = per_node.get(node, 0) + len(spec.get("devices") or [])
+            try:
+                sizes = gpu_memory_sizes(slices)
+            except ValueError:
+                sizes = []  # a malformed slice: percentages then fail with a clear message
+            self._sizes, self._max_gpus = sizes, max(per_node.values(), default=0)
+            self._notes = {}
+            self._generation = gen
+        return list(slices)
+
+    def memory_sizes(self) -> list[int]:
+        """Distinct GPU memory sizes in bytes, largest first."""
+        with self._lock:
+            self._refresh()
+            return list(self._sizes)
+
+    def unholdable(self, template: Mapping[str, Any], request: ContainerRequest) -> list[str]:
+        """Why no GPU of the cluster can hold ``template`` (container ``request``), in HAMi's
+        terms: ``["nvidia.com/gpumem: 100000Mi is more than any device has: ..."]``; [] when
+        one can, or when no Tessera GPU is published yet."""
+        from tessera.explain.lint import lint
+
+        fam = hami.VOLCANO if request.family == "volcano" else hami.NVIDIA
+        with self._lock:
+            slices = self._refresh()
+            key = spec_hash(template["spec"])
+            notes = self._notes.get(key)
+            max_gpus = self._max_gpus
+            if notes is None:
+                notes = []
+                if max_gpus:
+                    findings = lint([Manifest(dict(template), Source("admission", 1))], slices)
+                    for f in findings:
+                        what = _finding_field(f.field)
+                        if what and (what, f.problem) not in notes:
+                            notes.append((what, f.problem))
+                self._notes[key] = notes
+        out = []
+        for what, problem in notes:
+            name = {"memory": fam.memory if request.memory_mib is not None else fam.percentage, "cores": fam.cores}.get(what)
+            if name is None:
+                name = "the pod's GPU selection annotations (" + ", ".join(hami.SELECTOR_ANNOTATIONS[:4]) + ")"
+            out.append(f"{name}: {problem}")
+        if max_gpus and request.gpus > max_gpus:
+            out.append(f"{fam.count}: {request.gpus} GPUs on one node, but the most any node publishes is {max_gpus}")
+        return out
+
+
+def _finding_field(path: str) -> str | None:
+    """What a ``tessera lint`` finding on a converted template is about: memory, cores, selectors."""
+    if ".capacity.requests[memory]" in path:
+        return "memory"
+    if ".capacity.requests[cores]" in path:
+        return "cores"
+    if ".selectors[" in path:
+        return "selectors"
+    return None
+
+
+# ---- the decision ----------------------------------------------------------------------------
+@dataclass
+class Decision:
+    """What to answer one AdmissionReview: ``allowed``, the JSONPatch ops, the templates to
+    ensure first (none for ``dry_run``), warnings, and for a denial ``code``/``reason``/``message``."""
+
+    uid: str
+    allowed: bool = True
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    templates: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    code: int = 200
+    reason: str = ""
+    message: str = ""
+    pod: str = ""
+
+    def deny(self, code: int, reason: str, message: str) -> Decision:
+        """This decision turned into a denial (e.g. the template could not be created)."""
+        self.allowed, self.code, self.reason, self.message = False, code, reason, message
+        self.patch, self.templates = [], []
+        return self
+
+    def review(self) -> dict[str, Any]:
+        """The AdmissionReview to send back."""
+        response: dict[str, Any] = {"uid": self.uid, "allowed": self.allowed}
+        if self.allowed and self.patch:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(self.patch, separators=(",", ":")).encode()).decode()
+        if not self.allowed:
+            response["status"] = {"code": self.code, "reason": self.reason, "message": self.message}
+        if self.warnings:
+            response["warnings"] = _clean_warnings(self.warnings)
+        return {"apiVersion": ADMISSION_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+def _clean_warnings(warnings: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for w in warnings:
+        text = _CONTROL.sub(" ", str(w)).strip()
+        if text and text not in out:
+            out.append(text)
+    if len(out) > MAX_WARNINGS:
+        out = [*out[: MAX_WARNINGS - 1], f"... and {len(out) - MAX_WARNINGS + 1} more warning(s)"]
+    return out
+
+
+def parse_review(body: bytes) -> dict[str, Any]:
+    """The ``request`` of an AdmissionReview body. Raises :class:`BadReview` naming what is wrong."""
+    if len(body) > MAX_BODY:
+        raise BadReview(f"AdmissionReview body is {len(body)} bytes, over the {MAX_BODY}-byte limit")
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise BadReview(f"body is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise BadReview("body is not a JSON object")
+    if doc.get("apiVersion") != ADMISSION_VERSION or doc.get("kind") != "AdmissionReview":
+        raise BadReview(
+            f"apiVersion/kind is {doc.get('apiVersion')!r}/{doc.get('kind')!r}: expected {ADMISSION_VERSION} "
+            "AdmissionReview (set admissionReviewVersions: [v1] in the webhook configuration)"
+        )
+    request = doc.get("request")
+    if not isinstance(request, dict):
+        raise BadReview("AdmissionReview has no request object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("request.uid is missing")
+    return request
+
+
+def _is_pod_create(request: Mapping[str, Any]) -> bool:
+    kind = request.get("kind")
+    resource = request.get("resource")
+    if request.get("operation") != "CREATE" or request.get("subResource"):
+        return False
+    if isinstance(kind, Mapping):
+        return kind.get("group", "") == "" and kind.get("kind") == "Pod"
+    return isinstance(resource, Mapping) and resource.get("group", "") == "" and resource.get("resource") == "pods"
+
+
+def decide(body: bytes, view: ClusterView) -> Decision:
+    """The decision for one AdmissionReview body (see the module docstring). Raises
+    :class:`BadReview` only for bodies without a usable ``request.uid``."""
+    request = parse_review(body)
+    d = Decision(uid=request["uid"], dry_run=request.get("dryRun") is True)
+    if not _is_pod_create(request):
+        return d
+    pod = request.get("object")
+    if not isinstance(pod, dict) or not isinstance(pod.get("metadata", {}), dict) or not isinstance(pod.get("spec"), dict):
+        return d.deny(400, "BadRequest", "request.object is not a Pod with metadata and spec")
+    try:
+        return _convert(d, request, pod, view)
+    except ConversionError as e:
+        return d.deny(422, "Invalid", str(e))
+    except RecursionError:
+        return d.deny(400, "BadRequest", "the pod is nested too deeply to be read")
+    except Exception as e:  # never a 500 for a user's pod: say what broke, deny it
+        return d.deny(
+            500, "InternalError",
+            f"tessera webhook could not convert the pod ({type(e).__name__}: {e}); the pod is not admitted; "
+            "please report this",
+        )
+
+
+def _convert(d: Decision, request: Mapping[str, Any], pod: dict[str, Any], view: ClusterView) -> Decision:
+    meta = pod.get("metadata") or {}
+    namespace = request.get("namespace") or meta.get("namespace") or "default"
+    if not isinstance(namespace, str):
+        return d.deny(400, "BadRequest", "request.namespace is not a string")
+    work = dict(pod)
+    work["metadata"] = {**meta, "namespace": namespace}
+    if not _has_hami_names(pod):
+        return d
+    conv = convert_pod(work, memory_sizes=view.memory_sizes())
+    d.pod = f"{namespace}/{meta.get('name') or str(meta.get('generateName') or '') + '*'}"
+    d.warnings.extend(conv.warnings)
+    if not conv.converted:
+        if conv.pod["spec"] != pod["spec"]:  # stripped resources that asked for no GPU (gpu: 0)
+            d.patch = _patch(pod, conv.pod)
+        return d
+    renamed: dict[str, str] = {}
+    for t, req in zip(conv.templates, conv.requests, strict=True):
+        h = hashed_template(t, namespace)
+        renamed[t["metadata"]["name"]] = h["metadata"]["name"]
+        if h not in d.templates:
+            d.templates.append(h)
+        for note in view.unholdable(h, req):
+            d.warnings.append(
+                f"pod {d.pod}, container {req.container}: {note}; the pod stays pending until a GPU that can "
+                "hold it is published"
+            )
+    new_pod = conv.pod  # a new dict: convert_pod never mutates its input
+    new_pod["metadata"] = meta
+    for rc in new_pod["spec"].get("resourceClaims") or []:
+        name = rc.get("resourceClaimTemplateName")
+        if name in renamed:
+            rc["resourceClaimTemplateName"] = renamed[name]
+    d.patch = _patch(pod, new_pod)
+    if d.dry_run:
+        d.templates = []
+    return d
+
+
+def _has_hami_names(pod: Mapping[str, Any]) -> bool:
+    """Cheap pre-check: a container resource or pod annotation in HAMi's or NVIDIA's names
+    (anything else passes untouched without running the converter)."""
+    spec = pod.get("spec") or {}
+    for part in ("initContainers", "containers"):
+        items = spec.get(part)
+        if not isinstance(items, list):
+            continue
+        for c in items:
+            res = c.get("resources") if isinstance(c, dict) else None
+            if not isinstance(res, dict):
+                continue
+            for block in (res.get("limits"), res.get("requests")):
+                if isinstance(block, dict) and any(
+                    isinstance(k, str) and k.startswith(("nvidia.com/", "volcano.sh/")) for k in block
+                ):
+                    return True
+    return False
+
+
+def _esc(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _diff_keys(old: Mapping[str, Any], new: Mapping[str, Any], base: str, ops: list[dict[str, Any]]) -> None:
+    for key in sorted(set(old) | set(new), key=str):
+        if key in old and key in new and old[key] == new[key]:
+            continue
+        path = f"{base}/{_esc(str(key))}"
+        if key not in new:
+            ops.append({"op": "remove", "path": path})
+        else:
+            ops.append({"op": "replace" if key in old else "add", "path": path, "value": new[key]})
+
+
+def _patch(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+    """RFC 6902 operations turning pod ``old`` into ``new``: per changed container, its changed
+    keys (``resources``); per other changed ``spec`` key (``resourceClaims``), the new value.
+    The converter changes nothing else (``metadata`` is kept as received); the unit tests apply
+    these patches with python-json-patch and compare with the converted pod."""
+    ops: list[dict[str, Any]] = []
+    ospec, nspec = old["spec"], new["spec"]
+    for key in sorted(set(ospec) | set(nspec), key=str):
+        o, n = ospec.get(key), nspec.get(key)
+        if key in ospec and key in nspec and o == n:
+            continue
+        if (key in ("initContainers", "containers") and isinstance(o, list) and isinstance(n, list)
+                and len(o) == len(n) and all(isinstance(x, dict) for x in (*o, *n))):
+            for i, (oc, nc) in enumerate(zip(o, n, strict=True)):
+                if oc != nc:
+                    _diff_keys(oc, nc, f"/spec/{key}/{i}", ops)
+            continue
+        _diff_keys({key: o} if key in ospec else {}, {key: n} if key in nspec else {}, "/spec", ops)
+    return ops

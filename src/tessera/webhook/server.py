@@ -1,0 +1,229 @@
+"""The webhook's HTTPS server: Starlette routes served by uvicorn, with certificate reload.
+
+Routes:
+
+* ``POST /mutate-pods``: ``admission.k8s.io/v1`` AdmissionReview (see
+  :mod:`tessera.webhook.admission`); HTTP 400 for a body that is not one, 413 over
+  :data:`~tessera.webhook.admission.MAX_BODY`; never 500.
+* ``GET /healthz``: ``ok`` while the process serves.
+* ``GET /readyz``: ``ok`` once the ResourceSlice cache has its first list (503 before).
+
+TLS: :class:`CertReloader` keeps the serving certificate in step with ``--tls-cert-file`` /
+``--tls-private-key-file``: the files are checked every ``reload_interval`` seconds (cert-manager
+and the kubelet replace a mounted Secret's files atomically), a new pair is loaded only once it
+parses and matches, and new connections get it; a broken pair is logged and the old one kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import ssl
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from tessera.kube.client import ApiError
+from tessera.webhook.admission import MAX_BODY, BadReview, ClusterView, Decision, decide
+from tessera.webhook.templates import TemplateStore
+
+log = logging.getLogger("tessera.webhook")
+
+
+class CertReloader:
+    """An ``ssl.SSLContext`` (server side, TLS >= 1.2) serving ``cert_file``/``key_file``, and
+    :meth:`check` to load them again when they changed. Raises ``OSError``/``ssl.SSLError`` at
+    construction when the first pair cannot be loaded."""
+
+    def __init__(self, cert_file: Path, key_file: Path) -> None:
+        self.cert_file = Path(cert_file)
+        self.key_file = Path(key_file)
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.loads = 0
+        self._seen = self._stamp()
+        self._load_into(self.context)
+
+    def _stamp(self) -> tuple[tuple[int, int, int], ...]:
+        out = []
+        for p in (self.cert_file, self.key_file):
+            st = os.stat(p)  # follows the ..data symlink of a mounted Secret
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        return tuple(out)
+
+    def _load_into(self, ctx: ssl.SSLContext) -> None:
+        # Read both files once, so that the pair checked is the pair loaded.
+        cert, key = self.cert_file.read_bytes(), self.key_file.read_bytes()
+        with tempfile.TemporaryDirectory(prefix="tessera-webhook-tls-") as d:
+            os.chmod(d, 0o700)
+            c, k = Path(d) / "tls.crt", Path(d) / "tls.key"
+            c.write_bytes(cert)
+            k.write_bytes(key)
+            probe = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            probe.load_cert_chain(str(c), str(k))  # raises before the live context is touched
+            ctx.load_cert_chain(str(c), str(k))
+        self.loads += 1
+
+    def check(self) -> bool:
+        """Reload when the files changed; True if a new pair is now served."""
+        try:
+            stamp = self._stamp()
+        except OSError as e:
+            log.warning("TLS files: %s; keeping the current certificate", e)
+            return False
+        if stamp == self._seen:
+            return False
+        try:
+            self._load_into(self.context)
+        except (OSError, ssl.SSLError, ValueError) as e:
+            log.warning("TLS files changed but cannot be loaded (%s); keeping the current certificate", e)
+            return False
+        self._seen = stamp
+        log.info("reloaded the serving certificate from %s", self.cert_file)
+        return True
+
+
+@dataclass
+class Counters:
+    """What the webhook did since it started (``/readyz?verbose`` shows them)."""
+
+    reviews: int = 0
+    converted: int = 0
+    denied: int = 0
+    bad_requests: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class Webhook:
+    """The admission handler: ``view`` (the cluster's slices), ``store`` (templates on the API
+    server; None only when nothing may be created, e.g. a benchmark of the decision alone),
+    ``ready`` (whether the slice cache is synced)."""
+
+    def __init__(self, view: ClusterView, store: TemplateStore | None, ready: Callable[[], bool] = lambda: True) -> None:
+        self.view = view
+        self.store = store
+        self.ready = ready
+        self.counters = Counters()
+
+    async def admit(self, body: bytes) -> tuple[int, dict[str, Any] | str]:
+        """HTTP status and AdmissionReview (or the text of a 400) for one request body."""
+        self.counters.reviews += 1
+        try:
+            d = decide(body, self.view)
+        except BadReview as e:
+            self.counters.bad_requests += 1
+            return 400, str(e)
+        if d.templates and self.store is not None:
+            store = self.store
+            pending = [t for t in d.templates if not store.fresh(t)]
+            if pending:
+                await self._ensure(d, pending)
+        if d.allowed and d.patch:
+            self.counters.converted += 1
+        if not d.allowed:
+            self.counters.denied += 1
+            log.info("denied pod %s: %s", d.pod or d.uid, d.message)
+        return 200, d.review()
+
+    async def _ensure(self, d: Decision, templates: list[dict[str, Any]]) -> None:
+        assert self.store is not None
+        store = self.store
+
+        def run() -> None:
+            for t in templates:
+                store.ensure(t)
+
+        try:
+            await asyncio.to_thread(run)
+        except ApiError as e:
+            code = e.status if 400 <= e.status < 500 else 503
+            d.deny(
+                code, e.reason or "ServiceUnavailable",
+                f"tessera webhook could not create the pod's ResourceClaimTemplate: {e.message or e}",
+            )
+
+    def app(self) -> Starlette:
+        async def mutate(request: Request) -> Response:
+            length = request.headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > MAX_BODY:
+                self.counters.bad_requests += 1
+                return PlainTextResponse(f"body over the {MAX_BODY}-byte limit", status_code=413)
+            body = await request.body()
+            status, payload = await self.admit(body)
+            if isinstance(payload, str):
+                return PlainTextResponse(payload, status_code=status)
+            return JSONResponse(payload, status_code=status)
+
+        async def healthz(_: Request) -> Response:
+            return PlainTextResponse("ok")
+
+        async def readyz(request: Request) -> Response:
+            if not self.ready():
+                return PlainTextResponse("ResourceSlice cache not synced yet", status_code=503)
+            if "verbose" in request.query_params:
+                c = self.counters
+                return JSONResponse({"reviews": c.reviews, "converted": c.converted, "denied": c.denied,
+                                     "badRequests": c.bad_requests})
+            return PlainTextResponse("ok")
+
+        return Starlette(routes=[
+            Route("/mutate-pods", mutate, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+        ])
+
+
+async def serve(
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    certs: CertReloader | None,
+    reload_interval: float = 2.0,
+    ready: Callable[[int], None] | None = None,
+) -> None:
+    """Serve ``app`` on ``host:port`` until SIGINT/SIGTERM: HTTPS with ``certs`` (checked for
+    new files every ``reload_interval`` seconds), plain HTTP without. ``ready(port)`` is called
+    once listening."""
+    tls: dict[str, Any] = {}
+    if certs is not None:
+        tls = {"ssl_certfile": str(certs.cert_file), "ssl_keyfile": str(certs.key_file)}
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False, loop="uvloop", http="httptools",
+        lifespan="off", timeout_keep_alive=30, **tls,
+    )
+    config.load()
+    if certs is not None:
+        config.ssl = certs.context  # our context: its certificate is swapped in place on reload
+    server = uvicorn.Server(config)
+
+    async def watch_files() -> None:
+        while certs is not None:
+            await asyncio.sleep(reload_interval)
+            certs.check()
+
+    async def announce() -> None:
+        while not server.started:
+            await asyncio.sleep(0.02)
+        if ready is not None:
+            sockets = [s for srv in getattr(server, "servers", []) for s in srv.sockets]
+            ready(sockets[0].getsockname()[1] if sockets else port)
+
+    tasks = [asyncio.ensure_future(watch_files()), asyncio.ensure_future(announce())]
+    try:
+        await server.serve()
+    finally:
+        for t in tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t

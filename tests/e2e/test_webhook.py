@@ -1,0 +1,640 @@
+"""The admission webhook and the scheduler extender with the real control plane.
+
+One control plane for the module: kube-scheduler started with ``deploy/webhook/scheduler-config.yaml``
+(the extender's URL pointed at a ``tessera extender`` process), a ``tessera webhook`` process
+called by kube-apiserver through ``deploy/webhook/mutatingwebhookconfiguration.yaml`` (a CA made
+here in the bundle), and two nodes built from corpus inventories: ``h100-node`` (8x H100 with its
+NVLink/NUMA topology) and ``a5000-node`` (2x RTX A5000). Pods are applied with the real kubectl,
+mutated by the webhook, scheduled by the real kube-scheduler; their claims are compared with what
+``tessera simulate`` predicts for the unconverted originals.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import ctypes
+import http.client
+import json
+import random
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tessera.api.loader import Manifest, Source, expand_workloads
+from tessera.kube import build
+from tessera.kube.client import ApiError, KubeClient, Obj
+from tessera.kube.cluster import Cluster, ClusterError
+from tessera.kube.pki import CertPair, make_serving_certificate
+from tessera.kube.watch import Informer
+from tessera.kube.workloads import wait_for
+from tessera.sim.cluster import SimNode
+from tessera.sim.simulate import SimResult, Simulation
+
+from .conftest import (
+    A5000_INVENTORY,
+    CORPUS,
+    H100_INVENTORY,
+    H100_TOPOLOGY,
+    corpus_node,
+    inventory_of,
+    sim_cluster,
+)
+from .test_simulate import comparable, live_allocations, sim_allocations, wait_verdict
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy" / "webhook"
+HAMI = CORPUS / "hami-pods"
+RESOURCE = "resource.k8s.io/v1"
+GRACE = 3  # seconds an unused template is kept after its last admission (production: 600)
+H100, A5000 = "h100-node", "a5000-node"
+PIN_H100 = {"kubernetes.io/hostname": H100}
+
+
+def simulate(nodes: list[SimNode], objects: list[Obj]) -> SimResult:
+    """``tessera simulate`` over ``nodes`` with ``objects`` (workloads expanded into their pods)."""
+    manifests = list(expand_workloads(Manifest(copy.deepcopy(o), Source("e2e-workload", i + 1)) for i, o in enumerate(objects)))
+    return Simulation(sim_cluster(nodes), manifests, seed=1).run()
+
+
+def _pdeathsig() -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Hooked:
+    cluster: Cluster
+    client: KubeClient
+    kubeconfig: Path
+    nodes: list[SimNode]
+    webhook_port: int
+    ca: CertPair
+    serving: CertPair
+    tmp: Path
+    logs: Path
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        kubectl = str(build.bin_dir() / "kubectl")
+        return subprocess.run([kubectl, f"--kubeconfig={self.kubeconfig}", *args], input=stdin, capture_output=True,
+                              text=True, timeout=120)
+
+    def namespace(self, labels: dict[str, str] | None = None) -> str:
+        name = f"w-{uuid.uuid4().hex[:8]}"
+        self.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
+
+        def has_sa() -> bool | None:
+            try:
+                self.client.get("v1", "ServiceAccount", "default", name)
+                return True
+            except ApiError as e:
+                if e.status == 404:
+                    return None
+                raise
+
+        wait_for(has_sa, timeout=60, what=f"ServiceAccount {name}/default")
+        return name
+
+    @contextlib.contextmanager
+    def scratch(self, labels: dict[str, str] | None = None) -> Iterator[str]:
+        """A fresh namespace whose workloads and pods are deleted afterwards (their claims with them),
+        so that the next test starts from idle GPUs."""
+        ns = self.namespace(labels)
+        try:
+            yield ns
+        finally:
+            for api, kind in (("apps/v1", "Deployment"), ("batch/v1", "Job")):
+                for o in self.client.list(api, kind, ns):
+                    path = self.client.collection_path(api, kind, ns) + f"/{o['metadata']['name']}"
+                    self.client.request("DELETE", path, body={"propagationPolicy": "Background"}, what=kind)
+            self.clear(ns)
+            wait_for(lambda: True if not self.client.list(RESOURCE, "ResourceClaim", ns) else None, timeout=120,
+                     what=f"the claims of {ns} to be deleted")
+
+    def clear(self, namespace: str) -> None:
+        """Delete every pod of ``namespace`` at once (no kubelet to wait for) and wait until gone."""
+
+        def delete(name: str) -> None:
+            try:
+                self.client.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}",
+                                    body={"gracePeriodSeconds": 0}, what=f"Pod {namespace}/{name}")
+            except ApiError as e:
+                if e.status != 404:
+                    raise
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(delete, [p["metadata"]["name"] for p in self.client.list("v1", "Pod", namespace)]))
+        wait_for(lambda: True if not self.client.list("v1", "Pod", namespace) else None, timeout=120,
+                 what=f"pods of {namespace} to be deleted")
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as f:
+        return subprocess.Popen([sys.executable, "-m", "tessera", *args], stdout=f, stderr=subprocess.STDOUT,
+                                preexec_fn=_pdeathsig)
+
+
+@pytest.fixture(scope="module")
+def hooked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hooked]:
+    try:
+        build.ensure_built()
+    except build.BuildError as e:
+        pytest.fail(f"cannot build the control plane: {e}")
+    tmp = tmp_path_factory.mktemp("webhook")
+    nodes = [corpus_node(H100, H100_INVENTORY, H100_TOPOLOGY), corpus_node(A5000, A5000_INVENTORY)]
+    ext_port = _free_port()
+    sched = yaml.safe_load((DEPLOY / "scheduler-config.yaml").read_text())
+    sched["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{ext_port}"
+    cluster = Cluster(tmp / "cluster")
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = tmp / "logs"
+    logs.mkdir()
+    try:
+        try:
+            cluster.up(inventory_of(nodes), build_binaries=False, die_with_parent=True, scheduler_config=sched)
+        except ClusterError as e:
+            pytest.fail(f"tessera cluster up failed: {e}")
+        kc = cluster.kubeconfig
+        ca, serving = make_serving_certificate(tmp, "webhook")
+        port_file = tmp / "webhook.port"
+        procs.append(_spawn(["webhook", f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}",
+                             "--port=0", f"--port-file={port_file}", f"--kubeconfig={kc}",
+                             f"--template-grace={GRACE}", "--collect-interval=1", "-v"], logs / "webhook.log"))
+        procs.append(_spawn(["extender", f"--port={ext_port}", f"--kubeconfig={kc}", "-v"], logs / "extender.log"))
+        wait_for(lambda: True if port_file.is_file() else None, timeout=60, what="the webhook to listen",
+                 last=lambda: (logs / "webhook.log").read_text())
+        port = int(port_file.read_text())
+        cfg = yaml.safe_load((DEPLOY / "mutatingwebhookconfiguration.yaml").read_text())
+        for w in cfg["webhooks"]:
+            w["clientConfig"] = {"url": f"https://127.0.0.1:{port}/mutate-pods",
+                                 "caBundle": base64.b64encode(ca.cert.read_bytes()).decode()}
+        client = cluster.client()
+        client.create(cfg)
+        h = Hooked(cluster, client, kc, nodes, port, ca, serving, tmp, logs)
+        _wait_webhook_active(h)
+        yield h
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        cluster.down()
+
+
+def _wait_webhook_active(h: Hooked) -> None:
+    """The API server reads webhook configurations through an informer: wait until pods are mutated."""
+    ns = "default"
+    probe = _pod("probe", {"nvidia.com/gpumem": 1000}, node_selector={"kubernetes.io/hostname": "nowhere"})
+
+    def mutated() -> bool | None:
+        r = h.kubectl("create", "--dry-run=server", "-o", "json", "-n", ns, "-f", "-", stdin=json.dumps(probe))
+        return True if r.returncode == 0 and "resourceClaims" in json.loads(r.stdout)["spec"] else None
+
+    wait_for(mutated, timeout=60, what="the API server to call the webhook")
+
+
+def _pod(name: str, limits: dict[str, Any], *, annotations: dict[str, str] | None = None,
+         node_selector: dict[str, str] | None = None, init: dict[str, Any] | None = None) -> Obj:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}],
+                            "terminationGracePeriodSeconds": 0}
+    if init is not None:
+        spec["initContainers"] = [{"name": "init", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": init}}]
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    meta: dict[str, Any] = {"name": name}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def _corpus_pod(file: str, name: str, doc: int = 0, *, pin: bool = True) -> Obj:
+    obj = [d for d in yaml.safe_load_all((HAMI / file).read_text()) if d][doc]
+    obj["metadata"]["name"] = name
+    if pin:
+        obj["spec"]["nodeSelector"] = dict(PIN_H100)
+    return obj
+
+
+def _apply(h: Hooked, ns: str, obj: Obj) -> subprocess.CompletedProcess[str]:
+    r = h.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(obj))
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def _compare(h: Hooked, ns: str, objects: list[Obj], nodes: list[SimNode] | None = None) -> None:
+    predicted = sim_allocations(simulate(nodes or h.nodes, objects))
+    got = live_allocations(h.client, ns)
+    assert set(got) == set(predicted)
+    for pod, refs in got.items():
+        assert {k: comparable(v) for k, v in refs.items()} == {k: comparable(v) for k, v in predicted[pod].items()}, pod
+
+
+# ---- HAMi pods through the webhook ---------------------------------------------------------------
+CORPUS_PODS = [
+    ("HAMi__examples_nvidia__default_use.yaml", 0, "share"),
+    ("HAMi__examples_nvidia__use_memory_fraction.yaml", 0, "fraction"),
+    ("HAMi__examples_nvidia__use_exclusive_card.yaml", 0, "exclusive"),
+    ("HAMi__examples_nvidia__use_sharing_card.yaml", 0, "sharing-1"),
+    ("HAMi__examples_nvidia__use_sharing_card.yaml", 1, "sharing-2"),
+    ("HAMi__examples_nvidia__specify_card_type_not_use.yaml", 0, "not-type"),
+    ("HAMi__examples_nvidia__specify_uuid_to_use.yaml", 0, "by-uuid"),
+]
+
+
+def test_corpus_hami_pods_are_mutated_and_scheduled_as_simulated(hooked: Hooked) -> None:
+    """Corpus HAMi pods applied with kubectl: the webhook converts them (same code as
+    ``tessera simulate``), kube-scheduler allocates what the simulation predicts for the
+    unconverted originals, pending pods included (the UUIDs of the HAMi example exist nowhere:
+    admitted with a warning, as HAMi admits them, and pending)."""
+    h = hooked
+    with h.scratch() as ns:
+        objects = [_corpus_pod(f, name, doc) for f, doc, name in CORPUS_PODS]
+        warnings = {}
+        verdicts = {}
+        for obj in objects:
+            r = _apply(h, ns, obj)
+            warnings[obj["metadata"]["name"]] = r.stderr
+            verdicts[obj["metadata"]["name"]] = wait_verdict(h.client, obj["metadata"]["name"], ns)
+        _compare(h, ns, objects)
+        live = {p["metadata"]["name"]: p for p in h.client.list("v1", "Pod", ns)}
+        for name, pod in live.items():
+            for c in pod["spec"]["containers"]:
+                assert not any(k.startswith(("nvidia.com/", "volcano.sh/")) for k in (c.get("resources") or {}).get("limits") or {}), name
+            for rc in pod["spec"].get("resourceClaims") or []:
+                assert rc["resourceClaimTemplateName"].startswith("tessera-gpu-")
+        assert verdicts["share"][0] == H100 and verdicts["fraction"][0] == H100
+        assert verdicts["by-uuid"][0] is None
+        assert "Warning: pod" in warnings["by-uuid"] and "nvidia.com/use-gpuuuid" in warnings["by-uuid"]
+        assert "matches none of the 10 devices" in warnings["by-uuid"]
+        # sharing-1 and sharing-2 (both 1 GPU) share one template only if their shapes are equal
+        templates = {t["metadata"]["name"] for t in h.client.list(RESOURCE, "ResourceClaimTemplate", ns)}
+        used = {rc["resourceClaimTemplateName"] for p in live.values() for rc in p["spec"].get("resourceClaims") or []}
+        assert used == templates
+
+
+def test_deployment_job_and_init_containers(hooked: Hooked) -> None:
+    """Pods made by the ReplicaSet and Job controllers (generateName, no name at admission) and a
+    pod whose init container asks for a GPU share get the claims ``tessera simulate`` predicts
+    for the workloads; the replicas of one Deployment share one template."""
+    h = hooked
+    with h.scratch() as ns:
+        deploy = next(d for d in yaml.safe_load_all((HAMI / "HAMi__examples_nvidia__example.yaml").read_text()) if d)
+        deploy["spec"]["replicas"] = 3
+        deploy["spec"]["template"]["spec"]["nodeSelector"] = dict(PIN_H100)
+        job = next(d for d in yaml.safe_load_all((HAMI / "HAMi__benchmarks_deployments__job-on-hami.yml").read_text()) if d)
+        job["spec"]["template"]["spec"]["nodeSelector"] = dict(PIN_H100)
+        init_pod = _pod("with-init", {"nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 20},
+                        init={"nvidia.com/gpumem": 1000}, node_selector=PIN_H100)
+        _apply(h, ns, deploy)
+        wait_for(lambda: True if len([p for p in h.client.list("v1", "Pod", ns) if p["spec"].get("nodeName")]) == 3 else None,
+                 timeout=90, what="3 replicas scheduled")
+        _apply(h, ns, job)
+        wait_for(lambda: True if len([p for p in h.client.list("v1", "Pod", ns) if p["spec"].get("nodeName")]) == 4 else None,
+                 timeout=90, what="the Job's pod scheduled")
+        _apply(h, ns, init_pod)
+        assert wait_verdict(h.client, "with-init", ns)[0] == H100
+        live = h.client.list("v1", "Pod", ns)
+        owners = {p["metadata"]["name"]: ((p["metadata"].get("ownerReferences") or [{}])[0].get("kind") or "Pod") for p in live}
+        got = live_allocations(h.client, ns)
+        predicted = sim_allocations(simulate(h.nodes, [deploy, job, init_pod]))
+
+        def by_kind(allocs: dict[str, dict[str, Any]], kind_of: dict[str, str]) -> dict[str, Counter[str]]:
+            out: dict[str, Counter[str]] = {}
+            for pod, refs in allocs.items():
+                key = json.dumps({k: comparable(v) for k, v in refs.items()}, sort_keys=True, default=str)
+                out.setdefault(kind_of[pod], Counter())[key] += 1
+            return out
+
+        sim_kinds = {p: ("ReplicaSet" if p.startswith("cuda-sample") else "Job" if p.startswith("ai-benchmark") else "Pod")
+                     for p in predicted}
+        assert by_kind(got, owners) == by_kind(predicted, sim_kinds)
+        templates = {rc["resourceClaimTemplateName"] for p in live for rc in p["spec"].get("resourceClaims") or []
+                     if owners[p["metadata"]["name"]] == "ReplicaSet"}
+        assert len(templates) == 1
+        with_init = next(p for p in live if p["metadata"]["name"] == "with-init")
+        assert [c["resources"].get("claims") for c in with_init["spec"]["initContainers"]] == [[{"name": "init-gpu"}]]
+
+
+def test_multi_gpu_claims_prefer_the_nvlink_node_as_simulated(hooked: Hooked) -> None:
+    """A 2-GPU pod without a node selector: its claim's first subrequest (one NVLink domain)
+    fits only on the H100 node, so kube-scheduler's DynamicResources score sends it there,
+    whatever the node order; ``tessera simulate`` scores nodes the same way."""
+    h = hooked
+    with h.scratch() as ns:
+        pod = _pod("pair", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 8000})
+        _apply(h, ns, pod)
+        assert wait_verdict(h.client, "pair", ns)[0] == H100
+        (alloc,) = live_allocations(h.client, ns)["pair"].values()
+        assert alloc is not None
+        assert {r["request"] for r in alloc["devices"]["results"]} == {"gpu/nvlink"}
+        _compare(h, ns, [pod])
+        _compare(h, ns, [pod], nodes=list(reversed(h.nodes)))  # a5000-node first: still the H100 node
+
+
+def test_node_policies_through_the_extender(hooked: Hooked) -> None:
+    """HAMi's ``hami.io/node-scheduler-policy``: binpack pods go to the most-booked node, spread
+    pods to the least-booked, as ``tessera simulate`` places them (the extender ranks nodes with
+    simulate's node usage; device choice stays first fit). A seed pod pinned to the A5000 node
+    makes it the most booked."""
+    h = hooked
+    wait_for(lambda: True if not [c for c in h.client.list(RESOURCE, "ResourceClaim") if (c.get("status") or {}).get("allocation")]
+             else None, timeout=120, what="every GPU to be idle")
+    with h.scratch() as ns:
+        seed = _pod("seed", {"nvidia.com/gpumem": 4000}, node_selector={"kubernetes.io/hostname": A5000})
+        binpack = _corpus_pod("HAMi-website__docs_nvidia_scheduling-policy__binpack-node-policy.yaml", "binpack-2gpu", pin=False)
+        spread = _corpus_pod("HAMi__examples_nvidia__specify_scheduling_policy.yaml", "spread-exclusive", pin=False)
+        spread2 = _pod("spread-share", {"nvidia.com/gpumem": 2000}, annotations={"hami.io/node-scheduler-policy": "spread"})
+        binpack2 = _pod("binpack-share", {"nvidia.com/gpumem": 2000}, annotations={"hami.io/node-scheduler-policy": "binpack"})
+        objects = [seed, binpack, spread, spread2, binpack2]
+        nodes = {}
+        for obj in objects:
+            _apply(h, ns, obj)
+            nodes[obj["metadata"]["name"]] = wait_verdict(h.client, obj["metadata"]["name"], ns)[0]
+        result = simulate(h.nodes, objects)
+        sim_nodes = {o["metadata"]["name"]: o["spec"].get("nodeName") for o in result.objects if o.get("kind") == "Pod"}
+        assert nodes == sim_nodes
+        # usage = booked memory fraction + cores fraction, summed per node: after the exclusive H100
+        # (2.0) the A5000 node (3 x 4000 of 24564 MiB, about 0.49) is the least booked
+        assert nodes == {"seed": A5000, "binpack-2gpu": A5000, "spread-exclusive": H100, "spread-share": A5000,
+                         "binpack-share": H100}
+        # Pods without a GPU policy: the same devices as simulated (spread-exclusive asks binpack
+        # inside the node, which only the simulation does).
+        got = live_allocations(h.client, ns)
+        predicted = sim_allocations(result)
+        for pod in ("seed", "binpack-2gpu", "spread-share", "binpack-share"):
+            assert {k: comparable(v) for k, v in got[pod].items()} == {k: comparable(v) for k, v in predicted[pod].items()}, pod
+
+
+# ---- no objects leak ------------------------------------------------------------------------------
+def _template_watch(h: Hooked, ns: str) -> tuple[Informer, set[str]]:
+    seen: set[str] = set()
+
+    def record(etype: str, obj: Obj) -> None:
+        if etype in ("ADDED", "MODIFIED"):
+            seen.add(obj["metadata"]["name"])
+
+    inf = Informer(h.client, RESOURCE, "ResourceClaimTemplate", namespace=ns, on_change=record).start()
+    assert inf.wait_synced(30)
+    return inf, seen
+
+
+def test_a_thousand_pods_of_five_shapes_leave_no_template(hooked: Hooked) -> None:
+    """1,000 HAMi pods of 5 shapes (gpumem 1000..5000 MiB): at most 5 templates ever exist in
+    the namespace (watched from before the first pod), and none remains once the pods are gone
+    and the collector has run."""
+    h = hooked
+    ns = h.namespace()
+    inf, seen = _template_watch(h, ns)
+    try:
+        def create(i: int) -> None:
+            pod = _pod(f"p-{i:04d}", {"nvidia.com/gpumem": 1000 * (1 + i % 5)},
+                       node_selector={"kubernetes.io/hostname": "nowhere"})  # pending: no scheduler work
+            pod["metadata"]["namespace"] = ns
+            h.client.create(pod)
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(create, range(1000)))
+        pods = h.client.list("v1", "Pod", ns)
+        assert len(pods) == 1000
+        assert len({rc["resourceClaimTemplateName"] for p in pods for rc in p["spec"]["resourceClaims"]}) == 5
+        assert len(seen) <= 5
+        h.clear(ns)
+        wait_for(lambda: True if not h.client.list(RESOURCE, "ResourceClaimTemplate", ns) else None,
+                 timeout=60, what="the collector to delete the unused templates")
+        assert len(seen) == 5
+    finally:
+        inf.stop()
+
+
+def test_dry_run_creates_nothing_and_a_rejected_pod_leaves_nothing(hooked: Hooked) -> None:
+    """``kubectl create --dry-run=server`` shows the mutated pod and creates no template. A pod
+    that a later admission plugin rejects (ResourceQuota: no pods allowed) leaves a template that
+    no pod uses: the collector deletes it after the grace period."""
+    h = hooked
+    ns = h.namespace()
+    inf, seen = _template_watch(h, ns)
+    try:
+        pod = _pod("dry", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000})
+        r = h.kubectl("create", "--dry-run=server", "-o", "json", "-n", ns, "-f", "-", stdin=json.dumps(pod))
+        assert r.returncode == 0, r.stderr
+        (rc,) = json.loads(r.stdout)["spec"]["resourceClaims"]
+        assert rc["resourceClaimTemplateName"].startswith("tessera-gpu-")
+        time.sleep(2)
+        assert seen == set() and h.client.list(RESOURCE, "ResourceClaimTemplate", ns) == []
+
+        h.client.create({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-pods", "namespace": ns},
+                         "spec": {"hard": {"pods": "0"}}})
+        wait_for(lambda: True if (h.client.get("v1", "ResourceQuota", "no-pods", ns).get("status") or {}).get("hard") else None,
+                 timeout=30, what="the quota to be active")
+        r = h.kubectl("create", "-n", ns, "-f", "-", stdin=json.dumps(pod))
+        assert r.returncode != 0 and "exceeded quota" in r.stderr
+        assert seen == {rc["resourceClaimTemplateName"]}  # created at admission, then the pod was refused
+        wait_for(lambda: True if not h.client.list(RESOURCE, "ResourceClaimTemplate", ns) else None,
+                 timeout=GRACE + 30, what="the collector to delete the orphaned template")
+    finally:
+        inf.stop()
+
+
+# ---- bad input at admission -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("limits", "annotations", "denied", "text"),
+    [
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 101}, {}, True,
+         "container c: nvidia.com/gpucores 101 is over 100"),
+        ({"nvidia.com/gpumem": -3000}, {}, True, "container c: nvidia.com/gpumem '-3k' is negative"),
+        ({"nvidia.com/gpumem": "1Gi"}, {}, True, "container c: nvidia.com/gpumem is in MiB: write 1024, not 1Gi"),
+        ({"nvidia.com/gpumem": 200000}, {}, False,
+         "container c: nvidia.com/gpumem: 200000Mi is more than any device has: the largest memory of a matching "
+         "device is 81559Mi"),
+        ({"nvidia.com/gpu": 1}, {"nvidia.com/use-gpuuuid": "GPU-00000000-0000-0000-0000-000000000000"}, False,
+         "container c: the pod's GPU selection annotations (nvidia.com/use-gpuuuid"),
+        ({"nvidia.com/gpu": 9}, {}, False, "nvidia.com/gpu: 9 GPUs on one node, but the most any node publishes is 8"),
+    ],
+)
+def test_bad_input_is_denied_or_admitted_with_a_warning(
+    hooked: Hooked, limits: dict[str, Any], annotations: dict[str, str], denied: bool, text: str
+) -> None:
+    """Values the converter rejects are denied (code 422, the container and field named);
+    requests no GPU of the cluster can hold are admitted with a warning, as HAMi admits them."""
+    h = hooked
+    ns = "default"
+    name = f"bad-{uuid.uuid4().hex[:6]}"
+    pod = _pod(name, limits, annotations=annotations, node_selector={"kubernetes.io/hostname": "nowhere"})
+    r = h.kubectl("create", "-n", ns, "-f", "-", stdin=json.dumps(pod))
+    if denied:
+        assert r.returncode == 1
+        assert 'admission webhook "pods.gpu.tessera.dev" denied the request' in r.stderr
+        assert text in r.stderr and "Internal" not in r.stderr
+    else:
+        assert r.returncode == 0, r.stderr
+        assert "Warning: " in r.stderr and text in r.stderr
+        h.client.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", body={"gracePeriodSeconds": 0})
+
+
+# ---- whole GPUs without the webhook ---------------------------------------------------------------------
+def test_whole_gpu_pods_are_served_without_the_webhook(hooked: Hooked) -> None:
+    """In kube-system (outside the webhook's namespaceSelector) a pod asking only
+    ``nvidia.com/gpu: 1`` is served by kube-scheduler through the DeviceClass's
+    extendedResourceName (KEP-5004). A second DeviceClass mapping the same name, created later,
+    wins: the start-up check says so, and the scheduler then uses it."""
+    from tessera.cli.webhook import check_extended_resource
+
+    h = hooked
+    wait_for(lambda: True if not [c for c in h.client.list(RESOURCE, "ResourceClaim") if (c.get("status") or {}).get("allocation")]
+             else None, timeout=120, what="every GPU to be idle")
+    ns = "kube-system"
+    pod = _pod(f"whole-{uuid.uuid4().hex[:6]}", {"nvidia.com/gpu": 1}, node_selector={"kubernetes.io/hostname": A5000})
+    pod["spec"]["automountServiceAccountToken"] = False
+    pod["metadata"]["namespace"] = ns
+    created = h.client.create(pod)
+    assert "resourceClaims" not in created["spec"]  # not mutated
+    node, _ = wait_verdict(h.client, pod["metadata"]["name"], ns)
+    assert node == A5000
+    claims = [c for c in h.client.list(RESOURCE, "ResourceClaim", ns)
+              if (c["metadata"].get("annotations") or {}).get("resource.kubernetes.io/extended-resource-claim") == "true"]
+    (claim,) = claims
+    (res,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (res["driver"], res["pool"], res["device"]) == ("gpu.tessera.dev", A5000, "gpu-0")
+    assert res["consumedCapacity"]["memory"] == "24564Mi"  # the whole memory: no one shares it
+    assert check_extended_resource(h.client) == "nvidia.com/gpu is served by DeviceClass gpu.tessera.dev"
+
+    time.sleep(1.1)  # a later creationTimestamp (seconds)
+    other = {"apiVersion": RESOURCE, "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+             "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}],
+                      "extendedResourceName": "nvidia.com/gpu"}}
+    h.client.create(other)
+    try:
+        msg = check_extended_resource(h.client)
+        assert msg.startswith("nvidia.com/gpu is mapped by 2 DeviceClasses (gpu.nvidia.com, gpu.tessera.dev); "
+                              "kube-scheduler uses gpu.nvidia.com")
+        pod2 = copy.deepcopy(pod)
+        pod2["metadata"]["name"] = f"whole-{uuid.uuid4().hex[:6]}"
+        h.client.create(pod2)
+        _, reason = wait_verdict(h.client, pod2["metadata"]["name"], ns)
+        assert "cannot allocate all claims" in reason  # served by gpu.nvidia.com: no such devices here
+    finally:
+        h.client.delete(RESOURCE, "DeviceClass", "gpu.nvidia.com")
+        for p in (pod, locals().get("pod2")):
+            if p:
+                h.client.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}",
+                                 body={"gracePeriodSeconds": 0})
+
+
+# ---- the server itself -------------------------------------------------------------------------------------
+def _post(h: Hooked, body: bytes, ctx: ssl.SSLContext) -> tuple[int, bytes]:
+    conn = http.client.HTTPSConnection("127.0.0.1", h.webhook_port, context=ctx, timeout=30)
+    try:
+        conn.request("POST", "/mutate-pods", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def _review(obj: Any, uid: str = "u-1", **request: Any) -> dict[str, Any]:
+    req = {"uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+           "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
+           "namespace": "default", "object": obj, **request}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
+
+
+def _mutations(rng: random.Random, value: Any, depth: int = 0) -> Any:
+    """``value`` with random parts replaced by junk of other types."""
+    junk = [None, 0, -1, 2**70, "", "x" * 5000, [], {}, [1, "a"], {"a": {"b": []}}, 1.5, True, "-5", "1Gi", "101"]
+    if rng.random() < 0.15:
+        return rng.choice(junk)
+    if isinstance(value, dict):
+        out = {k: _mutations(rng, v, depth + 1) for k, v in value.items() if rng.random() > 0.05}
+        if rng.random() < 0.1:
+            out[rng.choice(["nvidia.com/gpu", "nvidia.com/gpumem", "spec", "uid", "object"])] = rng.choice(junk)
+        return out
+    if isinstance(value, list):
+        return [_mutations(rng, v, depth + 1) for v in value]
+    return value
+
+
+def test_fuzzed_admission_reviews_never_crash_the_server_or_get_a_500(hooked: Hooked) -> None:
+    """Malformed JSON, missing fields, wrong types, mutated corpus pods and a huge pod: every
+    answer is a 200 with a well-formed AdmissionReview for the request's uid, or a 400/413 for a
+    body that is not one; never a 500, never an internal error; the server stays healthy."""
+    h = hooked
+    ctx = ssl.create_default_context(cafile=str(h.ca.cert))
+    rng = random.Random(20261201)
+    bases = [_corpus_pod(f, f"fuzz-{doc}", doc) for f, doc, _ in CORPUS_PODS]
+    bodies: list[bytes] = [b"", b"{", b"null", b"[]", b'"x"', b"\xff\xfe", b"{" * 100000, json.dumps({"apiVersion": 1}).encode(),
+                           json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).encode(),
+                           json.dumps(_review(None)).encode(), json.dumps(_review({"spec": []})).encode()]
+    huge = _pod("huge", {"nvidia.com/gpumem": 1000})
+    huge["spec"]["containers"] = [{**huge["spec"]["containers"][0], "name": f"c{i}"} for i in range(3000)]
+    bodies.append(json.dumps(_review(huge)).encode())
+    for i in range(400):
+        base = copy.deepcopy(rng.choice(bases))
+        review = _mutations(rng, _review(base, uid=f"u-{i}"))
+        bodies.append(json.dumps(review).encode())
+        if i % 10 == 0:
+            text = bodies[-1].decode()
+            cut = rng.randrange(len(text))
+            bodies.append(text[:cut].encode())
+    statuses: Counter[int] = Counter()
+    for body in bodies:
+        status, payload = _post(h, body, ctx)
+        statuses[status] += 1
+        assert status in (200, 400, 413), (status, payload[:300])
+        if status == 200:
+            review = json.loads(payload)
+            resp = review["response"]
+            assert review["kind"] == "AdmissionReview" and isinstance(resp["allowed"], bool)
+            assert json.loads(body)["request"]["uid"] == resp["uid"]
+            assert (resp.get("status") or {}).get("reason") != "InternalError", resp
+    assert statuses[200] >= 100 and statuses[400] >= 10, statuses
+    conn = http.client.HTTPSConnection("127.0.0.1", h.webhook_port, context=ctx, timeout=10)
+    conn.request("GET", "/healthz")
+    assert conn.getresponse().read() == b"ok"
+
+
+def _served_serial(h: Hooked) -> int:
+    ctx = ssl.create_default_context(cafile=str(h.ca.cert))
+    with socket.create_connection(("127.0.0.1", h.webhook_port), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+        der = tls.getpeercert(binary_form=True)
+    from cryptography import x509
+
+    assert der is not None
+    return int(x509.load_der_x509_certificate(der).serial_number)
+
+
+def test_a_rotated_certificate_is_served_without_a_restart(hooked: Hooked) -> None:
+    """cert-manager rotates the serving certificate by rewriting the files: the webhook serves
+    the new one within seconds, and the API server (same CA) keeps calling it."""
+    h = hooked
+    before = _served_serial(h)
+    make_serving_certificate(h.tmp, "webhook", ca=h.ca)  # same files, new key and certificate
+    wait_for(lambda: True if _served_serial(h) != before else None, timeout=20, what="the new certificate to be served")
+    with h.scratch() as ns:
+        pod = _pod("after-rotation", {"nvidia.com/gpumem": 1000}, node_selector=PIN_H100)
+        _apply(h, ns, pod)
+        assert "resourceClaims" in h.client.get("v1", "Pod", "after-rotation", ns)["spec"]

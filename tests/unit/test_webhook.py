@@ -1,0 +1,297 @@
+"""tessera.webhook (admission decisions, hashed templates), tessera.extender (prioritize), the one
+DeviceClass and who owns nvidia.com/gpu, topology subrequests and kube-scheduler's firstAvailable
+score. Real inputs: corpus HAMi pods and ResourceSlices built from corpus inventories."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+
+from corpus_paths import corpus_path
+from tessera.api.deviceclass import device_class, extended_resource_owner
+from tessera.convert import convert_pod
+from tessera.extender.prioritize import BadArgs, UsageView, prioritize, scores
+from tessera.inventory import build_resource_slices, load_inventory, load_topology
+from tessera.sim.policies import max_prioritized_list_score, prioritized_list_score
+from tessera.webhook.admission import BadReview, ClusterView, decide
+from tessera.webhook.templates import HASH_LABEL, hashed_template, referenced_templates, spec_hash
+
+CORPUS = corpus_path().resolve()
+HAMI = CORPUS / "hami-pods"
+REPO = Path(__file__).resolve().parents[2]
+MiB = 2**20
+
+
+def h100_slices() -> list[dict[str, Any]]:
+    inv = CORPUS / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+    topo = CORPUS / "topologies" / "litgpt__tests_test_utils__topo-m.8xGPU-NV12-10nic.txt"
+    return build_resource_slices("h100-node", load_inventory(str(inv)), load_topology(str(topo)))
+
+
+def a5000_slices() -> list[dict[str, Any]]:
+    inv = CORPUS / "inventories" / "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
+    return build_resource_slices("a5000-node", load_inventory(str(inv)))
+
+
+VIEW = ClusterView.static(h100_slices() + a5000_slices())
+
+
+def corpus_pod(file: str, doc: int = 0) -> dict[str, Any]:
+    return [d for d in yaml.safe_load_all((HAMI / file).read_text()) if d][doc]
+
+
+def review(obj: Any, *, uid: str = "0001", namespace: str = "team-a", **extra: Any) -> bytes:
+    req = {
+        "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
+        "namespace": namespace, "object": obj, **extra,
+    }
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}).encode()
+
+
+def applied(pod: dict[str, Any], decision_review: dict[str, Any]) -> dict[str, Any]:
+    """The pod after the API server applies the response's JSONPatch."""
+    patch = json.loads(base64.b64decode(decision_review["response"]["patch"]))
+    return jsonpatch.apply_patch(pod, patch)
+
+
+# ---- admission decisions ------------------------------------------------------------------------
+def test_corpus_pod_is_patched_into_what_convert_gives_with_hashed_template_names() -> None:
+    pod = corpus_pod("HAMi__examples_nvidia__use_memory_fraction.yaml")
+    d = decide(review(pod), VIEW)
+    assert d.allowed and d.warnings == []
+    out = d.review()
+    assert out["apiVersion"] == "admission.k8s.io/v1" and out["response"]["uid"] == "0001"
+    assert out["response"]["patchType"] == "JSONPatch"
+    mutated = applied(pod, out)
+    conv = convert_pod({**pod, "metadata": {**pod["metadata"], "namespace": "team-a"}}, memory_sizes=VIEW.memory_sizes())
+    (template,) = d.templates
+    assert template == hashed_template(conv.templates[0], "team-a")
+    assert template["metadata"]["name"] == f"tessera-gpu-{spec_hash(conv.templates[0]['spec'])}"
+    assert template["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "tessera", HASH_LABEL: spec_hash(conv.templates[0]["spec"])}
+    expected = copy.deepcopy(conv.pod)
+    expected["metadata"] = pod["metadata"]
+    expected["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = template["metadata"]["name"]
+    assert mutated == expected
+    # 50% of the H100's 81559 MiB and of the A5000's 24564 MiB, 2 GPUs: topology levels per size
+    subs = template["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
+    assert [(s["name"], s["capacity"]["requests"]["memory"]) for s in subs] == [
+        (f"{level}-mem-{i}", mem) for level in ("nvlink", "numa", "any") for i, mem in enumerate(("40779Mi", "12282Mi"))
+    ]
+
+
+def test_pods_of_one_shape_share_one_template_and_replicas_have_no_name() -> None:
+    a = corpus_pod("HAMi__examples_nvidia__default_use.yaml")
+    b = copy.deepcopy(a)
+    b["metadata"] = {"generateName": "web-7d9c-", "ownerReferences": [{"kind": "ReplicaSet", "name": "web-7d9c", "controller": True}]}
+    b["spec"]["containers"][0]["name"] = "other"
+    ta, tb = decide(review(a), VIEW).templates, decide(review(b, uid="2"), VIEW).templates
+    assert ta == tb and len(ta) == 1
+    assert decide(review(a, namespace="team-b"), VIEW).templates[0]["metadata"]["namespace"] == "team-b"
+
+
+def test_api_server_canonical_quantities_convert_like_the_manifest() -> None:
+    """The API server sends ``gpumem: 3000`` as the Quantity ``3k``: same claim."""
+    pod = corpus_pod("HAMi__examples_nvidia__default_use.yaml")
+    canon = copy.deepcopy(pod)
+    canon["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3k", "nvidia.com/gpucores": "30"}
+    assert decide(review(pod), VIEW).templates == decide(review(canon), VIEW).templates
+
+
+def test_dry_run_patches_but_ensures_no_template() -> None:
+    pod = corpus_pod("HAMi__examples_nvidia__default_use.yaml")
+    d = decide(review(pod, dryRun=True), VIEW)
+    assert d.allowed and d.patch and d.templates == []
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"},
+         "pod team-a/p, container c: nvidia.com/gpucores 101 is over 100: gpucores is a percentage 0-100 of each "
+         "GPU's compute (HAMi clamps it silently); write 100 or less"),
+        ({"nvidia.com/gpumem": "-3k"},
+         "pod team-a/p, container c: nvidia.com/gpumem '-3k' is negative; write a whole number of MiB such as 3000"),
+    ],
+)
+def test_values_convert_rejects_are_denied_with_container_and_field(limits: dict[str, str], message: str) -> None:
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+    out = decide(review(pod), VIEW).review()["response"]
+    assert out["allowed"] is False
+    assert out["status"] == {"code": 422, "reason": "Invalid", "message": message}
+
+
+def test_requests_no_gpu_can_hold_are_admitted_with_warnings() -> None:
+    pod = {"metadata": {"name": "p", "annotations": {"nvidia.com/use-gpuuuid": "GPU-not-here"}},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "9", "nvidia.com/gpumem": "200k"}}}]}}
+    d = decide(review(pod), VIEW)
+    assert d.allowed and d.templates
+    assert d.warnings == [
+        "pod team-a/p, container c: nvidia.com/gpumem: 200000Mi is more than any device has: the largest memory of a "
+        "matching device is 81559Mi (gpu.tessera.dev/h100-node/gpu-0); no device can satisfy this request; the pod "
+        "stays pending until a GPU that can hold it is published",
+        "pod team-a/p, container c: the pod's GPU selection annotations (nvidia.com/use-gpuuuid, nvidia.com/nouse-gpuuuid, "
+        "nvidia.com/use-gputype, nvidia.com/nouse-gputype): matches none of the 10 devices of class gpu.tessera.dev; "
+        "the pod stays pending until a GPU that can hold it is published",
+        "pod team-a/p, container c: nvidia.com/gpu: 9 GPUs on one node, but the most any node publishes is 8; the pod "
+        "stays pending until a GPU that can hold it is published",
+    ]
+    # No GPU published yet (webhook started before the driver): no cluster warnings at all.
+    assert decide(review(pod), ClusterView.static([])).warnings == []
+
+
+@pytest.mark.parametrize(
+    "request_fields",
+    [
+        {"operation": "UPDATE"},
+        {"operation": "CREATE", "subResource": "binding"},
+        {"kind": {"group": "", "version": "v1", "kind": "ConfigMap"}, "resource": {"group": "", "version": "v1", "resource": "configmaps"}},
+    ],
+)
+def test_not_a_pod_create_passes_untouched(request_fields: dict[str, Any]) -> None:
+    pod = corpus_pod("HAMi__examples_nvidia__default_use.yaml")
+    d = decide(review(pod, **request_fields), VIEW)
+    assert d.review()["response"] == {"uid": "0001", "allowed": True}
+
+
+def test_pod_without_gpu_passes_untouched() -> None:
+    pod = {"metadata": {"name": "web"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1"}}}]}}
+    assert decide(review(pod), VIEW).review()["response"] == {"uid": "0001", "allowed": True}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{", "body is not JSON"),
+        (b"[]", "body is not a JSON object"),
+        (b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}', "expected admission.k8s.io/v1 AdmissionReview"),
+        (b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}}', "request.uid is missing"),
+    ],
+)
+def test_bodies_that_are_not_reviews_are_bad_requests(body: bytes, message: str) -> None:
+    with pytest.raises(BadReview, match=message):
+        decide(body, VIEW)
+
+
+def test_warnings_are_single_lines_and_bounded() -> None:
+    from tessera.webhook.admission import Decision
+
+    d = Decision(uid="u", warnings=[f"line {i}\nsecond" for i in range(30)])
+    w = d.review()["response"]["warnings"]
+    assert len(w) == 20 and w[0] == "line 0 second" and w[-1] == "... and 11 more warning(s)"
+
+
+# ---- templates -----------------------------------------------------------------------------------
+def test_referenced_templates() -> None:
+    pods = [{"spec": {"resourceClaims": [{"name": "a", "resourceClaimTemplateName": "t1"}, {"name": "b", "resourceClaimName": "c"}]}},
+            {"spec": {}}]
+    assert referenced_templates(pods) == {"t1"}
+
+
+# ---- the DeviceClass -----------------------------------------------------------------------------
+def test_shipped_deviceclass_is_the_one_definition() -> None:
+    shipped = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
+    assert shipped == device_class()
+    assert shipped["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    from tessera.kube.cluster import DEVICE_CLASS
+    from tessera.sim.simulate import default_device_class
+
+    assert DEVICE_CLASS == default_device_class() == device_class()
+
+
+def _class(name: str, created: str | None, resource: str | None = "nvidia.com/gpu") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if created:
+        meta["creationTimestamp"] = created
+    spec: dict[str, Any] = {"selectors": []}
+    if resource:
+        spec["extendedResourceName"] = resource
+    return {"metadata": meta, "spec": spec}
+
+
+def test_extended_resource_owner_follows_kube_scheduler() -> None:
+    """Upstream (extendedresourcecache): the class created last wins; equal times: lowest name."""
+    tessera = _class("gpu.tessera.dev", "2026-11-01T10:00:00Z")
+    nvidia = _class("gpu.nvidia.com", "2026-11-02T10:00:00Z")
+    owner = extended_resource_owner([tessera, nvidia, _class("other", "2026-12-01T00:00:00Z", None)])
+    assert (owner.winner, owner.contenders) == ("gpu.nvidia.com", ("gpu.nvidia.com", "gpu.tessera.dev"))
+    assert owner.message() == (
+        "nvidia.com/gpu is mapped by 2 DeviceClasses (gpu.nvidia.com, gpu.tessera.dev); kube-scheduler uses "
+        "gpu.nvidia.com (the most recently created; equal times: the lowest name) and ignores the others for it"
+    )
+    same = _class("gpu.nvidia.com", "2026-11-01T10:00:00Z")
+    assert extended_resource_owner([tessera, same]).winner == "gpu.nvidia.com"  # "gpu.n" < "gpu.t"
+    assert extended_resource_owner([tessera]).message() == "nvidia.com/gpu is served by DeviceClass gpu.tessera.dev"
+    assert extended_resource_owner([]).winner is None
+    assert extended_resource_owner([tessera], "deviceclass.resource.kubernetes.io/gpu.tessera.dev").winner == "gpu.tessera.dev"
+
+
+# ---- scheduling: the firstAvailable score and the extender -------------------------------------------
+def test_prioritized_list_score_is_kube_schedulers() -> None:
+    pod = corpus_pod("HAMi-website__docs_nvidia_scheduling-policy__binpack-node-policy.yaml")
+    (template,) = convert_pod(pod).templates
+    claim = {"spec": template["spec"]["spec"]}
+    assert max_prioritized_list_score([claim]) == 8
+    for sub, score in (("nvlink", 8), ("numa", 7), ("any", 6)):
+        results = {"devices": {"results": [{"request": f"gpu/{sub}"}, {"request": f"gpu/{sub}"}]}}
+        assert prioritized_list_score([claim], [results]) == score
+    plain = {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}}}
+    assert max_prioritized_list_score([plain]) == 0
+    assert prioritized_list_score([plain], [{"devices": {"results": [{"request": "gpu"}]}}]) == 0
+
+
+def _allocated(pool: str, device: str, memory: str, cores: str) -> dict[str, Any]:
+    return {"status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.tessera.dev", "pool": pool, "device": device, "shareID": "s",
+         "consumedCapacity": {"memory": memory, "cores": cores}}]}}}}
+
+
+def test_extender_ranks_nodes_by_simulates_node_usage() -> None:
+    slices = h100_slices() + a5000_slices()
+    claims = [_allocated("a5000-node", "gpu-0", "4000Mi", "0"), {"status": {}}]
+    view = UsageView.static(slices, claims)
+    assert view.usage() == {"h100-node": Fraction(0), "a5000-node": Fraction(4000, 24564)}
+    args = {"Pod": {"metadata": {"annotations": {"hami.io/node-scheduler-policy": "binpack"}}}, "NodeNames": ["h100-node", "a5000-node"]}
+    assert prioritize(args, view) == [{"Host": "h100-node", "Score": 5}, {"Host": "a5000-node", "Score": 10}]
+    args["Pod"]["metadata"]["annotations"]["hami.io/node-scheduler-policy"] = "spread"
+    assert prioritize(args, view) == [{"Host": "h100-node", "Score": 10}, {"Host": "a5000-node", "Score": 5}]
+    # Full Node objects (nodeCacheCapable: false), and a pod without policy: no opinion.
+    nodes = {"Pod": {"metadata": {}}, "Nodes": {"items": [{"metadata": {"name": "h100-node"}}, {"metadata": {"name": "a5000-node"}}]}}
+    assert prioritize(nodes, view) == [{"Host": "h100-node", "Score": 0}, {"Host": "a5000-node", "Score": 0}]
+    assert prioritize(nodes, view, default_policy="binpack")[1] == {"Host": "a5000-node", "Score": 10}
+    with pytest.raises(BadArgs):
+        prioritize({"Pod": {}}, view)
+
+
+def test_extender_scores_ties_equally_and_grades_the_rest() -> None:
+    usage = {"a": Fraction(1), "b": Fraction(1), "c": Fraction(1, 2), "d": Fraction(0)}
+    assert scores("binpack", usage, ["d", "c", "b", "a", "new"]) == [
+        {"Host": "d", "Score": 4}, {"Host": "c", "Score": 5}, {"Host": "b", "Score": 10}, {"Host": "a", "Score": 10},
+        {"Host": "new", "Score": 4},
+    ]
+
+
+def test_shipped_scheduler_config_names_the_extender() -> None:
+    cfg = yaml.safe_load((REPO / "deploy" / "webhook" / "scheduler-config.yaml").read_text())
+    (ext,) = cfg["extenders"]
+    assert (ext["prioritizeVerb"], ext["nodeCacheCapable"], ext["ignorable"]) == ("prioritize", True, True)
+    # the preferred node must gain more than DynamicResources' firstAvailable score can give another
+    assert ext["weight"] * (10 - 5) * 10 > 2 * 100
+
+
+def test_shipped_webhook_configuration() -> None:
+    cfg = yaml.safe_load((REPO / "deploy" / "webhook" / "mutatingwebhookconfiguration.yaml").read_text())
+    (w,) = cfg["webhooks"]
+    assert (w["failurePolicy"], w["sideEffects"], w["admissionReviewVersions"]) == ("Fail", "NoneOnDryRun", ["v1"])
+    assert w["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "tessera-system"]}
+    ]
+    assert w["clientConfig"]["service"]["path"] == "/mutate-pods"
