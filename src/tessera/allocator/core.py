@@ -560,6 +560,8 @@ class Allocator:
         node: Node,
         claims: Sequence[Mapping[str, Any]],
         device_rank: Callable[[Device], Any] | None = None,
+        *,
+        search: bool = True,
     ) -> NodeRecord:
         """What :meth:`allocate` decides on ``node``, with the reasons: a :class:`NodeRecord`.
 
@@ -569,22 +571,26 @@ class Allocator:
         candidate device through the same checks on its own (nothing else of the claims picked
         yet). A CEL error met on its own is recorded for that device (:class:`CelError`), not
         raised. Costs one search plus one pass over the node's devices per request; the
-        scheduling path (:meth:`allocate`) records nothing.
+        scheduling path (:meth:`allocate`) records nothing. ``search=False`` skips the search
+        (for a caller that already knows the outcome): no ``in_search`` refusals, and
+        ``results``/``error`` stay None.
         """
-        search = _Search(self, node, claims, device_rank)
         rec = NodeRecord(node.name)
-        for p in search.pools:
+        for p in self.pools(node):
             if not p.complete:
                 rec.incomplete_pools.append(f"{p.driver}/{p.name}")
             if p.invalid:
                 rec.invalid_pools.append((f"{p.driver}/{p.name}", p.invalid))
-        search.rec = _Recorder()
-        try:
-            rec.results = search.run()
-        except AllocationError as e:
-            rec.error = str(e)
-            rec.node_only = isinstance(e, NodeAllocationError)
-        first = search.rec.first
+        first: dict[tuple[int, str, DeviceID], Refusal] = {}
+        if search:
+            s = _Search(self, node, claims, device_rank)
+            s.rec = _Recorder()
+            try:
+                rec.results = s.run()
+            except AllocationError as e:
+                rec.error = str(e)
+                rec.node_only = isinstance(e, NodeAllocationError)
+            first = s.rec.first
         # On its own: a fresh search state per (claim, request), so picks of the failed search
         # (or of one left half-done by an error) never leak into it.
         alone = _Search(self, node, claims, device_rank)
@@ -1009,12 +1015,15 @@ class _Search:
             used[cs][c] -= v
 
     # ---- allocateDevice (dra-spec.md 4.4 steps 1-6) -----------------------------------------
-    def _allocate_device(self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool, must: bool) -> Callable[[], None] | None:
+    def _allocate_device(
+        self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool, must: bool, capacity_checked: bool = False
+    ) -> Callable[[], None] | None:
         """Try to add ``d`` for ``rd``; return an undo callable, or None if it cannot be added.
 
         Kubernetes v1.37.2's order: in use, counters (charged once per shared device: not when
         it already has capacity in use), taints, constraints (a failure is an error when
-        ``must``: allocationMode All), then capacity against this call's picks. The undo
+        ``must``: allocationMode All), then capacity against this call's picks (unless the caller
+        just checked it, ``capacity_checked``: nothing in between changes the answer). The undo
         releases everything the pick took, counters and the in-call capacity entry of a
         shareable device included (dra-spec.md 2.5, correction)."""
         multi = self._multi(d)
@@ -1056,7 +1065,7 @@ class _Search:
                     )
                 return None
             added.append(con)
-        if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=True):
+        if self.f.consumable_capacity and not capacity_checked and not self._capacity_fits(rd, d, in_call=True):
             for a in reversed(added):
                 a.remove(rd.name, d)
             self._uncharge(pool, counter_charge)
@@ -1137,7 +1146,7 @@ class _Search:
             return None
         if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=True):
             return None
-        return self._allocate_device(cd, rd, d, pool, must=False)
+        return self._allocate_device(cd, rd, d, pool, must=False, capacity_checked=self.f.consumable_capacity)
 
     def alone(self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool) -> Refusal | None:
         """The first check that refuses ``d`` for ``rd`` with nothing else picked (diagnose
