@@ -33,6 +33,7 @@ from tessera.allocator.model import (
     slice_from_dict,
 )
 from tessera.allocator.record import (
+    SELECTION_CHECKS,
     BindingConditionsOff,
     CapacityMissing,
     CapacityShort,
@@ -61,6 +62,7 @@ from tessera.cel import (
 )
 
 MAX_RESULTS_PER_CLAIM = 32
+_ZERO = Fraction(0)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -332,12 +334,14 @@ def consumption(requests: Mapping[str, Quantity], d: Device) -> tuple[tuple[str,
     2.3): (name, amount, published value, amount as a result string) per capacity; or why the
     device cannot serve it at any fill level (a requested capacity it lacks, an amount its
     request policy forbids)."""
-    missing = tuple(k for k in requests if k not in d.capacity)
+    req = requests
+    caps = d.capacity
+    missing = tuple(k for k in req if k not in caps)
     if missing:
-        return CapacityMissing(missing, tuple(d.capacity))
+        return CapacityMissing(missing, tuple(caps))
     items = []
-    for k, cap in d.capacity.items():
-        amount = consumed_amount(cap, requests.get(k))
+    for k, cap in caps.items():
+        amount = consumed_amount(cap, req.get(k))
         if violates_policy(cap, amount):
             assert cap.policy is not None
             return PolicyViolation(k, amount.value, cap.value.format, cap.policy)
@@ -609,7 +613,12 @@ class Allocator:
                     )
                     for pool, d in alone.order:
                         r = alone.alone(cd, rd, d, pool)
-                        rr.devices.append(DeviceRecord(d, r, first.get((rd.claim_index, rd.name, d.id))))
+                        dr = DeviceRecord(d, r, first.get((rd.claim_index, rd.name, d.id)))
+                        if isinstance(r, CapacityShort):
+                            dr.uses = r.uses  # the same numbers: nothing else is picked here
+                        elif r is None or r.check not in SELECTION_CHECKS:
+                            dr.uses = alone.uses(rd, d)
+                        rr.devices.append(dr)
                     rec.requests.append(rr)
         return rec
 
@@ -917,16 +926,16 @@ class _Search:
         return d.allow_multiple and self.f.consumable_capacity
 
     def _in_use(self, rd: RequestData, d: Device, cd: ClaimData) -> bool:
+        did = d.id
         if rd.admin:
-            used = d.id in cd.picked_dedicated
-        elif self._multi(d):
-            used = d.id in self.st.dedicated
-        else:
-            used = d.id in self.st.dedicated or d.id in self.allocating
-        if used and self.rec is not None:
-            by = "same-claim" if rd.admin else "allocated" if d.id in self.st.dedicated else "allocating"
+            if did not in cd.picked_dedicated:
+                return False
+        elif did not in self.st.dedicated and (self._multi(d) or did not in self.allocating):
+            return False
+        if self.rec is not None:
+            by = "same-claim" if rd.admin else "allocated" if did in self.st.dedicated else "allocating"
             self.rec.refuse(rd, d, InUse(by))
-        return used
+        return True
 
     def _consumption(self, rd: RequestData, d: Device) -> tuple[tuple[str, Fraction, Fraction, str], ...] | None:
         """What ``rd`` would consume of each capacity of ``d``: (name, amount, published value,
@@ -962,12 +971,22 @@ class _Search:
             if amount > total:
                 if self.rec is not None:
                     self.rec.refuse(rd, d, CapacityShort(tuple(
-                        CapacityUse(n, rd.capacity.get(n), a, t, (prior or {}).get(n, Fraction(0)),
-                                    (pending or {}).get(n, Fraction(0)), d.capacity[n].value.format)
+                        CapacityUse(n, rd.capacity.get(n), a, t, (prior or {}).get(n, _ZERO),
+                                    (pending or {}).get(n, _ZERO), d.capacity[n].value.format)
                         for n, a, t, _ in use
                     )))
                 return False
         return True
+
+    def uses(self, rd: RequestData, d: Device) -> tuple[CapacityUse, ...] | None:
+        """What ``rd`` consumes of each capacity of ``d`` and what is free before this call's
+        picks (diagnose only); None when the device cannot serve the request at all."""
+        use = self._consumption(rd, d)
+        if use is None:
+            return None
+        prior = self.st.aggregated.get(d.id) or {}
+        return tuple(CapacityUse(n, rd.capacity.get(n), a, t, prior.get(n, _ZERO), _ZERO, d.capacity[n].value.format)
+                     for n, a, t, _ in use)
 
     def _available_counters(self, pool_key: tuple[str, str], counters: dict[str, dict[str, Fraction]]) -> dict[str, dict[str, Fraction]]:
         """Published counters of the pool minus what already-allocated devices consume (may go
@@ -1139,7 +1158,8 @@ class _Search:
 
     def _candidate(self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool) -> Callable[[], None] | None:
         """One candidate of the device loop (allocateOne): in use, selectable, capacity, then
-        allocateDevice. Returns the undo of a successful pick, else None."""
+        allocateDevice. Returns the undo of a successful pick, else None. ``_slot`` inlines the
+        same sequence; tests/conformance/test_record.py holds the two to the same answers."""
         if self._in_use(rd, d, cd):
             return None
         if not self._selectable(rd, d, cd.ref):
@@ -1226,10 +1246,16 @@ class _Search:
             undo()
             return False
         # Combination pruning: the next device of the same request comes after the previous one.
+        # The loop body is _candidate, inlined (the hot path of every search).
         order = self.order
+        cap = self.f.consumable_capacity
         for k in range(start + 1, len(order)):
             pool, d = order[k]
-            undo = self._candidate(cd, rd, d, pool)
+            if self._in_use(rd, d, cd) or not self._selectable(rd, d, cd.ref):
+                continue
+            if cap and not self._capacity_fits(rd, d, in_call=True):
+                continue
+            undo = self._allocate_device(cd, rd, d, pool, must=False, capacity_checked=cap)
             if undo is None:
                 continue
             try:

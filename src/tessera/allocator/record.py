@@ -50,19 +50,15 @@ class CapacityUse:
     allocated: Fraction
     in_call: Fraction
     format: Format
+    free: Fraction = field(init=False)  # total - allocated - in_call
+    short: bool = field(init=False)  # needs more than is free
+    never: bool = field(init=False)  # needs more than the device has even when nothing else uses it
 
-    @property
-    def free(self) -> Fraction:
-        return self.total - self.allocated - self.in_call
-
-    @property
-    def short(self) -> bool:
-        return self.needs > self.free
-
-    @property
-    def never(self) -> bool:
-        """More than the device has even when nothing else uses it."""
-        return self.needs > self.total
+    def __post_init__(self) -> None:
+        free = self.total - self.allocated - self.in_call if (self.allocated or self.in_call) else self.total
+        object.__setattr__(self, "free", free)
+        object.__setattr__(self, "short", self.needs > free)
+        object.__setattr__(self, "never", self.needs > self.total)
 
     def amount(self, v: Fraction) -> str:
         return fmt_amount(v, self.format)
@@ -347,11 +343,15 @@ def fmt_value(v: Any) -> str:
 class DeviceRecord:
     """One candidate device for one request: ``alone`` is the first check that refused it on
     its own (None: it fits on its own); ``in_search`` the first refusal the search met when it
-    tried the device beside other picks (None: never refused there, or never tried)."""
+    tried the device beside other picks (None: never refused there, or never tried); ``uses``
+    what the request would consume of each of its capacities."""
 
     device: Device
     alone: Refusal | None
     in_search: Refusal | None = None
+    # Every capacity the request would consume of the device, with what is free now (for
+    # devices the request's selectors accept and whose capacities can serve it), else None.
+    uses: tuple[CapacityUse, ...] | None = None
 
     @property
     def id(self) -> DeviceID:

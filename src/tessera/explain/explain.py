@@ -34,9 +34,7 @@ from tessera.allocator import (
     DeviceRecord,
     Node,
     NodeRecord,
-    Refusal,
     RequestRecord,
-    consumption,
 )
 from tessera.allocator.core import slice_on_node
 from tessera.allocator.model import DeviceID, node_selector_matches
@@ -174,12 +172,9 @@ def wants(rr: RequestRecord) -> str:
     caps = [f"{k} {v.canonical()}" for k, v in rr.capacity.items()]
     defaults: dict[str, set[tuple[bool, str]]] = {}
     for dr in rr.matching:
-        use = consumption(rr.capacity, dr.device)
-        if isinstance(use, Refusal):
-            continue
-        for k, amount, total, text in use:
-            if k not in rr.capacity:
-                defaults.setdefault(k, set()).add((amount == total, text))
+        for u in dr.uses or ():
+            if u.requested is None:
+                defaults.setdefault(u.name, set()).add((u.needs == u.total, u.amount(u.needs)))
     for k, vals in defaults.items():
         if all(whole for whole, _ in vals):
             caps.append(f"{k}: all of it (the request policy's default)")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from tessera import DRIVER_NAME
 from tessera.allocator import (
@@ -29,7 +30,6 @@ from tessera.allocator import (
     NodeRecord,
     Refusal,
     RequestRecord,
-    consumption,
 )
 from tessera.allocator.record import (
     CapacityMissing,
@@ -40,7 +40,9 @@ from tessera.allocator.record import (
     InUse,
     PolicyViolation,
     Tainted,
+    fmt_amount,
 )
+from tessera.api.quantity import Format
 
 
 @dataclass
@@ -62,25 +64,26 @@ def needs_text(rr: RequestRecord, devs: Sequence[_Seen]) -> str:
     it does not name is consumed at the request policy's default (all of it without one). A
     default of zero consumes nothing and is left out."""
     named = [f"{k} {v.canonical()}" for k, v in rr.capacity.items()]
-    defaults: dict[str, set[tuple[bool, str]]] = {}
+    defaults: dict[str, dict[tuple[bool, int, int], tuple[Fraction, Format]]] = {}
     having: dict[str, int] = {}
     counted = 0
     for s in devs:
-        use = consumption(rr.capacity, s.dr.device)
-        if isinstance(use, Refusal):
+        if s.dr.uses is None:
             continue
         counted += 1
-        for k, amount, total, text in use:
-            if k not in rr.capacity and amount:
-                defaults.setdefault(k, set()).add((amount == total, text))
-                having[k] = having.get(k, 0) + 1
+        for u in s.dr.uses:
+            if u.requested is None and u.needs:
+                key = (u.needs == u.total, u.needs.numerator, u.needs.denominator)  # ints hash fast
+                defaults.setdefault(u.name, {})[key] = (u.needs, u.format)
+                having[u.name] = having.get(u.name, 0) + 1
     for k, vals in defaults.items():
         some = " on the devices that have it" if having[k] < counted else ""
         why = f"the request names no {k}, so the request policy's default applies"
         if len(vals) == 1:
-            whole, text = next(iter(vals))
+            (whole, _, _), (needs, fmt) = next(iter(vals.items()))
+            text = fmt_amount(needs, fmt)
             named.append(f"{k} {text} ({'all of it' + some + ': ' if whole else ''}{why})")
-        elif all(whole for whole, _ in vals):
+        elif all(whole for whole, _, _ in vals):
             named.append(f"all of the device's {k}{some} ({why})")
         else:
             named.append(f"{k} at each device's request policy default{some} (the request names no {k})")

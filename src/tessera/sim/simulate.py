@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import gc
 import json
 import random
 import uuid
@@ -666,12 +667,18 @@ class Simulation:
 
     def _add_explanations(self, pending: list[Pending], pods: list[dict[str, Any]]) -> None:
         by_ref = {f"{_ns(p)}/{_name(p)}": p for p in pods}
-        for pend in pending:
-            what = self._to_explain.get(pend.pod)
-            if not what:
-                continue
-            pend.reason = f"{pend.reason} {self.explain_claims(*what)}"
-            by_ref[pend.pod]["status"]["conditions"][0]["message"] = pend.reason
+        # The records are many small objects on top of a large, settled heap (every pod and
+        # claim of the run): keep the cyclic collector off that heap meanwhile.
+        gc.freeze()
+        try:
+            for pend in pending:
+                what = self._to_explain.get(pend.pod)
+                if not what:
+                    continue
+                pend.reason = f"{pend.reason} {self.explain_claims(*what)}"
+                by_ref[pend.pod]["status"]["conditions"][0]["message"] = pend.reason
+        finally:
+            gc.unfreeze()
 
     def _try_node(
         self,
