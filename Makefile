@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test lint venv clean native native-test kube prometheus
+.PHONY: simulate test lint venv clean native native-test kube protos node-deps prometheus fuzz schemas
 
 # The enforcement library (C) is built first and copied into the package
 # (src/tessera/enforcement/lib/), so it is installed with it.
@@ -20,7 +20,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-venv: $(STAMP)
+venv: $(STAMP) protos
+
+# The kubelet plugin APIs (registration, DRA) as Python gRPC stubs, generated from the .proto
+# files of k8s.io/kubelet at the version in tools/kube/go.mod (fetched with `go mod download`)
+# into src/tessera/driver/_generated/ (git-ignored). Cached: a no-op when nothing changed.
+protos: $(STAMP)
+	$(BIN)/python -m tessera.driver.protos
 
 simulate: $(STAMP)
 	$(BIN)/tessera simulate
@@ -31,23 +37,39 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # The real control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
-# kubectl) and the upstream-allocator harness, compiled from the Go module proxy into
-# tools/kube/bin/ (cached: a no-op when nothing changed; ~24 min on 2 cores the first time).
+# kubectl), a real node (kubelet, containerd, containerd-shim-runc-v2, ctr) and the
+# upstream-allocator harness, compiled from the Go module proxy into tools/kube/bin/
+# (cached: a no-op when nothing changed; ~30 min on 2 cores the first time, docs/cluster.md).
 kube:
 	tools/kube/build.sh
+
+# Debian packages a real node (`tessera cluster up --kubelet`, the `node` tests) needs:
+# runc, containernetworking-plugins, busybox-static, iproute2. Installed with apt-get when
+# root and missing; a no-op (one dpkg-query) otherwise.
+node-deps:
+	tools/kube/node-deps.sh
 
 # Debian's prometheus package: the real server the monitor tests scrape with (idempotent).
 prometheus:
 	tools/prometheus/install.sh
 
-test: $(STAMP) native kube prometheus
+test: $(STAMP) native protos kube node-deps prometheus
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
+# The fuzz campaign at ten times the CI size (tests/fuzz: 2,000 mutants of every input kind).
+fuzz: $(STAMP)
+	TESSERA_FUZZ_MUTANTS=$${TESSERA_FUZZ_MUTANTS:-2000} $(BIN)/python -m pytest -q -m fuzz tests/fuzz
+
+# Regenerate src/tessera/api/schemas/kubernetes.json from the control plane `make kube` builds
+# (after a Kubernetes version bump in tools/kube).
+schemas: $(STAMP) kube
+	$(BIN)/python tools/openapi/generate.py
+
 native-test: $(STAMP) native
 	$(BIN)/python -m pytest -q -m native tests/native
 
 clean:
-	rm -rf $(VENV) build native/build src/tessera/enforcement/lib .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build native/build src/tessera/enforcement/lib src/tessera/driver/_generated .pytest_cache .mypy_cache .ruff_cache

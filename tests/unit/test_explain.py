@@ -114,13 +114,18 @@ def test_default_hami_uuid_pinned_names_the_false_subexpression() -> None:
     ]
     v100 = _groups(_node(exp, "v100s-node"))
     assert len(v100) == 1 and v100[0][0] == 8
-    assert v100[0][1].startswith(
-        'request gpu selector #0 is false: `device.attributes["gpu.tessera.dev"].uuid in ["GPU-123456"]` '
-        '(uuid = "GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e"; '
+    sel = (
+        '`(has(device.attributes["gpu.tessera.dev"].uuid) && device.attributes["gpu.tessera.dev"].uuid in ["GPU-123456"]) || '
+        '(has(device.attributes["gpu.tessera.dev"].parentUUID) && device.attributes["gpu.tessera.dev"].parentUUID in ["GPU-123456"])`'
     )
-    # MIG devices have no uuid in this inventory: the has() guard is the false conjunct.
+    assert v100[0][1].startswith(
+        f'request gpu selector #0 is false: {sel} (uuid = "GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e", '
+        "no attribute gpu.tessera.dev/parentUUID; "
+    )
+    # MIG devices have no uuid in this inventory; their GPU's UUID (parentUUID) is not listed either.
     assert _groups(_node(exp, "a100-mig-node")) == [
-        (4, 'request gpu selector #0 is false: `has(device.attributes["gpu.tessera.dev"].uuid)`')
+        (4, f'request gpu selector #0 is false: {sel} (no attribute gpu.tessera.dev/uuid, '
+            'parentUUID = "GPU-513536b6-7d19-9063-b049-1e69664bb298")')
     ]
 
 
@@ -284,7 +289,7 @@ def test_constraint_attribute_missing_and_all_devices_table() -> None:
 def test_cli_explain_json_and_table() -> None:
     r = CliRunner().invoke(main, ["explain", "default/too-big", "-o", "json"])
     assert r.exit_code == 0, r.output
-    data = json.loads(r.output)
+    data = json.loads(r.stdout)
     assert data["status"] == "pending" and data["nodes"][1]["node"] == "v100s-node"
     r2 = CliRunner().invoke(main, ["explain", "too-big"])
     assert r2.exit_code == 0
@@ -396,5 +401,6 @@ status:
     assert ne.requests[0].fitting == []
     assert exp.reason.endswith(
         "claim default/want, request gpu: needs 1 device; 2 devices in the cluster match its selectors, none has room "
-        "now: 1 device in use (allocated whole to another claim); 1 device with shared counters used up"
+        "now: 1 device in use (allocated whole to another claim); 1 device with shared counters used up "
+        "(n1/gpu-0: counter mem of gpu-0: 8Gi of 8Gi used)"
     )

@@ -37,8 +37,8 @@ def test_kubernetes_website_examples(corpus: Path) -> None:
         # The DeviceClass is resource.k8s.io/v1beta2, the same shape as v1: accepted.
         # The page's YAML puts `expression` beside `cel`, not under it.
         "kubernetes-website__examples_dra__resourceclaim.yaml (document 1): ResourceClaim default/example-resource-claim: "
-        "spec.devices.requests[0].exactly.selectors[0].cel.expression: required: a CEL expression string; found "
-        "'expression' beside 'cel'. fix: indent it under 'cel'",
+        "spec.devices.requests[0].exactly.selectors[0].expression: unknown field 'expression'. "
+        "fix: it belongs under 'cel' (indent it one level)",
     ]
 
 
@@ -156,8 +156,8 @@ def test_cost_over_the_limit() -> None:
 @pytest.mark.parametrize(
     ("caps", "expected"),
     [
-        ("{mem: 8Gi}", "no device of class gpu.tessera.dev publishes a capacity 'mem' (published: cores, memory, "
-         "multiprocessors); no device can satisfy this request. fix: use 'memory'"),
+        ("{mem: 8Gi}", "no device of class gpu.tessera.dev publishes a capacity 'mem' (published: cores, memory); "
+         "no device can satisfy this request. fix: use 'memory'"),
         ("{cores: '150'}", "cores 150 is over 100: cores is percent of one GPU's SMs (0-100). fix: ask for at most 100 "
          "per device, and count: N for several GPUs"),
     ],

@@ -265,19 +265,19 @@ class CountersShort(Refusal):
 
     def text(self) -> str:
         free = max(self.available - self.in_call, Fraction(0))
-        held = [f"{_num(self.published - self.available)} held by earlier allocations"] if self.published != self.available else []
+        held = [f"{fmt_counter(self.published - self.available)} held by earlier allocations"] if self.published != self.available else []
         if self.in_call:
-            held.append(f"{_num(self.in_call)} by this pod's other picks")
-        return (f"shared counter {self.counter_set}/{self.counter} used up: the device needs {_num(self.needs)}, "
-                f"{_num(free)} of {_num(self.published)} left" + (f" ({', '.join(held)})" if held else ""))
+            held.append(f"{fmt_counter(self.in_call)} by this pod's other picks")
+        return (f"shared counter {self.counter_set}/{self.counter} used up: the device needs {fmt_counter(self.needs)}, "
+                f"{fmt_counter(free)} of {fmt_counter(self.published)} left" + (f" ({', '.join(held)})" if held else ""))
 
     def key(self) -> str:
         return f"shared counter {self.counter_set}/{self.counter} used up"
 
 
-def _num(v: Fraction) -> str:
-    # Counters carry no format of their own: binary suffixes read best for memory-like ones
-    # (4Gi), and leave plain counts as they are (1000, 3).
+def fmt_counter(v: Fraction) -> str:
+    """A counter amount, canonical. Counters carry no format of their own: binary suffixes read
+    best for memory-like ones (4Gi), and leave plain counts as they are (1000, 3)."""
     return Quantity(v, "BinarySI").canonical()
 
 

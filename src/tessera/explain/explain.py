@@ -9,7 +9,8 @@ the allocated state as it was when the pod's turn came. Then, per node in cluste
   order, the **first** check that refuses it, in the allocator's own order (dra-spec.md 4.4):
   node match (perDeviceNodeSelection), in use (dedicated), class selectors, request
   selectors (each top-level ``&&`` conjunct evaluated on its own to name the false one),
-  capacity (missing, over the request policy, short by how much), taints, then the claim's
+  capacity (missing, over the request policy, short by how much), shared counters (the
+  exhausted counter named: ``memory slices of gpu-0: 7 of 8 used``), taints, then the claim's
   constraints (attribute missing);
 * requests whose devices fit one by one but not together (count, matchAttribute /
   distinctAttribute across the fitting devices, competition between requests);
@@ -45,7 +46,13 @@ from tessera.api.quantity import Quantity
 from tessera.cel import CelCompileError, CelRuntimeError, compile_selector
 from tessera.explain import celtools
 from tessera.sim.cluster import Cluster
-from tessera.sim.simulate import SimResult, Simulation, generated_claim_name, pod_fits_node
+from tessera.sim.simulate import (
+    SimResult,
+    Simulation,
+    generated_claim_name,
+    pod_fits_node,
+    untolerated_taint,
+)
 
 MIB = 2**20
 MAX_NAMES = 4  # device names shown per grouped reason
@@ -64,8 +71,8 @@ class DeviceVerdict:
     """The first check that refused one device for one request, or ``check == "fits"``.
 
     ``device``: ``driver/pool/device``. ``check``: ``node``, ``in-use``, ``class-selector``,
-    ``selector``, ``cel-error``, ``capacity``, ``policy``, ``taint``, ``constraint`` or
-    ``fits``. ``reason``: the full text for this device; ``key``: the same text without
+    ``selector``, ``cel-error``, ``capacity``, ``policy``, ``counters`` (a shared counter set,
+    KEP-4815, cannot give what the device consumes), ``taint``, ``constraint`` or ``fits``. ``reason``: the full text for this device; ``key``: the same text without
     per-device values (identical keys are grouped); ``detail``: the per-device value part.
     """
 
@@ -698,10 +705,13 @@ class _Explainer:
         self, node: Node, pod: Mapping[str, Any] | None, todo: Sequence[dict[str, Any]],
         done: Sequence[Mapping[str, Any]], all_devices: bool,
     ) -> tuple[NodeExplanation, NodeRecord | None]:
-        """Pod-level refusals first (node affinity, claims allocated for another node), then
-        the allocator's record for the claims still to allocate."""
+        """Pod-level refusals first (node affinity, untolerated node taints, claims allocated for
+        another node), then the allocator's record for the claims still to allocate."""
         if pod is not None and not pod_fits_node(_unbound(pod), node):
             return NodeExplanation(node.name, "refused", "didn't match Pod's node affinity/selector"), None
+        taint = untolerated_taint(pod, self.sim.taints.get(node.name, ())) if pod is not None else None
+        if taint is not None:
+            return NodeExplanation(node.name, "refused", f"had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"), None
         for c in done:
             sel = ((c.get("status") or {}).get("allocation") or {}).get("nodeSelector")
             if sel is not None and not node_selector_matches(sel, node):

@@ -16,7 +16,9 @@ Checks, each reported as a :class:`Finding` naming file, document, object and fi
   of the pod, dra-spec.md 3.2); with a cluster, by evaluating every selector on every
   published device, which also finds selectors that match no device at all;
 * capacity requests naming a capacity no device publishes, ``cores`` over 100, and DeviceClass
-  names that do not exist.
+  names that do not exist;
+* with a cluster, a request for ``count`` devices that share counters (KEP-4815: placements of a
+  dynamic-MIG GPU) more than any node can hold at once.
 
 Pure: takes loaded manifests and ResourceSlice dicts, returns findings.
 """
@@ -24,6 +26,7 @@ Pure: takes loaded manifests and ResourceSlice dicts, returns findings.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,9 +36,9 @@ from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.allocator import SliceIndex
 from tessera.allocator.model import Device
 from tessera.api.deviceclass import device_class
-from tessera.api.loader import Manifest
+from tessera.api.loader import WORKLOAD_KINDS, Manifest
 from tessera.api.quantity import Quantity, QuantityError
-from tessera.api.validation import manifest_problems
+from tessera.api.validation import TEMPLATE_PATHS, manifest_problems
 from tessera.cel import (
     CelCompileError,
     CelCostError,
@@ -48,14 +51,21 @@ from tessera.explain import celtools
 
 # Tessera's published device schema (src/tessera/inventory/slices.py): what a selector can read
 # on a gpu.tessera.dev device, used when no cluster is given. Full GPUs and MIG devices differ.
-ALWAYS_ATTRIBUTES = {"type", "productName"}
+ALWAYS_ATTRIBUTES = {"type", "productName", "unit"}
 GPU_ONLY_ATTRIBUTES = {"index", "nvlinkDomain", "uuidSynthesized"}
-MIG_ONLY_ATTRIBUTES = {"parentUUID", "parentIndex", "profile", "gpuInstanceID", "computeInstanceID", "parentUUIDSynthesized"}
-# Published only when the inventory reports them (a MIG device's uuid included).
-OPTIONAL_ATTRIBUTES = {"uuid", "architecture", "cudaComputeCapability", "driverVersion", "cudaDriverVersion", "pcieBusID", "numaNode"}
+MIG_ONLY_ATTRIBUTES = {"parentUUID", "parentIndex", "profile", "parentUUIDSynthesized"}
+# Existing MIG instances only (static MIG): a dynamic-MIG placement has no instance yet.
+STATIC_MIG_ATTRIBUTES = {"gpuInstanceID", "computeInstanceID"}
+# Devices of dynamic-MIG GPUs only (docs/mig.md): placements, and the whole GPU's migDynamic.
+DYNAMIC_MIG_ATTRIBUTES = {"placementStart", "memorySlices", "computeSlices", "mediaExtensions", "migDynamic", "migProfile"}
+# Published only when the inventory reports them (a MIG device's uuid and SM count included).
+OPTIONAL_ATTRIBUTES = {"uuid", "architecture", "cudaComputeCapability", "driverVersion", "cudaDriverVersion", "pcieBusID", "numaNode", "multiprocessors"}
 VERSION_ATTRIBUTES = {"cudaComputeCapability", "driverVersion", "cudaDriverVersion"}
-CAPACITIES = {"memory", "cores", "multiprocessors"}
-ALL_ATTRIBUTES = ALWAYS_ATTRIBUTES | GPU_ONLY_ATTRIBUTES | MIG_ONLY_ATTRIBUTES | OPTIONAL_ATTRIBUTES
+CAPACITIES = {"memory", "cores"}
+ALL_ATTRIBUTES = (
+    ALWAYS_ATTRIBUTES | GPU_ONLY_ATTRIBUTES | MIG_ONLY_ATTRIBUTES | STATIC_MIG_ATTRIBUTES | DYNAMIC_MIG_ATTRIBUTES
+    | OPTIONAL_ATTRIBUTES
+)
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,8 @@ class _World:
         self.devices: list[Device] = list(self.index.devices()) if self.index else []
         self.published = bool(self.devices)
         self.classes = classes
+        self.selector_findings: dict[tuple[str, str | None], list[tuple[str, str]]] = {}
+        self.hami_findings: dict[str, list[tuple[str, str, str]]] = {}
         self.attrs: dict[str, dict[str, list[Device]]] = {}
         self.caps: dict[str, dict[str, list[Device]]] = {}
         self.versions: set[str] = set()
@@ -162,28 +174,41 @@ def _selectors_of(m: Manifest) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def lint(manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = ()) -> list[Finding]:
-    """Findings for every DeviceClass, ResourceClaim and ResourceClaimTemplate in
-    ``manifests``, in input order. ``slices``: ResourceSlice dicts of the cluster (ResourceSlices
-    among ``manifests`` are added); without any, names are checked against Tessera's schema."""
-    classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in manifests if m.kind == "DeviceClass"}
+    """Findings for every object in ``manifests``, in input order: first what the API server
+    would refuse in any object (:func:`tessera.api.validation.manifest_problems`, the judgement
+    ``simulate`` and ``explain`` make too), then for valid DeviceClasses, ResourceClaims and
+    ResourceClaimTemplates the checks above, and for valid Pods and workloads what the HAMi
+    conversion refuses (``nvidia.com/gpumem: "4Gi"``, negative values). An invalid object is
+    reported and not linted further; every other object still is. ``slices``: ResourceSlice
+    dicts of the cluster (valid ResourceSlices among ``manifests`` are added); without any,
+    names are checked against Tessera's schema."""
+    problems = {id(m): manifest_problems(m) for m in manifests}
+    valid = [m for m in manifests if not problems[id(m)]]
+    classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in valid if m.kind == "DeviceClass"}
     classes.setdefault(DEVICE_CLASS_NAME, device_class())
-    all_slices = list(slices) + [m.obj for m in manifests if m.kind == "ResourceSlice"]
+    all_slices = list(slices) + [m.obj for m in valid if m.kind == "ResourceSlice"]
     world = _World(all_slices, classes)
     out: list[Finding] = []
     for m in manifests:
-        if m.kind not in ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate"):
-            continue
 
         def add(field: str, problem: str, fix: str, m: Manifest = m) -> None:
             out.append(Finding(m.source.file, m.source.doc, m.ref(), field, problem, fix))
 
-        for fp in manifest_problems(m):
+        for fp in problems[id(m)]:
             problem, fix = _split_fix(fp.message)
             add(fp.field, problem, fix)
+        if problems[id(m)]:
+            continue
+        if m.kind == "Pod" or m.kind in WORKLOAD_KINDS:
+            _check_hami(add, m, world)
+            continue
+        if m.kind not in ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate"):
+            continue
         for path, body in _selectors_of(m):
             cls_name = body.get("deviceClassName") if m.kind != "DeviceClass" else None
             if m.kind != "DeviceClass":
                 _check_request(add, path, body, world)
+                _check_counters(add, path, body, world)
             for i, s in enumerate(body.get("selectors") or []):
                 expr = ((s or {}).get("cel") or {}).get("expression") if isinstance(s, dict) else None
                 if isinstance(expr, str) and expr.strip():
@@ -191,12 +216,61 @@ def lint(manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = ()
     return out
 
 
+def _check_hami(add: Any, m: Manifest, world: _World) -> None:
+    """What the HAMi conversion refuses in a Pod (or a workload's pod template)."""
+    from tessera.convert import HAMI_RESOURCES, ConversionError, convert_pod
+
+    text = json.dumps(m.obj.get("spec"), default=str)
+    if not any(name in text for name in HAMI_RESOURCES):
+        return  # nothing to convert: the conversion refuses nothing (its warnings are simulate's)
+    if m.kind == "Pod":
+        pod, base = m.obj, "spec"
+    else:
+        path = TEMPLATE_PATHS[m.kind]
+        cur: Any = m.obj
+        for step in path:
+            cur = cur[step]
+        base = ".".join((*path, "spec"))
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**(cur.get("metadata") or {}), "name": m.name or "workload"},
+               "spec": cur["spec"]}
+    spec = pod.get("spec") or {}
+    # Pods that differ only in name convert alike: convert each shape once.
+    key = json.dumps([spec, (pod.get("metadata") or {}).get("annotations"), (pod.get("metadata") or {}).get("labels")], sort_keys=True, default=str)
+    cached = world.hami_findings.get(key)
+    if cached is not None:
+        for f in cached:
+            add(*f)
+        return
+    found: list[tuple[str, str, str]] = []
+    world.hami_findings[key] = found
+    sizes = sorted({int(d.capacity["memory"].value.value) for d in world.devices if "memory" in d.capacity}, reverse=True)
+    try:
+        convert_pod(pod, memory_sizes=sizes or [80 * 2**30])
+    except ConversionError as e:
+        field = base
+        for part in ("initContainers", "containers"):
+            for i, c in enumerate(spec.get(part) or []):
+                if e.container and c.get("name") == e.container:
+                    field = f"{base}.{part}[{i}].resources"
+                    if e.field:
+                        field += f"[{e.field}]" if "/" in e.field else f".{e.field}"
+        text = str(e)
+        head = f"pod {e.pod}" + (f", container {e.container}" if e.container else "") + ": "
+        text = text.split(head, 1)[1] if head in text else text
+        problem, fix = _split_fix(text)
+        if fix.startswith("correct the field"):
+            problem, _, rest = text.partition("; ")
+            fix = rest or "see docs/convert.md for the values HAMi accepts"
+        found.append((field, problem, fix))
+        add(field, problem, fix)
+
+
 def _split_fix(message: str) -> tuple[str, str]:
     """Validation messages carry their fix after ': ' or in '(... : fix)'; split them."""
     if "(found 'expression' beside 'cel': " in message:
         head, _, fix = message.partition(" (found 'expression' beside 'cel': ")
         return f"{head}; found 'expression' beside 'cel'", fix.rstrip(")")
-    for marker in (": write ", ": use ", ": name "):
+    for marker in (": write ", ": use ", ": name ", ": did you mean ", ": it belongs under "):
         if marker in message:
             head, _, fix = message.partition(marker)
             return head, marker[2:] + fix
@@ -237,6 +311,13 @@ def _check_request(add: Any, path: str, body: Mapping[str, Any], world: _World) 
             amount = Quantity.parse(v)
         except QuantityError:
             continue
+        if amount.value < 0:
+            add(
+                where,
+                f"{amount.canonical()} is negative: the API server accepts it, but no device has negative room",
+                "ask for a positive amount, or leave the capacity out to get the default",
+            )
+            continue
         if world.published and k in published:
             with_cap = [d for d in cands if k in d.capacity]
             biggest = max(with_cap, key=lambda d: d.capacity[k].value.value)
@@ -256,6 +337,104 @@ def _check_request(add: Any, path: str, body: Mapping[str, Any], world: _World) 
                     f"cores {q.canonical()} is over 100: cores is percent of one GPU's SMs (0-100)",
                     "ask for at most 100 per device, and count: N for several GPUs",
                 )
+
+
+def _check_counters(add: Any, path: str, body: Mapping[str, Any], world: _World) -> None:
+    """A request for ``count`` devices that share counters (KEP-4815: MIG placements of one
+    dynamic-MIG GPU, compute instances of one GPU instance) may ask more than any node can hold
+    at once, even though enough devices match: say how many fit together at most, and which
+    counters limit them (``memory slices of gpu-0``). Only with a cluster, for ExactCount."""
+    if world.index is None or body.get("allocationMode", "ExactCount") != "ExactCount":
+        return
+    count = body.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 2:
+        return
+    cls = body.get("deviceClassName")
+    cands = _class_devices(world, cls) if isinstance(cls, str) else world.devices
+    sels = []
+    for s in body.get("selectors") or []:
+        expr = ((s or {}).get("cel") or {}).get("expression") if isinstance(s, dict) else None
+        try:
+            sels.append(compile_selector(str(expr)))
+        except CelCompileError:
+            return  # reported by the selector checks
+    matching: dict[tuple[str, str], list[Device]] = {}
+    for d in cands:
+        try:
+            if all(sel.evaluate(d.activation()) for sel in sels):
+                matching.setdefault((d.driver, d.pool), []).append(d)
+        except CelRuntimeError:
+            continue
+    if not any(d.consumes_counters for devs in matching.values() for d in devs):
+        return
+    from tessera.allocator import AllocatedState
+    from tessera.sim.simulate import counter_usage
+
+    usage = counter_usage(world.index, AllocatedState())
+    best: tuple[int, tuple[str, str], list[str]] = (0, ("", ""), [])
+    for key, devs in matching.items():
+        if len(devs) < count:
+            continue
+        together, limits = _most_together(devs, usage)
+        if together >= count:
+            return  # this pool can take them
+        if together > best[0] or not best[1][1]:
+            best = (together, key, limits)
+    if best[1][1]:
+        together, (_, pool), limits = best
+        add(
+            f"{path}.count",
+            f"{count} devices asked, but at most {together} of the devices matching this request can be "
+            f"allocated together on one node ({pool}): they consume shared counters ({'; '.join(limits)})",
+            f"ask for at most {together}, or split the request over claims (one per GPU)",
+        )
+
+
+def _most_together(devs: Sequence[Device], usage: Mapping[tuple[str, str, str], Any]) -> tuple[int, list[str]]:
+    """How many of ``devs`` (one pool) can be allocated at once given the counters they consume,
+    and the counter sets that limit them. Devices of different counter sets are independent; per
+    set an exact search over what is left (a set holds a few dozen MIG placements at most)."""
+    by_set: dict[str, list[dict[str, Any]]] = {}
+    free = 0
+    for d in devs:
+        if not d.consumes_counters:
+            free += 1
+            continue
+        (cs, vals), *rest = d.consumes_counters
+        if rest:
+            free += 1  # several sets: not modelled here, counted as fitting
+            continue
+        by_set.setdefault(cs, []).append(dict(vals))
+    total = free
+    limits: list[str] = []
+    for cs, needs in sorted(by_set.items()):
+        u = usage.get((devs[0].driver, devs[0].pool, cs))
+        if u is None:
+            continue
+        names = sorted({c for n in needs for c in n})
+        start = tuple(u.available.get(c, 0) for c in names)
+        vecs = [tuple(n.get(c, 0) for c in names) for n in needs]
+        memo: dict[tuple[int, tuple[Any, ...]], int] = {}
+
+        def most(i: int, left: tuple[Any, ...], vecs: list[tuple[Any, ...]] = vecs, memo: dict[tuple[int, tuple[Any, ...]], int] = memo) -> int:
+            if i == len(vecs):
+                return 0
+            key = (i, left)
+            if key not in memo:
+                skip = most(i + 1, left)
+                take = 0
+                if all(a >= b for a, b in zip(left, vecs[i], strict=True)):
+                    take = 1 + most(i + 1, tuple(a - b for a, b in zip(left, vecs[i], strict=True)))
+                memo[key] = max(skip, take)
+            return memo[key]
+
+        n = most(0, start)
+        total += n
+        if n < len(needs):
+            from tessera.inventory.mig import summarize_counters
+
+            limits.append(f"counter set {u.name}: {summarize_counters(u.published)}")
+    return total, limits
 
 
 def _class_devices(world: _World, cls: str) -> list[Device]:
@@ -279,15 +458,21 @@ def _class_devices(world: _World, cls: str) -> list[Device]:
 
 
 def _check_selector(add: Any, field: str, expr: str, world: _World, cls: str | None) -> None:
-    found: list[str] = []
+    # The same expression in many objects (one per generated template) is analysed once.
+    key = (expr, cls)
+    cached = world.selector_findings.get(key)
+    if cached is None:
+        found: list[tuple[str, str]] = []
 
-    def add_here(f: str, problem: str, fix: str) -> None:
-        found.append(problem)
-        add(f, problem, fix)
+        def add_here(f: str, problem: str, fix: str) -> None:
+            found.append((problem, fix))
 
-    _static(add_here, field, expr, world)
-    if world.published and not found:
-        _evaluate(add, field, expr, world, cls)
+        _static(add_here, field, expr, world)
+        if world.published and not found:
+            _evaluate(add_here, field, expr, world, cls)
+        cached = world.selector_findings[key] = found
+    for problem, fix in cached:
+        add(field, problem, fix)
 
 
 def _static(add: Any, field: str, expr: str, world: _World) -> None:
@@ -342,6 +527,9 @@ def _static_reads(add: Any, field: str, expr: str, world: _World) -> None:
             continue
         names = world.attrs.get(r.domain, {}) if r.kind == "attributes" else world.caps.get(r.domain, {})
         other = world.caps.get(r.domain, {}) if r.kind == "attributes" else world.attrs.get(r.domain, {})
+        known = r.kind == "attributes" and r.domain == DRIVER_NAME and r.name in ALL_ATTRIBUTES
+        if known and (r.in_has or (r.kind, r.domain, r.name) in guarded):
+            continue  # a Tessera attribute these devices lack (MIG's parentUUID...), read guarded
         if names and r.name not in names:
             if r.name in other:
                 if r.kind == "attributes":
@@ -366,6 +554,10 @@ def _static_reads(add: Any, field: str, expr: str, world: _World) -> None:
                 lacking = f"MIG devices publish no {r.name}"
             elif r.name in MIG_ONLY_ATTRIBUTES:
                 lacking = f"full GPUs publish no {r.name}"
+            elif r.name in STATIC_MIG_ATTRIBUTES:
+                lacking = f"only existing MIG instances publish {r.name} (full GPUs and dynamic-MIG placements do not)"
+            elif r.name in DYNAMIC_MIG_ATTRIBUTES:
+                lacking = f"only the devices of dynamic-MIG GPUs publish {r.name}"
             else:
                 lacking = f"{r.name} is published only where the GPU inventory reports it"
             add(

@@ -19,6 +19,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -43,6 +44,7 @@ from tessera.allocator.record import (
     fmt_amount,
 )
 from tessera.api.quantity import Format
+from tessera.inventory.mig import describe_counters
 
 
 @dataclass
@@ -170,6 +172,7 @@ def _now(now: Sequence[_Seen], noun: str) -> str:
     """Devices that could hold the request but are taken now: what is short where."""
     short: dict[str, list[tuple[CapacityUse, _Seen]]] = {}
     others: dict[str, int] = {}
+    sets: dict[str, dict[str, CountersShort]] = {}  # counter set (pool/name) -> counter -> a refusal
     for s in now:
         r = s.dr.alone
         if isinstance(r, CapacityShort):
@@ -178,7 +181,9 @@ def _now(now: Sequence[_Seen], noun: str) -> str:
         elif isinstance(r, InUse):
             others["in use (allocated whole to another claim)"] = others.get("in use (allocated whole to another claim)", 0) + 1
         elif isinstance(r, (CountersShort, CountersOff)):
-            others["with shared counters used up"] = others.get("with shared counters used up", 0) + 1
+            others[_COUNTERS] = others.get(_COUNTERS, 0) + 1
+            if isinstance(r, CountersShort):
+                sets.setdefault(f"{s.dr.device.pool}/{r.counter_set}", {})[r.counter] = r
         elif isinstance(r, Tainted):
             key = f"tainted {r.key_}={r.value}:{r.effect} (not tolerated)" if r.value else f"tainted {r.key_}:{r.effect} (not tolerated)"
             others[key] = others.get(key, 0) + 1
@@ -199,8 +204,35 @@ def _now(now: Sequence[_Seen], noun: str) -> str:
                 f"on {where}; needs {u.amount(u.needs)})"
             )
     for text, n in others.items():
+        if text == _COUNTERS and sets:
+            named = [f"{cs}: {_counters_text(found)}" for cs, found in sorted(sets.items())]
+            more = f"; and {len(named) - 2} more counter sets" if len(named) > 2 else ""
+            text += f" ({'; '.join(named[:2])}{more})"
         parts.append(f"{_plural(n, noun)} {text}")
     return "; ".join(parts)
+
+
+_COUNTERS = "with shared counters used up"
+_SLICE = re.compile(r"^memory-slice-(\d+)$")
+
+
+def _counters_text(found: Mapping[str, CountersShort]) -> str:
+    """The used-up counters of one set, e.g. ``memory slices 0-6 taken`` or ``memory of GPU
+    instance 2 of gpu-0 (shared by its compute instances): 71424Mi of 71424Mi in use``: memory
+    slices (KEP-4815 MIG placement counters) as a range of indices, the other counters in
+    :func:`tessera.inventory.mig.describe_counters`'s words."""
+    slices = sorted(int(m.group(1)) for c in found if (m := _SLICE.match(c)))
+    parts = []
+    if slices:
+        span = f"{slices[0]}-{slices[-1]}" if slices == list(range(slices[0], slices[-1] + 1)) and len(slices) > 1 else ", ".join(map(str, slices))
+        parts.append(f"memory slice{'s' if len(slices) > 1 else ''} {span} taken")
+    rest = {c: r for c, r in found.items() if not _SLICE.match(c)}
+    if rest:
+        name = next(iter(rest.values())).counter_set
+        parts += describe_counters(
+            name, {c: r.published for c, r in rest.items()}, {c: r.available - r.in_call for c, r in rest.items()}, all_counters=True
+        )
+    return ", ".join(parts)
 
 
 def request_clauses(records: Sequence[NodeRecord], n_nodes: int) -> list[tuple[int, str, str]]:

@@ -39,7 +39,7 @@ from tessera.api.deviceclass import device_class
 from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
-from tessera.api.validation import check
+from tessera.api.validation import DRA_V1BETA2, check
 from tessera.convert import gpu_memory_sizes
 from tessera.sim.cluster import Cluster
 from tessera.sim.policies import (
@@ -56,7 +56,7 @@ from tessera.sim.policies import (
 from tessera.sim.reasons import request_clauses
 
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
-BETA2 = "resource.k8s.io/v1beta2"
+BETA2 = DRA_V1BETA2
 # The NVIDIA DRA driver's DeviceClasses (k8s-dra-driver-gpu): its class, driver and attribute
 # domain for full GPUs are all gpu.nvidia.com, as Tessera's are all gpu.tessera.dev.
 NVIDIA_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
@@ -141,6 +141,11 @@ class GPUUsage:
     dedicated: bool
     driver: str = ""
     pool: str = ""
+    #: The counter sets the device consumes (KEP-4815), one line each, e.g. ``memory slices of
+    #: gpu-0: 3 of 8 used, compute slices 3 of 7`` (``tessera.inventory.mig.describe_counters``).
+    counters: list[str] = field(default_factory=list)
+    #: An unallocated profile placement of a dynamic-MIG GPU: a possible instance, not hardware.
+    potential: bool = False
 
 
 @dataclass
@@ -250,6 +255,32 @@ def _check_pod(m: Manifest) -> None:
                     )
 
 
+_HAMI_MARKS = ("hami.io/", "nvidia.com/", "volcano.sh/")
+
+
+def _mentions_hami(pod: dict[str, Any]) -> bool:
+    """Whether the HAMi conversion has anything to read in ``pod`` (resources or annotations
+    in HAMi's names); a pod without is simulated as written, without a conversion pass."""
+    md = pod.get("metadata") or {}
+    for names in (md.get("annotations") or {}, md.get("labels") or {}):
+        if any(str(k).startswith(_HAMI_MARKS) for k in names):
+            return True
+    spec = pod.get("spec") or {}
+    for part in ("initContainers", "containers"):
+        for c in spec.get(part) or []:
+            res = (c or {}).get("resources") or {}
+            for block in (res.get("limits"), res.get("requests")):
+                if isinstance(block, dict) and any(str(k).startswith(_HAMI_MARKS) for k in block):
+                    return True
+    return False
+
+
+def _fresh_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """A new pod dict sharing its content with ``pod`` but for the levels a run writes to
+    (``metadata``, ``spec``, ``status``)."""
+    return {**pod, "metadata": dict(pod.get("metadata") or {}), "spec": dict(pod.get("spec") or {})}
+
+
 # Resources kube-scheduler counts against node allocatable; anything else is an extended
 # resource some device plugin must advertise. Simulated nodes advertise none.
 _NATIVE_RESOURCES = ("cpu", "memory", "ephemeral-storage", "pods")
@@ -301,6 +332,18 @@ def _signature(claims: Sequence[dict[str, Any]]) -> str | None:
     return text
 
 
+def untolerated_taint(pod: Mapping[str, Any], taints: Sequence[dict[str, str]]) -> dict[str, str] | None:
+    """The first NoSchedule/NoExecute node taint the pod does not tolerate (kube-scheduler's
+    TaintToleration filter), or None."""
+    from tessera.allocator.core import tolerates
+
+    tols = (pod.get("spec") or {}).get("tolerations") or []
+    for t in taints:
+        if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tols, t.get("key", ""), t.get("value", ""), t["effect"]):
+            return t
+    return None
+
+
 def pod_fits_node(pod: dict[str, Any], node: Node) -> bool:
     spec = pod.get("spec") or {}
     if spec.get("nodeName") and spec["nodeName"] != node.name:
@@ -335,6 +378,7 @@ class Simulation:
         self.whole_gpus = whole_gpus
         self.cluster = cluster
         self.nodes = [Node(n.name, n.labels) for n in cluster.nodes]
+        self.taints = {n.name: n.taints for n in cluster.nodes if n.taints}
         self.classes: dict[str, dict[str, Any]] = {}
         self.templates: dict[tuple[str, str], dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
@@ -395,11 +439,12 @@ class Simulation:
         self._cursor: dict[str | None, tuple[int, dict[str, int]]] = {}
         self._unsat: list[dict[str, str]] = [{} for _ in self.nodes]
         self._node_usage: list[Fraction] = [Fraction(0) for _ in self.nodes]
+        self._usage_stale: set[int] = set()
         self._placed = 0
         # Pending pods whose claims fit on no node: explained once the run is over (against
         # the final state, which is what a user asks about), once per distinct claim shape.
         self._to_explain: dict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = {}
-        self._reasons: dict[str, list[tuple[int, str, str]]] = {}
+        self._reasons: dict[str, tuple[list[tuple[int, str, str]], list[str]]] = {}
         self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed))
         # GPU memory sizes for HAMi's gpumem-percentage (the same function as `tessera convert`).
         self.memory_sizes = gpu_memory_sizes(self.slices)
@@ -458,7 +503,10 @@ class Simulation:
     # ------------------------------------------------------------------------------------------
     def run(self, on_pod: Callable[[str], None] | None = None) -> SimResult:
         """Schedule every pod in input order. ``on_pod(ref)`` is called after each (progress)."""
-        from tessera.convert import convert_pod
+        from tessera.convert import Conversion, ConversionError, convert_pod
+        from tessera.convert.hami import GPUMEM_PERCENTAGE, VOLCANO_MEMORY_PERCENTAGE
+
+        _PERCENTAGES = (GPUMEM_PERCENTAGE, VOLCANO_MEMORY_PERCENTAGE)
 
         placements: list[Placement] = []
         pending: list[Pending] = []
@@ -466,7 +514,18 @@ class Simulation:
         out_pods: list[dict[str, Any]] = []
         out_templates: list[dict[str, Any]] = list(self.templates.values())
         for m in self.pods:
-            conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
+            try:
+                if _mentions_hami(m.obj):
+                    conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
+                else:  # nothing to convert: a copy of the levels the run writes to
+                    conv = Conversion(pod=_fresh_pod(m.obj), templates=[], warnings=[], requests=[])
+            except ConversionError as e:
+                if self.memory_sizes or e.field not in _PERCENTAGES:
+                    raise
+                # No device of the cluster publishes memory, so a percentage is of nothing: the pod
+                # stays as written and pending for its unserved HAMi resources, as without Tessera.
+                self.warnings.append(f"{m.source}: {m.ref()}: {e.field}: no GPU of the cluster publishes memory; left unconverted")
+                conv = Conversion(pod=copy.deepcopy(m.obj), templates=[], warnings=[], requests=[])
             pod = conv.pod  # a new dict: convert_pod never returns its input
             self.warnings.extend(conv.warnings)  # convert_pod already names the source
             for t in conv.templates:
@@ -607,6 +666,10 @@ class Simulation:
         start, counts = self._cursor.get(key, (0, {})) if key else (0, {})
         counts = dict(counts)
         prefix = key is not None
+        if policy.nodes != "first-fit":
+            for j in self._usage_stale:
+                self._node_usage[j] = node_usage(self.state, self.index.by_node.get(self.nodes[j].name, []))
+            self._usage_stale.clear()
         order = range(start, n_total) if policy.nodes == "first-fit" else order_nodes(policy.nodes, self._node_usage)
         # kube-scheduler scores the nodes that fit; its DynamicResources plugin prefers nodes where
         # an earlier firstAvailable subrequest fits (prioritized_list_score), which decides among
@@ -616,8 +679,15 @@ class Simulation:
         best: tuple[int, int, list[dict[str, Any]]] | None = None
         for i in order:
             node = self.nodes[i]
+            # Node affinity and taints are the scheduler's first filters: a node the pod does not
+            # select (or whose taint it does not tolerate) says so even when the claims' shape is
+            # known not to fit there.
             known = self._unsat[i].get(sig) if sig is not None else None
-            if known is not None:
+            if (
+                known is not None
+                and pod_fits_node(pod, node)
+                and untolerated_taint(pod, self.taints.get(node.name, ())) is None
+            ):
                 why: str | AllocationError | list[dict[str, Any]] = known
             else:
                 why = self._try_node(pod, node, todo, done, policy)
@@ -651,7 +721,7 @@ class Simulation:
                 c["status"] = {"allocation": res}
                 self.state.add_claim(c)
             self._placed += 1
-            self._node_usage[i] = node_usage(self.state, self.index.by_node.get(node.name, []))
+            self._usage_stale.add(i)  # recomputed only when a policy orders nodes by usage
             uid = pod["metadata"]["uid"]
             for c in todo + done:
                 rf = c.setdefault("status", {}).setdefault("reservedFor", [])
@@ -691,7 +761,10 @@ class Simulation:
         """The allocation results of ``todo`` on ``node`` (one per claim, nothing recorded yet);
         else the scheduler's reason (or error)."""
         if not pod_fits_node(pod, node):
-            return "didn't match Pod's node affinity/selector"
+            return "node(s) didn't match Pod's node affinity/selector"  # kube-scheduler's NodeAffinity wording
+        taint = untolerated_taint(pod, self.taints.get(node.name, ()))
+        if taint is not None:  # kube-scheduler's TaintToleration wording
+            return f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
         for c in done:
             sel = c["status"]["allocation"].get("nodeSelector")
             if sel is not None and not node_selector_matches(sel, node):
@@ -748,11 +821,30 @@ class Simulation:
              spec.get("nodeName"), spec.get("nodeSelector"), spec.get("affinity")],
             sort_keys=True, default=str,
         )
-        clauses = self._reasons.get(key)
-        if clauses is None:
-            clauses = request_clauses(self.node_records(pod, claims, done), len(self.nodes))
-            self._reasons[key] = clauses
-        return "; ".join(f"claim {_ns(claims[ci])}/{_name(claims[ci])}, request {req}: {text}" for ci, req, text in clauses)
+        entry = self._reasons.get(key)
+        if entry is None:
+            records = self.node_records(pod, claims, done)
+            entry = (request_clauses(records, len(self.nodes)), self._incomplete_pools(records))
+            self._reasons[key] = entry
+        clauses, pools = entry
+        text = "; ".join(f"claim {_ns(claims[ci])}/{_name(claims[ci])}, request {req}: {text}" for ci, req, text in clauses)
+        if pools:
+            text += f"; devices of incomplete pools are never allocated: {', '.join(pools)}"
+        return text
+
+    def _incomplete_pools(self, records: Sequence[NodeRecord]) -> list[str]:
+        """``driver/pool (incomplete: 2 of resourceSliceCount 3 slices at generation 1)`` for each
+        pool the allocator skipped as incomplete on the nodes of ``records`` (dra-spec: a pool
+        whose newest generation has fewer slices than ``resourceSliceCount``)."""
+        out = []
+        for name in sorted({p for r in records for p in r.incomplete_pools}):
+            driver, pool = name.split("/", 1)
+            sl = self.index.by_pool.get((driver, pool), [])
+            gen = max((s.generation for s in sl), default=0)
+            have = len([s for s in sl if s.generation == gen])
+            want = max((s.slice_count for s in sl if s.generation == gen), default=0)
+            out.append(f"{name} (incomplete: {have} of resourceSliceCount {want} slices at generation {gen})")
+        return out
 
     # ------------------------------------------------------------------------------------------
     def _device(self, driver: str, pool: str, name: str) -> Device | None:
@@ -799,6 +891,72 @@ class Simulation:
         return gpu_usage(self.index, self.state, {n.name for n in self.cluster.nodes})
 
 
+@dataclass
+class CounterSetUsage:
+    """One shared counter set of a pool (KEP-4815): what it publishes and what is left once the
+    allocated devices that consume it are subtracted (``dra-spec.md`` 2.5: a shared device's
+    counters are charged once), with the allocated devices that hold it."""
+
+    driver: str
+    pool: str
+    name: str
+    published: dict[str, Fraction]
+    available: dict[str, Fraction]
+    holders: list[str] = field(default_factory=list)
+
+    def lines(self, needed: dict[str, Fraction] | None = None, *, all_counters: bool = False) -> list[str]:
+        """``describe_counters`` of this set (see there)."""
+        from tessera.inventory.mig import describe_counters
+
+        return describe_counters(self.name, self.published, self.available, needed, all_counters=all_counters)
+
+
+def counter_usage(index: SliceIndex, state: AllocatedState) -> dict[tuple[str, str, str], CounterSetUsage]:
+    """``{(driver, pool, counter set): usage}`` for every counter set published in ``index``
+    (the highest generation of each pool), against the allocations in ``state``. The one place
+    ``simulate``, ``explain`` and ``lint`` read counter availability from."""
+    newest: dict[tuple[str, str], int] = {}
+    for sl in index.slices:
+        key = (sl.driver, sl.pool)
+        newest[key] = max(newest.get(key, sl.generation), sl.generation)
+    out: dict[tuple[str, str, str], CounterSetUsage] = {}
+    for sl in index.slices:
+        if sl.generation != newest[(sl.driver, sl.pool)]:
+            continue
+        for cs, vals in sl.shared_counters.items():
+            out[(sl.driver, sl.pool, cs)] = CounterSetUsage(sl.driver, sl.pool, cs, dict(vals), dict(vals))
+    for d in index.devices():
+        if not d.consumes_counters or not state.is_allocated(d.id):
+            continue
+        for cs, vals in d.consumes_counters:
+            u = out.get((d.driver, d.pool, cs))
+            if u is None:
+                continue
+            for c, v in vals.items():
+                if c in u.available:
+                    u.available[c] -= v
+            u.holders.append(d.name)
+    return out
+
+
+def counters_short(
+    d: Device, usage: Mapping[tuple[str, str, str], CounterSetUsage], state: AllocatedState
+) -> list[tuple[CounterSetUsage, list[str]]]:
+    """The counter sets ``d`` cannot be allocated from, each with the lines saying which of its
+    counters are short (``memory slices of gpu-0: 7 of 8 used (slice 3 needed, in use)``);
+    empty when its counters are free, or when it is a shared device whose counters its first
+    share already paid (dra-spec.md 2.5). A set its pool does not publish makes the pool
+    invalid, which the allocator reports itself: it is not listed here."""
+    if not d.consumes_counters or (d.allow_multiple and d.id in state.aggregated):
+        return []
+    out: list[tuple[CounterSetUsage, list[str]]] = []
+    for cs, vals in d.consumes_counters:
+        u = usage.get((d.driver, d.pool, cs))
+        if u is not None and any(max(u.available.get(c, Fraction(0)), Fraction(0)) < v for c, v in vals.items()):
+            out.append((u, u.lines(dict(vals))))
+    return out
+
+
 def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | frozenset[str] = frozenset()) -> list[GPUUsage]:
     """Memory and cores allocated on every device of ``index`` against its capacity.
 
@@ -811,6 +969,7 @@ def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | f
     share_count: dict[tuple[str, str, str], int] = {}
     for did, _ in state.shared:
         share_count[did] = share_count.get(did, 0) + 1
+    usage = counter_usage(index, state)
     for d in index.devices():
         agg = state.aggregated.get(d.id, {})
         shares = share_count.get(d.id, 0)
@@ -831,6 +990,13 @@ def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | f
                 dedicated=dedicated,
                 driver=d.driver,
                 pool=d.pool,
+                counters=[
+                    line
+                    for cs, _ in d.consumes_counters
+                    if (u := usage.get((d.driver, d.pool, cs))) is not None
+                    for line in u.lines(all_counters=True)
+                ],
+                potential=f"{d.driver}/placementStart" in d.attributes and not state.is_allocated(d.id),
             )
         )
     return out
