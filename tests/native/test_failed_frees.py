@@ -176,3 +176,24 @@ def test_a_failed_context_destroy_keeps_the_context_and_its_allocations_charged(
         assert region_used(c) == ovh
         assert s.next() == [f"alloc {MORE} 0", meminfo(ovh + MORE), f"used 0 {MORE}"]
 
+
+def test_a_failed_free_keeps_the_allocation_with_its_own_context(
+    tmp_path: Path, plain: Build
+) -> None:
+    """An allocation of the primary context, freed with cuMemFreeAsync while another context is
+    current: the free fails, the other context is destroyed. The allocation still belongs to
+    the primary context, in the driver and in the claim, until that one goes. (The library
+    used to record it again under the stream's context, and credited it with that context.)"""
+    c = claim(tmp_path, plain)
+    with Stepped(c, "link", ["init", "dev", "0", "alloc", str(HELD), "ctx", "0", "afree",
+                             "destroyctx", "dev", "0", *AFTER_FAILED, "used", "0"],
+                 ["release", "0", "release", "0", "dev", "0", *AFTER_CREDIT], ALLOC_AGAIN,
+                 FAKE_FAIL_FREE="cuMemFreeAsync:1") as s:
+        assert s.next()[2:] == [f"alloc {HELD} 0", "ctx 0 0", f"afree {ILLEGAL_ADDRESS}",
+                                "destroyctx 0", "dev 0 0", *refused_while_held(HELD, 1),
+                                f"used 0 {HELD}"]
+        assert region_used(c) == HELD
+        # the primary context goes (retained twice, released twice), and its allocation with it
+        assert s.next() == ["release 0 0", "release 0 0", "dev 0 0", meminfo(0), "used 0 0"]
+        assert region_used(c) == 0
+        assert s.next() == [f"alloc {MORE} 0", meminfo(MORE), f"used 0 {MORE}"]
