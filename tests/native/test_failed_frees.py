@@ -141,6 +141,20 @@ def test_a_failed_cuMulticastUnbind_keeps_the_allocation_charged(
     assert first[2:] == ["create 0 h0", "mc 0 h1", "mcbind 0", "vrelease 0", f"used 0 {HELD}"]
 
 
+def test_a_failed_graph_memory_trim_keeps_the_graph_pool_charged(
+    tmp_path: Path, plain: Build
+) -> None:
+    """Graph memory is charged at the graph pool's reserve, which only cuDeviceGraphMemTrim
+    (or the context going) gives back."""
+    c = claim(tmp_path, plain)
+    first = check_sequence(c, ["gcreate", "galloc", "0", str(HELD), "ginst", "0", "0", "glaunch",
+                               "0", "gfreeptr", "0", "gmem"],
+                           ["gtrim"], "cuDeviceGraphMemTrim:1", [f"gtrim {ILLEGAL_ADDRESS}"], HELD)
+    # freed back into the graph pool, which still reserves it
+    assert first[2:] == ["gcreate 0 g0", "galloc 0", "ginst 0 e0", "glaunch 0", "gfreeptr 0",
+                         f"gmem 0 used=0 reserved={HELD}", f"used 0 {HELD}"]
+
+
 @pytest.mark.parametrize("kind", ["array", "array3d", "mipmap"])
 def test_a_failed_array_destroy_is_not_credited(tmp_path: Path, plain: Build, kind: str) -> None:
     c = claim(tmp_path, plain)
