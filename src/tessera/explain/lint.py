@@ -87,6 +87,7 @@ class _World:
         self.devices: list[Device] = list(self.index.devices()) if self.index else []
         self.published = bool(self.devices)
         self.classes = classes
+        self.class_members: dict[str, list[Device]] = {}  # _class_devices, computed once per class
         self.attrs: dict[str, dict[str, list[Device]]] = {}
         self.caps: dict[str, dict[str, list[Device]]] = {}
         self.versions: set[str] = set()
@@ -161,14 +162,29 @@ def _selectors_of(m: Manifest) -> Iterator[tuple[str, dict[str, Any]]]:
             yield p, r
 
 
-def lint(manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = ()) -> list[Finding]:
+class LintWorld(_World):
+    """The devices :func:`lint` checks against, indexed once: build it from the cluster's
+    ResourceSlice dicts (and DeviceClasses by name; Tessera's ``gpu.tessera.dev`` is always
+    known) and pass it as ``lint(..., world=...)`` while the slices do not change (``tessera
+    webhook`` lints each new template shape against the slices it watches). Do not mutate it."""
+
+    def __init__(self, slices: Sequence[Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        known = dict(classes or {})
+        known.setdefault(DEVICE_CLASS_NAME, device_class())
+        super().__init__(slices, known)
+
+
+def lint(
+    manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = (), *, world: LintWorld | None = None
+) -> list[Finding]:
     """Findings for every DeviceClass, ResourceClaim and ResourceClaimTemplate in
     ``manifests``, in input order. ``slices``: ResourceSlice dicts of the cluster (ResourceSlices
-    among ``manifests`` are added); without any, names are checked against Tessera's schema."""
-    classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in manifests if m.kind == "DeviceClass"}
-    classes.setdefault(DEVICE_CLASS_NAME, device_class())
-    all_slices = list(slices) + [m.obj for m in manifests if m.kind == "ResourceSlice"]
-    world = _World(all_slices, classes)
+    among ``manifests`` are added); without any, names are checked against Tessera's schema.
+    ``world``: a prepared :class:`LintWorld` used instead of ``slices`` and of the manifests'
+    own DeviceClasses and ResourceSlices."""
+    if world is None:
+        classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in manifests if m.kind == "DeviceClass"}
+        world = LintWorld(list(slices) + [m.obj for m in manifests if m.kind == "ResourceSlice"], classes)
     out: list[Finding] = []
     for m in manifests:
         if m.kind not in ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate"):
@@ -262,7 +278,10 @@ def _class_devices(world: _World, cls: str) -> list[Device]:
     c = world.classes.get(cls)
     if c is None:
         return world.devices
-    out = []
+    known = world.class_members.get(cls)
+    if known is not None:
+        return known
+    out: list[Device] = []
     for d in world.devices:
         ok = True
         for s in (c.get("spec") or {}).get("selectors") or []:
@@ -275,6 +294,7 @@ def _class_devices(world: _World, cls: str) -> list[Device]:
                 break
         if ok:
             out.append(d)
+    world.class_members[cls] = out
     return out
 
 
