@@ -148,6 +148,99 @@ def test_requests_no_gpu_can_hold_are_admitted_with_warnings() -> None:
     assert decide(review(pod), ClusterView.static([])).warnings == []
 
 
+class Slices:
+    """A watched-slices source as the webhook's Informer gives it: items, generation, synced;
+    counts how often the items are read."""
+
+    def __init__(self, items: list[dict[str, Any]], *, synced: bool = True) -> None:
+        self.items_, self.generation, self.synced, self.reads = items, 1, synced, 0
+
+    def view(self) -> ClusterView:
+        return ClusterView(self.items, lambda: self.generation, lambda: self.synced)
+
+    def items(self) -> list[dict[str, Any]]:
+        self.reads += 1
+        return self.items_
+
+    def change(self, items: list[dict[str, Any]], *, synced: bool = True) -> None:
+        self.items_, self.synced = items, synced
+        self.generation += 1
+
+
+SHAPES = ["HAMi__examples_nvidia__default_use.yaml", "HAMi__examples_nvidia__use_memory_fraction.yaml",
+          "HAMi__examples_nvidia__use_exclusive_card.yaml", "HAMi__examples_nvidia__specify_card_type_to_use.yaml",
+          "HAMi__examples_nvidia__specify_uuid_to_use.yaml"]
+
+
+def test_what_the_slices_give_is_derived_once_per_change_not_per_request() -> None:
+    """Memory sizes, node sizes, the lint index and each shape's notes: computed when the slices
+    change (or a shape is first seen), never per request; answers stay those of a fresh view."""
+    source = Slices(h100_slices())
+    view = source.view()
+    bodies = [review(corpus_pod(f), uid=f"u{i}") for i, f in enumerate(SHAPES)]
+    fresh = [decide(b, ClusterView.static(h100_slices())).review() for b in bodies]
+    assert [decide(b, view).review() for b in bodies * 20] == fresh * 20
+    assert (view.builds, source.reads) == (1, 1)
+    snap = view.snapshot()
+    world = snap.world()
+    assert world is not None and len(snap.notes) == 5  # one entry per template shape
+    assert list(world.class_members) == ["gpu.tessera.dev"]  # the lint ran on this index
+    assert snap.sizes == (81559 * MiB,)
+    # A node joins: sizes, notes and the index are those of the new slices, derived once.
+    source.change(h100_slices() + a5000_slices())
+    answers = [decide(b, view).review() for b in bodies * 3]
+    assert answers == [decide(b, VIEW).review() for b in bodies] * 3
+    assert view.builds == 2 and view.snapshot().world() is not world
+    assert view.snapshot().sizes == (81559 * MiB, 24564 * MiB)
+
+
+def test_the_background_thread_rebuilds_and_requests_never_wait_for_it() -> None:
+    """With ``start``: after a change, requests get the last synced generation until the
+    thread has rebuilt (lint index included); before the first sync, they never get a stale one
+    (a webhook started before its informer synced must not refuse percentages)."""
+    source = Slices([], synced=False)
+    view = source.view()
+    stop = view.start(interval=3600)  # no tick during the test: refresh() by hand
+    try:
+        pct = review(corpus_pod("HAMi__examples_nvidia__use_memory_fraction.yaml"))
+        assert decide(pct, view).allowed is False  # no sizes yet: "needs the cluster's GPU memory sizes"
+        source.change(h100_slices())  # the informer's first list
+        assert decide(pct, view).allowed is True and view.builds == 2  # unsynced: looked again at once
+        builds = view.builds
+        source.change(h100_slices() + a5000_slices())
+        old = decide(pct, view)
+        assert view.builds == builds and len(old.templates[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]) == 3
+        assert view.refresh() is True and view.refresh() is False
+        snap = view.snapshot()
+        assert snap.generation == source.generation and snap._world is not None  # built off the request path
+        new = decide(pct, view)
+        assert len(new.templates[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]) == 6
+    finally:
+        stop.set()
+
+
+def test_notes_are_bounded_and_an_unreadable_slice_only_drops_them(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """At most MAX_NOTES shapes keep their lint notes; a slice the lint index cannot read
+    (another driver's bad capacity) costs the warnings, never the admission."""
+    import tessera.webhook.admission as admission
+
+    monkeypatch.setattr(admission, "MAX_NOTES", 3)
+    view = ClusterView.static(h100_slices())
+    for mib in range(1000, 6000, 1000):
+        pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": str(mib)}}}]}}
+        assert decide(review(pod), view).allowed
+    assert len(view.snapshot().notes) == 3
+    big = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": "200k"}}}]}}
+    assert "is more than any device has" in decide(review(big), view).warnings[0]
+    bad = copy.deepcopy(a5000_slices()[0])
+    bad["spec"]["driver"] = "other.example.com"
+    bad["spec"]["devices"][0]["capacity"]["memory"] = {"value": "lots"}
+    broken = ClusterView.static([*h100_slices(), bad])
+    d = decide(review(big), broken)
+    assert d.allowed and d.templates and d.warnings == []
+    assert "cannot index the ResourceSlices" in caplog.text
+
+
 @pytest.mark.parametrize(
     "request_fields",
     [

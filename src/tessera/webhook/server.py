@@ -194,14 +194,16 @@ async def serve(
 ) -> None:
     """Serve ``app`` on ``host:port`` until SIGINT/SIGTERM: HTTPS with ``certs`` (checked for
     new files every ``reload_interval`` seconds), plain HTTP without. ``ready(port)`` is called
-    once listening."""
+    once listening. On SIGTERM it stops accepting, finishes the requests in flight and returns
+    within 5 seconds, idle keep-alive connections or not. uvloop and httptools: the fastest of
+    uvicorn's loops and parsers (``docs/benchmarks.md``)."""
     tls: dict[str, Any] = {}
     if certs is not None:
         tls = {"ssl_certfile": str(certs.cert_file), "ssl_keyfile": str(certs.key_file)}
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False, loop="uvloop", http="httptools",
-        lifespan="off", timeout_keep_alive=30, **tls,
-    )
+        lifespan="off", timeout_keep_alive=30, timeout_graceful_shutdown=5, **tls,
+    )  # graceful shutdown bounded: an idle client that never answers TLS close_notify holds it 30 s
     config.load()
     if certs is not None:
         config.ssl = certs.context  # our context: its certificate is swapped in place on reload
