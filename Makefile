@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test lint venv clean native native-test kube prometheus
+.PHONY: simulate test lint venv clean native native-test kube node-deps prometheus
 
 # The enforcement library (C) is built first and copied into the package
 # (src/tessera/enforcement/lib/), so it is installed with it.
@@ -31,16 +31,23 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # The real control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
-# kubectl) and the upstream-allocator harness, compiled from the Go module proxy into
-# tools/kube/bin/ (cached: a no-op when nothing changed; ~24 min on 2 cores the first time).
+# kubectl), a real node (kubelet, containerd, containerd-shim-runc-v2, ctr) and the
+# upstream-allocator harness, compiled from the Go module proxy into tools/kube/bin/
+# (cached: a no-op when nothing changed; ~30 min on 2 cores the first time, docs/cluster.md).
 kube:
 	tools/kube/build.sh
+
+# Debian packages a real node (`tessera cluster up --kubelet`, the `node` tests) needs:
+# runc, containernetworking-plugins, busybox-static, iproute2. Installed with apt-get when
+# root and missing; a no-op (one dpkg-query) otherwise.
+node-deps:
+	tools/kube/node-deps.sh
 
 # Debian's prometheus package: the real server the monitor tests scrape with (idempotent).
 prometheus:
 	tools/prometheus/install.sh
 
-test: $(STAMP) native kube prometheus
+test: $(STAMP) native kube node-deps prometheus
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports

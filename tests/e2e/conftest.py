@@ -12,20 +12,32 @@ the test.
 
 ``kube_namespace`` (function): a fresh namespace with its default ServiceAccount; its pods
 are force-deleted afterwards so that their claims' capacity is released.
+
+``kube_node`` (session, marker ``node``): a control plane of its own plus this machine as a
+real node (``Cluster.up(kubelet=True)``: containerd and a kubelet; root only). It waits up to
+``$TESSERA_NODE_LOCK_WAIT`` seconds (default 900) for another session's node on this machine
+to go (one kubelet per machine), and at the end of the session ``down`` restores the host; a
+host it cannot restore is an error of the last test. :class:`LiveNode` gives the node's name,
+the CDI spec dir, the kubelet's root and plugin dirs, an image builder, kubectl, exec and logs.
+``node_namespace`` (function): a fresh namespace on that cluster; its pods are deleted
+afterwards and the kubelet's confirmation awaited.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from tessera.kube import build
+from tessera.kube import build, images
 from tessera.kube.client import ApiError, KubeClient
 from tessera.kube.cluster import (
     Cluster,
@@ -33,6 +45,7 @@ from tessera.kube.cluster import (
     Inventory,
     register_inventory,
 )
+from tessera.kube.node import NodeInfo, check_host, plugin_registered
 from tessera.kube.workloads import delete_pod, wait_for
 from tessera.sim.cluster import Cluster as SimCluster
 from tessera.sim.cluster import SimNode
@@ -164,9 +177,11 @@ def fresh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartClu
             c.down()
 
 
-@pytest.fixture
-def kube_namespace(kube_cluster: LiveCluster) -> Iterator[str]:
-    client = kube_cluster.client
+@contextlib.contextmanager
+def temp_namespace(client: KubeClient, *, grace_period: int = 0) -> Iterator[str]:
+    """A fresh namespace ``t-<random>`` with its default ServiceAccount; afterwards its pods
+    are deleted (``grace_period`` seconds: 0 on simulated nodes, more on a real one, where the
+    kubelet confirms) and the namespace with them."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
@@ -184,5 +199,125 @@ def kube_namespace(kube_cluster: LiveCluster) -> Iterator[str]:
         yield name
     finally:
         for pod in client.list("v1", "Pod", name):
-            delete_pod(client, pod["metadata"]["name"], name)
+            delete_pod(client, pod["metadata"]["name"], name, grace_period=grace_period, wait=60)
         client.delete("v1", "Namespace", name)
+
+
+@pytest.fixture
+def kube_namespace(kube_cluster: LiveCluster) -> Iterator[str]:
+    with temp_namespace(kube_cluster.client) as name:
+        yield name
+
+
+# ---- a real node --------------------------------------------------------------------------
+
+#: Seconds a session waits for another session's node on this machine (one kubelet per machine).
+NODE_LOCK_WAIT = float(os.environ.get("TESSERA_NODE_LOCK_WAIT", "900"))
+
+
+def node_prerequisites() -> list[str]:
+    """What this machine lacks for the ``node`` tests (root, packages, binaries); empty when ready."""
+    problems = check_host()
+    try:
+        build.ensure_built(node=True)
+    except build.BuildError as e:
+        problems.append(str(e))
+    return problems
+
+
+@dataclass
+class LiveNode(LiveCluster):
+    """A running control plane plus this machine as a real node (``Cluster.up(kubelet=True)``).
+
+    ``node`` holds the paths a DRA kubelet plugin needs; ``bin_dir`` the kubectl/ctr binaries.
+    """
+
+    node: NodeInfo
+    bin_dir: Path
+
+    @property
+    def name(self) -> str:
+        """The Node's name (this machine's hostname)."""
+        return self.node.name
+
+    @property
+    def cdi_spec_dir(self) -> Path:
+        """Where a DRA driver writes CDI specs; containerd reads them from here."""
+        return self.node.cdi_spec_dir
+
+    @property
+    def kubelet_root_dir(self) -> Path:
+        return self.node.kubelet_root_dir
+
+    @property
+    def plugins_registry_dir(self) -> Path:
+        """``<kubelet root>/plugins_registry``: where a kubelet plugin's registration socket goes."""
+        return self.node.plugins_registry_dir
+
+    def plugin_dir(self, driver: str) -> Path:
+        """``<kubelet root>/plugins/<driver>``: where a DRA plugin's socket goes."""
+        return self.node.plugin_dir(driver)
+
+    def image(self, name: str, files: Mapping[str, images.FileLike], *, tag: str = "latest", **kwargs: Any) -> images.Image:
+        """Build ``tessera.local/<name>:<tag>`` (busybox plus ``files``; keyword arguments of
+        :func:`tessera.kube.images.build_image`: env, entrypoint, cmd, libraries_for...) and
+        import it into the node's containerd. Use ``.ref`` with ``imagePullPolicy: Never``."""
+        return self.node.build_image(name, files, tag=tag, **kwargs)
+
+    def kubectl(self, *args: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run ``kubectl ARGS`` against this cluster; with ``check``, a non-zero exit fails the test."""
+        proc = subprocess.run(
+            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )
+        if check and proc.returncode != 0:
+            pytest.fail(f"kubectl {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def exec(self, pod: str, namespace: str, *command: str, container: str | None = None) -> str:
+        """``kubectl exec`` (API server -> kubelet -> containerd) and return stdout."""
+        opts = ["-c", container] if container else []
+        return self.kubectl("exec", "-n", namespace, pod, *opts, "--", *command).stdout
+
+    def logs(self, pod: str, namespace: str, *, container: str | None = None) -> str:
+        """``kubectl logs`` (read by the kubelet from the pod log dir) and return them."""
+        opts = ["-c", container] if container else []
+        return self.kubectl("logs", "-n", namespace, pod, *opts).stdout
+
+    def wait_plugin_registered(self, driver: str, *, timeout: float = 60.0) -> None:
+        """Wait until the kubelet has registered the kubelet plugin of ``driver`` (create pods
+        only then: a pod created before fails preparing its claims and is retried only after
+        a back-off of over a minute)."""
+        kubelet = self.cluster.kubelet_client()
+        wait_for(lambda: True if plugin_registered(kubelet, self.node, driver) else None, timeout=timeout,
+                 interval=0.5, what=f"the kubelet to register the plugin of {driver} in {self.plugins_registry_dir}")
+
+
+@pytest.fixture(scope="session")
+def kube_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveNode]:
+    problems = node_prerequisites()
+    if problems:
+        pytest.fail("cannot run a real node for `node` tests (deselect them with -m 'not node'): " + "; ".join(problems))
+    cluster = Cluster(tmp_path_factory.mktemp("node"))
+    try:
+        try:
+            cluster.up(Inventory(), build_binaries=False, die_with_parent=True, kubelet=True, node_lock_wait=NODE_LOCK_WAIT)
+        except ClusterError as e:
+            pytest.fail(f"tessera cluster up --kubelet failed: {e}")
+        info = cluster.node
+        assert info is not None
+        yield LiveNode(cluster, cluster.kubeconfig, cluster.client(), str(cluster.server), Inventory(), info, build.bin_dir())
+    finally:
+        cluster.down()
+
+
+@pytest.fixture
+def node_namespace(kube_node: LiveNode) -> Iterator[str]:
+    with temp_namespace(kube_node.client, grace_period=2) as name:
+        yield name
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``host_restore`` start and stop a node of their own: run them before
+    any test that starts the session's ``kube_node`` (which holds the machine's node)."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("host_restore") else 1)

@@ -73,7 +73,7 @@ def test_up_kubectl_down(tmp_path: Path) -> None:
         res = runner.invoke(cluster, ["up", "--state-dir", str(state), "--slices", str(slices), "--no-build"])
         assert res.exit_code == 0, res.output
         assert f"export KUBECONFIG={state / 'kubeconfig'}" in res.stdout
-        assert "(2 nodes, 2 ResourceSlices)" in res.stdout
+        assert "(2 simulated nodes, 2 ResourceSlices)" in res.stdout
 
         res = runner.invoke(cluster, ["status", "--state-dir", str(state)])
         assert res.exit_code == 0, res.output
@@ -138,7 +138,7 @@ def test_up_with_bundled_cluster_description(tmp_path: Path) -> None:
     try:
         res = runner.invoke(cluster, ["up", "--state-dir", str(state), "--cluster", str(desc), "--no-build"])
         assert res.exit_code == 0, res.output
-        assert "(4 nodes, 4 ResourceSlices)" in res.stdout
+        assert "(4 simulated nodes, 4 ResourceSlices)" in res.stdout
         client = KubeClient.from_kubeconfig(state / "kubeconfig")
         nodes = {n["metadata"]["name"]: n for n in client.list("v1", "Node")}
         assert sorted(nodes) == ["a100-mig-node", "a5000-node", "h100-node", "v100s-node"]

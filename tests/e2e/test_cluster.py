@@ -3,10 +3,14 @@ allocates consumable GPU capacity (memory, cores) to pods' ResourceClaims."""
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import pytest
 
+from tessera.kube import cluster as cluster_mod
 from tessera.kube.client import ApiError
-from tessera.kube.cluster import FEATURE_GATES, Inventory
+from tessera.kube.cluster import FEATURE_GATES, Cluster, Inventory
 from tessera.kube.workloads import (
     apply_objects,
     delete_pod,
@@ -154,3 +158,32 @@ def test_gpu_fills_up_then_next_pod_pends(
     delete_pod(client, "p0", ns)
     pod = wait_pod_scheduled(client, "over", ns, timeout=90)
     assert pod["spec"]["nodeName"] == node
+
+
+def test_up_moves_to_other_ports_when_one_was_taken_meanwhile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ports are picked free and bound a moment later: when another process takes one in
+    between (other clusters on a shared machine), `up` starts the control plane again on
+    other ports instead of failing."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    real, picked = cluster_mod._free_ports, []
+
+    def free_ports(n: int) -> list[int]:
+        ports = real(n)
+        if not picked:
+            ports[2] = taken.getsockname()[1]  # kube-apiserver's
+        picked.append(ports)
+        return ports
+
+    monkeypatch.setattr(cluster_mod, "_free_ports", free_ports)
+    c, said = Cluster(tmp_path / "state"), []
+    try:
+        c.up(Inventory(), build_binaries=False, die_with_parent=True, progress=said.append)
+        assert len(picked) == 2
+        assert "kube-apiserver could not bind its port (taken by another process meanwhile); starting the control plane again on other ports" in said
+        assert c.status().state == "running"
+        assert c.server == f"https://127.0.0.1:{picked[1][2]}"
+    finally:
+        c.down()
+        taken.close()

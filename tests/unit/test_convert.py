@@ -81,7 +81,7 @@ def exactly(conv: Conversion, i: int = 0) -> dict[str, Any]:
 
 def topology_constraints(numa_bind: bool = False) -> list[dict[str, Any]]:
     """The constraints of a multi-GPU request: N distinct GPUs, then one per topology level."""
-    out: list[dict[str, Any]] = [{"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"}]
+    out: list[dict[str, Any]] = [{"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/unit"}]
     if numa_bind:
         out.append({"requests": ["gpu"], "matchAttribute": "gpu.tessera.dev/numaNode"})
         return [*out, {"requests": ["gpu/nvlink"], "matchAttribute": "gpu.tessera.dev/nvlinkDomain"}]
@@ -735,16 +735,27 @@ def test_use_uuid_list_is_trimmed_and_matches_exactly() -> None:
     conv = convert(
         pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/use-gpuuuid": " GPU-a , ,GPU-b,GPU-a"})
     )
-    assert selectors_of(conv) == [f'has({ATTRS}.uuid) && {ATTRS}.uuid in ["GPU-a", "GPU-b"]']
+    items = '["GPU-a", "GPU-b"]'
+    assert selectors_of(conv) == [
+        f"(has({ATTRS}.uuid) && {ATTRS}.uuid in {items}) || "
+        f"(has({ATTRS}.parentUUID) && {ATTRS}.parentUUID in {items})"
+    ]
     assert cel_eval(selectors_of(conv)[0], device(uuid="GPU-b"))
     assert not cel_eval(selectors_of(conv)[0], device(uuid="GPU-c"))
+    # HAMi compares the physical GPU's UUID in MIG mode too: a MIG device of GPU-a matches.
+    assert cel_eval(selectors_of(conv)[0], device(type="mig", parentUUID="GPU-a"))
+    assert not cel_eval(selectors_of(conv)[0], device(type="mig", parentUUID="GPU-c"))
 
 
 def test_nouse_uuid_excludes() -> None:
     conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/nouse-gpuuuid": "GPU-a"}))
-    assert selectors_of(conv) == [f'!(has({ATTRS}.uuid) && {ATTRS}.uuid in ["GPU-a"])']
+    assert selectors_of(conv) == [
+        f'!((has({ATTRS}.uuid) && {ATTRS}.uuid in ["GPU-a"]) || '
+        f'(has({ATTRS}.parentUUID) && {ATTRS}.parentUUID in ["GPU-a"]))'
+    ]
     assert not cel_eval(selectors_of(conv)[0], device(uuid="GPU-a"))
     assert cel_eval(selectors_of(conv)[0], device(uuid="GPU-b"))
+    assert not cel_eval(selectors_of(conv)[0], device(type="mig", parentUUID="GPU-a"))
 
 
 def test_empty_uuid_annotation_is_no_constraint() -> None:
@@ -797,19 +808,19 @@ def test_cel_literals_are_escaped() -> None:
     nasty = 'GPU-"x\\" || true || "\n\t\x01'
     conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/use-gpuuuid": nasty}))
     (expr,) = selectors_of(conv)
-    assert expr == f'has({ATTRS}.uuid) && {ATTRS}.uuid in ["GPU-\\"x\\\\\\" || true || \\"\\n\\t\\u0001"]'
+    literal = '["GPU-\\"x\\\\\\" || true || \\"\\n\\t\\u0001"]'
+    assert expr == f"(has({ATTRS}.uuid) && {ATTRS}.uuid in {literal}) || (has({ATTRS}.parentUUID) && {ATTRS}.parentUUID in {literal})"
     assert cel_eval(expr, device(uuid=nasty.strip()))
     assert not cel_eval(expr, device(uuid="GPU-other"))
     assert cel_string("é\x7f") == '"é\\u007f"'
 
 
-def test_vgpu_mode_mig_selects_mig_devices_with_warning() -> None:
+def test_vgpu_mode_mig_selects_mig_devices() -> None:
+    # A whole MIG device per GPU asked: an existing instance, or a profile placement of a
+    # dynamic-MIG GPU; nothing is dropped, so nothing to warn about.
     conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/vgpu-mode": "mig"}))
     assert selectors_of(conv) == [f'has({ATTRS}.type) && {ATTRS}.type == "mig"']
-    assert conv.warnings == [
-        "pod ns/p: annotation nvidia.com/vgpu-mode 'mig': Tessera does not create MIG "
-        'instances; the claim shares existing MIG devices (type "mig") by memory and cores'
-    ]
+    assert conv.warnings == []
 
 
 def test_vgpu_mode_hami_core_selects_whole_gpus() -> None:

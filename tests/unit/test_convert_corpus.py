@@ -129,7 +129,7 @@ def spec_of(conv: Conversion, i: int = 0) -> dict[str, Any]:
     return conv.templates[i]["spec"]["spec"]
 
 
-DISTINCT = [{"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"}]
+DISTINCT = [{"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/unit"}]
 LEVELS = (("nvlink", "gpu.tessera.dev/nvlinkDomain"), ("numa", "gpu.tessera.dev/numaNode"), ("any", None))
 
 
@@ -332,6 +332,10 @@ def test_specify_card_type_to_use() -> None:
     assert conv.pod["metadata"]["annotations"] == {"nvidia.com/use-gputype": "A100,V100"}
 
 
+ONE_UUID = '["GPU-03f69c50-207a-2038-9b45-23cac89cb67d"]'
+BOTH_UUIDS = '["GPU-03f69c50-207a-2038-9b45-23cac89cb67d", "GPU-03f69c50-207a-2038-9b45-23cac89cb67e"]'
+
+
 def test_specify_uuid_not_use() -> None:
     conv = convert_file("HAMi__examples_nvidia__specify_uuid_not_use.yaml")
     assert spec_of(conv) == with_topology({
@@ -346,8 +350,8 @@ def test_specify_uuid_not_use() -> None:
                         "selectors": [
                             {
                                 "cel": {
-                                    "expression": f"!(has({ATTRS}.uuid) && {ATTRS}.uuid in "
-                                    '["GPU-03f69c50-207a-2038-9b45-23cac89cb67d"])'
+                                    "expression": f"!((has({ATTRS}.uuid) && {ATTRS}.uuid in {ONE_UUID}) || "
+                                    f"(has({ATTRS}.parentUUID) && {ATTRS}.parentUUID in {ONE_UUID}))"
                                 }
                             }
                         ],
@@ -365,9 +369,8 @@ def test_specify_uuid_to_use_lists_both_uuids() -> None:
     assert spec_of(conv)["devices"]["requests"][0]["exactly"]["selectors"] == [
         {
             "cel": {
-                "expression": f"has({ATTRS}.uuid) && {ATTRS}.uuid in "
-                '["GPU-03f69c50-207a-2038-9b45-23cac89cb67d", '
-                '"GPU-03f69c50-207a-2038-9b45-23cac89cb67e"]'
+                "expression": f"(has({ATTRS}.uuid) && {ATTRS}.uuid in {BOTH_UUIDS}) || "
+                f"(has({ATTRS}.parentUUID) && {ATTRS}.parentUUID in {BOTH_UUIDS})"
             }
         }
     ]
@@ -532,7 +535,12 @@ def test_dynamic_mig_example_selects_mig_devices() -> None:
     assert body["selectors"] == [{"cel": {"expression": f'has({ATTRS}.type) && {ATTRS}.type == "mig"'}}]
     assert body["capacity"] == {"requests": {"memory": "8000Mi", "cores": "0"}}
     assert conv.gpu_scheduler_policy == "binpack"
-    assert len(conv.warnings) == 1 and "does not create MIG instances" in conv.warnings[0]
+    assert conv.warnings == []
+    # gpu: 2 asks two distinct MIG devices, which may share a parent GPU (HAMi's example puts
+    # two 2g.10gb on one A100-40GB): distinct on `unit`; MIG devices have no NVLink domain, so
+    # the last topology level ("any") is the one they fit.
+    assert spec_of(conv)["devices"]["constraints"][0] == DISTINCT[0]
+    assert [s["name"] for s in spec_of(conv)["devices"]["requests"][0]["firstAvailable"]] == ["nvlink", "numa", "any"]
 
 
 def test_unsupported_corpus_resources_say_so() -> None:

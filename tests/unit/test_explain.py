@@ -117,13 +117,18 @@ def test_default_hami_uuid_pinned_names_the_false_subexpression() -> None:
     ]
     v100 = _groups(_node(exp, "v100s-node"))
     assert len(v100) == 1 and v100[0][0] == 8
-    assert v100[0][1].startswith(
-        'request gpu selector #0 is false: `device.attributes["gpu.tessera.dev"].uuid in ["GPU-123456"]` '
-        '(uuid = "GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e"; '
+    sel = (
+        '`(has(device.attributes["gpu.tessera.dev"].uuid) && device.attributes["gpu.tessera.dev"].uuid in ["GPU-123456"]) || '
+        '(has(device.attributes["gpu.tessera.dev"].parentUUID) && device.attributes["gpu.tessera.dev"].parentUUID in ["GPU-123456"])`'
     )
-    # MIG devices have no uuid in this inventory: the has() guard is the false conjunct.
+    assert v100[0][1].startswith(
+        f'request gpu selector #0 is false: {sel} (uuid = "GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e", '
+        "no attribute gpu.tessera.dev/parentUUID; "
+    )
+    # MIG devices have no uuid in this inventory; their GPU's UUID (parentUUID) is not listed either.
     assert _groups(_node(exp, "a100-mig-node")) == [
-        (4, 'request gpu selector #0 is false: `has(device.attributes["gpu.tessera.dev"].uuid)`')
+        (4, f'request gpu selector #0 is false: {sel} (no attribute gpu.tessera.dev/uuid, '
+            'parentUUID = "GPU-513536b6-7d19-9063-b049-1e69664bb298")')
     ]
 
 
@@ -173,7 +178,7 @@ def test_hami_percentage_two_gpus_on_one_gpu_node(corpus: Path) -> None:
     assert r.request == "gpu/any-mem-0" and r.wants == "2 devices × memory 16255Mi, cores 30 (class gpu.tessera.dev)"
     assert r.notes == [
         "needs 2 devices, 1 fit on their own",
-        "constraint #0 distinctAttribute gpu.tessera.dev/uuid: the fitting devices have 1 distinct value, 2 needed",
+        "constraint #0 distinctAttribute gpu.tessera.dev/unit: the fitting devices have 1 distinct value, 2 needed",
     ]
 
 

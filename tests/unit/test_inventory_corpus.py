@@ -93,7 +93,7 @@ def _check_pool(slices: list[dict], node: str) -> list[dict]:
             "resourceSliceCount": len(slices),
         }
         assert s["spec"]["nodeName"] == node
-        devices += s["spec"]["devices"]
+        devices += s["spec"].get("devices") or []  # counter slices carry sharedCounters only
     names = [d["name"] for d in devices]
     assert len(names) == len(set(names)), "device names unique across the pool"
     return devices

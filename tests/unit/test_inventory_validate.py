@@ -68,7 +68,7 @@ def test_string_attribute_limit_and_names() -> None:
 def test_too_many_attributes_and_devices() -> None:
     s = good()
     dev0(s)["attributes"].update({f"extra{i}": {"int": i} for i in range(25)})
-    assert validate(s) == ["spec.devices[0]: 34 attributes + 2 capacities exceed 32"]
+    assert validate(s) == ["spec.devices[0]: 35 attributes + 2 capacities exceed 32"]  # 10 published (incl. unit) + 25
     s = good()
     base = dev0(s)
     s["spec"]["devices"] = [{**copy.deepcopy(base), "name": f"gpu-{i}"} for i in range(129)]

@@ -142,11 +142,17 @@ def test_a100_mig_xml_publishes_dedicated_mig_devices_only() -> None:
     assert list(devs) == ["gpu-0-mig-1-0", "gpu-0-mig-2-0"]
     mig = devs["gpu-0-mig-1-0"]
     assert "allowMultipleAllocations" not in mig
-    assert mig["capacity"] == {"memory": {"value": "19968Mi"}, "multiprocessors": {"value": "42"}}
+    # `cores` 100 = all of the instance's own SMs, so claims that name cores (every converted
+    # HAMi claim) match it; dedicated, so it is a filter. The SM count is an attribute.
+    assert mig["capacity"] == {"memory": {"value": "19968Mi"}, "cores": {"value": "100"}}
+    assert attr(mig, "multiprocessors") == 42
     assert attr(mig, "type") == "mig"
     assert attr(mig, "parentUUID") == "GPU-27b94a00-ed54-5c24-b1fd-1054085de32a"
     assert attr(mig, "gpuInstanceID") == 1
     assert "uuid" not in mig["attributes"] and "profile" not in mig["attributes"]
+    # the hardware it gives, named the way CUDA names a MIG device without its MIG UUID
+    assert attr(mig, "unit") == "MIG-GPU-27b94a00-ed54-5c24-b1fd-1054085de32a/1/0"
+    assert "consumesCounters" not in mig  # one compute instance per GPU instance: nothing shared
 
 
 def test_h100_mig_capture_profiles_and_masking() -> None:
@@ -160,11 +166,12 @@ def test_h100_mig_capture_profiles_and_masking() -> None:
     ]
     assert gpu.cuda_compute_capability == "9.0"  # from the capture's --query-gpu section
     devs = devices(build_resource_slices("n", [gpu]))
-    assert [attr(d, "profile") for d in devs.values()] == [
-        "3g.40gb",
-        "2g.20gb",
-        "1g.10gb",
-        "1g.10gb",
+    # Smallest first: the allocator's first fit is then the smallest instance that holds a claim.
+    assert [(name, attr(d, "profile")) for name, d in devs.items()] == [
+        ("gpu-0-mig-9-0", "1g.10gb"),
+        ("gpu-0-mig-10-0", "1g.10gb"),
+        ("gpu-0-mig-3-0", "2g.20gb"),
+        ("gpu-0-mig-2-0", "3g.40gb"),
     ]
     assert all(attr(d, "parentUUIDSynthesized") is True for d in devs.values())
 

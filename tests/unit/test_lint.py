@@ -172,8 +172,8 @@ def test_cost_over_the_limit() -> None:
 @pytest.mark.parametrize(
     ("caps", "expected"),
     [
-        ("{mem: 8Gi}", "no device of class gpu.tessera.dev publishes a capacity 'mem' (published: cores, memory, "
-         "multiprocessors); no device can satisfy this request. fix: use 'memory'"),
+        ("{mem: 8Gi}", "no device of class gpu.tessera.dev publishes a capacity 'mem' (published: cores, memory); "
+         "no device can satisfy this request. fix: use 'memory'"),
         ("{cores: '150'}", "cores 150 is over 100: cores is percent of one GPU's SMs (0-100). fix: ask for at most 100 "
          "per device, and count: N for several GPUs"),
     ],

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Build the local control plane and the upstream-allocator harness from Go modules:
+# Build the local control plane, a real node and the upstream-allocator harness from Go modules:
 #   etcd (go.etcd.io/etcd/server/v3, module tools/kube/etcd), kube-apiserver, kube-scheduler,
-#   kube-controller-manager, kubectl (k8s.io/kubernetes, module tools/kube) and
-#   allocator-harness (tools/kube/cmd/allocator-harness)
+#   kube-controller-manager, kubectl, kubelet (k8s.io/kubernetes, module tools/kube),
+#   containerd, containerd-shim-runc-v2, ctr (github.com/containerd/containerd/v2, module
+#   tools/kube/containerd) and allocator-harness (tools/kube/cmd/allocator-harness)
 # into tools/kube/bin/. The build is skipped when bin/.stamp matches a hash of the go
 # version, go.mod/go.sum files, this script and every .go source under tools/kube.
 #
@@ -22,7 +23,8 @@ esac
 
 command -v go >/dev/null || { echo "build.sh: 'go' not found on PATH; install Go >= 1.26 (https://go.dev/dl/)" >&2; exit 2; }
 
-binaries=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet allocator-harness)
+binaries=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet allocator-harness
+          containerd containerd-shim-runc-v2 ctr)
 mkdir -p "$bin"
 # One build at a time (a CLI call and a test session may race).
 exec 9>"$bin/.lock"
@@ -68,5 +70,14 @@ go build -o "$bin/" -ldflags "$ldflags" \
 etcd_version="$(cd etcd && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
 echo "build.sh: building etcd ($etcd_version)"
 (cd etcd && go build -o "$bin/etcd" -ldflags "-s -w" ./cmd/etcd)
+containerd_version="$(cd containerd && go list -m -f '{{.Version}}' github.com/containerd/containerd/v2)"
+echo "build.sh: building containerd containerd-shim-runc-v2 ctr ($containerd_version)"
+# Upstream's static build: no cgo, and without the btrfs/devmapper/zfs snapshotters (cgo or
+# kernel features this node does not use; overlayfs is the snapshotter).
+(cd containerd && go build -o "$bin/" -tags "no_btrfs no_devmapper no_zfs" \
+  -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd_version" \
+  github.com/containerd/containerd/v2/cmd/containerd \
+  github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  github.com/containerd/containerd/v2/cmd/ctr)
 echo "$hash" > "$bin/.stamp"
 echo "build.sh: done in $(( $(date +%s) - start ))s -> $bin"

@@ -4,6 +4,8 @@ Exit status: 0 on
 success; 1 when the control plane fails (message includes the failing component's log
 tail); 2 on bad input (``--slices``/``--cluster`` files, named with document and field).
 ``status`` exits 0 when every component is healthy, 1 when degraded, 3 when stopped.
+``up --kubelet`` adds a real node (containerd and a kubelet; root only, one per machine);
+``down`` then also restores what the kubelet changed on the host (exit 1 if it could not).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import click
 from tessera.cli._common import examples_dir, fail
 from tessera.kube.build import BuildError
 from tessera.kube.cluster import (
-    COMPONENTS,
     Cluster,
     ClusterError,
     ClusterInputError,
@@ -35,11 +36,16 @@ _state_dir_option = click.option(
 )
 
 
+def _progress(message: str) -> None:
+    click.echo(f"tessera cluster: {message}", err=True)
+
+
 @click.group(name="cluster")
 def cluster() -> None:
     """Run a real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler,
-    kube-controller-manager) on loopback, with simulated GPU nodes. No kubelet: pods are
-    scheduled and their ResourceClaims allocated, but never run."""
+    kube-controller-manager) on loopback, with simulated GPU nodes (pods are scheduled and
+    their ResourceClaims allocated, but never run) and, with `up --kubelet`, this machine as
+    a real node (containerd and a kubelet: pods run)."""
 
 
 @cluster.command()
@@ -55,13 +61,22 @@ def cluster() -> None:
 )
 @click.option("--no-build", is_flag=True, help="Do not run tools/kube/build.sh; use the binaries as they are.")
 @click.option("--timeout", type=float, default=180.0, show_default=True, help="Seconds to wait for each component.")
-def up(state_dir: Path | None, slice_files: tuple[Path, ...], cluster_file: Path | None, no_build: bool, timeout: float) -> None:
+@click.option(
+    "--kubelet", is_flag=True,
+    help="Also run this machine as a real node: containerd and a kubelet (root; one per machine; "
+         "`down` restores the host). Simulated nodes only with --cluster/--slices.",
+)
+def up(
+    state_dir: Path | None, slice_files: tuple[Path, ...], cluster_file: Path | None, no_build: bool, timeout: float,
+    kubelet: bool,
+) -> None:
     """Start a fresh control plane and register nodes, ResourceSlices and the DeviceClass gpu.tessera.dev.
 
     With neither --cluster nor --slices, the nodes of the bundled default cluster (the one
-    `tessera simulate` uses with no arguments) are registered.
+    `tessera simulate` uses with no arguments) are registered, unless --kubelet is given
+    (then the real node is the only one).
     """
-    if cluster_file is None and not slice_files:
+    if cluster_file is None and not slice_files and not kubelet:
         cluster_file = examples_dir() / "cluster.yaml"
     try:
         inv = Inventory()
@@ -72,12 +87,16 @@ def up(state_dir: Path | None, slice_files: tuple[Path, ...], cluster_file: Path
         fail(str(e), 2)
     c = Cluster(state_dir)
     try:
-        c.up(inv, build_binaries=not no_build, timeout=timeout, progress=lambda m: click.echo(f"tessera cluster: {m}", err=True))
+        c.up(inv, build_binaries=not no_build, timeout=timeout, progress=_progress, kubelet=kubelet)
     except ClusterInputError as e:
         fail(str(e), 2)
     except (ClusterError, BuildError) as e:
         fail(str(e), 1)
-    click.echo(f"control plane running at {c.server} ({len(inv.nodes)} nodes, {len(inv.slices)} ResourceSlices)")
+    click.echo(f"control plane running at {c.server} ({len(inv.nodes)} simulated nodes, {len(inv.slices)} ResourceSlices)")
+    node = c.node
+    if node is not None:
+        click.echo(f"node {node.name} Ready: kubelet root {node.kubelet_root_dir}, CDI spec dir {node.cdi_spec_dir}, "
+                   f"containerd {node.containerd_socket}")
     click.echo(f"state: {c.state_dir}   stop: tessera cluster down --state-dir {shlex.quote(str(c.state_dir))}")
     click.echo(f"export KUBECONFIG={shlex.quote(str(c.kubeconfig))}")
 
@@ -85,9 +104,13 @@ def up(state_dir: Path | None, slice_files: tuple[Path, ...], cluster_file: Path
 @cluster.command()
 @_state_dir_option
 def down(state_dir: Path | None) -> None:
-    """Stop every component (SIGTERM to each process group, SIGKILL after 10 s)."""
+    """Stop every component (SIGTERM to each process group, SIGKILL after 10 s); with a real
+    node, first its pods, containerd tasks, kubelet, containerd and shims, then restore the host."""
     c = Cluster(state_dir)
-    stopped = c.down()
+    try:
+        stopped = c.down(progress=_progress)
+    except ClusterError as e:
+        fail(str(e), 1)
     left = c.running_components()
     if left:
         fail(f"still running after down: {', '.join(left)} (state {c.state_dir})", 1)
@@ -102,7 +125,7 @@ def status(state_dir: Path | None) -> None:
     click.echo(f"cluster: {st.state}   state dir: {st.state_dir}")
     if st.server:
         click.echo(f"server: {st.server}   kubeconfig: {st.kubeconfig}")
-    width = max(len(n) for n in COMPONENTS)
+    width = max(len(c.name) for c in st.components)
     for comp in st.components:
         word = "healthy" if comp.healthy else ("unhealthy" if comp.running else "stopped")
         pid = str(comp.pid) if comp.pid is not None else "-"

@@ -264,10 +264,16 @@ def _gpu_table(result: SimResult, wide: bool) -> FitTable:
     uuids = _uuid_names(result, wide)
     cols = [("device", True), ("GPU", True), ("model", False), ("memory allocated / capacity", False),
             ("cores allocated / capacity", False), ("shares", False)]  # fmt: skip
+    # Unallocated profile placements of dynamic-MIG GPUs are possible instances, not hardware:
+    # the GPU's own row (gpu-<i>) and its counters column say what is left of it.
+    rows = [u for u in result.gpus if not u.potential]
+    counters = any(u.counters for u in rows)
+    if counters:
+        cols.append(("shared counters", False))
     if wide:
         cols.insert(0, ("node", True))
     g = FitTable("GPUs", cols, caption=None if wide else "UUIDs and shareIDs as unique prefixes; -o wide shows them whole")
-    for u in result.gpus:
+    for u in rows:
         row = [
             device_key(u.driver, u.pool, u.device),
             uuids.get(u.uuid, "-") if u.uuid else "-",
@@ -276,6 +282,8 @@ def _gpu_table(result: SimResult, wide: bool) -> FitTable:
             _usage(u.cores_allocated, u.cores_capacity, _fmt_num),
             "dedicated" if u.dedicated else str(u.shares),
         ]
+        if counters:
+            row.append("; ".join(u.counters) or "-")
         g.add_row(*([u.node or "-"] if wide else []), *row)
     return g
 

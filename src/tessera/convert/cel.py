@@ -56,13 +56,23 @@ def has_attr(name: str) -> str:
 
 
 def uuid_in(uuids: Sequence[str]) -> str:
-    """The device has a ``uuid`` attribute and it is in ``uuids`` (exact match)."""
-    return f"{has_attr('uuid')} && {ATTRS}.uuid in {cel_list(uuids)}"
+    """The device's GPU is in ``uuids`` (exact match): its ``uuid``, or for a MIG device its
+    parent's (``parentUUID``), as HAMi compares the physical GPU's UUID in MIG mode too."""
+    items = cel_list(uuids)
+    return (
+        f"({has_attr('uuid')} && {ATTRS}.uuid in {items}) || "
+        f"({has_attr('parentUUID')} && {ATTRS}.parentUUID in {items})"
+    )
 
 
 def uuid_not_in(uuids: Sequence[str]) -> str:
-    """The device has no ``uuid`` in ``uuids``."""
+    """Neither the device's ``uuid`` nor its ``parentUUID`` is in ``uuids``."""
     return f"!({uuid_in(uuids)})"
+
+
+def profile_in(profiles: Sequence[str]) -> str:
+    """The device is a MIG device of one of ``profiles`` (``profile`` attribute)."""
+    return f"{has_attr('profile')} && {ATTRS}.profile in {cel_list(profiles)}"
 
 
 def _product_contains(needle: str) -> str:

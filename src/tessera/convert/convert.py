@@ -231,6 +231,9 @@ class _PodHints:
     numa_bind: bool
     node_policy: str | None
     gpu_policy: str | None
+    #: container position (initContainers first, as HAMi counts) -> MIG profiles HAMi's
+    #: scheduler recorded for it in hami.io/vgpu-mig-allocations
+    mig_profiles: dict[int, list[str]] = field(default_factory=dict)
 
 
 def _pod_hints(annotations: Mapping[str, Any], ctx: _Ctx) -> _PodHints:
@@ -298,7 +301,41 @@ def _pod_hints(annotations: Mapping[str, Any], ctx: _Ctx) -> _PodHints:
         numa_bind=numa_bind,
         node_policy=text(hami.NODE_SCHEDULER_POLICY),
         gpu_policy=text(hami.GPU_SCHEDULER_POLICY),
+        mig_profiles=_mig_allocations(text(hami.MIG_ALLOCATIONS), ctx),
     )
+
+
+def _mig_allocations(raw: str | None, ctx: _Ctx) -> dict[int, list[str]]:
+    """The profiles of ``hami.io/vgpu-mig-allocations`` per container position.
+
+    HAMi's scheduler writes it (``pkg/device/nvidia/mig_allocations.go``: a JSON list of
+    ``{containerIndex, deviceIndex, gpuUUID, profile, placement{start,size}, ...}``); a pod that
+    carries it (recreated from a HAMi cluster) keeps the profile HAMi chose: the claim selects
+    that profile. The GPU and the placement are chosen again. Anything unreadable is warned about
+    and ignored: a scheduler record never rejects a pod.
+    """
+    if raw is None:
+        return {}
+    key = hami.MIG_ALLOCATIONS
+    try:
+        items = json.loads(raw)
+    except json.JSONDecodeError as e:
+        ctx.warn("", f"annotation {key} is not JSON ({e.msg}); ignored")
+        return {}
+    out: dict[int, list[str]] = {}
+    if not isinstance(items, list):
+        ctx.warn("", f"annotation {key} is not a JSON list; ignored")
+        return {}
+    for i, it in enumerate(items):
+        c = it.get("containerIndex") if isinstance(it, dict) else None
+        prof = it.get("profile") if isinstance(it, dict) else None
+        if not isinstance(c, int) or isinstance(c, bool) or c < 0 or not isinstance(prof, str) or not prof:
+            ctx.warn("", f"annotation {key}: entry {i} has no containerIndex and profile; ignored")
+            return {}
+        names = out.setdefault(c, [])
+        if prof not in names:
+            names.append(prof)
+    return out
 
 
 def _type_needles(items: list[str]) -> list[str]:
@@ -320,12 +357,10 @@ def _vgpu_mode(key: str, raw: str, ctx: _Ctx) -> str | None:
         ctx.warn("", f"annotation {key} {raw!r}: mps is not supported by Tessera; mps is ignored")
     elif not types:
         raise ctx.error("", key, f"annotation {key} {raw!r} names no mode; write hami-core or mig")
-    if "mig" in types:
-        ctx.warn(
-            "",
-            f"annotation {key} {raw!r}: Tessera does not create MIG instances; the claim "
-            'shares existing MIG devices (type "mig") by memory and cores',
-        )
+    # mig: the claim takes one whole MIG device per GPU asked (type "mig"): an existing
+    # instance, or on a GPU published for dynamic MIG a profile placement the scheduler picks
+    # and the node driver creates. Devices are published smallest first, so first fit is the
+    # smallest instance or profile whose memory holds gpumem, as HAMi picks it.
     if len(types) == 1:
         return cel.type_is(types[0])
     return None  # both kinds (or mps only): no constraint
@@ -638,13 +673,20 @@ def _device_request(
 
 
 def _claim_spec(
-    req: ContainerRequest, hints: _PodHints, sizes: Sequence[int], ctx: _Ctx
+    req: ContainerRequest,
+    hints: _PodHints,
+    sizes: Sequence[int],
+    ctx: _Ctx,
+    mig_profiles: Sequence[str] = (),
 ) -> dict[str, Any]:
+    selectors = [*hints.selectors, cel.profile_in(mig_profiles)] if mig_profiles else hints.selectors
     subs = _subrequests(req, sizes, hints.numa_bind, ctx)
-    devices: dict[str, Any] = {"requests": [_device_request(req, hints.selectors, subs)]}
+    devices: dict[str, Any] = {"requests": [_device_request(req, selectors, subs)]}
     constraints: list[dict[str, Any]] = []
     if req.gpus > 1:
-        constraints.append({"requests": [REQUEST_NAME], "distinctAttribute": f"{DRIVER_NAME}/uuid"})
+        # `unit` names the hardware a device gives: a GPU's UUID, a MIG instance or placement
+        # of its own. N units = N GPUs, or N MIG devices that may share a parent GPU.
+        constraints.append({"requests": [REQUEST_NAME], "distinctAttribute": f"{DRIVER_NAME}/unit"})
         if hints.numa_bind:
             constraints.append(
                 {"requests": [REQUEST_NAME], "matchAttribute": f"{DRIVER_NAME}/numaNode"}
@@ -735,7 +777,7 @@ def convert_pod(
     asked means the whole memory; gpumem beats percentage. The container then gets one claim
     whose template has one request ``gpu`` on DeviceClass ``gpu.tessera.dev`` with
     ``count`` = GPUs, ``capacity.requests`` memory (bytes) and cores (percent), a
-    ``distinctAttribute: gpu.tessera.dev/uuid`` constraint when count > 1, and CEL selectors from
+    ``distinctAttribute: gpu.tessera.dev/unit`` constraint when count > 1, and CEL selectors from
     the pod's HAMi annotations. Template names are ``<pod>-<container>-gpu`` and pod claim names
     ``<container>-gpu`` (hashed suffix when too long or not DNS-valid).
 
@@ -777,7 +819,7 @@ def convert_pod(
             raise
         # Nothing to convert: a bad HAMi annotation must not reject an unrelated pod.
         ctx.warnings.append(f"{e} (ignored: no container asks for a GPU)")
-        hints = _PodHints([], False, None, None)
+        hints = _PodHints([], False, None, None, {})
     result_pod = _writable_copy(pod)
 
     def done(templates: list[dict[str, Any]], requests: list[ContainerRequest]) -> Conversion:
@@ -818,7 +860,7 @@ def convert_pod(
     }
     templates: list[dict[str, Any]] = []
     requests: list[ContainerRequest] = []
-    for (c, init), out_c in zip(containers, out_containers, strict=True):
+    for position, ((c, init), out_c) in enumerate(zip(containers, out_containers, strict=True)):
         cname = c.get("name")
         if not isinstance(cname, str) or not cname:
             raise ctx.error("", "name", "a container without a name cannot be converted")
@@ -860,7 +902,15 @@ def convert_pod(
         existing_claims.add(claim)
         tname = dns_subdomain(f"{base}-{cname}-gpu")
         req = replace(req, claim_name=claim, template_name=tname)
-        templates.append(_template(req, tname, ns, hints, sizes, ctx))
+        profiles = hints.mig_profiles.get(position, [])
+        if profiles:
+            ctx.warn(
+                cname,
+                f"{hami.MIG_ALLOCATIONS} (written by HAMi's scheduler) recorded MIG profile(s) "
+                f"{', '.join(profiles)}: the claim asks for that profile; GPU and placement are "
+                "chosen again",
+            )
+        templates.append(_template(req, tname, ns, hints, sizes, ctx, profiles))
         requests.append(req)
         out_spec.setdefault("resourceClaims", []).append(
             {"name": claim, "resourceClaimTemplateName": tname}
@@ -937,6 +987,7 @@ def _template(
     hints: _PodHints,
     sizes: Sequence[int],
     ctx: _Ctx,
+    mig_profiles: Sequence[str] = (),
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if namespace:
@@ -950,5 +1001,5 @@ def _template(
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": meta,
-        "spec": {"spec": _claim_spec(req, hints, sizes, ctx)},
+        "spec": {"spec": _claim_spec(req, hints, sizes, ctx, mig_profiles)},
     }

@@ -61,6 +61,8 @@ NODE_SCHEDULER_POLICY = "hami.io/node-scheduler-policy"
 GPU_SCHEDULER_POLICY = "hami.io/gpu-scheduler-policy"
 DEVICE_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
 WEBHOOK_LABEL = "hami.io/webhook"  # label; value "ignore" skips HAMi's webhook
+#: Written by HAMi's scheduler on MIG pods: per container device, the profile and placement.
+MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
 
 SELECTOR_ANNOTATIONS = (USE_UUID, NOUSE_UUID, USE_TYPE, NOUSE_TYPE, VGPU_MODE, VOLCANO_VGPU_MODE)
 

@@ -35,15 +35,18 @@ POD_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
 def gpu_memory_sizes(slices: Iterable[Mapping[str, Any]]) -> list[int]:
     """The distinct memory sizes, in bytes, largest first, of the devices of driver
     ``gpu.tessera.dev`` in ``slices`` (ResourceSlice dicts): what ``gpumem-percentage`` is
-    resolved against (:func:`convert_pod`'s ``memory_sizes``). MIG devices count; devices
-    without a ``memory`` capacity (memory unknown) do not. Raises
-    :class:`~tessera.api.quantity.QuantityError` for a capacity that is not a quantity."""
+    resolved against (:func:`convert_pod`'s ``memory_sizes``). MIG instances count; the profile
+    placements of a dynamic-MIG GPU do not (they are possible instances, not GPUs: the GPU's
+    whole-GPU device counts), nor do devices without a ``memory`` capacity (memory unknown).
+    Raises :class:`~tessera.api.quantity.QuantityError` for a capacity that is not a quantity."""
     sizes: set[int] = set()
     for s in slices:
         spec = s.get("spec") or {}
         if spec.get("driver") != DRIVER_NAME:
             continue
         for d in spec.get("devices") or []:
+            if "placementStart" in ((d or {}).get("attributes") or {}):
+                continue
             mem = ((d or {}).get("capacity") or {}).get("memory")
             if isinstance(mem, Mapping) and mem.get("value") is not None:
                 sizes.add(int(Quantity.parse(mem["value"]).value))

@@ -9,7 +9,8 @@ the allocated state as it was when the pod's turn came. Then, per node in cluste
   order, the **first** check that refuses it, in the allocator's own order (dra-spec.md 4.4):
   node match (perDeviceNodeSelection), in use (dedicated), class selectors, request
   selectors (each top-level ``&&`` conjunct evaluated on its own to name the false one),
-  capacity (missing, over the request policy, short by how much), taints, then the claim's
+  capacity (missing, over the request policy, short by how much), shared counters (the
+  exhausted counter named: ``memory slices of gpu-0: 7 of 8 used``), taints, then the claim's
   constraints (attribute missing);
 * requests whose devices fit one by one but not together (count, matchAttribute /
   distinctAttribute across the fitting devices, competition between requests);
@@ -46,7 +47,15 @@ from tessera.cel import (
 )
 from tessera.explain import celtools
 from tessera.sim.cluster import Cluster
-from tessera.sim.simulate import SimResult, Simulation, _pod_fits_node, generated_claim_name
+from tessera.sim.simulate import (
+    CounterSetUsage,
+    SimResult,
+    Simulation,
+    _pod_fits_node,
+    counter_usage,
+    counters_short,
+    generated_claim_name,
+)
 
 MIB = 2**20
 MAX_NAMES = 4  # device names shown per grouped reason
@@ -65,8 +74,8 @@ class DeviceVerdict:
     """The first check that refused one device for one request, or ``check == "fits"``.
 
     ``device``: ``driver/pool/device``. ``check``: ``node``, ``in-use``, ``class-selector``,
-    ``selector``, ``cel-error``, ``capacity``, ``policy``, ``taint``, ``constraint`` or
-    ``fits``. ``reason``: the full text for this device; ``key``: the same text without
+    ``selector``, ``cel-error``, ``capacity``, ``policy``, ``counters`` (a shared counter set,
+    KEP-4815, cannot give what the device consumes), ``taint``, ``constraint`` or ``fits``. ``reason``: the full text for this device; ``key``: the same text without
     per-device values (identical keys are grouped); ``detail``: the per-device value part.
     """
 
@@ -258,6 +267,30 @@ class _Checker:
         self.state = state
         self.owners = owners
         self.lists = alloc.features.list_type_attributes
+        self._counters: dict[tuple[str, str, str], CounterSetUsage] | None = None
+
+    def _shared_counters(self, d: Device) -> DeviceVerdict | None:
+        """The allocator's counter check (dra-spec.md 4.4 step 3, KEP-4815): the counter sets
+        ``d`` consumes must have what it needs left once the allocated devices' consumption is
+        subtracted. Named as ``memory slices of gpu-0: 7 of 8 used (slice 3 needed, in use)``."""
+        if not d.consumes_counters or not self.alloc.features.partitionable_devices:
+            return None
+        if self._counters is None:
+            self._counters = counter_usage(self.alloc.index, self.state)
+        short = counters_short(d, self._counters, self.state)
+        if not short:
+            return None
+        did = "/".join(d.id)
+        full = "; ".join(line for _, lines in short for line in lines)
+        key = "; ".join(line for u, _ in short for line in u.lines())
+        needs = dict(d.consumes_counters)
+        detail = ", ".join(
+            f"{u.name}/{c}"
+            for u, _ in short
+            for c, v in sorted(needs.get(u.name, {}).items())
+            if max(u.available.get(c, Fraction(0)), Fraction(0)) < v
+        )
+        return DeviceVerdict(did, "counters", f"shared counters: {full}", f"shared counters: {key}", detail)
 
     def _selector(self, owner: str, i: int, expr: str, d: Device, act: dict[str, Any]) -> DeviceVerdict | None:
         did = "/".join(d.id)
@@ -347,6 +380,9 @@ class _Checker:
             v = self._capacity(rq, d, multi)
             if v is not None:
                 return v
+        v = self._shared_counters(d)
+        if v is not None:
+            return v
         if self.alloc.features.device_taints:
             for t in d.taints:
                 if t.effect in ("NoSchedule", "NoExecute") and not tolerates(rq.tolerations, t.key, t.value, t.effect):
@@ -564,6 +600,7 @@ def _hami_lines(
     """Per converted container: the request in HAMi words, and which node comes closest."""
     out: list[str] = []
     devs = {"/".join(d.id): d for d in sim.index.devices()}
+    usage = counter_usage(sim.index, state)
     for hr in conv_requests:
         claim = claims_by_pc.get(hr.claim_name)
         if claim is None:
@@ -584,13 +621,19 @@ def _hami_lines(
             for ron in ne.requests:
                 if ron.claim != cref:
                     continue
-                selectable = {g for grp in ron.groups if grp.check in ("capacity", "policy", "taint", "constraint") for g in grp.devices}
+                # Devices past the selectors, and devices in use (checked before the selectors,
+                # so possibly matching): "no GPU matches the selectors" must not be said of them.
+                selectable = {
+                    g for grp in ron.groups
+                    if grp.check in ("in-use", "capacity", "policy", "counters", "taint", "constraint")
+                    for g in grp.devices
+                }  # fmt: skip
                 selectable |= set(ron.fitting)
                 any_selectable = any_selectable or bool(selectable)
                 node_selectable = node_selectable or bool(selectable)
                 for did in selectable:
                     d = devs[did]
-                    if _hami_fits(d, hr, state):
+                    if _hami_fits(d, hr, state) and not counters_short(d, usage, state):
                         ok.add(did)
             if len(ok) > best[0]:
                 best = (len(ok), ne.node)
@@ -620,6 +663,8 @@ def _hami_need(hr: Any) -> str:
 
 
 def _hami_fits(d: Device, hr: Any, state: AllocatedState) -> bool:
+    if d.id in state.dedicated:
+        return False  # allocated whole to another claim: nothing is free on it
     agg = state.aggregated.get(d.id, {})
     mem = d.capacity.get("memory")
     if mem is None:
@@ -633,7 +678,9 @@ def _hami_fits(d: Device, hr: Any, state: AllocatedState) -> bool:
         return False
     cores = d.capacity.get("cores")
     if cores is None:
-        return hr.cores == 0 or (hr.cores == 100 and not agg)
+        # The converted claim names cores: a device without that capacity never takes it, so
+        # it must not be counted as a GPU with room (the allocator skips it).
+        return False
     return bool(cores.value.value - agg.get("cores", Fraction(0)) >= hr.cores)
 
 

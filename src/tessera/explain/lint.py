@@ -16,7 +16,9 @@ Checks, each reported as a :class:`Finding` naming file, document, object and fi
   of the pod, dra-spec.md 3.2); with a cluster, by evaluating every selector on every
   published device, which also finds selectors that match no device at all;
 * capacity requests naming a capacity no device publishes, ``cores`` over 100, and DeviceClass
-  names that do not exist.
+  names that do not exist;
+* with a cluster, a request for ``count`` devices that share counters (KEP-4815: placements of a
+  dynamic-MIG GPU) more than any node can hold at once.
 
 Pure: takes loaded manifests and ResourceSlice dicts, returns findings.
 """
@@ -48,14 +50,21 @@ from tessera.explain import celtools
 
 # Tessera's published device schema (src/tessera/inventory/slices.py): what a selector can read
 # on a gpu.tessera.dev device, used when no cluster is given. Full GPUs and MIG devices differ.
-ALWAYS_ATTRIBUTES = {"type", "productName"}
+ALWAYS_ATTRIBUTES = {"type", "productName", "unit"}
 GPU_ONLY_ATTRIBUTES = {"index", "nvlinkDomain", "uuidSynthesized"}
-MIG_ONLY_ATTRIBUTES = {"parentUUID", "parentIndex", "profile", "gpuInstanceID", "computeInstanceID", "parentUUIDSynthesized"}
-# Published only when the inventory reports them (a MIG device's uuid included).
-OPTIONAL_ATTRIBUTES = {"uuid", "architecture", "cudaComputeCapability", "driverVersion", "cudaDriverVersion", "pcieBusID", "numaNode"}
+MIG_ONLY_ATTRIBUTES = {"parentUUID", "parentIndex", "profile", "parentUUIDSynthesized"}
+# Existing MIG instances only (static MIG): a dynamic-MIG placement has no instance yet.
+STATIC_MIG_ATTRIBUTES = {"gpuInstanceID", "computeInstanceID"}
+# Devices of dynamic-MIG GPUs only (docs/mig.md): placements, and the whole GPU's migDynamic.
+DYNAMIC_MIG_ATTRIBUTES = {"placementStart", "memorySlices", "computeSlices", "mediaExtensions", "migDynamic", "migProfile"}
+# Published only when the inventory reports them (a MIG device's uuid and SM count included).
+OPTIONAL_ATTRIBUTES = {"uuid", "architecture", "cudaComputeCapability", "driverVersion", "cudaDriverVersion", "pcieBusID", "numaNode", "multiprocessors"}
 VERSION_ATTRIBUTES = {"cudaComputeCapability", "driverVersion", "cudaDriverVersion"}
-CAPACITIES = {"memory", "cores", "multiprocessors"}
-ALL_ATTRIBUTES = ALWAYS_ATTRIBUTES | GPU_ONLY_ATTRIBUTES | MIG_ONLY_ATTRIBUTES | OPTIONAL_ATTRIBUTES
+CAPACITIES = {"memory", "cores"}
+ALL_ATTRIBUTES = (
+    ALWAYS_ATTRIBUTES | GPU_ONLY_ATTRIBUTES | MIG_ONLY_ATTRIBUTES | STATIC_MIG_ATTRIBUTES | DYNAMIC_MIG_ATTRIBUTES
+    | OPTIONAL_ATTRIBUTES
+)
 
 
 @dataclass(frozen=True)
@@ -200,6 +209,7 @@ def lint(
             cls_name = body.get("deviceClassName") if m.kind != "DeviceClass" else None
             if m.kind != "DeviceClass":
                 _check_request(add, path, body, world)
+                _check_counters(add, path, body, world)
             for i, s in enumerate(body.get("selectors") or []):
                 expr = ((s or {}).get("cel") or {}).get("expression") if isinstance(s, dict) else None
                 if isinstance(expr, str) and expr.strip():
@@ -272,6 +282,104 @@ def _check_request(add: Any, path: str, body: Mapping[str, Any], world: _World) 
                     f"cores {q.canonical()} is over 100: cores is percent of one GPU's SMs (0-100)",
                     "ask for at most 100 per device, and count: N for several GPUs",
                 )
+
+
+def _check_counters(add: Any, path: str, body: Mapping[str, Any], world: _World) -> None:
+    """A request for ``count`` devices that share counters (KEP-4815: MIG placements of one
+    dynamic-MIG GPU, compute instances of one GPU instance) may ask more than any node can hold
+    at once, even though enough devices match: say how many fit together at most, and which
+    counters limit them (``memory slices of gpu-0``). Only with a cluster, for ExactCount."""
+    if world.index is None or body.get("allocationMode", "ExactCount") != "ExactCount":
+        return
+    count = body.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 2:
+        return
+    cls = body.get("deviceClassName")
+    cands = _class_devices(world, cls) if isinstance(cls, str) else world.devices
+    sels = []
+    for s in body.get("selectors") or []:
+        expr = ((s or {}).get("cel") or {}).get("expression") if isinstance(s, dict) else None
+        try:
+            sels.append(compile_selector(str(expr)))
+        except CelCompileError:
+            return  # reported by the selector checks
+    matching: dict[tuple[str, str], list[Device]] = {}
+    for d in cands:
+        try:
+            if all(sel.evaluate(d.activation()) for sel in sels):
+                matching.setdefault((d.driver, d.pool), []).append(d)
+        except CelRuntimeError:
+            continue
+    if not any(d.consumes_counters for devs in matching.values() for d in devs):
+        return
+    from tessera.allocator import AllocatedState
+    from tessera.sim.simulate import counter_usage
+
+    usage = counter_usage(world.index, AllocatedState())
+    best: tuple[int, tuple[str, str], list[str]] = (0, ("", ""), [])
+    for key, devs in matching.items():
+        if len(devs) < count:
+            continue
+        together, limits = _most_together(devs, usage)
+        if together >= count:
+            return  # this pool can take them
+        if together > best[0] or not best[1][1]:
+            best = (together, key, limits)
+    if best[1][1]:
+        together, (_, pool), limits = best
+        add(
+            f"{path}.count",
+            f"{count} devices asked, but at most {together} of the devices matching this request can be "
+            f"allocated together on one node ({pool}): they consume shared counters ({'; '.join(limits)})",
+            f"ask for at most {together}, or split the request over claims (one per GPU)",
+        )
+
+
+def _most_together(devs: Sequence[Device], usage: Mapping[tuple[str, str, str], Any]) -> tuple[int, list[str]]:
+    """How many of ``devs`` (one pool) can be allocated at once given the counters they consume,
+    and the counter sets that limit them. Devices of different counter sets are independent; per
+    set an exact search over what is left (a set holds a few dozen MIG placements at most)."""
+    by_set: dict[str, list[dict[str, Any]]] = {}
+    free = 0
+    for d in devs:
+        if not d.consumes_counters:
+            free += 1
+            continue
+        (cs, vals), *rest = d.consumes_counters
+        if rest:
+            free += 1  # several sets: not modelled here, counted as fitting
+            continue
+        by_set.setdefault(cs, []).append(dict(vals))
+    total = free
+    limits: list[str] = []
+    for cs, needs in sorted(by_set.items()):
+        u = usage.get((devs[0].driver, devs[0].pool, cs))
+        if u is None:
+            continue
+        names = sorted({c for n in needs for c in n})
+        start = tuple(u.available.get(c, 0) for c in names)
+        vecs = [tuple(n.get(c, 0) for c in names) for n in needs]
+        memo: dict[tuple[int, tuple[Any, ...]], int] = {}
+
+        def most(i: int, left: tuple[Any, ...], vecs: list[tuple[Any, ...]] = vecs, memo: dict[tuple[int, tuple[Any, ...]], int] = memo) -> int:
+            if i == len(vecs):
+                return 0
+            key = (i, left)
+            if key not in memo:
+                skip = most(i + 1, left)
+                take = 0
+                if all(a >= b for a, b in zip(left, vecs[i], strict=True)):
+                    take = 1 + most(i + 1, tuple(a - b for a, b in zip(left, vecs[i], strict=True)))
+                memo[key] = max(skip, take)
+            return memo[key]
+
+        n = most(0, start)
+        total += n
+        if n < len(needs):
+            from tessera.inventory.mig import summarize_counters
+
+            limits.append(f"counter set {u.name}: {summarize_counters(u.published)}")
+    return total, limits
 
 
 def _class_devices(world: _World, cls: str) -> list[Device]:
@@ -362,6 +470,9 @@ def _static_reads(add: Any, field: str, expr: str, world: _World) -> None:
             continue
         names = world.attrs.get(r.domain, {}) if r.kind == "attributes" else world.caps.get(r.domain, {})
         other = world.caps.get(r.domain, {}) if r.kind == "attributes" else world.attrs.get(r.domain, {})
+        known = r.kind == "attributes" and r.domain == DRIVER_NAME and r.name in ALL_ATTRIBUTES
+        if known and (r.in_has or (r.kind, r.domain, r.name) in guarded):
+            continue  # a Tessera attribute these devices lack (MIG's parentUUID...), read guarded
         if names and r.name not in names:
             if r.name in other:
                 if r.kind == "attributes":
@@ -386,6 +497,10 @@ def _static_reads(add: Any, field: str, expr: str, world: _World) -> None:
                 lacking = f"MIG devices publish no {r.name}"
             elif r.name in MIG_ONLY_ATTRIBUTES:
                 lacking = f"full GPUs publish no {r.name}"
+            elif r.name in STATIC_MIG_ATTRIBUTES:
+                lacking = f"only existing MIG instances publish {r.name} (full GPUs and dynamic-MIG placements do not)"
+            elif r.name in DYNAMIC_MIG_ATTRIBUTES:
+                lacking = f"only the devices of dynamic-MIG GPUs publish {r.name}"
             else:
                 lacking = f"{r.name} is published only where the GPU inventory reports it"
             add(

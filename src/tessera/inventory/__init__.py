@@ -7,6 +7,8 @@
 - :func:`build_resource_slices`: GPUs (+ topology) -> ResourceSlice dicts of one node pool;
   :func:`publication_warnings`: what it could not publish in full (unified memory, MIG unknown).
 - :func:`validate_resource_slice`: the API server's rules for a ResourceSlice, as a problem list.
+- :mod:`tessera.inventory.mig`: MIG profile tables, dynamic MIG (:class:`DynamicMIG`), counters,
+  and what the node driver creates for an allocated device (docs/mig.md).
 
 Every error is an :class:`InventoryError` (``ValueError``) whose message is one line naming the
 source and the field. See docs/inventory.md.
@@ -19,16 +21,21 @@ from .errors import (
     SliceBuildError,
     UnsupportedFormatError,
 )
-from .model import GPU, MigDevice, Topology
+from .mig import DynamicMIG, MigPlacement, mig_placement, parse_dynamic_mig
+from .model import GPU, MigDevice, MigModel, MigProfile, Topology
 from .parse import load_inventory, load_topology, parse_inventory, parse_topology
 from .slices import build_resource_slices, publication_warnings
 from .validate import validate_resource_slice
 
 __all__ = [
     "GPU",
+    "DynamicMIG",
     "InventoryError",
     "MalformedInputError",
     "MigDevice",
+    "MigModel",
+    "MigPlacement",
+    "MigProfile",
     "MissingFieldError",
     "SliceBuildError",
     "Topology",
@@ -36,6 +43,8 @@ __all__ = [
     "build_resource_slices",
     "load_inventory",
     "load_topology",
+    "mig_placement",
+    "parse_dynamic_mig",
     "parse_inventory",
     "parse_topology",
     "publication_warnings",

@@ -7,8 +7,9 @@ import re
 import uuid as uuidlib
 from dataclasses import dataclass, replace
 from pathlib import PurePath
+from typing import Any
 
-from .errors import MissingFieldError
+from .errors import MalformedInputError, MissingFieldError
 from .model import (
     GPU,
     MIB,
@@ -56,6 +57,8 @@ class RawGPU:
     mig_enabled: bool = False
     migs: list[RawMig] | None = None
     line: int | None = None
+    mig_on_demand: bool = False  # HAMi's register annotation: mode "mig" (instances per pod)
+    mig_profiles: list[Any] | None = None  # HAMi's migProfiles records, as found
 
 
 def parse_mib(text: str | None) -> int | None:
@@ -64,6 +67,24 @@ def parse_mib(text: str | None) -> int | None:
         return None
     m = _MIB.match(text)
     return int(m.group(1)) if m else None
+
+
+def mig_problem(gpu: int, k: int, fields: dict[str, str | None]) -> str:
+    """The one-line problem of MIG device ``k`` of GPU ``gpu`` whose ``fields`` (name -> text as
+    found) are not all numbers: an instance in an unknown state (nvidia-smi prints ``N/A`` while
+    an instance is being created or destroyed), or a cut file (a field missing)."""
+    unknown = [f"{n} {v}" for n, v in fields.items() if v is not None and is_unavailable(v)]
+    if unknown:
+        return (
+            f"GPU {gpu}: MIG device {k} is in an unknown state ({', '.join(unknown)}): an instance "
+            "was being created or destroyed; capture the inventory again once `nvidia-smi -L` "
+            "lists it"
+        )
+    missing = [n for n, v in fields.items() if v is None or parse_mib(v) is None]
+    return (
+        f"GPU {gpu}: MIG device {k} lacks {', '.join(missing)} (or it is not a number); capture "
+        "`nvidia-smi -q -x` again, complete"
+    )
 
 
 def is_masked_uuid(value: str) -> bool:
@@ -146,6 +167,33 @@ def build_gpus(raws: list[RawGPU], source: str, *, masked: bool = False) -> list
             )
             for m in (raw.migs or [])
         )
+        seen_ids: set[tuple[int, int]] = set()
+        for m in raw.migs or []:
+            ids = (m.gpu_instance_id, m.compute_instance_id)
+            if ids in seen_ids:
+                raise MalformedInputError(
+                    f"{where} lists GPU instance {ids[0]} compute instance {ids[1]} twice; "
+                    "the inventory mixes two captures - capture it again",
+                    source=source,
+                    field="mig_device",
+                    line=raw.line,
+                )
+            seen_ids.add(ids)
+        mig_model = None
+        if raw.mig_profiles:
+            from .mig import model_from_profiles
+
+            try:
+                mig_model = model_from_profiles(
+                    f"{name} ({source}, GPU {raw.index})", raw.mig_profiles, where
+                )
+            except ValueError as err:
+                raise MalformedInputError(
+                    f"{err}; give the annotation as HAMi wrote it",
+                    source=source,
+                    field="migProfiles",
+                    line=raw.line,
+                ) from None
         gpus.append(
             GPU(
                 index=raw.index,
@@ -161,6 +209,8 @@ def build_gpus(raws: list[RawGPU], source: str, *, masked: bool = False) -> list
                 mig_enabled=raw.mig_enabled,
                 mig_devices=migs,
                 memory_reported=(raw.memory or "").strip() if unavailable else None,
+                mig_model=mig_model,
+                mig_on_demand=raw.mig_on_demand,
             )
         )
     seen: dict[str, int] = {}

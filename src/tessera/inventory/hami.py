@@ -3,12 +3,15 @@
 Two encodings (HAMi ``pkg/device/devices.go``):
 
 - since v2.8, JSON: ``[{"id", "index", "count", "devmem", "devcore", "type", "numa", "mode",
-  "health"}, ...]``;
+  "health"[, "migProfiles"]}, ...]``;
 - before, colon-terminated records ``UUID,count,devmem,devcore,type,numa,health[,index,mode]:``.
 
 ``devmem`` is MiB *after* HAMi's ``deviceMemoryScaling`` (equal to the physical memory unless an
 operator set a scaling); ``type`` is the NVML name prefixed with ``NVIDIA-`` (removed here).
 ``count``, ``devcore`` and ``health`` are HAMi scheduling settings and are not carried.
+``mode: mig`` means HAMi creates MIG instances per pod (dynamic MIG): the GPU is marked
+``mig_on_demand``, and the profiles NVML gave HAMi (``migProfiles``: name, ``memoryMB``,
+placements) become its ``mig_model``.
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ def raw_gpus_from_hami(text: str, source: str) -> list[RawGPU]:
                     memory=str(devmem) if devmem is not None else None,
                     numa_node=_int(item.get("numa")),
                     mig_enabled=item.get("mode") == "mig",
+                    mig_on_demand=item.get("mode") == "mig",
+                    mig_profiles=item.get("migProfiles") if item.get("mode") == "mig" else None,
                     line=line,
                 )
             )
@@ -120,6 +125,7 @@ def raw_gpus_from_hami(text: str, source: str) -> list[RawGPU]:
                 memory=parts[2],
                 numa_node=_int(parts[5]),
                 mig_enabled=len(parts) > 8 and parts[8] == "mig",
+                mig_on_demand=len(parts) > 8 and parts[8] == "mig",
                 line=line,
             )
         )

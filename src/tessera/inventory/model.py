@@ -34,6 +34,54 @@ class MigDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class MigProfile:
+    """One GPU-instance profile of a MIG-capable GPU model (NVIDIA MIG User Guide, "Supported MIG
+    Profiles"; NVML ``nvmlDeviceGetGpuInstanceProfileInfo`` / ``...PossiblePlacements``).
+
+    - ``name``: as nvidia-smi prints it (``1g.5gb``, ``1g.5gb+me``, ``3g.71gb``).
+    - ``compute_slices``: the ``<n>g`` part, SM slices (of 7 on A100/H100/H200/B200, 4 on A30).
+    - ``memory_slices``: memory slices one instance occupies = NVML's placement ``size``.
+    - ``starts``: the memory slice each possible placement starts at (NVML placement ``start``).
+    - ``memory_mib``: the instance's memory in MiB (NVML ``memorySizeMB``).
+    - ``multiprocessors``: its SM count, None where no source gives it.
+    - ``media_extensions``: a ``+me`` profile (it takes the GPU's only media-extension set).
+    """
+
+    name: str
+    compute_slices: int
+    memory_slices: int
+    starts: tuple[int, ...]
+    memory_mib: int
+    multiprocessors: int | None = None
+    media_extensions: bool = False
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * MIB
+
+
+@dataclass(frozen=True, slots=True)
+class MigModel:
+    """The MIG geometry of one GPU model: ``memory_slices`` (8, or 4 on A30), ``compute_slices``
+    (7, or 4 on A30) and its ``profiles``, smallest first; ``name`` says which model (or which
+    inventory) it comes from and ``source`` where its figures come from."""
+
+    name: str
+    memory_slices: int
+    compute_slices: int
+    profiles: tuple[MigProfile, ...]
+    source: str = ""
+
+    def profile(self, name: str) -> MigProfile | None:
+        return next((p for p in self.profiles if p.name == name), None)
+
+    @property
+    def full(self) -> MigProfile:
+        """The profile that takes the whole GPU (all compute slices, most memory)."""
+        return max(self.profiles, key=lambda p: (p.compute_slices, p.memory_slices, p.memory_mib))
+
+
+@dataclass(frozen=True, slots=True)
 class GPU:
     """One physical GPU as read from an inventory.
 
@@ -50,6 +98,12 @@ class GPU:
       available (``N/A``, ``[Not Supported]``: unified-memory GPUs such as the GB10 have no
       framebuffer of their own), with the reported text in ``memory_reported``.
     - ``mig_enabled`` / ``mig_devices``: current MIG mode and the MIG devices present.
+    - ``mig_model``: the MIG profiles the inventory itself reports for this GPU (HAMi's
+      register annotation carries NVML's, ``migProfiles``); None when it reports none (the
+      model's documented table is used then, :func:`tessera.inventory.mig.mig_model_for`).
+    - ``mig_on_demand``: the inventory says MIG instances are made per workload (a HAMi node
+      in ``mig`` mode): such a GPU is published for dynamic MIG unless the operator says
+      otherwise.
     """
 
     index: int
@@ -66,6 +120,8 @@ class GPU:
     mig_devices: tuple[MigDevice, ...] = ()
     uuid_synthesized: bool = False
     memory_reported: str | None = None
+    mig_model: MigModel | None = None
+    mig_on_demand: bool = False
 
 
 _NV_LINK = re.compile(r"^NV(\d+)$")

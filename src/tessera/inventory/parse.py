@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import capture, hami, query_csv
 from ._records import RawGPU, build_gpus
-from .errors import InventoryError, UnsupportedFormatError
+from .errors import InventoryError, MalformedInputError, UnsupportedFormatError
 from .model import GPU, Topology, normalize_bus_id
 from .smi_text import raw_gpus_from_smi_text
 from .smi_xml import parse_smi_xml
@@ -118,6 +118,16 @@ def _from_capture(text: str, source: str) -> list[GPU]:
                 caps[bus] = cap
     enriched: list[RawGPU] = []
     for raw in raws:
+        listed = sorted(i for g, i in migs if g == raw.index)
+        queried = sorted(m.index for m in raw.migs or [])
+        if listing is not None and raw.mig_enabled and listed != queried:
+            raise MalformedInputError(
+                f"GPU {raw.index}: `nvidia-smi -L` lists MIG devices {listed} but `nvidia-smi -q` "
+                f"{queried}: instances were created or destroyed while capturing; capture again",
+                source=source,
+                field="MIG Device",
+                line=raw.line,
+            )
         for m in raw.migs or []:
             if (raw.index, m.index) in migs:
                 m.profile, m.uuid = migs[(raw.index, m.index)]

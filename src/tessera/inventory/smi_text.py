@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ._records import RawGPU, RawMig, parse_mib
+from ._records import RawGPU, RawMig, mig_problem, parse_mib
 from .errors import MalformedInputError, UnsupportedFormatError
 
 _KV = re.compile(r"^(?P<ind> *)(?P<key>[^:]*?\S)\s+:(?: ?(?P<val>.*))?$")
@@ -108,8 +108,11 @@ def raw_gpus_from_smi_text(text: str, source: str, line_offset: int = 0) -> list
             )
             if gi is None or ci is None or not gi.isdigit() or not ci.isdigit() or mib is None:
                 raise MalformedInputError(
-                    f"GPU {index}: MIG Device {k} lacks GPU Instance ID, Compute Instance ID or "
-                    "FB memory total",
+                    mig_problem(
+                        index,
+                        k,
+                        {"GPU Instance ID": gi, "Compute Instance ID": ci, "FB Memory Usage/Total": mem},
+                    ),
                     source=source,
                     field="MIG Device",
                     line=mig.line,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from ._records import RawGPU, RawMig, build_gpus, parse_mib
+from ._records import RawGPU, RawMig, build_gpus, mig_problem, parse_mib
 from .errors import MalformedInputError, UnsupportedFormatError
 from .model import GPU
 
@@ -66,8 +66,15 @@ def parse_smi_xml(text: str, source: str) -> list[GPU]:
             ci = _int(_text(mig, "compute_instance_id"))
             if mib is None or gi is None or ci is None:
                 raise MalformedInputError(
-                    f"GPU {index}: <mig_device> {k} lacks fb_memory_usage/total, "
-                    "gpu_instance_id or compute_instance_id",
+                    mig_problem(
+                        index,
+                        k,
+                        {
+                            "gpu_instance_id": _text(mig, "gpu_instance_id"),
+                            "compute_instance_id": _text(mig, "compute_instance_id"),
+                            "fb_memory_usage/total": mem,
+                        },
+                    ),
                     source=source,
                     field="mig_device",
                 )

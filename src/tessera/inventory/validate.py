@@ -11,6 +11,9 @@ from tessera.api.quantity import Quantity, QuantityError
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_COUNTERS = 64  # taints, consumesCounters or list-typed attributes
+MAX_COUNTER_SETS = 8  # sharedCounters per slice (1.35+)
+MAX_COUNTERS = 32  # counters per set, and per consumption
+MAX_CONSUMES_COUNTERS = 2  # consumesCounters entries per device
 MAX_ATTRS_AND_CAPS = 32
 MAX_ATTRIBUTE_VALUES = 48
 MAX_STRING = 64
@@ -221,7 +224,42 @@ def _device(dev: Any, path: str, out: list[str]) -> bool:
                 out.append(f"{cp}.requestPolicy: forbidden unless allowMultipleAllocations is true")
             elif value is not None:
                 _policy(cap["requestPolicy"], value, f"{cp}.requestPolicy", out)
+    _consumes_counters(dev.get("consumesCounters"), f"{path}.consumesCounters", out)
     return bool(dev.get("taints") or dev.get("consumesCounters") or lists)
+
+
+def _counter_map(counters: Any, path: str, out: list[str]) -> None:
+    """``map[name]{value: Quantity}``: 1..32 DNS-label names (KEP-4815, dra-spec.md 1.2)."""
+    if not isinstance(counters, dict) or not counters:
+        out.append(f"{path}: required, a map of 1..{MAX_COUNTERS} counters")
+        return
+    if len(counters) > MAX_COUNTERS:
+        out.append(f"{path}: {len(counters)} counters exceed {MAX_COUNTERS}")
+    for name, c in counters.items():
+        if not is_dns_label(name):
+            out.append(f"{path}[{name}]: {name!r} is not a DNS label (<=63, a-z0-9-)")
+        if not isinstance(c, dict) or "value" not in c:
+            out.append(f"{path}[{name}].value: required")
+            continue
+        _quantity(c["value"], f"{path}[{name}].value", out)
+
+
+def _consumes_counters(entries: Any, path: str, out: list[str]) -> None:
+    if entries is None:
+        return
+    if not isinstance(entries, list) or len(entries) > MAX_CONSUMES_COUNTERS:
+        out.append(f"{path}: must be a list of at most {MAX_CONSUMES_COUNTERS} entries")
+        return
+    seen: set[str] = set()
+    for i, e in enumerate(entries):
+        cs = e.get("counterSet") if isinstance(e, dict) else None
+        if not is_dns_label(cs):
+            out.append(f"{path}[{i}].counterSet: {cs!r} is not a DNS label")
+        elif cs in seen:
+            out.append(f"{path}[{i}].counterSet: duplicate counter set {cs!r}")
+        else:
+            seen.add(str(cs))
+        _counter_map(e.get("counters") if isinstance(e, dict) else None, f"{path}[{i}].counters", out)
 
 
 def validate_resource_slice(obj: Any) -> list[str]:
@@ -235,7 +273,10 @@ def validate_resource_slice(obj: Any) -> list[str]:
     names (C identifier <= 32, optional domain prefix); one typed value per attribute, strings
     <= 64, versions strict semver; attributes + capacities <= 32, attribute values <= 48;
     capacity values are quantities; requestPolicy only on allowMultipleAllocations devices and
-    internally consistent (default, validValues, validRange min/max/step).
+    internally consistent (default, validValues, validRange min/max/step); counters
+    (KEP-4815): at most 8 ``sharedCounters`` sets per slice and never beside devices, set and
+    counter names DNS labels, 1..32 counters per set or consumption, at most 2
+    ``consumesCounters`` entries per device with distinct sets, values quantities.
     """
     out: list[str] = []
     if not isinstance(obj, dict):
@@ -277,8 +318,27 @@ def validate_resource_slice(obj: Any) -> list[str]:
     devices = spec.get("devices") or []
     if not isinstance(devices, list):
         return [*out, "spec.devices: must be a list"]
-    if devices and spec.get("sharedCounters"):
+    shared = spec.get("sharedCounters")
+    if devices and shared:
         out.append("spec: a slice carries devices or sharedCounters, not both")
+    if shared is not None:
+        if not isinstance(shared, list) or len(shared) > MAX_COUNTER_SETS:
+            out.append(f"spec.sharedCounters: must be a list of at most {MAX_COUNTER_SETS} counter sets")
+        else:
+            set_names: set[str] = set()
+            for i, cs in enumerate(shared):
+                name = cs.get("name") if isinstance(cs, dict) else None
+                if not is_dns_label(name):
+                    out.append(f"spec.sharedCounters[{i}].name: {name!r} is not a DNS label")
+                elif name in set_names:
+                    out.append(f"spec.sharedCounters[{i}].name: duplicate counter set {name!r}")
+                else:
+                    set_names.add(str(name))
+                _counter_map(
+                    cs.get("counters") if isinstance(cs, dict) else None,
+                    f"spec.sharedCounters[{i}].counters",
+                    out,
+                )
     reduced = False
     names: set[str] = set()
     for i, dev in enumerate(devices):

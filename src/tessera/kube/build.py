@@ -1,7 +1,9 @@
-"""Where the control-plane binaries live, and building them (``tools/kube/build.sh``).
+"""Where the control-plane and node binaries live, and building them (``tools/kube/build.sh``).
 
-Binaries: ``etcd``, ``kube-apiserver``, ``kube-scheduler``, ``kube-controller-manager``,
-``kubectl`` and ``allocator-harness``, compiled from Go modules into ``tools/kube/bin``.
+Binaries (:data:`BINARIES`): the control plane (:data:`CONTROL_PLANE_BINARIES`: ``etcd``,
+``kube-apiserver``, ``kube-scheduler``, ``kube-controller-manager``, ``kubectl``,
+``allocator-harness``) and a real node (:data:`NODE_BINARIES`: ``kubelet``, ``containerd``,
+``containerd-shim-runc-v2``, ``ctr``), compiled from Go modules into ``tools/kube/bin``.
 
 Lookup order for the directory holding them:
 
@@ -18,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-BINARIES = (
+CONTROL_PLANE_BINARIES = (
     "etcd",
     "kube-apiserver",
     "kube-scheduler",
@@ -26,6 +28,9 @@ BINARIES = (
     "kubectl",
     "allocator-harness",
 )
+#: What ``tessera cluster up --kubelet`` needs besides the control plane.
+NODE_BINARIES = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr")
+BINARIES = CONTROL_PLANE_BINARIES + NODE_BINARIES
 
 
 class BuildError(RuntimeError):
@@ -59,22 +64,24 @@ def bin_dir() -> Path:
     return tools / "bin"
 
 
-def missing_binaries() -> list[str]:
-    """Names from :data:`BINARIES` that are not executable files in :func:`bin_dir`."""
+def missing_binaries(names: tuple[str, ...] = CONTROL_PLANE_BINARIES) -> list[str]:
+    """Names from ``names`` (default: the control plane) that are not executable files in
+    :func:`bin_dir`."""
     d = bin_dir()
-    return [b for b in BINARIES if not os.access(d / b, os.X_OK)]
+    return [b for b in names if not os.access(d / b, os.X_OK)]
 
 
-def ensure_built(*, force: bool = False, output: TextIO | None = None) -> Path:
+def ensure_built(*, force: bool = False, output: TextIO | None = None, node: bool = False) -> Path:
     """Run ``tools/kube/build.sh`` (a no-op when up to date) and return :func:`bin_dir`.
 
-    With ``$TESSERA_KUBE_BIN`` set nothing is built; missing binaries raise. Build output
-    goes to ``output`` (default: stderr). The first build compiles Kubernetes and etcd from
-    the Go module proxy: about 15-25 minutes on 2 cores (see docs/cluster.md).
+    With ``$TESSERA_KUBE_BIN`` set nothing is built; missing binaries raise: those of the
+    control plane, and with ``node`` also :data:`NODE_BINARIES`. Build output goes to
+    ``output`` (default: stderr). The first build compiles Kubernetes, etcd and containerd
+    from the Go module proxy: about 30 minutes on 2 cores (see docs/cluster.md).
     Raises :class:`BuildError` when go is missing or the build fails.
     """
     if os.environ.get("TESSERA_KUBE_BIN"):
-        missing = missing_binaries()
+        missing = missing_binaries(BINARIES if node else CONTROL_PLANE_BINARIES)
         if missing:
             raise BuildError(
                 f"TESSERA_KUBE_BIN={os.environ['TESSERA_KUBE_BIN']} lacks {', '.join(missing)}; "

@@ -5,8 +5,13 @@ Go modules by ``tools/kube/build.sh``) as background processes, each in its own 
 group, with locally generated TLS (see :mod:`tessera.kube.pki`) and the DRA feature gates
 Tessera relies on. It then registers simulated GPU nodes: a ``Node`` (Ready, with
 cpu/memory/pods capacity) for every distinct ``spec.nodeName`` of the given ResourceSlices,
-the slices themselves, and the DeviceClass ``gpu.tessera.dev``. There is no kubelet: pods
+the slices themselves, and the DeviceClass ``gpu.tessera.dev``. Without a kubelet, pods
 are scheduled (``spec.nodeName`` set, claims allocated) but never run.
+
+``up(kubelet=True)`` (``tessera cluster up --kubelet``) also starts a real node on this
+machine: containerd 2.x and a kubelet v1.37 that registers the machine (by its hostname) as
+a Ready, untainted Node whose pods really run. One per machine; ``down`` restores what the
+kubelet changed on the host. See :mod:`tessera.kube.node`.
 
 State directory layout (default ``~/.cache/tessera/cluster``)::
 
@@ -17,6 +22,12 @@ State directory layout (default ``~/.cache/tessera/cluster``)::
     etcd/                 etcd data
     logs/<component>.log  component output
     run/<component>.pid   process (and process-group) ids
+    (with a kubelet, see tessera.kube.realnode.NodePaths)
+    kubelet/              the kubelet's --root-dir (plugins/<driver>, plugins_registry/)
+    cdi/                  CDI spec dir (containerd's cdi_spec_dirs): a DRA driver writes here
+    containerd/           containerd's config, root, state, sockets and runc root
+    cni/                  the CNI network config and IPAM state
+    pod-logs/  images/    pod logs; OCI archives of the images imported into containerd
 
 Every ``up`` starts a fresh cluster: the state directory's previous contents are replaced.
 Linux only (process checks read ``/proc``).
@@ -35,6 +46,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,11 +56,14 @@ import yaml
 
 from tessera.api.deviceclass import device_class
 from tessera.api.errors import TesseraError
-from tessera.kube import build
+from tessera.kube import build, images
+from tessera.kube import node as realnode
 from tessera.kube.client import ApiError, KubeClient, describe
-from tessera.kube.pki import FRONT_PROXY_CLIENT, SERVICE_CIDR, Pki, make_pki
+from tessera.kube.pki import FRONT_PROXY_CLIENT, SERVICE_CIDR, Pki, issue_node_certs, make_pki
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+#: Started after the control plane by ``up(kubelet=True)``, stopped before it.
+NODE_COMPONENTS = ("containerd", "kubelet")
 
 #: DRA feature gates passed to every component. All exist in Kubernetes 1.37 and are not
 #: locked there. Gates Tessera needs that 1.37 locks to true (passing them only earns a
@@ -81,6 +96,10 @@ def default_state_dir() -> Path:
 
 class ClusterError(RuntimeError):
     """The control plane could not be started, stopped or reached. Exit status 1 in the CLI."""
+
+
+class _PortTaken(ClusterError):
+    """A control-plane component found its (just picked) port taken; ``up`` retries."""
 
 
 class ClusterInputError(TesseraError, ValueError):
@@ -409,6 +428,13 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a temporary file renamed over it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def _tail(path: Path, lines: int = 25) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -501,6 +527,8 @@ class Cluster:
         die_with_parent: bool = False,
         extra_args: Mapping[str, Sequence[str]] | None = None,
         scheduler_config: Mapping[str, Any] | None = None,
+        kubelet: bool = False,
+        node_lock_wait: float = 0.0,
     ) -> None:
         """Start a fresh control plane and register ``inventory``'s nodes and slices.
 
@@ -509,6 +537,12 @@ class Cluster:
         (``kubescheduler.config.k8s.io/v1``; e.g. ``extenders``, ``profiles``) that
         kube-scheduler is started with (``--config``); its ``clientConnection.kubeconfig`` and
         ``leaderElection`` are filled in here.
+
+        ``kubelet`` also starts a real node (containerd and a kubelet, see
+        :mod:`tessera.kube.node`) once the control plane runs, and waits until its Node is
+        Ready and untainted; :attr:`node` then describes it. The machine's node lock is
+        taken first: when another node holds it, ``up`` waits up to ``node_lock_wait``
+        seconds, then raises :class:`ClusterError` naming the holder. Needs root.
 
         ``build_binaries`` runs ``tools/kube/build.sh`` first (a no-op when up to date).
         ``timeout`` bounds the wait for each component to become healthy, in seconds.
@@ -527,15 +561,53 @@ class Cluster:
                 f"a cluster is already running from {self.state_dir} ({', '.join(running)}); "
                 f"stop it with `tessera cluster down --state-dir {self.state_dir}` first"
             )
-        bins = build.ensure_built() if build_binaries else build.bin_dir()
-        missing = build.missing_binaries()
+        if kubelet:
+            problems = realnode.check_host()
+            if problems:
+                raise ClusterError(f"cannot run a real node on this machine: {'; '.join(problems)}")
+        try:
+            bins = build.ensure_built(node=kubelet) if build_binaries else build.bin_dir()
+        except build.BuildError as e:
+            raise ClusterError(str(e)) from e
+        missing = build.missing_binaries(build.BINARIES if kubelet else build.CONTROL_PLANE_BINARIES)
         if missing:
             raise ClusterError(f"missing binaries in {bins}: {', '.join(missing)}; run tools/kube/build.sh")
+        paths = realnode.NodePaths(self.state_dir)
+        try:
+            name = realnode.node_name() if kubelet else ""
+            address = realnode.node_address(name) if kubelet else ""
+            # A node of this state dir that was not stopped (its processes are gone, or
+            # the running check above would have refused): restore the host first.
+            problems = realnode.release_host(self.state_dir, None, say)
+            if problems:
+                raise ClusterError(f"could not restore the host after this state dir's earlier node: {'; '.join(problems)}")
+            if kubelet:
+                realnode.process_path(bins)  # raises early when the kubelet would find iptables
+                realnode.claim_host(self.state_dir, paths, bins, wait=node_lock_wait, progress=say)
+        except realnode.NodeError as e:
+            raise ClusterError(str(e)) from e
+        try:
+            self._up(
+                inv, bins, paths, name, address, node_capacity, timeout, say, die_with_parent, kubelet,
+                extra_args, scheduler_config,
+            )
+        except BaseException:
+            with contextlib.suppress(ClusterError):
+                self.down()
+            raise
 
+    def _up(
+        self, inv: Inventory, bins: Path, paths: realnode.NodePaths, name: str, address: str,
+        node_capacity: Mapping[str, str], timeout: float, say: Callable[[str], None], die_with_parent: bool,
+        kubelet: bool, extra_args: Mapping[str, Sequence[str]] | None = None,
+        scheduler_config: Mapping[str, Any] | None = None,
+    ) -> None:
         # Fresh state directory (keep nothing from an earlier cluster).
         self.state_dir.mkdir(parents=True, exist_ok=True)
         for sub in ("pki", "etcd", "logs", "run", "kubeconfigs", "certs-generated"):
             shutil.rmtree(self.state_dir / sub, ignore_errors=True)
+        for d in paths.fresh_dirs():
+            realnode.safe_rmtree(d)
         for f in (self.kubeconfig, self.state_file):
             f.unlink(missing_ok=True)
         for sub in ("logs", "run", "kubeconfigs"):
@@ -544,6 +616,33 @@ class Cluster:
 
         say("generating certificates")
         pki = make_pki(self.state_dir / "pki")
+        for attempt in range(1, 4):
+            try:
+                state, server = self._start_control_plane(
+                    inv, bins, pki, timeout, say, die_with_parent, extra_args, scheduler_config
+                )
+                break
+            except _PortTaken as e:
+                # Ports are picked free, then bound by the component a moment later: on a
+                # machine shared with other clusters one may be taken in between.
+                if attempt == 3:
+                    raise
+                say(f"{e}; starting the control plane again on other ports")
+                self._stop_control_plane()
+                shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
+                (self.state_dir / "etcd").mkdir(mode=0o700)
+        say("registering DeviceClass, nodes and ResourceSlices")
+        self._register(inv, node_capacity, timeout)
+        if kubelet:
+            self._start_node(state, pki, server, bins, paths, name, address, timeout, say, die_with_parent)
+
+    def _start_control_plane(
+        self, inv: Inventory, bins: Path, pki: Pki, timeout: float, say: Callable[[str], None], die_with_parent: bool,
+        extra_args: Mapping[str, Sequence[str]] | None, scheduler_config: Mapping[str, Any] | None,
+    ) -> tuple[dict[str, Any], str]:
+        """etcd, kube-apiserver, kube-controller-manager, kube-scheduler on free loopback
+        ports, each healthy before the next; returns the state (written to state.json) and
+        the API server URL. Raises :class:`_PortTaken` when a port was taken meanwhile."""
         etcd_port, etcd_peer, api_port, kcm_port, sched_port = _free_ports(5)
         server = f"https://127.0.0.1:{api_port}"
         self._write_kubeconfig(self.kubeconfig, server, pki, pki.admin.cert, pki.admin.key, "tessera-admin", embed=True)
@@ -591,6 +690,11 @@ class Cluster:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={pki.front_proxy_client.cert}",
                 f"--proxy-client-key-file={pki.front_proxy_client.key}",
+                # Towards kubelets (exec, logs, port-forward, node proxy): a client
+                # certificate, and their serving certificates are checked against the CA.
+                f"--kubelet-client-certificate={pki.apiserver_kubelet_client.cert}",
+                f"--kubelet-client-key={pki.apiserver_kubelet_client.key}",
+                f"--kubelet-certificate-authority={pki.ca.cert}",
                 f"--cert-dir={gen_dir}",
                 f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
                 f"--service-account-key-file={pki.sa_pub}",
@@ -679,21 +783,119 @@ class Cluster:
             "components": {},
             "nodes": [n.name for n in inv.nodes],
         }
-        try:
-            for name in COMPONENTS:
-                say(f"starting {name}")
-                pid = self._spawn(name, argv[name], die_with_parent)
-                state["components"][name] = {
-                    "pid": pid, "binary": argv[name][0], "log": str(self.log_dir / f"{name}.log"),
-                    "health": health[name],
-                }
-                self._write_state(state)
-                self._wait_healthy(name, pid, health[name], timeout)
-            say("registering DeviceClass, nodes and ResourceSlices")
-            self._register(inv, node_capacity, timeout)
-        except BaseException:
-            self.down()
-            raise
+        for comp in COMPONENTS:
+            say(f"starting {comp}")
+            self._start_component(state, comp, argv[comp], health[comp], timeout, die_with_parent)
+        return state, server
+
+    def _stop_control_plane(self) -> None:
+        """Stop the control-plane components recorded in state.json (a failed start's)."""
+        st = self._read_state() or {}
+        for name in reversed(COMPONENTS):
+            comp = (st.get("components") or {}).get(name)
+            if comp is not None:
+                _stop_group(int(comp["pid"]), comp.get("binary"))
+                _CHILDREN.pop(int(comp["pid"]), None)
+
+    def _start_component(
+        self, state: dict[str, Any], name: str, argv: Sequence[str], health: str, timeout: float,
+        die_with_parent: bool, env: Mapping[str, str] | None = None,
+    ) -> int:
+        pid = self._spawn(name, argv, die_with_parent, env)
+        state["components"][name] = {
+            "pid": pid, "binary": argv[0], "log": str(self.log_dir / f"{name}.log"), "health": health,
+        }
+        self._write_state(state)
+        if name in NODE_COMPONENTS:
+            realnode.record_process(self.state_dir, name, pid)
+        self._wait_healthy(name, pid, health, timeout)
+        return pid
+
+    def _start_node(
+        self, state: dict[str, Any], pki: Pki, server: str, bins: Path, paths: realnode.NodePaths, name: str,
+        address: str, timeout: float, say: Callable[[str], None], die_with_parent: bool,
+    ) -> None:
+        """containerd, the pause image, the kubelet; then wait for a Ready Node and untaint it."""
+        runc, cni_bin = realnode.runc_binary(), realnode.cni_bin_dir()
+        assert runc is not None and cni_bin is not None  # realnode.check_host() passed
+        for d in (paths.plugins_dir, paths.plugins_registry_dir, paths.cdi_spec_dir, paths.containerd_dir,
+                  paths.cni_conf_dir, paths.cni_ipam_dir, paths.pod_logs_dir, paths.images_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        certs = issue_node_certs(pki.dir, name, tuple(dict.fromkeys((address, "127.0.0.1"))))
+        self._write_kubeconfig(paths.kubelet_kubeconfig, server, pki, certs.client.cert, certs.client.key, f"system:node:{name}")
+        _write_text(paths.containerd_config, realnode.containerd_config(paths, bins, runc, cni_bin))
+        _write_text(paths.cni_conf_dir / f"10-{realnode.CNI_NETWORK}.conflist", json.dumps(realnode.cni_config(paths), indent=2) + "\n")
+        kcfg = realnode.kubelet_config(
+            paths, address=address, ca_file=pki.ca.cert, serving_cert=certs.serving.cert,
+            serving_key=certs.serving.key, feature_gates=FEATURE_GATES,
+        )
+        _write_text(paths.kubelet_config, yaml.safe_dump(kcfg, sort_keys=False))
+        pause = images.pause_image(paths.images_dir)
+
+        say("starting containerd")
+        env = {"PATH": realnode.process_path(bins)}
+        self._start_component(
+            state, "containerd", [str(bins / "containerd"), f"--config={paths.containerd_config}"],
+            f"unix://{paths.containerd_socket}", timeout, die_with_parent, env,
+        )
+        images.import_image(bins / "ctr", paths.containerd_socket, pause)
+        info = realnode.NodeInfo(
+            name=name, kubelet_root_dir=paths.kubelet_root_dir, plugins_dir=paths.plugins_dir,
+            plugins_registry_dir=paths.plugins_registry_dir, cdi_spec_dir=paths.cdi_spec_dir,
+            containerd_socket=paths.containerd_socket, ctr=bins / "ctr", images_dir=paths.images_dir,
+            pod_logs_dir=paths.pod_logs_dir, sandbox_image=pause.ref,
+            kubelet_url=f"https://{address}:{realnode.KUBELET_PORT}",
+        )
+        state["node"] = info.to_json()
+
+        say(f"starting kubelet (node {name})")
+        self._start_component(
+            state, "kubelet",
+            [
+                str(bins / "kubelet"),
+                f"--config={paths.kubelet_config}",
+                f"--kubeconfig={paths.kubelet_kubeconfig}",
+                f"--root-dir={paths.kubelet_root_dir}",
+                f"--cert-dir={paths.kubelet_root_dir / 'pki'}",
+                f"--hostname-override={name}",
+            ],
+            f"http://127.0.0.1:{realnode.KUBELET_HEALTHZ_PORT}/healthz", timeout, die_with_parent, env,
+        )
+        say(f"waiting for node {name} to be Ready")
+        self._wait_node_ready(name, timeout)
+
+    def _wait_node_ready(self, name: str, timeout: float) -> None:
+        client = self.client()
+        deadline = time.monotonic() + timeout
+        last = "not registered"
+        while True:
+            try:
+                obj = client.get("v1", "Node", name)
+            except ApiError as e:
+                if e.status != 404:
+                    raise ClusterError(f"reading Node {name}: {e}") from e
+                obj = None
+            if obj is not None:
+                ready = next((c for c in obj["status"].get("conditions") or [] if c.get("type") == "Ready"), None)
+                last = f"Ready={ready.get('status')} ({ready.get('reason')}: {ready.get('message')})" if ready else "no Ready condition"
+                if ready and ready.get("status") == "True":
+                    # The node-lifecycle controller is off (simulated nodes send no
+                    # heartbeats): remove the not-ready taint that admission added.
+                    if obj["spec"].get("taints"):
+                        client.request(
+                            "PATCH", f"/api/v1/nodes/{name}", body={"spec": {"taints": None}},
+                            content_type="application/merge-patch+json", what=f"Node {name}",
+                        )
+                    return
+            kubelet_pid = int((self._read_state() or {})["components"]["kubelet"]["pid"])
+            if not pid_alive(kubelet_pid):
+                raise ClusterError(f"kubelet exited; last lines of {self.log_dir / 'kubelet.log'}:\n{_tail(self.log_dir / 'kubelet.log')}")
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"Node {name} not Ready after {timeout:.0f}s ({last}); last lines of "
+                    f"{self.log_dir / 'kubelet.log'}:\n{_tail(self.log_dir / 'kubelet.log')}"
+                )
+            time.sleep(0.25)
 
     def _write_kubeconfig(
         self, path: Path, server: str, pki: Pki, cert: Path, key: Path, user: str, *, embed: bool = False
@@ -720,12 +922,15 @@ class Cluster:
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump(cfg, f, sort_keys=False)
 
-    def _spawn(self, name: str, argv: Sequence[str], die_with_parent: bool = False) -> int:
+    def _spawn(
+        self, name: str, argv: Sequence[str], die_with_parent: bool = False, env: Mapping[str, str] | None = None,
+    ) -> int:
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 cwd=self.state_dir, start_new_session=True, close_fds=True,
+                env=None if env is None else {**os.environ, **env},
                 preexec_fn=_set_parent_death_signal if die_with_parent else None,
             )
         _CHILDREN[proc.pid] = proc
@@ -733,6 +938,21 @@ class Cluster:
         return proc.pid
 
     def _probe(self, url: str, timeout: float = 5.0) -> tuple[bool, str]:
+        if url.startswith("unix://"):  # containerd: its gRPC socket accepts connections
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout)
+                try:
+                    sock.connect(url.removeprefix("unix://"))
+                except OSError as e:
+                    return False, f"{url}: {e.strerror or e}"
+            return True, "accepting connections"
+        if url.startswith("http://"):  # the kubelet's healthz port (plain HTTP on loopback)
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as resp:
+                    body = resp.read().decode(errors="replace").strip()
+            except (OSError, ValueError) as e:
+                return False, str(e)
+            return body == "ok", body
         st = self._read_state() or {}
         p = st.get("pki") or {}
         is_etcd = url.endswith("/health")
@@ -756,10 +976,10 @@ class Cluster:
         detail = ""
         while time.monotonic() < deadline:
             if not pid_alive(pid):
-                raise ClusterError(
-                    f"{name} exited during startup; last lines of {self.log_dir / (name + '.log')}:\n"
-                    f"{_tail(self.log_dir / (name + '.log'))}"
-                )
+                tail = _tail(self.log_dir / (name + ".log"))
+                if name in COMPONENTS and "address already in use" in tail:
+                    raise _PortTaken(f"{name} could not bind its port (taken by another process meanwhile)")
+                raise ClusterError(f"{name} exited during startup; last lines of {self.log_dir / (name + '.log')}:\n{tail}")
             ok, detail = self._probe(url)
             if ok:
                 return
@@ -786,12 +1006,16 @@ class Cluster:
                 time.sleep(0.25)
 
     # ---- down / status --------------------------------------------------------------
-    def down(self) -> list[str]:
-        """Stop every component of this state dir (reverse start order); return those stopped.
+    def down(self, progress: Callable[[str], None] | None = None) -> list[str]:
+        """Stop every component of this state dir; return the names of those stopped.
 
-        Each component's process group gets SIGTERM, then SIGKILL after 10 s. Pids are
-        taken from ``state.json`` and ``run/*.pid`` and are only signalled while they still
-        run the recorded binary. Safe to call when nothing runs.
+        A real node goes first (:func:`tessera.kube.realnode.release_host`: pods, tasks,
+        kubelet, containerd, shims, then the host is restored), then the control plane in
+        reverse start order: each process group gets SIGTERM, then SIGKILL after 10 s. Pids
+        are taken from ``state.json`` and ``run/*.pid`` and are only signalled while they
+        still run the recorded binary. Safe to call when nothing runs. Raises
+        :class:`ClusterError` (after stopping everything) when the host could not be
+        restored, naming what is left.
         """
         st = self._read_state() or {}
         comps: dict[str, tuple[int, str | None]] = {}
@@ -804,7 +1028,19 @@ class Cluster:
             with contextlib.suppress(ValueError, OSError):
                 comps[name] = (int(pid_file.read_text().strip()), None)
         stopped = []
-        for name in reversed(COMPONENTS):
+        problems: list[str] = []
+        if realnode.holder_of(self.state_dir) is not None:
+            was_running = [n for n in NODE_COMPONENTS if n in comps and pid_alive(comps[n][0], comps[n][1])]
+            client = None
+            api = comps.get("kube-apiserver")
+            if api is not None and pid_alive(*api) and self.kubeconfig.is_file():
+                client = self.client(timeout=10.0)
+            try:
+                problems = realnode.release_host(self.state_dir, client, progress)
+            except OSError as e:
+                problems = [f"restoring the host: {e}"]
+            stopped += [n for n in reversed(NODE_COMPONENTS) if n in was_running and not pid_alive(comps[n][0], comps[n][1])]
+        for name in reversed(COMPONENTS + NODE_COMPONENTS):
             if name not in comps:
                 continue
             pid, binary = comps[name]
@@ -818,7 +1054,27 @@ class Cluster:
                 stopped.append(name)
             (self.run_dir / f"{name}.pid").unlink(missing_ok=True)
             _CHILDREN.pop(pid, None)
+        if problems:
+            raise ClusterError(f"stopped {', '.join(stopped) or 'nothing'}, but the host is not restored: {'; '.join(problems)}")
         return stopped
+
+    def kubelet_client(self, timeout: float = 30.0) -> KubeClient:
+        """A :class:`KubeClient` of the real node's kubelet (port 10250, its serving
+        certificate checked against the cluster CA), authenticated as the admin user: for
+        ``/metrics``, ``/pods``, ``/healthz``. Raises :class:`ClusterError` without a node."""
+        st = self._read_state() or {}
+        info = self.node
+        if info is None:
+            raise ClusterError(f"no real node runs from {self.state_dir}; start one with `tessera cluster up --kubelet`")
+        p = st["pki"]
+        return KubeClient(info.kubelet_url, ca_file=Path(p["ca"]), cert_file=Path(p["clientCert"]),
+                          key_file=Path(p["clientKey"]), timeout=timeout)
+
+    @property
+    def node(self) -> realnode.NodeInfo | None:
+        """The real node started by ``up(kubelet=True)`` (paths for DRA plugins and tests), or None."""
+        st = self._read_state() or {}
+        return realnode.NodeInfo.from_json(st["node"]) if st.get("node") else None
 
     def status(self) -> ClusterStatus:
         """Per component: process running and health endpoint answer; overall state."""
@@ -826,8 +1082,9 @@ class Cluster:
         if st is None:
             return ClusterStatus(self.state_dir, "stopped", None, None, tuple(
                 ComponentStatus(n, None, False, False, "not started") for n in COMPONENTS))
+        names = COMPONENTS + (NODE_COMPONENTS if st.get("node") or "kubelet" in (st.get("components") or {}) else ())
         comps = []
-        for name in COMPONENTS:
+        for name in names:
             comp = (st.get("components") or {}).get(name)
             if comp is None:
                 comps.append(ComponentStatus(name, None, False, False, "not started"))

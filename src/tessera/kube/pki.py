@@ -13,6 +13,8 @@ Files written by :func:`make_pki` (``<name>.crt`` + ``<name>.key`` unless noted)
 ``etcd-client``       kube-apiserver's client certificate towards etcd
 ``apiserver``         kube-apiserver serving certificate (127.0.0.1, 10.96.0.1, kubernetes.*)
 ``admin``             CN=tessera-admin, O=system:masters (the kubeconfig user)
+``apiserver-kubelet-client``  CN=kube-apiserver-kubelet-client, O=system:masters: the API
+                      server's client certificate towards kubelets (exec, logs, proxy)
 ``kube-scheduler``    CN=system:kube-scheduler (client)
 ``kube-controller-manager``  CN=system:kube-controller-manager (client)
 ``scheduler-serving`` / ``controller-manager-serving``  their secure-port certificates
@@ -20,6 +22,11 @@ Files written by :func:`make_pki` (``<name>.crt`` + ``<name>.key`` unless noted)
 ``front-proxy-client``  CN=front-proxy-client, signed by ``front-proxy-ca``
 ``sa.key`` / ``sa.pub``  service-account signing key pair (RSA, PKCS#8 / SubjectPublicKeyInfo)
 ====================  ==================================================================
+
+:func:`issue_node_certs` adds, for a real node, ``kubelet-client`` (CN=system:node:<name>,
+O=system:nodes: what the Node authorizer and the NodeRestriction rules expect) and
+``kubelet-serving`` (the kubelet's port 10250; SANs: the node name and its addresses), signed
+by the same CA.
 """
 
 from __future__ import annotations
@@ -76,6 +83,14 @@ class _CA:
     def __init__(self, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
         self.cert = cert
         self.key = key
+
+    @classmethod
+    def load(cls, cert: Path, key: Path) -> _CA:
+        """The CA written earlier by :func:`make_pki` (PEM certificate and PKCS#8 key)."""
+        ca_key = serialization.load_pem_private_key(key.read_bytes(), password=None)
+        if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{key}: not an ECDSA private key (was it written by make_pki?)")
+        return cls(x509.load_pem_x509_certificate(cert.read_bytes()), ca_key)
 
     @classmethod
     def create(cls, cn: str) -> _CA:
@@ -161,6 +176,7 @@ class Pki:
     etcd_client: CertPair
     apiserver: CertPair
     admin: CertPair
+    apiserver_kubelet_client: CertPair
     scheduler: CertPair
     controller_manager: CertPair
     scheduler_serving: CertPair
@@ -173,6 +189,8 @@ class Pki:
 
 #: Common name of the request-header client certificate (``--requestheader-allowed-names``).
 FRONT_PROXY_CLIENT = "front-proxy-client"
+#: Common name of the API server's client certificate towards kubelets (as kubeadm names it).
+APISERVER_KUBELET_CLIENT = "kube-apiserver-kubelet-client"
 
 
 def make_pki(directory: Path) -> Pki:
@@ -209,6 +227,9 @@ def make_pki(directory: Path) -> Pki:
         ),
     )
     admin = save("admin", *ca.issue("tessera-admin", orgs=("system:masters",), client=True))
+    apiserver_kubelet_client = save(
+        "apiserver-kubelet-client", *ca.issue(APISERVER_KUBELET_CLIENT, orgs=("system:masters",), client=True)
+    )
     scheduler = save("kube-scheduler", *ca.issue("system:kube-scheduler", client=True))
     kcm = save("kube-controller-manager", *ca.issue("system:kube-controller-manager", client=True))
     sched_serving = save(
@@ -234,7 +255,7 @@ def make_pki(directory: Path) -> Pki:
     )
     return Pki(
         dir=directory, ca=ca_pair, etcd_server=etcd_server, etcd_client=etcd_client,
-        apiserver=apiserver, admin=admin, scheduler=scheduler, controller_manager=kcm,
+        apiserver=apiserver, admin=admin, apiserver_kubelet_client=apiserver_kubelet_client, scheduler=scheduler, controller_manager=kcm,
         scheduler_serving=sched_serving, controller_manager_serving=kcm_serving,
         front_proxy_ca=fp_ca_pair, front_proxy_client=fp_client, sa_key=sa_key, sa_pub=sa_pub,
     )
@@ -259,12 +280,34 @@ def make_serving_certificate(
         _write(ca.key, _key_pem(new_ca.key), private=True)
         signer = new_ca
     else:
-        key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise ValueError(f"{ca.key}: expected an ECDSA key written by tessera.kube.pki")
-        signer = _CA(x509.load_pem_x509_certificate(ca.cert.read_bytes()), key)
+        signer = _CA.load(ca.cert, ca.key)
     cert, key = signer.issue(dns[0] if dns else name, server=True, dns=dns, ips=ips)
     serving = CertPair(directory / f"{name}.crt", directory / f"{name}.key")
     _write(serving.cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
     _write(serving.key, _key_pem(key), private=True)
     return ca, serving
+@dataclass(frozen=True)
+class NodeCerts:
+    """A real node's certificates: ``client`` (kubelet -> API server) and ``serving`` (port 10250)."""
+
+    client: CertPair
+    serving: CertPair
+
+
+def issue_node_certs(directory: Path, node_name: str, addresses: tuple[str, ...]) -> NodeCerts:
+    """Issue the kubelet's certificates for ``node_name`` with the CA :func:`make_pki` wrote
+    into ``directory``: ``kubelet-client`` (CN=system:node:<node_name>, O=system:nodes) and
+    ``kubelet-serving`` (DNS SAN ``node_name``, IP SANs ``addresses``). Raises ``OSError``
+    when the CA files are missing, ``ValueError`` when they are not make_pki's.
+    """
+    ca = _CA.load(directory / "ca.crt", directory / "ca.key")
+    out = []
+    for name, (cert, key) in (
+        ("kubelet-client", ca.issue(f"system:node:{node_name}", orgs=("system:nodes",), client=True)),
+        ("kubelet-serving", ca.issue(node_name, server=True, dns=(node_name,), ips=addresses)),
+    ):
+        pair = CertPair(directory / f"{name}.crt", directory / f"{name}.key")
+        _write(pair.cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
+        _write(pair.key, _key_pem(key), private=True)
+        out.append(pair)
+    return NodeCerts(client=out[0], serving=out[1])

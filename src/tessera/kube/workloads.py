@@ -96,6 +96,49 @@ def wait_pod_scheduled(client: KubeClient, name: str, namespace: str = "default"
     return wait_for(check, timeout=timeout, what=f"pod {namespace}/{name} to be scheduled", last=lambda: _describe_pod(seen[0]))
 
 
+def _describe_containers(pod: Mapping[str, Any] | None) -> str:
+    if pod is None:
+        return "pod not found"
+    status = pod.get("status") or {}
+    parts = [f"phase={status.get('phase')!r}"]
+    for cs in status.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        for key, detail in state.items():
+            parts.append(f"{cs.get('name')}: {key} {detail.get('reason', '')} {detail.get('message', '')}".rstrip())
+    for c in status.get("conditions") or []:
+        if c.get("status") != "True" and c.get("message"):
+            parts.append(f"{c.get('type')}={c.get('status')}: {c.get('message')}")
+    return "; ".join(parts)
+
+
+def wait_pod_running(client: KubeClient, name: str, namespace: str = "default", *, timeout: float = 120.0) -> Obj:
+    """Wait until a pod on a real node is ``Running`` with every container ready; return it.
+
+    Raises :class:`AssertionError` when the pod fails (phase ``Failed``/``Succeeded``, or a
+    container waiting with ``ErrImageNeverPull``, ``CreateContainerError``...), and
+    :class:`WaitTimeout` with the container states otherwise.
+    """
+    seen: list[Obj | None] = [None]
+    fatal = {"ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError", "InvalidImageName", "RunContainerError"}
+
+    def check() -> Obj | None:
+        pod = client.get("v1", "Pod", name, namespace)
+        seen[0] = pod
+        status = pod.get("status") or {}
+        if status.get("phase") in ("Failed", "Succeeded"):
+            raise AssertionError(f"pod {namespace}/{name} ended: {_describe_containers(pod)}")
+        for cs in status.get("containerStatuses") or []:
+            reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
+            if reason in fatal:
+                raise AssertionError(f"pod {namespace}/{name} cannot start: {_describe_containers(pod)}")
+        ready = status.get("containerStatuses") or []
+        if status.get("phase") == "Running" and ready and all(cs.get("ready") for cs in ready):
+            return pod
+        return None
+
+    return wait_for(check, timeout=timeout, what=f"pod {namespace}/{name} to run", last=lambda: _describe_containers(seen[0]))
+
+
 def wait_pod_unschedulable(client: KubeClient, name: str, namespace: str = "default", *, timeout: float = 60.0) -> str:
     """Wait for ``PodScheduled=False`` with reason ``Unschedulable``; return its message.
 
@@ -139,11 +182,18 @@ def pod_allocations(client: KubeClient, name: str, namespace: str = "default") -
     return {ref: (c.get("status") or {}).get("allocation") for ref, c in pod_claims(client, name, namespace).items()}
 
 
-def delete_pod(client: KubeClient, name: str, namespace: str = "default", *, wait: float = 30.0) -> None:
-    """Delete a pod at once (grace period 0: no kubelet will confirm) and wait until gone."""
+def delete_pod(
+    client: KubeClient, name: str, namespace: str = "default", *, wait: float = 30.0, grace_period: int = 0,
+) -> None:
+    """Delete a pod and wait until the API object is gone.
+
+    ``grace_period`` 0 (default) removes it at once, for simulated nodes where no kubelet
+    will confirm; on a real node give a few seconds, so that the object only goes once the
+    kubelet has stopped the containers (and unprepared the pod's claims).
+    """
     try:
         client.request(
-            "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body={"gracePeriodSeconds": 0},
+            "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body={"gracePeriodSeconds": grace_period},
             what=f"Pod {namespace}/{name}",
         )
     except ApiError as e:

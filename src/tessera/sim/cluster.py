@@ -9,8 +9,14 @@ File format (YAML, paths relative to the file)::
       inventory: inventories/8xH100.txt # nvidia-smi -q / -q -x / HAMi register annotation
       topology: topologies/topo-m.txt   # optional `nvidia-smi topo -m` for NVLink/NUMA
       labels: {zone: a}                 # optional Node labels
+      dynamicMIG: true                  # optional: partition MIG GPUs on demand (docs/mig.md)
 
 A node may instead give ``slices: FILE`` holding its ResourceSlices.
+
+``dynamicMIG`` (:func:`tessera.inventory.mig.parse_dynamic_mig`, the same setting the node
+driver reads): ``true`` for every MIG-capable GPU of the node, a list of GPU indices or UUIDs,
+or ``{gpus: all | [...], profiles: [1g.5gb, ...]}`` to offer only some profiles. Without it a
+node publishes dynamic MIG only for GPUs its inventory marks so (HAMi's ``mode: mig``).
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ def cluster_from_dict(doc: dict[str, Any], base: Path, file: str) -> Cluster:
         load_topology,
         publication_warnings,
     )
+    from tessera.inventory.mig import parse_dynamic_mig
 
     nodes_in = doc.get("nodes")
     if not isinstance(nodes_in, list) or not nodes_in:
@@ -85,12 +92,26 @@ def cluster_from_dict(doc: dict[str, Any], base: Path, file: str) -> Cluster:
         seen.add(name)
         labels = {str(k): str(v) for k, v in (n.get("labels") or {}).items()}
         labels.setdefault("kubernetes.io/hostname", name)
+        try:
+            dynamic = parse_dynamic_mig(n.get("dynamicMIG"), f"{where}.dynamicMIG")
+        except ValueError as e:
+            raise ManifestError(str(e), file=file, obj="Cluster") from None
         if n.get("inventory"):
             gpus = load_inventory(base / n["inventory"])
             topo = load_topology(base / n["topology"]) if n.get("topology") else None
-            slices = build_resource_slices(name, gpus, topo)
             src = str(n["inventory"])
-            warnings.extend(publication_warnings(gpus, f"{file}: node {name}: {src}"))
+            slices = build_resource_slices(
+                name, gpus, topo, dynamic_mig=dynamic, where=f"{file}: node {name}: {src}"
+            )
+            warnings.extend(publication_warnings(gpus, f"{file}: node {name}: {src}", dynamic))
+        elif n.get("dynamicMIG") is not None:
+            raise ManifestError(
+                "dynamicMIG needs 'inventory' (an nvidia-smi output file): ResourceSlices "
+                "given as 'slices' are published as they are",
+                file=file,
+                obj="Cluster",
+                field=f"{where}.dynamicMIG",
+            )
         elif n.get("slices"):
             slices = [m.obj for m in load_file(base / n["slices"]) if m.kind == "ResourceSlice"]
             src = str(n["slices"])

@@ -14,7 +14,7 @@ import copy
 import json
 import random
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -87,6 +87,11 @@ class GPUUsage:
     dedicated: bool
     driver: str = ""
     pool: str = ""
+    #: The counter sets the device consumes (KEP-4815), one line each, e.g. ``memory slices of
+    #: gpu-0: 3 of 8 used, compute slices 3 of 7`` (``tessera.inventory.mig.describe_counters``).
+    counters: list[str] = field(default_factory=list)
+    #: An unallocated profile placement of a dynamic-MIG GPU: a possible instance, not hardware.
+    potential: bool = False
 
 
 @dataclass
@@ -524,7 +529,9 @@ class Simulation:
         best: tuple[int, int, list[dict[str, Any]]] | None = None
         for i in order:
             node = self.nodes[i]
-            if sig is not None and sig in self._unsat[i]:
+            # Node affinity is the scheduler's first filter: a node the pod does not select says
+            # so even when the claims' shape is known not to fit there.
+            if sig is not None and sig in self._unsat[i] and _pod_fits_node(pod, node):
                 why: str | AllocationError | list[dict[str, Any]] = "cannot allocate all claims"
             else:
                 why = self._try_node(pod, node, todo, done, policy)
@@ -586,7 +593,7 @@ class Simulation:
         """The allocation results of ``todo`` on ``node`` (one per claim, nothing recorded yet);
         else the scheduler's reason (or error)."""
         if not _pod_fits_node(pod, node):
-            return "didn't match Pod's node affinity/selector"
+            return "node(s) didn't match Pod's node affinity/selector"  # kube-scheduler's NodeAffinity wording
         for c in done:
             sel = c["status"]["allocation"].get("nodeSelector")
             if sel is not None and not node_selector_matches(sel, node):
@@ -638,11 +645,23 @@ class Simulation:
         if not matching:
             return "no device matches its selectors"
         room: list[Device] = []
-        # Per capacity the request names (memory if none): the most free on any device.
+        # Per capacity the request names (memory if none): the most free on any device that
+        # could take the request (it has every capacity named and its shared counters are free).
         shown = list(caps) or ["memory"]
         best: dict[str, tuple[Fraction, Device]] = {}
+        usage = counter_usage(self.index, self.state)
+        blocked: dict[tuple[str, str, str], CounterSetUsage] = {}
+        n_blocked = 0
         for d in matching:
             if d.id in self.state.dedicated:
+                continue
+            if any(k not in d.capacity for k in caps):
+                continue
+            short = counters_short(d, usage, self.state)
+            if short:
+                n_blocked += 1
+                for u, _ in short:
+                    blocked[(u.driver, u.pool, u.name)] = u
                 continue
             agg = self.state.aggregated.get(d.id, {})
             ok = True
@@ -653,12 +672,15 @@ class Simulation:
                     ok = False
                 if k in shown and (k not in best or free > best[k][0]):
                     best[k] = (free, d)
-            if any(k not in d.capacity for k in caps):
-                ok = False
             if ok:
                 room.append(d)
         need = ", ".join(f"{k} {v.canonical()}" for k, v in caps.items()) or "the whole device"
         msg = f"{len(matching)} device(s) match its selectors, {len(room)} of them with room for {need}"
+        if blocked:
+            sets = [blocked[k] for k in sorted(blocked)]
+            lines = [f"{u.pool}: {line}" for u in sets[:2] for line in u.lines()]
+            more = f"; and {len(sets) - 2} more counter sets" if len(sets) > 2 else ""
+            msg += f" ({n_blocked} blocked by shared counters: {'; '.join(lines)}{more})"
         lacking = sorted({k for d in matching for k in caps if k not in d.capacity})
         if lacking:
             n = sum(1 for d in matching if any(k not in d.capacity for k in caps))
@@ -718,6 +740,72 @@ class Simulation:
         return gpu_usage(self.index, self.state, {n.name for n in self.cluster.nodes})
 
 
+@dataclass
+class CounterSetUsage:
+    """One shared counter set of a pool (KEP-4815): what it publishes and what is left once the
+    allocated devices that consume it are subtracted (``dra-spec.md`` 2.5: a shared device's
+    counters are charged once), with the allocated devices that hold it."""
+
+    driver: str
+    pool: str
+    name: str
+    published: dict[str, Fraction]
+    available: dict[str, Fraction]
+    holders: list[str] = field(default_factory=list)
+
+    def lines(self, needed: dict[str, Fraction] | None = None, *, all_counters: bool = False) -> list[str]:
+        """``describe_counters`` of this set (see there)."""
+        from tessera.inventory.mig import describe_counters
+
+        return describe_counters(self.name, self.published, self.available, needed, all_counters=all_counters)
+
+
+def counter_usage(index: SliceIndex, state: AllocatedState) -> dict[tuple[str, str, str], CounterSetUsage]:
+    """``{(driver, pool, counter set): usage}`` for every counter set published in ``index``
+    (the highest generation of each pool), against the allocations in ``state``. The one place
+    ``simulate``, ``explain`` and ``lint`` read counter availability from."""
+    newest: dict[tuple[str, str], int] = {}
+    for sl in index.slices:
+        key = (sl.driver, sl.pool)
+        newest[key] = max(newest.get(key, sl.generation), sl.generation)
+    out: dict[tuple[str, str, str], CounterSetUsage] = {}
+    for sl in index.slices:
+        if sl.generation != newest[(sl.driver, sl.pool)]:
+            continue
+        for cs, vals in sl.shared_counters.items():
+            out[(sl.driver, sl.pool, cs)] = CounterSetUsage(sl.driver, sl.pool, cs, dict(vals), dict(vals))
+    for d in index.devices():
+        if not d.consumes_counters or not state.is_allocated(d.id):
+            continue
+        for cs, vals in d.consumes_counters:
+            u = out.get((d.driver, d.pool, cs))
+            if u is None:
+                continue
+            for c, v in vals.items():
+                if c in u.available:
+                    u.available[c] -= v
+            u.holders.append(d.name)
+    return out
+
+
+def counters_short(
+    d: Device, usage: Mapping[tuple[str, str, str], CounterSetUsage], state: AllocatedState
+) -> list[tuple[CounterSetUsage, list[str]]]:
+    """The counter sets ``d`` cannot be allocated from, each with the lines saying which of its
+    counters are short (``memory slices of gpu-0: 7 of 8 used (slice 3 needed, in use)``);
+    empty when its counters are free, or when it is a shared device whose counters its first
+    share already paid (dra-spec.md 2.5). A set its pool does not publish makes the pool
+    invalid, which the allocator reports itself: it is not listed here."""
+    if not d.consumes_counters or (d.allow_multiple and d.id in state.aggregated):
+        return []
+    out: list[tuple[CounterSetUsage, list[str]]] = []
+    for cs, vals in d.consumes_counters:
+        u = usage.get((d.driver, d.pool, cs))
+        if u is not None and any(max(u.available.get(c, Fraction(0)), Fraction(0)) < v for c, v in vals.items()):
+            out.append((u, u.lines(dict(vals))))
+    return out
+
+
 def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | frozenset[str] = frozenset()) -> list[GPUUsage]:
     """Memory and cores allocated on every device of ``index`` against its capacity.
 
@@ -730,6 +818,7 @@ def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | f
     share_count: dict[tuple[str, str, str], int] = {}
     for did, _ in state.shared:
         share_count[did] = share_count.get(did, 0) + 1
+    usage = counter_usage(index, state)
     for d in index.devices():
         agg = state.aggregated.get(d.id, {})
         shares = share_count.get(d.id, 0)
@@ -750,6 +839,13 @@ def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | f
                 dedicated=dedicated,
                 driver=d.driver,
                 pool=d.pool,
+                counters=[
+                    line
+                    for cs, _ in d.consumes_counters
+                    if (u := usage.get((d.driver, d.pool, cs))) is not None
+                    for line in u.lines(all_counters=True)
+                ],
+                potential=f"{d.driver}/placementStart" in d.attributes and not state.is_allocated(d.id),
             )
         )
     return out
