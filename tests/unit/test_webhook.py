@@ -241,6 +241,38 @@ def test_notes_are_bounded_and_an_unreadable_slice_only_drops_them(monkeypatch: 
     assert "cannot index the ResourceSlices" in caplog.text
 
 
+def test_the_server_lints_a_new_shape_in_a_thread() -> None:
+    """A shape not linted since the slices changed: ``decide(lint_new=False)`` lists it and
+    leaves its warnings out; the server lints it in a worker thread (other admissions go on)
+    and answers with the warnings, as ``decide`` alone would."""
+    import asyncio
+    import threading
+
+    from tessera.webhook.server import Webhook
+
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": "200k"}}}]}}
+    view = ClusterView.static(h100_slices())
+    quick = decide(review(pod), view, lint_new=False)
+    assert [t["metadata"]["name"] for t in quick.unlinted] == [t["metadata"]["name"] for t in quick.templates]
+    assert quick.warnings == [] and quick.patch
+    threads = []
+    lint_shapes = view.lint_shapes
+
+    def record(templates: list[dict[str, Any]]) -> None:
+        threads.append(threading.current_thread())
+        lint_shapes(templates)
+
+    view.lint_shapes = record  # type: ignore[method-assign]
+    status, answer = asyncio.run(Webhook(view, None).admit(review(pod)))
+    assert status == 200 and isinstance(answer, dict)
+    assert answer == decide(review(pod), ClusterView.static(h100_slices())).review()
+    assert "200000Mi is more than any device has" in answer["response"]["warnings"][0]
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
+    asyncio.run(Webhook(view, None).admit(review(pod, uid="2")))
+    assert len(threads) == 1  # linted once per shape
+    assert decide(review(pod), view, lint_new=False).unlinted == []
+
+
 @pytest.mark.parametrize(
     "request_fields",
     [

@@ -187,17 +187,21 @@ class ClusterView:
         """Distinct GPU memory sizes in bytes, largest first."""
         return list(self.snapshot().sizes)
 
-    def unholdable(self, template: Mapping[str, Any], request: ContainerRequest) -> list[str]:
-        """Why no GPU of the cluster can hold ``template`` (a :func:`hashed_template`, container
-        ``request``), in HAMi's terms: ``["nvidia.com/gpumem: 100000Mi is more than any device
-        has: ..."]``; [] when one can, or when no Tessera GPU is published yet."""
+    def lint_shapes(self, templates: Sequence[Mapping[str, Any]]) -> None:
+        """Lint the shapes of ``templates`` (:func:`hashed_template` dicts) that have no notes
+        yet against the current slices, and keep their notes. CPU work proportional to the
+        devices published (their selectors run on every device): the server calls it in a
+        worker thread, so that other admissions go on meanwhile."""
         snap = self.snapshot()
-        key = template["metadata"]["labels"][HASH_LABEL]
-        notes = snap.notes.get(key)
-        if notes is None and snap.max_gpus:
-            with self._lock:  # one lint at a time: the index's caches are not thread-safe
-                world = snap.world()
-                notes = []
+        if not snap.max_gpus:
+            return
+        with self._lock:  # one lint at a time: the index's caches are not thread-safe
+            world = snap.world()
+            for template in templates:
+                key = template["metadata"]["labels"][HASH_LABEL]
+                if key in snap.notes:
+                    continue
+                notes: list[tuple[str, str]] = []
                 for f in lint([Manifest(dict(template), Source("admission", 1))], world=world) if world else ():
                     what = _finding_field(f.field)
                     if what and (what, f.problem) not in notes:
@@ -205,6 +209,21 @@ class ClusterView:
                 snap.notes[key] = notes
                 if len(snap.notes) > MAX_NOTES:
                     snap.notes.popitem(last=False)
+
+    def unholdable(self, template: Mapping[str, Any], request: ContainerRequest, *, lint_new: bool = True) -> list[str] | None:
+        """Why no GPU of the cluster can hold ``template`` (a :func:`hashed_template`, container
+        ``request``), in HAMi's terms: ``["nvidia.com/gpumem: 100000Mi is more than any device
+        has: ..."]``; [] when one can, or when no Tessera GPU is published yet. A shape not seen
+        since the slices last changed is linted first (:meth:`lint_shapes`); with
+        ``lint_new=False`` the answer is then None instead."""
+        snap = self.snapshot()
+        key = template["metadata"]["labels"][HASH_LABEL]
+        notes = snap.notes.get(key)
+        if notes is None and snap.max_gpus:
+            if not lint_new:
+                return None
+            self.lint_shapes([template])
+            notes = snap.notes.get(key, [])
         elif notes is not None:
             with contextlib.suppress(KeyError):  # dropped by another thread meanwhile
                 snap.notes.move_to_end(key)
@@ -235,7 +254,8 @@ def _finding_field(path: str) -> str | None:
 @dataclass
 class Decision:
     """What to answer one AdmissionReview: ``allowed``, the JSONPatch ops, the templates to
-    ensure first (none for ``dry_run``), warnings, and for a denial ``code``/``reason``/``message``."""
+    ensure first (none for ``dry_run``), warnings, and for a denial ``code``/``reason``/``message``;
+    ``unlinted``: templates whose shape was not linted yet (``decide(..., lint_new=False)``)."""
 
     uid: str
     allowed: bool = True
@@ -247,6 +267,7 @@ class Decision:
     reason: str = ""
     message: str = ""
     pod: str = ""
+    unlinted: list[dict[str, Any]] = field(default_factory=list)
 
     def deny(self, code: int, reason: str, message: str) -> Decision:
         """This decision turned into a denial (e.g. the template could not be created)."""
@@ -312,9 +333,13 @@ def _is_pod_create(request: Mapping[str, Any]) -> bool:
     return isinstance(resource, Mapping) and resource.get("group", "") == "" and resource.get("resource") == "pods"
 
 
-def decide(body: bytes, view: ClusterView) -> Decision:
+def decide(body: bytes, view: ClusterView, *, lint_new: bool = True) -> Decision:
     """The decision for one AdmissionReview body (see the module docstring). Raises
-    :class:`BadReview` only for bodies without a usable ``request.uid``."""
+    :class:`BadReview` only for bodies without a usable ``request.uid``.
+
+    ``lint_new=False``: a template shape not linted since the slices last changed is not linted
+    here; it is listed in :attr:`Decision.unlinted` and its warnings are missing (the server
+    lints them in a thread with :meth:`ClusterView.lint_shapes`, then decides again)."""
     request = parse_review(body)
     d = Decision(uid=request["uid"], dry_run=request.get("dryRun") is True)
     if not _is_pod_create(request):
@@ -323,7 +348,7 @@ def decide(body: bytes, view: ClusterView) -> Decision:
     if not isinstance(pod, dict) or not isinstance(pod.get("metadata", {}), dict) or not isinstance(pod.get("spec"), dict):
         return d.deny(400, "BadRequest", "request.object is not a Pod with metadata and spec")
     try:
-        return _convert(d, request, pod, view)
+        return _convert(d, request, pod, view, lint_new)
     except ConversionError as e:
         return d.deny(422, "Invalid", str(e))
     except RecursionError:
@@ -336,7 +361,7 @@ def decide(body: bytes, view: ClusterView) -> Decision:
         )
 
 
-def _convert(d: Decision, request: Mapping[str, Any], pod: dict[str, Any], view: ClusterView) -> Decision:
+def _convert(d: Decision, request: Mapping[str, Any], pod: dict[str, Any], view: ClusterView, lint_new: bool) -> Decision:
     meta = pod.get("metadata") or {}
     namespace = request.get("namespace") or meta.get("namespace") or "default"
     if not isinstance(namespace, str):
@@ -358,7 +383,10 @@ def _convert(d: Decision, request: Mapping[str, Any], pod: dict[str, Any], view:
         renamed[t["metadata"]["name"]] = h["metadata"]["name"]
         if h not in d.templates:
             d.templates.append(h)
-        for note in view.unholdable(h, req):
+        notes = view.unholdable(h, req, lint_new=lint_new)
+        if notes is None:
+            d.unlinted.append(h)
+        for note in notes or ():
             d.warnings.append(
                 f"pod {d.pod}, container {req.container}: {note}; the pod stays pending until a GPU that can "
                 "hold it is published"
