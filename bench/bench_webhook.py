@@ -98,6 +98,20 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def slow_per_window(exe: Path, results: Path, window: int) -> list[int]:
+    """How many answers took over 10 ms (or never came), per ``window`` seconds of the attack:
+    whether slow answers cluster (start-up, a neighbour taking the cores) or spread."""
+    rows = subprocess.run([str(exe), "encode", "--to", "csv", str(results)], capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+    sent = [(int(r.split(",")[0]), int(r.split(",")[1]), int(r.split(",")[2])) for r in rows if r]
+    start = min(t for t, _, _ in sent)
+    counts = [0] * (max((t - start) // (window * 10**9) for t, _, _ in sent) + 1)
+    for t, code, latency in sent:
+        if code == 0 or latency > 10 * 10**6:
+            counts[(t - start) // (window * 10**9)] += 1
+    return counts
+
+
 def bench_decision(rounds: int, profile: bool) -> int:
     """CPU time per decision, per corpus pod shape (no HTTP, no cluster)."""
     from e2e.conftest import A5000_INVENTORY, H100_INVENTORY, H100_TOPOLOGY
@@ -210,6 +224,7 @@ def bench_load(rate: int, duration: int) -> int:
         print(f"webhook CPU: {cpu_after - cpu_before:.2f} s, {(cpu_after - cpu_before) / max(answered, 1) * 1e3:.3f} ms "
               f"per answered request (TLS, HTTP, decision; {answered} answered)")
         print(f"vegeta CPU: {vegeta_cpu:.2f} s ({vegeta_cpu / duration:.2f} of a core)")
+        print(f"answers over 10 ms, per 5 s of the run: {slow_per_window(exe, results, 5)}")
         if rep.get("errors"):
             print(f"errors: {rep['errors'][:5]}")
         return 0
