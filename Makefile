@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test lint venv clean native native-test kube node-deps prometheus
+.PHONY: simulate test lint venv clean native native-test kube protos node-deps prometheus fuzz schemas
 
 # The enforcement library (C) is built first and copied into the package
 # (src/tessera/enforcement/lib/), so it is installed with it.
@@ -20,7 +20,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-venv: $(STAMP)
+venv: $(STAMP) protos
+
+# The kubelet plugin APIs (registration, DRA) as Python gRPC stubs, generated from the .proto
+# files of k8s.io/kubelet at the version in tools/kube/go.mod (fetched with `go mod download`)
+# into src/tessera/driver/_generated/ (git-ignored). Cached: a no-op when nothing changed.
+protos: $(STAMP)
+	$(BIN)/python -m tessera.driver.protos
 
 simulate: $(STAMP)
 	$(BIN)/tessera simulate
@@ -47,14 +53,23 @@ node-deps:
 prometheus:
 	tools/prometheus/install.sh
 
-test: $(STAMP) native kube node-deps prometheus
+test: $(STAMP) native protos kube node-deps prometheus
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
+# The fuzz campaign at ten times the CI size (tests/fuzz: 2,000 mutants of every input kind).
+fuzz: $(STAMP)
+	TESSERA_FUZZ_MUTANTS=$${TESSERA_FUZZ_MUTANTS:-2000} $(BIN)/python -m pytest -q -m fuzz tests/fuzz
+
+# Regenerate src/tessera/api/schemas/kubernetes.json from the control plane `make kube` builds
+# (after a Kubernetes version bump in tools/kube).
+schemas: $(STAMP) kube
+	$(BIN)/python tools/openapi/generate.py
+
 native-test: $(STAMP) native
 	$(BIN)/python -m pytest -q -m native tests/native
 
 clean:
-	rm -rf $(VENV) build native/build src/tessera/enforcement/lib .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build native/build src/tessera/enforcement/lib src/tessera/driver/_generated .pytest_cache .mypy_cache .ruff_cache

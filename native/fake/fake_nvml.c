@@ -2,6 +2,11 @@
  * A fake libnvidia-ml.so.1: the devices of fake_state.h in physical order (NVML ignores
  * CUDA_VISIBLE_DEVICES), their UUIDs and memory (used = bytes taken from the fake driver by
  * all processes), and a utilisation that a test sets with FAKE_GPU_UTIL (percent).
+ *
+ * With $FAKE_NVML_CONFIG naming a node description file, the devices come from that file
+ * instead (see fake_nvml_config.h), with everything the Tessera node driver reads through
+ * nvidia-ml-py: names, memory, PCI bus ids, compute capability, minor numbers, MIG mode,
+ * driver/CUDA versions, lost GPUs, XID events and the r615 per-cgroup memory-limit calls.
  */
 #define FAKE_STATE_DEFINE
 #include "fake_state.h"
@@ -11,8 +16,11 @@
 
 struct nvmlDevice_st {
     unsigned int index;
+    int cfg; /* 1: a device of $FAKE_NVML_CONFIG */
 };
 static struct nvmlDevice_st g_dev[FAKE_MAX_DEV];
+
+#include "fake_nvml_config.h"
 
 EXPORT nvmlReturn_t nvmlInit_v2(void)
 {
@@ -24,12 +32,16 @@ EXPORT nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
 
 EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n)
 {
+    if (fcfg_active())
+        return fcfg_count(n);
     *n = fake_state_get()->ndev;
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
 {
+    if (fcfg_active())
+        return fcfg_handle_by_index(index, device);
     if (index >= fake_state_get()->ndev)
         return NVML_ERROR_INVALID_ARGUMENT;
     g_dev[index].index = index;
@@ -39,6 +51,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
+    if (device->cfg)
+        return fcfg_uuid(device, uuid, length);
     const char *u = fake_state_get()->dev[device->index].uuid;
     if (strlen(u) + 1 > length)
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -48,6 +62,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned 
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m)
 {
+    if (device->cfg)
+        return fcfg_memory(device, &m->total, &m->used, &m->free, NULL);
     fake_dev *d = &fake_state_get()->dev[device->index];
     m->total = d->total;
     m->used = __atomic_load_n(&d->used, __ATOMIC_ACQUIRE);
@@ -59,6 +75,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 {
     if (m->version != nvmlMemory_v2)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (device->cfg)
+        return fcfg_memory(device, &m->total, &m->used, &m->free, &m->reserved);
     fake_dev *d = &fake_state_get()->dev[device->index];
     m->total = d->total;
     m->reserved = 1 << 20;
@@ -89,6 +107,9 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 
 EXPORT const char *nvmlErrorString(nvmlReturn_t result)
 {
+    const char *cfg = fcfg_error_string((int)result);
+    if (cfg)
+        return cfg;
     switch (result) {
     case NVML_SUCCESS:
         return "Success";
@@ -103,7 +124,8 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result)
 
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
-    (void)device;
+    if (device->cfg)
+        return fcfg_name(device, name, length);
     const char *n = getenv("FAKE_GPU_NAME");
     if (!n || !*n)
         n = "Tessera Fake GPU";

@@ -110,7 +110,7 @@ def test_truncated_inventory(corpus: Path, tmp_path: Path) -> None:
 def test_helm_template_input(corpus: Path, tmp_path: Path) -> None:
     f = corpus / "dra-manifests" / "k8s-dra-driver-gpu__helm_templates__deviceclass-gpu.helm-template.yaml"
     msg = _bad(tmp_path, "simulate", str(f))
-    assert "this is a template" in msg and "`helm template` for a Helm chart" in msg
+    assert "this is a template" in msg and "`helm template CHART | tessera ... -` for a Helm chart" in msg
 
 
 def test_shell_prompt_input(tmp_path: Path) -> None:
@@ -145,8 +145,8 @@ def test_misindented_selector_from_kubernetes_docs(corpus: Path, tmp_path: Path)
     f = corpus / "dra-manifests" / "kubernetes-website__examples_dra__resourceclaim.yaml"
     msg = _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f))
     assert msg.endswith(
-        "ResourceClaim default/example-resource-claim: spec.devices.requests[0].exactly.selectors[0].cel.expression: "
-        "required: a CEL expression string (found 'expression' beside 'cel': indent it under 'cel')"
+        "ResourceClaim default/example-resource-claim: spec.devices.requests[0].exactly.selectors[0].expression: "
+        "unknown field 'expression': it belongs under 'cel' (indent it one level)"
     )
 
 
@@ -205,7 +205,7 @@ def test_pod_checks_the_api_server_would_make(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: empty}\nspec: {containers: []}\n")
     assert _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f)).endswith(
-        "Pod default/empty: spec.containers: a Pod needs at least one container"
+        "Pod default/empty: spec.containers: required: a Pod needs at least one container"
     )
     f.write_text(
         "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n"
@@ -232,7 +232,7 @@ def test_nothing_to_read(tmp_path: Path) -> None:
     assert "no Kubernetes objects in" in _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(tmp_path / "empty.yaml"))
     d = tmp_path / "d"
     d.mkdir()
-    assert "no Kubernetes objects in" in _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(d))
+    assert "no *.yaml, *.yml or *.json file in this directory" in _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(d))
 
 
 def test_unconverted_extended_resource_stays_pending(corpus: Path) -> None:

@@ -293,7 +293,7 @@ def test_constraint_attribute_missing_and_all_devices_table() -> None:
 def test_cli_explain_json_and_table() -> None:
     r = CliRunner().invoke(main, ["explain", "default/too-big", "-o", "json"])
     assert r.exit_code == 0, r.output
-    data = json.loads(r.output)
+    data = json.loads(r.stdout)
     assert data["status"] == "pending" and data["nodes"][1]["node"] == "v100s-node"
     r2 = CliRunner().invoke(main, ["explain", "too-big"])
     assert r2.exit_code == 0

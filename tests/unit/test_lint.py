@@ -35,11 +35,11 @@ spec:
 def test_kubernetes_website_examples(corpus: Path) -> None:
     assert _lint(corpus, "kubernetes-website__examples_dra__deviceclass.yaml", "kubernetes-website__examples_dra__resourceclaim.yaml") == [
         "kubernetes-website__examples_dra__deviceclass.yaml (document 1): DeviceClass example-device-class: apiVersion: "
-        "'resource.k8s.io/v1beta2' is not served here. fix: write resource.k8s.io/v1 (v1beta1/v1beta2 shapes differ)",
+        "'resource.k8s.io/v1beta2' is not served. fix: write resource.k8s.io/v1 (Kubernetes v1.37.2 serves DeviceClass there)",
         # The page's YAML puts `expression` beside `cel`, not under it.
         "kubernetes-website__examples_dra__resourceclaim.yaml (document 1): ResourceClaim default/example-resource-claim: "
-        "spec.devices.requests[0].exactly.selectors[0].cel.expression: required: a CEL expression string; found "
-        "'expression' beside 'cel'. fix: indent it under 'cel'",
+        "spec.devices.requests[0].exactly.selectors[0].expression: unknown field 'expression'. "
+        "fix: it belongs under 'cel' (indent it one level)",
     ]
 
 

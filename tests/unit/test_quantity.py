@@ -48,9 +48,12 @@ def test_rejects_invalid(bad: str) -> None:
         Quantity.parse(bad)
 
 
-def test_rejects_float_and_bool() -> None:
-    with pytest.raises(QuantityError, match="exact"):
-        Quantity.parse(1.5)  # type: ignore[arg-type]
+def test_number_as_the_api_server_reads_it_and_rejects_bool() -> None:
+    # `memory: 1.5` in a manifest is a JSON number; the API server stores it as 1500m.
+    assert Quantity.parse(1.5).canonical() == "1500m"  # type: ignore[arg-type]
+    assert Quantity.parse(1e3).canonical() == "1k"  # type: ignore[arg-type]
+    with pytest.raises(QuantityError, match="not a quantity"):
+        Quantity.parse(float("inf"))  # type: ignore[arg-type]
     with pytest.raises(QuantityError, match="boolean"):
         Quantity.parse(True)
 
@@ -69,3 +72,34 @@ def test_exact_arithmetic_and_ordering() -> None:
 def test_out_of_range() -> None:
     with pytest.raises(QuantityError, match="out of range"):
         Quantity.parse("16Ei")
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1e-999999999", Fraction(1, 10**9)),  # below 1n: rounded up to 1n, at once
+        ("-0.1n", Fraction(-1, 10**9)),  # magnitude rounded up, as upstream
+        ("0." + "0" * 5000 + "1", Fraction(1, 10**9)),
+        ("123456789012345678901234567890e-20", Fraction(123456789012345679, 10**8)),
+        ("9223372036854775807", 2**63 - 1),
+        ("0.0000000001Ki", Fraction(103, 10**9)),
+    ],
+)
+def test_parse_bounded_forms(text: str, value: Fraction) -> None:
+    assert Quantity.parse(text).value == value
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1e999999999", "out of range"),  # used to hang computing 10**999999999
+        ("1" * 5000, "(5000 characters) is out of range"),  # used to raise ValueError (int digits limit)
+        ("9223372036854775808", "out of range"),
+        ("8Ei", "out of range"),
+        ("1e2147483648", "exponent out of range"),
+        (2**70, "out of range"),
+    ],
+)
+def test_parse_refuses_out_of_range_fast(text: str | int, message: str) -> None:
+    with pytest.raises(QuantityError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Quantity.parse(text)

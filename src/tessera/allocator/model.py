@@ -259,7 +259,7 @@ def slice_from_dict(obj: dict[str, Any]) -> Slice:
         }
         caps = {
             k: Capacity(
-                _q((v or {}).get("value"), f"{where}.capacity[{k}].value", ref),
+                _q((v or {}).get("value", 0), f"{where}.capacity[{k}].value", ref),
                 _policy((v or {}).get("requestPolicy"), f"{where}.capacity[{k}].requestPolicy", ref),
             )
             for k, v in (d.get("capacity") or {}).items()

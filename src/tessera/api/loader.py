@@ -8,15 +8,14 @@ would create, so the scheduler-facing unit is always a Pod.
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from tessera.api.documents import documents, template_action, without_nulls
 from tessera.api.errors import ManifestError
+from tessera.api.limits import DEFAULT_LIMITS, Limits
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_API_VERSION = "resource.k8s.io/v1"
@@ -55,72 +54,97 @@ class Manifest:
 
     @property
     def namespace(self) -> str:
-        return str(self.obj.get("metadata", {}).get("namespace") or "default")
+        return _text(_meta(self.obj).get("namespace") or "default")
 
     def ref(self) -> str:
         """``Kind namespace/name`` (cluster-scoped kinds without namespace)."""
         return object_ref(self.obj)
 
 
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+    md = obj.get("metadata")
+    return md if isinstance(md, dict) else {}
+
+
+def _text(v: Any) -> str:
+    """A name for messages: strings as they are, anything else (not yet validated) shortened."""
+    s = v if isinstance(v, str) else repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
 def object_name(obj: dict[str, Any]) -> str:
-    md = obj.get("metadata") or {}
-    return str(md.get("name") or md.get("generateName") or "")
+    md = _meta(obj)
+    return _text(md.get("name") or md.get("generateName") or "")
 
 
 def object_ref(obj: dict[str, Any]) -> str:
-    kind = obj.get("kind", "?")
-    md = obj.get("metadata") or {}
-    name = md.get("name") or md.get("generateName") or "<unnamed>"
+    kind = _text(obj.get("kind", "?"))
+    md = _meta(obj)
+    name = _text(md.get("name") or md.get("generateName") or "<unnamed>")
     if kind in ("ResourceSlice", "DeviceClass", "Node"):
         return f"{kind} {name}"
-    return f"{kind} {md.get('namespace') or 'default'}/{name}"
+    return f"{kind} {_text(md.get('namespace') or 'default')}/{name}"
 
 
-_HELM = re.compile(r"\{\{.*?\}\}", re.S)
+def _kind_of_list_items(doc: dict[str, Any]) -> tuple[str | None, str | None]:
+    """For ``PodList``/``NodeList``... (API list responses), the kind and apiVersion their items
+    lack; ``(None, None)`` for a plain ``List``."""
+    kind = str(doc.get("kind", ""))
+    if kind == "List" or not kind.endswith("List"):
+        return None, None
+    return kind[: -len("List")], doc.get("apiVersion") if isinstance(doc.get("apiVersion"), str) else None
 
 
-def parse_documents(text: str, file: str) -> list[tuple[int, dict[str, Any]]]:
-    """Parse YAML or JSON text into ``(document number, object)`` pairs.
+def _is_list(doc: dict[str, Any]) -> bool:
+    return (str(doc.get("kind", "")).endswith("List") and "items" in doc) or doc.get("kind") == "List"
 
-    ``kind: List`` documents are flattened into their items. Empty documents are skipped.
-    Raises :class:`ManifestError` (one line) for text that is not YAML at all, a Helm template,
-    or a document that is not a Kubernetes object.
+
+def parse_documents(
+    text: str, file: str, *, skip_foreign: list[str] | None = None
+) -> list[tuple[int, dict[str, Any]]]:
+    """Parse YAML or JSON text (a stream of documents or JSON values) into ``(document number,
+    object)`` pairs, bounded as :mod:`tessera.api.documents` says.
+
+    ``kind: List`` and ``<Kind>List`` documents are flattened into their items (items without
+    ``kind`` take it from the list's, as in API list responses). Empty documents are skipped.
+    Raises :class:`ManifestError` (one line) for text that is not YAML or JSON, a Helm or Go
+    template, or a document that is not a Kubernetes object; with ``skip_foreign`` (a list to
+    append warnings to), a file of documents that are not Kubernetes objects (a CI workflow, a
+    kustomization) is skipped with one warning instead.
     """
-    if _HELM.search(text):
-        m = _HELM.search(text)
-        assert m is not None
-        line = text.count("\n", 0, m.start()) + 1
+    tpl = template_action(text)
+    if tpl is not None:
+        line, action = tpl
         raise ManifestError(
-            f"line {line}: this is a template ({m.group(0)[:40]!r}), not a manifest: "
-            "render it first (`helm template` for a Helm chart) and pass the output",
+            f"line {line}: this is a template ({action[:40]!r}), not a manifest: "
+            "render it first (`helm template CHART | tessera ... -` for a Helm chart) and pass the output",
             file=file,
         )
-    try:
-        docs = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ManifestError(
-            f"{where}not valid YAML or JSON ({problem}): pass Kubernetes manifests", file=file
-        ) from None
     out: list[tuple[int, dict[str, Any]]] = []
-    for i, doc in enumerate(docs, start=1):
+    for i, doc in enumerate(documents(text, file), start=1):
         if doc is None:
             continue
-        if not isinstance(doc, dict) or "kind" not in doc:
-            shown = repr(doc)[:60] if not isinstance(doc, dict) else "a mapping without 'kind'"
-            raise ManifestError(
-                f"not a Kubernetes object (got {shown}): each document needs apiVersion and kind",
-                file=file,
-                doc=i,
-            )
-        if doc.get("kind") == "List" or str(doc.get("kind", "")).endswith("List"):
+        if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str) or not isinstance(doc.get("apiVersion"), str):
+            why = _foreign(doc)
+            if skip_foreign is not None:
+                skip_foreign.append(f"{file}: {why}; skipped")
+                return []
+            raise ManifestError(f"{why}: each document needs apiVersion and kind", file=file, doc=i)
+        if doc.get("kind") == "Kustomization":
+            msg = "a kustomization is instructions, not objects: render it with `kubectl kustomize DIR | tessera ... -`"
+            if skip_foreign is not None:
+                skip_foreign.append(f"{file}: {msg}; skipped")
+                return []
+            raise ManifestError(msg, file=file, doc=i)
+        if _is_list(doc):
             items = doc.get("items") or []
             if not isinstance(items, list):
                 raise ManifestError("items must be a list", file=file, doc=i, field="items")
+            item_kind, item_version = _kind_of_list_items(doc)
             for j, item in enumerate(items):
-                if not isinstance(item, dict) or "kind" not in item:
+                if isinstance(item, dict) and item_kind and "kind" not in item:
+                    item = {"apiVersion": item_version, "kind": item_kind, **item}
+                if not isinstance(item, dict) or not isinstance(item.get("kind"), str) or not isinstance(item.get("apiVersion"), str):
                     raise ManifestError(
                         "List item is not a Kubernetes object (needs apiVersion and kind)",
                         file=file,
@@ -133,35 +157,145 @@ def parse_documents(text: str, file: str) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
-def load_file(path: str | Path) -> list[Manifest]:
-    """Read one manifest file. Raises :class:`ManifestError` if unreadable or not manifests."""
-    p = Path(path)
+def _foreign(doc: Any) -> str:
+    """Why ``doc`` is not a Kubernetes object, in a few words."""
+    if isinstance(doc, dict) and "kind" in doc and "apiVersion" in doc:
+        return "not a Kubernetes object (apiVersion and kind must be strings)"
+    if isinstance(doc, dict):
+        if "jobs" in doc and ("on" in doc or "true" in doc):
+            return "a CI workflow (GitHub Actions), not a Kubernetes object"
+        keys = ", ".join(sorted(str(k) for k in doc)[:4])
+        missing = " and ".join(k for k in ("apiVersion", "kind") if k not in doc)
+        return f"not a Kubernetes object (a mapping without {missing}; keys: {keys})"
+    shown = repr(doc)
+    return f"not a Kubernetes object (got {shown[:60]}{'...' if len(shown) > 60 else ''})"
+
+
+@dataclass
+class ReadBudget:
+    """Bytes that may still be read by one command (all inputs together)."""
+
+    remaining: int
+    limit: int = 0
+
+    @classmethod
+    def of(cls, limits: Limits) -> ReadBudget:
+        return cls(limits.max_input_bytes, limits.max_input_bytes)
+
+
+def _too_big(file: str, limit: int) -> ManifestError:
+    return ManifestError(
+        f"input larger than {limit:,} bytes (all inputs together): raise the limit with "
+        "--max-input-size (e.g. --max-input-size 2Gi) if this is really one manifest",
+        file=file,
+    )
+
+
+STDIN = "-"
+
+
+def read_text(path: str | Path, budget: ReadBudget | None = None) -> str:
+    """Read one input as UTF-8 text, at most ``budget.remaining`` bytes; ``-`` is standard input.
+
+    A directory, a device that never ends (``/dev/zero``), a non-UTF-8 byte, an unreadable
+    path: :class:`ManifestError` naming the path. A UTF-8 BOM is dropped.
+    """
+    import sys
+
+    budget = budget if budget is not None else ReadBudget.of(DEFAULT_LIMITS)
+    name = "<stdin>" if str(path) == STDIN else str(path)
+    limit = budget.remaining
     try:
-        text = p.read_text(encoding="utf-8")
+        if str(path) == STDIN:
+            data = sys.stdin.buffer.read(limit + 1)
+        else:
+            p = Path(path)
+            if p.is_dir():
+                raise ManifestError("is a directory: pass it on its own to read its manifests", file=name)
+            with p.open("rb") as f:
+                data = f.read(limit + 1)
     except FileNotFoundError:
-        raise ManifestError("file not found", file=str(path)) from None
+        raise ManifestError("file not found", file=name) from None
+    except IsADirectoryError:
+        raise ManifestError("is a directory", file=name) from None
+    except OSError as e:
+        raise ManifestError(f"cannot read: {e.strerror or e}", file=name) from None
+    if len(data) > limit:
+        raise _too_big(name, budget.limit or limit)
+    budget.remaining -= len(data)
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ManifestError(
-            f"not UTF-8 text (byte {e.start}): a binary file? pass YAML or JSON manifests", file=str(path)
+            f"not UTF-8 text (byte {e.start}): a binary file? pass YAML or JSON manifests", file=name
         ) from None
-    except OSError as e:
-        raise ManifestError(f"cannot read: {e.strerror or e}", file=str(path)) from None
-    return [Manifest(obj, Source(str(path), doc)) for doc, obj in parse_documents(text, str(path))]
+    return text[1:] if text.startswith("\ufeff") else text
 
 
-def load_files(paths: Iterable[str | Path]) -> list[Manifest]:
-    """Read several manifest files (directories are read for ``*.yaml``, ``*.yml``, ``*.json``)."""
+def load_file(
+    path: str | Path,
+    *,
+    budget: ReadBudget | None = None,
+    skip_foreign: list[str] | None = None,
+) -> list[Manifest]:
+    """Read one manifest file (``-``: standard input). Raises :class:`ManifestError` if
+    unreadable or not manifests (see :func:`parse_documents` for ``skip_foreign``)."""
+    text = read_text(path, budget)
+    name = "<stdin>" if str(path) == STDIN else str(path)
+    return [Manifest(obj, Source(name, doc)) for doc, obj in parse_documents(text, name, skip_foreign=skip_foreign)]
+
+
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def manifest_files(folder: Path, warnings: list[str]) -> list[Path]:
+    """``*.yaml``, ``*.yml`` and ``*.json`` files under ``folder`` (sorted, symbolic links to
+    folders not followed, ``.git`` left out). A dangling link is skipped with a warning."""
+    import os
+
+    out: list[Path] = []
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if d != ".git")
+        for f in sorted(files):
+            p = Path(root) / f
+            if p.suffix not in MANIFEST_SUFFIXES:
+                continue
+            if not p.exists():
+                warnings.append(f"{p}: a dangling symbolic link; skipped")
+                continue
+            if p.is_file():
+                out.append(p)
+    return out
+
+
+def load_files(
+    paths: Iterable[str | Path],
+    *,
+    limits: Limits = DEFAULT_LIMITS,
+    warnings: list[str] | None = None,
+    budget: ReadBudget | None = None,
+) -> list[Manifest]:
+    """Read several manifest files; ``-`` is standard input. Directories are read for
+    ``*.yaml``, ``*.yml`` and ``*.json`` (see :func:`manifest_files`); there, a file that holds
+    no Kubernetes object (a CI workflow, a kustomization) is skipped with a warning appended to
+    ``warnings``. A directory with no manifest file at all is an error, so is any unreadable
+    input. All inputs together are read up to ``limits.max_input_bytes`` (or what ``budget``,
+    shared with other readers of the same command, has left)."""
     out: list[Manifest] = []
+    notes = warnings if warnings is not None else []
+    budget = budget if budget is not None else ReadBudget.of(limits)
     for path in paths:
         p = Path(path)
-        if p.is_dir():
-            files = sorted(
-                f for f in p.rglob("*") if f.suffix in (".yaml", ".yml", ".json") and f.is_file()
-            )
+        if str(path) != STDIN and p.is_dir():
+            files = manifest_files(p, notes)
+            if not files:
+                raise ManifestError(
+                    "no *.yaml, *.yml or *.json file in this directory: nothing to read", file=str(path)
+                )
             for f in files:
-                out.extend(load_file(f))
+                out.extend(load_file(f, budget=budget, skip_foreign=notes))
         else:
-            out.extend(load_file(p))
+            out.extend(load_file(p if str(path) != STDIN else STDIN, budget=budget))
     return out
 
 
@@ -173,7 +307,7 @@ def load_objects(objects: Iterable[dict[str, Any]], origin: str) -> list[Manifes
     for i, obj in enumerate(objects, start=1):
         if not isinstance(obj, dict) or "kind" not in obj:
             raise ManifestError("not a Kubernetes object (needs apiVersion and kind)", file=origin, doc=i)
-        out.append(Manifest(obj, Source(origin, i)))
+        out.append(Manifest(without_nulls(obj, origin, i), Source(origin, i)))
     return out
 
 
@@ -196,16 +330,26 @@ def _int_field(obj: dict[str, Any], path: str, default: int, m: Manifest) -> int
     return cur
 
 
-def expand_workloads(manifests: Iterable[Manifest]) -> Iterator[Manifest]:
+def expand_workloads(manifests: Iterable[Manifest], *, max_pods: int = DEFAULT_LIMITS.max_pods) -> Iterator[Manifest]:
     """Yield every manifest, replacing workloads by the Pods their controllers would create.
 
     Deployment/ReplicaSet/StatefulSet: ``spec.replicas`` (default 1) pods named ``<name>-<i>``;
     Job: ``spec.parallelism`` (default 1) pods; CronJob: one run of its job template.
-    DaemonSet is rejected (it would need the node list; put the pod in directly).
+    DaemonSet is rejected (it would need the node list; put the pod in directly). More than
+    ``max_pods`` Pods in all (given and expanded) is a :class:`ManifestError` naming the
+    workload's field, raised before any of its pods is made.
     """
+    pods = 0
     for m in manifests:
         kind = m.kind
         if kind not in WORKLOAD_KINDS:
+            if kind == "Pod":
+                pods += 1
+                if pods > max_pods:
+                    raise ManifestError(
+                        f"more than {max_pods:,} pods in the input: raise the limit with --max-pods",
+                        file=m.source.file, doc=m.source.doc, obj=m.ref(),
+                    )
             yield m
             continue
         obj = m.obj
@@ -229,6 +373,14 @@ def expand_workloads(manifests: Iterable[Manifest]) -> Iterator[Manifest]:
             else:
                 replicas = _int_field(obj, "spec.replicas", 1, m)
             tpath = "spec.template"
+        if pods + replicas > max_pods:
+            field = "spec.jobTemplate.spec.parallelism" if kind == "CronJob" else "spec.parallelism" if kind == "Job" else "spec.replicas"
+            raise ManifestError(
+                f"{replicas:,} pods would bring the input to {pods + replicas:,}, over the limit of {max_pods:,}: "
+                "lower it, or raise the limit with --max-pods",
+                file=m.source.file, doc=m.source.doc, obj=m.ref(), field=field,
+            )
+        pods += replicas
         if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
             raise ManifestError(
                 "missing pod template: a workload needs a pod template with a spec",
@@ -251,4 +403,4 @@ def expand_workloads(manifests: Iterable[Manifest]) -> Iterator[Manifest]:
                 "metadata": tmd,
                 "spec": copy.deepcopy(template["spec"]),
             }
-            yield Manifest(pod, m.source, owner=m.ref(), extra={"template": tpath})
+            yield Manifest(pod, m.source, owner=m.ref(), extra={"template": tpath, "validated": m.extra.get("validated", False)})

@@ -14,6 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from typing import Literal
 
 from tessera.api.errors import TesseraError
@@ -33,6 +34,48 @@ _QUANTITY_RE = re.compile(
 _NANO = Fraction(1, 10**9)
 # Upstream keeps int64 scaled values; anything past this is rejected as out of range.
 _MAX = Fraction(2**63 - 1)
+_MAX_EXPONENT = 2**31 - 1
+# 2^63 < 10^19: a number with more integer digits than this is out of range before any suffix.
+_MAX_INT_DIGITS = 20
+# Fraction digits kept below the nano unit before rounding up (2^60 < 10^19, so a binary suffix
+# cannot lift a digit past this position above 1n).
+_GUARD_DIGITS = 9 + 19 + 2
+
+
+def _shown(text: str) -> str:
+    """``text`` for a message: quoted, cut to 40 characters."""
+    return repr(text) if len(text) <= 40 else repr(text[:40]) + f"... ({len(text)} characters)"
+
+
+def _exact_value(num: str, exp10: int, exp2: int) -> Fraction | None:
+    """``num`` (digits with an optional '.') x 10^exp10 x 2^exp2, rounded up in magnitude to
+    nano precision as upstream does; None when it is certainly above 2^63-1. Works on the digit
+    strings first, so neither a thousand-digit number nor an exponent of 10^9 costs more than a
+    few 60-digit integers."""
+    whole, _, frac = num.partition(".")
+    digits = (whole + frac).lstrip("0")
+    if not digits.strip("0"):
+        return Fraction(0)
+    # value = int(digits) x 10^scale, digits without leading zeros
+    scale = exp10 - len(frac)
+    top = len(digits) + scale  # decimal digits before the point
+    if top > _MAX_INT_DIGITS:
+        return None
+    keep = top + (_GUARD_DIGITS if exp2 else 9)
+    sticky = False
+    if keep < len(digits):
+        rest = digits[max(keep, 0):]
+        digits = digits[: max(keep, 0)]
+        sticky = rest.strip("0") != ""
+        scale = -(_GUARD_DIGITS if exp2 else 9)
+        if not digits:
+            digits = "0"
+    value = Fraction(int(digits)) * (Fraction(10) ** scale) * (2**exp2)
+    if sticky:
+        value += Fraction(1, 10 ** (_GUARD_DIGITS + 1))
+    if (value / _NANO).denominator != 1:
+        value = Fraction(math.ceil(value / _NANO)) * _NANO
+    return value
 
 
 class QuantityError(TesseraError, ValueError):
@@ -63,39 +106,55 @@ class Quantity:
         if isinstance(text, bool):
             raise QuantityError(f"{text!r} is not a quantity (a boolean)")
         if isinstance(text, int):
+            if abs(text) > _MAX:
+                raise QuantityError(
+                    f"{_shown(str(text))} is out of range for a Kubernetes quantity (max 2^63-1)"
+                )
             return cls(Fraction(text), "DecimalSI")
         if isinstance(text, float):
-            raise QuantityError(
-                f"{text!r} is not an exact quantity: write it as a string such as '1.5' or '1500m'"
-            )
+            # A JSON/YAML number: the API server parses its decimal text (1.5 -> 1500m).
+            if not math.isfinite(text):
+                raise QuantityError(f"{text!r} is not a quantity: write a number such as '1.5' or '1500m'")
+            return cls.parse(repr(text).replace("e+", "e"))
         if not isinstance(text, str):
-            raise QuantityError(f"{text!r} is not a quantity (expected a string such as '8Gi')")
+            raise QuantityError(f"{_shown(repr(text))} is not a quantity (expected a string such as '8Gi')")
+        if len(text) <= 64:  # the same few quantities come back thousands of times in a manifest
+            return _parse_text(text)
+        return cls._parse_text(text)
+
+    @classmethod
+    def _parse_text(cls, text: str) -> Quantity:
         s = text.strip()
         m = _QUANTITY_RE.match(s)
         if not m or s in ("", "+", "-"):
             raise QuantityError(
-                f"{text!r} is not a valid quantity: expected a number with an optional suffix "
+                f"{_shown(text)} is not a valid quantity: expected a number with an optional suffix "
                 "(Ki, Mi, Gi, Ti, Pi, Ei, n, u, m, k, M, G, T, P, E) or exponent (e3), e.g. '8Gi'"
             )
-        num = Fraction(m.group("num"))
-        if m.group("sign") == "-":
-            num = -num
         suffix = m.group("suffix") or ""
         fmt: Format
+        exp10 = 0
+        exp2 = 0
         if suffix in _BINARY:
-            value = num * (2 ** _BINARY[suffix])
-            fmt = "BinarySI"
+            exp2, fmt = _BINARY[suffix], "BinarySI"
         elif suffix in _DECIMAL:
-            value = num * Fraction(10) ** _DECIMAL[suffix]
-            fmt = "DecimalSI"
+            exp10, fmt = _DECIMAL[suffix], "DecimalSI"
         else:
-            value = num * Fraction(10) ** int(suffix[1:])
-            fmt = "DecimalExponent"
-        # Upstream rounds up (away from zero for positives) to nano precision.
-        if value.denominator != 1 and (value / _NANO).denominator != 1:
-            value = Fraction(math.ceil(value / _NANO)) * _NANO
+            # Upstream parses the exponent as a 32-bit integer ("unable to parse quantity's suffix").
+            digits = suffix[1:].lstrip("+-").lstrip("0")
+            if len(digits) > 10 or abs(int(suffix[1:])) > _MAX_EXPONENT:
+                raise QuantityError(
+                    f"{_shown(text)} has an exponent out of range (at most 2^31-1 in magnitude, "
+                    "as Kubernetes parses it): write the value with a suffix such as 'Gi' or 'k'"
+                )
+            exp10, fmt = int(suffix[1:]), "DecimalExponent"
+        value = _exact_value(m.group("num"), exp10, exp2)
+        if value is None:
+            raise QuantityError(f"{_shown(text)} is out of range for a Kubernetes quantity (max 2^63-1)")
+        if m.group("sign") == "-":
+            value = -value
         if abs(value) > _MAX:
-            raise QuantityError(f"{text!r} is out of range for a Kubernetes quantity (max 2^63-1)")
+            raise QuantityError(f"{_shown(text)} is out of range for a Kubernetes quantity (max 2^63-1)")
         return cls(value, fmt)
 
     @classmethod
@@ -180,6 +239,12 @@ class Quantity:
 
     def __repr__(self) -> str:
         return f"Quantity({self.canonical()!r})"
+
+
+@lru_cache(maxsize=4096)
+def _parse_text(text: str) -> Quantity:
+    """:meth:`Quantity._parse_text`, remembered (a Quantity is immutable; errors are not cached)."""
+    return Quantity._parse_text(text)
 
 
 def parse_quantity(text: str | int | Quantity) -> Quantity:

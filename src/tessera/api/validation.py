@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.api.errors import ManifestError
-from tessera.api.loader import Manifest
+from tessera.api.loader import RESOURCE_API_VERSION, Manifest
 from tessera.api.quantity import Quantity, QuantityError
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -117,8 +117,9 @@ def _exact_fields(req: dict[str, Any], path: str, out: list[FieldProblem], *, su
     mode = req.get("allocationMode", "ExactCount") or "ExactCount"
     count = req.get("count")
     if mode == "ExactCount":
-        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count <= 0):
-            out.append(FieldProblem(f"{path}.count", f"must be a positive integer, got {count!r}"))
+        # 0 (or absent) is defaulted to 1 by the API server (SetDefaults_ExactDeviceRequest).
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+            out.append(FieldProblem(f"{path}.count", f"must be greater than zero, got {count!r}"))
     elif mode == "All":
         if count not in (None, 0):
             out.append(FieldProblem(f"{path}.count", "must not be set with allocationMode All"))
@@ -130,7 +131,7 @@ def _exact_fields(req: dict[str, Any], path: str, out: list[FieldProblem], *, su
     _tolerations(req.get("tolerations"), f"{path}.tolerations", out)
     cap = req.get("capacity")
     if cap is not None:
-        reqs = cap.get("requests") if isinstance(cap, dict) else None
+        reqs = cap.get("requests", {}) if isinstance(cap, dict) else None
         if not isinstance(reqs, dict):
             out.append(FieldProblem(f"{path}.capacity.requests", "must be a map of capacity name to quantity"))
         else:
@@ -139,9 +140,7 @@ def _exact_fields(req: dict[str, Any], path: str, out: list[FieldProblem], *, su
                 if prob:
                     out.append(FieldProblem(f"{path}.capacity.requests[{k}]", prob))
                 try:
-                    q = Quantity.parse(v)
-                    if q.value < 0:
-                        out.append(FieldProblem(f"{path}.capacity.requests[{k}]", "must not be negative"))
+                    Quantity.parse(v)  # a negative request passes API validation (lint reports it)
                 except QuantityError as e:
                     out.append(FieldProblem(f"{path}.capacity.requests[{k}]", str(e)))
 
@@ -246,19 +245,122 @@ def device_class_problems(obj: dict[str, Any]) -> list[FieldProblem]:
     return out
 
 
+#: Kinds Tessera reads, and the apiVersion it reads each in (schemas/kubernetes.json).
+READ_KINDS: dict[str, str] = {
+    "Pod": "v1",
+    "Node": "v1",
+    "Deployment": "apps/v1",
+    "ReplicaSet": "apps/v1",
+    "StatefulSet": "apps/v1",
+    "DaemonSet": "apps/v1",
+    "Job": "batch/v1",
+    "CronJob": "batch/v1",
+    "ResourceClaim": RESOURCE_API_VERSION,
+    "ResourceClaimTemplate": RESOURCE_API_VERSION,
+    "DeviceClass": RESOURCE_API_VERSION,
+    "ResourceSlice": RESOURCE_API_VERSION,
+}
+_RETIRED = {
+    "resource.k8s.io/v1alpha1": "retired (the first DRA API, removed in Kubernetes 1.27)",
+    "resource.k8s.io/v1alpha2": "retired (classic DRA, removed in Kubernetes 1.31)",
+    "resource.k8s.io/v1alpha3": "retired (removed in Kubernetes 1.33)",
+    "resource.k8s.io/v1beta1": "not read by Tessera (its request shape differs: no 'exactly')",
+}
+
+
+def _api_version_problem(kind: str, av: Any) -> FieldProblem | None:
+    want = READ_KINDS[kind]
+    if av == want:
+        return None
+    from tessera.api.schema import kubernetes
+
+    if isinstance(av, str) and kubernetes().has(f"{av}/{kind}"):
+        return None
+    why = _RETIRED.get(av, "not served") if isinstance(av, str) else "missing or not a string"
+    return FieldProblem("apiVersion", f"{av!r} is {why}: write {want} (Kubernetes {_k8s()} serves {kind} there)")
+
+
+def _k8s() -> str:
+    from tessera.api.schema import kubernetes_version
+
+    return kubernetes_version()
+
+
+def schema_problems(obj: dict[str, Any]) -> list[FieldProblem] | None:
+    """Structural problems of ``obj`` against the Kubernetes OpenAPI schema of its
+    apiVersion/kind (unknown fields, wrong types, out-of-range integers); None for a kind
+    Tessera does not read."""
+    kind = obj.get("kind")
+    if kind not in READ_KINDS:
+        return None
+    av_problem = _api_version_problem(str(kind), obj.get("apiVersion"))
+    if av_problem is not None:
+        return [av_problem]
+    from tessera.api.schema import kubernetes
+
+    return [FieldProblem(p.field, p.message) for p in kubernetes().problems(f"{obj['apiVersion']}/{kind}", obj)]
+
+
+def pod_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
+    """What the API server refuses in a PodSpec that its schema lets through: no containers, an
+    unnamed container, a pod claim naming neither or both of a claim and a template, a
+    container claim not declared in ``resourceClaims``."""
+    out: list[FieldProblem] = []
+    if not isinstance(spec, dict):
+        spec = {}
+    ctrs = spec.get("containers")
+    if not ctrs:
+        out.append(FieldProblem(f"{path}.containers", "required: a Pod needs at least one container"))
+    declared: set[str] = set()
+    for i, pc in enumerate(spec.get("resourceClaims") or []):
+        p = f"{path}.resourceClaims[{i}]"
+        name = pc.get("name")
+        if not is_dns_label(name):
+            out.append(FieldProblem(f"{p}.name", f"{name!r} must be a DNS label (lower case, digits, '-')"))
+        elif name in declared:
+            out.append(FieldProblem(f"{p}.name", f"duplicate pod claim name {name!r}"))
+        declared.add(str(name))
+        has = [k for k in ("resourceClaimName", "resourceClaimTemplateName") if pc.get(k)]
+        if not has:
+            out.append(FieldProblem(p, "at least one of `resourceClaimName` or `resourceClaimTemplateName` must be set"))
+        elif len(has) == 2:
+            out.append(FieldProblem(p, "at most one of `resourceClaimName` or `resourceClaimTemplateName` may be set"))
+    for part in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(part) or []):
+            if not c.get("name"):
+                out.append(FieldProblem(f"{path}.{part}[{i}].name", "required: every container needs a name"))
+            for j, rc in enumerate((c.get("resources") or {}).get("claims") or []):
+                if rc.get("name") not in declared:
+                    out.append(
+                        FieldProblem(
+                            f"{path}.{part}[{i}].resources.claims[{j}].name",
+                            f"claim {rc.get('name')!r} is not declared in {path}.resourceClaims: add it there",
+                        )
+                    )
+    return out
+
+
+TEMPLATE_PATHS = {
+    "Deployment": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+
+
 def manifest_problems(m: Manifest) -> list[FieldProblem]:
-    """Validation problems for a resource.k8s.io object; [] for kinds not validated here."""
+    """Everything the API server would refuse in ``m``, in this order: an apiVersion it does not
+    serve, structural problems (unknown fields, wrong types: :func:`schema_problems`), then the
+    validation rules Tessera implements for claims, claim templates, device classes, slices and
+    pod specs. [] for a valid object or a kind Tessera does not read. One judgement for every
+    command: ``simulate``, ``explain`` and ``lint`` all call this."""
     obj = m.obj
     kind = m.kind
-    if kind in ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice"):
-        av = obj.get("apiVersion")
-        if av != "resource.k8s.io/v1":
-            return [
-                FieldProblem(
-                    "apiVersion",
-                    f"{av!r} is not served here: write resource.k8s.io/v1 (v1beta1/v1beta2 shapes differ)",
-                )
-            ]
+    structural = schema_problems(obj)
+    if structural:
+        return structural
     if kind in ("ResourceClaim", "ResourceClaimTemplate"):
         md = obj.get("metadata") or {}
         out = []
@@ -269,15 +371,49 @@ def manifest_problems(m: Manifest) -> list[FieldProblem]:
         return out + claim_spec_problems((obj.get("spec") or {}).get("spec"), "spec.spec")
     if kind == "DeviceClass":
         return device_class_problems(obj)
+    if kind == "ResourceSlice":
+        from tessera.inventory.validate import validate_resource_slice
+
+        probs = []
+        for text in validate_resource_slice(obj):
+            field, sep, message = text.partition(": ")
+            probs.append(FieldProblem(field, message) if sep and " " not in field else FieldProblem("spec", text))
+        return probs
+    if kind == "Pod":
+        return pod_spec_problems(obj.get("spec"), "spec")
+    if kind in TEMPLATE_PATHS:
+        cur: Any = obj
+        for step in TEMPLATE_PATHS[kind]:
+            cur = (cur or {}).get(step) if isinstance(cur, dict) else None
+        path = ".".join(TEMPLATE_PATHS[kind])
+        if not isinstance(cur, dict) or not isinstance(cur.get("spec"), dict):
+            return [FieldProblem(path, "required: a workload needs a pod template with a spec")]
+        return pod_spec_problems(cur.get("spec"), f"{path}.spec")
     return []
 
 
+def problem_error(m: Manifest, probs: list[FieldProblem]) -> ManifestError:
+    """One :class:`ManifestError` for the first of ``probs`` (the count of the others said)."""
+    first = probs[0]
+    more = f" (and {len(probs) - 1} more problem(s))" if len(probs) > 1 else ""
+    return ManifestError(first.message + more, file=m.source.file, doc=m.source.doc, obj=m.ref(), field=first.field)
+
+
+VALIDATED = "validated"
+
+
 def check(m: Manifest) -> None:
-    """Raise :class:`ManifestError` for the first problem of ``m``; all problems are listed."""
+    """Raise :class:`ManifestError` for the first problem of ``m`` (all are counted); a
+    manifest already checked (``m.extra['validated']``) is not checked again."""
+    if m.extra.get(VALIDATED):
+        return
     probs = manifest_problems(m)
     if probs:
-        first = probs[0]
-        more = f" (and {len(probs) - 1} more problem(s))" if len(probs) > 1 else ""
-        raise ManifestError(
-            first.message + more, file=m.source.file, doc=m.source.doc, obj=m.ref(), field=first.field
-        )
+        raise problem_error(m, probs)
+    m.extra[VALIDATED] = True
+
+
+def check_all(manifests: list[Manifest]) -> None:
+    """:func:`check` every manifest, in input order."""
+    for m in manifests:
+        check(m)

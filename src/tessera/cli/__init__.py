@@ -1,7 +1,7 @@
 """The ``tessera`` command line: the one entry-point package.
 
 Every command lives in a module here (``simulate``, ``explain``/``lint``, ``convert``, ``cluster``, ``monitor``,
-``webhook``, ``extender``) and
+``webhook``, ``extender``, ``driver``) and
 reports bad input the same way (:func:`tessera.cli._common.fail`: one line, exit 2), catching
 only :class:`tessera.api.errors.TesseraError`, the root of every user error. Services
 (``sim``, ``explain``, ``kube``...) and core packages never import this package.
@@ -9,12 +9,39 @@ only :class:`tessera.api.errors.TesseraError`, the root of every user error. Ser
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from tessera import DRIVER_NAME, KUBERNETES_VERSION
 
+#: Command name -> ``module:attribute``, imported when the command is used (so a node agent such
+#: as ``tessera driver`` does not pay for the simulator's imports at start).
+COMMANDS = {
+    "simulate": "tessera.cli.simulate:simulate",
+    "explain": "tessera.cli.explain:explain",
+    "lint": "tessera.cli.explain:lint",
+    "convert": "tessera.cli.convert:convert",
+    "cluster": "tessera.cli.cluster:cluster",
+    "monitor": "tessera.cli.monitor:monitor",
+    "webhook": "tessera.cli.webhook:webhook",
+    "extender": "tessera.cli.extender:extender",
+    "driver": "tessera.cli.driver:driver",
+}
 
-@click.group()
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attr = COMMANDS[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_LazyGroup)
 @click.version_option(
     package_name="tessera",
     prog_name="tessera",
@@ -26,20 +53,5 @@ from tessera import DRIVER_NAME, KUBERNETES_VERSION
 def main() -> None:
     """Tessera: share NVIDIA GPUs on Kubernetes by memory and compute through DRA."""
 
-
-def _register() -> None:
-    from tessera.cli.cluster import cluster
-    from tessera.cli.convert import convert
-    from tessera.cli.explain import explain, lint
-    from tessera.cli.extender import extender
-    from tessera.cli.monitor import monitor
-    from tessera.cli.simulate import simulate
-    from tessera.cli.webhook import webhook
-
-    for cmd in (simulate, explain, lint, convert, cluster, monitor, webhook, extender):
-        main.add_command(cmd)
-
-
-_register()
 
 __all__ = ["main"]

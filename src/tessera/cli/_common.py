@@ -14,10 +14,11 @@ import click
 import yaml
 
 from tessera.api.errors import TesseraError
+from tessera.api.limits import DEFAULT_LIMITS, Limits
 from tessera.api.loader import expand_workloads, load_files
 
 if TYPE_CHECKING:
-    from tessera.api.loader import Manifest
+    from tessera.api.loader import Manifest, ReadBudget
     from tessera.sim.cluster import Cluster, SimNode
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -58,6 +59,46 @@ def node_inputs(f: F) -> F:
         help="Cluster description (kind: Cluster) naming each node's GPU inventory.",
     )(f)
     return f
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    from tessera.api.quantity import Quantity, QuantityError
+
+    try:
+        q = Quantity.parse(value)
+    except QuantityError as e:
+        raise click.BadParameter(str(e)) from None
+    if q.value <= 0 or not q.is_integer():
+        raise click.BadParameter(f"{value!r}: give a whole number of bytes such as 1Gi")
+    return int(q.value)
+
+
+def input_limits(f: F) -> F:
+    """``--max-input-size SIZE`` and ``--max-pods N``: the adjustable bounds of docs/limits.md."""
+    f = click.option(
+        "--max-pods",
+        type=click.IntRange(min=1),
+        default=None,
+        help=f"Refuse more than N pods after expanding workloads [default: {DEFAULT_LIMITS.max_pods:,}].",
+    )(f)
+    f = click.option(
+        "--max-input-size",
+        callback=_size,
+        default=None,
+        metavar="SIZE",
+        help="Refuse inputs larger than SIZE bytes in all (a quantity such as 2Gi) [default: 512Mi].",
+    )(f)
+    return f
+
+
+def limits_from(max_input_size: int | None, max_pods: int | None) -> Limits:
+    """The :class:`~tessera.api.limits.Limits` the options ask for."""
+    return Limits(
+        max_input_bytes=max_input_size or DEFAULT_LIMITS.max_input_bytes,
+        max_pods=max_pods or DEFAULT_LIMITS.max_pods,
+    )
 
 
 def cluster_inputs(f: F) -> F:
@@ -112,7 +153,7 @@ def _inventory_node(spec: str, option: str, cluster: Cluster) -> SimNode:
     if not sep or not name or not rest:
         raise TesseraError(f"{option} {spec!r}: expected NAME=INVENTORY[:TOPOLOGY], e.g. gpu-1=nvidia-smi-q.xml")
     inv, _, topo = rest.partition(":")
-    gpus = load_inventory(inv)
+    gpus = load_inventory(inv, cluster.warnings)
     topology = load_topology(topo) if topo else None
     if any(n.name == name for n in cluster.nodes):
         raise TesseraError(
@@ -121,16 +162,20 @@ def _inventory_node(spec: str, option: str, cluster: Cluster) -> SimNode:
         )
     cluster.warnings.extend(publication_warnings(gpus, f"{option} {name}: {inv}"))
     source = f"{ADDED_NODE} {inv}" if option == ADDED_NODE else inv
-    return SimNode(name, {"kubernetes.io/hostname": name}, build_resource_slices(name, gpus, topology), source)
+    try:
+        slices = build_resource_slices(name, gpus, topology)
+    except TesseraError as e:  # a topology of another node: name the files
+        raise TesseraError(f"{option} {spec}: {e}") from None
+    return SimNode(name, {"kubernetes.io/hostname": name}, slices, source)
 
 
-def load_nodes(cluster_file: str | None, node_specs: tuple[str, ...]) -> Cluster:
+def load_nodes(cluster_file: str | None, node_specs: tuple[str, ...], budget: ReadBudget | None = None) -> Cluster:
     """The nodes of ``--cluster FILE`` then of each ``--node NAME=INVENTORY[:TOPOLOGY]``, with
     every inventory's publication warnings in ``Cluster.warnings``. Raises
     :class:`~tessera.api.errors.TesseraError` for bad input."""
     from tessera.sim.cluster import Cluster, load_cluster
 
-    cluster = load_cluster(cluster_file) if cluster_file else Cluster([])
+    cluster = load_cluster(cluster_file, budget=budget) if cluster_file else Cluster([])
     for spec in node_specs:
         cluster.nodes.append(_inventory_node(spec, "--node", cluster))
     return cluster
@@ -142,6 +187,8 @@ def load_inputs(
     node_specs: tuple[str, ...],
     kubeconfig: str | None = None,
     add_nodes: tuple[str, ...] = (),
+    limits: Limits = DEFAULT_LIMITS,
+    warnings: list[str] | None = None,
 ) -> tuple[Cluster, list[Manifest]]:
     """The nodes and manifests of a simulation, from simulate's arguments (shared with
     ``tessera explain``). With no arguments at all: the bundled default.
@@ -149,33 +196,44 @@ def load_inputs(
     Node order (the order nodes are tried): ``--cluster``, ``--node``, Node objects (from
     ``--kubeconfig`` or the files; their labels count), nodes only named by ResourceSlices,
     then ``--add-node``. A live cluster's objects come before the files' (the new workloads
-    are scheduled on top of what is already there). Inventory warnings (what a GPU is
-    published without) go to stderr. Raises :class:`~tessera.api.errors.TesseraError` for
-    bad input.
+    are scheduled on top of what is already there).
+
+    Every manifest is validated (:func:`tessera.api.validation.check_all`: apiVersion, schema,
+    API rules) before anything reads it; Node objects become nodes (labels, taints, and HAMi's
+    register annotation as their inventory); pods HAMi already bound keep their node; workloads
+    are expanded, at most ``limits.max_pods`` pods; all inputs together are read up to
+    ``limits.max_input_bytes``. Warnings (inventories, skipped files, finished pods) are
+    appended to ``warnings`` for the caller to print once the command succeeded (printed here
+    when it is None). Raises :class:`~tessera.api.errors.TesseraError` for bad input.
     """
+    from tessera.api.loader import ReadBudget
+    from tessera.api.validation import check_all
     from tessera.sim.cluster import SimNode
+    from tessera.sim.inputs import node_from_object, unbind_hami_pods
 
     if not manifests and not cluster_file and not node_specs and not kubeconfig and not add_nodes:
         ex = examples_dir()
         cluster_file = str(ex / "cluster.yaml")
         manifests = (str(ex / "workloads"),)
-    cluster = load_nodes(cluster_file, node_specs)
+    notes: list[str] = []
+    budget = ReadBudget.of(limits)
+    cluster = load_nodes(cluster_file, node_specs, budget)
     nodes = cluster.nodes
     live: list[Manifest] = []
     if kubeconfig:
         from tessera.kube.live import read_cluster
 
         live = read_cluster(kubeconfig, progress=True)
-    loaded = list(expand_workloads(load_files(manifests)))
+    loaded = load_files(manifests, limits=limits, warnings=notes, budget=budget)
     if manifests and not loaded:
         raise TesseraError(f"no Kubernetes objects in {', '.join(manifests)}: pass YAML or JSON manifests (files or directories)")
     loaded = live + loaded
+    check_all(loaded)
     for m in loaded:
         if m.kind == "Node" and not any(n.name == m.name for n in nodes):
-            labels = {str(k): str(v) for k, v in ((m.obj.get("metadata") or {}).get("labels") or {}).items()}
-            labels.setdefault("kubernetes.io/hostname", m.name)
-            nodes.append(SimNode(m.name, labels, [], str(m.source)))
-    loaded = [m for m in loaded if m.kind != "Node"]
+            nodes.append(node_from_object(m))
+    loaded = unbind_hami_pods([m for m in loaded if m.kind != "Node"], nodes, notes)
+    loaded = list(expand_workloads(loaded, max_pods=limits.max_pods))
     if not nodes and not add_nodes and not any(m.kind == "ResourceSlice" for m in loaded):
         raise TesseraError("no nodes to schedule on: give --cluster FILE, --node NAME=INVENTORY, --kubeconfig FILE, or ResourceSlices")
     slice_nodes = {
@@ -185,8 +243,12 @@ def load_inputs(
         nodes.append(SimNode(extra, {"kubernetes.io/hostname": extra}, [], "ResourceSlices"))
     for spec in add_nodes:
         nodes.append(_inventory_node(spec, ADDED_NODE, cluster))
-    for w in cluster.warnings:
-        warn(w)
+    notes = [*cluster.warnings, *notes]
+    if warnings is None:
+        for w in notes:
+            warn(w)
+    else:
+        warnings.extend(notes)
     return cluster, loaded
 
 

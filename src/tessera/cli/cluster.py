@@ -52,11 +52,11 @@ def cluster() -> None:
 @_state_dir_option
 @click.option(
     "--slices", "slice_files", multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     help="YAML file of resource.k8s.io/v1 ResourceSlices; a Node is registered for each distinct spec.nodeName. Repeatable.",
 )
 @click.option(
-    "--cluster", "cluster_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+    "--cluster", "cluster_file", type=click.Path(path_type=Path), default=None,
     help="Cluster description (tessera.sim.cluster format): nodes with labels and slices.",
 )
 @click.option("--no-build", is_flag=True, help="Do not run tools/kube/build.sh; use the binaries as they are.")

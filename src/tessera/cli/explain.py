@@ -8,7 +8,15 @@ import sys
 
 import click
 
-from tessera.cli._common import UserError, cluster_inputs, fail, load_inputs
+from tessera.cli._common import (
+    UserError,
+    cluster_inputs,
+    fail,
+    input_limits,
+    limits_from,
+    load_inputs,
+    warn,
+)
 
 
 @click.command()
@@ -18,6 +26,7 @@ from tessera.cli._common import UserError, cluster_inputs, fail, load_inputs
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--all-devices", is_flag=True, help="Also list every device's verdict, not only grouped reasons.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for shareIDs, as in simulate.")
+@input_limits
 def explain(
     target: str,
     manifests: tuple[str, ...],
@@ -28,6 +37,8 @@ def explain(
     output: str,
     all_devices: bool,
     seed: int,
+    max_input_size: int | None,
+    max_pods: int | None,
 ) -> None:
     """Explain why POD_OR_CLAIM (namespace/name or name) is pending, or where and why it fit.
 
@@ -41,8 +52,12 @@ def explain(
     from tessera.explain.explain import render_text
 
     try:
-        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes)
+        notes: list[str] = []
+        limits = limits_from(max_input_size, max_pods)
+        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes, limits, notes)
         exp = run_explain(cluster, loaded, target, seed=seed, all_devices=all_devices)
+        for w in notes:
+            warn(w)
     except UserError as e:
         fail(str(e))
         return
@@ -55,24 +70,46 @@ def explain(
 @click.command()
 @click.argument("manifests", nargs=-1, required=True, type=click.Path())
 @click.option("--cluster", "cluster_file", type=click.Path(), help="Check names against the devices this cluster publishes.")
-def lint(manifests: tuple[str, ...], cluster_file: str | None) -> None:
-    """Lint DeviceClasses, ResourceClaims and ResourceClaimTemplates in MANIFESTS before they
-    are applied. Prints one line per finding:
-    `file (document N): Kind ns/name: field: problem. fix: ...`.
+@input_limits
+def lint(manifests: tuple[str, ...], cluster_file: str | None, max_input_size: int | None, max_pods: int | None) -> None:
+    """Lint MANIFESTS (files, directories or `-` for standard input) before they are applied:
+    what the API server would refuse in any object (unknown fields, wrong types, API rules), and
+    in DeviceClasses, ResourceClaims, ResourceClaimTemplates and (HAMi-style) pods the mistakes
+    Tessera knows. Prints one line per finding:
+    `file (document N): Kind ns/name: field: problem. fix: ...`, and goes on to every other
+    object and file.
 
-    Exit status: 0 clean, 1 findings, 2 unreadable input (e.g. a Helm template).
+    Exit status: 0 clean, 1 findings, 2 an input that could not be read at all (e.g. a Helm
+    template; one line each on stderr, after the findings of the others).
     """
-    from tessera.api.loader import load_files
+    from tessera.api.loader import ReadBudget, load_files
     from tessera.explain.lint import lint as run_lint
     from tessera.sim.cluster import load_cluster
 
+    limits = limits_from(max_input_size, max_pods)
+    budget = ReadBudget.of(limits)
+    notes: list[str] = []
+    unreadable: list[str] = []
+    loaded = []
     try:
-        loaded = load_files(manifests)
-        slices = [s for n in load_cluster(cluster_file).nodes for s in n.slices] if cluster_file else []
-        findings = run_lint(loaded, slices)
+        slices = [s for n in load_cluster(cluster_file, budget=budget).nodes for s in n.slices] if cluster_file else []
     except UserError as e:
         fail(str(e))
         return
+    for path in manifests:
+        try:
+            loaded.extend(load_files([path], limits=limits, warnings=notes, budget=budget))
+        except UserError as e:
+            unreadable.append(str(e))
+    if not loaded and not unreadable:
+        fail(f"no Kubernetes objects in {', '.join(manifests)}: nothing was checked (pass YAML or JSON manifests)")
+        return
+    findings = run_lint(loaded, slices)
     for f in findings:
         click.echo(str(f))
-    sys.exit(1 if findings else 0)
+    if not unreadable:  # exit 2: the error lines only
+        for w in notes:
+            warn(w)
+    for msg in unreadable:
+        click.echo(f"tessera: error: {msg}", err=True)
+    sys.exit(2 if unreadable else 1 if findings else 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +13,17 @@ import yaml
 from rich.console import Console
 
 from tessera.api.quantity import Quantity
-from tessera.cli._common import UserError, cluster_inputs, fail, live_outcome, load_inputs, to_yaml
+from tessera.cli._common import (
+    UserError,
+    cluster_inputs,
+    fail,
+    input_limits,
+    limits_from,
+    live_outcome,
+    load_inputs,
+    to_yaml,
+    warn,
+)
 from tessera.cli._tables import (
     SHARE_ID_MIN,
     UUID_MIN,
@@ -75,6 +85,7 @@ def _fmt_num(v: Fraction | None) -> str:
     is_flag=True,
     help="Exit 1 when a pod (of --namespace, if given) stays pending; with --compare, under --policy.",
 )
+@input_limits
 def simulate(
     manifests: tuple[str, ...],
     cluster_file: str | None,
@@ -87,13 +98,15 @@ def simulate(
     compare: bool,
     namespaces: tuple[str, ...],
     fail_on_pending: bool,
+    max_input_size: int | None,
+    max_pods: int | None,
 ) -> None:
     """Schedule MANIFESTS (Pods, workloads, ResourceClaims, templates, DeviceClasses,
     ResourceSlices; HAMi-style pods too) onto simulated GPU nodes, as kube-scheduler would.
 
     With no arguments, runs the bundled default: a mixed cluster (8x H100, 8x V100S, 2x A5000,
     an A100 in MIG mode) built from real nvidia-smi inventories, with HAMi example pods and
-    DRA-native claims.
+    DRA-native claims. MANIFESTS are files, directories or `-` (standard input).
 
     With --kubeconfig, starts from a live cluster (read only): what is allocated there stays,
     its pending pods are scheduled first, then MANIFESTS. --add-node adds a hypothetical node
@@ -102,11 +115,15 @@ def simulate(
     Exit status: 0; 1 with --fail-on-pending when a pod stays pending; 2 on bad input.
     """
     try:
-        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes)
+        notes: list[str] = []
+        limits = limits_from(max_input_size, max_pods)
+        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes, limits, notes)
         if compare:
             pending = _compare(cluster, loaded, output, seed, policy, namespaces)
+            for w in notes:
+                warn(w)
         else:
-            pending = _simulate(cluster, loaded, output, seed, policy, namespaces)
+            pending = _simulate(cluster, loaded, output, seed, policy, namespaces, notes)
     except UserError as e:
         fail(str(e))
     if fail_on_pending and pending:
@@ -194,15 +211,18 @@ def _object_in_namespaces(obj: dict[str, Any], namespaces: tuple[str, ...]) -> b
 
 
 def _simulate(
-    cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str, namespaces: tuple[str, ...]
+    cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str, namespaces: tuple[str, ...],
+    notes: Sequence[str] = (),
 ) -> int:
     """Run and print the simulation; return how many pods (of ``namespaces``) stay pending."""
     from tessera.sim.simulate import Simulation
 
     sim = Simulation(cluster, loaded, seed=seed, policy=policy)
     result = _run_with_progress(sim)
-    for w in result.warnings:  # on stderr in every output mode, so -o json|yaml stays clean
-        click.echo(f"tessera: warning: {w}", err=True)
+    # On stderr in every output mode, so -o json|yaml stays clean; only once the run succeeded,
+    # so that bad input prints its one error line and nothing else.
+    for w in [*notes, *result.warnings]:
+        warn(w)
     placements = [p for p in result.placements if _in_namespaces(p.pod, namespaces)]
     pending = [p for p in result.pending if _in_namespaces(p.pod, namespaces)]
     scheduled = [p for p in result.scheduled if _in_namespaces(p, namespaces)]
@@ -210,7 +230,8 @@ def _simulate(
         items = [o for o in result.objects if _object_in_namespaces(o, namespaces)]
         lst = {"apiVersion": "v1", "kind": "List", "items": items}
         if output == "json":
-            click.echo(json.dumps(lst, indent=2, sort_keys=False))
+            json.dump(lst, sys.stdout, indent=2, sort_keys=False)  # written as it is encoded
+            sys.stdout.write("\n")
         else:
             click.echo(to_yaml(lst))
         return len(pending)

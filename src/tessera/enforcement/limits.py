@@ -254,10 +254,11 @@ def read_limits(path: str) -> Limits:
     return parse_limits(data)
 
 
-def write_limits(path: str, limits: Limits, mode: int = 0o444) -> None:
+def write_limits(path: str, limits: Limits, mode: int = 0o444, *, sync: bool = True) -> None:
     """Write ``limits`` in canonical form to ``path`` atomically (temp file + rename).
 
     The file gets permissions ``mode`` (read-only by default). Nothing half-written is left
-    behind on error. Raises :class:`LimitsError` for an invalid value and ``OSError`` for I/O.
+    behind on error. ``sync=False`` skips the fsync (see ``write_atomic``). Raises
+    :class:`LimitsError` for an invalid value and ``OSError`` for I/O.
     """
-    write_atomic(path, format_limits(limits).encode("ascii"), mode, ".limits.")
+    write_atomic(path, format_limits(limits).encode("ascii"), mode, ".limits.", sync=sync)

@@ -238,12 +238,13 @@ def read_region(path: str, check_liveness: bool = True) -> RegionSnapshot:
 
 
 def create_region(path: str, gpus: Sequence[tuple[str, int, int]],
-                  context_overhead: int = 0, mode: int = 0o666) -> None:
+                  context_overhead: int = 0, mode: int = 0o666, *, sync: bool = True) -> None:
     """Create an empty region at ``path`` (what the driver does at NodePrepareResources).
 
     ``gpus``: up to 16 ``(uuid, memory_limit_bytes, cores_percent)``. Written to a temporary
     file and renamed into place, so a process of the claim never maps a half-written region.
-    Raises ``ValueError`` for more than 16 GPUs or a UUID longer than 47 bytes, ``OSError``.
+    ``sync=False`` skips the fsync (see ``write_atomic``). Raises ``ValueError`` for more than
+    16 GPUs or a UUID longer than 47 bytes, ``OSError``.
     """
     if len(gpus) > MAX_GPUS:
         raise ValueError(f"at most {MAX_GPUS} GPUs per region")
@@ -255,4 +256,5 @@ def create_region(path: str, gpus: Sequence[tuple[str, int, int]],
         if len(raw) >= UUID_LEN:
             raise ValueError(f"GPU UUID too long: {uuid!r}")
         _GPU.pack_into(buf, GPUS_OFFSET + i * GPU_SIZE, raw, limit, cores, GPU_IN_USE, 0, 0, 0, 0)
-    write_atomic(path, bytes(buf), mode, ".region.")
+    # The slots are all zero: only the header is written, the rest is allocated zeros.
+    write_atomic(path, bytes(buf[:HEADER_SIZE]), mode, ".region.", sync=sync, size=FILE_SIZE)

@@ -55,6 +55,7 @@ from tessera.sim.simulate import (
     counter_usage,
     counters_short,
     generated_claim_name,
+    untolerated_taint,
 )
 
 MIB = 2**20
@@ -900,6 +901,9 @@ def _node(
 ) -> NodeExplanation:
     if pod is not None and not _pod_fits_node(_unbound(pod), node):
         return NodeExplanation(node.name, "refused", "didn't match Pod's node affinity/selector")
+    taint = untolerated_taint(pod, ex.sim.taints.get(node.name, ())) if pod is not None else None
+    if taint is not None:
+        return NodeExplanation(node.name, "refused", f"had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}")
     for c in done:
         sel = ((c.get("status") or {}).get("allocation") or {}).get("nodeSelector")
         if sel is not None and not node_selector_matches(sel, node):

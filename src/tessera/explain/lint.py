@@ -26,6 +26,7 @@ Pure: takes loaded manifests and ResourceSlice dicts, returns findings.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,9 +36,9 @@ from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.allocator import SliceIndex
 from tessera.allocator.model import Device
 from tessera.api.deviceclass import device_class
-from tessera.api.loader import Manifest
+from tessera.api.loader import WORKLOAD_KINDS, Manifest
 from tessera.api.quantity import Quantity, QuantityError
-from tessera.api.validation import manifest_problems
+from tessera.api.validation import TEMPLATE_PATHS, manifest_problems
 from tessera.cel import (
     CelCompileError,
     CelCostError,
@@ -97,6 +98,8 @@ class _World:
         self.published = bool(self.devices)
         self.classes = classes
         self.class_members: dict[str, list[Device]] = {}  # _class_devices, computed once per class
+        self.selector_findings: dict[tuple[str, str | None], list[tuple[str, str]]] = {}
+        self.hami_findings: dict[str, list[tuple[str, str, str]]] = {}
         self.attrs: dict[str, dict[str, list[Device]]] = {}
         self.caps: dict[str, dict[str, list[Device]]] = {}
         self.versions: set[str] = set()
@@ -175,7 +178,9 @@ class LintWorld(_World):
     """The devices :func:`lint` checks against, indexed once: build it from the cluster's
     ResourceSlice dicts (and DeviceClasses by name; Tessera's ``gpu.tessera.dev`` is always
     known) and pass it as ``lint(..., world=...)`` while the slices do not change (``tessera
-    webhook`` lints each new template shape against the slices it watches). Do not mutate it."""
+    webhook`` lints each new template shape against the slices it watches). Its caches (each
+    class's devices, each selector's findings) fill as it is used: not thread-safe, one
+    :func:`lint` at a time."""
 
     def __init__(self, slices: Sequence[Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         known = dict(classes or {})
@@ -186,25 +191,36 @@ class LintWorld(_World):
 def lint(
     manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = (), *, world: LintWorld | None = None
 ) -> list[Finding]:
-    """Findings for every DeviceClass, ResourceClaim and ResourceClaimTemplate in
-    ``manifests``, in input order. ``slices``: ResourceSlice dicts of the cluster (ResourceSlices
-    among ``manifests`` are added); without any, names are checked against Tessera's schema.
-    ``world``: a prepared :class:`LintWorld` used instead of ``slices`` and of the manifests'
-    own DeviceClasses and ResourceSlices."""
+    """Findings for every object in ``manifests``, in input order: first what the API server
+    would refuse in any object (:func:`tessera.api.validation.manifest_problems`, the judgement
+    ``simulate`` and ``explain`` make too), then for valid DeviceClasses, ResourceClaims and
+    ResourceClaimTemplates the checks above, and for valid Pods and workloads what the HAMi
+    conversion refuses (``nvidia.com/gpumem: "4Gi"``, negative values). An invalid object is
+    reported and not linted further; every other object still is. ``slices``: ResourceSlice
+    dicts of the cluster (valid ResourceSlices among ``manifests`` are added); without any,
+    names are checked against Tessera's schema. ``world``: a prepared :class:`LintWorld` used
+    instead of ``slices`` and of the manifests' own DeviceClasses and ResourceSlices."""
+    problems = {id(m): manifest_problems(m) for m in manifests}
+    valid = [m for m in manifests if not problems[id(m)]]
     if world is None:
-        classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in manifests if m.kind == "DeviceClass"}
-        world = LintWorld(list(slices) + [m.obj for m in manifests if m.kind == "ResourceSlice"], classes)
+        classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in valid if m.kind == "DeviceClass"}
+        world = LintWorld(list(slices) + [m.obj for m in valid if m.kind == "ResourceSlice"], classes)
     out: list[Finding] = []
     for m in manifests:
-        if m.kind not in ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate"):
-            continue
 
         def add(field: str, problem: str, fix: str, m: Manifest = m) -> None:
             out.append(Finding(m.source.file, m.source.doc, m.ref(), field, problem, fix))
 
-        for fp in manifest_problems(m):
+        for fp in problems[id(m)]:
             problem, fix = _split_fix(fp.message)
             add(fp.field, problem, fix)
+        if problems[id(m)]:
+            continue
+        if m.kind == "Pod" or m.kind in WORKLOAD_KINDS:
+            _check_hami(add, m, world)
+            continue
+        if m.kind not in ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate"):
+            continue
         for path, body in _selectors_of(m):
             cls_name = body.get("deviceClassName") if m.kind != "DeviceClass" else None
             if m.kind != "DeviceClass":
@@ -217,12 +233,61 @@ def lint(
     return out
 
 
+def _check_hami(add: Any, m: Manifest, world: _World) -> None:
+    """What the HAMi conversion refuses in a Pod (or a workload's pod template)."""
+    from tessera.convert import HAMI_RESOURCES, ConversionError, convert_pod
+
+    text = json.dumps(m.obj.get("spec"), default=str)
+    if not any(name in text for name in HAMI_RESOURCES):
+        return  # nothing to convert: the conversion refuses nothing (its warnings are simulate's)
+    if m.kind == "Pod":
+        pod, base = m.obj, "spec"
+    else:
+        path = TEMPLATE_PATHS[m.kind]
+        cur: Any = m.obj
+        for step in path:
+            cur = cur[step]
+        base = ".".join((*path, "spec"))
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**(cur.get("metadata") or {}), "name": m.name or "workload"},
+               "spec": cur["spec"]}
+    spec = pod.get("spec") or {}
+    # Pods that differ only in name convert alike: convert each shape once.
+    key = json.dumps([spec, (pod.get("metadata") or {}).get("annotations"), (pod.get("metadata") or {}).get("labels")], sort_keys=True, default=str)
+    cached = world.hami_findings.get(key)
+    if cached is not None:
+        for f in cached:
+            add(*f)
+        return
+    found: list[tuple[str, str, str]] = []
+    world.hami_findings[key] = found
+    sizes = sorted({int(d.capacity["memory"].value.value) for d in world.devices if "memory" in d.capacity}, reverse=True)
+    try:
+        convert_pod(pod, memory_sizes=sizes or [80 * 2**30])
+    except ConversionError as e:
+        field = base
+        for part in ("initContainers", "containers"):
+            for i, c in enumerate(spec.get(part) or []):
+                if e.container and c.get("name") == e.container:
+                    field = f"{base}.{part}[{i}].resources"
+                    if e.field:
+                        field += f"[{e.field}]" if "/" in e.field else f".{e.field}"
+        text = str(e)
+        head = f"pod {e.pod}" + (f", container {e.container}" if e.container else "") + ": "
+        text = text.split(head, 1)[1] if head in text else text
+        problem, fix = _split_fix(text)
+        if fix.startswith("correct the field"):
+            problem, _, rest = text.partition("; ")
+            fix = rest or "see docs/convert.md for the values HAMi accepts"
+        found.append((field, problem, fix))
+        add(field, problem, fix)
+
+
 def _split_fix(message: str) -> tuple[str, str]:
     """Validation messages carry their fix after ': ' or in '(... : fix)'; split them."""
     if "(found 'expression' beside 'cel': " in message:
         head, _, fix = message.partition(" (found 'expression' beside 'cel': ")
         return f"{head}; found 'expression' beside 'cel'", fix.rstrip(")")
-    for marker in (": write ", ": use ", ": name "):
+    for marker in (": write ", ": use ", ": name ", ": did you mean ", ": it belongs under "):
         if marker in message:
             head, _, fix = message.partition(marker)
             return head, marker[2:] + fix
@@ -262,6 +327,13 @@ def _check_request(add: Any, path: str, body: Mapping[str, Any], world: _World) 
         try:
             amount = Quantity.parse(v)
         except QuantityError:
+            continue
+        if amount.value < 0:
+            add(
+                where,
+                f"{amount.canonical()} is negative: the API server accepts it, but no device has negative room",
+                "ask for a positive amount, or leave the capacity out to get the default",
+            )
             continue
         if world.published and k in published:
             with_cap = [d for d in cands if k in d.capacity]
@@ -407,15 +479,21 @@ def _class_devices(world: _World, cls: str) -> list[Device]:
 
 
 def _check_selector(add: Any, field: str, expr: str, world: _World, cls: str | None) -> None:
-    found: list[str] = []
+    # The same expression in many objects (one per generated template) is analysed once.
+    key = (expr, cls)
+    cached = world.selector_findings.get(key)
+    if cached is None:
+        found: list[tuple[str, str]] = []
 
-    def add_here(f: str, problem: str, fix: str) -> None:
-        found.append(problem)
-        add(f, problem, fix)
+        def add_here(f: str, problem: str, fix: str) -> None:
+            found.append((problem, fix))
 
-    _static(add_here, field, expr, world)
-    if world.published and not found:
-        _evaluate(add, field, expr, world, cls)
+        _static(add_here, field, expr, world)
+        if world.published and not found:
+            _evaluate(add_here, field, expr, world, cls)
+        cached = world.selector_findings[key] = found
+    for problem, fix in cached:
+        add(field, problem, fix)
 
 
 def _static(add: Any, field: str, expr: str, world: _World) -> None:

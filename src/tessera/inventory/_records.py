@@ -23,7 +23,7 @@ from .model import (
 
 _GPU_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 _MIG_UUID = re.compile(r"^MIG-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
-_MIB = re.compile(r"^\s*(\d+)\s*(MiB)?\s*$")
+_MIB = re.compile(r"^\s*([0-9]{1,12})\s*(MiB)?\s*$")  # 10^12 MiB: far past any GPU
 
 #: Namespace of synthesized GPU UUIDs: uuid5(NAMESPACE_DNS, "gpu.tessera.dev").
 SYNTHESIZED_UUID_NAMESPACE = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, "gpu.tessera.dev")

@@ -19,9 +19,9 @@ _RULE = re.compile(r"^#{20,}\s*$")
 _TITLE = re.compile(r"^# (?P<phase>[^:]+?) :: (?P<name>.+?)\s*$")
 _MASKED = re.compile(r"^masked:\s*yes\s*$", re.IGNORECASE)
 _MIG_LINE = re.compile(
-    r"^\s*MIG\s+(?P<profile>\S+)\s+Device\s+(?P<idx>\d+):\s*\(UUID:\s*(?P<uuid>[^)\s]+)\)"
+    r"^\s*MIG\s+(?P<profile>\S+)\s+Device\s+(?P<idx>[0-9]{1,9}):\s*\(UUID:\s*(?P<uuid>[^)\s]+)\)"
 )
-_GPU_LINE = re.compile(r"^GPU (?P<idx>\d+): .*\(UUID: (?P<uuid>[^)\s]+)\)")
+_GPU_LINE = re.compile(r"^GPU (?P<idx>[0-9]{1,9}): .*\(UUID: (?P<uuid>[^)\s]+)\)")
 
 
 @dataclass(frozen=True)

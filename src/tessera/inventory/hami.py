@@ -22,6 +22,7 @@ from typing import Any
 
 from ._records import RawGPU
 from .errors import MalformedInputError, MissingFieldError
+from .model import small_int
 
 KEY = "hami.io/node-nvidia-register"
 _LINE = re.compile(r"^\s*(?P<key>[\w./-]+)\s*[:=]\s*(?P<val>.*)$")
@@ -34,13 +35,7 @@ def _product(type_: str | None) -> str | None:
 
 
 def _int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
-        return int(v)
-    return None
+    return small_int(v)
 
 
 def register_value(text: str) -> tuple[str, int] | None:
@@ -74,9 +69,10 @@ def raw_gpus_from_hami(text: str, source: str) -> list[RawGPU]:
     if value.startswith("["):
         try:
             items = json.loads(value)
-        except json.JSONDecodeError as err:
+        except ValueError as err:  # JSONDecodeError, or a number past Python's digit limit
+            msg = f"{err.msg} at character {err.pos}" if isinstance(err, json.JSONDecodeError) else "a number too long"
             raise MalformedInputError(
-                f"annotation value is not valid JSON ({err.msg} at character {err.pos})",
+                f"annotation value is not valid JSON ({msg})",
                 source=source,
                 field=KEY,
                 line=line,

@@ -124,6 +124,23 @@ class GPU:
     mig_on_demand: bool = False
 
 
+_SMALL_INT = re.compile(r"^\s*([0-9]{1,9})\s*$")
+
+
+def small_int(text: object, default: int | None = None) -> int | None:
+    """``text`` as a non-negative integer of at most 9 ASCII digits (an index, an id, a count),
+    else ``default``: a longer or non-ASCII number in an inventory is not a value nvidia-smi
+    writes, and converting it could cost unbounded time."""
+    if isinstance(text, bool):
+        return default
+    if isinstance(text, int):
+        return text if 0 <= text < 10**9 else default
+    if not isinstance(text, str):
+        return default
+    m = _SMALL_INT.match(text)
+    return int(m.group(1)) if m else default
+
+
 _NV_LINK = re.compile(r"^NV(\d+)$")
 
 
@@ -169,7 +186,7 @@ class Topology:
 
 # ---- value normalisation ------------------------------------------------------------------
 
-_VERSION_PARTS = re.compile(r"^\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?\s*$")
+_VERSION_PARTS = re.compile(r"^\s*([0-9]{1,9})(?:\.([0-9]{1,9}))?(?:\.([0-9]{1,9}))?\s*$")
 
 
 def to_semver(version: str | None) -> str | None:

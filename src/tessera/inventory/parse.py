@@ -138,7 +138,7 @@ def _from_capture(text: str, source: str) -> list[GPU]:
     return build_gpus(enriched, source, masked=capture.is_masked(text))
 
 
-def parse_inventory(text: str, source: str = "<input>") -> list[GPU]:
+def parse_inventory(text: str, source: str = "<input>", warnings: list[str] | None = None) -> list[GPU]:
     """Parse a GPU inventory, detecting its format from the content.
 
     Formats: ``nvidia-smi -q -x`` XML; ``nvidia-smi -q`` text; nvidia_gpu_exporter multi-section
@@ -151,11 +151,13 @@ def parse_inventory(text: str, source: str = "<input>") -> list[GPU]:
     :class:`InventoryError` subclass with a one-line message naming ``source`` and the field:
     :class:`UnsupportedFormatError` (plain ``nvidia-smi`` table: no UUIDs; ``topo -m``; random
     text), :class:`MalformedInputError` (truncated XML with line/column), or
-    :class:`MissingFieldError` (no uuid / name / memory).
+    :class:`MissingFieldError` (no uuid / name / memory). What is read but looks wrong (an XML
+    ``attached_gpus`` count that differs from the GPUs listed) is appended to ``warnings``.
     """
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark (Windows editors write one)
     fmt = detect_inventory_format(text)
     if fmt == "nvidia-smi-xml":
-        return parse_smi_xml(text, source)
+        return parse_smi_xml(text, source, warnings)
     if fmt == "capture":
         return _from_capture(text, source)
     if fmt == "nvidia-smi-q":
@@ -176,6 +178,7 @@ def parse_topology(text: str, source: str = "<input>") -> Topology:
     ``topo -m``; so does any other text. Malformed matrices raise :class:`MalformedInputError`
     with the line (and column).
     """
+    text = text.removeprefix("\ufeff")
     if capture.is_capture(text):
         sec = capture.find(capture.sections(text), "topo -m")
         if sec is None:
@@ -209,14 +212,26 @@ def parse_topology(text: str, source: str = "<input>") -> Topology:
     )
 
 
+#: An inventory or topology larger than this is not nvidia-smi output (a 64-GPU ``-q -x`` is
+#: about 1 MiB); reading stops there, so ``/dev/zero`` cannot fill the memory.
+MAX_INVENTORY_BYTES = 64 * 2**20
+
+
 def _read(path: str | Path) -> str:
     p = Path(path)
     try:
-        data = p.read_bytes()
+        with p.open("rb") as f:
+            data = f.read(MAX_INVENTORY_BYTES + 1)
     except OSError as err:
         raise UnsupportedFormatError(
-            f"cannot read the file ({err.strerror})", source=str(path), field="file"
+            f"cannot read the file ({err.strerror or err})", source=str(path), field="file"
         ) from None
+    if len(data) > MAX_INVENTORY_BYTES:
+        raise UnsupportedFormatError(
+            f"larger than {MAX_INVENTORY_BYTES // 2**20} MiB: not nvidia-smi output",
+            source=str(path),
+            field="file",
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -227,9 +242,9 @@ def _read(path: str | Path) -> str:
         ) from None
 
 
-def load_inventory(path: str | Path) -> list[GPU]:
+def load_inventory(path: str | Path, warnings: list[str] | None = None) -> list[GPU]:
     """Read ``path`` (UTF-8) and :func:`parse_inventory` it with ``source=str(path)``."""
-    return parse_inventory(_read(path), str(path))
+    return parse_inventory(_read(path), str(path), warnings)
 
 
 def load_topology(path: str | Path) -> Topology:

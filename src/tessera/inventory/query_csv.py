@@ -8,6 +8,7 @@ import re
 
 from ._records import RawGPU
 from .errors import MissingFieldError, UnsupportedFormatError
+from .model import small_int
 
 _FIELD = re.compile(r"^(?P<name>[a-z_][a-z0-9_.]*)(?: \[(?P<unit>[^\]]+)\])?$", re.IGNORECASE)
 _KNOWN_FIELDS = {
@@ -109,7 +110,7 @@ def raw_gpus_from_query_csv(text: str, source: str) -> list[RawGPU]:
         idx = row.get("index")
         raws.append(
             RawGPU(
-                index=int(idx) if idx is not None and idx.isdigit() else len(raws),
+                index=small_int(idx, len(raws)),  # type: ignore[arg-type]
                 uuid=uuid,
                 product_name=row.get("name"),
                 # The column is present (checked above): no value means nvidia-smi had none to

@@ -391,6 +391,8 @@ def build_resource_slices(
     pcie_roots: Mapping[str, str] | None = None,
     dynamic_mig: DynamicMIG | None = None,
     where: str | None = None,
+    taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    attributes: Mapping[str, Attr] | None = None,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices (``resource.k8s.io/v1``) that publish ``gpus`` as one pool.
 
@@ -430,6 +432,11 @@ def build_resource_slices(
     (``pci0000:64``) for callers that can read sysfs; otherwise the root is published only when
     the bus id alone determines it (see :func:`~tessera.inventory.model.pcie_root_of`).
 
+    ``taints`` (DRADeviceTaints, KEP-5055) maps a GPU UUID to the device taints
+    (``{key, value, effect}``) of that GPU's devices (its MIG devices too); a pool with any
+    taint is cut into slices of at most 64 devices, as the API server requires. ``attributes``
+    are added to every device (the node driver's ``enforcementBackend``).
+
     Raises :class:`SliceBuildError` for an invalid node or driver name or generation, duplicate
     GPU indices or UUIDs, a topology with another GPU count, or a bad ``dynamic_mig`` (a GPU
     the node lacks, one that is not MIG-capable, one holding instances, an unknown profile);
@@ -451,10 +458,17 @@ def build_resource_slices(
             sets, devs = _static_mig(gpu, numa, pcie_roots)
         else:
             sets, devs = [], [_gpu_device(gpu, numa, domains.get(gpu.index), pcie_roots)]
+        gpu_taints = (taints or {}).get(gpu.uuid)
+        for dev in devs:
+            if attributes:
+                dev["attributes"].update({k: dict(v) for k, v in attributes.items()})
+            if gpu_taints:
+                dev["taints"] = [dict(t) for t in gpu_taints]
         counter_sets.extend(sets)
         if devs:
             groups.append(devs)
-    limit = MAX_DEVICES_WITH_COUNTERS if counter_sets else MAX_DEVICES
+    tainted = any("taints" in d for g in groups for d in g)
+    limit = MAX_DEVICES_WITH_COUNTERS if counter_sets or tainted else MAX_DEVICES
     chunks: list[list[dict[str, Any]]] = []
     for devs in groups:
         for k in range(0, len(devs), limit):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ._records import RawGPU, RawMig, mig_problem, parse_mib
 from .errors import MalformedInputError, UnsupportedFormatError
+from .model import small_int
 
 _KV = re.compile(r"^(?P<ind> *)(?P<key>[^:]*?\S)\s+:(?: ?(?P<val>.*))?$")
 _GPU_HEAD = re.compile(r"^GPU (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
@@ -82,8 +83,8 @@ def raw_gpus_from_smi_text(text: str, source: str, line_offset: int = 0) -> list
     if (
         attached is not None
         and attached.value
-        and attached.value.isdigit()
-        and int(attached.value) != len(blocks)
+        and small_int(attached.value) is not None
+        and small_int(attached.value) != len(blocks)
     ):
         raise MalformedInputError(
             f"Attached GPUs says {attached.value} but {len(blocks)} `GPU <bus id>` blocks "
@@ -106,7 +107,7 @@ def raw_gpus_from_smi_text(text: str, source: str, line_offset: int = 0) -> list
                 mig.value_of("Compute Instance ID"),
                 parse_mib(mem),
             )
-            if gi is None or ci is None or not gi.isdigit() or not ci.isdigit() or mib is None:
+            if small_int(gi) is None or small_int(ci) is None or mib is None:
                 raise MalformedInputError(
                     mig_problem(
                         index,
@@ -121,11 +122,11 @@ def raw_gpus_from_smi_text(text: str, source: str, line_offset: int = 0) -> list
             sm = mig.value_of("Device Attributes", "Shared", "Multiprocessor count")
             migs.append(
                 RawMig(
-                    index=int(idx) if idx and idx.isdigit() else k,
-                    gpu_instance_id=int(gi),
-                    compute_instance_id=int(ci),
+                    index=small_int(idx, k),  # type: ignore[arg-type]
+                    gpu_instance_id=small_int(gi),  # type: ignore[arg-type]
+                    compute_instance_id=small_int(ci),  # type: ignore[arg-type]
                     memory_mib=mib,
-                    sm_count=int(sm) if sm and sm.isdigit() else None,
+                    sm_count=small_int(sm),
                 )
             )
         raws.append(

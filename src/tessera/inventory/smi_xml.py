@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 from ._records import RawGPU, RawMig, build_gpus, mig_problem, parse_mib
 from .errors import MalformedInputError, UnsupportedFormatError
-from .model import GPU
+from .model import GPU, small_int
 
 
 def _text(el: ET.Element | None, path: str) -> str | None:
@@ -19,10 +19,10 @@ def _text(el: ET.Element | None, path: str) -> str | None:
 
 
 def _int(text: str | None) -> int | None:
-    return int(text) if text is not None and text.strip().isdigit() else None
+    return small_int(text)
 
 
-def parse_smi_xml(text: str, source: str) -> list[GPU]:
+def parse_smi_xml(text: str, source: str, warnings: list[str] | None = None) -> list[GPU]:
     """Parse ``nvidia-smi -q -x`` output.
 
     Reads per ``<gpu>``: ``product_name``, ``product_architecture``, ``uuid``, ``pci/pci_bus_id``
@@ -31,6 +31,9 @@ def parse_smi_xml(text: str, source: str) -> list[GPU]:
     ``device_attributes/shared/multiprocessor_count``, ``fb_memory_usage/total``); and
     ``driver_version``, ``cuda_version`` from the root. GPU index = order of ``<gpu>`` elements
     (nvidia-smi's index order), not ``minor_number``.
+
+    A ``<attached_gpus>`` count that differs from the ``<gpu>`` elements listed is appended to
+    ``warnings`` (the listed GPUs are read).
 
     Raises :class:`MalformedInputError` (with line and column) for malformed or truncated XML,
     :class:`UnsupportedFormatError` for XML that is not an ``nvidia_smi_log``.
@@ -107,5 +110,12 @@ def parse_smi_xml(text: str, source: str) -> list[GPU]:
             "nvidia_smi_log lists no <gpu>; the node has no visible NVIDIA GPU",
             source=source,
             field="gpu",
+        )
+    attached = _text(root, "attached_gpus")
+    if attached is not None and small_int(attached) != len(raws) and warnings is not None:
+        warnings.append(
+            f"{source}: attached_gpus: says {attached} but {len(raws)} <gpu> element(s) follow; "
+            f"reading the {len(raws)} listed (a capture cut or edited? capture `nvidia-smi -q -x` again "
+            "to see every GPU)"
         )
     return build_gpus(raws, source)

@@ -9,10 +9,10 @@ from .errors import MalformedInputError, UnsupportedFormatError
 from .model import Topology
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_GPU = re.compile(r"^GPU(\d+)$")
+_GPU = re.compile(r"^GPU([0-9]{1,4})$")
 _CELL = re.compile(r"^(X|NV\d+|SYS|NODE|PHB|PXB|PIX|SOC|PSB|N/A)$")
 _TRAILING = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
-_NUMA = re.compile(r"^\d+$")
+_NUMA = re.compile(r"^[0-9]{1,9}$")
 
 
 def _clean(line: str) -> str:

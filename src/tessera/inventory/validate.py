@@ -212,13 +212,13 @@ def _device(dev: Any, path: str, out: list[str]) -> bool:
         problem = qualified_name_problem(name)
         if problem:
             out.append(f"{cp}: {problem}")
-        if not isinstance(cap, dict) or "value" not in cap:
-            out.append(f"{cp}.value: required")
+        if not isinstance(cap, dict):
+            out.append(f"{cp}: must be a map with value (and requestPolicy)")
             continue
         unknown = set(cap) - {"value", "requestPolicy"}
         if unknown:
             out.append(f"{cp}: unknown field(s) {sorted(unknown)}")
-        value = _quantity(cap["value"], f"{cp}.value", out)
+        value = _quantity(cap.get("value", 0), f"{cp}.value", out)  # unset: 0, as the API server decodes it
         if "requestPolicy" in cap:
             if shared is not True:
                 out.append(f"{cp}.requestPolicy: forbidden unless allowMultipleAllocations is true")

@@ -1,9 +1,16 @@
-"""A small Kubernetes REST client over HTTPS with client certificates (stdlib only).
+"""A small Kubernetes REST client over HTTPS (stdlib only).
 
 It speaks to any kind the API server serves: resource names and scopes come from API
 discovery (``/api/v1``, ``/apis/<group>/<version>``), objects are plain ``dict``\\ s in the
-API's JSON shape. It covers what Tessera's tooling and tests need: get, list, create,
-server-side apply, delete, status updates, and raw GETs (health endpoints).
+API's JSON shape (so every field of the newest API is kept, where a typed client's models drop
+the fields they do not know). It covers what Tessera's tooling, tests and node driver need:
+get, list (paginated), watch, create, server-side apply (also of the status subresource),
+delete, status updates, access reviews and raw GETs (health endpoints).
+
+Authentication: a client certificate, or a bearer token (given, or read from a file and
+re-read as it rotates, like a projected ServiceAccount token); :meth:`KubeClient.in_cluster`
+builds the client a pod gets (``KUBERNETES_SERVICE_HOST``/``_PORT``, the ServiceAccount's
+token and CA).
 
 Errors: every failed request raises :class:`ApiError` carrying the HTTP status, the
 ``Status.reason`` (``NotFound``, ``Invalid``, ``AlreadyExists`` ...) and the server's
@@ -333,8 +340,10 @@ class KubeClient:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        page_size: int | None = 500,
     ) -> list[Obj]:
-        """List objects (all namespaces when ``namespace`` is None for a namespaced kind)."""
+        """List objects (all namespaces when ``namespace`` is None for a namespaced kind),
+        following ``continue`` tokens in pages of ``page_size`` (None: one request)."""
         res = self.resource(api_version, kind)
         base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
         path = f"{base}/namespaces/{namespace}/{res.plural}" if res.namespaced and namespace else f"{base}/{res.plural}"
@@ -343,8 +352,16 @@ class KubeClient:
             query["labelSelector"] = label_selector
         if field_selector:
             query["fieldSelector"] = field_selector
-        doc = self.request("GET", path, query=query, what=f"{kind} list")
-        items: list[Obj] = doc.get("items") or []
+        if page_size:
+            query["limit"] = str(page_size)
+        items: list[Obj] = []
+        while True:
+            doc = self.request("GET", path, query=query, what=f"{kind} list")
+            items.extend(doc.get("items") or [])
+            cont = (doc.get("metadata") or {}).get("continue")
+            if not cont:
+                break
+            query["continue"] = cont
         for item in items:  # list items carry no apiVersion/kind
             item.setdefault("apiVersion", api_version)
             item.setdefault("kind", kind)
@@ -382,6 +399,68 @@ class KubeClient:
             if not cont:
                 return
 
+    def watch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        resource_version: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> Iterator[tuple[str, Obj]]:
+        """Watch objects: yields ``(type, object)`` for each event (``ADDED``, ``MODIFIED``,
+        ``DELETED``, ``BOOKMARK``) until the server ends the watch (after about
+        ``timeout_seconds``). A watch that expired raises :class:`ApiError` with status 410
+        (list again, then watch from the list's resourceVersion)."""
+        res = self.resource(api_version, kind)
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        path = f"{base}/namespaces/{namespace}/{res.plural}" if res.namespaced and namespace else f"{base}/{res.plural}"
+        query = {"watch": "1", "timeoutSeconds": str(timeout_seconds), "allowWatchBookmarks": "true"}
+        if resource_version:
+            query["resourceVersion"] = resource_version
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        if label_selector:
+            query["labelSelector"] = label_selector
+        headers = {"Accept": "application/json"}
+        bearer = self._bearer_token()
+        if bearer:
+            headers["Authorization"] = f"Bearer {bearer}"
+        conn = http.client.HTTPSConnection(self._host, self._port, context=self._ssl, timeout=timeout_seconds + 30)
+        try:
+            try:
+                conn.request("GET", self._prefix + path + "?" + urllib.parse.urlencode(query), headers=headers)
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as e:
+                raise ApiError("WATCH", f"{kind} list", 0, "Unreachable", f"{self.server}: {e}") from e
+            if resp.status >= 400:
+                text = resp.read().decode(errors="replace")
+                try:
+                    st = json.loads(text)
+                except json.JSONDecodeError:
+                    st = {}
+                raise ApiError("WATCH", f"{kind} list", resp.status, st.get("reason", resp.reason), st.get("message", text[:500]))
+            while True:
+                try:
+                    line = resp.readline()
+                except (OSError, http.client.HTTPException):
+                    return
+                if not line:
+                    return
+                if not line.strip():
+                    continue
+                ev = json.loads(line)
+                obj = ev.get("object") or {}
+                if ev.get("type") == "ERROR":
+                    raise ApiError("WATCH", f"{kind} list", int(obj.get("code", 500)), obj.get("reason", ""), obj.get("message", ""))
+                obj.setdefault("apiVersion", api_version)
+                obj.setdefault("kind", kind)
+                yield ev.get("type", ""), obj
+        finally:
+            conn.close()
+
     def create(self, obj: Mapping[str, Any]) -> Obj:
         """POST ``obj``; return the stored object. ``AlreadyExists`` raises :class:`ApiError`."""
         path = self._obj_path(obj, with_name=False)
@@ -396,6 +475,38 @@ class KubeClient:
         return self.request(
             "PATCH", path, body=obj, content_type="application/apply-patch+yaml", query=query, what=describe(obj)
         )
+
+    def apply_status(self, obj: Mapping[str, Any], *, field_manager: str = "tessera", force: bool = True) -> Obj:
+        """Server-side apply ``obj`` to the ``status`` subresource (list-map entries of other
+        field managers are kept, e.g. other drivers' ``ResourceClaim.status.devices``)."""
+        path = self._obj_path(obj)
+        query = {"fieldManager": field_manager}
+        if force:
+            query["force"] = "true"
+        return self.request(
+            "PATCH", path + "/status", body=obj, content_type="application/apply-patch+yaml",
+            query=query, what=describe(obj) + " status",
+        )
+
+    def allowed(self, verb: str, resource: str, *, group: str = "", subresource: str = "",
+                namespace: str = "", name: str = "") -> tuple[bool, str]:
+        """Ask the API server whether this client may ``verb`` the ``resource``
+        (SelfSubjectAccessReview). Returns ``(allowed, reason)``."""
+        attrs = {"verb": verb, "resource": resource, "group": group}
+        if subresource:
+            attrs["subresource"] = subresource
+        if namespace:
+            attrs["namespace"] = namespace
+        if name:
+            attrs["name"] = name
+        review = self.request(
+            "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            body={"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": attrs}},
+            what=f"access review {verb} {resource}",
+        )
+        st = review.get("status") or {}
+        return bool(st.get("allowed")), str(st.get("reason") or st.get("evaluationError") or "")
 
     def update_status(self, obj: Mapping[str, Any]) -> Obj:
         """PUT the ``status`` subresource with ``obj`` (which must carry a resourceVersion)."""

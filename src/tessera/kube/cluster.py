@@ -115,6 +115,7 @@ class NodeSpec:
 
     name: str
     labels: dict[str, str] = field(default_factory=dict)
+    taints: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -124,12 +125,15 @@ class Inventory:
     nodes: list[NodeSpec] = field(default_factory=list)
     slices: list[dict[str, Any]] = field(default_factory=list)
 
-    def add_node(self, name: str, labels: Mapping[str, str] | None = None) -> None:
+    def add_node(
+        self, name: str, labels: Mapping[str, str] | None = None, taints: Sequence[Mapping[str, str]] = ()
+    ) -> None:
         for n in self.nodes:
             if n.name == name:
                 n.labels.update(labels or {})
+                n.taints.extend(dict(t) for t in taints)
                 return
-        self.nodes.append(NodeSpec(name, dict(labels or {})))
+        self.nodes.append(NodeSpec(name, dict(labels or {}), [dict(t) for t in taints]))
 
     def add_slice(self, obj: Mapping[str, Any], where: str) -> None:
         """Validate the shape ``up`` relies on and record the slice (and its node)."""
@@ -177,13 +181,14 @@ def load_slice_files(paths: Iterable[Path], inventory: Inventory | None = None) 
     :class:`ClusterInputError` naming file, document and field.
     """
     inv = inventory if inventory is not None else Inventory()
+    from tessera.api.documents import documents
+    from tessera.api.loader import read_text
+
     for path in paths:
         try:
-            docs = list(yaml.safe_load_all(Path(path).read_text()))
-        except OSError as e:
-            raise ClusterInputError(f"--slices {path}: cannot read: {e.strerror}") from e
-        except yaml.YAMLError as e:
-            raise ClusterInputError(f"--slices {path}: not valid YAML: {e}") from e
+            docs = list(documents(read_text(path), str(path)))
+        except TesseraError as e:
+            raise ClusterInputError(f"--slices {e}") from e
         for i, doc in enumerate(docs, start=1):
             where = f"{path}: document {i}"
             if doc is None:
@@ -215,11 +220,13 @@ def load_cluster_file(path: Path, inventory: Inventory | None = None) -> Invento
         ) from e
     try:
         described = load_cluster(Path(path))
-    except (OSError, ValueError) as e:
-        raise ClusterInputError(f"--cluster {path}: {e}") from e
+    except TesseraError as e:
+        raise ClusterInputError(f"--cluster {e}") from e
     inv = inventory if inventory is not None else Inventory()
     for node in described.nodes:
-        inv.add_node(str(node.name), {str(k): str(v) for k, v in dict(node.labels).items()})
+        inv.add_node(
+            str(node.name), {str(k): str(v) for k, v in dict(node.labels).items()}, getattr(node, "taints", [])
+        )
         for j, s in enumerate(node.slices):
             inv.add_slice(s, f"{path}: node {node.name}, slice {j}")
     return inv
@@ -239,7 +246,7 @@ def node_object(spec: NodeSpec, capacity: Mapping[str, str] = DEFAULT_NODE_CAPAC
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": spec.name, "labels": labels},
-        "spec": {},
+        "spec": {"taints": [dict(t) for t in spec.taints]} if spec.taints else {},
         "status": {
             "capacity": dict(capacity),
             "allocatable": dict(capacity),
@@ -295,10 +302,10 @@ def register_inventory(
             raise ClusterError(f"registering simulated node: {e}") from e
         # The TaintNodesByCondition admission plugin adds node.kubernetes.io/not-ready on
         # create; the (disabled) node lifecycle controller would remove it once the node is
-        # Ready. Do it here.
-        if created.get("spec", {}).get("taints"):
+        # Ready. Do it here, keeping the taints the cluster description gives.
+        if created.get("spec", {}).get("taints") != (spec.taints or None):
             client.request(
-                "PATCH", f"/api/v1/nodes/{spec.name}", body={"spec": {"taints": None}},
+                "PATCH", f"/api/v1/nodes/{spec.name}", body={"spec": {"taints": [dict(t) for t in spec.taints] or None}},
                 content_type="application/merge-patch+json", what=f"Node {spec.name}",
             )
     for i, s in enumerate(inv.slices):

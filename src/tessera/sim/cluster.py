@@ -1,17 +1,22 @@
 """Cluster descriptions for simulation: nodes from GPU inventories (or ResourceSlices).
 
-File format (YAML, paths relative to the file)::
+The file format (``kind: Cluster``) is documented in ``docs/cluster-file.md``; in short::
 
     apiVersion: tessera.dev/v1alpha1
     kind: Cluster
+    metadata: {name: lab}               # optional
     nodes:
-    - name: h100-a                      # Node name (DNS subdomain); also the pool name
-      inventory: inventories/8xH100.txt # nvidia-smi -q / -q -x / HAMi register annotation
-      topology: topologies/topo-m.txt   # optional `nvidia-smi topo -m` for NVLink/NUMA
+    - name: h100                        # Node name (DNS subdomain); also the pool name
+      count: 4                          # optional: 4 identical nodes h100-0 .. h100-3
+      inventory: inventories/8xH100.txt # nvidia-smi -q / -q -x / --query-gpu CSV / HAMi annotation
+      topology: topologies/topo-m.txt   # optional `nvidia-smi topo -m` (NVLink, NUMA)
       labels: {zone: a}                 # optional Node labels
+      taints:                           # optional Node taints (NoSchedule/NoExecute keep pods
+      - {key: gpu, value: h100, effect: NoSchedule}   #  without a toleration away)
       dynamicMIG: true                  # optional: partition MIG GPUs on demand (docs/mig.md)
 
-A node may instead give ``slices: FILE`` holding its ResourceSlices.
+A node may instead give ``slices: FILE`` holding its ResourceSlices. Paths are relative to the
+file. Unknown keys are refused, naming the key and the closest known one.
 
 ``dynamicMIG`` (:func:`tessera.inventory.mig.parse_dynamic_mig`, the same setting the node
 driver reads): ``true`` for every MIG-capable GPU of the node, a list of GPU indices or UUIDs,
@@ -21,27 +26,82 @@ node publishes dynamic MIG only for GPUs its inventory marks so (HAMi's ``mode: 
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
+import uuid as uuidlib
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from tessera.api.errors import ManifestError
-from tessera.api.loader import load_file
+from tessera.api.documents import documents
+from tessera.api.errors import ManifestError, TesseraError
+from tessera.api.loader import ReadBudget, load_file, read_text
+from tessera.api.schema import SchemaSet
 from tessera.api.validation import is_dns_subdomain
 
 CLUSTER_API_VERSION = "tessera.dev/v1alpha1"
+#: At most this many nodes from one cluster file (``count`` included).
+MAX_NODES = 100_000
+
+_LABEL_VALUE = {"type": "string", "maxLength": 63, "pattern": r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"}
+_TAINT = {
+    "type": "object",
+    "properties": {
+        "key": {"type": "string", "minLength": 1, "maxLength": 316},
+        "value": _LABEL_VALUE,
+        "effect": {"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]},
+    },
+    "required": ["key", "effect"],
+    "additionalProperties": False,
+}
+_NODE = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 253},
+        "count": {"type": "integer", "minimum": 1, "maximum": MAX_NODES},
+        "inventory": {"type": "string", "minLength": 1},
+        "topology": {"type": "string", "minLength": 1},
+        "slices": {"type": "string", "minLength": 1},
+        "labels": {"type": "object", "additionalProperties": _LABEL_VALUE},
+        "taints": {"type": "array", "items": _TAINT, "maxItems": 64},
+        "dynamicMIG": {"type": ["boolean", "string", "array", "object"]},  # parse_dynamic_mig checks it
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "apiVersion": {"enum": [CLUSTER_API_VERSION]},
+        "kind": {"enum": ["Cluster"]},
+        "metadata": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "labels": {"type": "object"}, "annotations": {"type": "object"}},
+            "additionalProperties": False,
+        },
+        "nodes": {"type": "array", "items": _NODE, "minItems": 1},
+    },
+    "required": ["apiVersion", "kind", "nodes"],
+    "additionalProperties": False,
+}
+
+
+@cache
+def _schema() -> SchemaSet:
+    return SchemaSet({"roots": {"Cluster": SCHEMA}})
 
 
 @dataclass
 class SimNode:
-    """A simulated node: its name, labels and the ResourceSlices its driver would publish."""
+    """A simulated node: its name, labels, taints and the ResourceSlices its driver would publish."""
 
     name: str
     labels: dict[str, str] = field(default_factory=dict)
     slices: list[dict[str, Any]] = field(default_factory=list)
     source: str = ""
+    taints: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -50,7 +110,8 @@ class Cluster:
 
     nodes: list[SimNode]
     source: str = ""
-    #: What an inventory could not give in full (``tessera.inventory.publication_warnings``).
+    #: What an inventory could not give in full (``tessera.inventory.publication_warnings``,
+    #: an ``attached_gpus`` count that differs from the GPUs listed).
     warnings: list[str] = field(default_factory=list)
 
 
@@ -58,11 +119,61 @@ def is_cluster_doc(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("kind") == "Cluster" and str(obj.get("apiVersion", "")).startswith("tessera.dev/")
 
 
-def cluster_from_dict(doc: dict[str, Any], base: Path, file: str) -> Cluster:
+def _copy_uuid(original: str, node: str) -> str:
+    """A stable GPU UUID for a ``count`` copy: uuid5 of the inventory's UUID and the node name."""
+    return "GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"tessera-cluster-copy/{node}/{original.lower()}"))
+
+
+_PLACEHOLDER = "tessera-node-placeholder-0"
+_PLACEHOLDER_UUID = "GPU-7e55e7a0-0000-4000-8000-{:012x}"
+_PLACEHOLDER_RX = re.compile(r"GPU-7e55e7a0-0000-4000-8000-([0-9a-f]{12})")
+
+
+class _Copier:
+    """Slices of ``count`` identical nodes. Each copy's GPUs get their own UUID (uuid5 of the
+    inventory's UUID and the node name), published with ``uuidSynthesized: true``; MIG devices
+    publish no UUID of their own (as for any synthesized parent). The slices are built and
+    checked once, for placeholder names, then copied with the names substituted in their JSON
+    text: microseconds per node instead of milliseconds."""
+
+    def __init__(self, gpus: list[Any], topo: Any, dynamic: Any = None, where: str | None = None) -> None:
+        from tessera.inventory import build_resource_slices
+
+        self.uuids = [g.uuid for g in gpus]
+        if dynamic is not None and dynamic.gpus:  # GPUs named by UUID: name the placeholders
+            by_uuid = {u.lower(): _PLACEHOLDER_UUID.format(k) for k, u in enumerate(self.uuids)}
+            dynamic = dataclasses.replace(
+                dynamic, gpus=tuple(by_uuid.get(g.lower(), g) if isinstance(g, str) else g for g in dynamic.gpus)
+            )
+        placeholders = [
+            dataclasses.replace(
+                g,
+                uuid=_PLACEHOLDER_UUID.format(k),
+                uuid_synthesized=True,
+                mig_devices=tuple(dataclasses.replace(m, uuid=None) for m in g.mig_devices),
+            )
+            for k, g in enumerate(gpus)
+        ]
+        self.text = json.dumps(build_resource_slices(_PLACEHOLDER, placeholders, topo, dynamic_mig=dynamic, where=where))
+
+    def slices(self, node: str) -> list[dict[str, Any]]:
+        text = self.text.replace(_PLACEHOLDER, node)
+        text = _PLACEHOLDER_RX.sub(lambda m: _copy_uuid(self.uuids[int(m.group(1), 16)], node), text)
+        out: list[dict[str, Any]] = json.loads(text)
+        return out
+
+
+def _err(file: str, field: str, message: str) -> ManifestError:
+    return ManifestError(message, file=file, obj="Cluster", field=field)
+
+
+def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | None = None) -> Cluster:
     """Build a :class:`Cluster` from a parsed ``kind: Cluster`` document.
 
-    Raises :class:`ManifestError` naming the node and field for a bad entry, and
-    ``InventoryError`` (from :mod:`tessera.inventory`) for an unreadable inventory.
+    Raises :class:`ManifestError` naming the file, node and field for a bad entry (unknown key,
+    wrong type, bad name, duplicate node, more than :data:`MAX_NODES` nodes), and for an
+    unreadable inventory, topology or slices file (its own error, prefixed with the field that
+    names it).
     """
     from tessera.inventory import (
         build_resource_slices,
@@ -72,71 +183,108 @@ def cluster_from_dict(doc: dict[str, Any], base: Path, file: str) -> Cluster:
     )
     from tessera.inventory.mig import parse_dynamic_mig
 
-    nodes_in = doc.get("nodes")
-    if not isinstance(nodes_in, list) or not nodes_in:
-        raise ManifestError("must list at least one node", file=file, obj="Cluster", field="nodes")
+    problems = _schema().problems("Cluster", doc)
+    if problems:
+        p = problems[0]
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise _err(file, p.field, p.message + more)
     nodes: list[SimNode] = []
-    warnings: list[str] = []
+    notes: list[str] = []
     seen: set[str] = set()
-    for i, n in enumerate(nodes_in):
+    total = sum(int(n.get("count", 1)) for n in doc["nodes"])
+    if total > MAX_NODES:
+        raise _err(file, "nodes", f"{total:,} nodes in all: at most {MAX_NODES:,} are simulated")
+    for i, n in enumerate(doc["nodes"]):
         where = f"nodes[{i}]"
-        if not isinstance(n, dict):
-            raise ManifestError("must be a mapping with name and inventory", file=file, obj="Cluster", field=where)
-        name = str(n.get("name") or "")
-        if not is_dns_subdomain(name):
-            raise ManifestError(
-                f"{name!r} is not a valid node name (lower-case DNS subdomain)", file=file, obj="Cluster", field=f"{where}.name"
-            )
-        if name in seen:
-            raise ManifestError(f"duplicate node name {name!r}", file=file, obj="Cluster", field=f"{where}.name")
-        seen.add(name)
+        base_name = n["name"]
+        count = int(n.get("count", 1))
+        names = [base_name] if "count" not in n else [f"{base_name}-{k}" for k in range(count)]
+        for name in (names[0], names[-1]):
+            if not is_dns_subdomain(name):
+                raise _err(file, f"{where}.name", f"{name!r} is not a valid node name (lower-case DNS subdomain)")
         labels = {str(k): str(v) for k, v in (n.get("labels") or {}).items()}
-        labels.setdefault("kubernetes.io/hostname", name)
+        taints = [dict(t) for t in n.get("taints") or []]
         try:
             dynamic = parse_dynamic_mig(n.get("dynamicMIG"), f"{where}.dynamicMIG")
         except ValueError as e:
             raise ManifestError(str(e), file=file, obj="Cluster") from None
-        if n.get("inventory"):
-            gpus = load_inventory(base / n["inventory"])
-            topo = load_topology(base / n["topology"]) if n.get("topology") else None
+        if "dynamicMIG" in n and "inventory" not in n:
+            raise _err(
+                file,
+                f"{where}.dynamicMIG",
+                "dynamicMIG needs 'inventory' (an nvidia-smi output file): ResourceSlices given as 'slices' are "
+                "published as they are",
+            )
+        sources = [k for k in ("inventory", "slices") if k in n]
+        if len(sources) != 1:
+            raise _err(
+                file,
+                where,
+                "needs one of 'inventory' (an nvidia-smi output file) or 'slices' (ResourceSlice YAML)"
+                if not sources else "give 'inventory' or 'slices', not both",
+            )
+        if "topology" in n and "slices" in n:
+            raise _err(file, f"{where}.topology", "a topology goes with an inventory, not with slices")
+
+        def located(e: TesseraError, key: str, where: str = where) -> TesseraError:
+            if str(e).startswith(f"{file}: "):  # already names this file and node
+                return e
+            return _err(file, f"{where}.{key}", str(e))
+
+        if "inventory" in n:
+            try:
+                gpus = load_inventory(base / n["inventory"], notes)
+            except TesseraError as e:
+                raise located(e, "inventory") from None
+            try:
+                topo = load_topology(base / n["topology"]) if "topology" in n else None
+            except TesseraError as e:
+                raise located(e, "topology") from None
             src = str(n["inventory"])
-            slices = build_resource_slices(
-                name, gpus, topo, dynamic_mig=dynamic, where=f"{file}: node {name}: {src}"
-            )
-            warnings.extend(publication_warnings(gpus, f"{file}: node {name}: {src}", dynamic))
-        elif n.get("dynamicMIG") is not None:
-            raise ManifestError(
-                "dynamicMIG needs 'inventory' (an nvidia-smi output file): ResourceSlices "
-                "given as 'slices' are published as they are",
-                file=file,
-                obj="Cluster",
-                field=f"{where}.dynamicMIG",
-            )
-        elif n.get("slices"):
-            slices = [m.obj for m in load_file(base / n["slices"]) if m.kind == "ResourceSlice"]
-            src = str(n["slices"])
+            built_where = f"{file}: node {base_name}: {src}"
+            notes.extend(publication_warnings(gpus, built_where, dynamic))
+            if len(names) == 1 or len(base_name) > 200:  # long names: slice names get hashed
+                try:
+                    built = [(nm, build_resource_slices(nm, gpus, topo, dynamic_mig=dynamic, where=built_where)) for nm in names]
+                except TesseraError as e:
+                    raise located(e, "inventory") from None
+            else:
+                try:
+                    copier = _Copier(gpus, topo, dynamic, built_where)
+                except TesseraError as e:
+                    raise located(e, "inventory") from None
+                built = [(nm, copier.slices(nm)) for nm in names]
         else:
-            raise ManifestError(
-                "needs 'inventory' (an nvidia-smi output file) or 'slices' (ResourceSlice YAML)",
-                file=file,
-                obj="Cluster",
-                field=where,
-            )
-        nodes.append(SimNode(name, labels, slices, src))
-    return Cluster(nodes, file, warnings)
+            if len(names) > 1:
+                raise _err(file, f"{where}.count", "count needs an inventory: ResourceSlices name their node")
+            try:
+                loaded = load_file(base / n["slices"], budget=budget)
+            except TesseraError as e:
+                raise located(e, "slices") from None
+            built = [(names[0], [m.obj for m in loaded if m.kind == "ResourceSlice"])]
+            src = str(n["slices"])
+        for name, slices in built:
+            if name in seen:
+                raise _err(file, f"{where}.name", f"duplicate node name {name!r}")
+            seen.add(name)
+            node_labels = dict(labels)
+            node_labels.setdefault("kubernetes.io/hostname", name)
+            nodes.append(SimNode(name, node_labels, slices, src, [dict(t) for t in taints]))
+    return Cluster(nodes, file, notes)
 
 
-def load_cluster(path: str | Path) -> Cluster:
-    """Read a cluster description file. Raises ManifestError / InventoryError on bad input."""
-    p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ManifestError("file not found", file=str(path)) from None
-    except yaml.YAMLError as e:
-        raise ManifestError(f"not valid YAML ({str(e).splitlines()[0]})", file=str(path)) from None
-    if not is_cluster_doc(doc):
+def load_cluster(path: str | Path, *, budget: ReadBudget | None = None) -> Cluster:
+    """Read a cluster description file. Raises :class:`ManifestError` naming the file (and node
+    and field) on bad input: unreadable, not UTF-8, not one YAML document of ``kind: Cluster``,
+    or a bad entry (see :func:`cluster_from_dict`)."""
+    name = str(path)
+    text = read_text(path, budget)
+    docs = [d for d in documents(text, name) if d is not None]
+    if len(docs) != 1 or not is_cluster_doc(docs[0]):
         raise ManifestError(
-            f"not a cluster description: expected apiVersion {CLUSTER_API_VERSION}, kind Cluster", file=str(path)
+            f"not a cluster description: expected one YAML document with apiVersion {CLUSTER_API_VERSION}, "
+            "kind Cluster (docs/cluster-file.md)",
+            file=name,
         )
-    return cluster_from_dict(doc, p.parent, str(path))
+    p = Path(path)
+    return cluster_from_dict(docs[0], p.parent, name, budget=budget)

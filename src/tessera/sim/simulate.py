@@ -201,6 +201,32 @@ def _check_pod(m: Manifest) -> None:
                     )
 
 
+_HAMI_MARKS = ("hami.io/", "nvidia.com/", "volcano.sh/")
+
+
+def _mentions_hami(pod: dict[str, Any]) -> bool:
+    """Whether the HAMi conversion has anything to read in ``pod`` (resources or annotations
+    in HAMi's names); a pod without is simulated as written, without a conversion pass."""
+    md = pod.get("metadata") or {}
+    for names in (md.get("annotations") or {}, md.get("labels") or {}):
+        if any(str(k).startswith(_HAMI_MARKS) for k in names):
+            return True
+    spec = pod.get("spec") or {}
+    for part in ("initContainers", "containers"):
+        for c in spec.get(part) or []:
+            res = (c or {}).get("resources") or {}
+            for block in (res.get("limits"), res.get("requests")):
+                if isinstance(block, dict) and any(str(k).startswith(_HAMI_MARKS) for k in block):
+                    return True
+    return False
+
+
+def _fresh_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """A new pod dict sharing its content with ``pod`` but for the levels a run writes to
+    (``metadata``, ``spec``, ``status``)."""
+    return {**pod, "metadata": dict(pod.get("metadata") or {}), "spec": dict(pod.get("spec") or {})}
+
+
 # Resources kube-scheduler counts against node allocatable; anything else is an extended
 # resource some device plugin must advertise. Simulated nodes advertise none.
 _NATIVE_RESOURCES = ("cpu", "memory", "ephemeral-storage", "pods")
@@ -252,6 +278,18 @@ def _signature(claims: Sequence[dict[str, Any]]) -> str | None:
     return text
 
 
+def untolerated_taint(pod: Mapping[str, Any], taints: Sequence[dict[str, str]]) -> dict[str, str] | None:
+    """The first NoSchedule/NoExecute node taint the pod does not tolerate (kube-scheduler's
+    TaintToleration filter), or None."""
+    from tessera.allocator.core import tolerates
+
+    tols = (pod.get("spec") or {}).get("tolerations") or []
+    for t in taints:
+        if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tols, t.get("key", ""), t.get("value", ""), t["effect"]):
+            return t
+    return None
+
+
 def _pod_fits_node(pod: dict[str, Any], node: Node) -> bool:
     spec = pod.get("spec") or {}
     if spec.get("nodeName") and spec["nodeName"] != node.name:
@@ -282,6 +320,7 @@ class Simulation:
         self.whole_gpus = whole_gpus
         self.cluster = cluster
         self.nodes = [Node(n.name, n.labels) for n in cluster.nodes]
+        self.taints = {n.name: n.taints for n in cluster.nodes if n.taints}
         self.warnings: list[str] = []
         self.classes: dict[str, dict[str, Any]] = {}
         self.templates: dict[tuple[str, str], dict[str, Any]] = {}
@@ -338,6 +377,7 @@ class Simulation:
         self._cursor: dict[str | None, tuple[int, dict[str, int]]] = {}
         self._unsat: list[set[str]] = [set() for _ in self.nodes]
         self._node_usage: list[Fraction] = [Fraction(0) for _ in self.nodes]
+        self._usage_stale: set[int] = set()
         self._placed = 0
         # Pending pods whose claims fit on no node: explained once the run is over (against
         # the final state, which is what a user asks about), one walk per distinct claim shape.
@@ -375,7 +415,10 @@ class Simulation:
     # ------------------------------------------------------------------------------------------
     def run(self, on_pod: Callable[[str], None] | None = None) -> SimResult:
         """Schedule every pod in input order. ``on_pod(ref)`` is called after each (progress)."""
-        from tessera.convert import convert_pod
+        from tessera.convert import Conversion, ConversionError, convert_pod
+        from tessera.convert.hami import GPUMEM_PERCENTAGE, VOLCANO_MEMORY_PERCENTAGE
+
+        _PERCENTAGES = (GPUMEM_PERCENTAGE, VOLCANO_MEMORY_PERCENTAGE)
 
         placements: list[Placement] = []
         pending: list[Pending] = []
@@ -383,7 +426,18 @@ class Simulation:
         out_pods: list[dict[str, Any]] = []
         out_templates: list[dict[str, Any]] = list(self.templates.values())
         for m in self.pods:
-            conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
+            try:
+                if _mentions_hami(m.obj):
+                    conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
+                else:  # nothing to convert: a copy of the levels the run writes to
+                    conv = Conversion(pod=_fresh_pod(m.obj), templates=[], warnings=[], requests=[])
+            except ConversionError as e:
+                if self.memory_sizes or e.field not in _PERCENTAGES:
+                    raise
+                # No device of the cluster publishes memory, so a percentage is of nothing: the pod
+                # stays as written and pending for its unserved HAMi resources, as without Tessera.
+                self.warnings.append(f"{m.source}: {m.ref()}: {e.field}: no GPU of the cluster publishes memory; left unconverted")
+                conv = Conversion(pod=copy.deepcopy(m.obj), templates=[], warnings=[], requests=[])
             pod = conv.pod  # a new dict: convert_pod never returns its input
             self.warnings.extend(conv.warnings)  # convert_pod already names the source
             for t in conv.templates:
@@ -520,6 +574,10 @@ class Simulation:
         start, counts = self._cursor.get(key, (0, {})) if key else (0, {})
         counts = dict(counts)
         prefix = key is not None
+        if policy.nodes != "first-fit":
+            for j in self._usage_stale:
+                self._node_usage[j] = node_usage(self.state, self.index.by_node.get(self.nodes[j].name, []))
+            self._usage_stale.clear()
         order = range(start, n_total) if policy.nodes == "first-fit" else order_nodes(policy.nodes, self._node_usage)
         # kube-scheduler scores the nodes that fit; its DynamicResources plugin prefers nodes where
         # an earlier firstAvailable subrequest fits (prioritized_list_score), which decides among
@@ -560,7 +618,7 @@ class Simulation:
                 c["status"] = {"allocation": res}
                 self.state.add_claim(c)
             self._placed += 1
-            self._node_usage[i] = node_usage(self.state, self.index.by_node.get(node.name, []))
+            self._usage_stale.add(i)  # recomputed only when a policy orders nodes by usage
             uid = pod["metadata"]["uid"]
             for c in todo + done:
                 rf = c.setdefault("status", {}).setdefault("reservedFor", [])
@@ -594,6 +652,9 @@ class Simulation:
         else the scheduler's reason (or error)."""
         if not _pod_fits_node(pod, node):
             return "node(s) didn't match Pod's node affinity/selector"  # kube-scheduler's NodeAffinity wording
+        taint = untolerated_taint(pod, self.taints.get(node.name, ()))
+        if taint is not None:  # kube-scheduler's TaintToleration wording
+            return f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
         for c in done:
             sel = c["status"]["allocation"].get("nodeSelector")
             if sel is not None and not node_selector_matches(sel, node):
@@ -644,6 +705,16 @@ class Simulation:
         want = int(req.get("count") or 1)
         if not matching:
             return "no device matches its selectors"
+        # Devices of an incomplete or invalid pool match but are never allocated: say so (as
+        # explain does), rather than count them as room.
+        unusable = self._unusable_pools()
+        held_back = [d for d in matching if (d.driver, d.pool) in unusable]
+        if held_back:
+            matching = [d for d in matching if (d.driver, d.pool) not in unusable]
+            pools = sorted({f"{d.driver}/{d.pool} ({unusable[(d.driver, d.pool)]})" for d in held_back})
+            note = f"{len(held_back)} matching device(s) are in pool(s) whose devices are never allocated: {', '.join(pools)}"
+            if not matching:
+                return note
         room: list[Device] = []
         # Per capacity the request names (memory if none): the most free on any device that
         # could take the request (it has every capacity named and its shared counters are free).
@@ -693,7 +764,27 @@ class Simulation:
                     free, d = best[k]
                     q = Quantity(free, d.capacity[k].value.format).canonical()
                     msg += f"; most free {k}: {q} on {d.pool}/{d.name}"
+        if held_back:
+            msg += f"; {note}"
         return msg
+
+    def _unusable_pools(self) -> dict[tuple[str, str], str]:
+        """Pools no device of which is allocated on any node: incomplete (fewer slices than
+        resourceSliceCount at the newest generation) or invalid."""
+        if not hasattr(self, "_unusable"):
+            self._unusable: dict[tuple[str, str], str] = {}
+            for n in self.nodes:
+                for p in self.allocator.pools(n):
+                    if p.invalid:
+                        self._unusable[p.key] = f"invalid: {p.invalid}"
+                    elif not p.complete:
+                        sl = self.index.by_pool.get(p.key, [])
+                        gen = max((s.generation for s in sl), default=0)
+                        have = len([s for s in sl if s.generation == gen])
+                        want = sl[0].slice_count if sl else 0
+                        self._unusable[p.key] = f"incomplete: {have} of resourceSliceCount {want} slices at generation {gen}"
+        return self._unusable
+
 
     # ------------------------------------------------------------------------------------------
     def _device(self, driver: str, pool: str, name: str) -> Device | None:

@@ -1,0 +1,89 @@
+"""``tessera driver``: run the DRA node driver (kubelet plugin) of this node.
+
+Everything it does is in :mod:`tessera.driver` (and ``docs/driver.md``); this module turns
+options into a :class:`tessera.driver.node.DriverConfig` and reports a start-up failure as one
+line (exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import click
+
+from tessera import DRIVER_NAME
+from tessera.cli._common import fail
+
+
+@click.command("driver")
+@click.option("--node-name", envvar="NODE_NAME", default=None,
+              help="This node's name (default: $NODE_NAME, else the host name).")
+@click.option("--kubeconfig", type=click.Path(), envvar="KUBECONFIG", default=None,
+              help="Kubeconfig of the API server (default: $KUBECONFIG, else in-cluster).")
+@click.option("--kubelet-root-dir", type=click.Path(), default="/var/lib/kubelet", show_default=True,
+              help="The kubelet's --root-dir (plugin sockets go under plugins/ and plugins_registry/).")
+@click.option("--cdi-dir", type=click.Path(), default="/var/run/cdi", show_default=True,
+              help="CDI spec directory the container runtime reads.")
+@click.option("--state-dir", type=click.Path(), default="/var/lib/tessera/driver", show_default=True,
+              help="Checkpoint, GPU registry, limits files and usage regions.")
+@click.option("--dev-root", type=click.Path(), default="/", show_default=True,
+              help="Host directory holding dev/nvidia* (the device nodes handed to containers).")
+@click.option("--library", type=click.Path(), default=None,
+              help="Host path of libtessera-enforce.so (default: the one installed with Tessera).")
+@click.option("--nvml-library", type=click.Path(), default=None,
+              help="Path of libnvidia-ml.so.1 to use (default: the loader's search).")
+@click.option("--nvidia-smi", default="nvidia-smi", show_default=True,
+              help="nvidia-smi for the fallback discovery when NVML cannot be loaded.")
+@click.option("--enforcement-backend", type=click.Choice(["auto", "library", "driver-native"]),
+              default="auto", show_default=True,
+              help="How memory limits are enforced; auto detects the NVIDIA driver's own (r615+).")
+@click.option("--nvidia-cdi-hook", default=None,
+              help="Path of NVIDIA's nvidia-cdi-hook (driver-native backend; default: from PATH).")
+@click.option("--driver-root", default="/", show_default=True,
+              help="NVIDIA driver root passed to nvidia-cdi-hook.")
+@click.option("--nvidia-cdi-kind", default=None,
+              help="Also hand out <KIND>=<GPU UUID> (e.g. nvidia.com/gpu) so NVIDIA's CDI spec injects driver libraries.")
+@click.option("--health-address", default="127.0.0.1:51515", show_default=True,
+              help="HOST:PORT of /healthz and /readyz ('' to disable).")
+@click.option("--rescan-seconds", type=float, default=10.0, show_default=True,
+              help="How often GPUs and their health are read again.")
+@click.option("--xid-recovery-seconds", type=float, default=60.0, show_default=True,
+              help="How long a GPU stays tainted after its last critical XID.")
+@click.option("--cgroup-root", default="/sys/fs/cgroup", show_default=True,
+              help="The cgroup mount whose version decides whether driver-native limits can work.")
+def driver(node_name: str | None, kubeconfig: str | None, kubelet_root_dir: str, cdi_dir: str,
+           state_dir: str, dev_root: str, library: str | None, nvml_library: str | None,
+           nvidia_smi: str, enforcement_backend: str, nvidia_cdi_hook: str | None,
+           driver_root: str, nvidia_cdi_kind: str | None, health_address: str,
+           rescan_seconds: float, xid_recovery_seconds: float, cgroup_root: str) -> None:
+    """Run the DRA node driver gpu.tessera.dev on this node (until SIGTERM).
+
+    Publishes the node's GPUs as ResourceSlices, registers with the kubelet, and prepares
+    claims: limits file, usage region and CDI spec per claim. See docs/driver.md.
+    """
+    from tessera.api.errors import TesseraError
+    from tessera.driver.node import DriverConfig, NodeDriver, wait_forever
+    from tessera.enforcement import library_path
+    from tessera.kube.client import KubeClient
+
+    lib = library or library_path()
+    cfg = DriverConfig(
+        node_name=node_name or socket.gethostname().lower(),
+        kubelet_root=Path(kubelet_root_dir), cdi_dir=Path(cdi_dir), state_dir=Path(state_dir),
+        dev_root=Path(dev_root), library=Path(lib) if lib else None, nvml_library=nvml_library,
+        nvidia_smi=nvidia_smi, enforcement_backend=enforcement_backend, cdi_hook=nvidia_cdi_hook,
+        driver_root=driver_root, nvidia_cdi_kind=nvidia_cdi_kind, driver=DRIVER_NAME,
+        health_address=health_address or None, rescan_seconds=rescan_seconds,
+        xid_recovery_seconds=xid_recovery_seconds, cgroup_root=cgroup_root,
+    )
+    if lib is None or not os.path.isfile(lib):
+        fail(f"--library: enforcement library {lib or 'libtessera-enforce.so'} not found; build it with `make native`")
+    try:
+        client = KubeClient.from_kubeconfig(Path(kubeconfig)) if kubeconfig else KubeClient.in_cluster()
+        node = NodeDriver(cfg, client)
+        node.start()
+    except TesseraError as e:
+        fail(str(e))
+    wait_forever(node)

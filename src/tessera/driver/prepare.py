@@ -1,0 +1,388 @@
+"""NodePrepareResources for one claim: from its allocation to the files a container gets.
+
+:func:`plan_claim` is pure: it reads the ResourceClaim's ``status.allocation``, keeps the
+results of this driver in this node's pool, checks them against the node's GPUs and computes
+everything prepare writes (a :class:`ClaimPlan`): the limits file text, the usage region's
+GPU table and the CDI spec. :func:`materialize` writes a plan's files, each atomically
+(temporary file + rename), and :func:`remove_files` takes them away; both are idempotent.
+
+Per result (``status.allocation.devices.results[]``, KEP-4381 / KEP-5075):
+
+* another driver's result is ignored (a claim may hold devices of several drivers); a claim
+  with no result of this driver, or whose results of this driver are in another pool (another
+  node), is an error for that claim;
+* the device must be one of this node's published devices (``gpu-<index>``);
+* ``consumedCapacity`` may only name ``memory`` (bytes, at most the GPU's memory) and ``cores``
+  (0..100); anything else is an error for the claim;
+* ``adminAccess: true`` gets the device and no limits;
+* a whole GPU (its full memory and ``cores`` 0 or 100, or a dedicated device without
+  ``shareID``) gets no limits;
+* otherwise the GPU gets ``memory`` bytes and ``cores`` percent in the limits file.
+
+A claim with at least one limited GPU gets the limits file (read-only at
+``/etc/tessera/limits``), its usage region (read-write), the enforcement library and an
+``/etc/ld.so.preload`` naming it. Every claim gets its GPUs' device nodes, the control device
+nodes that exist, and ``NVIDIA_VISIBLE_DEVICES`` / ``CUDA_VISIBLE_DEVICES`` listing its GPU
+UUIDs in result order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tessera.api.quantity import Quantity, QuantityError
+from tessera.enforcement._files import write_atomic
+from tessera.enforcement.limits import (
+    LIMITS_PATH,
+    GpuLimit,
+    Limits,
+    format_limits,
+    parse_limits,
+    write_limits,
+)
+from tessera.enforcement.region import FILE_SIZE, MAGIC, create_region
+
+from .backend import DRIVER_NATIVE, LIBRARY
+from .kubelet import ClaimRef, PreparedDevice
+from .publish import GpuRecord
+
+CDI_VERSION = "0.6.0"
+CDI_CLASS = "claim"
+CONTAINER_REGION = "/run/tessera/region"
+CONTAINER_LIBRARY_DIR = "/usr/lib/tessera"
+LD_SO_PRELOAD = "/etc/ld.so.preload"
+CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+MIB = 1 << 20
+
+
+class ClaimError(Exception):
+    """Why one claim cannot be prepared (one line; it becomes that claim's gRPC ``error``)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where prepare puts things on the host, and what it mounts from there.
+
+    ``state_dir``: the driver's state (``claims/<uid>/{limits,region}``, ``ld.so.preload``,
+    checkpoint); ``cdi_dir``: the CDI spec directory the runtime reads (``/var/run/cdi``);
+    ``dev_root``: the host directory holding ``dev/nvidia*`` (``/``; a CPU-only test node
+    points it at stand-in device nodes); ``library``: host path of ``libtessera-enforce.so``;
+    ``driver_root``: the NVIDIA driver root for ``nvidia-cdi-hook``; ``cdi_hook``: its path;
+    ``nvidia_cdi_kind``: when set (``nvidia.com/gpu``), each GPU device also gets the CDI id
+    ``<kind>=<UUID>`` so NVIDIA's own spec (``nvidia-ctk cdi generate
+    --device-name-strategy=uuid``) injects the driver's user-space libraries.
+    """
+
+    state_dir: Path
+    cdi_dir: Path
+    dev_root: Path
+    library: Path | None
+    driver: str
+    driver_root: str = "/"
+    cdi_hook: str | None = None
+    nvidia_cdi_kind: str | None = None
+
+    def claim_dir(self, uid: str) -> Path:
+        return self.state_dir / "claims" / uid
+
+    def cdi_path(self, uid: str) -> Path:
+        # Transient per-claim spec: <vendor>-<class>_<id>.json (CDI naming convention).
+        return self.cdi_dir / f"{self.driver}-{CDI_CLASS}_{uid}.json"
+
+    @property
+    def preload_file(self) -> Path:
+        return self.state_dir / "ld.so.preload"
+
+    @property
+    def cdi_kind(self) -> str:
+        return f"{self.driver}/{CDI_CLASS}"
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """Everything prepare writes for one claim, and what it answers the kubelet.
+
+    ``limits_text`` is ``None`` when no GPU of the claim is limited; ``region_gpus`` lists
+    ``(uuid, memory bytes, cores)`` for the region; ``cdi_spec`` is the spec's JSON object;
+    ``status`` the ``status.devices`` entries to publish; ``digest`` a SHA-256 of all of it.
+    """
+
+    ref: ClaimRef
+    backend: str
+    devices: tuple[PreparedDevice, ...]
+    limits_text: str | None
+    region_gpus: tuple[tuple[str, int, int], ...]
+    cdi_spec: dict[str, Any]
+    status: tuple[dict[str, Any], ...] = ()
+    digest: str = field(default="")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.ref.namespace, "name": self.ref.name, "uid": self.ref.uid,
+            "backend": self.backend,
+            "devices": [{"requestNames": list(d.request_names), "pool": d.pool, "device": d.device,
+                         "cdiDeviceIDs": list(d.cdi_device_ids), "shareID": d.share_id}
+                        for d in self.devices],
+            "limits": self.limits_text, "regionGPUs": [list(g) for g in self.region_gpus],
+            "cdiSpec": self.cdi_spec, "status": list(self.status), "digest": self.digest,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ClaimPlan:
+        return cls(
+            ref=ClaimRef(d["namespace"], d["name"], d["uid"]), backend=d["backend"],
+            devices=tuple(PreparedDevice(tuple(x["requestNames"]), x["pool"], x["device"],
+                                         tuple(x["cdiDeviceIDs"]), x.get("shareID"))
+                          for x in d["devices"]),
+            limits_text=d["limits"], region_gpus=tuple((str(g[0]), int(g[1]), int(g[2])) for g in d["regionGPUs"]),
+            cdi_spec=d["cdiSpec"], status=tuple(d.get("status") or ()), digest=d["digest"],
+        )
+
+
+def _digest(plan: ClaimPlan) -> str:
+    body = plan.to_json()
+    body.pop("digest")
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _bytes(value: Any, where: str) -> int:
+    try:
+        q = Quantity.parse(value)
+    except QuantityError as e:
+        raise ClaimError(f"{where}: {e}") from e
+    if not q.is_integer() or q.sign() < 0:
+        raise ClaimError(f"{where}: {value!r} is not a whole, non-negative number")
+    return q.value_int()
+
+
+def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapping[str, GpuRecord],
+               backend: str, layout: Layout) -> ClaimPlan:
+    """The plan for ``claim`` (a ``resource.k8s.io/v1`` ResourceClaim dict as the API server
+    returned it) on ``node``, whose published devices are ``devices`` (``{name: record}``).
+
+    Raises :class:`ClaimError` with a one-line reason naming the claim and field.
+    """
+    what = f"ResourceClaim {ref.namespace}/{ref.name}"
+    meta = claim.get("metadata") or {}
+    if meta.get("uid") != ref.uid:
+        raise ClaimError(f"{what}: uid is {meta.get('uid')!r}, the kubelet asked for {ref.uid!r}: the claim was replaced")
+    alloc = (claim.get("status") or {}).get("allocation")
+    if not alloc:
+        raise ClaimError(f"{what}: status.allocation is empty: the claim is not allocated")
+    results = ((alloc.get("devices") or {}).get("results")) or []
+    driver = layout.driver
+    ours = [(i, r) for i, r in enumerate(results) if r.get("driver") == driver]
+    if not ours:
+        drivers = sorted({str(r.get("driver")) for r in results})
+        raise ClaimError(f"{what}: status.allocation.devices.results has no result of driver {driver} (drivers: {', '.join(drivers) or 'none'})")
+    here = [(i, r) for i, r in ours if r.get("pool") == node]
+    if not here:
+        pools = sorted({str(r.get("pool")) for _, r in ours})
+        raise ClaimError(f"{what}: allocated to pool(s) {', '.join(pools)}, not to this node {node!r}")
+
+    prepared: list[PreparedDevice] = []
+    limits: dict[str, GpuLimit] = {}
+    gpu_order: list[GpuRecord] = []
+    status: list[dict[str, Any]] = []
+    per_device_nodes: list[tuple[str, str]] = []
+    for i, r in here:
+        field_path = f"{what}: status.allocation.devices.results[{i}]"
+        name = str(r.get("device"))
+        rec = devices.get(name)
+        if rec is None:
+            raise ClaimError(f"{field_path}.device: {name!r} is not a device of node {node} (devices: {', '.join(sorted(devices)) or 'none'})")
+        if rec.health == "missing":
+            raise ClaimError(f"{field_path}.device: GPU {rec.gpu.uuid} ({name}) is gone from this node")
+        gpu = rec.gpu
+        consumed = r.get("consumedCapacity") or {}
+        # A unified-memory GPU (memory unknown) is published whole, without a memory capacity.
+        full = gpu.memory_bytes
+        mem = full or 0
+        cores = 0
+        for cap, value in consumed.items():
+            key = cap.split("/", 1)[1] if cap.startswith(driver + "/") else cap
+            if key == "memory" and full is None:
+                raise ClaimError(f"{field_path}.consumedCapacity: 'memory' is not a capacity of GPU {gpu.uuid} (unified memory: it is published whole)")
+            if key == "memory":
+                mem = _bytes(value, f"{field_path}.consumedCapacity.memory")
+                if mem < 1 or mem > (full or 0):
+                    raise ClaimError(f"{field_path}.consumedCapacity.memory: {value} is outside 1..{full} bytes, the memory of GPU {gpu.uuid}")
+            elif key == "cores":
+                cores = _bytes(value, f"{field_path}.consumedCapacity.cores")
+                if cores > 100:
+                    raise ClaimError(f"{field_path}.consumedCapacity.cores: {value} is above 100")
+            else:
+                raise ClaimError(f"{field_path}.consumedCapacity: {cap!r} is not a capacity of GPU {gpu.uuid} (it has memory and cores)")
+        admin = bool(r.get("adminAccess"))
+        share = r.get("shareID")
+        whole = share is None or full is None or (mem >= full and cores in (0, 100))
+        request = str(r.get("request", ""))
+        cdi_name = f"{ref.uid}-{i}-{name}"
+        ids = [f"{layout.cdi_kind}={cdi_name}"]
+        if layout.nvidia_cdi_kind:
+            ids.append(f"{layout.nvidia_cdi_kind}={gpu.uuid}")
+        prepared.append(PreparedDevice(
+            request_names=(request.split("/", 1)[0],), pool=node, device=name,
+            cdi_device_ids=tuple(ids), share_id=share,
+        ))
+        if rec.minor is not None:
+            per_device_nodes.append((cdi_name, f"nvidia{rec.minor}"))
+        else:
+            per_device_nodes.append((cdi_name, ""))
+        if gpu not in [g.gpu for g in gpu_order]:
+            gpu_order.append(rec)
+        limited = not admin and not whole
+        if limited:
+            prev = limits.get(gpu.uuid)
+            # Two shares of one GPU in one claim: the container may use both.
+            limits[gpu.uuid] = GpuLimit(gpu.uuid, mem + (prev.memory if prev else 0),
+                                        min(100, cores + (prev.cores if prev else 0)))
+        claim_backend = backend if limited else "none"
+        data: dict[str, Any] = {"enforcementBackend": claim_backend, "uuid": gpu.uuid}
+        if limited:
+            data.update({"memory": str(mem), "cores": cores, "limitsFile": LIMITS_PATH})
+        entry: dict[str, Any] = {"driver": driver, "pool": node, "device": name, "data": data}
+        if share:
+            entry["shareID"] = share
+        status.append(entry)
+
+    gpu_limits = tuple(limits.values())
+    claim_backend = backend
+    if backend == DRIVER_NATIVE and len({g.memory for g in gpu_limits}) > 1:
+        # NVIDIA's hook takes one memory value for every GPU of the container.
+        claim_backend = LIBRARY
+        for e in status:
+            if e["data"]["enforcementBackend"] == DRIVER_NATIVE:
+                e["data"]["enforcementBackend"] = LIBRARY
+    limits_text = None
+    if gpu_limits:
+        limits_text = format_limits(Limits(region=CONTAINER_REGION, gpus=gpu_limits,
+                                           claim=f"{ref.namespace}/{ref.name}", claim_uid=ref.uid))
+    spec = _cdi_spec(ref, layout, gpu_order, per_device_nodes, gpu_limits, claim_backend)
+    plan = ClaimPlan(ref=ref, backend=claim_backend if gpu_limits else "none",
+                     devices=tuple(prepared), limits_text=limits_text,
+                     region_gpus=tuple((g.uuid, g.memory, g.cores) for g in gpu_limits),
+                     cdi_spec=spec, status=tuple(status))
+    return ClaimPlan(**{**plan.__dict__, "digest": _digest(plan)})
+
+
+def _cdi_spec(ref: ClaimRef, layout: Layout, gpus: Sequence[GpuRecord],
+              device_nodes: Sequence[tuple[str, str]], limits: Sequence[GpuLimit],
+              backend: str) -> dict[str, Any]:
+    uuids = ",".join(r.gpu.uuid for r in gpus)
+    edits: dict[str, Any] = {
+        "env": [f"NVIDIA_VISIBLE_DEVICES={uuids}", f"CUDA_VISIBLE_DEVICES={uuids}"],
+    }
+    ctl = [{"path": f"/dev/{n}", "hostPath": str(layout.dev_root / "dev" / n)}
+           for n in CONTROL_DEVICES if (layout.dev_root / "dev" / n).exists()]
+    if ctl:
+        edits["deviceNodes"] = ctl
+    if limits:
+        cdir = layout.claim_dir(ref.uid)
+        mounts = [
+            {"hostPath": str(cdir / "limits"), "containerPath": LIMITS_PATH,
+             "type": "bind", "options": ["ro", "nosuid", "nodev", "bind"]},
+            {"hostPath": str(cdir / "region"), "containerPath": CONTAINER_REGION,
+             "type": "bind", "options": ["rw", "nosuid", "nodev", "bind"]},
+        ]
+        if layout.library is not None:
+            lib_in = f"{CONTAINER_LIBRARY_DIR}/{layout.library.name}"
+            mounts += [
+                {"hostPath": str(layout.library), "containerPath": lib_in,
+                 "type": "bind", "options": ["ro", "nosuid", "nodev", "bind"]},
+                {"hostPath": str(layout.preload_file), "containerPath": LD_SO_PRELOAD,
+                 "type": "bind", "options": ["ro", "nosuid", "nodev", "bind"]},
+            ]
+        edits["mounts"] = mounts
+        edits["env"].append(f"TESSERA_ENFORCEMENT_BACKEND={backend}")
+        if backend == DRIVER_NATIVE and layout.cdi_hook:
+            mib = max(1, limits[0].memory // MIB)
+            edits["env"] += [f"NVIDIA_GPU_MEMORY_REQUEST={mib}", f"NVIDIA_GPU_MEMORY_LIMIT={mib}"]
+            args = ["nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", layout.driver_root]
+            for g in limits:
+                args += ["--gpu-id", g.uuid]
+            edits["hooks"] = [{"hookName": "createRuntime", "path": layout.cdi_hook, "args": args}]
+    devices = []
+    for name, node in device_nodes:
+        dev_edits: dict[str, Any] = {}
+        if node:
+            dev_edits["deviceNodes"] = [{"path": f"/dev/{node}", "hostPath": str(layout.dev_root / "dev" / node)}]
+        else:
+            dev_edits["env"] = [f"TESSERA_DEVICE={name}"]  # CDI needs at least one edit
+        devices.append({"name": name, "containerEdits": dev_edits})
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": layout.cdi_kind,
+        "annotations": {"tessera.dev/claim": f"{ref.namespace}/{ref.name}", "tessera.dev/claim-uid": ref.uid},
+        "devices": devices,
+        "containerEdits": edits,
+    }
+
+
+def _region_ok(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+        return len(head) == 8 and int.from_bytes(head, "little") == MAGIC and path.stat().st_size == FILE_SIZE
+    except OSError:
+        return False
+
+
+def cdi_bytes(spec: Mapping[str, Any]) -> bytes:
+    """The CDI spec file's bytes: compact JSON (C encoder), keys sorted, one final newline."""
+    return (json.dumps(spec, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
+def materialize(plan: ClaimPlan, layout: Layout) -> bool:
+    """Write the plan's files that are missing or differ: usage region (kept when a valid one
+    exists: processes may already use it), limits file (0444, ``write_limits``), CDI spec
+    (last). Each write is atomic (not synced: the checkpoint, which is, can re-derive them);
+    calling it again with the same plan changes nothing. Returns True when it wrote anything.
+    Raises ``OSError``."""
+    wrote = False
+    if plan.limits_text is not None:
+        cdir = layout.claim_dir(plan.ref.uid)
+        cdir.mkdir(parents=True, exist_ok=True)
+        region = cdir / "region"
+        if not _region_ok(region):
+            create_region(str(region), list(plan.region_gpus), sync=False)
+            wrote = True
+        limits = cdir / "limits"
+        data = plan.limits_text.encode("ascii")
+        if not (limits.is_file() and limits.read_bytes() == data):
+            write_limits(str(limits), parse_limits(data), sync=False)
+            wrote = True
+    layout.cdi_dir.mkdir(parents=True, exist_ok=True)
+    spec = cdi_bytes(plan.cdi_spec)
+    path = layout.cdi_path(plan.ref.uid)
+    if not (path.is_file() and path.read_bytes() == spec):
+        # The temporary name has no .json/.yaml suffix: the runtime never loads a half spec.
+        write_atomic(str(path), spec, 0o644, ".tessera-cdi.", sync=False)
+        wrote = True
+    return wrote
+
+
+def remove_files(uid: str, layout: Layout) -> None:
+    """Remove a claim's CDI spec, then its limits file and region. Idempotent."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(layout.cdi_path(uid))
+    shutil.rmtree(layout.claim_dir(uid), ignore_errors=True)
+
+
+def write_preload(layout: Layout) -> None:
+    """The host file mounted as the container's ``/etc/ld.so.preload``: one line naming the
+    library's container path."""
+    if layout.library is None:
+        return
+    layout.state_dir.mkdir(parents=True, exist_ok=True)
+    data = f"{CONTAINER_LIBRARY_DIR}/{layout.library.name}\n".encode()
+    if not (layout.preload_file.is_file() and layout.preload_file.read_bytes() == data):
+        write_atomic(str(layout.preload_file), data, 0o444, ".preload.")

@@ -1,0 +1,247 @@
+"""The node's GPUs as ResourceSlices in the API server: what is published and when it changes.
+
+* **Registry** (:class:`GpuRegistry`): every GPU this node has shown, by UUID, with the device
+  index it was first published under, persisted in ``<state>/gpus.json``. Device names
+  (``gpu-<index>``) therefore never move: when a GPU disappears, NVML renumbers the others but
+  their published names and the allocations that name them stay right.
+* **Health**: a GPU that NVML reports lost, that is gone from NVML, or that raised a critical
+  XID stays published, with the device taint ``gpu.tessera.dev/unhealthy`` (value ``lost``,
+  ``missing`` or ``xid-<code>``, effect ``NoSchedule``; KEP-5055 DRADeviceTaints) instead of
+  vanishing, so the scheduler stops placing new claims on it and running claims keep naming a
+  real device. The taint goes when the GPU answers again (``lost``/``missing``) or when it has
+  answered for ``xid_recovery`` seconds without a new critical XID.
+* **Publishing** (:class:`Publisher`): the slices come from
+  :func:`tessera.inventory.build_resource_slices` (the code path ``tessera simulate`` uses);
+  pool = node name; ``pool.generation`` is bumped on every change and only then;
+  ``resourceSliceCount`` is the number of slices; slices of this driver and node that are no
+  longer wanted are deleted; nothing is written for another node or driver.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from tessera.enforcement._files import write_atomic
+from tessera.inventory import GPU, build_resource_slices
+from tessera.kube.client import ApiError, KubeClient
+
+from .discovery import NodeGPU
+
+TAINT_KEY = "gpu.tessera.dev/unhealthy"
+TAINT_EFFECT = "NoSchedule"
+FIELD_MANAGER = "tessera-driver"
+BACKEND_ATTRIBUTE = "enforcementBackend"
+#: GPU fields the registry does not keep (NVML discovery leaves them at their defaults).
+_NOT_SAVED = frozenset({"mig_devices", "mig_model"})
+_GPU_FIELDS = frozenset(f.name for f in fields(GPU)) - _NOT_SAVED
+
+
+@dataclass
+class GpuRecord:
+    """A GPU the node has shown: ``gpu`` (its ``index`` is the published one), ``minor``,
+    ``health`` (``ok``/``lost``/``missing``), the last critical ``xid`` and when it came
+    (``xid_at``, ``time.time()``), and ``ok_since`` (when it last started answering)."""
+
+    gpu: GPU
+    minor: int | None
+    health: str = "ok"
+    xid: int | None = None
+    xid_at: float | None = None
+    ok_since: float = field(default_factory=time.time)
+
+    def taint_value(self, now: float, xid_recovery: float) -> str | None:
+        """The taint value this GPU should carry now, or ``None`` when healthy."""
+        if self.health != "ok":
+            return self.health
+        if (self.xid is not None and self.xid_at is not None
+                and now - max(self.xid_at, self.ok_since) < xid_recovery):
+            return f"xid-{self.xid}"
+        return None
+
+
+class GpuRegistry:
+    """GPUs by UUID with stable indices, persisted as JSON at ``path`` (atomic replace)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.records: dict[str, GpuRecord] = {}
+        self._lock = threading.Lock()
+        if self.path.is_file():
+            for d in json.loads(self.path.read_text()).get("gpus", []):
+                g = {k: v for k, v in d["gpu"].items() if k in _GPU_FIELDS}
+                self.records[g["uuid"]] = GpuRecord(
+                    gpu=GPU(**g), minor=d.get("minor"), health=d.get("health", "ok"),
+                    xid=d.get("xid"), xid_at=d.get("xid_at"), ok_since=d.get("ok_since", time.time()),
+                )
+
+    def save(self) -> None:
+        doc = {"version": 1, "gpus": [
+            {"gpu": {k: v for k, v in asdict(r.gpu).items() if k not in _NOT_SAVED},
+             "minor": r.minor, "health": r.health, "xid": r.xid, "xid_at": r.xid_at,
+             "ok_since": r.ok_since}
+            for r in sorted(self.records.values(), key=lambda r: r.gpu.index)
+        ]}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(str(self.path), (json.dumps(doc, indent=1) + "\n").encode(), 0o644, ".gpus.")
+
+    def update(self, seen: list[NodeGPU], health: Mapping[str, str], now: float | None = None) -> bool:
+        """Merge a discovery pass: ``seen`` GPUs (NVML order) and the ``health`` of known UUIDs
+        that were not seen (``lost``/``missing``). Returns True when anything changed."""
+        now = time.time() if now is None else now
+        changed = False
+        with self._lock:
+            used = {r.gpu.index for r in self.records.values()}
+            for ng in seen:
+                rec = self.records.get(ng.gpu.uuid)
+                if rec is None:
+                    index = ng.gpu.index
+                    while index in used:
+                        index += 1
+                    used.add(index)
+                    self.records[ng.gpu.uuid] = GpuRecord(replace(ng.gpu, index=index), ng.minor, ok_since=now)
+                    changed = True
+                    continue
+                fresh = replace(ng.gpu, index=rec.gpu.index)
+                if fresh != rec.gpu or ng.minor != rec.minor:
+                    rec.gpu, rec.minor = fresh, ng.minor
+                    changed = True
+                if rec.health != "ok":
+                    rec.health, rec.ok_since = "ok", now
+                    changed = True
+            seen_ids = {ng.gpu.uuid for ng in seen}
+            for uuid, rec in self.records.items():
+                if uuid in seen_ids:
+                    continue
+                h = health.get(uuid, "missing")
+                if h == "ok":
+                    continue
+                if rec.health != h:
+                    rec.health = h
+                    changed = True
+            if changed:
+                self.save()
+        return changed
+
+    def record_xid(self, uuid: str, xid: int, now: float | None = None) -> bool:
+        """Note a critical XID on ``uuid``; True when the GPU is known."""
+        with self._lock:
+            rec = self.records.get(uuid)
+            if rec is None:
+                return False
+            rec.xid, rec.xid_at = xid, time.time() if now is None else now
+            self.save()
+            return True
+
+    def snapshot(self) -> list[GpuRecord]:
+        with self._lock:
+            return sorted((replace(r) for r in self.records.values()), key=lambda r: r.gpu.index)
+
+    def by_device(self) -> dict[str, GpuRecord]:
+        """``{device name: record}`` for the published devices (``gpu-<index>``)."""
+        return {f"gpu-{r.gpu.index}": r for r in self.snapshot()}
+
+
+def desired_slices(node: str, driver: str, records: list[GpuRecord], backend: str,
+                   generation: int, now: float, xid_recovery: float) -> list[dict[str, Any]]:
+    """The slices for ``records`` (through :func:`build_resource_slices`) with taints for
+    unhealthy GPUs and the ``enforcementBackend`` attribute on every device."""
+    taints: dict[str, list[dict[str, str]]] = {}
+    for r in records:
+        v = r.taint_value(now, xid_recovery)
+        if v is not None:
+            taints[r.gpu.uuid] = [{"key": TAINT_KEY, "value": v, "effect": TAINT_EFFECT}]
+    return build_resource_slices(
+        node, [r.gpu for r in records], driver=driver, generation=generation, taints=taints,
+        attributes={BACKEND_ATTRIBUTE: {"string": backend}},
+    )
+
+
+def _comparable(spec: Mapping[str, Any]) -> Any:
+    """A slice spec without what the publisher does not decide (generation, timeAdded)."""
+    s = json.loads(json.dumps(spec))
+    s.get("pool", {}).pop("generation", None)
+    for d in s.get("devices") or []:
+        for t in d.get("taints") or []:
+            t.pop("timeAdded", None)
+    return s
+
+
+class Publisher:
+    """Keeps this node's ResourceSlices equal to the registry's GPUs.
+
+    ``client``: API client; ``node``/``driver``: names; ``on_publish(seconds)`` is called after
+    each write with the time it took. :meth:`sync` is safe to call from several threads.
+    """
+
+    def __init__(self, client: KubeClient, node: str, driver: str, registry: GpuRegistry,
+                 backend: str, *, xid_recovery: float = 60.0,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.client = client
+        self.node = node
+        self.driver = driver
+        self.registry = registry
+        self.backend = backend
+        self.xid_recovery = xid_recovery
+        self.generation: int | None = None
+        self.published: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._log = log or (lambda _m: None)
+
+    def _ours(self) -> list[dict[str, Any]]:
+        items = self.client.list(
+            "resource.k8s.io/v1", "ResourceSlice",
+            field_selector=f"spec.nodeName={self.node},spec.driver={self.driver}",
+        )
+        return [s for s in items if s.get("spec", {}).get("nodeName") == self.node
+                and s.get("spec", {}).get("driver") == self.driver]
+
+    def sync(self, now: float | None = None) -> bool:
+        """Publish if what should be published differs from what is; return True if it wrote.
+
+        Raises :class:`ApiError` when the API server refuses (the message names the field).
+        """
+        now = time.time() if now is None else now
+        with self._lock:
+            existing = self._ours()
+            current_gen = max((int(s["spec"]["pool"].get("generation", 0)) for s in existing), default=0)
+            want = desired_slices(self.node, self.driver, self.registry.snapshot(), self.backend,
+                                  current_gen, now, self.xid_recovery)
+            have = {s["metadata"]["name"]: _comparable(s["spec"]) for s in existing}
+            wanted = {s["metadata"]["name"]: _comparable(s["spec"]) for s in want}
+            if have == wanted:
+                self.generation = current_gen
+                self.published = want
+                return False
+            gen = current_gen + 1
+            want = desired_slices(self.node, self.driver, self.registry.snapshot(), self.backend,
+                                  gen, now, self.xid_recovery)
+            for s in want:
+                self.client.apply(s, field_manager=FIELD_MANAGER)
+            names = {s["metadata"]["name"] for s in want}
+            for s in existing:
+                name = s["metadata"]["name"]
+                if name not in names:
+                    try:
+                        self.client.delete("resource.k8s.io/v1", "ResourceSlice", name)
+                    except ApiError as e:
+                        self._log(f"deleting stale ResourceSlice {name}: {e}")
+            self.generation = gen
+            self.published = want
+            tainted = sorted(r.gpu.uuid for r in self.registry.snapshot()
+                             if r.taint_value(now, self.xid_recovery))
+            self._log(f"published {len(want)} ResourceSlice(s), generation {gen}"
+                      + (f", tainted: {', '.join(tainted)}" if tainted else ""))
+            return True
+
+    def next_change(self, now: float | None = None) -> float | None:
+        """Seconds until an XID taint expires (so the caller re-syncs then), or ``None``."""
+        now = time.time() if now is None else now
+        waits = [r.xid_at + self.xid_recovery - now for r in self.registry.snapshot()
+                 if r.health == "ok" and r.xid_at is not None and r.taint_value(now, self.xid_recovery)]
+        return max(0.0, min(waits)) if waits else None

@@ -1,0 +1,111 @@
+"""What a simulation reads from a running cluster's objects besides workloads.
+
+* **Nodes** (``kubectl get nodes -o yaml|json``): each Node becomes a simulated node with its
+  labels and taints; HAMi's ``hami.io/node-nvidia-register`` annotation, when present, is the
+  node's GPU inventory (HAMi's own wire format, read by :mod:`tessera.inventory`).
+* **Pods HAMi already bound** (``kubectl get pods -o yaml`` from a HAMi cluster: ``spec.nodeName``
+  with HAMi's ``hami.io/vgpu-node`` / ``hami.io/vgpu-devices-allocated`` annotations): such a pod
+  keeps its node (``spec.nodeName`` becomes a ``kubernetes.io/hostname`` node selector, since a
+  preset node name would skip the scheduler's allocation of its converted claims) and, where the
+  node publishes the GPUs HAMi gave it, those GPUs (``nvidia.com/use-gpuuuid``).
+* Pods that have finished (``status.phase`` Succeeded or Failed) hold no GPU: left out, with a
+  warning.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+from tessera.api.errors import ManifestError, TesseraError
+from tessera.api.loader import Manifest
+from tessera.sim.cluster import SimNode
+
+HAMI_REGISTER = "hami.io/node-nvidia-register"
+HAMI_VGPU_NODE = "hami.io/vgpu-node"
+HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
+HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
+
+
+def node_from_object(m: Manifest) -> SimNode:
+    """A simulated node from a ``v1`` Node object (validated): name, labels, taints, and the
+    ResourceSlices of its HAMi register annotation (none without it). Raises
+    :class:`ManifestError` naming the annotation when it is not a readable inventory."""
+    from tessera.inventory import build_resource_slices, parse_inventory
+
+    md = m.obj.get("metadata") or {}
+    name = str(md.get("name") or "")
+    labels = {str(k): str(v) for k, v in (md.get("labels") or {}).items()}
+    labels.setdefault("kubernetes.io/hostname", name)
+    taints = [
+        {k: str(t[k]) for k in ("key", "value", "effect") if t.get(k) is not None}
+        for t in (m.obj.get("spec") or {}).get("taints") or []
+    ]
+    register = (md.get("annotations") or {}).get(HAMI_REGISTER)
+    slices: list[dict[str, Any]] = []
+    if register:
+        where = f"{m.source}: {m.ref()}: metadata.annotations[{HAMI_REGISTER}]"
+        try:
+            gpus = parse_inventory(str(register), where)
+            slices = build_resource_slices(name, gpus)
+        except TesseraError as e:
+            raise ManifestError(
+                str(e).removeprefix(f"{where}: "),
+                file=m.source.file,
+                doc=m.source.doc,
+                obj=m.ref(),
+                field=f"metadata.annotations[{HAMI_REGISTER}]",
+            ) from None
+    return SimNode(name, labels, slices, f"{m.source}", taints)
+
+
+def _allocated_uuids(value: str) -> list[str]:
+    """GPU UUIDs in HAMi's device list format (``;UUID,NVIDIA,mem,cores:...;``)."""
+    out: list[str] = []
+    for container in value.split(";"):
+        for dev in container.split(":"):
+            parts = dev.split(",")
+            if len(parts) >= 4 and parts[0].strip().startswith("GPU-") and parts[0].strip() not in out:
+                out.append(parts[0].strip())
+    return out
+
+
+def unbind_hami_pods(manifests: Sequence[Manifest], nodes: Sequence[SimNode], warnings: list[str]) -> list[Manifest]:
+    """``manifests`` with HAMi-bound pods turned into pods pinned to their node (and GPUs), and
+    finished pods left out (see the module docstring). Other manifests are returned as they are."""
+    uuids_of: dict[str, set[str]] = {}
+    for n in nodes:
+        found: set[str] = set()
+        for s in n.slices:
+            for d in (s.get("spec") or {}).get("devices") or []:
+                u = ((d.get("attributes") or {}).get("uuid") or {}).get("string")
+                if u:
+                    found.add(str(u).lower())
+        uuids_of[n.name] = found
+    out: list[Manifest] = []
+    for m in manifests:
+        if m.kind != "Pod":
+            out.append(m)
+            continue
+        phase = (m.obj.get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed"):
+            warnings.append(f"{m.source}: {m.ref()}: status.phase {phase}: a finished pod holds no GPU; left out")
+            continue
+        md = m.obj.get("metadata") or {}
+        ann = md.get("annotations") or {}
+        spec = m.obj.get("spec") or {}
+        node = spec.get("nodeName")
+        if not node or not (HAMI_VGPU_NODE in ann or HAMI_ALLOCATED in ann):
+            out.append(m)
+            continue
+        obj = copy.deepcopy(m.obj)
+        ospec = obj["spec"]
+        del ospec["nodeName"]
+        ospec["nodeSelector"] = {**(ospec.get("nodeSelector") or {}), "kubernetes.io/hostname": str(node)}
+        uuids = _allocated_uuids(str(ann.get(HAMI_ALLOCATED) or ""))
+        if uuids and HAMI_USE_UUID not in ann and {u.lower() for u in uuids} <= uuids_of.get(str(node), set()):
+            obj["metadata"].setdefault("annotations", {})[HAMI_USE_UUID] = ",".join(uuids)
+        obj.pop("status", None)
+        out.append(Manifest(obj, m.source, m.owner, {**m.extra, "boundBy": "HAMi", "boundTo": str(node)}))
+    return out

@@ -1,0 +1,301 @@
+"""Helpers and fixtures for the node-driver tests (``tessera driver`` against a live control
+plane, with the fake NVML of ``native/fake`` describing a node built from a corpus inventory,
+and a fake kubelet: a gRPC client over the driver's real unix sockets).
+
+Import the fixtures into a test module with ``from .driverkit import *``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from tessera.driver.kubelet import stubs
+from tessera.driver.node import DriverConfig
+from tessera.enforcement import library_path
+from tessera.inventory import GPU, load_inventory
+from tessera.kube.client import KubeClient
+from tessera.kube.cluster import Inventory, register_inventory
+
+from .conftest import CORPUS, LiveCluster
+
+REPO = Path(__file__).resolve().parents[2]
+NATIVE = REPO / "native"
+#: 8x H100 80GB HBM3 (nvidia-smi -q, driver 535.161.08) and 2x RTX A5000 (nvidia-smi -q -x).
+H100 = CORPUS / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+A5000 = CORPUS / "inventories" / "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
+GIB = 1 << 30
+
+
+def nvml_config(gpus: Sequence[GPU], *, driver_version: str | None = None, memory_limits: bool = False,
+                lost: Sequence[str] = (), gone: Sequence[str] = (),
+                xids: Sequence[tuple[int, str, int]] = ()) -> str:
+    """The fake NVML's node description (native/fake/fake_nvml_config.h) for ``gpus``."""
+    drv = driver_version or (gpus[0].driver_version if gpus else "550.54.15")
+    lines = [f"driver-version {drv}", "cuda-version 12020", f"memory-limits {'yes' if memory_limits else 'no'}"]
+    for g in gpus:
+        if g.uuid in gone:
+            continue
+        parts = [f"gpu {g.uuid}", f'name="{g.product_name}"', f"memory={g.memory_bytes}",
+                 f"minor={g.index}"]
+        if g.pcie_bus_id:
+            parts.append(f"pci={g.pcie_bus_id}")
+        if g.cuda_compute_capability:
+            parts.append(f"cc={g.cuda_compute_capability}")
+        if g.mig_enabled:
+            parts.append("mig=1")
+        if g.uuid in lost:
+            parts.append("health=lost")
+        lines.append(" ".join(parts))
+    lines += [f"xid {i} {u} {code}" for i, u, code in xids]
+    return "\n".join(lines) + "\n"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``libnvidia-ml.so.1`` of ``native/fake``, built once per session."""
+    if shutil.which("make") is None or shutil.which(os.environ.get("CC", "gcc")) is None:
+        pytest.fail("the driver tests need make and gcc to build the fake NVML")
+    b = tmp_path_factory.mktemp("fake-nvml")
+    r = subprocess.run(["make", "-C", str(NATIVE), f"BUILD={b}", "fake"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"building the fake NVML failed:\n{r.stdout}\n{r.stderr}")
+    return b / "fake" / "libnvidia-ml.so.1"
+
+
+@dataclass
+class FakeKubelet:
+    """The kubelet side of the plugin protocol: a gRPC client on the driver's sockets."""
+
+    registration_socket: Path
+    dra_socket: Path
+    _channels: list[Any] = field(default_factory=list)
+
+    def _channel(self, path: Path) -> Any:
+        ch = grpc.insecure_channel(f"unix://{path}")
+        self._channels.append(ch)
+        return ch
+
+    def get_info(self) -> Any:
+        reg_pb2, reg_grpc, _, _ = stubs()
+        return reg_grpc.RegistrationStub(self._channel(self.registration_socket)).GetInfo(reg_pb2.InfoRequest(), timeout=10)
+
+    def notify(self, ok: bool, error: str = "") -> None:
+        reg_pb2, reg_grpc, _, _ = stubs()
+        reg_grpc.RegistrationStub(self._channel(self.registration_socket)).NotifyRegistrationStatus(
+            reg_pb2.RegistrationStatus(plugin_registered=ok, error=error), timeout=10)
+
+    def prepare(self, claims: Sequence[tuple[str, str, str]], timeout: float = 45) -> Any:
+        """NodePrepareResources for ``(namespace, name, uid)`` claims; returns the reply."""
+        _, _, pb2, pb2_grpc = stubs()
+        req = pb2.NodePrepareResourcesRequest(claims=[pb2.Claim(namespace=n, name=m, uid=u) for n, m, u in claims])
+        return pb2_grpc.DRAPluginStub(self._channel(self.dra_socket)).NodePrepareResources(req, timeout=timeout)
+
+    def unprepare(self, claims: Sequence[tuple[str, str, str]], timeout: float = 45) -> Any:
+        _, _, pb2, pb2_grpc = stubs()
+        req = pb2.NodeUnprepareResourcesRequest(claims=[pb2.Claim(namespace=n, name=m, uid=u) for n, m, u in claims])
+        return pb2_grpc.DRAPluginStub(self._channel(self.dra_socket)).NodeUnprepareResources(req, timeout=timeout)
+
+    def close(self) -> None:
+        for ch in self._channels:
+            ch.close()
+
+
+@dataclass
+class DriverEnv:
+    """One simulated node for the driver: its directories, fake NVML config and GPUs."""
+
+    node: str
+    root: Path
+    kubelet_root: Path
+    cdi_dir: Path
+    state_dir: Path
+    dev_root: Path
+    nvml_config: Path
+    nvml_lib: Path
+    gpus: list[GPU]
+    client: KubeClient
+    kubeconfig: Path
+
+    def config(self, **kw: Any) -> DriverConfig:
+        base = dict(
+            node_name=self.node, kubelet_root=self.kubelet_root, cdi_dir=self.cdi_dir,
+            state_dir=self.state_dir, dev_root=self.dev_root, library=Path(library_path() or "/nonexistent"),
+            nvml_library=str(self.nvml_lib), enforcement_backend="auto", health_address="127.0.0.1:0",
+            rescan_seconds=0.5, xid_recovery_seconds=2.0,
+        )
+        base.update(kw)
+        return DriverConfig(**base)  # type: ignore[arg-type]
+
+    def set_gpus(self, **kw: Any) -> None:
+        write_atomically(self.nvml_config, nvml_config(self.gpus, **kw))
+
+    def kubelet(self) -> FakeKubelet:
+        return FakeKubelet(self.kubelet_root / "plugins_registry" / "gpu.tessera.dev-reg.sock",
+                           self.kubelet_root / "plugins" / "gpu.tessera.dev" / "dra.sock")
+
+    def env(self) -> dict[str, str]:
+        """Environment for a ``tessera driver`` subprocess of this node."""
+        return {**os.environ, "FAKE_NVML_CONFIG": str(self.nvml_config), "KUBECONFIG": str(self.kubeconfig)}
+
+
+def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = H100, **nvml: Any) -> DriverEnv:
+    """A fresh node ``drv-<random>`` registered in ``cluster`` (Ready, no slices), with the
+    GPUs of ``inventory`` in the fake NVML, stand-in device nodes, and empty directories."""
+    node = f"drv-{uuid.uuid4().hex[:8]}"
+    # Unix socket paths are limited to 107 characters: a short root, removed by the fixture.
+    root = Path(tempfile.mkdtemp(prefix=f"{node}-", dir="/tmp"))
+    kubelet_root = root / "kubelet"
+    (kubelet_root / "plugins_registry").mkdir(parents=True)
+    dev = root / "devroot" / "dev"
+    dev.mkdir(parents=True)
+    gpus = load_inventory(inventory)
+    # Stand-in device nodes: character devices with /dev/null's numbers, named as NVIDIA's.
+    for name in [f"nvidia{g.index}" for g in gpus] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
+        os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, 3))
+    cfg = root / "nvml.cfg"
+    write_atomically(cfg, nvml_config(gpus, **nvml))
+    inv = Inventory()
+    inv.add_node(node, {"kubernetes.io/hostname": node})
+    register_inventory(cluster.client, inv)
+    return DriverEnv(node, root, kubelet_root, root / "cdi", root / "state", root / "devroot", cfg,
+                     nvml_lib, gpus, cluster.client, cluster.kubeconfig)
+
+
+@pytest.fixture
+def driver_env(tmp_path: Path, kube_cluster: LiveCluster, fake_nvml_lib: Path) -> Iterator[DriverEnv]:
+    env = make_env(tmp_path, kube_cluster, fake_nvml_lib)
+    yield env
+    shutil.rmtree(env.root, ignore_errors=True)
+    # Leave the session cluster as it was: other tests compare the scheduler's view of all nodes.
+    for s in kube_cluster.client.list("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={env.node}"):
+        kube_cluster.client.delete("resource.k8s.io/v1", "ResourceSlice", s["metadata"]["name"])
+    kube_cluster.client.delete("v1", "Node", env.node)
+
+
+class DriverProcess:
+    """``tessera driver`` for a :class:`DriverEnv`, as a child process (NVML, even the fake one,
+    is loaded once per process and cannot be unloaded: the test process must not load it).
+
+    ``options`` are extra command-line options. :meth:`start` waits until ``/readyz`` answers
+    (or the process exits: then :attr:`returncode` and :attr:`output` say why).
+    """
+
+    def __init__(self, env: DriverEnv, *options: str) -> None:
+        self.env = env
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.argv = [sys.executable, "-m", "tessera", "driver", "--node-name", env.node,
+                     "--kubeconfig", str(env.kubeconfig), "--kubelet-root-dir", str(env.kubelet_root),
+                     "--cdi-dir", str(env.cdi_dir), "--state-dir", str(env.state_dir),
+                     "--dev-root", str(env.dev_root), "--nvml-library", str(env.nvml_lib),
+                     "--health-address", f"127.0.0.1:{self.port}", "--rescan-seconds", "0.5",
+                     "--xid-recovery-seconds", "2", *options]
+        self.log = env.root / f"driver-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> DriverProcess:
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(self.argv, env=self.env.env(), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                return self
+            try:
+                if self.ready(attempts=1)["ok"]:
+                    return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"tessera driver not ready after {timeout} s:\n{self.output}")
+            time.sleep(0.05)
+
+    def ready(self, attempts: int = 3) -> dict[str, Any]:
+        """The ``/readyz`` answer (503 answers are returned too). A connection error is retried
+        (``attempts`` in all): on a loaded machine one answer can take seconds."""
+        for attempt in range(attempts):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=10) as r:
+                    return dict(json.loads(r.read()))
+            except urllib.error.HTTPError as e:
+                return dict(json.loads(e.read()))
+            except OSError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.5)
+        raise AssertionError("unreachable")
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def running_driver(driver_env: DriverEnv) -> Iterator[tuple[DriverEnv, DriverProcess]]:
+    """``tessera driver`` on ``driver_env`` (a child process), stopped after the test."""
+    d = DriverProcess(driver_env).start()
+    assert d.returncode is None, d.output
+    try:
+        yield driver_env, d
+    finally:
+        d.stop()
+
+
+def node_slices(client: KubeClient, node: str) -> list[dict[str, Any]]:
+    return sorted(client.list("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={node}"),
+                  key=lambda s: s["metadata"]["name"])
+
+
+def allocated_claim(client: KubeClient, namespace: str, name: str, results: list[dict[str, Any]],
+                    node: str | None = None) -> dict[str, Any]:
+    """A ResourceClaim with ``status.allocation`` written by hand (as an allocator would),
+    for allocations the scheduler would never make (another node, another driver...)."""
+    claim = client.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}},
+    })
+    claim["status"] = {"allocation": {"devices": {"results": results}}}
+    if node:
+        claim["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+    return client.update_status(claim)
+
+
+__all__ = [
+    "A5000", "GIB", "H100", "DriverEnv", "DriverProcess", "FakeKubelet", "allocated_claim", "driver_env", "fake_nvml_lib",
+    "make_env", "node_slices", "nvml_config", "running_driver", "write_atomically",
+]

@@ -1,0 +1,118 @@
+"""Discovery through nvidia-ml-py over the fake NVML (``native/fake``, node description from a
+real inventory), the nvidia-smi XML fallback, and the GPU registry's stable device names."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tessera.driver.discovery import discover_smi
+from tessera.driver.publish import GpuRegistry, desired_slices
+from tessera.inventory import GPU, build_resource_slices, load_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+H100 = "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+A5000_XML = "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
+
+
+@pytest.fixture(scope="module")
+def nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("make") is None or shutil.which(os.environ.get("CC", "gcc")) is None:
+        pytest.fail("needs make and gcc to build the fake NVML")
+    b = tmp_path_factory.mktemp("fake-nvml")
+    r = subprocess.run(["make", "-C", str(REPO / "native"), f"BUILD={b}", "fake"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return b / "fake" / "libnvidia-ml.so.1"
+
+
+def _config(path: Path, corpus: Path, extra: str = "", lost: str = "") -> list:
+    gpus = load_inventory(corpus / "inventories" / H100)
+    lines = ["driver-version 535.161.08", "cuda-version 12020"]
+    for g in gpus:
+        lines.append(f'gpu {g.uuid} name="{g.product_name}" memory={g.memory_bytes} pci={g.pcie_bus_id} '
+                     f"cc={g.cuda_compute_capability} minor={g.index}" + (" health=lost" if g.uuid == lost else ""))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n" + extra)
+    os.replace(tmp, path)
+    return gpus
+
+
+#: Run in a child process: NVML (even the fake) stays loaded in a process once loaded, and
+#: other tests of this session rely on this machine having no libnvidia-ml.so.1.
+CHILD = """
+import json, sys
+from dataclasses import asdict
+from tessera.driver.discovery import discover_nvml, load_nvml, probe
+nvml = load_nvml(sys.argv[1])
+inv = discover_nvml(nvml)
+print(json.dumps({"source": inv.source, "driver": inv.driver_version, "cuda": inv.cuda_driver_version,
+                  "gpus": [{**asdict(n.gpu), "mig_devices": []} for n in inv.gpus],
+                  "minors": [n.minor for n in inv.gpus],
+                  "probe": {u: probe(nvml, u) for u in sys.argv[2:]}}))
+"""
+
+
+def _discover(nvml_lib: Path, cfg: Path, *probe_uuids: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", CHILD, str(nvml_lib), *probe_uuids], capture_output=True,
+                       text=True, env={**os.environ, "FAKE_NVML_CONFIG": str(cfg)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout))
+
+
+def test_nvml_discovery_gives_the_inventorys_gpus(nvml_lib: Path, corpus: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "nvml.cfg"
+    gpus = _config(cfg, corpus)
+    out = _discover(nvml_lib, cfg)
+    assert (out["source"], out["driver"], out["cuda"]) == ("nvml", "535.161.08", 12020)
+    assert out["minors"] == list(range(8))
+    seen = [GPU(**{**g, "mig_devices": ()}) for g in out["gpus"]]
+    # The same slices as `tessera simulate` builds from the inventory file (one code path).
+    ours = build_resource_slices("n", seen)
+    theirs = build_resource_slices("n", gpus)
+    for a, b in zip(ours[0]["spec"]["devices"], theirs[0]["spec"]["devices"], strict=True):
+        a_attrs = {k: v for k, v in a["attributes"].items() if k != "cudaDriverVersion"}
+        b_attrs = {k: v for k, v in b["attributes"].items() if k != "cudaDriverVersion"}
+        assert (a["name"], a_attrs, a["capacity"]) == (b["name"], b_attrs, b["capacity"])
+    lost = gpus[2].uuid
+    _config(cfg, corpus, lost=lost)
+    out = _discover(nvml_lib, cfg, lost, "GPU-00000000-1111-2222-3333-444444444444", gpus[0].uuid)
+    assert [g["uuid"] for g in out["gpus"]] == [g.uuid for g in gpus if g.uuid != lost]
+    assert out["probe"] == {lost: "lost", "GPU-00000000-1111-2222-3333-444444444444": "missing", gpus[0].uuid: "ok"}
+
+
+def test_smi_fallback_reads_xml_and_minor_numbers(corpus: Path) -> None:
+    text = (corpus / "inventories" / A5000_XML).read_text()
+    inv = discover_smi(run=lambda argv: text if argv[1:] == ["-q", "-x"] else "")
+    assert inv.source == "nvidia-smi"
+    assert [n.gpu for n in inv.gpus] == load_inventory(corpus / "inventories" / A5000_XML)
+    # The XML lists minor 1 before minor 0: the device node follows the minor, not the index.
+    assert [(n.gpu.index, n.minor) for n in inv.gpus] == [(0, 1), (1, 0)]
+
+
+def test_registry_keeps_device_names_when_a_gpu_vanishes(corpus: Path, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from tessera.driver.discovery import NodeGPU
+
+    gpus = load_inventory(corpus / "inventories" / H100)
+    reg = GpuRegistry(tmp_path / "gpus.json")
+    assert reg.update([NodeGPU(g, g.index) for g in gpus], {}, now=0)
+    # GPU 2 vanishes: NVML renumbers the others 0..6, the registry keeps their names.
+    rest = [NodeGPU(g, g.index) for g in gpus if g.index != 2]
+    renumbered = [NodeGPU(replace(n.gpu, index=i), n.minor) for i, n in enumerate(rest)]
+    assert reg.update(renumbered, {gpus[2].uuid: "missing"}, now=1)
+    assert {name: r.gpu.uuid for name, r in reg.by_device().items()} == {f"gpu-{g.index}": g.uuid for g in gpus}
+    slices = desired_slices("n", "gpu.tessera.dev", reg.snapshot(), "library", 5, now=1, xid_recovery=60)
+    tainted = [d for d in slices[0]["spec"]["devices"] if d.get("taints")]
+    assert [(d["name"], d["taints"]) for d in tainted] == [
+        ("gpu-2", [{"key": "gpu.tessera.dev/unhealthy", "value": "missing", "effect": "NoSchedule"}])]
+    # Persisted: a restarted driver knows the vanished GPU and its index.
+    again = GpuRegistry(tmp_path / "gpus.json")
+    assert {n: r.health for n, r in again.by_device().items()}["gpu-2"] == "missing"
+    assert not again.update(renumbered, {gpus[2].uuid: "missing"}, now=2)
