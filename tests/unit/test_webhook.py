@@ -219,6 +219,108 @@ def test_the_background_thread_rebuilds_and_requests_never_wait_for_it() -> None
         stop.set()
 
 
+def _view_thread() -> Any:
+    import threading
+
+    (thread,) = [t for t in threading.enumerate() if t.name == "cluster-view"]
+    return thread
+
+
+def first_available(d: Any) -> int:
+    return len(d.templates[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"])
+
+
+def test_the_thread_rebuilds_by_itself_and_stops_when_told() -> None:
+    """No request and no ``refresh`` by hand: the thread sees the change, derives the new
+    generation (lint index included) and swaps it in; setting the event ends the thread."""
+    source = Slices(h100_slices())
+    view = source.view()
+    stop = view.start(interval=0.01)
+    thread = _view_thread()
+    try:
+        pct = review(corpus_pod("HAMi__examples_nvidia__use_memory_fraction.yaml"))
+        assert first_available(decide(pct, view)) == 3 and view.builds == 1
+        source.change(h100_slices() + a5000_slices())
+        for _ in range(1000):  # up to 10 s on a loaded machine
+            if view.builds == 2:
+                break
+            thread.join(0.01)
+        assert view.builds == 2 and source.reads == 2
+        snap = view.snapshot()
+        assert snap.generation == source.generation and snap._world is not None
+        assert snap.sizes == (81559 * MiB, 24564 * MiB)
+        assert first_available(decide(pct, view)) == 6 and view.builds == 2
+    finally:
+        stop.set()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_failing_rebuild_hands_the_work_back_to_requests(caplog: pytest.LogCaptureFixture) -> None:
+    """The thread meets an unexpected error while deriving (an informer that breaks): it logs it
+    and stops, and from then on each request derives a changed generation itself, so answers
+    never stay on old slices."""
+    source = Slices(h100_slices())
+    items = source.items
+    broken = {"on": False}
+
+    def flaky() -> list[dict[str, Any]]:
+        if broken["on"]:
+            broken["on"] = False
+            raise RuntimeError("informer broke")
+        return items()
+
+    source.items = flaky  # type: ignore[method-assign]
+    view = source.view()
+    stop = view.start(interval=0.01)
+    thread = _view_thread()
+    try:
+        broken["on"] = True
+        source.change(h100_slices() + a5000_slices())
+        thread.join(10)
+        assert not thread.is_alive()
+        assert "cannot derive the cluster's GPUs from the ResourceSlices" in caplog.text
+        assert "informer broke" in caplog.text
+        pct = review(corpus_pod("HAMi__examples_nvidia__use_memory_fraction.yaml"))
+        assert first_available(decide(pct, view)) == 6  # derived by the request itself
+        assert view.snapshot().generation == source.generation
+        source.change(h100_slices())
+        assert first_available(decide(pct, view)) == 3  # and again at the next change
+    finally:
+        stop.set()
+
+
+def test_concurrent_requests_derive_a_generation_once() -> None:
+    """Requests in several threads (the server's lint workers beside the event loop) on a view
+    without its thread: one build, notes for each shape, every answer a fresh view's."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    source = Slices(h100_slices() + a5000_slices())
+    items = source.items
+
+    def slow() -> list[dict[str, Any]]:
+        time.sleep(0.05)  # another thread's turn while the first derives (an informer's lock)
+        return items()
+
+    source.items = slow  # type: ignore[method-assign]
+    view = source.view()
+    bodies = [review(corpus_pod(f), uid=f"u{i}") for i, f in enumerate(SHAPES)]
+    fresh = [decide(b, VIEW).review() for b in bodies]
+    start = threading.Barrier(8)
+
+    def requests(_: int) -> list[dict[str, Any]]:
+        start.wait(10)  # all at once, on a view that has derived nothing yet
+        return [decide(b, view).review() for b in bodies * 5]
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(requests, range(8)))
+    assert answers == [fresh * 5] * 8
+    assert (view.builds, source.reads) == (1, 1)
+    assert len(view.snapshot().notes) == len({t["metadata"]["name"] for b in bodies for t in decide(b, VIEW).templates})
+
+
 def test_notes_are_bounded_and_an_unreadable_slice_only_drops_them(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """At most MAX_NOTES shapes keep their lint notes; a slice the lint index cannot read
     (another driver's bad capacity) costs the warnings, never the admission."""
