@@ -10,8 +10,9 @@ stops by itself. The bodies are AdmissionReviews of corpus HAMi pods (five shape
 fraction of 2 GPUs, exclusive GPUs, a card type, a UUID list), each with its own uid. Before the
 attack each shape is admitted once (a running webhook has seen its shapes: the first admission
 of a shape lints its template). Prints vegeta's latency percentiles and status codes, the
-webhook process's CPU time per request (``/proc/<pid>/stat``, user + system, all threads), the
-machine's core count and its load average before and after (the machine may be shared).
+webhook process's CPU time per request (``/proc/<pid>/stat``, user + system, all threads) and the
+time its threads were runnable but waited for a core (``schedstat``), the machine's core count
+and its load average before and after (the machine may be shared).
 
     .venv/bin/python bench/bench_webhook.py --rate 500 --duration 60
 
@@ -92,6 +93,18 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (all its threads), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def runqueue_wait(pid: int) -> float:
+    """Seconds the threads of process ``pid`` have spent runnable but waiting for a core
+    (``/proc/<pid>/task/*/schedstat``, second field; threads that exited are not counted)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
 
 
 def loadavg() -> str:
@@ -204,12 +217,12 @@ def bench_load(rate: int, duration: int) -> int:
                 out.write(json.dumps({"method": "POST", "url": url, "body": body,
                                       "header": {"Content-Type": ["application/json"]}}) + "\n")
         results = work / "results.bin"
-        load_before, cpu_before = loadavg(), cpu_seconds(proc.pid)
+        load_before, cpu_before, wait_before = loadavg(), cpu_seconds(proc.pid), runqueue_wait(proc.pid)
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         with open(targets) as t, open(results, "wb") as r:
             subprocess.run([str(exe), "attack", "-format=json", f"-rate={rate}/s", f"-duration={duration}s",
                             f"-root-certs={ca.cert}", "-timeout=10s"], stdin=t, stdout=r, check=True)
-        cpu_after, load_after = cpu_seconds(proc.pid), loadavg()
+        cpu_after, wait_after, load_after = cpu_seconds(proc.pid), runqueue_wait(proc.pid), loadavg()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         vegeta_cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
         report = subprocess.run([str(exe), "report", "-type=json", str(results)], capture_output=True, text=True, check=True)
@@ -223,6 +236,9 @@ def bench_load(rate: int, duration: int) -> int:
         answered = sum(n for code, n in rep["status_codes"].items() if code != "0")  # "0": no answer in 10 s
         print(f"webhook CPU: {cpu_after - cpu_before:.2f} s, {(cpu_after - cpu_before) / max(answered, 1) * 1e3:.3f} ms "
               f"per answered request (TLS, HTTP, decision; {answered} answered)")
+        wait = wait_after - wait_before
+        print(f"webhook waiting for a core (runnable, not running): {wait:.2f} s, {wait / max(answered, 1) * 1e3:.3f} ms "
+              "per answered request")
         print(f"vegeta CPU: {vegeta_cpu:.2f} s ({vegeta_cpu / duration:.2f} of a core)")
         print(f"answers over 10 ms, per 5 s of the run: {slow_per_window(exe, results, 5)}")
         if rep.get("errors"):
