@@ -11,7 +11,8 @@ fraction of 2 GPUs, exclusive GPUs, a card type, a UUID list), each with its own
 attack each shape is admitted once (a running webhook has seen its shapes: the first admission
 of a shape lints its template). Prints vegeta's latency percentiles and status codes, the
 webhook process's CPU time per request (``/proc/<pid>/stat``, user + system, all threads) and the
-time its threads were runnable but waited for a core (``schedstat``), the machine's core count
+time its threads were runnable but waited for a core (``schedstat``), the CPU time of the control
+plane's processes during the attack, the machine's core count
 and its load average before and after (the machine may be shared).
 
     .venv/bin/python bench/bench_webhook.py --rate 500 --duration 60
@@ -32,6 +33,7 @@ import base64
 import cProfile
 import ctypes
 import http.client
+import itertools
 import json
 import os
 import pstats
@@ -42,6 +44,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -217,12 +220,28 @@ def bench_load(rate: int, duration: int) -> int:
                 out.write(json.dumps({"method": "POST", "url": url, "body": body,
                                       "header": {"Content-Type": ["application/json"]}}) + "\n")
         results = work / "results.bin"
+        plane = {f.stem: int(f.read_text()) for f in cluster.run_dir.glob("*.pid")}  # etcd, API server...
+        plane_before = {name: cpu_seconds(pid) for name, pid in plane.items()}
         load_before, cpu_before, wait_before = loadavg(), cpu_seconds(proc.pid), runqueue_wait(proc.pid)
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        samples: list[tuple[float, float]] = []  # (control plane, webhook) CPU seconds, every 5 s
+        done = threading.Event()
+
+        def sample() -> None:
+            while True:
+                samples.append((sum(cpu_seconds(pid) for pid in plane.values()), cpu_seconds(proc.pid)))
+                if done.wait(5):
+                    return
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         with open(targets) as t, open(results, "wb") as r:
             subprocess.run([str(exe), "attack", "-format=json", f"-rate={rate}/s", f"-duration={duration}s",
                             f"-root-certs={ca.cert}", "-timeout=10s"], stdin=t, stdout=r, check=True)
+        done.set()
+        sampler.join()
         cpu_after, wait_after, load_after = cpu_seconds(proc.pid), runqueue_wait(proc.pid), loadavg()
+        plane_cpu = {name: cpu_seconds(pid) - plane_before[name] for name, pid in plane.items()}
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         vegeta_cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
         report = subprocess.run([str(exe), "report", "-type=json", str(results)], capture_output=True, text=True, check=True)
@@ -239,8 +258,13 @@ def bench_load(rate: int, duration: int) -> int:
         wait = wait_after - wait_before
         print(f"webhook waiting for a core (runnable, not running): {wait:.2f} s, {wait / max(answered, 1) * 1e3:.3f} ms "
               "per answered request")
+        print(f"control plane CPU: {sum(plane_cpu.values()):.2f} s ("
+              + ", ".join(f"{n} {c:.2f}" for n, c in sorted(plane_cpu.items(), key=lambda x: -x[1])) + ")")
         print(f"vegeta CPU: {vegeta_cpu:.2f} s ({vegeta_cpu / duration:.2f} of a core)")
         print(f"answers over 10 ms, per 5 s of the run: {slow_per_window(exe, results, 5)}")
+        steps = list(itertools.pairwise(samples))
+        print(f"control plane CPU, per 5 s: {[round(b[0] - a[0], 2) for a, b in steps]}")
+        print(f"webhook CPU, per 5 s: {[round(b[1] - a[1], 2) for a, b in steps]}")
         if rep.get("errors"):
             print(f"errors: {rep['errors'][:5]}")
         return 0
