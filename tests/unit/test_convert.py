@@ -666,6 +666,18 @@ def test_invalid_values(limits: dict[str, Any], message: str) -> None:
     assert isinstance(e.value, ValueError)
 
 
+def test_accepted_boundaries() -> None:
+    # The largest values accepted, one below the refused ones above: 32 GPUs of 2^31-1 MiB each,
+    # in every topology alternative.
+    conv = convert(pod({"nvidia.com/gpu": 32, "nvidia.com/gpumem": 2**31 - 1}))
+    devs = conv.templates[0]["spec"]["spec"]["devices"]
+    assert [(s["name"], s["count"], s["capacity"]) for s in devs["requests"][0]["firstAvailable"]] == [
+        (name, 32, {"requests": {"memory": "2147483647Mi", "cores": "0"}}) for name in ("nvlink", "numa", "any")
+    ]
+    assert devs["constraints"][0] == {"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/unit"}
+    assert (conv.requests[0].gpus, conv.requests[0].memory_mib) == (32, 2**31 - 1)
+
+
 def test_invalid_value_in_requests_is_caught_too() -> None:
     with pytest.raises(ConversionError, match=r"nvidia.com/gpumem 'x' is not a number"):
         convert_pod(pod({"nvidia.com/gpu": 1}, requests={"nvidia.com/gpumem": "x"}))

@@ -34,8 +34,7 @@ spec:
 
 def test_kubernetes_website_examples(corpus: Path) -> None:
     assert _lint(corpus, "kubernetes-website__examples_dra__deviceclass.yaml", "kubernetes-website__examples_dra__resourceclaim.yaml") == [
-        "kubernetes-website__examples_dra__deviceclass.yaml (document 1): DeviceClass example-device-class: apiVersion: "
-        "'resource.k8s.io/v1beta2' is not served. fix: write resource.k8s.io/v1 (Kubernetes v1.37.2 serves DeviceClass there)",
+        # The DeviceClass is resource.k8s.io/v1beta2, the same shape as v1: accepted.
         # The page's YAML puts `expression` beside `cel`, not under it.
         "kubernetes-website__examples_dra__resourceclaim.yaml (document 1): ResourceClaim default/example-resource-claim: "
         "spec.devices.requests[0].exactly.selectors[0].expression: unknown field 'expression'. "
