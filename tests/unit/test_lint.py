@@ -79,6 +79,24 @@ def test_a_prepared_world_gives_the_same_findings(corpus: Path) -> None:
     assert lint(manifests, world=world) == expected
 
 
+def test_a_long_lived_world_keeps_its_caches_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The webhook's world lives until the slices change and sees every user's selectors: its
+    findings cache starts again past FINDINGS_CACHE, and the findings stay right."""
+    import tessera.explain.lint as lint_mod
+
+    monkeypatch.setattr(lint_mod, "FINDINGS_CACHE", 2)
+    slices = [s for n in load_cluster(examples_dir() / "cluster.yaml").nodes for s in n.slices]
+    world = LintWorld(slices)
+    exprs = [f'device.attributes["gpu.tessera.dev"].uuid == "GPU-{i}"' for i in range(5)] + ["device.attributes.size() >"]
+    for i, expr in enumerate(exprs):
+        obj = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"c{i}"},
+               "spec": {"selectors": [{"cel": {"expression": expr}}]}}  # fmt: skip
+        ms = [Manifest(obj, Source("x.yaml", 1))]
+        assert lint(ms, world=world) == lint(ms, slices)
+        assert len(world.selector_findings) <= 2
+    assert len(lint(ms, world=world)) == 1  # the last one does not compile: still found
+
+
 def test_helm_template_is_unreadable_input(corpus: Path) -> None:
     f = corpus / "dra-manifests" / "k8s-dra-driver-gpu__helm_templates__deviceclass-gpu.helm-template.yaml"
     r = CliRunner().invoke(main, ["lint", str(f)])

@@ -89,6 +89,12 @@ def _closest(name: str, options: Sequence[str] | set[str]) -> str | None:
     return m[0] if m else None
 
 
+#: Distinct selectors (and HAMi request shapes) whose findings a world keeps; past it the
+#: cache starts again. A run of ``lint`` rarely has more; the webhook's world lives until the
+#: slices change and sees every user's selectors (UUID lists make each one distinct).
+FINDINGS_CACHE = 4096
+
+
 class _World:
     """What devices exist: from ResourceSlices when given, else Tessera's schema."""
 
@@ -259,6 +265,8 @@ def _check_hami(add: Any, m: Manifest, world: _World) -> None:
             add(*f)
         return
     found: list[tuple[str, str, str]] = []
+    if len(world.hami_findings) >= FINDINGS_CACHE:
+        world.hami_findings.clear()
     world.hami_findings[key] = found
     sizes = sorted({int(d.capacity["memory"].value.value) for d in world.devices if "memory" in d.capacity}, reverse=True)
     try:
@@ -491,6 +499,8 @@ def _check_selector(add: Any, field: str, expr: str, world: _World, cls: str | N
         _static(add_here, field, expr, world)
         if world.published and not found:
             _evaluate(add_here, field, expr, world, cls)
+        if len(world.selector_findings) >= FINDINGS_CACHE:
+            world.selector_findings.clear()  # a long-lived world (the webhook's) stays bounded
         cached = world.selector_findings[key] = found
     for problem, fix in cached:
         add(field, problem, fix)
