@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test lint venv clean native native-test kube protos node-deps prometheus fuzz schemas
+.PHONY: simulate test lint venv clean native native-test kube helm go-tools image protos node-deps prometheus fuzz schemas
 
 # The enforcement library (C) is built first and copied into the package
 # (src/tessera/enforcement/lib/), so it is installed with it.
@@ -43,6 +43,24 @@ lint: $(STAMP)
 kube:
 	tools/kube/build.sh
 
+# helm (helm.sh/helm/v4, pinned in tools/helm/go.mod) from the Go module proxy into
+# tools/helm/bin/helm: the chart tests lint, render, install and uninstall deploy/helm/tessera
+# with it (cached like kube; under 8 CPU-minutes cold, 15 min on a busy machine: tools/helm/README.md).
+helm:
+	tools/helm/build.sh
+
+# Both Go tool builds side by side: the Kubernetes build keeps about one of two cores busy
+# (docs/cluster.md), helm's build takes the other.
+go-tools:
+	$(MAKE) -j2 kube helm
+
+# The image of every entry point (deploy/images/Dockerfile; docs/install.md). Needs docker (or
+# DOCKER=podman) with access to Docker Hub, PyPI and Debian's mirrors; the tests do not build it.
+IMAGE  ?= tessera:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+DOCKER ?= docker
+image: protos
+	$(DOCKER) build -f deploy/images/Dockerfile -t $(IMAGE) .
+
 # Debian packages a real node (`tessera cluster up --kubelet`, the `node` tests) needs:
 # runc, containernetworking-plugins, busybox-static, iproute2. Installed with apt-get when
 # root and missing; a no-op (one dpkg-query) otherwise.
@@ -53,7 +71,7 @@ node-deps:
 prometheus:
 	tools/prometheus/install.sh
 
-test: $(STAMP) native protos kube node-deps prometheus
+test: $(STAMP) native protos go-tools node-deps prometheus
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports

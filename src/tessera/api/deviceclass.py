@@ -23,6 +23,8 @@ from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 EXTENDED_RESOURCE_NAME = "nvidia.com/gpu"
 #: The name every DeviceClass also answers to (``deviceclass.resource.kubernetes.io/<class>``).
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
+#: The DeviceClass of MIG devices only (static MIG instances and dynamic MIG placements).
+MIG_DEVICE_CLASS_NAME = f"mig.{DEVICE_CLASS_NAME}"
 
 
 def device_class() -> dict[str, Any]:
@@ -37,6 +39,45 @@ def device_class() -> dict[str, Any]:
             "extendedResourceName": EXTENDED_RESOURCE_NAME,
         },
     }
+
+
+def mig_device_class(name: str = MIG_DEVICE_CLASS_NAME) -> dict[str, Any]:
+    """The ``resource.k8s.io/v1`` DeviceClass of Tessera's MIG devices (``type == "mig"``,
+    ``docs/mig.md``); the chart installs it as ``mig.gpu.tessera.dev``. A new dict per call."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {
+            "selectors": [{"cel": {"expression": (
+                f'device.driver == "{DRIVER_NAME}" && has(device.attributes["{DRIVER_NAME}"].type) && '
+                f'device.attributes["{DRIVER_NAME}"].type == "mig"')}}],
+        },
+    }
+
+
+def class_users(objects: Iterable[Mapping[str, Any]], class_name: str) -> list[str]:
+    """``Kind namespace/name`` (``Kind name`` without a namespace) of every ResourceClaim and ResourceClaimTemplate (dicts, as the
+    API server returns them) with a request or subrequest naming DeviceClass ``class_name``
+    (``spec.devices.requests[].exactly.deviceClassName``, ``...firstAvailable[].deviceClassName``;
+    a template's claim spec is ``spec.spec``). In input order."""
+    out = []
+    for obj in objects:
+        kind = obj.get("kind")
+        spec = obj.get("spec") or {}
+        if kind == "ResourceClaimTemplate":
+            spec = spec.get("spec") or {}
+        elif kind != "ResourceClaim":
+            continue
+        names = set()
+        for req in (spec.get("devices") or {}).get("requests") or []:
+            names.add((req.get("exactly") or {}).get("deviceClassName"))
+            names.update(sub.get("deviceClassName") for sub in req.get("firstAvailable") or [])
+        if class_name in names:
+            meta = obj.get("metadata") or {}
+            ns = meta.get("namespace")
+            out.append(f"{kind} {ns}/{meta.get('name')}" if ns else f"{kind} {meta.get('name')}")
+    return out
 
 
 @dataclass(frozen=True)

@@ -53,11 +53,14 @@ from tessera.cli._common import fail
               help="How long a GPU stays tainted after its last critical XID.")
 @click.option("--cgroup-root", default="/sys/fs/cgroup", show_default=True,
               help="The cgroup mount whose version decides whether driver-native limits can work.")
+@click.option("--device-plugin-dir", type=click.Path(), default="/var/lib/kubelet/device-plugins", show_default=True,
+              help="The kubelet's device-plugin directory, checked for another GPU manager's plugin at start.")
 def driver(node_name: str | None, kubeconfig: str | None, kubelet_root_dir: str, cdi_dir: str,
            state_dir: str, dev_root: str, library: str | None, nvml_library: str | None,
            nvidia_smi: str, enforcement_backend: str, nvidia_cdi_hook: str | None,
            driver_root: str, nvidia_cdi_kind: str | None, health_address: str,
-           rescan_seconds: float, xid_recovery_seconds: float, cgroup_root: str) -> None:
+           rescan_seconds: float, xid_recovery_seconds: float, cgroup_root: str,
+           device_plugin_dir: str) -> None:
     """Run the DRA node driver gpu.tessera.dev on this node (until SIGTERM).
 
     Publishes the node's GPUs as ResourceSlices, registers with the kubelet, and prepares
@@ -77,6 +80,7 @@ def driver(node_name: str | None, kubeconfig: str | None, kubelet_root_dir: str,
         driver_root=driver_root, nvidia_cdi_kind=nvidia_cdi_kind, driver=DRIVER_NAME,
         health_address=health_address or None, rescan_seconds=rescan_seconds,
         xid_recovery_seconds=xid_recovery_seconds, cgroup_root=cgroup_root,
+        device_plugin_dir=Path(device_plugin_dir),
     )
     if lib is None or not os.path.isfile(lib):
         fail(f"--library: enforcement library {lib or 'libtessera-enforce.so'} not found; build it with `make native`")

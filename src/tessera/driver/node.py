@@ -5,7 +5,8 @@
 
 1. the kubelet's ``--root-dir`` must exist (the plugin sockets live under it);
 2. the API server must allow what the driver does (SelfSubjectAccessReview for each verb);
-3. discovery through NVML (``nvidia-ml-py``), else ``nvidia-smi -q -x``;
+3. discovery through NVML (``nvidia-ml-py``), else ``nvidia-smi -q -x``; then the guard
+   (:mod:`tessera.driver.guard`): no other manager of these GPUs may run on the node;
 4. the enforcement backend is chosen (:mod:`tessera.driver.backend`);
 5. the ResourceSlices are published (:mod:`tessera.driver.publish`);
 6. the checkpoint is loaded and leftovers of interrupted writes are removed;
@@ -33,6 +34,7 @@ from tessera.api.errors import TesseraError
 from tessera.kube.client import ApiError, KubeClient
 
 from . import backend as backends
+from . import guard
 from .checkpoint import PREPARED, Checkpoint
 from .discovery import (
     DiscoveryError,
@@ -91,6 +93,7 @@ class DriverConfig:
     xid_recovery_seconds: float = 60.0
     write_claim_status: bool = True
     cgroup_root: str = "/sys/fs/cgroup"
+    device_plugin_dir: Path = guard.DEVICE_PLUGIN_DIR
 
 
 @dataclass
@@ -149,6 +152,8 @@ class NodeDriver:
                 "whose kubelet uses it, or pass the kubelet's --root-dir as --kubelet-root-dir")
         self._check_access()
         inv = self._discover()
+        guard.check_node(self.client, cfg.node_name, guard.discovered_uuids(g.gpu for g in inv.gpus),
+                         device_plugin_dir=cfg.device_plugin_dir, driver=cfg.driver, log=self.log)
         self.registry.update(inv.gpus, {})
         self.backend = backends.detect(
             cfg.enforcement_backend, self.nvml, inv.driver_version,
