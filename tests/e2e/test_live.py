@@ -3,7 +3,7 @@ real control plane whose scheduler bound some pods and left others pending.
 
 One control plane for the module (nodes ``a5000-node``: 2x RTX A5000, ``h100-node``: 1x H100
 80GB, from corpus inventories). In namespace ``team-a``: two pods on 12Gi/50-core template
-claims and one on a standalone 4Gi/10 claim (bound by the scheduler), a pod asking 100Gi
+claims (the second kept off the H100) and one on a standalone 4Gi/10 claim (bound by the scheduler), a pod asking 100Gi
 (pending: no GPU is that large) and one asking for an A10 by product name (pending: there is
 none). The live answers must equal the answers for the same objects dumped with kubectl.
 """
@@ -142,8 +142,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             gpu_claim_template("half", namespace=NS, memory="12Gi", cores=50),
             gpu_claim_template("huge", namespace=NS, memory="100Gi", cores=10), a10, shared,
         ])
-        for name in ("bound-1", "bound-2"):
-            client.create(gpu_pod(name, namespace=NS, template="half"))
+        # bound-2 is kept off the H100: the scheduler breaks ties between nodes at random, and
+        # with both 50-core shares there the H100 would have no cores left for the test's
+        # 40Gi/30-core pod (which fits only there).
+        for name, where in (("bound-1", None), ("bound-2", {"kubernetes.io/hostname": "a5000-node"})):
+            client.create(gpu_pod(name, namespace=NS, template="half", node_selector=where))
             wait_pod_scheduled(client, name, NS)
         client.create(gpu_pod("bound-shared", namespace=NS, claim="shared"))
         wait_pod_scheduled(client, "bound-shared", NS)
