@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 import pytest
 
+from nvml_machine import mig_lines, mig_uuid, nvml_config, write_atomically
 from tessera.driver.kubelet import stubs
 from tessera.driver.node import DriverConfig
 from tessera.enforcement import library_path
@@ -41,36 +42,6 @@ NATIVE = REPO / "native"
 H100 = CORPUS / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
 A5000 = CORPUS / "inventories" / "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
 GIB = 1 << 30
-
-
-def nvml_config(gpus: Sequence[GPU], *, driver_version: str | None = None, memory_limits: bool = False,
-                lost: Sequence[str] = (), gone: Sequence[str] = (),
-                xids: Sequence[tuple[int, str, int]] = ()) -> str:
-    """The fake NVML's node description (native/fake/fake_nvml_config.h) for ``gpus``."""
-    drv = driver_version or (gpus[0].driver_version if gpus else "550.54.15")
-    lines = [f"driver-version {drv}", "cuda-version 12020", f"memory-limits {'yes' if memory_limits else 'no'}"]
-    for g in gpus:
-        if g.uuid in gone:
-            continue
-        parts = [f"gpu {g.uuid}", f'name="{g.product_name}"', f"memory={g.memory_bytes}",
-                 f"minor={g.index}"]
-        if g.pcie_bus_id:
-            parts.append(f"pci={g.pcie_bus_id}")
-        if g.cuda_compute_capability:
-            parts.append(f"cc={g.cuda_compute_capability}")
-        if g.mig_enabled:
-            parts.append("mig=1")
-        if g.uuid in lost:
-            parts.append("health=lost")
-        lines.append(" ".join(parts))
-    lines += [f"xid {i} {u} {code}" for i, u, code in xids]
-    return "\n".join(lines) + "\n"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @pytest.fixture(scope="session")
@@ -297,5 +268,5 @@ def allocated_claim(client: KubeClient, namespace: str, name: str, results: list
 
 __all__ = [
     "A5000", "GIB", "H100", "DriverEnv", "DriverProcess", "FakeKubelet", "allocated_claim", "driver_env", "fake_nvml_lib",
-    "make_env", "node_slices", "nvml_config", "running_driver", "write_atomically",
+    "make_env", "mig_lines", "mig_uuid", "node_slices", "nvml_config", "running_driver", "write_atomically",
 ]
