@@ -160,3 +160,20 @@ def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def mig_minors_text(gpus: int) -> str:
+    """``/proc/driver/nvidia-caps/mig-minors`` of a machine with ``gpus`` GPUs, as the NVIDIA
+    driver lays it out (MIG User Guide, "Device Nodes and Capabilities": ``config 1``,
+    ``monitor 2``, then per GPU minor 15 GPU instances of 8 compute instances each:
+    ``gpu0/gi0/access 3``, ``gpu0/gi0/ci0/access 4`` ... ``gpu0/gi1/access 12``)."""
+    lines = ["config 1", "monitor 2"]
+    minor = 3
+    for g in range(gpus):
+        for gi in range(15):
+            lines.append(f"gpu{g}/gi{gi}/access {minor}")
+            minor += 1
+            for ci in range(8):
+                lines.append(f"gpu{g}/gi{gi}/ci{ci}/access {minor}")
+                minor += 1
+    return "\n".join(lines) + "\n"

@@ -120,8 +120,11 @@ class DriverEnv:
         base.update(kw)
         return DriverConfig(**base)  # type: ignore[arg-type]
 
+    nvml: dict[str, Any] = field(default_factory=dict)
+
     def set_gpus(self, **kw: Any) -> None:
-        write_atomically(self.nvml_config, nvml_config(self.gpus, **kw))
+        """Rewrite the fake NVML's machine: the env's settings (``make_env``'s), changed by ``kw``."""
+        write_atomically(self.nvml_config, nvml_config(self.gpus, **{**self.nvml, **kw}))
 
     def kubelet(self) -> FakeKubelet:
         return FakeKubelet(self.kubelet_root / "plugins_registry" / "gpu.tessera.dev-reg.sock",
@@ -132,9 +135,11 @@ class DriverEnv:
         return {**os.environ, "FAKE_NVML_CONFIG": str(self.nvml_config), "KUBECONFIG": str(self.kubeconfig)}
 
 
-def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = H100, **nvml: Any) -> DriverEnv:
+def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = H100,
+             gpus: Sequence[GPU] | None = None, **nvml: Any) -> DriverEnv:
     """A fresh node ``drv-<random>`` registered in ``cluster`` (Ready, no slices), with the
-    GPUs of ``inventory`` in the fake NVML, stand-in device nodes, and empty directories."""
+    GPUs of ``inventory`` (or ``gpus``) in the fake NVML, stand-in device nodes, and empty
+    directories."""
     node = f"drv-{uuid.uuid4().hex[:8]}"
     # Unix socket paths are limited to 107 characters: a short root, removed by the fixture.
     root = Path(tempfile.mkdtemp(prefix=f"{node}-", dir="/tmp"))
@@ -142,7 +147,7 @@ def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = 
     (kubelet_root / "plugins_registry").mkdir(parents=True)
     dev = root / "devroot" / "dev"
     dev.mkdir(parents=True)
-    gpus = load_inventory(inventory)
+    gpus = list(gpus) if gpus is not None else load_inventory(inventory)
     # Stand-in device nodes: character devices with /dev/null's numbers, named as NVIDIA's.
     for name in [f"nvidia{g.index}" for g in gpus] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
         os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, 3))
@@ -152,7 +157,7 @@ def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = 
     inv.add_node(node, {"kubernetes.io/hostname": node})
     register_inventory(cluster.client, inv)
     return DriverEnv(node, root, kubelet_root, root / "cdi", root / "state", root / "devroot", cfg,
-                     nvml_lib, gpus, cluster.client, cluster.kubeconfig)
+                     nvml_lib, gpus, cluster.client, cluster.kubeconfig, dict(nvml))
 
 
 @pytest.fixture
