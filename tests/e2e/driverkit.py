@@ -181,17 +181,22 @@ class DriverProcess:
 
     def __init__(self, env: DriverEnv, *options: str) -> None:
         self.env = env
+        self.options = options
+        self._pick_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _pick_port(self) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
+        env = self.env
         self.argv = [sys.executable, "-m", "tessera", "driver", "--node-name", env.node,
                      "--kubeconfig", str(env.kubeconfig), "--kubelet-root-dir", str(env.kubelet_root),
                      "--cdi-dir", str(env.cdi_dir), "--state-dir", str(env.state_dir),
                      "--dev-root", str(env.dev_root), "--nvml-library", str(env.nvml_lib),
                      "--health-address", f"127.0.0.1:{self.port}", "--rescan-seconds", "0.5",
-                     "--xid-recovery-seconds", "2", *options]
+                     "--xid-recovery-seconds", "2", *self.options]
         self.log = env.root / f"driver-{self.port}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> DriverProcess:
         with open(self.log, "wb") as log:
@@ -200,6 +205,11 @@ class DriverProcess:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
+                if f"--health-address 127.0.0.1:{self.port}: Address already in use" in self.output:
+                    # The free port picked above was taken (by an outgoing connection of a
+                    # loaded machine) before the driver bound it: pick another.
+                    self._pick_port()
+                    return self.start(max(1.0, deadline - time.monotonic()))
                 return self
             try:
                 if self.ready(attempts=1)["ok"]:

@@ -3,7 +3,9 @@
 :class:`NodeDriver` (one per node) starts in this order, and refuses to start with a one-line
 :class:`DriverStartError` when something it needs is missing:
 
-1. the kubelet's ``--root-dir`` must exist (the plugin sockets live under it);
+1. the kubelet's ``--root-dir`` must exist (the plugin sockets live under it), and the health
+   address is bound (served from step 11: a taken port refuses the start before anything is
+   written, published or made);
 2. the API server must allow what the driver does (SelfSubjectAccessReview for each verb);
 3. the checkpoint is loaded;
 4. NVML is loaded (else ``nvidia-smi -q -x`` is the inventory); dynamic MIG needs NVML;
@@ -16,7 +18,8 @@
    GPUs cannot have is refused here);
 9. leftovers of interrupted writes are removed;
 10. the DRA and registration gRPC servers listen (:mod:`tessera.driver.kubelet`);
-11. background threads: rescans (health, GPUs coming and going), XID events, claim status.
+11. background threads: rescans (health, GPUs coming and going), XID events, claim status;
+    ``/healthz`` and ``/readyz`` are served.
 
 Prepare/unprepare are batch calls (one per kubelet request), safe to run concurrently: each
 claim is serialized on its own lock, the checkpoint is written once per batch and phase.
@@ -186,6 +189,20 @@ class NodeDriver:
             raise DriverStartError(
                 f"kubelet directory {cfg.kubelet_root} does not exist: run the driver on a node "
                 "whose kubelet uses it, or pass the kubelet's --root-dir as --kubelet-root-dir")
+        # Bound first (served once ready): a port that is taken refuses the start before
+        # anything is written, published or made.
+        if cfg.health_address:
+            self._bind_http(cfg.health_address)
+        try:
+            self._start()
+        except BaseException:
+            if self._http is not None:
+                self._http.server_close()
+                self._http = None
+            raise
+
+    def _start(self) -> None:
+        cfg = self.cfg
         self._check_access()
         try:
             self.checkpoint = Checkpoint(cfg.state_dir / "checkpoint.json")
@@ -233,8 +250,8 @@ class NodeDriver:
         if self.nvml is not None:
             self._xid = XidWatcher([r.gpu.uuid for r in self.registry.snapshot()], self._on_xid, self.log)
             self._xid.start()
-        if cfg.health_address:
-            self._start_http(cfg.health_address)
+        if self._http is not None:
+            self._spawn(self._http.serve_forever, "tessera-health")
         self.ready.set()
         self.log(f"serving {self.servers.dra_path} (registration {self.servers.registration_path}); "
                  f"slices published {self.stats.first_publish:.3f} s after start")
@@ -807,9 +824,10 @@ class NodeDriver:
         }
         return alive, ready, details
 
-    def _start_http(self, address: str) -> None:
+    def _bind_http(self, address: str) -> None:
         """``GET /healthz``, ``/livez``, ``/readyz`` over plain HTTP/1.0 (socketserver: the
-        http.server module alone costs a node agent half a second of start-up)."""
+        http.server module alone costs a node agent half a second of start-up): the listening
+        socket, served from the end of :meth:`start`. Raises :class:`DriverStartError`."""
         host, _, port = address.rpartition(":")
         outer = self
 
@@ -837,7 +855,6 @@ class NodeDriver:
             self._http = Server((host or "127.0.0.1", int(port)), Handler)
         except OSError as e:
             raise DriverStartError(f"--health-address {address}: {e.strerror}") from e
-        self._spawn(self._http.serve_forever, "tessera-health")
 
     @property
     def health_port(self) -> int | None:
