@@ -1313,6 +1313,59 @@ case("tessera-r6-search-blow-up-no-solution", features=[CC], classes=CA, slices=
 case("tessera-r6-search-blow-up-second-request", features=[CC], classes=CA, slices=[many("slice-1", "node-1", "pool-1", DA, 12)],
      claims=[c0(r0(count=12), req("req-1"))],
      note="R6: 12 + 1 devices requested from 12: exhaustive search upstream, none either way", **_R)
+# R7: tolerations that do not match, one field at a time. device-1 carries taint-key=taint-value
+# (NoSchedule, or NoExecute), device-2 is clean: a toleration that matches puts the claim on
+# device-1 (first fit), one that does not on device-2.
+_TOL_DEVS = [slc("slice-1", "node-1", "pool-1", DA, dev(d(1), taints=[T_NS]), dev(d(2)))]
+_TOL_DEVS_NE = [slc("slice-1", "node-1", "pool-1", DA, dev(d(1), taints=[{**T_NS, "effect": "NoExecute"}]), dev(d(2)))]
+for _suffix, _tol, _devs, _hit, _why in [
+    ("key-differs", {"operator": "Exists", "key": "other-key", "effect": "NoSchedule"}, _TOL_DEVS, False, "the key differs"),
+    ("value-differs-under-equal", {"operator": "Equal", "key": "taint-key", "value": "other-value", "effect": "NoSchedule"},
+     _TOL_DEVS, False, "Equal compares the value"),
+    ("value-empty-under-equal", {"operator": "Equal", "key": "taint-key", "effect": "NoSchedule"}, _TOL_DEVS, False,
+     "under Equal an empty value is not taint-value"),
+    ("effect-differs", {"operator": "Exists", "key": "taint-key", "effect": "NoExecute"}, _TOL_DEVS, False,
+     "a NoExecute toleration does not tolerate a NoSchedule taint"),
+    ("effect-differs-noexecute-taint", {"operator": "Equal", "key": "taint-key", "value": "taint-value", "effect": "NoSchedule"},
+     _TOL_DEVS_NE, False, "a NoSchedule toleration does not tolerate a NoExecute taint"),
+    ("empty-key-exists-other-effect", {"operator": "Exists", "effect": "NoExecute"}, _TOL_DEVS, False,
+     "an empty key with Exists matches every key, but the effect still has to match"),
+    ("exists-ignores-value", {"operator": "Exists", "key": "taint-key", "effect": "NoSchedule"}, _TOL_DEVS, True,
+     "Exists does not look at the value (control: matches)"),
+    ("empty-effect-matches-all", {"operator": "Equal", "key": "taint-key", "value": "taint-value"}, _TOL_DEVS_NE, True,
+     "an empty effect matches every effect (control: matches)"),
+    ("empty-key-exists-matches-all", {"operator": "Exists"}, _TOL_DEVS, True,
+     "an empty key with Exists and no effect tolerates every taint (control: matches)"),
+]:
+    case(f"tessera-r7-toleration-{_suffix}", features=[DT], classes=CA, slices=_devs, claims=[c0(r0(tol=[_tol]))],
+         results=[alloc(res("req-0", d(1) if _hit else d(2), tol=[_tol]))],
+         note=f"R7: {_why}: the claim lands on {d(1) if _hit else d(2)}", **_R)
+case("tessera-r8-all-mode-constraint-checked-before-capacity", features=[CC], classes=CA,
+     slices=mslice(mdev(d(1), attr={"numa": 1}, cap={C0: "4"}), mdev(d(2), attr={"numa": 2}, cap={C0: "4"})),
+     allocated_=[allocated(shared(d(2), {C0: 4}))],
+     claims=[c0(r0(all=True, cap=2), constraints=[match(ATTR_INT)])],
+     error="claim claim-0, request req-0: cannot add device driver-a/pool-1/device-2 because a claim constraint would not be satisfied",
+     note="R8: device-2 is full, and its numa differs from device-1's. Kubernetes v1.37.2's allocateDevice checks the "
+          "claim's constraints before the remaining capacity, and in allocationMode All a failed constraint is an error "
+          "(the pod's scheduling attempt is aborted on every node), not 'cannot allocate'", **_R)
+case("tessera-r9-rollback-releases-a-shared-devices-counters", features=[CC, PD], classes=CA,
+     slices=[slc("slice-1", "node-1", "pool-1", DA,
+                 dev(d(1), multi=True, attr={"numa": 0}, counters=[(CS1, {"memory": "4Gi"})]),
+                 dev(d(2), multi=True, attr={"numa": 1}, counters=[(CS1, {"memory": "4Gi"})]),
+                 dev(d(3), attr={"numa": 1, "kind": "nic"}, counters=[(CS1, {"memory": "4Gi"})]), count=2),
+             counters_slice("slice-2", "node-1", "pool-1", (CS1, {"memory": "8Gi"}))],
+     claims=[c0(r0(), req("req-1", sel=[cel(f'has(device.attributes["{DA}"].kind) && device.attributes["{DA}"].kind == "nic"')]), constraints=[match(ATTR_INT)])],
+     results=[alloc(res("req-0", d(2), share=True), res("req-1", d(3)))],
+     note="R9: req-0 first takes a share of device-1 (numa 0, 4Gi of the pool's 8Gi counter), req-1's only candidate "
+          "device-3 is on numa 1, so the search backtracks. Kubernetes v1.37.2 releases device-1's counters on rollback "
+          "(dra-spec.md 2.5, correction), so device-2 + device-3 fit in 8Gi; a port that kept them would find no room", **_R)
+case("tessera-r10-distinct-over-an-empty-list-attribute", features=[CC], classes=CA,
+     slices=mslice(dev(d(1), attr={"driverVersion": {"versions": []}}), dev(d(2), attr={"driverVersion": "v:1.0.0"})),
+     claims=[c0(r0(count=2), constraints=[distinct(ATTR_VER)])],
+     results=[alloc(res("req-0", d(1)), res("req-0", d(2)))],
+     note="R10: device-1 publishes driverVersion as an empty version list (versions: []; API validation forbids it, "
+          "the allocator copes). Without DRAListTypeAttributes, upstream's distinctAttribute accepts the first device "
+          "whatever its value and compares scalars only with scalars; CEL sees an empty list, no error", **_R)
 case("tessera-pool-with-more-slices-than-count-is-incomplete", classes=CA,
      slices=[slc("slice-1", "node-1", "pool-1", DA, dev(d(1))), slc("slice-2", "node-1", "pool-1", DA, dev(d(2)))],
      claims=[c0(r0())],

@@ -30,8 +30,9 @@ def run_scenario(sc: dict[str, Any]) -> tuple[str, list[dict[str, Any] | None]]:
     node_d = sc.get("node") or {"name": "node-1"}
     node = Node(node_d["name"], node_d.get("labels") or {})
     classes = {c["metadata"]["name"]: c for c in sc.get("classes") or []}
-    state = AllocatedState.from_claims(sc.get("allocated") or [])
-    alloc = Allocator(sc.get("slices") or [], classes, state, Features.from_names(sc.get("features") or []), random.Random(0))
+    features = Features.from_names(sc.get("features") or [])
+    state = AllocatedState.from_claims(sc.get("allocated") or [], features.consumable_capacity)
+    alloc = Allocator(sc.get("slices") or [], classes, state, features, random.Random(0))
     claims = sc.get("claims") or []
     try:
         res = alloc.allocate(node, claims)

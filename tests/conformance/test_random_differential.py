@@ -1,32 +1,55 @@
 """Random scenarios, generated here (not in the repository), run through Tessera's allocator and
-the upstream Go allocator (tools/kube's harness, Kubernetes v1.37.2): both must agree.
+the upstream Go allocator (tools/kube's harness, Kubernetes v1.37.2): both must give the same
+error message or the same results in the same order (tests/conformance/compare.py).
 
-Each scenario has one node with a few pools of shareable and dedicated devices (consumable
-capacity with and without request policies, attributes to select and constrain on), some
-earlier allocations, and a few claims mixing counts, capacity requests, selectors,
-firstAvailable and constraints. The only construct left out is distinctAttribute within one
-request of count 3 or more, where Tessera deliberately differs (tests/conformance/README.md).
+A scenario has two nodes and one to three pools published for them in every way a slice can
+target nodes (nodeName, a label selector, allNodes, perDeviceNodeSelection); shareable and
+dedicated devices with and without request policies, scalar and list attributes (an empty list
+now and then), shared counters, taints of every effect, binding conditions; earlier
+allocations (dedicated, shares, admin); now and then an invalid or incomplete pool; and one to
+three claims of one to three requests: counts 1 to 4 or allocationMode All, firstAvailable,
+capacity requests, selectors, admin access, tolerations that match or miss by any field,
+matchAttribute / distinctAttribute over scalars and lists, class and claim configs. Feature
+sets vary (upstream's stable, incubating and experimental variants all run).
+
+500 seeds by default (about a minute); ``TESSERA_RANDOM_SEEDS=START:STOP`` explores others.
+:func:`coverage` counts what the seeds exercise (``test_random_scenarios_cover_...`` keeps it
+wide; the README of this directory gives the figures).
 """
 
 from __future__ import annotations
 
 import os
 import random
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from tessera.kube.harness import run_scenario as run_upstream
 
-from .test_conformance import normalize, run_scenario
-
-pytestmark = pytest.mark.upstream
+from .compare import assert_same
+from .test_conformance import run_scenario
 
 DRIVER = "gpu.example.com"
-FEATURES = ["AdminAccess", "ConsumableCapacity", "DeviceBindingAndStatus", "DeviceTaints", "PartitionableDevices", "PrioritizedList"]
-# 500 scenarios by default (about 20 s); TESSERA_RANDOM_SEEDS=START:STOP explores others.
+NIC = "nic.example.com"
+ALL_FEATURES = ["AdminAccess", "ConsumableCapacity", "DeviceBindingAndStatus", "DeviceTaints", "PartitionableDevices", "PrioritizedList"]
 _lo, _, _hi = os.environ.get("TESSERA_RANDOM_SEEDS", "0:500").partition(":")
 SEEDS = range(int(_lo), int(_hi))
+NODES = [
+    {"name": "node-1", "labels": {"region": "r1", "zone": "a"}},
+    {"name": "node-2", "labels": {"region": "r2", "zone": "a"}},
+]
+
+
+def _features(rng: random.Random) -> list[str]:
+    if rng.random() < 0.65:
+        feats = list(ALL_FEATURES)
+    else:
+        feats = [f for f in ALL_FEATURES if rng.random() < 0.6]
+    if rng.random() < 0.2:
+        feats.append("ListTypeAttributes")
+    return sorted(feats)
 
 
 def _capacity(rng: random.Random, multi: bool) -> dict[str, Any]:
@@ -44,127 +67,233 @@ def _capacity(rng: random.Random, multi: bool) -> dict[str, Any]:
     return caps
 
 
-def _request(rng: random.Random, name: str, sub: bool) -> dict[str, Any]:
-    count = rng.choice([1, 1, 1, 2])
-    body: dict[str, Any] = {"deviceClassName": "gpu", "count": count}
-    sel = rng.choice(
-        [
-            None,
-            f'device.attributes["{DRIVER}"].model == "a"',
-            f'device.attributes["{DRIVER}"].numa == 1',
-            f'device.capacity["{DRIVER}"].memory.compareTo(quantity("16Gi")) >= 0',
-            f'device.attributes["{DRIVER}"].driverVersion.isGreaterThan(semver("1.1.0"))',
-        ]
-    )
-    if sel:
-        body["selectors"] = [{"cel": {"expression": sel}}]
-    if rng.random() < 0.6:
+def _node_selection(rng: random.Random, obj: dict[str, Any], kinds: list[str], target: int, other: float = 0.2) -> str:
+    """Node selection of a slice (or a device): the node allocated for (``target``), or with
+    probability ``other`` the other node."""
+    kind = rng.choice(kinds)
+    node = NODES[1 - target if rng.random() < other else target]
+    if kind == "nodeName":
+        obj["nodeName"] = node["name"]
+    elif kind == "selector":
+        obj["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "region", "operator": "In", "values": [node["labels"]["region"]]}]}]}
+    elif kind == "fieldSelector":
+        obj["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node["name"]]}]}]}
+    elif kind == "allNodes":
+        obj["allNodes"] = True
+    else:
+        obj["perDeviceNodeSelection"] = True
+    return kind
+
+
+def _device(rng: random.Random, n: int, driver: str, counters: bool, lists: bool, cov: Counter[str]) -> dict[str, Any]:
+    multi = rng.random() < 0.6
+    d: dict[str, Any] = {
+        "name": f"dev-{n}",
+        "attributes": {
+            "uuid": {"string": f"uuid-{n}"},
+            "model": {"string": rng.choice(["a", "b"])},
+            "numa": {"int": rng.choice([0, 1])},
+            "driverVersion": {"version": rng.choice(["1.0.0", "1.2.0", "2.0.0"])},
+        },
+    }
+    if rng.random() < 0.9:
+        d["capacity"] = _capacity(rng, multi)
+    if multi:
+        d["allowMultipleAllocations"] = True
+        cov["multi-allocatable device"] += 1
+    if lists or rng.random() < 0.1:
+        d["attributes"]["numas"] = {"ints": sorted(rng.sample([0, 1, 2], rng.randint(1, 2)))}
+        d["attributes"]["models"] = {"strings": sorted(rng.sample(["a", "b", "c"], rng.randint(1, 3)))}
+        cov["list attributes"] += 1
+        if rng.random() < 0.08:
+            d["attributes"]["models"] = {"strings": []}
+            cov["empty list attribute"] += 1
+    if counters and rng.random() < 0.75:
+        d["consumesCounters"] = [{"counterSet": "cs-0", "counters": {"mem": {"value": f"{rng.choice([2, 4, 8])}Gi"}}}]
+        cov["device consuming counters"] += 1
+    if rng.random() < 0.1:
+        effect = rng.choice(["NoSchedule", "NoExecute", "None"])
+        d["taints"] = [{"key": rng.choice(["k1", "k2"]), "value": rng.choice(["v1", "v2"]), "effect": effect}]
+        cov[f"taint {effect}"] += 1
+    if rng.random() < 0.05:
+        d["bindingConditions"] = ["ready"]
+        d["bindingFailureConditions"] = ["failed"]
+        cov["binding conditions"] += 1
+        if rng.random() < 0.5:
+            d["bindsToNode"] = True
+    return d
+
+
+def _toleration(rng: random.Random, cov: Counter[str]) -> dict[str, Any]:
+    op = rng.choice(["Exists", "Equal"])
+    t: dict[str, Any] = {"operator": op}
+    key = rng.choice(["k1", "k2", ""]) if op == "Exists" else rng.choice(["k1", "k2"])
+    if key:
+        t["key"] = key
+    if op == "Equal":
+        t["value"] = rng.choice(["v1", "v2"])
+    effect = rng.choice(["", "NoSchedule", "NoExecute"])
+    if effect:
+        t["effect"] = effect
+    cov[f"toleration {op}{' empty key' if not key else ''}{' any effect' if not effect else ''}"] += 1
+    return t
+
+
+def _request(rng: random.Random, feats: list[str], sub: bool, lists: bool, nic: bool, cov: Counter[str]) -> dict[str, Any]:
+    body: dict[str, Any] = {"deviceClassName": "nic" if nic and rng.random() < 0.3 else "gpu"}
+    if rng.random() < 0.07:
+        body["allocationMode"] = "All"
+        cov["allocationMode All"] += 1
+    else:
+        body["allocationMode"] = "ExactCount"
+        body["count"] = rng.choices([1, 2, 3, 4], weights=[62, 22, 10, 6])[0]
+        cov[f"count {body['count']}"] += 1
+    sels = [
+        f'device.attributes["{DRIVER}"].model == "a"',
+        f'device.attributes["{DRIVER}"].numa == 1',
+        f'has(device.capacity["{DRIVER}"].memory) && device.capacity["{DRIVER}"].memory.compareTo(quantity("16Gi")) >= 0',
+        f'has(device.capacity["{DRIVER}"].memory) && device.capacity["{DRIVER}"].memory.compareTo(quantity("16Gi")) >= 0',
+        f'device.attributes["{DRIVER}"].driverVersion.isGreaterThan(semver("1.1.0"))',
+    ]
+    if rng.random() < 0.2:  # unguarded: a device without memory is a CEL runtime error
+        sels.append(f'device.capacity["{DRIVER}"].memory.compareTo(quantity("16Gi")) >= 0')
+    if "ListTypeAttributes" in feats:
+        sels.append(f'has(device.attributes["{DRIVER}"].numas) && device.attributes["{DRIVER}"].numas.includes(1)')
+    if body["deviceClassName"] == "gpu" and rng.random() < 0.35:
+        body["selectors"] = [{"cel": {"expression": rng.choice(sels)}}]
+    if "ConsumableCapacity" in feats and rng.random() < 0.55:
         reqs = {"memory": rng.choice(["1Gi", "3Gi", "4Gi", "6Gi", "10Gi"])}
         if rng.random() < 0.5:
             reqs["cores"] = rng.choice(["10", "30", "50"])
         body["capacity"] = {"requests": reqs}
-    if not sub and rng.random() < 0.15:
+        cov["capacity request"] += 1
+    if not sub and "AdminAccess" in feats and rng.random() < 0.1:
         body["adminAccess"] = True
-    if rng.random() < 0.2:
-        body["tolerations"] = [{"key": "maintenance", "operator": "Exists", "effect": "NoSchedule"}]
-    return {"name": name, **body}
+        cov["admin access"] += 1
+    if rng.random() < 0.25:
+        body["tolerations"] = [_toleration(rng, cov) for _ in range(rng.randint(1, 2))]
+    return body
 
 
-def scenario(seed: int) -> dict[str, Any]:
+def _share_id(i: int) -> str:
+    return f"00000000-0000-4000-8000-{i:012d}"
+
+
+def scenario(seed: int, cov: Counter[str] | None = None) -> dict[str, Any]:
     rng = random.Random(seed)
-    slices = []
+    cov = cov if cov is not None else Counter()
+    feats = _features(rng)
+    lists = "ListTypeAttributes" in feats
+    target = 0 if rng.random() < 0.75 else 1
+    slices: list[dict[str, Any]] = []
     n = 0
-    for p in range(rng.choice([1, 2])):
-        devices = []
-        for _ in range(rng.randint(1, 4)):
-            multi = rng.random() < 0.7
-            d: dict[str, Any] = {
-                "name": f"dev-{n}",
-                "attributes": {
-                    "uuid": {"string": f"uuid-{n}"},
-                    "model": {"string": rng.choice(["a", "b"])},
-                    "numa": {"int": rng.choice([0, 1])},
-                    "driverVersion": {"version": rng.choice(["1.0.0", "1.2.0", "2.0.0"])},
-                },
-                "capacity": _capacity(rng, multi),
-            }
-            if multi:
-                d["allowMultipleAllocations"] = True
-            if rng.random() < 0.1:
-                d["taints"] = [{"key": "maintenance", "value": "true", "effect": "NoSchedule"}]
-            devices.append(d)
-            n += 1
-        slices.append(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceSlice",
-                "metadata": {"name": f"slice-{p}"},
-                "spec": {
-                    "driver": DRIVER,
-                    "pool": {"name": f"pool-{p}", "generation": 1, "resourceSliceCount": 1},
-                    "nodeName": "node-1",
-                    "devices": devices,
-                },
-            }
-        )
-    all_devices = [(s["spec"]["pool"]["name"], d) for s in slices for d in s["spec"]["devices"]]
+    visible: list[tuple[str, str, dict[str, Any]]] = []  # (driver, pool, device)
+    for p in range(rng.randint(1, 3)):
+        driver = DRIVER if p == 0 or rng.random() < 0.7 else NIC
+        pool = f"pool-{p}"
+        counters = rng.random() < 0.35
+        n_slices = rng.choice([1, 1, 2])
+        sel_spec: dict[str, Any] = {}
+        kind = _node_selection(rng, sel_spec, ["nodeName", "nodeName", "selector", "fieldSelector", "allNodes", "perDevice"],
+                               target, 0.0 if p == 0 else 0.3)
+        cov[f"pool by {kind}"] += 1
+        count = n_slices + (1 if counters else 0)
+        if rng.random() < 0.03:
+            count += 1  # one slice missing: the pool is incomplete
+            cov["incomplete pool"] += 1
+        pool_slices = []
+        for s in range(n_slices):
+            devices = []
+            for _ in range(rng.randint(2, 6)):
+                dv = _device(rng, n, driver, counters, lists, cov)
+                if kind == "perDevice":
+                    _node_selection(rng, dv, ["nodeName", "selector", "allNodes"], target)
+                devices.append(dv)
+                visible.append((driver, pool, dv))
+                n += 1
+            spec = {"driver": driver, "pool": {"name": pool, "generation": 1, "resourceSliceCount": count}, **sel_spec, "devices": devices}
+            pool_slices.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"slice-{p}-{s}"}, "spec": spec})
+        if counters:
+            cov["shared counters"] += 1
+            cspec = {"driver": driver, "pool": {"name": pool, "generation": 1, "resourceSliceCount": count}, **sel_spec,
+                     "sharedCounters": [{"name": "cs-0", "counters": {"mem": {"value": f"{rng.choice([4, 8, 12])}Gi"}}}]}
+            if kind == "perDevice":
+                cspec.pop("perDeviceNodeSelection")
+                cspec["allNodes"] = True
+            pool_slices.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"slice-{p}-c"}, "spec": cspec})
+        if rng.random() < 0.04 and len(pool_slices[0]["spec"]["devices"]) > 0 and n_slices == 2:
+            pool_slices[1]["spec"]["devices"][0]["name"] = pool_slices[0]["spec"]["devices"][0]["name"]
+            cov["invalid pool (duplicate device)"] += 1
+        slices.extend(pool_slices)
     allocated = []
-    for i, (pool, d) in enumerate(rng.sample(all_devices, k=min(len(all_devices), rng.randint(0, 2)))):
-        res: dict[str, Any] = {"request": "req", "driver": DRIVER, "pool": pool, "device": d["name"]}
-        if d.get("allowMultipleAllocations"):
-            res["shareID"] = f"00000000-0000-4000-8000-{i:012d}"
-            res["consumedCapacity"] = {"memory": rng.choice(["2Gi", "4Gi", "8Gi"]), "cores": rng.choice(["0", "50"])}
-        allocated.append(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": f"earlier-{i}", "namespace": "default"},
-                "spec": {"devices": {"requests": [{"name": "req", "exactly": {"deviceClassName": "gpu"}}]}},
-                "status": {"allocation": {"devices": {"results": [res]}}},
-            }
-        )
+    for i, (driver, pool, dv) in enumerate(rng.sample(visible, k=min(len(visible), rng.randint(0, 3)))):
+        res: dict[str, Any] = {"request": "req", "driver": driver, "pool": pool, "device": dv["name"]}
+        r = rng.random()
+        if dv.get("allowMultipleAllocations") and r < 0.7:
+            res["shareID"] = _share_id(i)
+            if dv.get("capacity"):
+                res["consumedCapacity"] = {"memory": rng.choice(["2Gi", "4Gi", "8Gi"]), "cores": rng.choice(["0", "50"])}
+            cov["earlier share"] += 1
+        elif r < 0.85:
+            res["adminAccess"] = True
+            cov["earlier admin result"] += 1
+        else:
+            cov["earlier dedicated"] += 1
+        allocated.append({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": f"earlier-{i}", "namespace": "default"},
+            "spec": {"devices": {"requests": [{"name": "req", "exactly": {"deviceClassName": "gpu"}}]}},
+            "status": {"allocation": {"devices": {"results": [res]}}},
+        })
     claims = []
-    for c in range(rng.randint(1, 3)):
+    nic = any(drv == NIC for drv, _, _ in visible)
+    for c in range(rng.choices([1, 2, 3], weights=[55, 30, 15])[0]):
         requests = []
-        for r in range(rng.randint(1, 2)):
-            if rng.random() < 0.25:
-                requests.append(
-                    {
-                        "name": f"req-{r}",
-                        "firstAvailable": [_request(rng, f"sub-{s}", sub=True) for s in range(rng.randint(1, 3))],
-                    }
-                )
+        names: list[str] = []
+        for r in range(rng.choices([1, 2, 3], weights=[55, 30, 15])[0]):
+            if "PrioritizedList" in feats and rng.random() < 0.25:
+                subs = [{"name": f"sub-{s}", **_request(rng, feats, True, lists, nic, cov)} for s in range(rng.randint(1, 3))]
+                requests.append({"name": f"req-{r}", "firstAvailable": subs})
+                names += [f"req-{r}/{s['name']}" for s in subs]
+                cov["firstAvailable"] += 1
             else:
-                body = _request(rng, "x", sub=False)
-                body.pop("name")
-                requests.append({"name": f"req-{r}", "exactly": body})
+                requests.append({"name": f"req-{r}", "exactly": _request(rng, feats, False, lists, nic, cov)})
+            names.append(f"req-{r}")
         constraints = []
-        if rng.random() < 0.3:
-            constraints.append({"matchAttribute": f"{DRIVER}/numa"})
-        if rng.random() < 0.3:
-            constraints.append({"distinctAttribute": f"{DRIVER}/uuid"})
+        options = [("matchAttribute", f"{DRIVER}/numa"), ("distinctAttribute", f"{DRIVER}/uuid"), ("distinctAttribute", f"{DRIVER}/model")]
+        if lists or rng.random() < 0.2:
+            options += [("matchAttribute", f"{DRIVER}/numas"), ("distinctAttribute", f"{DRIVER}/models")]
+        for kind_, attr in options:
+            if rng.random() < 0.12 and (kind_ == "matchAttribute" or "ConsumableCapacity" in feats):
+                con: dict[str, Any] = {kind_: attr}
+                if rng.random() < 0.4:
+                    con["requests"] = sorted(set(rng.sample(names, k=rng.randint(1, len(names)))))
+                constraints.append(con)
+                cov[f"{kind_} {attr.rpartition('/')[2]}"] += 1
         spec: dict[str, Any] = {"devices": {"requests": requests}}
         if constraints:
             spec["devices"]["constraints"] = constraints
-        claims.append(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": f"claim-{c}", "namespace": "default"},
-                "spec": spec,
-            }
-        )
+        if rng.random() < 0.15:
+            spec["devices"]["config"] = [{"requests": sorted(set(rng.sample(names, k=1))),
+                                          "opaque": {"driver": DRIVER, "parameters": {"claim": c}}}]
+            cov["claim config"] += 1
+        claims.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                       "metadata": {"name": f"claim-{c}", "namespace": "default"}, "spec": spec})
+    gpu_class: dict[str, Any] = {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}
+    if rng.random() < 0.2:
+        gpu_class["config"] = [{"opaque": {"driver": DRIVER, "parameters": {"class": "gpu"}}}]
+        cov["class config"] += 1
+    node = NODES[target]
     return {
         "name": f"random-{seed}",
-        "features": FEATURES,
-        "node": {"name": "node-1", "labels": {}},
+        "features": feats,
+        "node": node,
         "classes": [
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": "gpu"},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-            }
+            {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu"}, "spec": gpu_class},
+            {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "nic"},
+             "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NIC}"'}}]}},
         ],
         "slices": slices,
         "allocated": allocated,
@@ -172,20 +301,44 @@ def scenario(seed: int) -> dict[str, Any]:
     }
 
 
+def coverage(seeds: range) -> tuple[Counter[str], Counter[str]]:
+    """(constructs: in how many seeds each appears, outcomes: allocated / none / error counts)."""
+    constructs: Counter[str] = Counter()
+    outcomes: Counter[str] = Counter()
+    for s in seeds:
+        cov: Counter[str] = Counter()
+        sc = scenario(s, cov)
+        constructs.update(set(cov))
+        for f in sc["features"]:
+            constructs[f"feature {f}"] += 1
+        if len(sc["features"]) < len(ALL_FEATURES) and "ListTypeAttributes" not in sc["features"]:
+            constructs["some features off"] += 1
+        err, results = run_scenario(sc)
+        outcomes["error" if err else "allocated" if results and results[0] is not None else "none"] += 1
+    return constructs, outcomes
+
+
+@pytest.mark.upstream
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_scenario_agrees_with_upstream(seed: int) -> None:
     sc = scenario(seed)
     err, results = run_scenario(sc)
-    up = run_upstream(sc, timeout=60)
-    up_err = up.get("error") or ""
-    assert bool(err) == bool(up_err), f"tessera error {err!r}, upstream error {up_err!r}"
-    if err:
-        return
-    up_results = up.get("results") or [None] * len(results)
-    assert [normalize(r) for r in results] == [normalize(r) for r in up_results]
+    assert_same(sc, err, results, run_upstream(sc, timeout=60), exact=False)
 
 
-def test_random_scenarios_exercise_both_outcomes() -> None:
-    """The generator is not degenerate: some scenarios allocate, some do not."""
-    outcomes = {run_scenario(scenario(s))[1][0] is None for s in SEEDS}
-    assert outcomes == {True, False}
+def test_random_scenarios_cover_every_construct_and_outcome() -> None:
+    """The generator is not degenerate: most scenarios allocate, some do not, some error, and
+    every construct it knows appears in many of them."""
+    seeds = range(0, 500)
+    constructs, outcomes = coverage(seeds)
+    assert outcomes["allocated"] >= 200 and outcomes["none"] >= 50 and outcomes["error"] >= 10, outcomes
+    for name in (
+        "allocationMode All", "count 3", "count 4", "firstAvailable", "shared counters", "device consuming counters",
+        "list attributes", "empty list attribute", "binding conditions", "taint NoSchedule", "taint NoExecute",
+        "taint None", "toleration Exists", "toleration Equal", "toleration Exists empty key", "admin access",
+        "earlier share", "earlier dedicated", "earlier admin result", "pool by perDevice", "pool by selector",
+        "pool by fieldSelector", "pool by allNodes", "incomplete pool", "invalid pool (duplicate device)",
+        "matchAttribute numa", "distinctAttribute uuid", "matchAttribute numas", "distinctAttribute models",
+        "claim config", "class config", "feature ListTypeAttributes", "some features off",
+    ):
+        assert constructs[name] >= 10, (name, constructs[name])

@@ -44,10 +44,14 @@ def test_claim_reference_with_namespace() -> None:
         a.allocate(NODE, [rclaim({"name": "req-0", "exactly": {"deviceClassName": ""}}, ns="team-a")])
 
 
-def test_undeclared_reference_is_a_compile_error_even_without_devices() -> None:
-    a = allocator()
-    with pytest.raises(AllocationError, match=r"claim claim-0: selector #0: CEL compile error: undeclared reference to 'nope'"):
-        a.allocate(NODE, [rclaim(exact(selectors=[{"cel": {"expression": "nope == 1"}}]))])
+def test_a_selector_that_does_not_compile_fails_only_when_a_device_reaches_it() -> None:
+    # Upstream compiles selectors on first use (checked with the harness, Kubernetes v1.37.2):
+    # no device, or only devices the class already refuses, means no error at all.
+    bad = exact(selectors=[{"cel": {"expression": "nope == 1"}}])
+    assert allocator().allocate(NODE, [rclaim(bad)]) is None
+    assert allocator(rslice({"name": "d1"}, driver="driver-b")).allocate(NODE, [rclaim(bad)]) is None
+    with pytest.raises(AllocationError, match=r"^claim claim-0: selector #0: CEL compile error: .*undeclared reference to 'nope'"):
+        allocator(rslice({"name": "d1"})).allocate(NODE, [rclaim(bad)])
 
 
 def test_comprehension_variables_are_declared() -> None:
@@ -140,3 +144,18 @@ def test_selector_results_shared_only_between_devices_that_agree_on_named_fields
     # Enumerating the attribute map may read anything: no sharing.
     assert _reads('device.attributes["d.example.com"].size() > 2') is None
     assert _reads('device.attributes["d.example.com"].exists(k, k == "x")') is None
+    # The rest of the Kubernetes CEL environment that enumerates or computes keys: no sharing.
+    for expr in (
+        'device.attributes["d.example.com"].existsOne(k, k == "x")',
+        'device.attributes["d.example.com"].transformList(k, v, v).size() > 0',
+        'device.attributes["d.example.com"].transformMap(k, v, v).size() > 0',
+        'device.attributes["d.example.com"].transformMapEntry(k, v, {k: v}).size() > 0',
+        'cel.bind(m, device.attributes, m["d.example.com"].model == "H100")',
+        'cel.bind(k, "model", device.attributes["d.example.com"][k] == "H100")',
+    ):
+        assert _reads(expr) is None, expr
+    # String-literal keys, optional ones included, name what they read: shared.
+    assert _reads('device.attributes[?"d.example.com"].model == "H100"') >= {"model", "d.example.com"}
+    # A key computed by cel.bind must not let b (numa 1) share a's result (numa 0).
+    computed = compile_selector('cel.bind(k, "nu" + "ma", device.attributes["d.example.com"][k] == 0)')
+    assert [alloc.matches([computed], d, "t") for d in (a, b, c)] == [True, False, True]

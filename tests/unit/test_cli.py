@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -72,7 +73,17 @@ def test_default_yaml_is_a_list_with_allocations() -> None:
 
 def test_json_output(tmp_path: Path) -> None:
     code, out, _ = run("simulate", "-o", "json")
-    assert code == 0 and out.lstrip().startswith("{")
+    assert code == 0
+    lst = json.loads(out)
+    assert (lst["apiVersion"], lst["kind"]) == ("v1", "List")
+    kinds = [o["kind"] for o in lst["items"]]
+    assert kinds.count("ResourceSlice") == 4 and kinds.count("DeviceClass") == 1 and kinds.count("Pod") == 18
+    # The same List as -o yaml, object for object.
+    code, out_yaml, _ = run("simulate", "-o", "yaml")
+    assert code == 0 and yaml.safe_load(out_yaml) == lst
+    pods = {o["metadata"]["name"]: o for o in lst["items"] if o["kind"] == "Pod"}
+    assert pods["trainer-1"]["spec"]["nodeName"] == "h100-node"
+    assert pods["too-big"]["status"]["conditions"][0]["reason"] == "Unschedulable"
 
 
 def test_node_flag_with_corpus_inventory(corpus: Path, tmp_path: Path) -> None:
@@ -131,12 +142,27 @@ def test_negative_gpumem(tmp_path: Path) -> None:
 
 
 def test_unknown_device_class(corpus: Path, tmp_path: Path) -> None:
+    # A template naming a class that does not exist is not bad input (kube-scheduler would leave
+    # pods using it pending): a warning on stderr, exit 0.
     f = corpus / "dra-manifests" / "kubernetes-website__examples_dra__resourceclaimtemplate.yaml"
-    msg = _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f))
-    assert msg == (
-        f"tessera: error: {f} (document 1): ResourceClaimTemplate default/example-resource-claim-template: "
-        "spec.spec.devices.requests[0].exactly.deviceClassName: DeviceClass 'example-device-class' does not exist "
-        "(known: gpu.tessera.dev): use one of them or add the DeviceClass"
+    r = CliRunner().invoke(main, ["simulate", "--cluster", CLUSTER, str(f)])
+    assert r.exit_code == 0, r.output
+    assert (
+        f"tessera: warning: {f} (document 1): ResourceClaimTemplate default/example-resource-claim-template: "
+        "spec.spec.devices.requests[0].exactly.deviceClassName: DeviceClass 'example-device-class' does not exist: "
+        "pods using it stay pending (known: gpu.tessera.dev; add the DeviceClass, or map it with "
+        "--class-map example-device-class=CLASS)"
+    ) in r.stderr
+
+
+def test_class_map_option(corpus: Path, tmp_path: Path) -> None:
+    f = corpus / "dra-manifests" / "k8s-dra-driver-gpu__demo_specs_quickstart_v1__gpu-test1.yaml"
+    code, out, _ = run("simulate", "--cluster", CLUSTER, "--class-map", "gpu.nvidia.com=gpu.tessera.dev", "-o", "json", str(f))
+    assert code == 0
+    pods = {o["metadata"]["name"]: o["spec"].get("nodeName") for o in json.loads(out)["items"] if o["kind"] == "Pod"}
+    assert pods == {"pod1": "h100-node", "pod2": "h100-node"}
+    assert _bad(tmp_path, "simulate", "--cluster", CLUSTER, "--class-map", "gpu.nvidia.com", str(f)) == (
+        "tessera: error: --class-map 'gpu.nvidia.com': expected FROM=TO, e.g. gpu.nvidia.com=gpu.tessera.dev"
     )
 
 

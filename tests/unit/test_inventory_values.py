@@ -133,6 +133,33 @@ def test_dual_a5000_xml() -> None:
     assert devs["gpu-1"]["capacity"]["memory"]["value"] == "24564Mi"
 
 
+# `nvidia-smi --query-gpu=index,uuid,name,memory.free,memory.total,pci.bus_id,driver_version,compute_cap
+# --format=csv` on a two-GPU GTX 1080 Ti host (the corpus has no --query-gpu capture with uuid and
+# memory.total). Rows as a sampling loop may print them: not in index order; memory.free before
+# memory.total, and smaller.
+GTX1080TI_CSV = """\
+index, uuid, name, memory.free [MiB], memory.total [MiB], pci.bus_id, driver_version, compute_cap
+1, GPU-5d2a8e1c-1f0b-7c43-9e1a-3b8f2d6c4a11, NVIDIA GeForce GTX 1080 Ti, 11170 MiB, 11264 MiB, 00000000:02:00.0, 535.161.08, 6.1
+0, GPU-5d2a8e1c-1f0b-7c43-9e1a-3b8f2d6c4a10, NVIDIA GeForce GTX 1080 Ti, 8264 MiB, 11264 MiB, 00000000:01:00.0, 535.161.08, 6.1
+"""
+
+
+def test_query_gpu_csv_exact_values() -> None:
+    gpus = parse_inventory(GTX1080TI_CSV, "gtx1080ti.csv")
+    assert [(g.index, g.uuid, g.pcie_bus_id, g.memory_bytes) for g in gpus] == [
+        (0, "GPU-5d2a8e1c-1f0b-7c43-9e1a-3b8f2d6c4a10", "0000:01:00.0", 11264 << 20),
+        (1, "GPU-5d2a8e1c-1f0b-7c43-9e1a-3b8f2d6c4a11", "0000:02:00.0", 11264 << 20),
+    ]
+    assert {(g.product_name, g.architecture, g.cuda_compute_capability, g.driver_version) for g in gpus} == {
+        ("NVIDIA GeForce GTX 1080 Ti", "Pascal", "6.1", "535.161.08")
+    }
+    devs = devices(build_resource_slices("gtx", gpus))
+    assert sorted(devs) == ["gpu-0", "gpu-1"]
+    assert attr(devs["gpu-0"], "uuid") == "GPU-5d2a8e1c-1f0b-7c43-9e1a-3b8f2d6c4a10"
+    assert attr(devs["gpu-1"], "index") == 1
+    assert devs["gpu-0"]["capacity"]["memory"]["value"] == "11Gi"
+
+
 def test_a100_mig_xml_publishes_dedicated_mig_devices_only() -> None:
     (gpu,) = inventory(A100_MIG_XML)
     assert gpu.mig_enabled and gpu.memory_bytes == 40960 << 20

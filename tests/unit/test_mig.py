@@ -184,7 +184,8 @@ def test_a_full_a100_says_why_without_contradicting_itself() -> None:
     reason = pending(result)["p4"]
     assert reason == (
         "0/1 nodes are available: 1 cannot allocate all claims. claim default/p4-c-gpu, request gpu: "
-        "4 device(s) match its selectors, 0 of them with room for memory 4000Mi, cores 0"
+        "needs 1 device with memory 4000Mi and cores 0; 4 GPUs in the cluster match its selectors, none has room now: "
+        "4 GPUs in use (allocated whole to another claim)"
     )  # no "most free memory" on devices that are allocated whole
     exp = explain(Cluster([node("a100", a100_static())], "test"), [Manifest(p, Source("t", i)) for i, p in enumerate(pods)], "default/p4")
     assert exp.hami == [
@@ -221,9 +222,10 @@ def test_two_60gib_claims_are_not_both_promised_the_71gib_gpu_instance() -> None
     result = run_sim([h200], objs)
     assert placed(result) == {"a": ["gpu-0-mig-2-0"]}
     assert (
-        "request gpu: 5 device(s) match its selectors, 0 of them with room for memory 60Gi (1 blocked by shared counters: "
-        "h200: memory of GPU instance 2 of gpu-0 (shared by its compute instances): 71424Mi of 71424Mi in use); "
-        "most free memory: 33280Mi on h200/gpu-0-mig-3-0"
+        "5 GPUs in the cluster match its selectors: 3 GPUs can never hold it (memory 60Gi is more than any of them has: "
+        "the largest has 33280Mi, h200/gpu-0-mig-3-0); 1 GPU in use (allocated whole to another claim); "
+        "1 GPU with shared counters used up (h200/gpu-0: memory of GPU instance 2 of gpu-0 (shared by its compute "
+        "instances): 71424Mi of 71424Mi in use)"
     ) in pending(result)["b"]
     # the per-GPU table shows the sharing on both compute instances
     usage = {u.device: u for u in result.gpus}
@@ -232,7 +234,9 @@ def test_two_60gib_claims_are_not_both_promised_the_71gib_gpu_instance() -> None
     assert usage["gpu-0-mig-2-1"].counters == [shared] and not usage["gpu-0-mig-2-1"].dedicated
     exp = explain(Cluster([h200], "test"), [Manifest(o, Source("t", i)) for i, o in enumerate(objs)], "default/b")
     groups = [(g.count, g.reason) for r in exp.nodes[0].requests for g in r.groups]
-    assert (1, f"shared counters: {shared}") in groups
+    assert (
+        1, "shared counter gpu-0/gi-2-memory used up: the device needs 71424Mi, 0 of 71424Mi left (71424Mi held by earlier allocations)"
+    ) in groups
 
 
 def test_h200_table_holds_the_corpus_capture() -> None:
@@ -415,12 +419,16 @@ def test_seven_1g_instances_then_the_counter_is_named() -> None:
     # 1g profiles from the highest placement down (HAMi's order): 6, 5, ... 0
     assert placed(result) == {f"p{i}": [f"gpu-0-mig-1g10gb-{6 - i}"] for i in range(7)}
     assert pending(result)["p7"].endswith(
-        "(18 blocked by shared counters: h100: memory slices of gpu-0: 7 of 8 used; h100: compute slices of gpu-0: 7 of 7 used)"
+        "none has room now: 7 GPUs in use (allocated whole to another claim); "
+        "18 GPUs with shared counters used up (h100/gpu-0: memory slices 0-6 taken)"
     )
     exp = explain(Cluster([n], "test"), [Manifest(p, Source("t", i)) for i, p in enumerate(pods)], "default/p7")
     reasons = {g.reason for r in exp.nodes[0].requests for g in r.groups}
-    assert any(r.startswith("shared counters: memory slices of gpu-0: 7 of 8 used; compute slices of gpu-0: 7 of 7 used (")
-               for r in reasons), reasons  # fmt: skip
+    # each placement that is taken names its memory slice, what it needs and what is left
+    assert {r for r in reasons if r.startswith("shared counter")} >= {
+        f"shared counter gpu-0/memory-slice-{k} used up: the device needs 1, 0 of 1 left (1 held by earlier allocations)"
+        for k in range(7)
+    }, reasons
     (gpu_row,) = [u for u in result.gpus if u.device == "gpu-0"]
     assert gpu_row.counters == ["memory slices of gpu-0: 7 of 8 used", "compute slices of gpu-0: 7 of 7 used"]
     assert sum(1 for u in result.gpus if u.potential) == 26 - 1 - 7  # free placements, hidden in the table

@@ -32,6 +32,26 @@ from tessera.allocator.model import (
     node_selector_matches,
     slice_from_dict,
 )
+from tessera.allocator.record import (
+    SELECTION_CHECKS,
+    BindingConditionsOff,
+    CapacityMissing,
+    CapacityShort,
+    CapacityUse,
+    CelError,
+    ConstraintFailed,
+    CountersOff,
+    CountersShort,
+    DeviceRecord,
+    InUse,
+    NodeRecord,
+    NotOnNode,
+    PolicyViolation,
+    Refusal,
+    RequestRecord,
+    SelectorFalse,
+    Tainted,
+)
 from tessera.api.quantity import Quantity
 from tessera.cel import (
     CelCompileError,
@@ -42,6 +62,7 @@ from tessera.cel import (
 )
 
 MAX_RESULTS_PER_CLAIM = 32
+_ZERO = Fraction(0)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -51,10 +72,46 @@ def _parse_quantity(v: str | int) -> Quantity:
 
 
 class AllocationError(Exception):
-    """Upstream returns an error (not "unsatisfiable"): the pod is retried, never placed.
+    """Upstream returns an error (not "unsatisfiable"): the pod's scheduling attempt is aborted
+    on every node; it is retried with backoff, never placed while the error lasts.
 
     ``str()`` uses upstream's message forms (dra-spec.md 4.9).
     """
+
+
+class NodeAllocationError(AllocationError):
+    """An error about this node only (upstream's ``ErrFailedAllocationOnNode``: invalid resource
+    pools were encountered and nothing else fit). kube-scheduler reports it as this node's
+    Unschedulable reason and goes on with the other nodes."""
+
+
+class SelectorError(AllocationError):
+    """A selector could not be evaluated on a device (CEL runtime error): ``owner`` is
+    ``class <name>`` or ``claim <ref>``; ``index``, ``expression`` and the CEL ``error`` text
+    are the parts of upstream's message (dra-spec.md 3.2)."""
+
+    def __init__(self, owner: str, index: int, expression: str, device: str, error: str) -> None:
+        hint = ""
+        if "no such key" in error:
+            hint = " (hint: guard the lookup with has(...) so devices without it do not match)"
+        super().__init__(f"{owner}: selector #{index} on device {device}: CEL runtime error: {error}{hint}")
+        self.owner = owner
+        self.index = index
+        self.expression = expression
+        self.error = error
+
+
+class SelectorCompileError(AllocationError):
+    """A selector does not compile; raised when a device is first evaluated with it (upstream
+    compiles on first use). ``owner``, ``index``, ``expression``, ``error`` as in
+    :class:`SelectorError`."""
+
+    def __init__(self, owner: str, index: int, expression: str, error: str) -> None:
+        super().__init__(f"{owner}: selector #{index}: CEL compile error: {error}")
+        self.owner = owner
+        self.index = index
+        self.expression = expression
+        self.error = error
 
 
 class _MaxSizeExceeded(Exception):
@@ -101,6 +158,9 @@ class Pool:
     complete: bool = True
     invalid: str | None = None
     has_binding_conditions: bool = False
+    # Device slices of the pool (this generation) that do not target the node: only known
+    # when the pool looked incomplete from the node; they count for counter accounting.
+    not_targeting: list[Slice] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -127,7 +187,8 @@ class SliceIndex:
             yield from s.devices
 
 
-def _slice_on_node(s: Slice, node: Node) -> bool:
+def slice_on_node(s: Slice, node: Node) -> bool:
+    """Whether a slice targets ``node`` (dra-spec.md 4.2 step 2)."""
     if s.node_name:
         return s.node_name == node.name
     if s.all_nodes:
@@ -141,57 +202,83 @@ def _slice_on_node(s: Slice, node: Node) -> bool:
 
 
 def gather_pools(index: SliceIndex, node: Node, features: Features) -> list[Pool]:
-    """The pools visible from ``node``, in allocation order (dra-spec.md 4.2)."""
+    """The pools visible from ``node``, in allocation order: upstream's ``GatherPools``
+    (dra-spec.md 4.2), Kubernetes v1.37.2's incubating variant."""
     relevant: dict[tuple[str, str], list[Slice]] = {}
     for s in index.by_node.get(node.name, []) + index.unpinned:
         if not features.partitionable_devices and (s.per_device_node_selection or s.shared_counters):
             continue
-        if not _slice_on_node(s, node):
+        if not slice_on_node(s, node):
             continue
-        relevant.setdefault((s.driver, s.pool), []).append(s)
-    pools: list[Pool] = []
+        key = (s.driver, s.pool)
+        cur = relevant.get(key)
+        if cur is None or s.generation > cur[0].generation:
+            relevant[key] = [s]  # a newer generation replaces the slices seen so far
+        elif s.generation == cur[0].generation:
+            cur.append(s)
+    plain: list[Pool] = []
+    binding: list[Pool] = []
     for key, sl in relevant.items():
-        gen = max(s.generation for s in sl)
-        cur = [s for s in sl if s.generation == gen]
-        complete = True
-        all_of_pool = index.by_pool.get(key, [])
-        if len(cur) != cur[0].slice_count:
+        gen, count = sl[0].generation, sl[0].slice_count
+        if len(sl) == count:
+            pool = _build_pool(key, sl, features, None)
+        else:
+            # Slices filtered out as not targeting the node may complete the pool.
+            all_of_pool = index.by_pool.get(key, [])
             if any(s.generation > gen for s in all_of_pool):
-                continue  # obsolete: a newer generation exists
-            if len([s for s in all_of_pool if s.generation == gen]) != cur[0].slice_count:
-                complete = False
-        counters: dict[str, dict[str, Fraction]] = {}
-        invalid: str | None = None
-        for s in all_of_pool:
-            if s.generation != gen or not features.partitionable_devices:
+                continue  # obsolete: the driver is publishing a newer generation
+            same = [s for s in all_of_pool if s.generation == gen]
+            if len(same) != count:
+                plain.append(Pool(key[0], key[1], [], {}, complete=False))
                 continue
-            for cs, cvals in s.shared_counters.items():
-                if cs in counters:
-                    invalid = f"duplicate counter set {cs}"
-                counters[cs] = cvals
-        device_slices = sorted((s for s in cur if s.devices), key=lambda s: s.name)
-        # Validity covers every slice of the pool at this generation, including slices that
-        # target other nodes (case partitionable-devices-validation-error-on-non-targeting-slice).
-        seen: set[str] = set()
-        for s in all_of_pool:
-            if s.generation != gen or not s.devices:
-                continue
-            if not features.partitionable_devices and s.per_device_node_selection:
-                continue
-            for d in s.devices:
-                if d.name in seen:
-                    invalid = f"duplicate device name {d.name}"
-                seen.add(d.name)
-                if features.partitionable_devices:
-                    for cs, cvals in d.consumes_counters:
-                        if cs not in counters or any(c not in counters[cs] for c in cvals):
-                            invalid = f"device {d.name} consumes unknown counters of set {cs}"
-        has_bc = any(d.binding_conditions and device_on_node(d, node) for s in device_slices for d in s.devices)
-        pools.append(Pool(key[0], key[1], device_slices, counters, complete, invalid, has_bc))
-    pools.sort(key=lambda p: p.key)
-    if features.device_binding_and_status:
-        pools.sort(key=lambda p: p.has_binding_conditions)
-    return pools
+            pool = _build_pool(key, sl, features, same)
+        (binding if pool.has_binding_conditions else plain).append(pool)
+    plain.sort(key=lambda p: p.key)
+    binding.sort(key=lambda p: p.key)
+    return plain + binding
+
+
+def _build_pool(key: tuple[str, str], slices: list[Slice], features: Features, all_slices: list[Slice] | None) -> Pool:
+    """buildPool: the node's device slices (by name), counter sets, validity."""
+    pd = features.partitionable_devices
+    device_slices: list[Slice] = []
+    counter_slices: list[Slice] = []
+    not_targeting: list[Slice] = []
+    for s in sorted(slices, key=lambda s: s.name):
+        (counter_slices if pd and s.shared_counters else device_slices).append(s)
+    if all_slices is not None and len(slices) < len(all_slices):
+        names = {s.name for s in slices}
+        for s in all_slices:
+            if s.name not in names:
+                (counter_slices if pd and s.shared_counters else not_targeting).append(s)
+    has_bc = any(d.binding_conditions for s in device_slices for d in s.devices)
+    pool = Pool(key[0], key[1], device_slices, {}, True, None, has_bc, not_targeting)
+    seen: set[str] = set()
+    for s in device_slices:
+        for d in s.devices:
+            if d.name in seen:
+                pool.invalid = f"duplicate device name {d.name}"
+                return pool
+            seen.add(d.name)
+    if not pd:
+        return pool
+    for s in counter_slices:
+        for cs, cvals in s.shared_counters.items():
+            if cs in pool.counters:
+                pool.invalid = f"duplicate counter set name {cs}"
+                return pool
+            pool.counters[cs] = cvals
+    for s in device_slices + not_targeting:
+        for d in s.devices:
+            for cs, cvals in d.consumes_counters:
+                if cs not in pool.counters:
+                    pool.invalid = f"counter set {cs} not found"
+                    return pool
+                for c in cvals:
+                    if c not in pool.counters[cs]:
+                        pool.invalid = f"counter {c} not found in counter set {cs}"
+                        return pool
+    return pool
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,6 +329,26 @@ def violates_policy(cap: Capacity, amount: Quantity) -> bool:
     return False
 
 
+def consumption(requests: Mapping[str, Quantity], d: Device) -> tuple[tuple[str, Fraction, Fraction, str], ...] | Refusal:
+    """What a request naming ``requests`` consumes of each capacity of ``d`` (dra-spec.md 2.2,
+    2.3): (name, amount, published value, amount as a result string) per capacity; or why the
+    device cannot serve it at any fill level (a requested capacity it lacks, an amount its
+    request policy forbids)."""
+    req = requests
+    caps = d.capacity
+    missing = tuple(k for k in req if k not in caps)
+    if missing:
+        return CapacityMissing(missing, tuple(caps))
+    items = []
+    for k, cap in caps.items():
+        amount = consumed_amount(cap, req.get(k))
+        if violates_policy(cap, amount):
+            assert cap.policy is not None
+            return PolicyViolation(k, amount.value, cap.value.format, cap.policy)
+        items.append((k, amount.value, cap.value.value, Quantity(amount.value, cap.value.format).canonical()))
+    return tuple(items)
+
+
 # ---------------------------------------------------------------------------------------------
 # Requests
 
@@ -254,8 +361,8 @@ class RequestData:
     name: str  # "req" or "req/sub"
     parent: str
     class_name: str
-    class_selectors: list[CompiledSelector]
-    selectors: list[CompiledSelector]
+    class_selectors: list[CompiledSelector | _BadSelector]
+    selectors: list[CompiledSelector | _BadSelector]
     all_mode: bool
     count: int
     admin: bool
@@ -281,67 +388,83 @@ class ClaimData:
 class _Constraint:
     """matchAttribute / distinctAttribute over the requests in scope (dra-spec.md 4.5, 2.6).
 
-    Values are compared as sets of (type, value) keys: a scalar is a one-element set, a list
-    attribute (DRAListTypeAttributes on) the set of its items. ``match`` keeps the running
-    intersection (must stay non-empty), ``distinct`` the union of what was seen (each new
-    device must be disjoint from it). Both are stacks, undone in reverse order by the search,
-    so backtracking restores the running intersection (upstream PR #140326).
+    Kubernetes v1.37.2 semantics, both variants. A device without the attribute is refused.
+    Values are kept as sets of (type, value) keys on a stack that the search pops on
+    backtracking (so the running intersection is restored, upstream PR #140326):
 
-    Deliberate difference (scenario tessera-r2-distinct-count-3-within-one-request):
-    upstream remembers one distinct value per request name, so inside one request of count
-    >= 3 it only compares with the previous device; Tessera compares with every device in
-    scope.
+    * DRAListTypeAttributes on (upstream's experimental variant): a scalar is a one-element
+      set, a list the set of its items; an empty list or an attribute without a value is of
+      unknown type and refused. ``match`` keeps the running intersection non-empty,
+      ``distinct`` keeps every device disjoint from all earlier ones.
+    * off (incubating): only scalars compare. The first device in scope is always accepted,
+      whatever its value; after it, ``match`` accepts a scalar equal to it (nothing at all if
+      the first value was a list), ``distinct`` refuses a scalar equal to an earlier scalar
+      and refuses any list or valueless attribute.
     """
 
-    __slots__ = ("attribute", "distinct", "lists", "scope", "seen", "stack")
+    __slots__ = ("attribute", "distinct", "index", "lists", "scope", "stack")
 
-    def __init__(self, attribute: str, requests: Sequence[str], distinct: bool, lists: bool) -> None:
+    def __init__(self, index: int, attribute: str, requests: Sequence[str], distinct: bool, lists: bool) -> None:
+        self.index = index
         self.attribute = attribute
         self.scope = frozenset(requests)
         self.distinct = distinct
         self.lists = lists
-        self.stack: list[frozenset[tuple[str, Any]]] = []
-        self.seen: frozenset[tuple[str, Any]] = frozenset()
+        self.stack: list[frozenset[tuple[str, Any]] | None] = []
+
+    @property
+    def kind(self) -> str:
+        return "distinctAttribute" if self.distinct else "matchAttribute"
 
     def covers(self, request: str) -> bool:
         if not self.scope:
             return True
         return request in self.scope or request.split("/", 1)[0] in self.scope
 
-    def _keys(self, d: Device) -> frozenset[tuple[str, Any]] | None:
-        v = d.attributes.get(self.attribute, _MISSING)
-        if v is _MISSING or isinstance(v, UnsupportedAttribute):
+    def _keys(self, v: Any) -> frozenset[tuple[str, Any]] | None:
+        """The value as a set of typed keys; None for a value of unknown type."""
+        if isinstance(v, UnsupportedAttribute):
             return None
         if isinstance(v, list):
-            if not self.lists:
-                return None  # list attributes are not understood without DRAListTypeAttributes
+            if not self.lists or not v:
+                return None
             return frozenset(_attr_key(x) for x in v)
         return frozenset((_attr_key(v),))
 
     def add(self, request: str, d: Device) -> bool:
         if not self.covers(request):
             return True
-        keys = self._keys(d)
-        if keys is None:
+        v = d.attributes.get(self.attribute, _MISSING)
+        if v is _MISSING:
             return False
+        keys = self._keys(v)
+        stack = self.stack
         if self.distinct:
-            if self.seen & keys:
+            if keys is None:
+                if self.lists or stack:
+                    return False
+            elif any(k is not None and not k.isdisjoint(keys) for k in stack):
                 return False
-            self.seen = self.seen | keys
-            self.stack.append(keys)
+            stack.append(keys)
             return True
-        new = self.stack[-1] & keys if self.stack else keys
+        if not stack:
+            if keys is None and self.lists:
+                return False
+            stack.append(keys)
+            return True
+        top = stack[-1]
+        if keys is None or top is None:
+            return False
+        new = top & keys
         if not new:
             return False
-        self.stack.append(new)
+        stack.append(new)
         return True
 
     def remove(self, request: str, d: Device) -> None:
         if not self.covers(request):
             return
-        keys = self.stack.pop()
-        if self.distinct:
-            self.seen = self.seen - keys
+        self.stack.pop()
 
 
 _MISSING = object()
@@ -427,7 +550,8 @@ class Allocator:
         """Allocate ``claims`` (ResourceClaim dicts, in order) on ``node``.
 
         Returns one AllocationResult dict per claim, or ``None`` if unsatisfiable here.
-        Raises :class:`AllocationError` for what upstream reports as an error.
+        Raises :class:`AllocationError` for what upstream reports as an error
+        (:class:`NodeAllocationError` when it concerns this node only).
 
         ``device_rank`` (Tessera's placement policies, not upstream) re-orders the candidate
         devices: they are tried in ascending rank, ties kept in upstream's pool, slice and
@@ -435,15 +559,85 @@ class Allocator:
         """
         return _Search(self, node, claims, device_rank).run()
 
+    def diagnose(
+        self,
+        node: Node,
+        claims: Sequence[Mapping[str, Any]],
+        device_rank: Callable[[Device], Any] | None = None,
+        *,
+        search: bool = True,
+    ) -> NodeRecord:
+        """What :meth:`allocate` decides on ``node``, with the reasons: a :class:`NodeRecord`.
+
+        Runs the same search as :meth:`allocate` (same outcome, same errors, captured in the
+        record instead of raised) with a recorder installed at every point where a candidate
+        device is refused, then, per request and ``firstAvailable`` subrequest, runs each
+        candidate device through the same checks on its own (nothing else of the claims picked
+        yet). A CEL error met on its own is recorded for that device (:class:`CelError`), not
+        raised. Costs one search plus one pass over the node's devices per request; the
+        scheduling path (:meth:`allocate`) records nothing. ``search=False`` skips the search
+        (for a caller that already knows the outcome): no ``in_search`` refusals, and
+        ``results``/``error`` stay None.
+        """
+        rec = NodeRecord(node.name)
+        for p in self.pools(node):
+            if not p.complete:
+                rec.incomplete_pools.append(f"{p.driver}/{p.name}")
+            if p.invalid:
+                rec.invalid_pools.append((f"{p.driver}/{p.name}", p.invalid))
+        first: dict[tuple[int, str, DeviceID], Refusal] = {}
+        if search:
+            s = _Search(self, node, claims, device_rank)
+            s.rec = _Recorder()
+            try:
+                rec.results = s.run()
+            except AllocationError as e:
+                rec.error = str(e)
+                rec.node_only = isinstance(e, NodeAllocationError)
+            first = s.rec.first
+        # On its own: a fresh search state per (claim, request), so picks of the failed search
+        # (or of one left half-done by an error) never leak into it.
+        alone = _Search(self, node, claims, device_rank)
+        try:
+            alone._prepare()
+        except AllocationError:
+            return rec
+        alone.rec = _Recorder()
+        for cd in alone.claims:
+            for alts in cd.requests:
+                for rd in alts:
+                    rr = RequestRecord(
+                        claim_index=rd.claim_index, claim=cd.ref, name=rd.name, parent=rd.parent,
+                        class_name=rd.class_name, count=rd.count, all_mode=rd.all_mode, admin=rd.admin,
+                        capacity=dict(rd.capacity),
+                    )
+                    for pool, d in alone.order:
+                        r = alone.alone(cd, rd, d, pool)
+                        dr = DeviceRecord(d, r, first.get((rd.claim_index, rd.name, d.id)))
+                        if isinstance(r, CapacityShort):
+                            dr.uses = r.uses  # the same numbers: nothing else is picked here
+                        elif r is None or r.check not in SELECTION_CHECKS:
+                            dr.uses = alone.uses(rd, d)
+                        rr.devices.append(dr)
+                    rec.requests.append(rr)
+        return rec
+
     # ---- selectors ----------------------------------------------------------------------------
-    def matches(self, sels: Sequence[CompiledSelector], d: Device, owner: str) -> bool:
-        """Whether ``d`` passes every selector; a CEL runtime error raises AllocationError.
+    def matches(self, sels: Sequence[CompiledSelector | _BadSelector], d: Device, owner: str) -> bool:
+        """Whether ``d`` passes every selector; a CEL runtime error raises AllocationError."""
+        return self.first_false(sels, d, owner) < 0
+
+    def first_false(self, sels: Sequence[CompiledSelector | _BadSelector], d: Device, owner: str) -> int:
+        """The index of the first selector that is false on ``d``, or -1 when all are true;
+        a CEL runtime error raises AllocationError (upstream's message, ``owner`` first).
 
         Results are memoised per (expression, device), and across devices that agree on every
         field the expression can read (see :func:`_reads`): 8 identical GPUs but for their
         UUIDs evaluate ``device.driver == "x"`` once.
         """
         for i, sel in enumerate(sels):
+            if isinstance(sel, _BadSelector):
+                raise SelectorCompileError(owner, i, sel.expression, sel.error)
             key = (sel.expression, id(d))
             r = self._sel_cache.get(key)
             if r is None:
@@ -458,22 +652,38 @@ class Allocator:
                         self._sig_cache[skey] = r
                 self._sel_cache[key] = r
             if isinstance(r, CelRuntimeError):
-                hint = ""
-                if "no such key" in str(r):
-                    hint = " (hint: guard the lookup with has(...) so devices without it do not match)"
-                raise AllocationError(
-                    f"{owner}: selector #{i} on device {'/'.join(d.id)}: CEL runtime error: {r}{hint}"
-                )
+                raise SelectorError(owner, i, sel.expression, "/".join(d.id), str(r))
             if not r:
-                return False
-        return True
+                return i
+        return -1
 
 
-# Expressions that may read fields they do not name (map enumeration, computed keys): their
-# results are memoised per device only.
+class _Recorder:
+    """Collects refusals (installed by :meth:`Allocator.diagnose` only). ``first``: the first
+    refusal per (claim index, request name, device); ``last``: the latest one."""
+
+    __slots__ = ("first", "last")
+
+    def __init__(self) -> None:
+        self.first: dict[tuple[int, str, DeviceID], Refusal] = {}
+        self.last: Refusal | None = None
+
+    def refuse(self, rd: RequestData, d: Device, r: Refusal) -> None:
+        self.last = r
+        self.first.setdefault((rd.claim_index, rd.name, d.id), r)
+
+
+# Expressions that may read fields they do not name: their results are memoised per device
+# only. That is: a macro or function that enumerates a map (size, all, exists, existsOne,
+# map, filter, the ext library's transformList/transformMap/transformMapEntry), `in device`,
+# `device.attributes`/`device.capacity` used other than through a string-literal key (bound
+# with cel.bind, passed whole, indexed by a variable), and any index that is not a string
+# literal (a computed key may name any field).
 _ENUMERATES = re.compile(
-    r"\b(size|all|exists|exists_one|map|filter)\s*\(|\bin\s+device\b|"
-    r"device\s*\.\s*(attributes|capacity)\s*(\[\s*[^\"'\s]|\.|\s*\)|$)"
+    r"\b(size|all|exists|exists_one|existsOne|map|filter|transformList|transformMap|transformMapEntry)\s*\(|"
+    r"\bin\s+device\b|"
+    r"device\s*\.\s*(attributes|capacity)(?!\s*\[\s*\??\s*[\"'])|"
+    r"\[\s*\??\s*(?![\s\"'?])"
 )
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"|\'((?:[^\'\\]|\\.)*)\'')
@@ -495,6 +705,8 @@ def _selector_key(expression: str, d: Device) -> tuple[Any, ...] | None:
     words = _reads(expression)
     if words is None:
         return None
+    if any(isinstance(v, UnsupportedAttribute) for v in d.attributes.values()):
+        return None  # its activation fails whatever the expression reads: never share
 
     def named(k: str) -> bool:
         return k in words or k.rpartition("/")[2] in words
@@ -504,17 +716,30 @@ def _selector_key(expression: str, d: Device) -> tuple[Any, ...] | None:
     return (expression, d.driver, d.allow_multiple, attrs, caps)
 
 
-def _compile_all(sels: Any, owner: str) -> list[CompiledSelector]:
-    out = []
-    for i, s in enumerate(sels or []):
-        expr = ((s or {}).get("cel") or {}).get("expression")
-        if not expr:
-            raise AllocationError(f"{owner}, selector #{i}: CEL expression empty (unsupported selector type?)")
+@dataclass(frozen=True)
+class _BadSelector:
+    """A selector that does not compile: upstream compiles on first use, so the error is raised
+    only when a device is evaluated with it (``CEL compile error``)."""
+
+    expression: str
+    error: str
+
+
+def _compile_all(sels: Any) -> list[CompiledSelector | _BadSelector]:
+    out: list[CompiledSelector | _BadSelector] = []
+    for s in sels or []:
+        expr = ((s or {}).get("cel") or {}).get("expression") or ""
         try:
-            out.append(compile_selector(expr))
+            out.append(_compile(expr))
         except CelCompileError as e:
-            raise AllocationError(f"{owner}: selector #{i}: CEL compile error: {e}") from None
+            out.append(_BadSelector(expr, str(e)))
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _compile(expression: str) -> CompiledSelector:
+    """compile_selector, cached by expression text (upstream's CEL cache)."""
+    return compile_selector(expression)
 
 
 class _Search:
@@ -531,6 +756,8 @@ class _Search:
         self.node = node
         self.claims_in = claims
         self.pools = alloc.pools(node)
+        # Refusals are recorded only when diagnosing (Allocator.diagnose); else None.
+        self.rec: _Recorder | None = None
         # Dedicated picks in this call, counted: an admin request may pick a device another
         # claim of the call already holds, and undoing it must not free the other pick.
         self.allocating: dict[DeviceID, int] = {}
@@ -553,12 +780,15 @@ class _Search:
 
     # ---- preparation (dra-spec.md 4.3) ------------------------------------------------------
     def _request(self, ci: int, ref: str, name: str, parent: str, r: Mapping[str, Any], admin_ok: bool) -> RequestData:
-        # Upstream names a subrequest by its own name ("subrequest subReq-0"), not "req/sub".
-        what = f"claim {ref}, subrequest {name.split('/', 1)[1]}" if "/" in name else f"claim {ref}, request {name}"
-        if r.get("capacity") and not self.f.consumable_capacity:
-            raise AllocationError(f"{what}: has capacity requests, but the DRAConsumableCapacity feature is disabled")
+        """validateDeviceRequest, in upstream's order (messages name a subrequest by its own
+        name, as upstream's ``request.name()`` does)."""
+        own = name.rpartition("/")[2]
+        what = f"claim {ref}, request {own}"
+        for i, sel in enumerate(r.get("selectors") or []):
+            if (sel or {}).get("cel") is None:
+                raise AllocationError(f"{what}, selector #{i}: CEL expression empty (unsupported selector type?)")
         admin = bool(r.get("adminAccess")) if admin_ok else False
-        if admin and not self.f.admin_access:
+        if admin_ok and r.get("adminAccess") is not None and not self.f.admin_access:
             raise AllocationError(f"{what}: admin access is requested, but the feature is disabled")
         cls_name = r.get("deviceClassName") or ""
         if not cls_name:
@@ -569,8 +799,6 @@ class _Search:
                 f"{what}: could not retrieve device class {cls_name}: deviceclass.resource.k8s.io \"{cls_name}\" not found"
             )
         mode = r.get("allocationMode") or "ExactCount"
-        if mode not in ("ExactCount", "All"):
-            raise AllocationError(f"{what}: unsupported count mode {mode}")
         caps = {k: _parse_quantity(v) for k, v in ((r.get("capacity") or {}).get("requests") or {}).items()}
         cap_key = ";".join(f"{k}={caps[k].value}" for k in sorted(caps))
         rd = RequestData(
@@ -578,8 +806,8 @@ class _Search:
             name=name,
             parent=parent,
             class_name=cls_name,
-            class_selectors=_compile_all((cls.get("spec") or {}).get("selectors"), f"class {cls_name}"),
-            selectors=_compile_all(r.get("selectors"), f"claim {ref}"),
+            class_selectors=_compile_all((cls.get("spec") or {}).get("selectors")),
+            selectors=_compile_all(r.get("selectors")),
             all_mode=mode == "All",
             count=int(r.get("count") or 1) if mode == "ExactCount" else 0,
             admin=admin,
@@ -588,7 +816,7 @@ class _Search:
             cap_key=cap_key,
             raw=dict(r),
         )
-        if rd.all_mode:
+        if mode == "All":
             for p in self.pools:
                 if not p.complete:
                     raise AllocationError(
@@ -598,11 +826,8 @@ class _Search:
                     raise AllocationError(
                         f"{what}: asks for all devices, but resource pool {p.driver}/{p.name} is currently invalid"
                     )
-            for p in self.pools:
-                for s in p.slices:
-                    for d in s.devices:
-                        if not device_on_node(d, self.node):
-                            continue
+                for sl in p.slices:
+                    for d in sl.devices:
                         if not self._selectable(rd, d, ref):
                             continue
                         # Kubernetes v1.37.2 (checked with tools/kube's harness): the All set
@@ -612,9 +837,13 @@ class _Search:
                             continue
                         rd.all_devices.append(d)
             rd.count = len(rd.all_devices)
+        elif mode != "ExactCount":
+            raise AllocationError(f"{what}: unsupported count mode {mode}")
         return rd
 
     def _prepare(self) -> None:
+        """Allocate's preparation, in upstream's order: per claim, per request: feature checks,
+        validateDeviceRequest (per subrequest), the 32-device limit; then the constraints."""
         for ci, claim in enumerate(self.claims_in):
             md = claim.get("metadata") or {}
             # klog.KObj: "namespace/name", or just "name" for an object without a namespace.
@@ -625,55 +854,94 @@ class _Search:
             min_total = 0
             for r in devices.get("requests") or []:
                 name = r.get("name", "")
-                if r.get("firstAvailable"):
-                    if not self.f.prioritized_list:
+                subs_in = r.get("firstAvailable") or []
+                if subs_in and not self.f.prioritized_list:
+                    raise AllocationError(
+                        f"claim {ref}, request {name}: has subrequests, but the DRAPrioritizedList feature is disabled"
+                    )
+                if not self.f.consumable_capacity:
+                    if r.get("exactly") is not None and (r.get("exactly") or {}).get("capacity") is not None:
                         raise AllocationError(
-                            f"claim {ref}, request {name}: has subrequests, but the DRAPrioritizedList feature is disabled"
+                            f"claim {ref}, request {name}: has capacity requests, but the DRAConsumableCapacity feature is disabled"
                         )
+                    for sub in subs_in:
+                        if sub.get("capacity") is not None:
+                            raise AllocationError(
+                                f"claim {ref}, subrequest {sub.get('name', '')}: has capacity requests, but the "
+                                "DRAConsumableCapacity feature is disabled"
+                            )
+                if subs_in:
                     subs = [
                         self._request(ci, ref, f"{name}/{s.get('name', '')}", name, s, admin_ok=False)
-                        for s in r["firstAvailable"]
+                        for s in subs_in
                     ]
                     for j, s in enumerate(subs):
                         s.sub_index = j
                     reqs.append(subs)
-                    min_total += min(s.count for s in subs)
+                    need = min(s.count for s in subs)
                 else:
                     exact = r.get("exactly") or {}
                     rd = self._request(ci, ref, name, name, exact, admin_ok=True)
                     reqs.append([rd])
-                    min_total += rd.count
-            if min_total > MAX_RESULTS_PER_CLAIM:
-                raise AllocationError(
-                    f"claim {ref}: number of requested devices {min_total} exceeds the claim limit of {MAX_RESULTS_PER_CLAIM}"
-                )
+                    need = rd.count
+                if need > MAX_RESULTS_PER_CLAIM - min_total:
+                    raise AllocationError(
+                        f"claim {ref}, request {name}: adding {need} devices exceeds the claim limit of "
+                        f"{MAX_RESULTS_PER_CLAIM}, with {min_total} already accounted for"
+                    )
+                min_total += need
             cons: list[_Constraint] = []
             for i, c in enumerate(devices.get("constraints") or []):
                 if c.get("matchAttribute"):
-                    cons.append(_Constraint(c["matchAttribute"], c.get("requests") or [], False, self.f.list_type_attributes))
+                    cons.append(_Constraint(i, c["matchAttribute"], c.get("requests") or [], False, self.f.list_type_attributes))
                 elif c.get("distinctAttribute") and self.f.consumable_capacity:
-                    cons.append(_Constraint(c["distinctAttribute"], c.get("requests") or [], True, self.f.list_type_attributes))
+                    cons.append(_Constraint(i, c["distinctAttribute"], c.get("requests") or [], True, self.f.list_type_attributes))
                 else:
                     raise AllocationError(f"claim {ref}, constraint #{i}: empty constraint (unsupported constraint type?)")
             self.claims.append(ClaimData(claim, ref, reqs, cons))
 
     # ---- checks -----------------------------------------------------------------------------
+    # Each check decides in one place; where it refuses, a recorder (diagnose only) is told
+    # why, with the numbers: the points where upstream logs "Device not selectable", "Device
+    # capacity not enough", "Insufficient counters", ... at verbosity 7.
     def _selectable(self, rd: RequestData, d: Device, ref: str) -> bool:
+        """isSelectable: binding conditions (feature off), class selectors, request selectors,
+        then the per-device node selection, in upstream's order."""
+        rec = self.rec
         if d.binding_conditions and not self.f.device_binding_and_status:
+            if rec is not None:
+                rec.refuse(rd, d, BindingConditionsOff())
             return False
-        if not self.a.matches(rd.class_selectors, d, f"class {rd.class_name}"):
+        i = self.a.first_false(rd.class_selectors, d, f"class {rd.class_name}")
+        if i >= 0:
+            if rec is not None:
+                rec.refuse(rd, d, SelectorFalse("class", rd.class_name, i, rd.class_selectors[i].expression))
             return False
-        return self.a.matches(rd.selectors, d, f"claim {ref}")
+        i = self.a.first_false(rd.selectors, d, f"claim {ref}")
+        if i >= 0:
+            if rec is not None:
+                rec.refuse(rd, d, SelectorFalse("request", rd.name, i, rd.selectors[i].expression))
+            return False
+        if d.per_device_node_selection and not device_on_node(d, self.node):
+            if rec is not None:
+                rec.refuse(rd, d, NotOnNode())
+            return False
+        return True
 
     def _multi(self, d: Device) -> bool:
         return d.allow_multiple and self.f.consumable_capacity
 
     def _in_use(self, rd: RequestData, d: Device, cd: ClaimData) -> bool:
+        did = d.id
         if rd.admin:
-            return d.id in cd.picked_dedicated
-        if self._multi(d):
-            return d.id in self.st.dedicated
-        return d.id in self.st.dedicated or d.id in self.allocating
+            if did not in cd.picked_dedicated:
+                return False
+        elif did not in self.st.dedicated and (self._multi(d) or did not in self.allocating):
+            return False
+        if self.rec is not None:
+            by = "same-claim" if rd.admin else "allocated" if did in self.st.dedicated else "allocating"
+            self.rec.refuse(rd, d, InUse(by))
+        return True
 
     def _consumption(self, rd: RequestData, d: Device) -> tuple[tuple[str, Fraction, Fraction, str], ...] | None:
         """What ``rd`` would consume of each capacity of ``d``: (name, amount, published value,
@@ -684,24 +952,22 @@ class _Search:
         memo = self.a._cap_memo
         if key in memo:
             return memo[key]
-        out: tuple[tuple[str, Fraction, Fraction, str], ...] | None = None
-        if all(k in d.capacity for k in rd.capacity):
-            items = []
-            for k, cap in d.capacity.items():
-                amount = consumed_amount(cap, rd.capacity.get(k))
-                if violates_policy(cap, amount):
-                    break
-                items.append((k, amount.value, cap.value.value, Quantity(amount.value, cap.value.format).canonical()))
-            else:
-                out = tuple(items)
+        got = consumption(rd.capacity, d)
+        out = got if isinstance(got, tuple) else None
         memo[key] = out
         return out
 
     def _capacity_fits(self, rd: RequestData, d: Device, *, in_call: bool, existing: bool = True) -> bool:
+        """CmpRequestOverCapacity: earlier shares (``existing``) plus this call's picks
+        (``in_call``) plus what ``rd`` consumes must stay within every capacity."""
         use = self._consumption(rd, d)
         if use is None:
+            if self.rec is not None:
+                why = consumption(rd.capacity, d)
+                assert isinstance(why, Refusal)
+                self.rec.refuse(rd, d, why)
             return False
-        prior = self.st.aggregated.get(d.id) if self._multi(d) and existing else None
+        prior = self.st.aggregated.get(d.id) if existing else None
         pending = self.cap_in_call.get(d.id) if in_call else None
         for k, amount, total, _ in use:
             if prior:
@@ -709,14 +975,33 @@ class _Search:
             if pending:
                 amount = amount + pending.get(k, 0)
             if amount > total:
+                if self.rec is not None:
+                    self.rec.refuse(rd, d, CapacityShort(tuple(
+                        CapacityUse(n, rd.capacity.get(n), a, t, (prior or {}).get(n, _ZERO),
+                                    (pending or {}).get(n, _ZERO), d.capacity[n].value.format)
+                        for n, a, t, _ in use
+                    )))
                 return False
         return True
 
+    def uses(self, rd: RequestData, d: Device) -> tuple[CapacityUse, ...] | None:
+        """What ``rd`` consumes of each capacity of ``d`` and what is free before this call's
+        picks (diagnose only); None when the device cannot serve the request at all."""
+        use = self._consumption(rd, d)
+        if use is None:
+            return None
+        prior = self.st.aggregated.get(d.id) or {}
+        return tuple(CapacityUse(n, rd.capacity.get(n), a, t, prior.get(n, _ZERO), _ZERO, d.capacity[n].value.format)
+                     for n, a, t, _ in use)
+
     def _available_counters(self, pool_key: tuple[str, str], counters: dict[str, dict[str, Fraction]]) -> dict[str, dict[str, Fraction]]:
+        """Published counters of the pool minus what already-allocated devices consume (may go
+        negative: then nothing is available)."""
         av = self._available.get(pool_key)
         if av is None:
             av = {cs: dict(v) for cs, v in counters.items()}
-            for s in self.a.index.by_pool.get(pool_key, []):
+            pool = next(p for p in self.pools if p.key == pool_key)
+            for s in pool.slices + pool.not_targeting:
                 for d in s.devices:
                     if d.consumes_counters and self.st.is_allocated(d.id):
                         for cs, cvals in d.consumes_counters:
@@ -726,13 +1011,53 @@ class _Search:
             self._available[pool_key] = av
         return av
 
+    def _charge_counters(self, rd: RequestData, d: Device, pool: Pool) -> list[tuple[str, str, Fraction]] | None:
+        """checkAvailableCounters: add ``d``'s consumption to this call's per-pool totals; if
+        any counter of the pool then exceeds what is available, take it back and refuse."""
+        avail = self._available_counters(pool.key, pool.counters)
+        used = self.counters_in_call.setdefault(pool.key, {})
+        charge: list[tuple[str, str, Fraction]] = []
+        for cs, cvals in d.consumes_counters:
+            for c, v in cvals.items():
+                u = used.setdefault(cs, {})
+                u[c] = u.get(c, Fraction(0)) + v
+                charge.append((cs, c, v))
+        for cs, cvals in avail.items():
+            u = used.get(cs, {})
+            for c, have in cvals.items():
+                if have < u.get(c, Fraction(0)):
+                    self._uncharge(pool, charge)
+                    if self.rec is not None:
+                        own = sum((v for s2, c2, v in charge if (s2, c2) == (cs, c)), Fraction(0))
+                        in_call = used.get(cs, {}).get(c, Fraction(0))  # after taking ours back
+                        self.rec.refuse(rd, d, CountersShort(cs, c, own, have, in_call, pool.counters[cs][c]))
+                    return None
+        return charge
+
+    def _uncharge(self, pool: Pool, charge: list[tuple[str, str, Fraction]]) -> None:
+        used = self.counters_in_call.get(pool.key, {})
+        for cs, c, v in charge:
+            used[cs][c] -= v
+
     # ---- allocateDevice (dra-spec.md 4.4 steps 1-6) -----------------------------------------
-    def _allocate_device(self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool, must: bool) -> Any:
-        """Try to add ``d`` for ``rd``; return an undo callable, or None if it cannot be added."""
+    def _allocate_device(
+        self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool, must: bool, capacity_checked: bool = False
+    ) -> Callable[[], None] | None:
+        """Try to add ``d`` for ``rd``; return an undo callable, or None if it cannot be added.
+
+        Kubernetes v1.37.2's order: in use, counters (charged once per shared device: not when
+        it already has capacity in use), taints, constraints (a failure is an error when
+        ``must``: allocationMode All), then capacity against this call's picks (unless the caller
+        just checked it, ``capacity_checked``: nothing in between changes the answer). The undo
+        releases everything the pick took, counters and the in-call capacity entry of a
+        shareable device included (dra-spec.md 2.5, correction)."""
         multi = self._multi(d)
+        rec = self.rec
         if self._in_use(rd, d, cd):
             return None
         if d.consumes_counters and not self.f.partitionable_devices:
+            if rec is not None:
+                rec.refuse(rd, d, CountersOff())
             return None
         counter_charge: list[tuple[str, str, Fraction]] = []
         if d.consumes_counters:
@@ -740,34 +1065,36 @@ class _Search:
             # share without consumedCapacity; or this call) already paid the counters.
             in_use_cap = d.id in self.st.aggregated or d.id in self.cap_in_call
             if not (multi and in_use_cap):
-                avail = self._available_counters(pool.key, pool.counters)
-                used = self.counters_in_call.setdefault(pool.key, {})
-                for cs, cvals in d.consumes_counters:
-                    for c, v in cvals.items():
-                        have = max(avail.get(cs, {}).get(c, Fraction(0)), Fraction(0))
-                        if used.get(cs, {}).get(c, Fraction(0)) + v > have:
-                            return None
-                for cs, cvals in d.consumes_counters:
-                    for c, v in cvals.items():
-                        used.setdefault(cs, {})[c] = used.get(cs, {}).get(c, Fraction(0)) + v
-                        counter_charge.append((cs, c, v))
+                charged = self._charge_counters(rd, d, pool)
+                if charged is None:
+                    return None
+                counter_charge = charged
         if self.f.device_taints:
             for t in d.taints:
                 if t.effect in ("NoSchedule", "NoExecute") and not tolerates(rd.tolerations, t.key, t.value, t.effect):
                     self._uncharge(pool, counter_charge)
+                    if rec is not None:
+                        rec.refuse(rd, d, Tainted(t.key, t.value, t.effect, rd.name))
                     return None
         added: list[_Constraint] = []
         for con in cd.constraints:
             if not con.add(rd.name, d):
-                for a in added:
+                for a in reversed(added):
                     a.remove(rd.name, d)
                 self._uncharge(pool, counter_charge)
+                if rec is not None:
+                    rec.refuse(rd, d, self._constraint_refusal(cd, con, d))
                 if must:
                     raise AllocationError(
-                        f"claim {cd.ref}, request {rd.name}: cannot add device {'/'.join(d.id)} because a claim constraint would not be satisfied"
+                        f"claim {cd.ref}, request {rd.name.rpartition('/')[2]}: cannot add device {'/'.join(d.id)} because a claim constraint would not be satisfied"
                     )
                 return None
             added.append(con)
+        if self.f.consumable_capacity and not capacity_checked and not self._capacity_fits(rd, d, in_call=True):
+            for a in reversed(added):
+                a.remove(rd.name, d)
+            self._uncharge(pool, counter_charge)
+            return None
         result: dict[str, Any] = {"request": rd.name, "driver": d.driver, "pool": d.pool, "device": d.name}
         if rd.admin:
             result["adminAccess"] = True
@@ -777,6 +1104,7 @@ class _Search:
             result["bindingConditions"] = list(d.binding_conditions)
             result["bindingFailureConditions"] = list(d.binding_failure_conditions)
         cap_added: dict[str, Fraction] = {}
+        entry_existed = False
         if multi:
             result["shareID"] = str(uuid.UUID(int=self.a.rng.getrandbits(128), version=4))
             if d.capacity:
@@ -785,6 +1113,7 @@ class _Search:
                     consumed[k] = text
                     cap_added[k] = amount
                 result["consumedCapacity"] = consumed
+            entry_existed = d.id in self.cap_in_call
             entry = self.cap_in_call.setdefault(d.id, {})
             for k, v in cap_added.items():
                 entry[k] = entry.get(k, Fraction(0)) + v
@@ -800,11 +1129,17 @@ class _Search:
             cd.results.pop()
             cd.devices.pop()
             if multi:
-                entry = self.cap_in_call.get(d.id, {})
-                for k, v in cap_added.items():
-                    entry[k] -= v
-                # Upstream keeps the (possibly empty) entry and the counter charge of a
-                # multi-allocatable device on undo (dra-spec.md 2.5 quirks): mirror it.
+                # ConsumedCapacityCollection.Remove: subtract, drop the entry once all of it
+                # is zero; an entry an earlier share of this call made stays (as its marker).
+                entry = self.cap_in_call.get(d.id)
+                if entry is not None:
+                    for k, v in cap_added.items():
+                        if k in entry:
+                            entry[k] -= v
+                    if not any(entry.values()):
+                        del self.cap_in_call[d.id]
+                if entry_existed and d.id not in self.cap_in_call:
+                    self.cap_in_call[d.id] = {}
             else:
                 left = self.allocating[d.id] - 1
                 if left:
@@ -812,16 +1147,48 @@ class _Search:
                 else:
                     del self.allocating[d.id]
                 cd.picked_dedicated.discard(d.id)
-                self._uncharge(pool, counter_charge)
             for con in reversed(added):
                 con.remove(rd.name, d)
+            self._uncharge(pool, counter_charge)
 
         return undo
 
-    def _uncharge(self, pool: Pool, charge: list[tuple[str, str, Fraction]]) -> None:
-        used = self.counters_in_call.get(pool.key, {})
-        for cs, c, v in charge:
-            used[cs][c] -= v
+    def _constraint_refusal(self, cd: ClaimData, con: _Constraint, d: Device) -> ConstraintFailed:
+        v = d.attributes.get(con.attribute)
+        chosen = tuple(
+            (p.name, p.attributes.get(con.attribute))
+            for p, r in zip(cd.devices, cd.results, strict=True)
+            if con.covers(r["request"])
+        )
+        return ConstraintFailed(con.index, con.kind, con.attribute, v, chosen)
+
+    def _candidate(self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool) -> Callable[[], None] | None:
+        """One candidate of the device loop (allocateOne): in use, selectable, capacity, then
+        allocateDevice. Returns the undo of a successful pick, else None. ``_slot`` inlines the
+        same sequence; tests/conformance/test_record.py holds the two to the same answers."""
+        if self._in_use(rd, d, cd):
+            return None
+        if not self._selectable(rd, d, cd.ref):
+            return None
+        if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=True):
+            return None
+        return self._allocate_device(cd, rd, d, pool, must=False, capacity_checked=self.f.consumable_capacity)
+
+    def alone(self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool) -> Refusal | None:
+        """The first check that refuses ``d`` for ``rd`` with nothing else picked (diagnose
+        only; the search state is left as it was). A CEL error is returned, not raised."""
+        assert self.rec is not None
+        self.rec.last = None
+        try:
+            undo = self._candidate(cd, rd, d, pool)
+        except (SelectorError, SelectorCompileError) as e:
+            owner = "class" if e.owner.startswith("class ") else "request"
+            kind = "compile" if isinstance(e, SelectorCompileError) else "runtime"
+            return CelError(owner, rd.class_name if owner == "class" else rd.name, e.index, e.expression, e.error, kind)
+        if undo is not None:
+            undo()
+            return None
+        return self.rec.last
 
     # ---- the search (dra-spec.md 4.4) ------------------------------------------------------
     def run(self) -> list[dict[str, Any]] | None:
@@ -834,7 +1201,7 @@ class _Search:
             ok = False
         if not ok:
             if self.invalid_seen:
-                raise AllocationError("invalid resource pools were encountered")
+                raise NodeAllocationError("invalid resource pools were encountered")
             return None
         return [self._result(cd) for cd in self.claims]
 
@@ -869,10 +1236,10 @@ class _Search:
         if len(cd.results) + (rd.count - di) > MAX_RESULTS_PER_CLAIM:
             raise _MaxSizeExceeded()
         if rd.all_mode:
+            # The precomputed set: each device must be allocatable; a constraint that fails is
+            # an error, and it is checked before the device's remaining capacity (v1.37.2).
             d = rd.all_devices[di]
             pool = next(p for p in self.pools if p.key == (d.driver, d.pool))
-            if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=True):
-                return False
             undo = self._allocate_device(cd, rd, d, pool, must=True)
             if undo is None:
                 return False
@@ -885,18 +1252,16 @@ class _Search:
             undo()
             return False
         # Combination pruning: the next device of the same request comes after the previous one.
+        # The loop body is _candidate, inlined (the hot path of every search).
         order = self.order
+        cap = self.f.consumable_capacity
         for k in range(start + 1, len(order)):
             pool, d = order[k]
-            if not device_on_node(d, self.node):
+            if self._in_use(rd, d, cd) or not self._selectable(rd, d, cd.ref):
                 continue
-            if self._in_use(rd, d, cd):
+            if cap and not self._capacity_fits(rd, d, in_call=True):
                 continue
-            if not self._selectable(rd, d, cd.ref):
-                continue
-            if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=True):
-                continue
-            undo = self._allocate_device(cd, rd, d, pool, must=False)
+            undo = self._allocate_device(cd, rd, d, pool, must=False, capacity_checked=cap)
             if undo is None:
                 continue
             try:

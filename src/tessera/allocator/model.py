@@ -25,20 +25,22 @@ def device_id_str(d: DeviceID) -> str:
 
 
 class UnsupportedAttribute:
-    """An attribute value the allocator cannot use: no value set, or an empty list.
+    """An attribute value the allocator cannot use: no value set.
 
     API validation rejects these, but the allocator must cope: upstream fails with
     ``unsupported attribute value`` as soon as a selector is evaluated on the device (the whole
-    attribute map is converted for CEL up front), and constraints never match it.
+    attribute map is converted for CEL up front); a constraint treats it as a value of unknown
+    type (see ``_Constraint`` in core.py).
     """
 
-    __slots__ = ("why",)
+    __slots__ = ("name", "why")
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, why: str, name: str = "") -> None:
         self.why = why
+        self.name = name  # as the slice spells it (upstream's message names it so)
 
     def __repr__(self) -> str:
-        return f"UnsupportedAttribute({self.why!r})"
+        return f"UnsupportedAttribute({self.why!r}, {self.name!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +132,7 @@ class Device:
             attrs = self.attributes
             for k, v in attrs.items():
                 if isinstance(v, UnsupportedAttribute):
-                    raise CelRuntimeError(f"attribute {k}: unsupported attribute value ({v.why})")
+                    raise CelRuntimeError(f"attribute {v.name or k}: unsupported attribute value")
             if not lists:
                 attrs = {k: v for k, v in attrs.items() if not isinstance(v, list)}
             view = DeviceView(
@@ -199,7 +201,9 @@ def _attr_value(a: Any, where: str, ref: str) -> Any:
             raise ManifestError(str(e), obj=ref, field=where) from None
     if kind in ("ints", "bools", "strings", "versions") and isinstance(v, list):
         if not v:
-            return UnsupportedAttribute(f"empty {kind} list")
+            # API validation rejects empty lists, but the allocator copes as upstream does: an
+            # empty list is a (list) value for CEL, and of unknown type for constraints.
+            return []
         inner = kind[:-1]
         return [_attr_value({inner: x}, where, ref) for x in v]
     raise ManifestError(f"{kind}: {v!r} is not a valid {kind} attribute value", obj=ref, field=where)
@@ -257,6 +261,10 @@ def slice_from_dict(obj: dict[str, Any]) -> Slice:
             _qualify(k, driver): _attr_value(v, f"{where}.attributes[{k}]", ref)
             for k, v in (d.get("attributes") or {}).items()
         }
+        for k in d.get("attributes") or {}:
+            v = attrs[_qualify(k, driver)]
+            if isinstance(v, UnsupportedAttribute):
+                v.name = k
         caps = {
             k: Capacity(
                 _q((v or {}).get("value", 0), f"{where}.capacity[{k}].value", ref),
@@ -359,19 +367,22 @@ class AllocatedState:
 
     ``dedicated``: devices allocated without a shareID; ``shared``: (device, shareID) pairs;
     ``aggregated``: per device, the sum of consumedCapacity of its shares (exact, base units).
-    Admin-access results are not recorded: they never block anyone.
+    Admin-access results are not recorded: they never block anyone. ``consumable_capacity``:
+    the DRAConsumableCapacity gate; off, kube-scheduler counts every result as dedicated,
+    shareID or not.
     """
 
     dedicated: set[DeviceID] = field(default_factory=set)
     shared: set[tuple[DeviceID, str]] = field(default_factory=set)
     aggregated: dict[DeviceID, dict[str, Fraction]] = field(default_factory=dict)
+    consumable_capacity: bool = True
 
     def add_result(self, result: Mapping[str, Any]) -> None:
         """Record one ``status.allocation.devices.results[]`` entry."""
         if result.get("adminAccess"):
             return
         did = (result["driver"], result["pool"], result["device"])
-        share = result.get("shareID")
+        share = result.get("shareID") if self.consumable_capacity else None
         if share:
             self.shared.add((did, share))
             agg = self.aggregated.setdefault(did, {})
@@ -385,7 +396,7 @@ class AllocatedState:
         if result.get("adminAccess"):
             return
         did = (result["driver"], result["pool"], result["device"])
-        share = result.get("shareID")
+        share = result.get("shareID") if self.consumable_capacity else None
         if share:
             self.shared.discard((did, share))
             agg = self.aggregated.get(did, {})
@@ -405,8 +416,8 @@ class AllocatedState:
         return did in self.dedicated or did in self.aggregated
 
     @classmethod
-    def from_claims(cls, claims: Iterable[Mapping[str, Any]]) -> AllocatedState:
-        st = cls()
+    def from_claims(cls, claims: Iterable[Mapping[str, Any]], consumable_capacity: bool = True) -> AllocatedState:
+        st = cls(consumable_capacity=consumable_capacity)
         for c in claims:
             st.add_claim(c)
         return st

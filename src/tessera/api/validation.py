@@ -268,8 +268,20 @@ _RETIRED = {
 }
 
 
+#: ``resource.k8s.io/v1beta2`` has v1's shape (KEP-4381): its DRA objects are read, and
+#: validated, as v1 (``simulate`` says so in a note). Kubernetes v1.37 no longer serves it.
+DRA_V1BETA2 = "resource.k8s.io/v1beta2"
+_DRA_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice")
+
+
+def _schema_version(kind: str, av: Any) -> Any:
+    """The apiVersion whose schema ``kind`` at ``av`` is validated against."""
+    return RESOURCE_API_VERSION if av == DRA_V1BETA2 and kind in _DRA_KINDS else av
+
+
 def _api_version_problem(kind: str, av: Any) -> FieldProblem | None:
     want = READ_KINDS[kind]
+    av = _schema_version(kind, av)
     if av == want:
         return None
     from tessera.api.schema import kubernetes
@@ -298,7 +310,10 @@ def schema_problems(obj: dict[str, Any]) -> list[FieldProblem] | None:
         return [av_problem]
     from tessera.api.schema import kubernetes
 
-    return [FieldProblem(p.field, p.message) for p in kubernetes().problems(f"{obj['apiVersion']}/{kind}", obj)]
+    av = _schema_version(str(kind), obj["apiVersion"])
+    if av != obj["apiVersion"]:
+        obj = {**obj, "apiVersion": av}
+    return [FieldProblem(p.field, p.message) for p in kubernetes().problems(f"{av}/{kind}", obj)]
 
 
 def pod_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:

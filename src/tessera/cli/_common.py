@@ -102,8 +102,17 @@ def limits_from(max_input_size: int | None, max_pods: int | None) -> Limits:
 
 
 def cluster_inputs(f: F) -> F:
-    """:func:`node_inputs`, plus ``--kubeconfig FILE`` (start from a live cluster) and
-    repeatable ``--add-node NAME=INVENTORY[:TOPOLOGY]`` (the inputs of :func:`load_inputs`)."""
+    """:func:`node_inputs`, plus ``--kubeconfig FILE`` (start from a live cluster),
+    repeatable ``--add-node NAME=INVENTORY[:TOPOLOGY]`` (the inputs of :func:`load_inputs`) and
+    repeatable ``--class-map FROM=TO`` (see :func:`class_map`)."""
+    f = click.option(
+        "--class-map",
+        "class_maps",
+        multiple=True,
+        metavar="FROM=TO",
+        help="Run requests for DeviceClass FROM with class TO, e.g. the NVIDIA DRA driver's "
+        "--class-map gpu.nvidia.com=gpu.tessera.dev (selectors' \"FROM\" domain becomes \"TO\"). Repeatable.",
+    )(f)
     f = click.option(
         "--add-node",
         "add_nodes",
@@ -118,6 +127,17 @@ def cluster_inputs(f: F) -> F:
         help="Start from this live cluster (read only): its nodes, DeviceClasses, ResourceSlices, allocated ResourceClaims and pods.",
     )(f)
     return node_inputs(f)
+
+
+def class_map(specs: tuple[str, ...]) -> dict[str, str]:
+    """``--class-map FROM=TO`` options as a dict. Raises TesseraError for a malformed one."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        src, sep, dst = spec.partition("=")
+        if not sep or not src.strip() or not dst.strip():
+            raise TesseraError(f"--class-map {spec!r}: expected FROM=TO, e.g. gpu.nvidia.com=gpu.tessera.dev")
+        out[src.strip()] = dst.strip()
+    return out
 
 
 class _NoAliasDumper(yaml.SafeDumper):

@@ -10,6 +10,7 @@ import click
 
 from tessera.cli._common import (
     UserError,
+    class_map,
     cluster_inputs,
     fail,
     input_limits,
@@ -34,6 +35,7 @@ def explain(
     node_specs: tuple[str, ...],
     kubeconfig: str | None,
     add_nodes: tuple[str, ...],
+    class_maps: tuple[str, ...],
     output: str,
     all_devices: bool,
     seed: int,
@@ -55,7 +57,7 @@ def explain(
         notes: list[str] = []
         limits = limits_from(max_input_size, max_pods)
         cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes, limits, notes)
-        exp = run_explain(cluster, loaded, target, seed=seed, all_devices=all_devices)
+        exp = run_explain(cluster, loaded, target, seed=seed, all_devices=all_devices, class_map=class_map(class_maps))
         for w in notes:
             warn(w)
     except UserError as e:

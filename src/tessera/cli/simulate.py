@@ -15,6 +15,7 @@ from rich.console import Console
 from tessera.api.quantity import Quantity
 from tessera.cli._common import (
     UserError,
+    class_map,
     cluster_inputs,
     fail,
     input_limits,
@@ -92,6 +93,7 @@ def simulate(
     node_specs: tuple[str, ...],
     kubeconfig: str | None,
     add_nodes: tuple[str, ...],
+    class_maps: tuple[str, ...],
     output: str,
     seed: int,
     policy: str,
@@ -118,12 +120,13 @@ def simulate(
         notes: list[str] = []
         limits = limits_from(max_input_size, max_pods)
         cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes, limits, notes)
+        cmap = class_map(class_maps)
         if compare:
-            pending = _compare(cluster, loaded, output, seed, policy, namespaces)
+            pending = _compare(cluster, loaded, output, seed, policy, namespaces, cmap)
             for w in notes:
                 warn(w)
         else:
-            pending = _simulate(cluster, loaded, output, seed, policy, namespaces, notes)
+            pending = _simulate(cluster, loaded, output, seed, policy, namespaces, cmap, notes)
     except UserError as e:
         fail(str(e))
     if fail_on_pending and pending:
@@ -136,7 +139,8 @@ def _in_namespaces(ref: str, namespaces: tuple[str, ...]) -> bool:
 
 
 def _compare(
-    cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str, namespaces: tuple[str, ...]
+    cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str, namespaces: tuple[str, ...],
+    cmap: dict[str, str],
 ) -> int:
     """Print the comparison; return how many pods stay pending under ``policy``."""
     from tessera.sim.simulate import Simulation
@@ -144,7 +148,7 @@ def _compare(
     rows = []
     runs = [(p, p, False) for p in ("first-fit", "binpack", "spread", "topology")] + [("whole GPUs", "first-fit", True)]
     for label, pol, whole in runs:
-        res = Simulation(cluster, loaded, seed=seed, policy=pol, whole_gpus=whole).run()
+        res = Simulation(cluster, loaded, seed=seed, policy=pol, whole_gpus=whole, class_map=cmap).run()
         used = [u for u in res.gpus if u.shares or u.dedicated]
         mem_used = sum((u.memory_allocated for u in used), Fraction(0))
         mem_cap = sum((u.memory_capacity or Fraction(0) for u in used), Fraction(0))
@@ -212,12 +216,13 @@ def _object_in_namespaces(obj: dict[str, Any], namespaces: tuple[str, ...]) -> b
 
 def _simulate(
     cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str, namespaces: tuple[str, ...],
+    cmap: dict[str, str],
     notes: Sequence[str] = (),
 ) -> int:
     """Run and print the simulation; return how many pods (of ``namespaces``) stay pending."""
     from tessera.sim.simulate import Simulation
 
-    sim = Simulation(cluster, loaded, seed=seed, policy=policy)
+    sim = Simulation(cluster, loaded, seed=seed, policy=policy, class_map=cmap)
     result = _run_with_progress(sim)
     # On stderr in every output mode, so -o json|yaml stays clean; only once the run succeeded,
     # so that bad input prints its one error line and nothing else.

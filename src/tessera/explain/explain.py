@@ -21,40 +21,36 @@ Identical reasons are grouped per node. Pure: no I/O; the CLI renders the result
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from tessera.allocator import AllocatedState, AllocationError, Allocator, Device, Node
-from tessera.allocator.core import consumed_amount, tolerates, violates_policy
-from tessera.allocator.model import (
-    Capacity,
-    UnsupportedAttribute,
-    device_on_node,
-    node_selector_matches,
+from tessera.allocator import (
+    AllocatedState,
+    Allocator,
+    Device,
+    DeviceRecord,
+    Node,
+    NodeRecord,
+    RequestRecord,
 )
+from tessera.allocator.core import slice_on_node
+from tessera.allocator.model import DeviceID, node_selector_matches
+from tessera.allocator.record import CelError, InUse, SelectorFalse, fmt_value
 from tessera.api.errors import TesseraError
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
-from tessera.cel import (
-    CelCompileError,
-    CelRuntimeError,
-    SemverValue,
-    compile_selector,
-)
+from tessera.cel import CelCompileError, CelRuntimeError, compile_selector
 from tessera.explain import celtools
 from tessera.sim.cluster import Cluster
 from tessera.sim.simulate import (
-    CounterSetUsage,
     SimResult,
     Simulation,
-    _pod_fits_node,
-    counter_usage,
-    counters_short,
     generated_claim_name,
+    pod_fits_node,
     untolerated_taint,
 )
 
@@ -160,23 +156,6 @@ def fmt_quantity(v: Fraction, like: Quantity | None = None) -> str:
     return Quantity(v, like.format if like is not None else "DecimalSI").canonical()
 
 
-def fmt_value(v: Any) -> str:
-    """An attribute value as CEL would write it."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, SemverValue):
-        return f'semver("{v.text}")'
-    if isinstance(v, Quantity):
-        return f'quantity("{v.canonical()}")'
-    if isinstance(v, list):
-        return "[" + ", ".join(fmt_value(x) for x in v) + "]"
-    if isinstance(v, UnsupportedAttribute):
-        return f"<unsupported: {v.why}>"
-    return str(v)
-
-
 def _names(devs: Sequence[str]) -> list[str]:
     return [d.split("/", 2)[-1] for d in devs]
 
@@ -192,258 +171,99 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-# ---------------------------------------------------------------------------------------------
-# Requests as the allocator sees them
-
-
-@dataclass
-class _Req:
-    claim: str
-    name: str  # "req" or "req/sub"
-    parent: str
-    raw: dict[str, Any]
-    class_name: str
-    class_exprs: list[str]
-    exprs: list[str]
-    count: int  # 0 for All
-    all_mode: bool
-    admin: bool
-    tolerations: list[dict[str, Any]]
-    capacity: dict[str, Quantity]
-
-    def wants(self) -> str:
-        n = "all matching devices" if self.all_mode else _plural(self.count, "device")
-        caps = ", ".join(f"{k} {v.canonical()}" for k, v in self.capacity.items())
-        return f"{n}{' × ' + caps if caps else ''} (class {self.class_name})"
-
-
-def _claim_ref(c: Mapping[str, Any]) -> str:
-    md = c.get("metadata") or {}
-    return f"{md.get('namespace') or 'default'}/{md.get('name') or md.get('generateName') or ''}"
-
-
-def _requests(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> list[list[_Req]]:
-    out: list[list[_Req]] = []
-    ref = _claim_ref(claim)
-    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
-        alts: list[tuple[str, dict[str, Any]]]
-        if r.get("firstAvailable"):
-            alts = [(f"{r.get('name', '')}/{s.get('name', '')}", s) for s in r["firstAvailable"]]
+def wants(rr: RequestRecord) -> str:
+    """What a request asks of each device, every capacity it consumes included: the amounts it
+    names, and for the ones it does not name the request policy's default (dra-spec.md 2.2),
+    e.g. ``1 device × cores 50, memory: all of it (the request policy's default) (class c)``."""
+    n = "all matching devices" if rr.all_mode else _plural(rr.count, "device")
+    caps = [f"{k} {v.canonical()}" for k, v in rr.capacity.items()]
+    defaults: dict[str, set[tuple[bool, str]]] = {}
+    for dr in rr.matching:
+        for u in dr.uses or ():
+            if u.requested is None:
+                defaults.setdefault(u.name, set()).add((u.needs == u.total, u.amount(u.needs)))
+    for k, vals in defaults.items():
+        if all(whole for whole, _ in vals):
+            caps.append(f"{k}: all of it (the request policy's default)")
+        elif len(vals) == 1:
+            caps.append(f"{k} {next(iter(vals))[1]} (the request policy's default)")
         else:
-            alts = [(str(r.get("name", "")), r.get("exactly") or {})]
-        group: list[_Req] = []
-        for name, body in alts:
-            cls_name = str(body.get("deviceClassName") or "")
-            cls = classes.get(cls_name) or {}
-            mode = body.get("allocationMode") or "ExactCount"
-            group.append(
-                _Req(
-                    claim=ref,
-                    name=name,
-                    parent=str(r.get("name", "")),
-                    raw=body,
-                    class_name=cls_name,
-                    class_exprs=[((s or {}).get("cel") or {}).get("expression") or "" for s in (cls.get("spec") or {}).get("selectors") or []],
-                    exprs=[((s or {}).get("cel") or {}).get("expression") or "" for s in body.get("selectors") or []],
-                    count=int(body.get("count") or 1) if mode != "All" else 0,
-                    all_mode=mode == "All",
-                    admin=bool(body.get("adminAccess")) and "/" not in name,
-                    tolerations=list(body.get("tolerations") or []),
-                    capacity={k: Quantity.parse(v) for k, v in ((body.get("capacity") or {}).get("requests") or {}).items()},
-                )
-            )
-        out.append(group)
-    return out
+            caps.append(f"{k}: each device's request policy default")
+    return f"{n}{' × ' + ', '.join(caps) if caps else ''} (class {rr.class_name})"
 
 
 # ---------------------------------------------------------------------------------------------
-# Per-device checks
+# Per-device verdicts, from the allocator's record
 
 
-class _Checker:
-    """Runs the allocator's per-device checks one by one and says which refused first."""
-
-    def __init__(self, alloc: Allocator, state: AllocatedState, owners: Mapping[tuple[str, str, str], str]) -> None:
-        self.alloc = alloc
-        self.state = state
-        self.owners = owners
-        self.lists = alloc.features.list_type_attributes
-        self._counters: dict[tuple[str, str, str], CounterSetUsage] | None = None
-
-    def _shared_counters(self, d: Device) -> DeviceVerdict | None:
-        """The allocator's counter check (dra-spec.md 4.4 step 3, KEP-4815): the counter sets
-        ``d`` consumes must have what it needs left once the allocated devices' consumption is
-        subtracted. Named as ``memory slices of gpu-0: 7 of 8 used (slice 3 needed, in use)``."""
-        if not d.consumes_counters or not self.alloc.features.partitionable_devices:
-            return None
-        if self._counters is None:
-            self._counters = counter_usage(self.alloc.index, self.state)
-        short = counters_short(d, self._counters, self.state)
-        if not short:
-            return None
-        did = "/".join(d.id)
-        full = "; ".join(line for _, lines in short for line in lines)
-        key = "; ".join(line for u, _ in short for line in u.lines())
-        needs = dict(d.consumes_counters)
-        detail = ", ".join(
-            f"{u.name}/{c}"
-            for u, _ in short
-            for c, v in sorted(needs.get(u.name, {}).items())
-            if max(u.available.get(c, Fraction(0)), Fraction(0)) < v
-        )
-        return DeviceVerdict(did, "counters", f"shared counters: {full}", f"shared counters: {key}", detail)
-
-    def _selector(self, owner: str, i: int, expr: str, d: Device, act: dict[str, Any]) -> DeviceVerdict | None:
-        did = "/".join(d.id)
-        where = f"{owner} selector #{i}"
-        check = "class-selector" if owner.startswith("class") else "selector"
+def _failing_conjunct(expr: str, act: dict[str, Any], *, want_error: bool) -> str | None:
+    """The first top-level ``&&`` conjunct that is false (or fails), to name it."""
+    parts = celtools.conjuncts(expr)
+    if len(parts) < 2:
+        return None
+    for p in parts:
         try:
-            sel = compile_selector(expr)
-        except CelCompileError as e:
-            msg = f"{where}: CEL compile error: {e}"
-            return DeviceVerdict(did, "cel-error", msg, msg)
-        try:
-            ok = sel.evaluate(act)
-        except CelRuntimeError as e:
-            part = self._failing_conjunct(expr, act, want_error=True)
-            at = f" in `{part}`" if part and part != " ".join(expr.split()) else ""
-            hint = " (guard the lookup with has(...))" if "no such key" in str(e) else ""
-            msg = f"{where}: CEL runtime error{at}: {e}{hint}; this aborts scheduling of the pod"
-            return DeviceVerdict(did, "cel-error", msg, msg)
-        if ok:
-            return None
-        part = self._failing_conjunct(expr, act, want_error=False) or " ".join(expr.split())
-        key = f"{where} is false: `{part}`"
-        detail = self._values(part, d)
-        return DeviceVerdict(did, check, key + (f" ({detail})" if detail else ""), key, detail)
-
-    @staticmethod
-    def _failing_conjunct(expr: str, act: dict[str, Any], *, want_error: bool) -> str | None:
-        parts = celtools.conjuncts(expr)
-        if len(parts) < 2:
-            return None
-        for p in parts:
-            try:
-                r = compile_selector(p).evaluate(act)
-            except CelRuntimeError:
-                if want_error:
-                    return p
-                continue
-            except CelCompileError:
-                continue
-            if not r and not want_error:
+            r = compile_selector(p).evaluate(act)
+        except CelRuntimeError:
+            if want_error:
                 return p
-        return None
+            continue
+        except CelCompileError:
+            continue
+        if not r and not want_error:
+            return p
+    return None
 
-    @staticmethod
-    def _values(part: str, d: Device) -> str:
-        """``name = value`` for each attribute/capacity the sub-expression reads on ``d``."""
-        out: list[str] = []
-        for r in celtools.reads(part):
-            if r.in_has or r.domain is None or r.name is None:
-                continue
-            q = f"{r.domain}/{r.name}"
-            if r.kind == "attributes":
-                v = d.attributes.get(q)
-                text = f"{r.name} = {fmt_value(v)}" if v is not None else f"no attribute {q}"
-            else:
-                name = r.name if r.domain == d.driver else q
-                cap = d.capacity.get(name)
-                text = f"{r.name} = {fmt_value(cap.value)}" if cap is not None else f"no capacity {q}"
-            if text not in out:
-                out.append(text)
-        return ", ".join(out)
 
-    def check(self, rq: _Req, d: Device, node: Node, constraints: Sequence[tuple[int, Mapping[str, Any]]]) -> DeviceVerdict:
-        did = "/".join(d.id)
-        if not device_on_node(d, node):
-            msg = "not available on this node (perDeviceNodeSelection)"
-            return DeviceVerdict(did, "node", msg, msg)
-        multi = d.allow_multiple and self.alloc.features.consumable_capacity
-        if not rq.admin and d.id in self.state.dedicated:
-            owner = self.owners.get(d.id)
-            msg = f"in use: allocated whole (dedicated) to claim {owner}" if owner else "in use: allocated whole (dedicated)"
-            return DeviceVerdict(did, "in-use", msg, "in use: allocated whole (dedicated)", owner or "")
-        try:
-            act = d.activation(self.lists)
-        except CelRuntimeError as e:
-            msg = f"CEL runtime error: {e}; selectors cannot be evaluated on this device, which aborts scheduling of the pod"
-            return DeviceVerdict(did, "cel-error", msg, msg)
-        for i, expr in enumerate(rq.class_exprs):
-            v = self._selector(f"class {rq.class_name}", i, expr, d, act)
-            if v is not None:
-                return v
-        for i, expr in enumerate(rq.exprs):
-            v = self._selector(f"request {rq.name}", i, expr, d, act)
-            if v is not None:
-                return v
-        if self.alloc.features.consumable_capacity:
-            v = self._capacity(rq, d, multi)
-            if v is not None:
-                return v
-        v = self._shared_counters(d)
-        if v is not None:
-            return v
-        if self.alloc.features.device_taints:
-            for t in d.taints:
-                if t.effect in ("NoSchedule", "NoExecute") and not tolerates(rq.tolerations, t.key, t.value, t.effect):
-                    taint = f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}"
-                    msg = f"taint {taint} not tolerated: add a toleration to request {rq.name}"
-                    return DeviceVerdict(did, "taint", msg, msg)
-        for i, c in constraints:
-            attr = c.get("matchAttribute") or c.get("distinctAttribute") or ""
-            kind = "matchAttribute" if c.get("matchAttribute") else "distinctAttribute"
-            v = d.attributes.get(attr)
-            if v is None or isinstance(v, UnsupportedAttribute) or (isinstance(v, list) and not self.lists):
-                msg = f"has no attribute {attr}, which constraint #{i} ({kind}) needs"
-                return DeviceVerdict(did, "constraint", msg, msg)
+def _values(part: str, d: Device) -> str:
+    """``name = value`` for each attribute/capacity the sub-expression reads on ``d``."""
+    out: list[str] = []
+    for r in celtools.reads(part):
+        if r.in_has or r.domain is None or r.name is None:
+            continue
+        q = f"{r.domain}/{r.name}"
+        if r.kind == "attributes":
+            v = d.attributes.get(q)
+            text = f"{r.name} = {fmt_value(v)}" if v is not None else f"no attribute {q}"
+        else:
+            name = r.name if r.domain == d.driver else q
+            cap = d.capacity.get(name)
+            text = f"{r.name} = {fmt_value(cap.value)}" if cap is not None else f"no capacity {q}"
+        if text not in out:
+            out.append(text)
+    return ", ".join(out)
+
+
+def verdict(dr: DeviceRecord, lists: bool, owners: Mapping[tuple[str, str, str], str]) -> DeviceVerdict:
+    """The record's refusal of one device, in words: selectors name their false (or failing)
+    top-level conjunct and the device's values; a dedicated device in use names its claim."""
+    d = dr.device
+    did = "/".join(d.id)
+    r = dr.alone
+    if r is None:
         return DeviceVerdict(did, "fits", "fits on its own", "fits on its own")
-
-    def _capacity(self, rq: _Req, d: Device, multi: bool) -> DeviceVerdict | None:
-        did = "/".join(d.id)
-        missing = [k for k in rq.capacity if k not in d.capacity]
-        if missing:
-            have = ", ".join(d.capacity) or "none"
-            msg = f"has no capacity {', '.join(missing)} (it publishes: {have})"
-            return DeviceVerdict(did, "capacity", msg, msg)
-        problems: list[str] = []
-        keys: list[str] = []
-        existing = self.state.aggregated.get(d.id, {}) if multi else {}
-        for k, cap in d.capacity.items():
-            req = rq.capacity.get(k)
-            amount = consumed_amount(cap, req)
-            if violates_policy(cap, amount):
-                msg = f"{k}: {_policy_problem(cap, amount)}"
-                return DeviceVerdict(did, "policy", msg, msg)
-            used = existing.get(k, Fraction(0))
-            if amount.value + used > cap.value.value:
-                free = cap.value.value - used
-                need = fmt_quantity(amount.value, cap.value)
-                how = ""
-                if req is None:
-                    how = " (policy default: the request names no " + k + ")"
-                elif req.value != amount.value:
-                    how = f" ({req.canonical()} rounded up by the request policy)"
-                short = fmt_quantity(amount.value - free, cap.value)
-                problems.append(f"{k} short by {short} (needs {need}{how}, {fmt_quantity(free, cap.value)} free of {cap.value.canonical()})")
-                keys.append(f"{k} short (needs {need}{how})")
-        if problems:
-            return DeviceVerdict(did, "capacity", "; ".join(problems), "; ".join(keys), "; ".join(problems))
-        return None
-
-
-def _policy_problem(cap: Capacity, amount: Quantity) -> str:
-    pol = cap.policy
-    a = fmt_quantity(amount.value, cap.value)
-    if pol is not None and pol.range_min is not None:
-        if pol.range_max is not None and amount.value > pol.range_max.value:
-            return f"{a} is over the request policy's maximum {pol.range_max.canonical()}"
-        step = pol.range_step.canonical() if pol.range_step is not None else "?"
-        return f"{a} is not {pol.range_min.canonical()} plus a multiple of step {step}"
-    if pol is not None and pol.valid_values:
-        vals = ", ".join(v.canonical() for v in pol.valid_values)
-        return f"{a} is not one of the request policy's validValues ({vals})"
-    return f"{a} violates the request policy"
+    if isinstance(r, SelectorFalse):
+        part = " ".join(r.expression.split())
+        with contextlib.suppress(CelRuntimeError):
+            part = _failing_conjunct(r.expression, d.activation(lists), want_error=False) or part
+        key = f"{r.owner} {r.name} selector #{r.index} is false: `{part}`"
+        detail = _values(part, d)
+        return DeviceVerdict(did, r.check, key + (f" ({detail})" if detail else ""), key, detail)
+    if isinstance(r, CelError):
+        at = ""
+        with contextlib.suppress(CelRuntimeError):
+            failing = _failing_conjunct(r.expression, d.activation(lists), want_error=True)
+            if failing and failing != " ".join(r.expression.split()):
+                at = f" in `{failing}`"
+        hint = " (guard the lookup with has(...))" if "no such key" in r.error else ""
+        msg = f"{r.owner} {r.name} selector #{r.index}: CEL {r.kind} error{at}: {r.error}{hint}; this aborts scheduling of the pod"
+        return DeviceVerdict(did, r.check, msg, msg)
+    if isinstance(r, InUse) and r.by == "allocated":
+        owner = owners.get(d.id)
+        msg = f"in use: allocated whole (dedicated) to claim {owner}" if owner else r.text()
+        return DeviceVerdict(did, r.check, msg, r.text(), owner or "")
+    text, key = r.text(), r.key()
+    return DeviceVerdict(did, r.check, text, key, text if text != key else "")
 
 
 def _group(verdicts: Sequence[DeviceVerdict]) -> list[ReasonGroup]:
@@ -468,16 +288,16 @@ def _group(verdicts: Sequence[DeviceVerdict]) -> list[ReasonGroup]:
             if v.detail and v.detail not in details:
                 details.append(v.detail)
         if vs[0].check == "capacity":
-            text = f"{key}; the least short: {_most_free(vs)}"
+            text = f"{key}; the least short: {_least_short(vs)}"
         else:
             text = f"{key} ({'; '.join(details[:3])}; ...)"
         out.append(ReasonGroup(len(vs), [v.device for v in vs], vs[0].check, text))
     return out
 
 
-def _most_free(vs: Sequence[DeviceVerdict]) -> str:
-    # details read "<cap> short by X (needs ..., F free of T)"; the least short is the first
-    # when sorted by the exact shortfall, which we recover by re-reading the text.
+def _least_short(vs: Sequence[DeviceVerdict]) -> str:
+    # details read "<cap> short by X (needs ..., F free of T)"; the least short is the one
+    # with the smallest shortfall of its first short capacity.
     def shortfall(v: DeviceVerdict) -> Fraction:
         try:
             return Quantity.parse(v.detail.split(" short by ", 1)[1].split(" ", 1)[0]).value
@@ -488,106 +308,111 @@ def _most_free(vs: Sequence[DeviceVerdict]) -> str:
     return f"{best.device.split('/', 2)[-1]}: {best.detail}"
 
 
+def request_on_node(
+    rr: RequestRecord, claim: str, lists: bool, owners: Mapping[tuple[str, str, str], str], all_devices: bool
+) -> RequestOnNode:
+    """One request's account on one node, read from the allocator's record. ``claim``: the
+    claim's ``namespace/name``."""
+    verdicts = [verdict(dr, lists, owners) for dr in rr.devices]
+    fitting = [v.device for v in verdicts if v.check == "fits"]
+    ron = RequestOnNode(claim, rr.name, wants(rr), len(verdicts), fitting, _group(verdicts))
+    if all_devices:
+        ron.devices = verdicts
+    if rr.all_mode:
+        if rr.count == 0:
+            ron.notes.append("allocationMode All needs at least one matching device")
+    elif fitting and len(fitting) < rr.count:
+        ron.notes.append(f"needs {rr.count} devices, {len(fitting)} fit on their own")
+    # Devices that fit on their own but that the search refused beside its other picks.
+    together: dict[str, list[str]] = {}
+    for dr in rr.devices:
+        if dr.alone is None and dr.in_search is not None:
+            together.setdefault(dr.in_search.text(), []).append(dr.device.name)
+    for text, names in list(together.items())[:3]:
+        ron.notes.append(f"{', '.join(names)}: fits on its own, refused beside the other picks: {text}")
+    return ron
+
+
 # ---------------------------------------------------------------------------------------------
 # Per node
 
 
-class _Explainer:
-    def __init__(self, sim: Simulation, state: AllocatedState) -> None:
-        self.sim = sim
-        self.state = state
-        self.alloc = Allocator(sim.index, sim.classes, state, sim.allocator.features)
-        owners: dict[tuple[str, str, str], str] = {}
-        for c in sim.claims.values():
-            for r in ((((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []):
-                if not r.get("shareID") and not r.get("adminAccess"):
-                    owners[(r["driver"], r["pool"], r["device"])] = _claim_ref(c)
-        self.checker = _Checker(self.alloc, state, owners)
-        self.devices = {"/".join(d.id): d for d in sim.index.devices()}
-
-    def pool_problems(self, node: Node) -> list[str]:
-        out: list[str] = []
-        pools = self.alloc.pools(node)
-        seen = {p.key for p in pools}
-        for p in pools:
-            if not p.complete:
-                sl = self.sim.index.by_pool.get(p.key, [])
-                gen = max((s.generation for s in sl), default=0)
-                have = len([s for s in sl if s.generation == gen])
-                want = sl[0].slice_count if sl else 0
-                out.append(
-                    f"pool {p.driver}/{p.name} is incomplete: {have} of resourceSliceCount {want} slices published "
-                    f"at generation {gen}; none of its devices is allocated until all are published"
-                )
-            if p.invalid:
-                out.append(f"pool {p.driver}/{p.name} is invalid ({p.invalid}); none of its devices is allocated")
-        for key, sl in self.sim.index.by_pool.items():
-            if key in seen:
-                continue
-            visible = [s for s in sl if _slice_visible(s, node)]
-            if visible and any(s.generation > max(v.generation for v in visible) for s in sl):
-                out.append(f"pool {key[0]}/{key[1]} is obsolete on this node: a newer generation is being published")
-        return out
-
-    def request(self, rq: _Req, node: Node, claim: Mapping[str, Any], all_devices: bool) -> RequestOnNode:
-        cons = _constraints_for(claim, rq)
-        verdicts: list[DeviceVerdict] = []
-        for p in self.alloc.pools(node):
-            if not p.complete or p.invalid:
-                continue
-            for s in p.slices:
-                for d in s.devices:
-                    if not d.per_device_node_selection and not device_on_node(d, node):
-                        continue
-                    verdicts.append(self.checker.check(rq, d, node, cons))
-        fitting = [v.device for v in verdicts if v.check == "fits"]
-        ron = RequestOnNode(rq.claim, rq.name, rq.wants(), len(verdicts), fitting, _group(verdicts))
-        if all_devices:
-            ron.devices = verdicts
-        need = rq.count
-        if rq.all_mode:
-            if not fitting:
-                ron.notes.append("allocationMode All needs at least one matching device")
-            return ron
-        if fitting and len(fitting) < need:
-            ron.notes.append(f"needs {need} devices, {len(fitting)} fit on their own")
-        if len(fitting) >= 1 and need > 1:
-            devs = self.devices
-            for i, c in cons:
-                attr = c.get("matchAttribute") or c.get("distinctAttribute") or ""
-                vals: dict[str, list[str]] = {}
-                for f in fitting:
-                    vals.setdefault(fmt_value(devs[f].attributes.get(attr)), []).append(f)
-                if c.get("matchAttribute") and c.get("requests") in (None, [], [rq.parent], [rq.name]):
-                    if max(len(v) for v in vals.values()) < need:
-                        spread = "; ".join(f"{k}: {_shown(v)}" for k, v in vals.items())
-                        ron.notes.append(
-                            f"constraint #{i} matchAttribute {attr}: no {need} fitting devices share one value ({spread})"
-                        )
-                elif c.get("distinctAttribute") and len(vals) < need:
-                    ron.notes.append(
-                        f"constraint #{i} distinctAttribute {attr}: the fitting devices have {_plural(len(vals), 'distinct value')}, {need} needed"
-                    )
-        return ron
+def _claim_ref(c: Mapping[str, Any]) -> str:
+    md = c.get("metadata") or {}
+    return f"{md.get('namespace') or 'default'}/{md.get('name') or md.get('generateName') or ''}"
 
 
-def _slice_visible(s: Any, node: Node) -> bool:
-    if s.node_name:
-        return bool(s.node_name == node.name)
-    if s.all_nodes:
-        return True
-    if s.node_selector is not None:
-        return node_selector_matches(s.node_selector, node)
-    return bool(s.per_device_node_selection and any(device_on_node(d, node) for d in s.devices))
+def _owners(claims: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], str]:
+    owners: dict[tuple[str, str, str], str] = {}
+    for c in claims:
+        for r in ((((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []):
+            if not r.get("shareID") and not r.get("adminAccess"):
+                owners[(r["driver"], r["pool"], r["device"])] = _claim_ref(c)
+    return owners
 
 
-def _constraints_for(claim: Mapping[str, Any], rq: _Req) -> list[tuple[int, Mapping[str, Any]]]:
-    out = []
-    for i, c in enumerate(((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []):
-        reqs = c.get("requests") or []
-        if not reqs or rq.parent in reqs or rq.name in reqs:
-            out.append((i, c))
+def pool_problems(alloc: Allocator, rec: NodeRecord, node: Node) -> list[str]:
+    """Pools visible from ``node`` that the allocator skips: incomplete, invalid, obsolete."""
+    out: list[str] = []
+    pools = alloc.pools(node)
+    seen = {p.key for p in pools}
+    for name in rec.incomplete_pools:
+        driver, _, pool = name.partition("/")
+        sl = alloc.index.by_pool.get((driver, pool), [])
+        gen = max((s.generation for s in sl), default=0)
+        have = len([s for s in sl if s.generation == gen])
+        want = sl[0].slice_count if sl else 0
+        out.append(
+            f"pool {name} is incomplete: {have} of resourceSliceCount {want} slices published "
+            f"at generation {gen}; none of its devices is allocated until all are published"
+        )
+    for name, why in rec.invalid_pools:
+        out.append(f"pool {name} is invalid ({why}); none of its devices is allocated")
+    for key, sl in alloc.index.by_pool.items():
+        if key in seen:
+            continue
+        visible = [s for s in sl if slice_on_node(s, node)]
+        if visible and any(s.generation > max(v.generation for v in visible) for s in sl):
+            out.append(f"pool {key[0]}/{key[1]} is obsolete on this node: a newer generation is being published")
     return out
+
+
+def explain_node(
+    alloc: Allocator,
+    node: Node,
+    claims: Sequence[Mapping[str, Any]],
+    *,
+    owners: Mapping[tuple[str, str, str], str] | None = None,
+    all_devices: bool = False,
+) -> tuple[NodeExplanation, NodeRecord]:
+    """Why ``claims`` can (not) be allocated on ``node``: the allocator's own record
+    (:meth:`Allocator.diagnose`) in words, and the record itself. ``owners`` names the claim
+    holding each dedicated device (for "in use" lines)."""
+    rec = alloc.diagnose(node, claims)
+    ne = NodeExplanation(node.name, "refused", "")
+    ne.pools = pool_problems(alloc, rec, node)
+    lists = alloc.features.list_type_attributes
+    for rr in rec.requests:
+        ne.requests.append(request_on_node(rr, _claim_ref(claims[rr.claim_index]), lists, owners or {}, all_devices))
+    if rec.error is not None:
+        ne.verdict = "refused" if rec.node_only else "error"
+        ne.summary = rec.error if rec.node_only else f"allocation error: {rec.error}"
+        return ne, rec
+    if rec.fits:
+        ne.verdict = "fits"
+        ne.summary = "every claim fits here now"
+        return ne, rec
+    parts = []
+    for r in ne.requests:
+        need = "all" if "All" in r.wants or r.wants.startswith("all ") else r.wants.split(" ", 1)[0]
+        parts.append(f"claim {r.claim}, request {r.request}: {len(r.fitting)} of {_plural(r.considered, 'device')} fit (needs {need})")
+    ne.summary = "cannot allocate all claims: " + "; ".join(parts) if parts else "cannot allocate all claims"
+    if ne.requests and all(r.fitting for r in ne.requests) and not any(r.notes for r in ne.requests):
+        ne.notes.append(
+            "every request has devices that fit on their own, but no combination of them fits together "
+            "(the search tried every combination of the devices that fit on their own)"
+        )
+    return ne, rec
 
 
 # ---------------------------------------------------------------------------------------------
@@ -595,18 +420,18 @@ def _constraints_for(claim: Mapping[str, Any], rq: _Req) -> list[tuple[int, Mapp
 
 
 def _hami_lines(
-    conv_requests: Sequence[Any], claims_by_pc: Mapping[str, Mapping[str, Any]], per_node: Sequence[NodeExplanation],
-    sim: Simulation, state: AllocatedState,
+    conv_requests: Sequence[Any], claims_by_pc: Mapping[str, Mapping[str, Any]],
+    per_node: Sequence[tuple[NodeExplanation, NodeRecord | None, Sequence[Mapping[str, Any]]]],
 ) -> list[str]:
-    """Per converted container: the request in HAMi words, and which node comes closest."""
+    """Per converted container: the request in HAMi words, and which node comes closest: the
+    devices that fit on their own (any subrequest) in the allocator's record of each node.
+    ``per_node``: (explanation, record or None where the node was refused before allocation,
+    the claims the record is about)."""
     out: list[str] = []
-    devs = {"/".join(d.id): d for d in sim.index.devices()}
-    usage = counter_usage(sim.index, state)
     for hr in conv_requests:
         claim = claims_by_pc.get(hr.claim_name)
         if claim is None:
             continue
-        cref = _claim_ref(claim)
         if hr.memory_mib is not None:
             mem = f"gpumem {hr.memory_mib} MiB"
         elif hr.memory_percentage == 100:
@@ -616,29 +441,19 @@ def _hami_lines(
         head = f"HAMi request (container {hr.container}): {_plural(hr.gpus, 'GPU')} × {mem}, gpucores {hr.cores}"
         best: tuple[int, str] = (-1, "")
         any_selectable = False
-        for ne in per_node:
-            ok: set[str] = set()
-            node_selectable = False
-            for ron in ne.requests:
-                if ron.claim != cref:
-                    continue
-                # Devices past the selectors, and devices in use (checked before the selectors,
-                # so possibly matching): "no GPU matches the selectors" must not be said of them.
-                selectable = {
-                    g for grp in ron.groups
-                    if grp.check in ("in-use", "capacity", "policy", "counters", "taint", "constraint")
-                    for g in grp.devices
-                }  # fmt: skip
-                selectable |= set(ron.fitting)
-                any_selectable = any_selectable or bool(selectable)
-                node_selectable = node_selectable or bool(selectable)
-                for did in selectable:
-                    d = devs[did]
-                    if _hami_fits(d, hr, state) and not counters_short(d, usage, state):
-                        ok.add(did)
+        for ne, rec, claims in per_node:
+            if rec is None:
+                continue
+            ok: set[DeviceID] = set()
+            selectable: set[DeviceID] = set()
+            for rr in rec.requests:
+                if claims[rr.claim_index] is claim:
+                    ok |= {dr.id for dr in rr.fitting}
+                    selectable |= {dr.id for dr in rr.matching}
+            any_selectable = any_selectable or bool(selectable)
             if len(ok) > best[0]:
                 best = (len(ok), ne.node)
-            if not node_selectable:
+            if not selectable:
                 ne.hami.append(f"{head} — no GPU on {ne.node} matches the pod's device selectors")
             else:
                 verb = "has" if len(ok) == 1 else "have"
@@ -661,28 +476,6 @@ def _hami_need(hr: Any) -> str:
     else:
         mem = f"{hr.memory_percentage}% memory"
     return f"{mem} and {hr.cores}% cores"
-
-
-def _hami_fits(d: Device, hr: Any, state: AllocatedState) -> bool:
-    if d.id in state.dedicated:
-        return False  # allocated whole to another claim: nothing is free on it
-    agg = state.aggregated.get(d.id, {})
-    mem = d.capacity.get("memory")
-    if mem is None:
-        return False
-    free_mem = mem.value.value - agg.get("memory", Fraction(0))
-    if hr.memory_mib is not None:
-        need = Fraction(hr.memory_mib * MIB)
-    else:
-        need = mem.value.value * hr.memory_percentage / 100
-    if free_mem < need:
-        return False
-    cores = d.capacity.get("cores")
-    if cores is None:
-        # The converted claim names cores: a device without that capacity never takes it, so
-        # it must not be counted as a GPU with room (the allocator skips it).
-        return False
-    return bool(cores.value.value - agg.get("cores", Fraction(0)) >= hr.cores)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -723,15 +516,17 @@ def explain(
     *,
     seed: int = 0,
     all_devices: bool = False,
+    class_map: Mapping[str, str] | None = None,
 ) -> Explanation:
     """Simulate ``manifests`` on ``cluster`` and explain ``target``.
 
     ``target``: a pod (``namespace/name`` or ``name``) or a ResourceClaim (same forms; claims
     made from templates are named ``<pod>-<pod claim name>``). ``all_devices`` keeps the
-    per-device verdicts (``RequestOnNode.devices``). Raises :class:`ExplainError` when the
+    per-device verdicts (``RequestOnNode.devices``); ``class_map`` is simulate's
+    ``--class-map`` (:func:`tessera.sim.simulate.map_device_classes`). Raises :class:`ExplainError` when the
     target is unknown or ambiguous, and whatever :class:`Simulation` raises for bad input.
     """
-    sim, result, snaps = _run(cluster, manifests, lambda ref: _matches(ref, target), seed)
+    sim, result, snaps = _run(cluster, manifests, lambda ref: _matches(ref, target), seed, class_map)
     if len(snaps) > 1:
         raise ExplainError(f"{target!r} names several pods ({', '.join(sorted(snaps))}): write namespace/name")
     if snaps:
@@ -753,7 +548,7 @@ def explain(
             continue
         if any(c is sim.claims[key] for _, c in _pod_claims(obj, sim)):
             pref = _claim_ref(obj)
-            sim2, result2, snaps2 = _run(cluster, manifests, lambda ref, pref=pref: ref == pref, seed)
+            sim2, result2, snaps2 = _run(cluster, manifests, lambda ref, pref=pref: ref == pref, seed, class_map)
             exp = _explain_pod(sim2, result2, manifests, pref, snaps2[pref], f"{key[0]}/{key[1]}", all_devices)
             exp.target = f"ResourceClaim {key[0]}/{key[1]} (used by Pod {pref})"
             return exp
@@ -767,14 +562,14 @@ def explain(
     exp.notes.append("no pod uses this claim: the scheduler allocates a claim only when it schedules a pod that uses it")
     ex = _Explainer(sim, sim.state)
     for node in sim.nodes:
-        exp.nodes.append(_node(ex, node, None, [claim], [], all_devices))
+        exp.nodes.append(ex.node(node, None, [claim], [], all_devices)[0])
     return exp
 
 
 def _run(
-    cluster: Cluster, manifests: Sequence[Manifest], want: Any, seed: int
+    cluster: Cluster, manifests: Sequence[Manifest], want: Any, seed: int, class_map: Mapping[str, str] | None = None
 ) -> tuple[Simulation, SimResult, dict[str, AllocatedState]]:
-    sim = Simulation(cluster, manifests, seed=seed)
+    sim = Simulation(cluster, manifests, seed=seed, class_map=class_map)
     snaps: dict[str, AllocatedState] = {}
 
     def on_pod(ref: str) -> None:
@@ -868,23 +663,26 @@ def _explain_pod(
                     why = "its claims were already allocated there" if done else "it has no claims to allocate"
                 exp.nodes.append(NodeExplanation(node.name, "fits", f"scheduled here: {why}"))
                 break
-            todo = own
-            exp.nodes.append(_node(ex, node, pod, todo, done, all_devices))
+            exp.nodes.append(ex.node(node, pod, own, done, all_devices)[0])
         exp.notes.append("kube-scheduler picks any node where the pod fits (ties broken at random); the simulation takes the first")
         return exp
     todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
-    if not claims and exp.reason:
+    if (not claims and exp.reason) or sim.missing_class(todo):
+        # Refused before any allocation (kube-scheduler's PreFilter): no per-node account.
         exp.notes.append(exp.reason)
         return exp
+    per_node = []
     for node in sim.nodes:
-        exp.nodes.append(_node(ex, node, pod, todo, done, all_devices))
+        ne, rec = ex.node(node, pod, todo, done, all_devices)
+        exp.nodes.append(ne)
+        per_node.append((ne, rec, todo))
     if exp.reason.startswith("allocation error"):
         exp.notes.append(
             "an allocator error (not 'no room') stops scheduling of the pod on every node: the scheduler retries it "
             "with backoff and it stays pending until the error is fixed (dra-spec.md 3.2)"
         )
     by_pc = {pc: c for pc, c in claims}
-    exp.hami = _hami_lines(conv_requests, by_pc, exp.nodes, sim, before)
+    exp.hami = _hami_lines(conv_requests, by_pc, per_node)
     return exp
 
 
@@ -895,53 +693,32 @@ def _unbound(pod: Mapping[str, Any]) -> dict[str, Any]:
     return p
 
 
-def _node(
-    ex: _Explainer, node: Node, pod: Mapping[str, Any] | None, todo: Sequence[dict[str, Any]],
-    done: Sequence[Mapping[str, Any]], all_devices: bool,
-) -> NodeExplanation:
-    if pod is not None and not _pod_fits_node(_unbound(pod), node):
-        return NodeExplanation(node.name, "refused", "didn't match Pod's node affinity/selector")
-    taint = untolerated_taint(pod, ex.sim.taints.get(node.name, ())) if pod is not None else None
-    if taint is not None:
-        return NodeExplanation(node.name, "refused", f"had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}")
-    for c in done:
-        sel = ((c.get("status") or {}).get("allocation") or {}).get("nodeSelector")
-        if sel is not None and not node_selector_matches(sel, node):
-            return NodeExplanation(
-                node.name, "refused", f"resourceclaim not available on the node: claim {_claim_ref(c)} is allocated for another node"
-            )
-    ne = NodeExplanation(node.name, "refused", "")
-    ne.pools = ex.pool_problems(node)
-    error: str | None = None
-    try:
-        res = ex.alloc.allocate(node, list(todo))
-    except AllocationError as e:
-        error = str(e)
-        res = None
-    for c in todo:
-        for alts in _requests(c, ex.sim.classes):
-            for rq in alts:
-                ne.requests.append(ex.request(rq, node, c, all_devices))
-    if error is not None:
-        ne.verdict = "error"
-        ne.summary = f"allocation error: {error}"
-        return ne
-    if res is not None:
-        ne.verdict = "fits"
-        ne.summary = "every claim fits here now"
-        return ne
-    short = [r for r in ne.requests if not r.fitting]
-    parts = []
-    for r in ne.requests:
-        need = "all" if "All" in r.wants else r.wants.split(" ", 1)[0]
-        parts.append(f"claim {r.claim}, request {r.request}: {len(r.fitting)} of {_plural(r.considered, 'device')} fit (needs {need})")
-    ne.summary = "cannot allocate all claims: " + "; ".join(parts) if parts else "cannot allocate all claims"
-    if ne.requests and not short and not any(r.notes for r in ne.requests):
-        ne.notes.append(
-            "every request has devices that fit on their own, but not together: the requests compete for the same "
-            "devices' capacity, or a constraint across requests (matchAttribute/distinctAttribute) cannot be met"
-        )
-    return ne
+class _Explainer:
+    """The allocator over the simulation's slices and classes, at a given allocated state."""
+
+    def __init__(self, sim: Simulation, state: AllocatedState) -> None:
+        self.sim = sim
+        self.alloc = Allocator(sim.index, sim.classes, state, sim.allocator.features)
+        self.owners = _owners(list(sim.claims.values()))
+
+    def node(
+        self, node: Node, pod: Mapping[str, Any] | None, todo: Sequence[dict[str, Any]],
+        done: Sequence[Mapping[str, Any]], all_devices: bool,
+    ) -> tuple[NodeExplanation, NodeRecord | None]:
+        """Pod-level refusals first (node affinity, untolerated node taints, claims allocated for
+        another node), then the allocator's record for the claims still to allocate."""
+        if pod is not None and not pod_fits_node(_unbound(pod), node):
+            return NodeExplanation(node.name, "refused", "didn't match Pod's node affinity/selector"), None
+        taint = untolerated_taint(pod, self.sim.taints.get(node.name, ())) if pod is not None else None
+        if taint is not None:
+            return NodeExplanation(node.name, "refused", f"had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"), None
+        for c in done:
+            sel = ((c.get("status") or {}).get("allocation") or {}).get("nodeSelector")
+            if sel is not None and not node_selector_matches(sel, node):
+                return NodeExplanation(
+                    node.name, "refused", f"resourceclaim not available on the node: claim {_claim_ref(c)} is allocated for another node"
+                ), None
+        return explain_node(self.alloc, node, todo, owners=self.owners, all_devices=all_devices)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -356,7 +356,9 @@ def describe_counters(
             if have < pub:
                 out.append(f"media extensions of {counter_set}: in use (a +me instance or the whole GPU)")
         else:
-            out.append(f"counter {c} of {counter_set}: {_fmt(pub - have, False)} of {_fmt(pub, False)} used")
+            # Another driver's counter: no unit known; binary suffixes read best for memory-like
+            # amounts (8Gi) and leave plain counts as they are (1000, 3).
+            out.append(f"counter {c} of {counter_set}: {_fmt(pub - have, True)} of {_fmt(pub, True)} used")
     return out
 
 

@@ -123,6 +123,7 @@ def raw_gpus_from_query_csv(text: str, source: str) -> list[RawGPU]:
                 line=header_line,
             )
         )
+    raws.sort(key=lambda r: r.index)  # rows may come in any order; GPUs are returned by index
     if not raws:
         raise MissingFieldError(
             "--query-gpu CSV has a header but no GPU rows",

@@ -11,6 +11,9 @@ not defined). Node CPU and memory are not modelled.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import difflib
+import gc
 import json
 import random
 import uuid
@@ -20,14 +23,23 @@ from fractions import Fraction
 from typing import Any
 
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
-from tessera.allocator import AllocatedState, AllocationError, Allocator, Features, Node, SliceIndex
-from tessera.allocator.core import consumed_amount
+from tessera.allocator import (
+    AllocatedState,
+    AllocationError,
+    Allocator,
+    Features,
+    Node,
+    NodeAllocationError,
+    NodeRecord,
+    SliceIndex,
+)
 from tessera.allocator.model import Device, node_selector_matches
+from tessera.allocator.record import alternatives
 from tessera.api.deviceclass import device_class
 from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
-from tessera.api.validation import check
+from tessera.api.validation import DRA_V1BETA2, check
 from tessera.convert import gpu_memory_sizes
 from tessera.sim.cluster import Cluster
 from tessera.sim.policies import (
@@ -41,8 +53,50 @@ from tessera.sim.policies import (
     prioritized_list_score,
     topology_variants,
 )
+from tessera.sim.reasons import request_clauses
 
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+BETA2 = DRA_V1BETA2
+# The NVIDIA DRA driver's DeviceClasses (k8s-dra-driver-gpu): its class, driver and attribute
+# domain for full GPUs are all gpu.nvidia.com, as Tessera's are all gpu.tessera.dev.
+NVIDIA_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
+
+
+def map_device_classes(manifests: Sequence[Manifest], class_map: Mapping[str, str], notes: list[str]) -> list[Manifest]:
+    """``--class-map FROM=TO``: ResourceClaims and ResourceClaimTemplates whose requests name
+    DeviceClass FROM get TO instead, and in those requests' selectors the string literal
+    ``"FROM"`` becomes ``"TO"`` (the NVIDIA DRA driver's attribute and capacity domain is its
+    class name, ``gpu.nvidia.com``, as Tessera's is ``gpu.tessera.dev``; the attribute names
+    Tessera publishes are the driver's: productName, uuid, index, architecture, ...). Returns new
+    manifests (inputs untouched); appends one note per changed object to ``notes``."""
+    out: list[Manifest] = []
+    for m in manifests:
+        if m.kind not in ("ResourceClaim", "ResourceClaimTemplate"):
+            out.append(m)
+            continue
+        obj = copy.deepcopy(m.obj)
+        spec = obj.get("spec") or {}
+        if m.kind == "ResourceClaimTemplate":
+            spec = spec.get("spec") or {}
+        changed: list[str] = []
+        for r in (spec.get("devices") or {}).get("requests") or []:
+            for sub in ([r["exactly"]] if r.get("exactly") else []) + list(r.get("firstAvailable") or []):
+                src = sub.get("deviceClassName")
+                if src not in class_map:
+                    continue
+                dst = class_map[src]
+                sub["deviceClassName"] = dst
+                for sel in sub.get("selectors") or []:
+                    cel = (sel or {}).get("cel") or {}
+                    if isinstance(cel.get("expression"), str):
+                        cel["expression"] = cel["expression"].replace(f'"{src}"', f'"{dst}"').replace(f"'{src}'", f"'{dst}'")
+                changed.append(f"{src} -> {dst}")
+        if changed:
+            notes.append(f"{m.source}: {m.ref()}: --class-map: {', '.join(sorted(set(changed)))}")
+            out.append(dataclasses.replace(m, obj=obj))
+        else:
+            out.append(m)
+    return out
 
 
 def default_device_class() -> dict[str, Any]:
@@ -290,7 +344,7 @@ def untolerated_taint(pod: Mapping[str, Any], taints: Sequence[dict[str, str]]) 
     return None
 
 
-def _pod_fits_node(pod: dict[str, Any], node: Node) -> bool:
+def pod_fits_node(pod: dict[str, Any], node: Node) -> bool:
     spec = pod.get("spec") or {}
     if spec.get("nodeName") and spec["nodeName"] != node.name:
         return False
@@ -313,15 +367,18 @@ class Simulation:
         features: Features | None = None,
         policy: str = "first-fit",
         whole_gpus: bool = False,
+        class_map: Mapping[str, str] | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown placement policy {policy!r}: use one of {', '.join(POLICIES)}")
+        self.warnings: list[str] = []
+        if class_map:
+            manifests = map_device_classes(manifests, class_map, self.warnings)
         self.policy = policy
         self.whole_gpus = whole_gpus
         self.cluster = cluster
         self.nodes = [Node(n.name, n.labels) for n in cluster.nodes]
         self.taints = {n.name: n.taints for n in cluster.nodes if n.taints}
-        self.warnings: list[str] = []
         self.classes: dict[str, dict[str, Any]] = {}
         self.templates: dict[tuple[str, str], dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
@@ -332,6 +389,8 @@ class Simulation:
         for m in manifests:
             check(m)
             kind = m.kind
+            if m.obj.get("apiVersion") == BETA2:
+                self.warnings.append(f"{m.source}: {m.ref()}: {BETA2} is read as resource.k8s.io/v1 (the same shape)")
             if kind == "ResourceSlice":
                 # Identical slices (e.g. simulate's own -o yaml fed back beside --cluster) are
                 # the same object; a different slice under a published name is an error.
@@ -358,6 +417,8 @@ class Simulation:
                 self.templates[(m.namespace, m.name)] = m.obj
             elif kind == "ResourceClaim":
                 claim = copy.deepcopy(m.obj)
+                # As the API server stores it: in a namespace (messages name it ns/name).
+                claim.setdefault("metadata", {}).setdefault("namespace", m.namespace)
                 if whole_gpus and not (claim.get("status") or {}).get("allocation"):
                     claim["spec"] = whole_gpu_spec(claim.get("spec") or {})
                 self.claims[(m.namespace, m.name)] = claim
@@ -369,26 +430,30 @@ class Simulation:
         self.classes.setdefault(DEVICE_CLASS_NAME, default_device_class())
         self.slices = slices
         self.index = SliceIndex(slices)
-        self.state = AllocatedState()
+        # Without DRAConsumableCapacity kube-scheduler counts every result as dedicated.
+        self.state = AllocatedState(consumable_capacity=(features or Features()).consumable_capacity)
         for c in self.claims.values():
             self.state.add_claim(c)
         # Allocations are only ever added here, never released, so a node that cannot satisfy
         # a set of claim specs now never will: per pod shape, the first node still worth trying.
         self._cursor: dict[str | None, tuple[int, dict[str, int]]] = {}
-        self._unsat: list[set[str]] = [set() for _ in self.nodes]
+        self._unsat: list[dict[str, str]] = [{} for _ in self.nodes]
         self._node_usage: list[Fraction] = [Fraction(0) for _ in self.nodes]
         self._usage_stale: set[int] = set()
         self._placed = 0
         # Pending pods whose claims fit on no node: explained once the run is over (against
-        # the final state, which is what a user asks about), one walk per distinct claim shape.
-        self._to_explain: dict[str, list[dict[str, Any]]] = {}
-        self._request_notes: dict[str, str] = {}
+        # the final state, which is what a user asks about), once per distinct claim shape.
+        self._to_explain: dict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        self._reasons: dict[str, tuple[list[tuple[int, str, str]], list[str]]] = {}
         self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed))
         # GPU memory sizes for HAMi's gpumem-percentage (the same function as `tessera convert`).
         self.memory_sizes = gpu_memory_sizes(self.slices)
         self._check_classes(manifests)
 
     def _check_classes(self, manifests: Iterable[Manifest]) -> None:
+        """A request naming a DeviceClass the simulation lacks is not bad input: kube-scheduler
+        leaves the pods that use it pending (``request r: device class c does not exist``) and
+        schedules the others. Warn once per claim or template, with a hint."""
         for m in manifests:
             if m.kind not in ("ResourceClaim", "ResourceClaimTemplate"):
                 continue
@@ -403,14 +468,37 @@ class Simulation:
                 for where, sub in alts:
                     cls = sub.get("deviceClassName")
                     if cls and cls not in self.classes:
-                        known = ", ".join(sorted(self.classes))
-                        raise ManifestError(
-                            f"DeviceClass {cls!r} does not exist (known: {known}): use one of them or add the DeviceClass",
-                            file=m.source.file,
-                            doc=m.source.doc,
-                            obj=m.ref(),
-                            field=f"{base}.devices.requests[{i}].{where}.deviceClassName",
+                        self.warnings.append(
+                            f"{m.source}: {m.ref()}: {base}.devices.requests[{i}].{where}.deviceClassName: "
+                            f"DeviceClass {cls!r} does not exist: pods using it stay pending{self.class_hint(cls)}"
                         )
+
+    def class_hint(self, cls: str) -> str:
+        """What to do about a missing DeviceClass ``cls`` ("" when nothing useful to say)."""
+        if cls in NVIDIA_CLASSES:
+            return (
+                f" ({cls} is the NVIDIA DRA driver's class: --class-map {cls}={DEVICE_CLASS_NAME} runs these requests "
+                "on Tessera's GPUs, or add the DeviceClass and the driver's ResourceSlices)"
+            )
+        close = difflib.get_close_matches(cls, list(self.classes), n=1)
+        if close:
+            return f" (did you mean {close[0]}?)"
+        return f" (known: {', '.join(sorted(self.classes))}; add the DeviceClass, or map it with --class-map {cls}=CLASS)"
+
+    def missing_class(self, claims: Sequence[dict[str, Any]]) -> str | None:
+        """PreFilter's check (validateDeviceClass): the first request of ``claims`` whose class
+        does not exist, as kube-scheduler words it, or None."""
+        for c in claims:
+            for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or []:
+                name = r.get("name", "")
+                alts = [(name, r["exactly"])] if r.get("exactly") else [
+                    (f"{name}/{s.get('name', '')}", s) for s in r.get("firstAvailable") or []
+                ]
+                for req, sub in alts:
+                    cls = sub.get("deviceClassName") or ""
+                    if cls and cls not in self.classes:
+                        return f"request {req}: device class {cls} does not exist"
+        return None
 
     # ------------------------------------------------------------------------------------------
     def run(self, on_pod: Callable[[str], None] | None = None) -> SimResult:
@@ -559,6 +647,10 @@ class Simulation:
             return None, reason, []
         todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
         done = [c for _, c in claims if (c.get("status") or {}).get("allocation")]
+        missing = self.missing_class(todo)
+        if missing:
+            cls = missing.rpartition("device class ")[2].removesuffix(" does not exist")
+            return None, f"0/{len(self.nodes)} nodes are available: {missing}.{self.class_hint(cls)}", claims
         for c in done:
             rf = (c.get("status") or {}).get("reservedFor") or []
             if len(rf) >= 256 and not any(r.get("name") == _name(pod) for r in rf):
@@ -587,14 +679,25 @@ class Simulation:
         best: tuple[int, int, list[dict[str, Any]]] | None = None
         for i in order:
             node = self.nodes[i]
-            # Node affinity is the scheduler's first filter: a node the pod does not select says
-            # so even when the claims' shape is known not to fit there.
-            if sig is not None and sig in self._unsat[i] and _pod_fits_node(pod, node):
-                why: str | AllocationError | list[dict[str, Any]] = "cannot allocate all claims"
+            # Node affinity and taints are the scheduler's first filters: a node the pod does not
+            # select (or whose taint it does not tolerate) says so even when the claims' shape is
+            # known not to fit there.
+            known = self._unsat[i].get(sig) if sig is not None else None
+            if (
+                known is not None
+                and pod_fits_node(pod, node)
+                and untolerated_taint(pod, self.taints.get(node.name, ())) is None
+            ):
+                why: str | AllocationError | list[dict[str, Any]] = known
             else:
                 why = self._try_node(pod, node, todo, done, policy)
-                if why == "cannot allocate all claims" and sig is not None:
-                    self._unsat[i].add(sig)
+                if isinstance(why, NodeAllocationError):
+                    # Upstream's ErrFailedAllocationOnNode: this node's reason, not the pod's.
+                    why = str(why)
+                    if sig is not None:
+                        self._unsat[i][sig] = why
+                elif why == "cannot allocate all claims" and sig is not None:
+                    self._unsat[i][sig] = why
             if isinstance(why, AllocationError):
                 return None, f"allocation error: {why}", claims
             if isinstance(why, list):
@@ -625,20 +728,27 @@ class Simulation:
                 if not any(r.get("resource") == "pods" and r.get("uid") == uid for r in rf):
                     rf.append({"resource": "pods", "name": _name(pod), "uid": uid})
             return node.name, "", claims
-        parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        # kube-scheduler's FitError: "N reason" strings, sorted as strings.
+        parts = ", ".join(sorted(f"{v} {k}" for k, v in counts.items()))
         msg = f"0/{n_total} nodes are available: {parts}." if parts else f"0/{n_total} nodes are available."
-        if counts.get("cannot allocate all claims"):
-            self._to_explain[ref] = todo
+        if counts.get("cannot allocate all claims") or counts.get("invalid resource pools were encountered"):
+            self._to_explain[ref] = (pod, todo, done)
         return None, msg, claims
 
     def _add_explanations(self, pending: list[Pending], pods: list[dict[str, Any]]) -> None:
         by_ref = {f"{_ns(p)}/{_name(p)}": p for p in pods}
-        for pend in pending:
-            todo = self._to_explain.get(pend.pod)
-            if not todo:
-                continue
-            pend.reason = f"{pend.reason} {self.explain_claims(todo)}"
-            by_ref[pend.pod]["status"]["conditions"][0]["message"] = pend.reason
+        # The records are many small objects on top of a large, settled heap (every pod and
+        # claim of the run): keep the cyclic collector off that heap meanwhile.
+        gc.freeze()
+        try:
+            for pend in pending:
+                what = self._to_explain.get(pend.pod)
+                if not what:
+                    continue
+                pend.reason = f"{pend.reason} {self.explain_claims(*what)}"
+                by_ref[pend.pod]["status"]["conditions"][0]["message"] = pend.reason
+        finally:
+            gc.unfreeze()
 
     def _try_node(
         self,
@@ -650,7 +760,7 @@ class Simulation:
     ) -> str | AllocationError | list[dict[str, Any]]:
         """The allocation results of ``todo`` on ``node`` (one per claim, nothing recorded yet);
         else the scheduler's reason (or error)."""
-        if not _pod_fits_node(pod, node):
+        if not pod_fits_node(pod, node):
             return "node(s) didn't match Pod's node affinity/selector"  # kube-scheduler's NodeAffinity wording
         taint = untolerated_taint(pod, self.taints.get(node.name, ()))
         if taint is not None:  # kube-scheduler's TaintToleration wording
@@ -674,117 +784,67 @@ class Simulation:
         return list(results)
 
     # ------------------------------------------------------------------------------------------
-    def explain_claims(self, claims: Sequence[dict[str, Any]]) -> str:
-        """A short account of why ``claims`` fit nowhere: per request, matching devices and room."""
-        notes: list[str] = []
-        for c in claims:
-            cref = f"{_ns(c)}/{_name(c)}"
-            for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or []:
-                alts = [r["exactly"]] if r.get("exactly") else list(r.get("firstAvailable") or [])
-                for sub in alts:
-                    key = json.dumps(sub, sort_keys=True)
-                    if key not in self._request_notes:
-                        self._request_notes[key] = self._explain_request(sub)
-                    notes.append(f"claim {cref}, request {r.get('name')}: {self._request_notes[key]}")
-        return "; ".join(notes)
-
-    def _explain_request(self, req: dict[str, Any]) -> str:
-        from tessera.cel import compile_selector
-
-        cls = self.classes.get(req.get("deviceClassName", ""), {})
-        sels = [compile_selector(s["cel"]["expression"]) for s in ((cls.get("spec") or {}).get("selectors") or [])]
-        sels += [compile_selector(s["cel"]["expression"]) for s in req.get("selectors") or []]
-        caps = {k: Quantity.parse(v) for k, v in ((req.get("capacity") or {}).get("requests") or {}).items()}
-        matching: list[Device] = []
-        for d in self.index.devices():
-            try:
-                if self.allocator.matches(sels, d, "explain"):
-                    matching.append(d)
-            except AllocationError:
+    def node_records(
+        self, pod: dict[str, Any], claims: Sequence[dict[str, Any]], done: Sequence[dict[str, Any]] = ()
+    ) -> list[NodeRecord]:
+        """The allocator's record (:meth:`Allocator.diagnose`) for ``claims`` on every node the
+        pod may use (node affinity, and where its already-allocated claims are available),
+        against the current state."""
+        out = []
+        for node in self.nodes:
+            if not pod_fits_node(pod, node):
                 continue
-        want = int(req.get("count") or 1)
-        if not matching:
-            return "no device matches its selectors"
-        # Devices of an incomplete or invalid pool match but are never allocated: say so (as
-        # explain does), rather than count them as room.
-        unusable = self._unusable_pools()
-        held_back = [d for d in matching if (d.driver, d.pool) in unusable]
-        if held_back:
-            matching = [d for d in matching if (d.driver, d.pool) not in unusable]
-            pools = sorted({f"{d.driver}/{d.pool} ({unusable[(d.driver, d.pool)]})" for d in held_back})
-            note = f"{len(held_back)} matching device(s) are in pool(s) whose devices are never allocated: {', '.join(pools)}"
-            if not matching:
-                return note
-        room: list[Device] = []
-        # Per capacity the request names (memory if none): the most free on any device that
-        # could take the request (it has every capacity named and its shared counters are free).
-        shown = list(caps) or ["memory"]
-        best: dict[str, tuple[Fraction, Device]] = {}
-        usage = counter_usage(self.index, self.state)
-        blocked: dict[tuple[str, str, str], CounterSetUsage] = {}
-        n_blocked = 0
-        for d in matching:
-            if d.id in self.state.dedicated:
+            if any(
+                (sel := c["status"]["allocation"].get("nodeSelector")) is not None and not node_selector_matches(sel, node)
+                for c in done
+            ):
                 continue
-            if any(k not in d.capacity for k in caps):
-                continue
-            short = counters_short(d, usage, self.state)
-            if short:
-                n_blocked += 1
-                for u, _ in short:
-                    blocked[(u.driver, u.pool, u.name)] = u
-                continue
-            agg = self.state.aggregated.get(d.id, {})
-            ok = True
-            for k, cap in d.capacity.items():
-                amount = consumed_amount(cap, caps.get(k))
-                free = cap.value.value - agg.get(k, Fraction(0))
-                if amount.value > free:
-                    ok = False
-                if k in shown and (k not in best or free > best[k][0]):
-                    best[k] = (free, d)
-            if ok:
-                room.append(d)
-        need = ", ".join(f"{k} {v.canonical()}" for k, v in caps.items()) or "the whole device"
-        msg = f"{len(matching)} device(s) match its selectors, {len(room)} of them with room for {need}"
-        if blocked:
-            sets = [blocked[k] for k in sorted(blocked)]
-            lines = [f"{u.pool}: {line}" for u in sets[:2] for line in u.lines()]
-            more = f"; and {len(sets) - 2} more counter sets" if len(sets) > 2 else ""
-            msg += f" ({n_blocked} blocked by shared counters: {'; '.join(lines)}{more})"
-        lacking = sorted({k for d in matching for k in caps if k not in d.capacity})
-        if lacking:
-            n = sum(1 for d in matching if any(k not in d.capacity for k in caps))
-            msg += f" ({n} publish no {', '.join(lacking)} capacity)"
-        if want > 1:
-            msg += f" ({want} distinct devices on one node needed)"
-        if len(room) < want:
-            for k in shown:
-                if k in best:
-                    free, d = best[k]
-                    q = Quantity(free, d.capacity[k].value.format).canonical()
-                    msg += f"; most free {k}: {q} on {d.pool}/{d.name}"
-        if held_back:
-            msg += f"; {note}"
-        return msg
+            # The search is known to fail here: each device on its own first, and the search's
+            # account only where every request has enough devices that fit on their own.
+            rec = self.allocator.diagnose(node, claims, search=False)
+            if rec.requests and all(
+                any(len(rr.fitting) >= max(rr.count, 1) for rr in alts) for alts in alternatives(rec.requests).values()
+            ):
+                rec = self.allocator.diagnose(node, claims)
+            out.append(rec)
+        return out
 
-    def _unusable_pools(self) -> dict[tuple[str, str], str]:
-        """Pools no device of which is allocated on any node: incomplete (fewer slices than
-        resourceSliceCount at the newest generation) or invalid."""
-        if not hasattr(self, "_unusable"):
-            self._unusable: dict[tuple[str, str], str] = {}
-            for n in self.nodes:
-                for p in self.allocator.pools(n):
-                    if p.invalid:
-                        self._unusable[p.key] = f"invalid: {p.invalid}"
-                    elif not p.complete:
-                        sl = self.index.by_pool.get(p.key, [])
-                        gen = max((s.generation for s in sl), default=0)
-                        have = len([s for s in sl if s.generation == gen])
-                        want = sl[0].slice_count if sl else 0
-                        self._unusable[p.key] = f"incomplete: {have} of resourceSliceCount {want} slices at generation {gen}"
-        return self._unusable
+    def explain_claims(
+        self, pod: dict[str, Any], claims: Sequence[dict[str, Any]], done: Sequence[dict[str, Any]] = ()
+    ) -> str:
+        """Why ``claims`` fit on none of the nodes the pod may use, per request: read from the
+        allocator's record of each such node (:mod:`tessera.sim.reasons`). Memoised per claim
+        shape and node constraints (claim names are filled in per pod)."""
+        spec = pod.get("spec") or {}
+        key = json.dumps(
+            [[c.get("spec") for c in claims], [c.get("status") for c in done],
+             spec.get("nodeName"), spec.get("nodeSelector"), spec.get("affinity")],
+            sort_keys=True, default=str,
+        )
+        entry = self._reasons.get(key)
+        if entry is None:
+            records = self.node_records(pod, claims, done)
+            entry = (request_clauses(records, len(self.nodes)), self._incomplete_pools(records))
+            self._reasons[key] = entry
+        clauses, pools = entry
+        text = "; ".join(f"claim {_ns(claims[ci])}/{_name(claims[ci])}, request {req}: {text}" for ci, req, text in clauses)
+        if pools:
+            text += f"; devices of incomplete pools are never allocated: {', '.join(pools)}"
+        return text
 
+    def _incomplete_pools(self, records: Sequence[NodeRecord]) -> list[str]:
+        """``driver/pool (incomplete: 2 of resourceSliceCount 3 slices at generation 1)`` for each
+        pool the allocator skipped as incomplete on the nodes of ``records`` (dra-spec: a pool
+        whose newest generation has fewer slices than ``resourceSliceCount``)."""
+        out = []
+        for name in sorted({p for r in records for p in r.incomplete_pools}):
+            driver, pool = name.split("/", 1)
+            sl = self.index.by_pool.get((driver, pool), [])
+            gen = max((s.generation for s in sl), default=0)
+            have = len([s for s in sl if s.generation == gen])
+            want = max((s.slice_count for s in sl if s.generation == gen), default=0)
+            out.append(f"{name} (incomplete: {have} of resourceSliceCount {want} slices at generation {gen})")
+        return out
 
     # ------------------------------------------------------------------------------------------
     def _device(self, driver: str, pool: str, name: str) -> Device | None:

@@ -1,0 +1,255 @@
+"""Pending reasons: the allocator's record of every node a pod could use, summed up per request.
+
+``tessera simulate`` appends one clause per request (per ``firstAvailable`` subrequest) to the
+scheduler's ``0/N nodes are available: ...`` message of a pod whose claims fit nowhere. Each
+clause is read from :class:`tessera.allocator.NodeRecord` (what the allocator decided, device
+by device, with the numbers) and:
+
+* names every capacity the request consumes, the ones it does not name included (the request
+  policy's default, e.g. all of a GPU's memory);
+* separates devices that can never hold the request (too small, a capacity they lack, an amount
+  their request policy forbids) from devices that are full now, and says "no GPU in the cluster
+  is that large" when every matching device is too small;
+* for devices that are full now, names only the capacities that are short, and for each the
+  most free amount among the devices where it is short (so it never contradicts itself);
+* says when devices fit one by one but not together (count, constraints, competition).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from tessera import DRIVER_NAME
+from tessera.allocator import (
+    CapacityShort,
+    CapacityUse,
+    NodeRecord,
+    Refusal,
+    RequestRecord,
+)
+from tessera.allocator.record import (
+    CapacityMissing,
+    ConstraintFailed,
+    CountersOff,
+    CountersShort,
+    DeviceRecord,
+    InUse,
+    PolicyViolation,
+    Tainted,
+    fmt_amount,
+)
+from tessera.api.quantity import Format
+from tessera.inventory.mig import describe_counters
+
+
+@dataclass
+class _Seen:
+    node: str
+    dr: DeviceRecord
+
+
+def _plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {many or word + 's'}"
+
+
+def _noun(devs: Sequence[_Seen]) -> str:
+    return "GPU" if devs and all(s.dr.device.driver == DRIVER_NAME for s in devs) else "device"
+
+
+def needs_text(rr: RequestRecord, devs: Sequence[_Seen]) -> str:
+    """Every capacity the request consumes per device: ``memory 8Gi and cores 50``; a capacity
+    it does not name is consumed at the request policy's default (all of it without one). A
+    default of zero consumes nothing and is left out."""
+    named = [f"{k} {v.canonical()}" for k, v in rr.capacity.items()]
+    defaults: dict[str, dict[tuple[bool, int, int], tuple[Fraction, Format]]] = {}
+    having: dict[str, int] = {}
+    counted = 0
+    for s in devs:
+        if s.dr.uses is None:
+            continue
+        counted += 1
+        for u in s.dr.uses:
+            if u.requested is None and u.needs:
+                key = (u.needs == u.total, u.needs.numerator, u.needs.denominator)  # ints hash fast
+                defaults.setdefault(u.name, {})[key] = (u.needs, u.format)
+                having[u.name] = having.get(u.name, 0) + 1
+    for k, vals in defaults.items():
+        some = " on the devices that have it" if having[k] < counted else ""
+        why = f"the request names no {k}, so the request policy's default applies"
+        if len(vals) == 1:
+            (whole, _, _), (needs, fmt) = next(iter(vals.items()))
+            text = fmt_amount(needs, fmt)
+            named.append(f"{k} {text} ({'all of it' + some + ': ' if whole else ''}{why})")
+        elif all(whole for whole, _, _ in vals):
+            named.append(f"all of the device's {k}{some} ({why})")
+        else:
+            named.append(f"{k} at each device's request policy default{some} (the request names no {k})")
+    count = "all matching devices" if rr.all_mode else _plural(rr.count, "device")
+    if not named:
+        return count
+    return f"{count} with {_join(named)}"
+
+
+def _join(parts: Sequence[str]) -> str:
+    if len(parts) <= 1:
+        return "".join(parts)
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _never(r: Refusal | None) -> bool:
+    return isinstance(r, (CapacityMissing, PolicyViolation)) or (isinstance(r, CapacityShort) and r.never)
+
+
+def request_clause(rr: RequestRecord, seen: Sequence[_Seen], per_node_fit: Mapping[str, int], scope: str) -> str:
+    """One request's clause over the nodes in ``seen`` (its devices, node by node)."""
+    matching = [s for s in seen if s.dr.matches]
+    noun = _noun(matching or seen)
+    head = f"needs {needs_text(rr, matching or seen)}"
+    if not matching:
+        return f"{head}; none of the {_plural(len(seen), noun)} {scope} matches its selectors"
+    fitting = [s for s in matching if s.dr.alone is None]
+    never = [s for s in matching if _never(s.dr.alone)]
+    now = [s for s in matching if s.dr.alone is not None and not _never(s.dr.alone)]
+    parts: list[str] = []
+    if never:
+        if len(never) == len(matching):
+            parts.append(f"no {noun} {scope} is that large{_largest(never, True)}")
+        else:
+            parts.append(f"{_plural(len(never), noun)} can never hold it{_largest(never, False)}")
+    if now:
+        parts.append(_now(now, noun))
+    if fitting:
+        most = max(per_node_fit.values(), default=0)
+        want = rr.count
+        fit = f"{_plural(len(fitting), noun)} {'fits on its own' if len(fitting) == 1 else 'fit on their own'}"
+        if rr.all_mode:
+            parts.append(f"{fit}, but allocationMode All needs every matching one")
+        elif most < want:
+            if len(per_node_fit) > 1:
+                parts.append(f"{fit}, at most {most} on one node, {want} needed on one node")
+            else:
+                parts.append(f"{fit}, {want} needed")
+        else:
+            together = next((s.dr.in_search for s in fitting if s.dr.in_search is not None), None)
+            why = f": {together.text()}" if together is not None else " (no combination of them fits)"
+            parts.append(f"{fit}, but not together with the rest of the pod{why}")
+    matches = f"{_plural(len(matching), noun)} {scope} {'matches' if len(matching) == 1 else 'match'} its selectors"
+    if not fitting and not never:
+        return f"{head}; {matches}, none has room now: {'; '.join(parts)}"
+    return f"{head}; {matches}: {'; '.join(parts)}"
+
+
+def _largest(never: Sequence[_Seen], every: bool) -> str:
+    """For devices too small: the capacity that is too small and the largest amount of it among
+    them (``every``: they are all the matching devices there are)."""
+    by_cap: dict[str, tuple[CapacityUse, _Seen]] = {}
+    other = 0
+    for s in never:
+        r = s.dr.alone
+        if isinstance(r, CapacityShort):
+            for u in r.uses:
+                if u.never and (u.name not in by_cap or u.total > by_cap[u.name][0].total):
+                    by_cap[u.name] = (u, s)
+        else:
+            other += 1
+    parts = [
+        f"{u.name} {u.amount(u.needs)} is more than any {'has' if every else 'of them has'}: the largest has "
+        f"{u.amount(u.total)}, {s.node}/{s.dr.device.name}"
+        for u, s in by_cap.values()
+    ]
+    kinds = {s.dr.alone.text() for s in never if not isinstance(s.dr.alone, CapacityShort) and s.dr.alone is not None}
+    if other:
+        parts.append("; ".join(sorted(kinds)[:2]))
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _now(now: Sequence[_Seen], noun: str) -> str:
+    """Devices that could hold the request but are taken now: what is short where."""
+    short: dict[str, list[tuple[CapacityUse, _Seen]]] = {}
+    others: dict[str, int] = {}
+    sets: dict[str, dict[str, CountersShort]] = {}  # counter set (pool/name) -> counter -> a refusal
+    for s in now:
+        r = s.dr.alone
+        if isinstance(r, CapacityShort):
+            for u in r.short:
+                short.setdefault(u.name, []).append((u, s))
+        elif isinstance(r, InUse):
+            others["in use (allocated whole to another claim)"] = others.get("in use (allocated whole to another claim)", 0) + 1
+        elif isinstance(r, (CountersShort, CountersOff)):
+            others[_COUNTERS] = others.get(_COUNTERS, 0) + 1
+            if isinstance(r, CountersShort):
+                sets.setdefault(f"{s.dr.device.pool}/{r.counter_set}", {})[r.counter] = r
+        elif isinstance(r, Tainted):
+            key = f"tainted {r.key_}={r.value}:{r.effect} (not tolerated)" if r.value else f"tainted {r.key_}:{r.effect} (not tolerated)"
+            others[key] = others.get(key, 0) + 1
+        elif isinstance(r, ConstraintFailed):
+            key = f"without attribute {r.attribute} (constraint #{r.index})"
+            others[key] = others.get(key, 0) + 1
+        elif r is not None:
+            others[r.key()] = others.get(r.key(), 0) + 1
+    parts = []
+    for name, items in short.items():
+        u, s = max(items, key=lambda it: it[0].free)
+        where = f"{s.node}/{s.dr.device.name}"
+        if len(items) == 1:
+            parts.append(f"{name} short on {where}: {u.amount(u.free)} free of {u.amount(u.total)}, needs {u.amount(u.needs)}")
+        else:
+            parts.append(
+                f"{name} short on {_plural(len(items), noun)} (most free: {u.amount(u.free)} of {u.amount(u.total)}, "
+                f"on {where}; needs {u.amount(u.needs)})"
+            )
+    for text, n in others.items():
+        if text == _COUNTERS and sets:
+            named = [f"{cs}: {_counters_text(found)}" for cs, found in sorted(sets.items())]
+            more = f"; and {len(named) - 2} more counter sets" if len(named) > 2 else ""
+            text += f" ({'; '.join(named[:2])}{more})"
+        parts.append(f"{_plural(n, noun)} {text}")
+    return "; ".join(parts)
+
+
+_COUNTERS = "with shared counters used up"
+_SLICE = re.compile(r"^memory-slice-(\d+)$")
+
+
+def _counters_text(found: Mapping[str, CountersShort]) -> str:
+    """The used-up counters of one set, e.g. ``memory slices 0-6 taken`` or ``memory of GPU
+    instance 2 of gpu-0 (shared by its compute instances): 71424Mi of 71424Mi in use``: memory
+    slices (KEP-4815 MIG placement counters) as a range of indices, the other counters in
+    :func:`tessera.inventory.mig.describe_counters`'s words."""
+    slices = sorted(int(m.group(1)) for c in found if (m := _SLICE.match(c)))
+    parts = []
+    if slices:
+        span = f"{slices[0]}-{slices[-1]}" if slices == list(range(slices[0], slices[-1] + 1)) and len(slices) > 1 else ", ".join(map(str, slices))
+        parts.append(f"memory slice{'s' if len(slices) > 1 else ''} {span} taken")
+    rest = {c: r for c, r in found.items() if not _SLICE.match(c)}
+    if rest:
+        name = next(iter(rest.values())).counter_set
+        parts += describe_counters(
+            name, {c: r.published for c, r in rest.items()}, {c: r.available - r.in_call for c, r in rest.items()}, all_counters=True
+        )
+    return ", ".join(parts)
+
+
+def request_clauses(records: Sequence[NodeRecord], n_nodes: int) -> list[tuple[int, str, str]]:
+    """(claim index, request name, clause) for each request of the claims whose ``records``
+    are given: one record per node the pod may use. ``n_nodes``: nodes in the cluster (to say
+    "in the cluster" or "on the N nodes it may use")."""
+    scope = "in the cluster" if len(records) == n_nodes else f"on the {_plural(len(records), 'node')} it may use"
+    keys: list[tuple[int, str]] = []
+    seen: dict[tuple[int, str], list[_Seen]] = {}
+    per_node: dict[tuple[int, str], dict[str, int]] = {}
+    first: dict[tuple[int, str], RequestRecord] = {}
+    for rec in records:
+        for rr in rec.requests:
+            k = (rr.claim_index, rr.name)
+            if k not in first:
+                first[k] = rr
+                keys.append(k)
+            seen.setdefault(k, []).extend(_Seen(rec.node, dr) for dr in rr.devices)
+            per_node.setdefault(k, {})[rec.node] = len(rr.fitting)
+    return [(k[0], k[1], request_clause(first[k], seen[k], per_node[k], scope)) for k in keys]
