@@ -6,7 +6,9 @@
  * With $FAKE_NVML_CONFIG naming a node description file, the devices come from that file
  * instead (see fake_nvml_config.h), with everything the Tessera node driver reads through
  * nvidia-ml-py: names, memory, PCI bus ids, compute capability, minor numbers, MIG mode,
- * driver/CUDA versions, lost GPUs, XID events and the r615 per-cgroup memory-limit calls.
+ * driver/CUDA versions, lost GPUs, XID events and the r615 per-cgroup memory-limit calls,
+ * NUMA affinity and NVLink peers, and MIG: GPU-instance profiles, existing GPU and compute
+ * instances (MIG devices), and their creation and destruction (recorded in a log).
  */
 #define FAKE_STATE_DEFINE
 #include "fake_state.h"
@@ -16,7 +18,8 @@
 
 struct nvmlDevice_st {
     unsigned int index;
-    int cfg; /* 1: a device of $FAKE_NVML_CONFIG */
+    int cfg;         /* 1: a GPU of $FAKE_NVML_CONFIG, 2: a MIG device of one (index: its GPU) */
+    unsigned gi, ci; /* a MIG device's GPU instance and compute instance */
 };
 static struct nvmlDevice_st g_dev[FAKE_MAX_DEV];
 

@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 import pytest
 
+from nvml_machine import mig_lines, mig_uuid, nvml_config, write_atomically
 from tessera.driver.kubelet import stubs
 from tessera.driver.node import DriverConfig
 from tessera.enforcement import library_path
@@ -41,36 +42,6 @@ NATIVE = REPO / "native"
 H100 = CORPUS / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
 A5000 = CORPUS / "inventories" / "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
 GIB = 1 << 30
-
-
-def nvml_config(gpus: Sequence[GPU], *, driver_version: str | None = None, memory_limits: bool = False,
-                lost: Sequence[str] = (), gone: Sequence[str] = (),
-                xids: Sequence[tuple[int, str, int]] = ()) -> str:
-    """The fake NVML's node description (native/fake/fake_nvml_config.h) for ``gpus``."""
-    drv = driver_version or (gpus[0].driver_version if gpus else "550.54.15")
-    lines = [f"driver-version {drv}", "cuda-version 12020", f"memory-limits {'yes' if memory_limits else 'no'}"]
-    for g in gpus:
-        if g.uuid in gone:
-            continue
-        parts = [f"gpu {g.uuid}", f'name="{g.product_name}"', f"memory={g.memory_bytes}",
-                 f"minor={g.index}"]
-        if g.pcie_bus_id:
-            parts.append(f"pci={g.pcie_bus_id}")
-        if g.cuda_compute_capability:
-            parts.append(f"cc={g.cuda_compute_capability}")
-        if g.mig_enabled:
-            parts.append("mig=1")
-        if g.uuid in lost:
-            parts.append("health=lost")
-        lines.append(" ".join(parts))
-    lines += [f"xid {i} {u} {code}" for i, u, code in xids]
-    return "\n".join(lines) + "\n"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @pytest.fixture(scope="session")
@@ -149,8 +120,11 @@ class DriverEnv:
         base.update(kw)
         return DriverConfig(**base)  # type: ignore[arg-type]
 
+    nvml: dict[str, Any] = field(default_factory=dict)
+
     def set_gpus(self, **kw: Any) -> None:
-        write_atomically(self.nvml_config, nvml_config(self.gpus, **kw))
+        """Rewrite the fake NVML's machine: the env's settings (``make_env``'s), changed by ``kw``."""
+        write_atomically(self.nvml_config, nvml_config(self.gpus, **{**self.nvml, **kw}))
 
     def kubelet(self) -> FakeKubelet:
         return FakeKubelet(self.kubelet_root / "plugins_registry" / "gpu.tessera.dev-reg.sock",
@@ -161,9 +135,11 @@ class DriverEnv:
         return {**os.environ, "FAKE_NVML_CONFIG": str(self.nvml_config), "KUBECONFIG": str(self.kubeconfig)}
 
 
-def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = H100, **nvml: Any) -> DriverEnv:
+def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = H100,
+             gpus: Sequence[GPU] | None = None, **nvml: Any) -> DriverEnv:
     """A fresh node ``drv-<random>`` registered in ``cluster`` (Ready, no slices), with the
-    GPUs of ``inventory`` in the fake NVML, stand-in device nodes, and empty directories."""
+    GPUs of ``inventory`` (or ``gpus``) in the fake NVML, stand-in device nodes, and empty
+    directories."""
     node = f"drv-{uuid.uuid4().hex[:8]}"
     # Unix socket paths are limited to 107 characters: a short root, removed by the fixture.
     root = Path(tempfile.mkdtemp(prefix=f"{node}-", dir="/tmp"))
@@ -171,7 +147,7 @@ def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = 
     (kubelet_root / "plugins_registry").mkdir(parents=True)
     dev = root / "devroot" / "dev"
     dev.mkdir(parents=True)
-    gpus = load_inventory(inventory)
+    gpus = list(gpus) if gpus is not None else load_inventory(inventory)
     # Stand-in device nodes: character devices with /dev/null's numbers, named as NVIDIA's.
     for name in [f"nvidia{g.index}" for g in gpus] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
         os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, 3))
@@ -181,7 +157,7 @@ def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = 
     inv.add_node(node, {"kubernetes.io/hostname": node})
     register_inventory(cluster.client, inv)
     return DriverEnv(node, root, kubelet_root, root / "cdi", root / "state", root / "devroot", cfg,
-                     nvml_lib, gpus, cluster.client, cluster.kubeconfig)
+                     nvml_lib, gpus, cluster.client, cluster.kubeconfig, dict(nvml))
 
 
 @pytest.fixture
@@ -205,17 +181,22 @@ class DriverProcess:
 
     def __init__(self, env: DriverEnv, *options: str) -> None:
         self.env = env
+        self.options = options
+        self._pick_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _pick_port(self) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
+        env = self.env
         self.argv = [sys.executable, "-m", "tessera", "driver", "--node-name", env.node,
                      "--kubeconfig", str(env.kubeconfig), "--kubelet-root-dir", str(env.kubelet_root),
                      "--cdi-dir", str(env.cdi_dir), "--state-dir", str(env.state_dir),
                      "--dev-root", str(env.dev_root), "--nvml-library", str(env.nvml_lib),
                      "--health-address", f"127.0.0.1:{self.port}", "--rescan-seconds", "0.5",
-                     "--xid-recovery-seconds", "2", *options]
+                     "--xid-recovery-seconds", "2", *self.options]
         self.log = env.root / f"driver-{self.port}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> DriverProcess:
         with open(self.log, "wb") as log:
@@ -224,6 +205,11 @@ class DriverProcess:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
+                if f"--health-address 127.0.0.1:{self.port}: Address already in use" in self.output:
+                    # The free port picked above was taken (by an outgoing connection of a
+                    # loaded machine) before the driver bound it: pick another.
+                    self._pick_port()
+                    return self.start(max(1.0, deadline - time.monotonic()))
                 return self
             try:
                 if self.ready(attempts=1)["ok"]:
@@ -297,5 +283,5 @@ def allocated_claim(client: KubeClient, namespace: str, name: str, results: list
 
 __all__ = [
     "A5000", "GIB", "H100", "DriverEnv", "DriverProcess", "FakeKubelet", "allocated_claim", "driver_env", "fake_nvml_lib",
-    "make_env", "node_slices", "nvml_config", "running_driver", "write_atomically",
+    "make_env", "mig_lines", "mig_uuid", "node_slices", "nvml_config", "running_driver", "write_atomically",
 ]

@@ -346,6 +346,15 @@ def test_start_errors_are_one_line(driver_env: DriverEnv, tmp_path: Path) -> Non
     with pytest.raises(DriverStartError, match=r"no GPU inventory: NVML: .*cannot load.*nvidia-smi fallback: nvidia-smi-missing not found"):
         NodeDriver(env.config(nvml_library=str(tmp_path / "libnvidia-ml.so.1"), nvidia_smi="nvidia-smi-missing"),
                    env.client).start()
+    # A health port that is taken refuses the start before anything is published or written.
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(DriverStartError, match=rf"^--health-address 127.0.0.1:{port}: Address already in use$"):
+            NodeDriver(env.config(health_address=f"127.0.0.1:{port}"), env.client).start()
+    assert node_slices(env.client, env.node) == [] and not (env.state_dir / "checkpoint.json").exists()
     time.sleep(0)
 
 

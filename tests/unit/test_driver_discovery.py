@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,3 +117,86 @@ def test_registry_keeps_device_names_when_a_gpu_vanishes(corpus: Path, tmp_path:
     again = GpuRegistry(tmp_path / "gpus.json")
     assert {n: r.health for n, r in again.by_device().items()}["gpu-2"] == "missing"
     assert not again.update(renumbered, {gpus[2].uuid: "missing"}, now=2)
+
+
+# ---- the driver publishes what `tessera simulate` publishes from the machine's nvidia-smi ----
+
+H100_TOPO = "nccl-issue-1264__topo-m.HGX-H100-SXM-8x-NV18-10nic.excerpt.txt"
+PAIRS_TOPO = "litgpt__tests_test_utils__topo-m.4xGPU-NV1-pairs-SYS.txt"
+H200_MIG = "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h200-mig__590.48.01.capture.txt"
+A100_80_MIG = "telegraf__nvidia_smi_testdata__a100-sxm4-v12.xml"
+A100_PCIE_MIG = REPO / "tests" / "data" / "mig" / "a100-pcie-40gb.2g10gb-3x1g5gb.nvidia-smi-q-x.xml"
+
+#: The child's discovery pass, as the driver runs it, in JSON.
+DISCOVER = """
+import json, sys
+from dataclasses import asdict
+from tessera.driver.discovery import discover_nvml, load_nvml
+inv = discover_nvml(load_nvml(sys.argv[1]))
+print(json.dumps([asdict(n) for n in inv.gpus]))
+"""
+
+
+def _node_gpus(nvml_lib: Path, cfg: Path) -> list:
+    from tessera.driver.discovery import GpuInstance, NodeGPU
+    from tessera.inventory.model import MigDevice
+
+    r = subprocess.run([sys.executable, "-c", DISCOVER, str(nvml_lib)], capture_output=True, text=True,
+                       env={**os.environ, "FAKE_NVML_CONFIG": str(cfg)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = []
+    for d in json.loads(r.stdout):
+        g = d["gpu"]
+        gpu = GPU(**{**g, "mig_devices": tuple(MigDevice(**m) for m in g["mig_devices"])})
+        inst = tuple(GpuInstance(i["id"], i["profile_id"], i["start"], i["size"],
+                                 tuple(tuple(c) for c in i["compute_instances"])) for i in d["instances"])
+        out.append(NodeGPU(gpu, d["minor"], tuple(d["nvlink"]), inst))
+    return out
+
+
+@pytest.mark.parametrize("inventory,topology,first", [
+    (H100, H100_TOPO, 8),        # NUMA nodes 0 and 1, one NVLink domain (NVSwitch)
+    (H100, PAIRS_TOPO, 4),       # two NVLink domains (GPU pairs), no NUMA affinity
+    (A100_PCIE_MIG, None, 1),    # static MIG: one 2g.10gb and three 1g.5gb
+    (A100_80_MIG, None, 1),      # static MIG: four 1g.20gb
+    (H200_MIG, H200_MIG, 1),     # static MIG, one GPU instance split into two compute instances
+])
+def test_nvml_discovery_publishes_what_simulate_publishes_from_nvidia_smi(
+        nvml_lib: Path, corpus: Path, tmp_path: Path, inventory: Any, topology: str | None, first: int) -> None:
+    """The fake machine is written from a real ``nvidia-smi`` output (and ``topo -m``); the
+    driver reads it through NVML and publishes through its registry; `tessera simulate`'s
+    builder publishes from the output itself. Both must be the same slices, device for device.
+    ``-q -x`` lacks what ``nvidia-smi -L`` prints (MIG UUIDs, profile names): the expected side
+    gets the fake machine's (``as_listed``)."""
+    from nvml_machine import as_listed, nvml_config
+    from tessera.driver.publish import desired_slices
+    from tessera.inventory import load_topology
+
+    src = inventory if isinstance(inventory, Path) else corpus / "inventories" / inventory
+    gpus = load_inventory(src)[:first]
+    topo = None
+    if topology is not None:
+        tsrc = corpus / ("inventories" if topology.endswith("capture.txt") else "topologies") / topology
+        topo = load_topology(tsrc)
+    cfg = tmp_path / "nvml.cfg"
+    cfg.write_text(nvml_config(gpus, topology=topo))
+    seen = _node_gpus(nvml_lib, cfg)
+    reg = GpuRegistry(tmp_path / "gpus.json")
+    reg.update(seen, {}, now=0)
+    again = GpuRegistry(tmp_path / "gpus.json")  # what a restarted driver publishes
+    ours = desired_slices("n", "gpu.tessera.dev", again.snapshot(), "library", 1, now=0, xid_recovery=60)
+    theirs = build_resource_slices("n", [as_listed(g) for g in gpus], topo,
+                                   attributes={"enforcementBackend": {"string": "library"}})
+    assert ours == theirs
+    devices = [d for s in ours for d in s["spec"].get("devices", [])]
+    if topo is not None and not gpus[0].mig_enabled:
+        assert {d["attributes"].get("numaNode", {}).get("int") for d in devices} == set(topo.numa.values())
+        assert {d["name"]: d["attributes"].get("nvlinkDomain", {}).get("int") for d in devices} == {
+            f"gpu-{i}": topo.nvlink_domains().get(i) for i in range(len(gpus))}
+    if gpus[0].mig_enabled:
+        # Every MIG device with its MIG UUID and nvidia-smi -L's profile name.
+        assert sorted((d["attributes"]["gpuInstanceID"]["int"], d["attributes"]["computeInstanceID"]["int"],
+                       d["attributes"]["profile"]["string"]) for d in devices) == sorted(
+            (m.gpu_instance_id, m.compute_instance_id, m.profile or as_listed(gpus[0]).mig_devices[k].profile)
+            for k, m in enumerate(gpus[0].mig_devices))
+        assert all(d["attributes"]["uuid"]["string"].startswith("MIG-") for d in devices)

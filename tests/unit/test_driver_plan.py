@@ -16,12 +16,14 @@ from tessera.driver.prepare import (
     ClaimError,
     ClaimPlan,
     Layout,
+    NodeDevice,
     materialize,
+    node_devices,
     plan_claim,
     remove_files,
 )
 from tessera.driver.protos import kubelet_version
-from tessera.driver.publish import GpuRecord
+from tessera.driver.publish import GpuRecord, desired_slices
 from tessera.enforcement.limits import parse_limits
 from tessera.inventory import load_inventory
 
@@ -31,9 +33,11 @@ GIB = 1 << 30
 
 
 @pytest.fixture
-def devices(corpus: Path) -> dict[str, GpuRecord]:
+def devices(corpus: Path) -> dict[str, NodeDevice]:
+    """The published devices of the 8x H100 node, as the driver resolves them."""
     gpus = load_inventory(corpus / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt")
-    return {f"gpu-{g.index}": GpuRecord(g, g.index) for g in gpus}
+    records = [GpuRecord(g, g.index) for g in gpus]
+    return node_devices(records, desired_slices(NODE, "gpu.tessera.dev", records, LIBRARY, 1, 0, 60))
 
 
 @pytest.fixture
@@ -61,9 +65,9 @@ def share(device: str, memory: str | None, cores: str | None, request: str = "gp
 REF = ClaimRef("ns", "c", "uid-1")
 
 
-def test_a_share_gets_exact_limits(devices: dict[str, GpuRecord], layout: Layout) -> None:
+def test_a_share_gets_exact_limits(devices: dict[str, NodeDevice], layout: Layout) -> None:
     plan = plan_claim(claim(share("gpu-3", "8Gi", "20")), REF, NODE, devices, LIBRARY, layout)
-    uuid = devices["gpu-3"].gpu.uuid
+    uuid = devices["gpu-3"].record.gpu.uuid
     assert plan.limits_text == (f"version 1\nclaim ns/c uid-1\nregion /run/tessera/region\ncontext-overhead 0\n"
                                 f"gpu {uuid} memory {8 * GIB} cores 20\n")
     assert plan.region_gpus == ((uuid, 8 * GIB, 20),)
@@ -76,17 +80,17 @@ def test_a_share_gets_exact_limits(devices: dict[str, GpuRecord], layout: Layout
                                       "cores": 20, "limitsFile": "/etc/tessera/limits"}
 
 
-def test_subrequest_names_are_stripped_and_two_gpus_are_listed_in_order(devices: dict[str, GpuRecord], layout: Layout) -> None:
+def test_subrequest_names_are_stripped_and_two_gpus_are_listed_in_order(devices: dict[str, NodeDevice], layout: Layout) -> None:
     plan = plan_claim(claim(share("gpu-1", "4Gi", "0", "big/small"), share("gpu-0", "2Gi", "50", "other")),
                       REF, NODE, devices, LIBRARY, layout)
     assert [d.request_names for d in plan.devices] == [("big",), ("other",)]
-    u1, u0 = devices["gpu-1"].gpu.uuid, devices["gpu-0"].gpu.uuid
+    u1, u0 = devices["gpu-1"].record.gpu.uuid, devices["gpu-0"].record.gpu.uuid
     assert [(g.uuid, g.memory, g.cores) for g in parse_limits(plan.limits_text or "").gpus] == [(u1, 4 * GIB, 0), (u0, 2 * GIB, 50)]
     assert plan.cdi_spec["containerEdits"]["env"][:2] == [f"NVIDIA_VISIBLE_DEVICES={u1},{u0}", f"CUDA_VISIBLE_DEVICES={u1},{u0}"]
 
 
-def test_whole_gpu_and_admin_access_have_no_limits(devices: dict[str, GpuRecord], layout: Layout) -> None:
-    full = devices["gpu-0"].gpu.memory_bytes
+def test_whole_gpu_and_admin_access_have_no_limits(devices: dict[str, NodeDevice], layout: Layout) -> None:
+    full = devices["gpu-0"].record.gpu.memory_bytes
     whole = plan_claim(claim(share("gpu-0", str(full), "0")), REF, NODE, devices, LIBRARY, layout)
     assert whole.limits_text is None and whole.backend == "none" and "mounts" not in whole.cdi_spec["containerEdits"]
     dedicated = dict(share("gpu-0", None, None))
@@ -108,21 +112,21 @@ def test_whole_gpu_and_admin_access_have_no_limits(devices: dict[str, GpuRecord]
     ({**share("gpu-0", "1Gi", "1"), "consumedCapacity": {"memory": "1Gi", "gpu.tessera.dev/bandwidth": "1"}},
      "'gpu.tessera.dev/bandwidth' is not a capacity of GPU"),
 ])
-def test_bad_allocations_are_claim_errors(devices: dict[str, GpuRecord], layout: Layout, result: dict[str, Any], message: str) -> None:
+def test_bad_allocations_are_claim_errors(devices: dict[str, NodeDevice], layout: Layout, result: dict[str, Any], message: str) -> None:
     with pytest.raises(ClaimError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
         plan_claim(claim(result), REF, NODE, devices, LIBRARY, layout)
 
 
-def test_replaced_or_unallocated_claims(devices: dict[str, GpuRecord], layout: Layout) -> None:
+def test_replaced_or_unallocated_claims(devices: dict[str, NodeDevice], layout: Layout) -> None:
     with pytest.raises(ClaimError, match="the claim was replaced"):
         plan_claim(claim(share("gpu-0", "1Gi", "1"), uid="other"), REF, NODE, devices, LIBRARY, layout)
     with pytest.raises(ClaimError, match="not allocated"):
         plan_claim({"metadata": {"uid": "uid-1"}, "status": {}}, REF, NODE, devices, LIBRARY, layout)
 
 
-def test_driver_native_uses_nvidias_hook_and_falls_back_for_unequal_memory(devices: dict[str, GpuRecord], layout: Layout) -> None:
+def test_driver_native_uses_nvidias_hook_and_falls_back_for_unequal_memory(devices: dict[str, NodeDevice], layout: Layout) -> None:
     plan = plan_claim(claim(share("gpu-2", "8Gi", "20")), REF, NODE, devices, DRIVER_NATIVE, layout)
-    uuid = devices["gpu-2"].gpu.uuid
+    uuid = devices["gpu-2"].record.gpu.uuid
     edits = plan.cdi_spec["containerEdits"]
     assert edits["hooks"] == [{"hookName": "createRuntime", "path": "/usr/bin/nvidia-cdi-hook", "args": [
         "nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id", uuid]}]
@@ -141,7 +145,7 @@ def test_backend_detection(tmp_path: Path) -> None:
     assert detect("auto", None, "615.20.01", ["GPU-x"], "/h").reason == "no NVML (nvidia-smi fallback)"
 
 
-def test_materialize_is_idempotent_and_remove_takes_everything(devices: dict[str, GpuRecord], layout: Layout) -> None:
+def test_materialize_is_idempotent_and_remove_takes_everything(devices: dict[str, NodeDevice], layout: Layout) -> None:
     plan = plan_claim(claim(share("gpu-3", "8Gi", "20")), REF, NODE, devices, LIBRARY, layout)
     materialize(plan, layout)
     files = [layout.cdi_path("uid-1"), layout.claim_dir("uid-1") / "limits", layout.claim_dir("uid-1") / "region"]

@@ -55,12 +55,17 @@ from tessera.cli._common import fail
               help="The cgroup mount whose version decides whether driver-native limits can work.")
 @click.option("--device-plugin-dir", type=click.Path(), default="/var/lib/kubelet/device-plugins", show_default=True,
               help="The kubelet's device-plugin directory, checked for another GPU manager's plugin at start.")
+@click.option("--dynamic-mig", envvar="TESSERA_DYNAMIC_MIG", default=None, metavar="YAML",
+              help="GPUs partitioned on demand (MIG instances made at prepare): true, a list of GPU "
+                   "indices/UUIDs, or {gpus: [...], profiles: [...]} (docs/mig.md). Default: none.")
+@click.option("--mig-minors", type=click.Path(), default="/proc/driver/nvidia-caps/mig-minors", show_default=True,
+              help="The NVIDIA driver's MIG capability device list (the /dev/nvidia-caps nodes of MIG devices).")
 def driver(node_name: str | None, kubeconfig: str | None, kubelet_root_dir: str, cdi_dir: str,
            state_dir: str, dev_root: str, library: str | None, nvml_library: str | None,
            nvidia_smi: str, enforcement_backend: str, nvidia_cdi_hook: str | None,
            driver_root: str, nvidia_cdi_kind: str | None, health_address: str,
            rescan_seconds: float, xid_recovery_seconds: float, cgroup_root: str,
-           device_plugin_dir: str) -> None:
+           device_plugin_dir: str, dynamic_mig: str | None, mig_minors: str) -> None:
     """Run the DRA node driver gpu.tessera.dev on this node (until SIGTERM).
 
     Publishes the node's GPUs as ResourceSlices, registers with the kubelet, and prepares
@@ -72,6 +77,19 @@ def driver(node_name: str | None, kubeconfig: str | None, kubelet_root_dir: str,
     from tessera.kube.client import KubeClient
 
     lib = library or library_path()
+    dynamic = None
+    if dynamic_mig:
+        import yaml
+
+        from tessera.inventory.mig import parse_dynamic_mig
+
+        try:
+            dynamic = parse_dynamic_mig(yaml.safe_load(dynamic_mig), "--dynamic-mig")
+        except yaml.YAMLError as e:
+            fail(f"--dynamic-mig: {' '.join(str(e).split())}; write YAML such as true, [0, 1] or "
+                 "{gpus: [0], profiles: [1g.10gb]}")
+        except ValueError as e:
+            fail(str(e))
     cfg = DriverConfig(
         node_name=node_name or socket.gethostname().lower(),
         kubelet_root=Path(kubelet_root_dir), cdi_dir=Path(cdi_dir), state_dir=Path(state_dir),
@@ -80,7 +98,7 @@ def driver(node_name: str | None, kubeconfig: str | None, kubelet_root_dir: str,
         driver_root=driver_root, nvidia_cdi_kind=nvidia_cdi_kind, driver=DRIVER_NAME,
         health_address=health_address or None, rescan_seconds=rescan_seconds,
         xid_recovery_seconds=xid_recovery_seconds, cgroup_root=cgroup_root,
-        device_plugin_dir=Path(device_plugin_dir),
+        device_plugin_dir=Path(device_plugin_dir), dynamic_mig=dynamic, mig_minors=Path(mig_minors),
     )
     if lib is None or not os.path.isfile(lib):
         fail(f"--library: enforcement library {lib or 'libtessera-enforce.so'} not found; build it with `make native`")

@@ -6,6 +6,12 @@ state before a change or after it, never a mix::
 
     {"version": 1, "claims": {"<claim uid>": {"state": "prepared", "plan": <ClaimPlan JSON>}}}
 
+An entry's ``state`` is ``prepared`` (the claim's files exist and were answered to the kubelet),
+or, for a claim with dynamic-MIG instances (:mod:`tessera.driver.mig`), ``preparing`` (written
+before any instance is created, with the claim and its ``slots``: the placements the driver is
+about to make, so that after a crash they are known as its own) or ``unpreparing`` (written
+before its instances are destroyed).
+
 Rules (what makes restarts safe):
 
 * prepare writes a claim's files first (each atomically), then records the claim and its
@@ -74,6 +80,11 @@ class Checkpoint:
     def uids(self) -> list[str]:
         with self._lock:
             return list(self.claims)
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """A snapshot of every entry, by claim UID."""
+        with self._lock:
+            return dict(self.claims)
 
     def update(self, put: dict[str, dict[str, Any]] | None = None, drop: list[str] | None = None) -> None:
         """Set entries ``put`` and remove ``drop``; return once that is on disk.

@@ -5,6 +5,14 @@ the one slice builder (:func:`tessera.inventory.build_resource_slices`) that ``t
 uses. NVML also gives what slices do not carry: each GPU's device minor number (its
 ``/dev/nvidia<minor>`` node), its health, and XID events (:class:`XidWatcher`).
 
+From NVML, per GPU, what ``nvidia-smi`` shows of the same machine: identity, memory, PCI bus,
+compute capability, MIG mode and, in MIG mode, its MIG devices (``nvidia-smi -q``'s "MIG Device"
+and ``nvidia-smi -L``: GPU-instance and compute-instance ids, UUID, memory, SMs, profile), its
+NUMA node (``nvidia-smi topo -m``'s "NUMA Affinity": ``nvmlDeviceGetMemoryAffinity``, scope
+node) and the GPUs it reaches over NVLink (``topo -m``'s ``NV#``:
+``nvmlDeviceGetP2PStatus(..., NVML_P2P_CAPS_INDEX_NVLINK)``), plus every GPU instance with
+its placement (:class:`GpuInstance`: the node driver's own instances are recognised by it).
+
 Health of a known GPU (:func:`probe`):
 
 * ``ok`` - NVML answers for it;
@@ -23,11 +31,12 @@ import subprocess
 import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tessera.api.errors import TesseraError
 from tessera.inventory import GPU, InventoryError, parse_inventory
-from tessera.inventory.model import derive_architecture, normalize_bus_id
+from tessera.inventory.model import MigDevice, derive_architecture, normalize_bus_id
 
 #: XIDs that NVIDIA's own device plugin treats as application errors, not GPU faults
 #: (k8s-device-plugin ``health.go``): 13 graphics engine exception, 31 GPU memory page fault,
@@ -41,12 +50,28 @@ class DiscoveryError(TesseraError, RuntimeError):
 
 
 @dataclass(frozen=True)
+class GpuInstance:
+    """A MIG GPU instance as NVML lists it (``nvmlDeviceGetGpuInstances`` +
+    ``nvmlGpuInstanceGetInfo``): its ``id``, GPU-instance ``profile_id``, placement ``start`` and
+    ``size`` (memory slices) and its compute instances as ``(id, profile id, MIG UUID)``."""
+
+    id: int
+    profile_id: int
+    start: int
+    size: int
+    compute_instances: tuple[tuple[int, int, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class NodeGPU:
     """A GPU as the node driver sees it: the inventory ``gpu``, its device ``minor`` number
-    (``None`` when unknown) and the NVML ``driver_version``."""
+    (``None`` when unknown), the UUIDs of the GPUs it reaches over NVLink (``nvlink``) and its
+    MIG GPU instances (``instances``; NVML only)."""
 
     gpu: GPU
     minor: int | None
+    nvlink: tuple[str, ...] = ()
+    instances: tuple[GpuInstance, ...] = ()
 
 
 @dataclass
@@ -86,13 +111,113 @@ def _s(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _code(e: Exception) -> int | None:
+    return getattr(e, "value", None)
+
+
+def _numa_node(n: Any, h: Any) -> int | None:
+    """The one NUMA node nearest the GPU's memory (``nvmlDeviceGetMemoryAffinity``, scope
+    node), as ``nvidia-smi topo -m`` prints it under "NUMA Affinity"; None when NVML does not
+    say or names several nodes."""
+    words = 4  # 256 NUMA nodes
+    try:
+        aff = n.nvmlDeviceGetMemoryAffinity(h, words, n.NVML_AFFINITY_SCOPE_NODE)
+    except n.NVMLError:
+        return None
+    nodes = [w * 64 + b for w in range(words) for b in range(64) if (int(aff[w]) >> b) & 1]
+    return nodes[0] if len(nodes) == 1 else None
+
+
+def _gpu_instances(n: Any, h: Any) -> tuple[list[GpuInstance], dict[tuple[int, int], str]]:
+    """Every GPU instance of a GPU in MIG mode with its compute instances, and the profile
+    name of each compute instance by ``(GI id, CI id)`` (NVML's ``MIG 1c.3g.71gb`` without
+    ``MIG``)."""
+    out: list[GpuInstance] = []
+    names: dict[tuple[int, int], str] = {}
+    seen: set[int] = set()
+    for const in range(int(n.NVML_GPU_INSTANCE_PROFILE_COUNT)):
+        try:
+            info = n.nvmlDeviceGetGpuInstanceProfileInfo(h, const)
+        except n.NVMLError:
+            continue  # not a profile of this GPU
+        if info.id in seen:
+            continue
+        seen.add(info.id)
+        arr = (n.c_nvmlGpuInstance_t * max(1, int(info.instanceCount)))()
+        count = ctypes.c_uint(0)
+        try:
+            n.nvmlDeviceGetGpuInstances(h, info.id, arr, ctypes.byref(count))
+        except n.NVMLError:
+            continue
+        for k in range(count.value):
+            gi = arr[k]
+            gii = n.nvmlGpuInstanceGetInfo(gi)
+            cis: list[tuple[int, int, str]] = []
+            ci_seen: set[int] = set()
+            for cconst in range(int(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
+                try:
+                    cinfo = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                        gi, cconst, n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                except n.NVMLError:
+                    continue
+                if cinfo.id in ci_seen:
+                    continue
+                ci_seen.add(cinfo.id)
+                carr = (n.c_nvmlComputeInstance_t * max(1, int(cinfo.instanceCount)))()
+                ccount = ctypes.c_uint(0)
+                try:
+                    n.nvmlGpuInstanceGetComputeInstances(gi, cinfo.id, carr, ctypes.byref(ccount))
+                except n.NVMLError:
+                    continue
+                for j in range(ccount.value):
+                    cii = n.nvmlComputeInstanceGetInfo(carr[j])
+                    cis.append((int(cii.id), int(cinfo.id), ""))
+                    name = _s(getattr(cinfo, "name", b"")).removeprefix("MIG ").strip()
+                    if name:
+                        names[(int(gii.id), int(cii.id))] = name
+            out.append(GpuInstance(int(gii.id), int(gii.profileId), int(gii.placement.start),
+                                   int(gii.placement.size), tuple(sorted(cis))))
+    return sorted(out, key=lambda g: g.id), names
+
+
+def _mig_devices(n: Any, h: Any, names: dict[tuple[int, int], str]) -> list[MigDevice]:
+    """The MIG devices of a GPU in MIG mode (``nvmlDeviceGetMigDeviceHandleByIndex``), as
+    ``nvidia-smi -q`` and ``-L`` list them."""
+    out: list[MigDevice] = []
+    for i in range(int(n.nvmlDeviceGetMaxMigDeviceCount(h))):
+        try:
+            m = n.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+        except n.NVMLError as e:
+            if _code(e) == n.NVML_ERROR_NOT_FOUND:
+                continue
+            raise
+        gi, ci = int(n.nvmlDeviceGetGpuInstanceId(m)), int(n.nvmlDeviceGetComputeInstanceId(m))
+        try:
+            sms: int | None = int(n.nvmlDeviceGetAttributes(m).multiprocessorCount)
+        except n.NVMLError:
+            sms = None
+        out.append(MigDevice(
+            index=i, uuid=_s(n.nvmlDeviceGetUUID(m)), profile=names.get((gi, ci)),
+            memory_bytes=int(n.nvmlDeviceGetMemoryInfo(m).total), sm_count=sms,
+            gpu_instance_id=gi, compute_instance_id=ci,
+        ))
+    return out
+
+
+def _with_uuids(instances: list[GpuInstance], migs: list[MigDevice]) -> tuple[GpuInstance, ...]:
+    by_ids = {(m.gpu_instance_id, m.compute_instance_id): m.uuid or "" for m in migs}
+    return tuple(GpuInstance(g.id, g.profile_id, g.start, g.size,
+                             tuple((c, p, by_ids.get((g.id, c), "")) for c, p, _ in g.compute_instances))
+                 for g in instances)
+
+
 def discover_nvml(nvml: object) -> Inventory:
     """List the GPUs through NVML (``nvml`` as returned by :func:`load_nvml`).
 
-    Per GPU: UUID, name, total memory, PCI bus id, compute capability, minor number, current
-    MIG mode (a MIG-enabled GPU is listed with no MIG devices: NVML's MIG enumeration is not
-    read yet, so it publishes nothing). A GPU that answers ``GPU_IS_LOST`` is left out here and
-    reported by :func:`probe`.
+    Per GPU: UUID, name, total memory, PCI bus id, compute capability, minor number, NUMA node,
+    current MIG mode and, in MIG mode, its MIG devices and GPU instances (see the module doc);
+    per pair of GPUs whether they reach each other over NVLink. A GPU that answers
+    ``GPU_IS_LOST`` is left out here and reported by :func:`probe`.
     """
     import pynvml as n
 
@@ -103,6 +228,7 @@ def discover_nvml(nvml: object) -> Inventory:
         cuda = None
     cuda_str = f"{cuda // 1000}.{(cuda % 1000) // 10}" if cuda else None
     gpus: list[NodeGPU] = []
+    handles: list[Any] = []
     for i in range(n.nvmlDeviceGetCount()):
         try:
             h = n.nvmlDeviceGetHandleByIndex(i)
@@ -128,17 +254,36 @@ def discover_nvml(nvml: object) -> Inventory:
                 mig = bool(n.nvmlDeviceGetMigMode(h)[0])
             except n.NVMLError:
                 mig = False
+            migs: list[MigDevice] = []
+            instances: tuple[GpuInstance, ...] = ()
+            if mig:
+                gis, names = _gpu_instances(n, h)
+                migs = _mig_devices(n, h, names)
+                instances = _with_uuids(gis, migs)
+            numa = _numa_node(n, h)
         except n.NVMLError as e:
-            if getattr(e, "value", None) == n.NVML_ERROR_GPU_IS_LOST:
+            if _code(e) == n.NVML_ERROR_GPU_IS_LOST:
                 continue
             raise DiscoveryError(f"NVML: GPU {i}: {e}") from e
         gpu = GPU(
             index=i, uuid=uuid, product_name=name,
             architecture=derive_architecture(None, cc, name), cuda_compute_capability=cc,
-            driver_version=driver, cuda_version=cuda_str, pcie_bus_id=bus, numa_node=None,
-            memory_bytes=mem, mig_enabled=mig,
+            driver_version=driver, cuda_version=cuda_str, pcie_bus_id=bus, numa_node=numa,
+            memory_bytes=mem, mig_enabled=mig, mig_devices=tuple(migs),
         )
-        gpus.append(NodeGPU(gpu, minor))
+        gpus.append(NodeGPU(gpu, minor, instances=instances))
+        handles.append(h)
+    peers: dict[int, list[str]] = {k: [] for k in range(len(gpus))}
+    for a in range(len(gpus)):
+        for b in range(a + 1, len(gpus)):
+            try:
+                linked = n.nvmlDeviceGetP2PStatus(handles[a], handles[b], n.NVML_P2P_CAPS_INDEX_NVLINK) == n.NVML_P2P_STATUS_OK
+            except n.NVMLError:
+                linked = False
+            if linked:
+                peers[a].append(gpus[b].gpu.uuid)
+                peers[b].append(gpus[a].gpu.uuid)
+    gpus = [replace(ng, nvlink=tuple(sorted(peers[k]))) for k, ng in enumerate(gpus)]
     return Inventory(gpus, "nvml", driver, cuda)
 
 

@@ -3,18 +3,29 @@
 :class:`NodeDriver` (one per node) starts in this order, and refuses to start with a one-line
 :class:`DriverStartError` when something it needs is missing:
 
-1. the kubelet's ``--root-dir`` must exist (the plugin sockets live under it);
+1. the kubelet's ``--root-dir`` must exist (the plugin sockets live under it), and the health
+   address is bound (served from step 12: a taken port refuses the start before anything is
+   written, published or made);
 2. the API server must allow what the driver does (SelfSubjectAccessReview for each verb);
-3. discovery through NVML (``nvidia-ml-py``), else ``nvidia-smi -q -x``; then the guard
-   (:mod:`tessera.driver.guard`): no other manager of these GPUs may run on the node;
-4. the enforcement backend is chosen (:mod:`tessera.driver.backend`);
-5. the ResourceSlices are published (:mod:`tessera.driver.publish`);
-6. the checkpoint is loaded and leftovers of interrupted writes are removed;
-7. the DRA and registration gRPC servers listen (:mod:`tessera.driver.kubelet`);
-8. background threads: rescans (health, GPUs coming and going), XID events, claim status.
+3. the checkpoint is loaded;
+4. NVML is loaded (else ``nvidia-smi -q -x`` is the inventory); dynamic MIG needs NVML;
+5. the guard (:mod:`tessera.driver.guard`): no other manager of these GPUs may run on the node;
+6. MIG instances the driver made are recovered (:meth:`NodeDriver.recover_mig`): those of an
+   interrupted unprepare, or of an interrupted prepare whose claim is gone, are destroyed;
+   those of a prepare still in progress are adopted (the kubelet's retry uses them);
+7. discovery (the driver's own MIG instances left out: what remains was made by someone else);
+8. the enforcement backend is chosen (:mod:`tessera.driver.backend`);
+9. the ResourceSlices are published (:mod:`tessera.driver.publish`; a dynamic-MIG setting the
+   GPUs cannot have is refused here);
+10. leftovers of interrupted writes are removed;
+11. the DRA and registration gRPC servers listen (:mod:`tessera.driver.kubelet`);
+12. background threads: rescans (health, GPUs coming and going), XID events, claim status;
+    ``/healthz`` and ``/readyz`` are served.
 
 Prepare/unprepare are batch calls (one per kubelet request), safe to run concurrently: each
 claim is serialized on its own lock, the checkpoint is written once per batch and phase.
+MIG instances are made and destroyed under one lock (``_mig_lock``), which rescans take too,
+so a discovery never sees an instance whose checkpoint record it cannot see.
 """
 
 from __future__ import annotations
@@ -31,14 +42,18 @@ from typing import Any
 
 from tessera import DRIVER_NAME
 from tessera.api.errors import TesseraError
+from tessera.inventory.errors import SliceBuildError
+from tessera.inventory.mig import DynamicMIG
+from tessera.inventory.slices import publication_warnings
 from tessera.kube.client import ApiError, KubeClient
 
 from . import backend as backends
 from . import guard
-from .checkpoint import PREPARED, Checkpoint
+from .checkpoint import PREPARED, Checkpoint, CheckpointError
 from .discovery import (
     DiscoveryError,
     Inventory,
+    NodeGPU,
     XidWatcher,
     discover_nvml,
     discover_smi,
@@ -46,16 +61,36 @@ from .discovery import (
     probe,
 )
 from .kubelet import ClaimRef, PluginServers, PrepareResult
+from .mig import (
+    MIG_MINORS,
+    PREPARING,
+    UNPREPARING,
+    MigError,
+    MigOps,
+    MigSlot,
+    entry_slots,
+    owned,
+    read_mig_minors,
+    without_owned,
+)
 from .prepare import (
     ClaimError,
     ClaimPlan,
     Layout,
+    NodeDevice,
     materialize,
+    node_devices,
     plan_claim,
     remove_files,
     write_preload,
 )
 from .publish import GpuRegistry, Publisher
+
+#: Where a dynamic-MIG setting given to the driver is named in its errors.
+DYNAMIC_MIG_OPTION = "--dynamic-mig"
+#: An interrupted prepare older than this is checked against the API server at rescans; its
+#: instances are destroyed when its claim is gone (the kubelet will not retry it).
+STALE_PREPARE_SECONDS = 60.0
 
 #: What the driver asks the API server to allow: (verb, group, resource, subresource).
 REQUIRED_ACCESS: tuple[tuple[str, str, str, str], ...] = (
@@ -94,6 +129,8 @@ class DriverConfig:
     write_claim_status: bool = True
     cgroup_root: str = "/sys/fs/cgroup"
     device_plugin_dir: Path = guard.DEVICE_PLUGIN_DIR
+    dynamic_mig: DynamicMIG | None = None
+    mig_minors: Path = MIG_MINORS
 
 
 @dataclass
@@ -122,7 +159,7 @@ class NodeDriver:
         self.layout = Layout(
             state_dir=cfg.state_dir, cdi_dir=cfg.cdi_dir, dev_root=cfg.dev_root,
             library=cfg.library, driver=cfg.driver, driver_root=cfg.driver_root,
-            cdi_hook=cfg.cdi_hook, nvidia_cdi_kind=cfg.nvidia_cdi_kind,
+            cdi_hook=cfg.cdi_hook, nvidia_cdi_kind=cfg.nvidia_cdi_kind, mig_minors=cfg.mig_minors,
         )
         self.registry = GpuRegistry(cfg.state_dir / "gpus.json")
         self.checkpoint: Checkpoint | None = None
@@ -141,6 +178,11 @@ class NodeDriver:
         self._status_q: queue.Queue[ClaimPlan | None] = queue.Queue()
         self._http: socketserver.ThreadingTCPServer | None = None
         self.ready = threading.Event()
+        self.mig: MigOps | None = None
+        self._mig_lock = threading.Lock()
+        self._devices_cache: tuple[object, int, dict[str, NodeDevice]] | None = None
+        self._minors_cache: tuple[float, dict[str, int]] | None = None
+        self._warned: set[str] = set()
 
     # ---- start / stop -----------------------------------------------------------------
     def start(self) -> None:
@@ -150,11 +192,40 @@ class NodeDriver:
             raise DriverStartError(
                 f"kubelet directory {cfg.kubelet_root} does not exist: run the driver on a node "
                 "whose kubelet uses it, or pass the kubelet's --root-dir as --kubelet-root-dir")
+        # Bound first (served once ready): a port that is taken refuses the start before
+        # anything is written, published or made.
+        if cfg.health_address:
+            self._bind_http(cfg.health_address)
+        try:
+            self._start()
+        except BaseException:
+            if self._http is not None:
+                self._http.server_close()
+                self._http = None
+            raise
+
+    def _start(self) -> None:
+        cfg = self.cfg
         self._check_access()
+        try:
+            self.checkpoint = Checkpoint(cfg.state_dir / "checkpoint.json")
+        except CheckpointError as e:
+            raise DriverStartError(str(e)) from e
         inv = self._discover()
+        # The guard before anything is made or destroyed: another manager of these GPUs on the
+        # node refuses the start.
         guard.check_node(self.client, cfg.node_name, guard.discovered_uuids(g.gpu for g in inv.gpus),
                          device_plugin_dir=cfg.device_plugin_dir, driver=cfg.driver, log=self.log)
-        self.registry.update(inv.gpus, {})
+        if self.nvml is not None:
+            self.mig = MigOps(self.nvml)
+        elif cfg.dynamic_mig is not None:
+            raise DriverStartError(
+                f"{DYNAMIC_MIG_OPTION}: making MIG instances needs NVML, which could not be loaded "
+                "(GPUs were read from nvidia-smi); install the NVIDIA driver's libnvidia-ml.so.1 or "
+                f"pass --nvml-library PATH, or drop {DYNAMIC_MIG_OPTION}")
+        if self.mig is not None and self.recover_mig():
+            inv = self._discover()
+        self.registry.update(self._foreign_only(inv), {})
         self.backend = backends.detect(
             cfg.enforcement_backend, self.nvml, inv.driver_version,
             [g.gpu.uuid for g in inv.gpus], backends.find_cdi_hook(cfg.cdi_hook), cfg.cgroup_root)
@@ -163,14 +234,17 @@ class NodeDriver:
                  f"enforcement backend {self.backend.backend}: {self.backend.reason}")
         self.publisher = Publisher(self.client, cfg.node_name, cfg.driver, self.registry,
                                    self.backend.backend, xid_recovery=cfg.xid_recovery_seconds,
+                                   dynamic_mig=cfg.dynamic_mig, dynamic_where=DYNAMIC_MIG_OPTION,
                                    log=self.log)
         try:
             self.publisher.sync()
         except ApiError as e:
             raise DriverStartError(f"publishing ResourceSlices of node {cfg.node_name}: {e}") from e
+        except SliceBuildError as e:
+            raise DriverStartError(str(e)) from e
+        self._warn_publication()
         self.stats.first_publish = time.monotonic() - self.started_at
         write_preload(self.layout)
-        self.checkpoint = Checkpoint(cfg.state_dir / "checkpoint.json")
         self._reconcile_files()
         self.servers = PluginServers(cfg.kubelet_root, cfg.driver, self, log=self.log)
         try:
@@ -183,8 +257,8 @@ class NodeDriver:
         if self.nvml is not None:
             self._xid = XidWatcher([r.gpu.uuid for r in self.registry.snapshot()], self._on_xid, self.log)
             self._xid.start()
-        if cfg.health_address:
-            self._start_http(cfg.health_address)
+        if self._http is not None:
+            self._spawn(self._http.serve_forever, "tessera-health")
         self.ready.set()
         self.log(f"serving {self.servers.dra_path} (registration {self.servers.registration_path}); "
                  f"slices published {self.stats.first_publish:.3f} s after start")
@@ -242,10 +316,123 @@ class NodeDriver:
                     f"no GPU inventory: NVML: {nvml_err}; nvidia-smi fallback: {smi_err} "
                     "(install the NVIDIA driver, or pass --nvml-library PATH)") from smi_err
 
+    def _foreign_only(self, inv: Inventory) -> list[NodeGPU]:
+        """The discovered GPUs without the MIG devices of the driver's own instances."""
+        assert self.checkpoint is not None
+        mine = owned(self.checkpoint.entries().values())
+        return [without_owned(ng, mine) for ng in inv.gpus] if mine else list(inv.gpus)
+
+    def _warn_publication(self) -> None:
+        """Log, once each, what the slices leave out (a MIG-mode GPU without instances...)."""
+        for line in publication_warnings([r.gpu for r in self.registry.snapshot()], f"node {self.cfg.node_name}",
+                                         self.cfg.dynamic_mig):
+            if line not in self._warned:
+                self._warned.add(line)
+                self.log(f"warning: {line}")
+
+    # ---- MIG instances left by a crash ------------------------------------------------------
+    def _claim_gone(self, ref: ClaimRef) -> str | None:
+        """Why the claim of an interrupted prepare will never be prepared here (None: it may
+        be: the API server does not say otherwise, or cannot be asked)."""
+        try:
+            claim = self.client.get("resource.k8s.io/v1", "ResourceClaim", ref.name, ref.namespace)
+        except ApiError as e:
+            return "deleted" if e.status == 404 else None
+        if (claim.get("metadata") or {}).get("uid") != ref.uid:
+            return "replaced by another claim of that name"
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+        if not any(r.get("driver") == self.cfg.driver and r.get("pool") == self.cfg.node_name for r in results):
+            return "no longer allocated on this node"
+        return None
+
+    def _release(self, uid: str, slots: Sequence[MigSlot]) -> list[str]:
+        """Destroy the instances of ``slots`` (the driver's, for claim ``uid``) that no other
+        claim still uses (the whole dynamic GPU is shared). Call with ``_mig_lock`` held.
+        Returns what was destroyed; raises :class:`MigError`."""
+        assert self.checkpoint is not None and self.mig is not None
+        others = {s.key for u, e in self.checkpoint.entries().items()
+                  if u != uid and e.get("state") in (PREPARING, PREPARED) for s in entry_slots(e)}
+        gone = []
+        for s in slots:
+            if s.key in others:
+                continue
+            if self.mig.destroy(s):
+                gone.append(f"{s.profile} at slice {s.start} of GPU {s.gpu_index}")
+        return gone
+
+    def recover_mig(self) -> bool:
+        """At start: settle the MIG instances of checkpoint entries an earlier process left
+        unfinished. ``unpreparing``: its instances are destroyed and the entry removed (the
+        kubelet's retry of the unprepare then finds nothing to do). ``preparing``: when the
+        claim is gone from the API server (or no longer allocated here), likewise; otherwise its
+        instances are adopted as they are, and the kubelet's retry of the prepare uses them.
+        Instances no entry names are never touched. Returns True when it destroyed anything."""
+        assert self.checkpoint is not None and self.mig is not None
+        changed = False
+        for uid, entry in self.checkpoint.entries().items():
+            slots = entry_slots(entry)
+            state = entry.get("state")
+            if state not in (PREPARING, UNPREPARING) or not slots:
+                continue
+            ref = ClaimRef(**entry["claim"])
+            why = "its unprepare was interrupted" if state == UNPREPARING else self._claim_gone(ref)
+            if why is None:
+                have = [s for s in slots if self.mig.find(s) is not None]
+                self.log(f"ResourceClaim {ref.namespace}/{ref.name}: prepare was interrupted; adopted "
+                         f"{len(have)} of its {len(slots)} MIG instance(s) for the kubelet's retry")
+                continue
+            try:
+                with self._mig_lock:
+                    gone = self._release(uid, slots)
+            except MigError as e:
+                self.log(f"ResourceClaim {ref.namespace}/{ref.name}: {why}; its MIG instances stay: {e}")
+                continue
+            remove_files(uid, self.layout)
+            self.checkpoint.update(drop=[uid])
+            changed = changed or bool(gone)
+            self.log(f"ResourceClaim {ref.namespace}/{ref.name}: {why}; destroyed its MIG instance(s): "
+                     f"{', '.join(gone) or 'none left'}")
+        return changed
+
+    def _cleanup_stale(self) -> None:
+        """At rescans: interrupted prepares older than :data:`STALE_PREPARE_SECONDS` whose
+        claim is gone get their instances destroyed (the kubelet will not retry them)."""
+        assert self.checkpoint is not None
+        if self.mig is None:
+            return
+        now = time.time()
+        for uid, entry in self.checkpoint.entries().items():
+            if entry.get("state") != PREPARING or now - float(entry.get("since", now)) < STALE_PREPARE_SECONDS:
+                continue
+            lk = self._lock_for(uid)
+            if not lk.acquire(blocking=False):
+                continue  # a prepare or unprepare of it is running
+            try:
+                entry2 = self.checkpoint.get(uid)
+                if entry2 is None or entry2.get("state") != PREPARING:
+                    continue
+                ref = ClaimRef(**entry2["claim"])
+                why = self._claim_gone(ref)
+                if why is None:
+                    continue
+                try:
+                    with self._mig_lock:
+                        gone = self._release(uid, entry_slots(entry2))
+                except MigError as e:
+                    self.log(f"ResourceClaim {ref.namespace}/{ref.name}: {why}; its MIG instances stay: {e}")
+                    continue
+                remove_files(uid, self.layout)
+                self.checkpoint.update(drop=[uid])
+                self.log(f"ResourceClaim {ref.namespace}/{ref.name}: {why} before its prepare finished; "
+                         f"destroyed its MIG instance(s): {', '.join(gone) or 'none left'}")
+            finally:
+                lk.release()
+
     # ---- files left by a crash -----------------------------------------------------------
     def _reconcile_files(self) -> None:
         assert self.checkpoint is not None
-        known = set(self.checkpoint.uids())
+        # Only prepared claims have files; an interrupted prepare writes them again.
+        known = {u for u, e in self.checkpoint.entries().items() if e.get("state") == PREPARED}
         removed = []
         prefix = f"{self.cfg.driver}-claim_"
         if self.cfg.cdi_dir.is_dir():
@@ -272,7 +459,8 @@ class NodeDriver:
         repaired = []
         for uid in known:
             entry = self.checkpoint.get(uid)
-            if entry is not None and materialize(ClaimPlan.from_json(entry["plan"]), self.layout):
+            if entry is not None and entry.get("state") == PREPARED and materialize(
+                    ClaimPlan.from_json(entry["plan"]), self.layout):
                 repaired.append(uid)
         if repaired:
             self.log(f"rewrote the files of recorded claims: {', '.join(sorted(repaired))}")
@@ -290,51 +478,94 @@ class NodeDriver:
         finally:
             self.stats.api_read.append(time.perf_counter() - t0)
 
+    def _devices(self) -> dict[str, NodeDevice]:
+        """The node's published devices as prepare needs them (rebuilt when the slices or
+        the registry change)."""
+        assert self.publisher is not None
+        key = (self.publisher.published, self.registry.version)
+        c = self._devices_cache
+        if c is None or c[0] is not key[0] or c[1] != key[1]:
+            c = (key[0], key[1], node_devices(self.registry.snapshot(), self.publisher.published))
+            self._devices_cache = c
+        return c[2]
+
+    def _mig_minors(self) -> dict[str, int]:
+        """``/proc/driver/nvidia-caps/mig-minors`` (read again when it changes)."""
+        try:
+            mtime = self.layout.mig_minors.stat().st_mtime
+        except OSError:
+            return {}
+        c = self._minors_cache
+        if c is None or c[0] != mtime:
+            c = (mtime, read_mig_minors(self.layout.mig_minors))
+            self._minors_cache = c
+        return c[1]
+
+    def _claim_error(self, ref: ClaimRef, e: ApiError) -> PrepareResult:
+        return PrepareResult(error=f"ResourceClaim {ref.namespace}/{ref.name}: {e.reason or 'error'}: {e.message}")
+
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """NodePrepareResources for a batch of claims; one result per claim UID.
 
         Per claim: the recorded plan when the checkpoint has one, else a new plan from the
-        ResourceClaim; its files are written, then new claims are recorded (one checkpoint
-        write for the batch, shared with concurrent batches), then the answer is given.
+        ResourceClaim; a claim with dynamic-MIG devices first gets its instances
+        (:meth:`_make_instances`); its files are written, then new claims are recorded (one
+        checkpoint write for the batch, shared with concurrent batches), then the answer is
+        given.
         """
         assert self.checkpoint is not None
         out: dict[str, PrepareResult] = {}
         fetched: dict[str, dict[str, Any]] = {}
         for ref in claims:
-            if self.checkpoint.get(ref.uid) is not None:
+            entry = self.checkpoint.get(ref.uid)
+            if entry is not None and entry.get("state") == PREPARED:
                 continue  # prepared before: the recorded plan is used
             try:
                 fetched[ref.uid] = self.read_claim(ref)
             except ApiError as e:
-                out[ref.uid] = PrepareResult(error=f"ResourceClaim {ref.namespace}/{ref.name}: {e.reason or 'error'}: {e.message}")
+                out[ref.uid] = self._claim_error(ref, e)
         todo = [r for r in claims if r.uid not in out]
         locks = [self._lock_for(u) for u in sorted({r.uid for r in todo})]
         for lk in locks:
             lk.acquire()
+        new: dict[str, dict[str, Any]] = {}
+        plans: dict[str, ClaimPlan] = {}
         try:
             t0 = time.perf_counter()
-            devices = self.registry.by_device()
-            plans: dict[str, ClaimPlan] = {}
-            new: dict[str, dict[str, Any]] = {}
+            devices = self._devices()
+            minors = self._mig_minors() if any(d.mig or d.placement for d in devices.values()) else {}
+            pending: dict[str, ClaimPlan] = {}
             for ref in todo:
                 entry = self.checkpoint.get(ref.uid)
-                if entry is not None:
+                if entry is not None and entry.get("state") == PREPARED:
                     plans[ref.uid] = ClaimPlan.from_json(entry["plan"])
                     continue
+                if entry is not None and entry.get("state") == UNPREPARING:
+                    err = self._unprepare_one(ref, entry)  # finish it before preparing again
+                    if err:
+                        out[ref.uid] = PrepareResult(error=err)
+                        continue
                 if ref.uid not in fetched:  # recorded when we looked, unprepared since
                     try:
                         fetched[ref.uid] = self.read_claim(ref)
                     except ApiError as e:
-                        out[ref.uid] = PrepareResult(error=f"ResourceClaim {ref.namespace}/{ref.name}: {e.reason or 'error'}: {e.message}")
+                        out[ref.uid] = self._claim_error(ref, e)
                         continue
                 try:
                     plan = plan_claim(fetched[ref.uid], ref, self.cfg.node_name, devices,
-                                      self.backend.backend, self.layout)
+                                      self.backend.backend, self.layout, mig_minors=minors)
                 except ClaimError as e:
                     out[ref.uid] = PrepareResult(error=str(e))
                     continue
+                if plan.pending:
+                    pending[ref.uid] = plan
+                    continue
                 plans[ref.uid] = plan
                 new[ref.uid] = {"state": PREPARED, "plan": plan.to_json()}
+            if pending:
+                for uid, plan in self._make_instances(pending, fetched, devices, minors, out).items():
+                    plans[uid] = plan
+                    new[uid] = {"state": PREPARED, "plan": plan.to_json()}
             for uid, plan in list(plans.items()):
                 try:
                     materialize(plan, self.layout)
@@ -367,8 +598,132 @@ class NodeDriver:
                 self._status_q.put(plans[uid])
         return out
 
+    def _foreign_problem(self, uid: str, slots: Sequence[MigSlot]) -> str | None:
+        """Why the placements of ``slots`` are taken by instances the driver did not make (or
+        by another claim's), or None. Checked before a claim's first intent is recorded."""
+        assert self.checkpoint is not None and self.mig is not None
+        entries = {u: e for u, e in self.checkpoint.entries().items() if u != uid}
+        mine = owned(entries.values())
+        shared_users = {s.key for e in entries.values() if e.get("state") in (PREPARING, PREPARED)
+                        for s in entry_slots(e) if s.shared}
+        for s in slots:
+            for gi in self.mig.occupied(s):
+                exact = (gi.profile_id, gi.start, gi.size) == (s.profile_id, s.start, s.size)
+                if s.shared and exact and s.key in shared_users:
+                    continue  # the whole GPU's instance, shared with claims prepared before
+                whose = "another claim's" if (gi.profile_id, gi.start, gi.size) in (mine.get(s.gpu_uuid) or set()) \
+                    else "one the driver did not make"
+                return (f"{s.device}: GPU {s.gpu_index} ({s.gpu_uuid}) memory slices {s.start}-{s.start + s.size - 1} "
+                        f"are held by GPU instance {gi.id} ({whose}); destroy it or leave the GPU out of "
+                        f"{DYNAMIC_MIG_OPTION}")
+        return None
+
+    def _make_instances(self, pending: dict[str, ClaimPlan], fetched: dict[str, dict[str, Any]],
+                        devices: dict[str, NodeDevice], minors: dict[str, int],
+                        out: dict[str, PrepareResult]) -> dict[str, ClaimPlan]:
+        """Make the dynamic-MIG instances of ``pending`` plans and plan those claims again
+        with them; errors go to ``out``. Order, for crash safety: the claim's slots are
+        recorded (``preparing``: one checkpoint write for all), then the instances are made -
+        or found, when an interrupted attempt made them - under ``_mig_lock``. A failure
+        destroys what the claim holds alone and removes its record."""
+        assert self.checkpoint is not None
+        done: dict[str, ClaimPlan] = {}
+        if self.mig is None:
+            for uid, plan in pending.items():
+                out[uid] = PrepareResult(error=f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: its dynamic-MIG "
+                                               "devices need NVML, which this driver could not load")
+            return done
+        intents: dict[str, dict[str, Any]] = {}
+        resolved: dict[str, list[MigSlot]] = {}
+        for uid, plan in pending.items():
+            ref = plan.ref
+            what = f"ResourceClaim {ref.namespace}/{ref.name}"
+            try:
+                slots = [self.mig.resolve(s) for s in plan.mig]
+            except MigError as e:
+                out[uid] = PrepareResult(error=f"{what}: {e}")
+                continue
+            entry = self.checkpoint.get(uid)
+            prior = entry_slots(entry) if entry is not None and entry.get("state") == PREPARING else None
+            if prior is not None and {s.key for s in prior} != {s.key for s in slots}:
+                # Allocated again since the interrupted attempt: undo that attempt first.
+                try:
+                    with self._mig_lock:
+                        self._release(uid, prior)
+                except MigError as e:
+                    out[uid] = PrepareResult(error=f"{what}: {e}")
+                    continue
+                prior = None
+            if prior is None:
+                problem = self._foreign_problem(uid, slots)
+                if problem:
+                    out[uid] = PrepareResult(error=f"{what}: {problem}")
+                    continue
+            resolved[uid] = slots
+            intents[uid] = {"state": PREPARING, "since": time.time(),
+                            "claim": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
+                            "slots": [s.to_json() for s in slots]}
+        if intents:
+            try:
+                self.checkpoint.update(put=intents)
+            except OSError as e:
+                for uid in intents:
+                    out[uid] = PrepareResult(error=f"ResourceClaim {pending[uid].ref.namespace}/{pending[uid].ref.name}: checkpoint: {e}")
+                return done
+        failed: list[str] = []
+        for uid, slots in resolved.items():
+            ref = pending[uid].ref
+            what = f"ResourceClaim {ref.namespace}/{ref.name}"
+            made: dict[tuple[str, str, int], MigSlot] = {}
+            try:
+                with self._mig_lock:
+                    for s in slots:
+                        m = self.mig.realise(s)
+                        made[m.key] = m
+            except MigError as e:
+                out[uid] = PrepareResult(error=f"{what}: {e}")
+                try:
+                    with self._mig_lock:
+                        self._release(uid, slots)
+                    failed.append(uid)
+                except MigError as e2:
+                    self.log(f"{what}: undoing a failed prepare: {e2} (retried with the kubelet's next call)")
+                continue
+            try:
+                done[uid] = plan_claim(fetched[uid], ref, self.cfg.node_name, devices, self.backend.backend,
+                                       self.layout, mig_minors=minors, instances=made)
+            except ClaimError as e:
+                out[uid] = PrepareResult(error=str(e))
+        if failed:
+            self.checkpoint.update(drop=failed)
+        return done
+
+    def _unprepare_one(self, ref: ClaimRef, entry: dict[str, Any]) -> str:
+        """Destroy the MIG instances of a claim being unprepared (recorded ``unpreparing``
+        first) and remove its files and entry; returns an error line, or ''. Call with the
+        claim's lock held."""
+        assert self.checkpoint is not None
+        slots = entry_slots(entry)
+        if slots and entry.get("state") != UNPREPARING:
+            self.checkpoint.update(put={ref.uid: {
+                "state": UNPREPARING, "claim": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
+                "slots": [s.to_json() for s in slots]}})
+        remove_files(ref.uid, self.layout)
+        if slots:
+            if self.mig is None:
+                return f"ResourceClaim {ref.namespace}/{ref.name}: its MIG instances need NVML to be destroyed"
+            try:
+                with self._mig_lock:
+                    self._release(ref.uid, slots)
+            except MigError as e:
+                return f"ResourceClaim {ref.namespace}/{ref.name}: {e}"
+        self.checkpoint.update(drop=[ref.uid])
+        return ""
+
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        """NodeUnprepareResources: remove each claim's files, then its checkpoint entry."""
+        """NodeUnprepareResources: remove each claim's files, then its checkpoint entry. A
+        claim with dynamic-MIG instances is recorded ``unpreparing`` first, and its instances
+        are destroyed (those of the whole GPU only with its last share) before the entry goes."""
         assert self.checkpoint is not None
         out: dict[str, str] = {}
         locks = [self._lock_for(u) for u in sorted({r.uid for r in claims})]
@@ -377,6 +732,10 @@ class NodeDriver:
         try:
             gone = []
             for ref in claims:
+                entry = self.checkpoint.get(ref.uid)
+                if entry is not None and entry_slots(entry):
+                    out[ref.uid] = self._unprepare_one(ref, entry)
+                    continue
                 try:
                     remove_files(ref.uid, self.layout)
                 except OSError as e:
@@ -401,18 +760,29 @@ class NodeDriver:
         """One discovery + health pass, then publish if anything changed."""
         assert self.publisher is not None
         try:
-            inv = discover_nvml(self.nvml) if self.nvml is not None else discover_smi(self.cfg.nvidia_smi)
+            with self._mig_lock:  # no instance made or destroyed while NVML is read
+                inv = discover_nvml(self.nvml) if self.nvml is not None else discover_smi(self.cfg.nvidia_smi)
+                gpus = self._foreign_only(inv)
         except DiscoveryError as e:
             self.log(f"rescan: {e}")
             return
         seen = {g.gpu.uuid for g in inv.gpus}
         health = {r.gpu.uuid: (probe(self.nvml, r.gpu.uuid) if self.nvml is not None else "missing")
                   for r in self.registry.snapshot() if r.gpu.uuid not in seen}
-        self.registry.update(inv.gpus, health)
+        self.registry.update(gpus, health)
         try:
             self.publisher.sync()
         except ApiError as e:
             self.log(f"publishing: {e}")
+        except SliceBuildError as e:
+            if str(e) not in self._warned:
+                self._warned.add(str(e))
+                self.log(f"not publishing the change: {e}")
+        self._warn_publication()
+        try:
+            self._cleanup_stale()
+        except (ApiError, OSError) as e:
+            self.log(f"checking interrupted prepares: {e}")
 
     def _rescan_loop(self) -> None:
         while not self._stop.is_set():
@@ -455,14 +825,16 @@ class NodeDriver:
             "registered": self.servers.registered.is_set() if self.servers else False,
             "registrationError": self.servers.registration_error if self.servers else "",
             "firstPublishSeconds": self.stats.first_publish,
-            "preparedClaims": len(self.checkpoint.uids()) if self.checkpoint else 0,
+            "preparedClaims": sum(1 for e in self.checkpoint.entries().values() if e.get("state") == PREPARED)
+            if self.checkpoint else 0,
             "statusErrors": self.stats.status_errors,
         }
         return alive, ready, details
 
-    def _start_http(self, address: str) -> None:
+    def _bind_http(self, address: str) -> None:
         """``GET /healthz``, ``/livez``, ``/readyz`` over plain HTTP/1.0 (socketserver: the
-        http.server module alone costs a node agent half a second of start-up)."""
+        http.server module alone costs a node agent half a second of start-up): the listening
+        socket, served from the end of :meth:`start`. Raises :class:`DriverStartError`."""
         host, _, port = address.rpartition(":")
         outer = self
 
@@ -490,7 +862,6 @@ class NodeDriver:
             self._http = Server((host or "127.0.0.1", int(port)), Handler)
         except OSError as e:
             raise DriverStartError(f"--health-address {address}: {e.strerror}") from e
-        self._spawn(self._http.serve_forever, "tessera-health")
 
     @property
     def health_port(self) -> int | None:

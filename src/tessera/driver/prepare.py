@@ -11,19 +11,23 @@ Per result (``status.allocation.devices.results[]``, KEP-4381 / KEP-5075):
 * another driver's result is ignored (a claim may hold devices of several drivers); a claim
   with no result of this driver, or whose results of this driver are in another pool (another
   node), is an error for that claim;
-* the device must be one of this node's published devices (``gpu-<index>``);
-* ``consumedCapacity`` may only name ``memory`` (bytes, at most the GPU's memory) and ``cores``
-  (0..100); anything else is an error for the claim;
+* the device must be one of this node's published devices (``gpu-<index>``, a static MIG
+  device ``gpu-<index>-mig-<gi>-<ci>``, a dynamic-MIG placement ``gpu-<index>-mig-<profile>-<start>``);
+* ``consumedCapacity`` may only name ``memory`` (bytes, at most the device's memory) and
+  ``cores`` (0..100); anything else is an error for the claim;
 * ``adminAccess: true`` gets the device and no limits;
-* a whole GPU (its full memory and ``cores`` 0 or 100, or a dedicated device without
-  ``shareID``) gets no limits;
-* otherwise the GPU gets ``memory`` bytes and ``cores`` percent in the limits file.
+* a whole device (its full memory and ``cores`` 0 or 100, or a dedicated device without
+  ``shareID``: every MIG instance) gets no limits;
+* otherwise the device gets ``memory`` bytes and ``cores`` percent in the limits file, under
+  the UUID the container sees (a GPU's, or a MIG device's: the whole dynamic-MIG GPU that
+  claims share is one MIG instance).
 
-A claim with at least one limited GPU gets the limits file (read-only at
+A claim with at least one limited device gets the limits file (read-only at
 ``/etc/tessera/limits``), its usage region (read-write), the enforcement library and an
-``/etc/ld.so.preload`` naming it. Every claim gets its GPUs' device nodes, the control device
-nodes that exist, and ``NVIDIA_VISIBLE_DEVICES`` / ``CUDA_VISIBLE_DEVICES`` listing its GPU
-UUIDs in result order.
+``/etc/ld.so.preload`` naming it. Every claim gets its devices' nodes (a GPU's
+``/dev/nvidia<minor>``; for a MIG device also its two ``/dev/nvidia-caps`` nodes), the control
+device nodes that exist, and ``NVIDIA_VISIBLE_DEVICES`` / ``CUDA_VISIBLE_DEVICES`` listing the
+UUIDs it sees (MIG UUIDs for MIG devices) in result order.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,9 +53,12 @@ from tessera.enforcement.limits import (
     write_limits,
 )
 from tessera.enforcement.region import FILE_SIZE, MAGIC, create_region
+from tessera.inventory.mig import MigPlacement, mig_placement
+from tessera.inventory.model import MigDevice
 
 from .backend import DRIVER_NATIVE, LIBRARY
 from .kubelet import ClaimRef, PreparedDevice
+from .mig import MIG_MINORS, MigSlot, mig_cap_nodes
 from .publish import GpuRecord
 
 CDI_VERSION = "0.6.0"
@@ -78,7 +85,8 @@ class Layout:
     ``driver_root``: the NVIDIA driver root for ``nvidia-cdi-hook``; ``cdi_hook``: its path;
     ``nvidia_cdi_kind``: when set (``nvidia.com/gpu``), each GPU device also gets the CDI id
     ``<kind>=<UUID>`` so NVIDIA's own spec (``nvidia-ctk cdi generate
-    --device-name-strategy=uuid``) injects the driver's user-space libraries.
+    --device-name-strategy=uuid``) injects the driver's user-space libraries; ``mig_minors``:
+    the NVIDIA driver's list of MIG capability devices (``/proc/driver/nvidia-caps/mig-minors``).
     """
 
     state_dir: Path
@@ -89,6 +97,7 @@ class Layout:
     driver_root: str = "/"
     cdi_hook: str | None = None
     nvidia_cdi_kind: str | None = None
+    mig_minors: Path = MIG_MINORS
 
     def claim_dir(self, uid: str) -> Path:
         return self.state_dir / "claims" / uid
@@ -112,7 +121,8 @@ class ClaimPlan:
 
     ``limits_text`` is ``None`` when no GPU of the claim is limited; ``region_gpus`` lists
     ``(uuid, memory bytes, cores)`` for the region; ``cdi_spec`` is the spec's JSON object;
-    ``status`` the ``status.devices`` entries to publish; ``digest`` a SHA-256 of all of it.
+    ``status`` the ``status.devices`` entries to publish; ``digest`` a SHA-256 of all of it;
+    ``mig`` the dynamic-MIG instances the claim uses (:class:`~.mig.MigSlot`).
     """
 
     ref: ClaimRef
@@ -123,6 +133,12 @@ class ClaimPlan:
     cdi_spec: dict[str, Any]
     status: tuple[dict[str, Any], ...] = ()
     digest: str = field(default="")
+    mig: tuple[MigSlot, ...] = ()
+
+    @property
+    def pending(self) -> bool:
+        """A dynamic-MIG instance of the claim is not made yet: nothing to write or answer."""
+        return any(not s.made for s in self.mig)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -133,6 +149,7 @@ class ClaimPlan:
                         for d in self.devices],
             "limits": self.limits_text, "regionGPUs": [list(g) for g in self.region_gpus],
             "cdiSpec": self.cdi_spec, "status": list(self.status), "digest": self.digest,
+            **({"mig": [m.to_json() for m in self.mig]} if self.mig else {}),
         }
 
     @classmethod
@@ -144,6 +161,7 @@ class ClaimPlan:
                           for x in d["devices"]),
             limits_text=d["limits"], region_gpus=tuple((str(g[0]), int(g[1]), int(g[2])) for g in d["regionGPUs"]),
             cdi_spec=d["cdiSpec"], status=tuple(d.get("status") or ()), digest=d["digest"],
+            mig=tuple(MigSlot.from_json(m) for m in d.get("mig") or ()),
         )
 
 
@@ -163,10 +181,55 @@ def _bytes(value: Any, where: str) -> int:
     return q.value_int()
 
 
-def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapping[str, GpuRecord],
-               backend: str, layout: Layout) -> ClaimPlan:
+@dataclass(frozen=True)
+class NodeDevice:
+    """A published device of this node, as prepare needs it: ``name``; ``record``, the GPU (a
+    MIG device's parent); ``memory``, the bytes of its ``memory`` capacity (None: it publishes
+    none, a unified-memory GPU); ``mig``, the existing MIG device it is (static MIG);
+    ``placement``, the instance to create for it (dynamic MIG, :func:`mig_placement`)."""
+
+    name: str
+    record: GpuRecord
+    memory: int | None
+    mig: MigDevice | None = None
+    placement: MigPlacement | None = None
+
+
+def node_devices(records: Sequence[GpuRecord], slices: Iterable[Mapping[str, Any]]) -> dict[str, NodeDevice]:
+    """``{device name: NodeDevice}`` for the devices of ``slices`` (as the node publishes them)
+    whose GPU is one of ``records``."""
+    by_uuid = {r.gpu.uuid: r for r in records}
+    out: dict[str, NodeDevice] = {}
+    for s in slices:
+        for d in (s.get("spec") or {}).get("devices") or []:
+            attrs = d.get("attributes") or {}
+            parent = (attrs.get("parentUUID") or attrs.get("uuid") or {}).get("string")
+            rec = by_uuid.get(parent or "")
+            if rec is None:
+                continue
+            cap = ((d.get("capacity") or {}).get("memory") or {}).get("value")
+            memory = Quantity.parse(cap).value_int() if cap is not None else None
+            mig: MigDevice | None = None
+            gi, ci = (attrs.get("gpuInstanceID") or {}).get("int"), (attrs.get("computeInstanceID") or {}).get("int")
+            if gi is not None and ci is not None:
+                mig = next((m for m in rec.gpu.mig_devices
+                            if (m.gpu_instance_id, m.compute_instance_id) == (gi, ci)), None)
+            out[d["name"]] = NodeDevice(d["name"], rec, memory, mig, mig_placement(d))
+    return out
+
+
+def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapping[str, NodeDevice],
+               backend: str, layout: Layout, *, mig_minors: Mapping[str, int] | None = None,
+               instances: Mapping[tuple[str, str, int], MigSlot] | None = None) -> ClaimPlan:
     """The plan for ``claim`` (a ``resource.k8s.io/v1`` ResourceClaim dict as the API server
-    returned it) on ``node``, whose published devices are ``devices`` (``{name: record}``).
+    returned it) on ``node``, whose published devices are ``devices`` (:func:`node_devices`).
+
+    MIG devices: a static one is handed out as itself (its MIG UUID, the parent's device node
+    and its two capability nodes from ``mig_minors``, :func:`~.mig.read_mig_minors`); a
+    dynamic one needs its instance (:class:`~.mig.MigSlot`): with ``instances`` (made slots by
+    :attr:`~.mig.MigSlot.key`) missing it, the plan lists its slots in ``mig`` and is
+    :attr:`ClaimPlan.pending` (no files, no answer): the caller makes the instances and plans
+    again with them. A share of a MIG device is limited under its MIG UUID.
 
     Raises :class:`ClaimError` with a one-line reason naming the claim and field.
     """
@@ -190,21 +253,26 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
 
     prepared: list[PreparedDevice] = []
     limits: dict[str, GpuLimit] = {}
-    gpu_order: list[GpuRecord] = []
+    visible_order: list[str] = []
     status: list[dict[str, Any]] = []
-    per_device_nodes: list[tuple[str, str]] = []
+    per_device_nodes: list[tuple[str, list[str]]] = []
+    slots: dict[tuple[str, str, int], MigSlot] = {}
+    mig_limited = False
     for i, r in here:
         field_path = f"{what}: status.allocation.devices.results[{i}]"
         name = str(r.get("device"))
-        rec = devices.get(name)
-        if rec is None:
+        dev = devices.get(name)
+        if dev is None:
             raise ClaimError(f"{field_path}.device: {name!r} is not a device of node {node} (devices: {', '.join(sorted(devices)) or 'none'})")
+        rec = dev.record
         if rec.health == "missing":
             raise ClaimError(f"{field_path}.device: GPU {rec.gpu.uuid} ({name}) is gone from this node")
         gpu = rec.gpu
+        is_mig = dev.mig is not None or dev.placement is not None
+        thing = f"MIG device {name} of GPU {gpu.uuid}" if is_mig else f"GPU {gpu.uuid}"
         consumed = r.get("consumedCapacity") or {}
         # A unified-memory GPU (memory unknown) is published whole, without a memory capacity.
-        full = gpu.memory_bytes
+        full = dev.memory
         mem = full or 0
         cores = 0
         for cap, value in consumed.items():
@@ -214,13 +282,28 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
             if key == "memory":
                 mem = _bytes(value, f"{field_path}.consumedCapacity.memory")
                 if mem < 1 or mem > (full or 0):
-                    raise ClaimError(f"{field_path}.consumedCapacity.memory: {value} is outside 1..{full} bytes, the memory of GPU {gpu.uuid}")
+                    raise ClaimError(f"{field_path}.consumedCapacity.memory: {value} is outside 1..{full} bytes, the memory of {thing}")
             elif key == "cores":
                 cores = _bytes(value, f"{field_path}.consumedCapacity.cores")
                 if cores > 100:
                     raise ClaimError(f"{field_path}.consumedCapacity.cores: {value} is above 100")
             else:
-                raise ClaimError(f"{field_path}.consumedCapacity: {cap!r} is not a capacity of GPU {gpu.uuid} (it has memory and cores)")
+                raise ClaimError(f"{field_path}.consumedCapacity: {cap!r} is not a capacity of {thing} (it has memory and cores)")
+        # Which device the container sees: the GPU, an existing MIG device, or the instance
+        # made for this placement (None until it is made).
+        visible: str | None = gpu.uuid
+        gi_ci: tuple[int, int] | None = None
+        if dev.placement is not None:
+            slot = MigSlot.of(name, dev.placement)
+            made = (instances or {}).get(slot.key)
+            slots.setdefault(slot.key, made or slot)
+            visible = made.uuid if made is not None else None
+            if made is not None and made.gi is not None and made.ci is not None:
+                gi_ci = (made.gi, made.ci)
+        elif dev.mig is not None:
+            m = dev.mig
+            visible = m.uuid or f"MIG-{gpu.uuid}/{m.gpu_instance_id}/{m.compute_instance_id}"
+            gi_ci = (m.gpu_instance_id, m.compute_instance_id)
         admin = bool(r.get("adminAccess"))
         share = r.get("shareID")
         whole = share is None or full is None or (mem >= full and cores in (0, 100))
@@ -228,25 +311,36 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
         cdi_name = f"{ref.uid}-{i}-{name}"
         ids = [f"{layout.cdi_kind}={cdi_name}"]
         if layout.nvidia_cdi_kind:
-            ids.append(f"{layout.nvidia_cdi_kind}={gpu.uuid}")
+            # NVIDIA's spec (nvidia-ctk cdi generate) names existing MIG devices by their UUID;
+            # an instance made now is not in it: its parent GPU's entry brings the libraries.
+            ids.append(f"{layout.nvidia_cdi_kind}={gpu.uuid if dev.placement is not None else visible}")
         prepared.append(PreparedDevice(
             request_names=(request.split("/", 1)[0],), pool=node, device=name,
             cdi_device_ids=tuple(ids), share_id=share,
         ))
-        if rec.minor is not None:
-            per_device_nodes.append((cdi_name, f"nvidia{rec.minor}"))
-        else:
-            per_device_nodes.append((cdi_name, ""))
-        if gpu not in [g.gpu for g in gpu_order]:
-            gpu_order.append(rec)
+        if visible is None:
+            continue  # planned again once the instance exists
+        nodes: list[str] = [f"nvidia{rec.minor}"] if rec.minor is not None else []
+        if gi_ci is not None and rec.minor is not None:
+            try:
+                nodes += list(mig_cap_nodes(mig_minors or {}, rec.minor, *gi_ci))
+            except KeyError as e:
+                raise ClaimError(f"{field_path}.device: {name}: {layout.mig_minors} has no {e.args[0]} (the NVIDIA "
+                                 "driver's MIG capability devices: is its nvidia-caps support loaded?)") from None
+        per_device_nodes.append((cdi_name, nodes))
+        if visible not in visible_order:
+            visible_order.append(visible)
         limited = not admin and not whole
         if limited:
-            prev = limits.get(gpu.uuid)
-            # Two shares of one GPU in one claim: the container may use both.
-            limits[gpu.uuid] = GpuLimit(gpu.uuid, mem + (prev.memory if prev else 0),
-                                        min(100, cores + (prev.cores if prev else 0)))
+            prev = limits.get(visible)
+            # Two shares of one device in one claim: the container may use both.
+            limits[visible] = GpuLimit(visible, mem + (prev.memory if prev else 0),
+                                       min(100, cores + (prev.cores if prev else 0)))
+            mig_limited = mig_limited or is_mig
         claim_backend = backend if limited else "none"
-        data: dict[str, Any] = {"enforcementBackend": claim_backend, "uuid": gpu.uuid}
+        data: dict[str, Any] = {"enforcementBackend": claim_backend, "uuid": visible}
+        if is_mig:
+            data["parentUUID"] = gpu.uuid
         if limited:
             data.update({"memory": str(mem), "cores": cores, "limitsFile": LIMITS_PATH})
         entry: dict[str, Any] = {"driver": driver, "pool": node, "device": name, "data": data}
@@ -254,30 +348,35 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
             entry["shareID"] = share
         status.append(entry)
 
+    mig = tuple(slots.values())
+    if any(not s.made for s in mig):
+        return ClaimPlan(ref=ref, backend=backend, devices=tuple(prepared), limits_text=None,
+                         region_gpus=(), cdi_spec={}, mig=mig)
     gpu_limits = tuple(limits.values())
     claim_backend = backend
-    if backend == DRIVER_NATIVE and len({g.memory for g in gpu_limits}) > 1:
-        # NVIDIA's hook takes one memory value for every GPU of the container.
+    if backend == DRIVER_NATIVE and (len({g.memory for g in gpu_limits}) > 1 or mig_limited):
+        # NVIDIA's hook takes one memory value for every GPU of the container, and NVIDIA's
+        # per-cgroup memory limits do not apply to MIG devices.
         claim_backend = LIBRARY
-        for e in status:
-            if e["data"]["enforcementBackend"] == DRIVER_NATIVE:
-                e["data"]["enforcementBackend"] = LIBRARY
+        for st in status:
+            if st["data"]["enforcementBackend"] == DRIVER_NATIVE:
+                st["data"]["enforcementBackend"] = LIBRARY
     limits_text = None
     if gpu_limits:
         limits_text = format_limits(Limits(region=CONTAINER_REGION, gpus=gpu_limits,
                                            claim=f"{ref.namespace}/{ref.name}", claim_uid=ref.uid))
-    spec = _cdi_spec(ref, layout, gpu_order, per_device_nodes, gpu_limits, claim_backend)
+    spec = _cdi_spec(ref, layout, visible_order, per_device_nodes, gpu_limits, claim_backend)
     plan = ClaimPlan(ref=ref, backend=claim_backend if gpu_limits else "none",
                      devices=tuple(prepared), limits_text=limits_text,
                      region_gpus=tuple((g.uuid, g.memory, g.cores) for g in gpu_limits),
-                     cdi_spec=spec, status=tuple(status))
+                     cdi_spec=spec, status=tuple(status), mig=mig)
     return ClaimPlan(**{**plan.__dict__, "digest": _digest(plan)})
 
 
-def _cdi_spec(ref: ClaimRef, layout: Layout, gpus: Sequence[GpuRecord],
-              device_nodes: Sequence[tuple[str, str]], limits: Sequence[GpuLimit],
+def _cdi_spec(ref: ClaimRef, layout: Layout, visible: Sequence[str],
+              device_nodes: Sequence[tuple[str, list[str]]], limits: Sequence[GpuLimit],
               backend: str) -> dict[str, Any]:
-    uuids = ",".join(r.gpu.uuid for r in gpus)
+    uuids = ",".join(visible)
     edits: dict[str, Any] = {
         "env": [f"NVIDIA_VISIBLE_DEVICES={uuids}", f"CUDA_VISIBLE_DEVICES={uuids}"],
     }
@@ -311,10 +410,11 @@ def _cdi_spec(ref: ClaimRef, layout: Layout, gpus: Sequence[GpuRecord],
                 args += ["--gpu-id", g.uuid]
             edits["hooks"] = [{"hookName": "createRuntime", "path": layout.cdi_hook, "args": args}]
     devices = []
-    for name, node in device_nodes:
+    for name, nodes in device_nodes:
         dev_edits: dict[str, Any] = {}
-        if node:
-            dev_edits["deviceNodes"] = [{"path": f"/dev/{node}", "hostPath": str(layout.dev_root / "dev" / node)}]
+        if nodes:
+            dev_edits["deviceNodes"] = [{"path": f"/dev/{n}", "hostPath": str(layout.dev_root / "dev" / n)}
+                                        for n in nodes]
         else:
             dev_edits["env"] = [f"TESSERA_DEVICE={name}"]  # CDI needs at least one edit
         devices.append({"name": name, "containerEdits": dev_edits})

@@ -29,6 +29,9 @@ from typing import Any
 
 from tessera.enforcement._files import write_atomic
 from tessera.inventory import GPU, build_resource_slices
+from tessera.inventory.errors import SliceBuildError
+from tessera.inventory.mig import DynamicMIG, dynamic_mig_models
+from tessera.inventory.model import MigDevice, Topology
 from tessera.kube.client import ApiError, KubeClient
 
 from .discovery import NodeGPU
@@ -38,15 +41,16 @@ TAINT_EFFECT = "NoSchedule"
 FIELD_MANAGER = "tessera-driver"
 BACKEND_ATTRIBUTE = "enforcementBackend"
 #: GPU fields the registry does not keep (NVML discovery leaves them at their defaults).
-_NOT_SAVED = frozenset({"mig_devices", "mig_model"})
+_NOT_SAVED = frozenset({"mig_model"})
 _GPU_FIELDS = frozenset(f.name for f in fields(GPU)) - _NOT_SAVED
 
 
 @dataclass
 class GpuRecord:
-    """A GPU the node has shown: ``gpu`` (its ``index`` is the published one), ``minor``,
-    ``health`` (``ok``/``lost``/``missing``), the last critical ``xid`` and when it came
-    (``xid_at``, ``time.time()``), and ``ok_since`` (when it last started answering)."""
+    """A GPU the node has shown: ``gpu`` (its ``index`` is the published one; its MIG devices
+    those the driver did not make), ``minor``, ``health`` (``ok``/``lost``/``missing``), the last
+    critical ``xid`` and when it came (``xid_at``, ``time.time()``), ``ok_since`` (when it last
+    started answering) and ``nvlink``, the UUIDs of the GPUs it reaches over NVLink."""
 
     gpu: GPU
     minor: int | None
@@ -54,6 +58,7 @@ class GpuRecord:
     xid: int | None = None
     xid_at: float | None = None
     ok_since: float = field(default_factory=time.time)
+    nvlink: tuple[str, ...] = ()
 
     def taint_value(self, now: float, xid_recovery: float) -> str | None:
         """The taint value this GPU should carry now, or ``None`` when healthy."""
@@ -71,20 +76,23 @@ class GpuRegistry:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.records: dict[str, GpuRecord] = {}
+        self.version = 0  # bumped on every change
         self._lock = threading.Lock()
         if self.path.is_file():
             for d in json.loads(self.path.read_text()).get("gpus", []):
                 g = {k: v for k, v in d["gpu"].items() if k in _GPU_FIELDS}
+                g["mig_devices"] = tuple(MigDevice(**m) for m in g.get("mig_devices") or ())
                 self.records[g["uuid"]] = GpuRecord(
                     gpu=GPU(**g), minor=d.get("minor"), health=d.get("health", "ok"),
                     xid=d.get("xid"), xid_at=d.get("xid_at"), ok_since=d.get("ok_since", time.time()),
+                    nvlink=tuple(d.get("nvlink") or ()),
                 )
 
     def save(self) -> None:
         doc = {"version": 1, "gpus": [
             {"gpu": {k: v for k, v in asdict(r.gpu).items() if k not in _NOT_SAVED},
              "minor": r.minor, "health": r.health, "xid": r.xid, "xid_at": r.xid_at,
-             "ok_since": r.ok_since}
+             "ok_since": r.ok_since, "nvlink": list(r.nvlink)}
             for r in sorted(self.records.values(), key=lambda r: r.gpu.index)
         ]}
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -104,12 +112,13 @@ class GpuRegistry:
                     while index in used:
                         index += 1
                     used.add(index)
-                    self.records[ng.gpu.uuid] = GpuRecord(replace(ng.gpu, index=index), ng.minor, ok_since=now)
+                    self.records[ng.gpu.uuid] = GpuRecord(replace(ng.gpu, index=index), ng.minor, ok_since=now,
+                                                          nvlink=ng.nvlink)
                     changed = True
                     continue
                 fresh = replace(ng.gpu, index=rec.gpu.index)
-                if fresh != rec.gpu or ng.minor != rec.minor:
-                    rec.gpu, rec.minor = fresh, ng.minor
+                if fresh != rec.gpu or ng.minor != rec.minor or ng.nvlink != rec.nvlink:
+                    rec.gpu, rec.minor, rec.nvlink = fresh, ng.minor, ng.nvlink
                     changed = True
                 if rec.health != "ok":
                     rec.health, rec.ok_since = "ok", now
@@ -125,6 +134,7 @@ class GpuRegistry:
                     rec.health = h
                     changed = True
             if changed:
+                self.version += 1
                 self.save()
         return changed
 
@@ -135,6 +145,7 @@ class GpuRegistry:
             if rec is None:
                 return False
             rec.xid, rec.xid_at = xid, time.time() if now is None else now
+            self.version += 1
             self.save()
             return True
 
@@ -147,18 +158,59 @@ class GpuRegistry:
         return {f"gpu-{r.gpu.index}": r for r in self.snapshot()}
 
 
+def nvlink_topology(records: list[GpuRecord]) -> Topology | None:
+    """The NVLink part of the node's topology for :func:`build_resource_slices` (which
+    publishes ``nvlinkDomain`` from it): every pair of GPUs that NVML says reach each other over
+    NVLink (``NVML_P2P_CAPS_INDEX_NVLINK``) is a link. NVML's P2P status does not say over how
+    many links, so each pair is recorded as ``NV1``; only the domains are published. None when
+    no GPU has an NVLink peer or the published indices are not ``0..n-1`` (a GPU that came after
+    another vanished)."""
+    index = {r.gpu.uuid: r.gpu.index for r in records}
+    if not any(r.nvlink for r in records) or sorted(index.values()) != list(range(len(records))):
+        return None
+    links = {(index[r.gpu.uuid], index[p]): "NV1" for r in records for p in r.nvlink if p in index}
+    return Topology(gpus=len(records), links=links)
+
+
+def check_dynamic_mig(gpus: list[GPU], dynamic: DynamicMIG | None, where: str) -> None:
+    """Refuse a dynamic-MIG setting this node's GPUs cannot have, in one line: what
+    :func:`~tessera.inventory.mig.dynamic_mig_models` refuses (a GPU the node lacks, one that is
+    not MIG-capable or has no profile table, one holding MIG instances the driver did not make,
+    an unknown profile) and, what only the driver refuses, a GPU whose MIG mode is off: the
+    driver makes instances, it does not switch modes (that needs the GPU idle, and on Ampere a
+    reset). ``tessera simulate`` only warns there: it plans a node whose operator will enable it.
+    Raises :class:`~tessera.inventory.errors.SliceBuildError`."""
+    if dynamic is None:
+        return
+    models = dynamic_mig_models(gpus, dynamic, where)
+    for g in sorted(gpus, key=lambda g: g.index):
+        if g.index in models and not g.mig_enabled:
+            raise SliceBuildError(
+                f"GPU {g.index} ({g.uuid}, {g.product_name}) is set for dynamic MIG but its MIG mode "
+                f"is disabled: enable it (nvidia-smi -i {g.index} -mig 1; on Ampere GPUs this takes "
+                "effect after a GPU reset) and restart the driver, or leave the GPU out of dynamicMIG",
+                source=where, field="dynamicMIG")
+
+
 def desired_slices(node: str, driver: str, records: list[GpuRecord], backend: str,
-                   generation: int, now: float, xid_recovery: float) -> list[dict[str, Any]]:
-    """The slices for ``records`` (through :func:`build_resource_slices`) with taints for
-    unhealthy GPUs and the ``enforcementBackend`` attribute on every device."""
+                   generation: int, now: float, xid_recovery: float,
+                   dynamic_mig: DynamicMIG | None = None, where: str | None = None) -> list[dict[str, Any]]:
+    """The slices for ``records`` (through :func:`build_resource_slices`, with the operator's
+    ``dynamic_mig`` setting and the GPUs' NVLink peers) with taints for unhealthy GPUs and the
+    ``enforcementBackend`` attribute on every device. Raises
+    :class:`~tessera.inventory.errors.SliceBuildError` for a ``dynamic_mig`` the node cannot
+    have (``where`` starts its message)."""
     taints: dict[str, list[dict[str, str]]] = {}
     for r in records:
         v = r.taint_value(now, xid_recovery)
         if v is not None:
             taints[r.gpu.uuid] = [{"key": TAINT_KEY, "value": v, "effect": TAINT_EFFECT}]
+    if dynamic_mig is not None:
+        check_dynamic_mig([r.gpu for r in records], dynamic_mig, where or f"node {node!r}")
     return build_resource_slices(
-        node, [r.gpu for r in records], driver=driver, generation=generation, taints=taints,
-        attributes={BACKEND_ATTRIBUTE: {"string": backend}},
+        node, [r.gpu for r in records], nvlink_topology(records), driver=driver, generation=generation,
+        taints=taints, attributes={BACKEND_ATTRIBUTE: {"string": backend}}, dynamic_mig=dynamic_mig,
+        where=where,
     )
 
 
@@ -180,14 +232,16 @@ class Publisher:
     """
 
     def __init__(self, client: KubeClient, node: str, driver: str, registry: GpuRegistry,
-                 backend: str, *, xid_recovery: float = 60.0,
-                 log: Callable[[str], None] | None = None) -> None:
+                 backend: str, *, xid_recovery: float = 60.0, dynamic_mig: DynamicMIG | None = None,
+                 dynamic_where: str | None = None, log: Callable[[str], None] | None = None) -> None:
         self.client = client
         self.node = node
         self.driver = driver
         self.registry = registry
         self.backend = backend
         self.xid_recovery = xid_recovery
+        self.dynamic_mig = dynamic_mig
+        self.dynamic_where = dynamic_where
         self.generation: int | None = None
         self.published: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -204,14 +258,16 @@ class Publisher:
     def sync(self, now: float | None = None) -> bool:
         """Publish if what should be published differs from what is; return True if it wrote.
 
-        Raises :class:`ApiError` when the API server refuses (the message names the field).
+        Raises :class:`ApiError` when the API server refuses (the message names the field),
+        :class:`~tessera.inventory.errors.SliceBuildError` when the GPUs do not fit the
+        dynamic-MIG setting (nothing is written then).
         """
         now = time.time() if now is None else now
         with self._lock:
             existing = self._ours()
             current_gen = max((int(s["spec"]["pool"].get("generation", 0)) for s in existing), default=0)
             want = desired_slices(self.node, self.driver, self.registry.snapshot(), self.backend,
-                                  current_gen, now, self.xid_recovery)
+                                  current_gen, now, self.xid_recovery, self.dynamic_mig, self.dynamic_where)
             have = {s["metadata"]["name"]: _comparable(s["spec"]) for s in existing}
             wanted = {s["metadata"]["name"]: _comparable(s["spec"]) for s in want}
             if have == wanted:
@@ -220,7 +276,7 @@ class Publisher:
                 return False
             gen = current_gen + 1
             want = desired_slices(self.node, self.driver, self.registry.snapshot(), self.backend,
-                                  gen, now, self.xid_recovery)
+                                  gen, now, self.xid_recovery, self.dynamic_mig, self.dynamic_where)
             for s in want:
                 self.client.apply(s, field_manager=FIELD_MANAGER)
             names = {s["metadata"]["name"] for s in want}
