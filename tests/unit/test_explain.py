@@ -402,5 +402,5 @@ status:
     assert exp.reason.endswith(
         "claim default/want, request gpu: needs 1 device; 2 devices in the cluster match its selectors, none has room "
         "now: 1 device in use (allocated whole to another claim); 1 device with shared counters used up "
-        "(n1/gpu-0: counter mem of gpu-0: 8Gi of 8Gi used)"
+        "(n1/gpu-0: mem 0 of 8Gi left)"
     )

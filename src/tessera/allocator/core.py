@@ -1030,7 +1030,11 @@ class _Search:
                     if self.rec is not None:
                         own = sum((v for s2, c2, v in charge if (s2, c2) == (cs, c)), Fraction(0))
                         in_call = used.get(cs, {}).get(c, Fraction(0))  # after taking ours back
-                        self.rec.refuse(rd, d, CountersShort(cs, c, own, have, in_call, pool.counters[cs][c]))
+                        left = tuple((c2, a2 - used.get(cs, {}).get(c2, Fraction(0))) for c2, a2 in sorted(cvals.items()))
+                        needs = tuple(sorted(next((dict(v2) for s2, v2 in d.consumes_counters if s2 == cs), {}).items()))
+                        self.rec.refuse(rd, d, CountersShort(
+                            cs, c, own, have, in_call, pool.counters[cs][c],
+                            tuple(sorted(pool.counters[cs].items())), left, needs))
                     return None
         return charge
 

@@ -253,7 +253,11 @@ class CountersShort(Refusal):
     """A shared counter of the pool would go over: ``available`` = published minus what earlier
     allocations of the pool consume; ``in_call`` = consumed by this attempt's other picks;
     ``needs`` = this device's own consumption of that counter (0 when another device's
-    consumption already exhausts it)."""
+    consumption already exhausts it). The whole set, when given, words it as
+    :func:`tessera.inventory.mig.describe_counters` does (``memory slices of gpu-0: 7 of 8 used
+    (slice 3 needed, in use)``): ``set_published`` every counter of the set, ``set_left`` what
+    is left of each for this device (earlier allocations and this attempt's other picks taken
+    off), ``set_needs`` the device's consumption of the set."""
 
     check: ClassVar[str] = "counters"
     counter_set: str
@@ -262,8 +266,27 @@ class CountersShort(Refusal):
     available: Fraction
     in_call: Fraction
     published: Fraction
+    set_published: tuple[tuple[str, Fraction], ...] = ()
+    set_left: tuple[tuple[str, Fraction], ...] = ()
+    set_needs: tuple[tuple[str, Fraction], ...] = ()
+
+    def set_lines(self, *, needed: bool) -> list[str]:
+        """The set in words (:func:`~tessera.inventory.mig.describe_counters`): with ``needed``
+        only the counters this device cannot have; [] when the set was not recorded."""
+        if not self.set_published:
+            return []
+        from tessera.inventory.mig import describe_counters
+
+        lines = describe_counters(
+            self.counter_set, dict(self.set_published), dict(self.set_left), dict(self.set_needs) if needed else None
+        )
+        # Another driver's counters have no words of their own: the one-counter text says more.
+        return [] if all(line.startswith("counter ") for line in lines) else lines
 
     def text(self) -> str:
+        lines = self.set_lines(needed=True)
+        if lines:
+            return f"shared counters: {'; '.join(lines)}"
         free = max(self.available - self.in_call, Fraction(0))
         held = [f"{fmt_counter(self.published - self.available)} held by earlier allocations"] if self.published != self.available else []
         if self.in_call:
@@ -272,6 +295,9 @@ class CountersShort(Refusal):
                 f"{fmt_counter(free)} of {fmt_counter(self.published)} left" + (f" ({', '.join(held)})" if held else ""))
 
     def key(self) -> str:
+        lines = self.set_lines(needed=False)
+        if lines:
+            return f"shared counters: {'; '.join(lines)}"
         return f"shared counter {self.counter_set}/{self.counter} used up"
 
 

@@ -39,7 +39,7 @@ from tessera.allocator import (
 )
 from tessera.allocator.core import slice_on_node
 from tessera.allocator.model import DeviceID, node_selector_matches
-from tessera.allocator.record import CelError, InUse, SelectorFalse, fmt_value
+from tessera.allocator.record import CelError, CountersShort, InUse, SelectorFalse, fmt_value
 from tessera.api.errors import TesseraError
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
@@ -263,6 +263,9 @@ def verdict(dr: DeviceRecord, lists: bool, owners: Mapping[tuple[str, str, str],
         msg = f"in use: allocated whole (dedicated) to claim {owner}" if owner else r.text()
         return DeviceVerdict(did, r.check, msg, r.text(), owner or "")
     text, key = r.text(), r.key()
+    if isinstance(r, CountersShort) and key != text and key.startswith("shared counters: "):
+        # The set in words is the group; each device adds the counter it cannot have.
+        return DeviceVerdict(did, r.check, text, key, f"{r.counter_set}/{r.counter}")
     return DeviceVerdict(did, r.check, text, key, text if text != key else "")
 
 

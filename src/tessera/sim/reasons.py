@@ -19,7 +19,6 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -42,9 +41,9 @@ from tessera.allocator.record import (
     PolicyViolation,
     Tainted,
     fmt_amount,
+    fmt_counter,
 )
 from tessera.api.quantity import Format
-from tessera.inventory.mig import describe_counters
 
 
 @dataclass
@@ -213,26 +212,20 @@ def _now(now: Sequence[_Seen], noun: str) -> str:
 
 
 _COUNTERS = "with shared counters used up"
-_SLICE = re.compile(r"^memory-slice-(\d+)$")
 
 
 def _counters_text(found: Mapping[str, CountersShort]) -> str:
-    """The used-up counters of one set, e.g. ``memory slices 0-6 taken`` or ``memory of GPU
-    instance 2 of gpu-0 (shared by its compute instances): 71424Mi of 71424Mi in use``: memory
-    slices (KEP-4815 MIG placement counters) as a range of indices, the other counters in
-    :func:`tessera.inventory.mig.describe_counters`'s words."""
-    slices = sorted(int(m.group(1)) for c in found if (m := _SLICE.match(c)))
-    parts = []
-    if slices:
-        span = f"{slices[0]}-{slices[-1]}" if slices == list(range(slices[0], slices[-1] + 1)) and len(slices) > 1 else ", ".join(map(str, slices))
-        parts.append(f"memory slice{'s' if len(slices) > 1 else ''} {span} taken")
-    rest = {c: r for c, r in found.items() if not _SLICE.match(c)}
-    if rest:
-        name = next(iter(rest.values())).counter_set
-        parts += describe_counters(
-            name, {c: r.published for c, r in rest.items()}, {c: r.available - r.in_call for c, r in rest.items()}, all_counters=True
-        )
-    return ", ".join(parts)
+    """The used-up counters of one set: the set in words as the allocator recorded it
+    (``memory slices of gpu-0: 7 of 8 used; compute slices of gpu-0: 7 of 7 used``), or, for
+    another driver's counters, each one with what is left of what the set publishes."""
+    for r in found.values():
+        lines = r.set_lines(needed=False)
+        if lines:
+            return "; ".join(lines)
+    return ", ".join(
+        f"{c} {fmt_counter(max(r.available - r.in_call, Fraction(0)))} of {fmt_counter(r.published)} left"
+        for c, r in sorted(found.items())
+    )
 
 
 def request_clauses(records: Sequence[NodeRecord], n_nodes: int) -> list[tuple[int, str, str]]:
