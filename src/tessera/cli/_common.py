@@ -282,3 +282,21 @@ def live_outcome(cluster: Cluster, loaded: list[Manifest], objects: list[dict[st
     if not added and not any(LIVE_STATE in m.extra for m in loaded):
         return []
     return pending_outcome(loaded, objects, added)
+
+
+def wait_for_termination() -> int:
+    """Block until SIGTERM or SIGINT arrives; return its number. For the long-running commands
+    (``tessera driver``, ``tessera monitor``), whose caller then stops what it serves.
+
+    The handler only appends to a list, polled every 0.2 s: a handler that takes a lock (such as
+    ``threading.Event.set``) deadlocks when the signal interrupts the main thread while it holds
+    that same lock."""
+    import signal
+    import time
+
+    got: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: got.append(signum))
+    while not got:
+        time.sleep(0.2)
+    return got[0]

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from tessera import DRIVER_NAME
-from tessera.cli._common import fail
+from tessera.cli._common import fail, wait_for_termination
 
 
 @click.command("driver")
@@ -72,7 +72,7 @@ def driver(node_name: str | None, kubeconfig: str | None, kubelet_root_dir: str,
     claims: limits file, usage region and CDI spec per claim. See docs/driver.md.
     """
     from tessera.api.errors import TesseraError
-    from tessera.driver.node import DriverConfig, NodeDriver, wait_forever
+    from tessera.driver.node import DriverConfig, NodeDriver
     from tessera.enforcement import library_path
     from tessera.kube.client import KubeClient
 
@@ -108,4 +108,5 @@ def driver(node_name: str | None, kubeconfig: str | None, kubelet_root_dir: str,
         node.start()
     except TesseraError as e:
         fail(str(e))
-    wait_forever(node)
+    wait_for_termination()
+    node.stop()

@@ -9,15 +9,13 @@ once and the other figures keep being served.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
-import threading
 from pathlib import Path
 
 import click
 
-from tessera.cli._common import UserError, fail
+from tessera.cli._common import UserError, fail, wait_for_termination
 from tessera.monitor import DEFAULT_PORT
 from tessera.monitor.regions import DEFAULT_REGION_DIR
 
@@ -76,12 +74,9 @@ def monitor(port: int, address: str, region_dir: Path, node_name: str | None, us
             fail(f"{e}, or pass --no-api")
         fail(str(e))
         return
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda _s, _f: stop.set())
     sources = [f"regions {region_dir}", f"NVML {nvml.count} GPU(s)" if nvml else "no NVML",
                f"API {api.client.server}" if api else "no API"]
     _log(f"tessera monitor: node {node}: serving {running.url} ({', '.join(sources)})")
     sys.stderr.flush()
-    stop.wait()
+    wait_for_termination()
     running.stop()

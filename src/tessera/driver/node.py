@@ -867,15 +867,3 @@ class NodeDriver:
     def health_port(self) -> int | None:
         return self._http.server_address[1] if self._http is not None else None
 
-
-def wait_forever(driver: NodeDriver) -> None:
-    """Serve until SIGTERM/SIGINT."""
-    import signal
-
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(3600):
-        pass
-    driver.stop()
-
