@@ -25,10 +25,12 @@ from tessera.allocator.model import (
     Capacity,
     Device,
     DeviceID,
+    Exact,
     Node,
     Slice,
     UnsupportedAttribute,
     device_on_node,
+    exact,
     node_selector_matches,
     slice_from_dict,
 )
@@ -329,9 +331,10 @@ def violates_policy(cap: Capacity, amount: Quantity) -> bool:
     return False
 
 
-def consumption(requests: Mapping[str, Quantity], d: Device) -> tuple[tuple[str, Fraction, Fraction, str], ...] | Refusal:
+def consumption(requests: Mapping[str, Quantity], d: Device) -> tuple[tuple[str, Exact, Exact, str], ...] | Refusal:
     """What a request naming ``requests`` consumes of each capacity of ``d`` (dra-spec.md 2.2,
-    2.3): (name, amount, published value, amount as a result string) per capacity; or why the
+    2.3): (name, amount, published value, amount as a result string) per capacity, amounts
+    exact (:data:`~tessera.allocator.model.Exact`); or why the
     device cannot serve it at any fill level (a requested capacity it lacks, an amount its
     request policy forbids)."""
     req = requests
@@ -345,7 +348,7 @@ def consumption(requests: Mapping[str, Quantity], d: Device) -> tuple[tuple[str,
         if violates_policy(cap, amount):
             assert cap.policy is not None
             return PolicyViolation(k, amount.value, cap.value.format, cap.policy)
-        items.append((k, amount.value, cap.value.value, Quantity(amount.value, cap.value.format).canonical()))
+        items.append((k, exact(amount.value), exact(cap.value.value), Quantity(amount.value, cap.value.format).canonical()))
     return tuple(items)
 
 
@@ -530,7 +533,7 @@ class Allocator:
         self._sel_cache: dict[tuple[str, int], bool | CelRuntimeError] = {}
         self._sig_cache: dict[tuple[Any, ...], bool | CelRuntimeError] = {}
         self._lists = self.features.list_type_attributes
-        self._cap_memo: dict[tuple[int, str], tuple[tuple[str, Fraction, Fraction, str], ...] | None] = {}
+        self._cap_memo: dict[tuple[int, str], tuple[tuple[str, Exact, Exact, str], ...] | None] = {}
 
     # ---- public ----------------------------------------------------------------------------
     def pools(self, node: Node) -> list[Pool]:
@@ -755,7 +758,7 @@ class _Search:
         # Dedicated picks in this call, counted: an admin request may pick a device another
         # claim of the call already holds, and undoing it must not free the other pick.
         self.allocating: dict[DeviceID, int] = {}
-        self.cap_in_call: dict[DeviceID, dict[str, Fraction]] = {}
+        self.cap_in_call: dict[DeviceID, dict[str, Exact]] = {}
         self.counters_in_call: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = {}
         self._available: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = {}
         self.claims: list[ClaimData] = []
@@ -937,7 +940,7 @@ class _Search:
             self.rec.refuse(rd, d, InUse(by))
         return True
 
-    def _consumption(self, rd: RequestData, d: Device) -> tuple[tuple[str, Fraction, Fraction, str], ...] | None:
+    def _consumption(self, rd: RequestData, d: Device) -> tuple[tuple[str, Exact, Exact, str], ...] | None:
         """What ``rd`` would consume of each capacity of ``d``: (name, amount, published value,
         amount as a result string); None if ``d`` lacks a requested capacity or an amount
         violates its policy (dra-spec.md 2.2, 2.3). Depends only on the request's capacity
@@ -971,8 +974,8 @@ class _Search:
             if amount > total:
                 if self.rec is not None:
                     self.rec.refuse(rd, d, CapacityShort(tuple(
-                        CapacityUse(n, rd.capacity.get(n), a, t, (prior or {}).get(n, _ZERO),
-                                    (pending or {}).get(n, _ZERO), d.capacity[n].value.format)
+                        CapacityUse(n, rd.capacity.get(n), Fraction(a), Fraction(t), Fraction((prior or {}).get(n, 0)),
+                                    Fraction((pending or {}).get(n, 0)), d.capacity[n].value.format)
                         for n, a, t, _ in use
                     )))
                 return False
@@ -985,7 +988,8 @@ class _Search:
         if use is None:
             return None
         prior = self.st.aggregated.get(d.id) or {}
-        return tuple(CapacityUse(n, rd.capacity.get(n), a, t, prior.get(n, _ZERO), _ZERO, d.capacity[n].value.format)
+        return tuple(CapacityUse(n, rd.capacity.get(n), Fraction(a), Fraction(t), Fraction(prior.get(n, 0)), _ZERO,
+                                 d.capacity[n].value.format)
                      for n, a, t, _ in use)
 
     def _available_counters(self, pool_key: tuple[str, str], counters: dict[str, dict[str, Fraction]]) -> dict[str, dict[str, Fraction]]:
@@ -1097,7 +1101,7 @@ class _Search:
         if d.binding_conditions and self.f.device_binding_and_status:
             result["bindingConditions"] = list(d.binding_conditions)
             result["bindingFailureConditions"] = list(d.binding_failure_conditions)
-        cap_added: dict[str, Fraction] = {}
+        cap_added: dict[str, Exact] = {}
         entry_existed = False
         if multi:
             result["shareID"] = str(uuid.UUID(int=self.a.rng.getrandbits(128), version=4))
@@ -1110,7 +1114,7 @@ class _Search:
             entry_existed = d.id in self.cap_in_call
             entry = self.cap_in_call.setdefault(d.id, {})
             for k, v in cap_added.items():
-                entry[k] = entry.get(k, Fraction(0)) + v
+                entry[k] = entry.get(k, 0) + v
         else:
             self.allocating[d.id] = self.allocating.get(d.id, 0) + 1
             cd.picked_dedicated.add(d.id)

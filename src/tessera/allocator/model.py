@@ -6,6 +6,7 @@ Field names follow ``resource.k8s.io/v1``; semantics follow dra-spec.md sections
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,22 @@ from tessera.api.quantity import Quantity, QuantityError
 from tessera.cel import CelRuntimeError, DeviceView, SemverValue, device_activation
 
 DeviceID = tuple[str, str, str]  # (driver, pool, device)
+
+#: An exact amount in base units (bytes, cores, ...): an ``int`` when it is whole, else a
+#: ``Fraction``. Both compare and add exactly with each other; whole amounts (nearly all) as
+#: ints make the allocator's capacity arithmetic an order of magnitude cheaper.
+Exact = int | Fraction
+
+
+def exact(v: Fraction | int) -> Exact:
+    """``v`` as an int when it is whole, else as it is (see :data:`Exact`)."""
+    return v.numerator if v.denominator == 1 else v
+
+
+@functools.lru_cache(maxsize=4096)
+def _consumed(text: str | int) -> Exact:
+    """A ``consumedCapacity`` value, exact (results repeat the same few texts)."""
+    return exact(Quantity.parse(text).value)
 
 
 def device_id_str(d: DeviceID) -> str:
@@ -366,7 +383,8 @@ class AllocatedState:
     """What earlier allocations hold (dra-spec.md 2.4).
 
     ``dedicated``: devices allocated without a shareID; ``shared``: (device, shareID) pairs;
-    ``aggregated``: per device, the sum of consumedCapacity of its shares (exact, base units).
+    ``aggregated``: per device, the sum of consumedCapacity of its shares (exact, base units:
+    :data:`Exact`).
     Admin-access results are not recorded: they never block anyone. ``consumable_capacity``:
     the DRAConsumableCapacity gate; off, kube-scheduler counts every result as dedicated,
     shareID or not.
@@ -374,7 +392,7 @@ class AllocatedState:
 
     dedicated: set[DeviceID] = field(default_factory=set)
     shared: set[tuple[DeviceID, str]] = field(default_factory=set)
-    aggregated: dict[DeviceID, dict[str, Fraction]] = field(default_factory=dict)
+    aggregated: dict[DeviceID, dict[str, Exact]] = field(default_factory=dict)
     consumable_capacity: bool = True
 
     def add_result(self, result: Mapping[str, Any]) -> None:
@@ -387,7 +405,7 @@ class AllocatedState:
             self.shared.add((did, share))
             agg = self.aggregated.setdefault(did, {})
             for k, v in (result.get("consumedCapacity") or {}).items():
-                agg[k] = agg.get(k, Fraction(0)) + Quantity.parse(v).value
+                agg[k] = exact(agg.get(k, 0) + _consumed(v))
         else:
             self.dedicated.add(did)
 
@@ -401,7 +419,7 @@ class AllocatedState:
             self.shared.discard((did, share))
             agg = self.aggregated.get(did, {})
             for k, v in (result.get("consumedCapacity") or {}).items():
-                agg[k] = agg.get(k, Fraction(0)) - Quantity.parse(v).value
+                agg[k] = exact(agg.get(k, 0) - _consumed(v))
             if not any((d == did) for d, _ in self.shared):
                 self.aggregated.pop(did, None)
         else:
