@@ -14,7 +14,6 @@ import functools
 import math
 import random
 import re
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -23,6 +22,7 @@ from typing import Any
 from tessera.allocator.model import (
     AllocatedState,
     Capacity,
+    Descriptions,
     Device,
     DeviceID,
     Exact,
@@ -71,6 +71,17 @@ _ZERO = Fraction(0)
 def _parse_quantity(v: str | int) -> Quantity:
     """Quantity.parse for capacity requests, which repeat across claims and calls (Quantity is immutable)."""
     return Quantity.parse(v)
+
+
+_VERSION_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
+
+
+def uuid_text(n: int, version: int) -> str:
+    """``str(uuid.UUID(int=n, version=version))`` for a 128-bit ``n`` (RFC 4122 variant and
+    version bits set), without building the UUID object: shareIDs and simulated UIDs are made
+    once per claim."""
+    h = "%032x" % ((n & _VERSION_CLEAR) | (0x8000 << 48) | (version << 76))
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class AllocationError(Exception):
@@ -173,7 +184,8 @@ class SliceIndex:
     """All published slices, indexed for per-node pool gathering."""
 
     def __init__(self, slices: Iterable[Slice | Mapping[str, Any]]) -> None:
-        self.slices: list[Slice] = [s if isinstance(s, Slice) else slice_from_dict(dict(s)) for s in slices]
+        shared = Descriptions()  # devices publishing the same capacities and values share them
+        self.slices: list[Slice] = [s if isinstance(s, Slice) else slice_from_dict(dict(s), shared) for s in slices]
         self.by_node: dict[str, list[Slice]] = {}
         self.unpinned: list[Slice] = []
         self.by_pool: dict[tuple[str, str], list[Slice]] = {}
@@ -372,6 +384,7 @@ class RequestData:
     tolerations: list[dict[str, Any]]
     capacity: dict[str, Quantity]
     cap_key: str  # capacity requests as a string: memo key for _Search._consumption
+    requested_key: tuple[tuple[str, Quantity], ...]  # the same with their formats (the record's memo)
     raw: dict[str, Any]
     all_devices: list[Device] = field(default_factory=list)
     sub_index: int = -1
@@ -514,6 +527,13 @@ class Allocator:
     ``classes`` maps DeviceClass name to its object. ``state`` is read, never changed: the
     caller records results it commits (``AllocatedState.add_claim``). ``rng`` makes shareIDs
     reproducible (upstream draws random UUIDs; only their presence matters).
+
+    ``frozen_specs``: the caller promises that a claim's ``spec`` object, once passed, is never
+    modified, nor are ``classes`` (the simulation: a claim made from a template shares the
+    template's spec). The preparation of a claim (its requests checked, classes and selectors
+    resolved, capacity requests parsed) is then memoised per spec object and position; claims
+    with an ``allocationMode: All`` request, whose preparation depends on the node, are
+    prepared every time.
     """
 
     def __init__(
@@ -523,7 +543,12 @@ class Allocator:
         state: AllocatedState | None = None,
         features: Features | None = None,
         rng: random.Random | None = None,
+        *,
+        frozen_specs: bool = False,
     ) -> None:
+        self.frozen_specs = frozen_specs
+        # (id(spec), claim index) -> (spec, requests, constraint arguments), with frozen_specs.
+        self._prepared: dict[tuple[int, int], tuple[Any, list[list[RequestData]], list[tuple[Any, ...]]]] = {}
         self.index = slices if isinstance(slices, SliceIndex) else SliceIndex(slices)
         self.classes = classes
         self.state = state or AllocatedState()
@@ -534,6 +559,7 @@ class Allocator:
         self._sig_cache: dict[tuple[Any, ...], bool | CelRuntimeError] = {}
         self._lists = self.features.list_type_attributes
         self._cap_memo: dict[tuple[int, str], tuple[tuple[str, Exact, Exact, str], ...] | None] = {}
+        self._uses_memo: dict[tuple[Any, ...], tuple[CapacityUse, ...]] = {}
 
     # ---- public ----------------------------------------------------------------------------
     def pools(self, node: Node) -> list[Pool]:
@@ -811,6 +837,7 @@ class _Search:
             tolerations=list(r.get("tolerations") or []),
             capacity=caps,
             cap_key=cap_key,
+            requested_key=tuple(sorted(caps.items())),
             raw=dict(r),
         )
         if mode == "All":
@@ -846,7 +873,14 @@ class _Search:
             # klog.KObj: "namespace/name", or just "name" for an object without a namespace.
             name = md.get("name") or md.get("generateName") or ""
             ref = f"{md['namespace']}/{name}" if md.get("namespace") else name
-            devices = (claim.get("spec") or {}).get("devices") or {}
+            spec = claim.get("spec")
+            if self.a.frozen_specs:
+                hit = self.a._prepared.get((id(spec), ci))
+                if hit is not None and hit[0] is spec:  # prepared before, without an error
+                    cons = [_Constraint(*args) for args in hit[2]]  # fresh: their stacks are per search
+                    self.claims.append(ClaimData(claim, ref, hit[1], cons))
+                    continue
+            devices = (spec or {}).get("devices") or {}
             reqs: list[list[RequestData]] = []
             min_total = 0
             for r in devices.get("requests") or []:
@@ -887,15 +921,17 @@ class _Search:
                         f"{MAX_RESULTS_PER_CLAIM}, with {min_total} already accounted for"
                     )
                 min_total += need
-            cons: list[_Constraint] = []
+            con_args: list[tuple[Any, ...]] = []
             for i, c in enumerate(devices.get("constraints") or []):
                 if c.get("matchAttribute"):
-                    cons.append(_Constraint(i, c["matchAttribute"], c.get("requests") or [], False, self.f.list_type_attributes))
+                    con_args.append((i, c["matchAttribute"], c.get("requests") or [], False, self.f.list_type_attributes))
                 elif c.get("distinctAttribute") and self.f.consumable_capacity:
-                    cons.append(_Constraint(i, c["distinctAttribute"], c.get("requests") or [], True, self.f.list_type_attributes))
+                    con_args.append((i, c["distinctAttribute"], c.get("requests") or [], True, self.f.list_type_attributes))
                 else:
                     raise AllocationError(f"claim {ref}, constraint #{i}: empty constraint (unsupported constraint type?)")
-            self.claims.append(ClaimData(claim, ref, reqs, cons))
+            self.claims.append(ClaimData(claim, ref, reqs, [_Constraint(*args) for args in con_args]))
+            if self.a.frozen_specs and not any(rd.all_mode for alts in reqs for rd in alts):
+                self.a._prepared[(id(spec), ci)] = (spec, reqs, con_args)
 
     # ---- checks -----------------------------------------------------------------------------
     # Each check decides in one place; where it refuses, a recorder (diagnose only) is told
@@ -944,8 +980,10 @@ class _Search:
         """What ``rd`` would consume of each capacity of ``d``: (name, amount, published value,
         amount as a result string); None if ``d`` lacks a requested capacity or an amount
         violates its policy (dra-spec.md 2.2, 2.3). Depends only on the request's capacity
-        requests and the device, so it is memoised for the allocator's lifetime."""
-        key = (id(d), rd.cap_key)
+        requests and the device's capacities, so it is memoised for the allocator's lifetime
+        per capacity mapping: devices that publish the same capacities share one
+        (:class:`~tessera.allocator.model.Descriptions`), and one answer."""
+        key = (id(d.capacity), rd.cap_key)
         memo = self.a._cap_memo
         if key in memo:
             return memo[key]
@@ -973,11 +1011,7 @@ class _Search:
                 amount = amount + pending.get(k, 0)
             if amount > total:
                 if self.rec is not None:
-                    self.rec.refuse(rd, d, CapacityShort(tuple(
-                        CapacityUse(n, rd.capacity.get(n), Fraction(a), Fraction(t), Fraction((prior or {}).get(n, 0)),
-                                    Fraction((pending or {}).get(n, 0)), d.capacity[n].value.format)
-                        for n, a, t, _ in use
-                    )))
+                    self.rec.refuse(rd, d, CapacityShort(self._uses(rd, d, use, prior, pending)))
                 return False
         return True
 
@@ -987,10 +1021,31 @@ class _Search:
         use = self._consumption(rd, d)
         if use is None:
             return None
-        prior = self.st.aggregated.get(d.id) or {}
-        return tuple(CapacityUse(n, rd.capacity.get(n), Fraction(a), Fraction(t), Fraction(prior.get(n, 0)), _ZERO,
-                                 d.capacity[n].value.format)
-                     for n, a, t, _ in use)
+        return self._uses(rd, d, use, self.st.aggregated.get(d.id), None)
+
+    def _uses(
+        self,
+        rd: RequestData,
+        d: Device,
+        use: tuple[tuple[str, Exact, Exact, str], ...],
+        prior: Mapping[str, Exact] | None,
+        pending: Mapping[str, Exact] | None,
+    ) -> tuple[CapacityUse, ...]:
+        """The record's :class:`CapacityUse` per capacity (diagnose only). The same for every
+        device with the same capacities and the same amounts in use, so memoised on those
+        (the records of a whole fleet repeat a few fill levels)."""
+        key = (id(d.capacity), rd.requested_key, tuple(prior.items()) if prior else (),
+               tuple(pending.items()) if pending else ())
+        memo = self.a._uses_memo
+        got = memo.get(key)
+        if got is None:
+            got = tuple(
+                CapacityUse(n, rd.capacity.get(n), Fraction(a), Fraction(t), Fraction((prior or {}).get(n, 0)),
+                            Fraction((pending or {}).get(n, 0)), d.capacity[n].value.format)
+                for n, a, t, _ in use
+            )
+            memo[key] = got
+        return got
 
     def _available_counters(self, pool_key: tuple[str, str], counters: dict[str, dict[str, Fraction]]) -> dict[str, dict[str, Fraction]]:
         """Published counters of the pool minus what already-allocated devices consume (may go
@@ -1104,7 +1159,7 @@ class _Search:
         cap_added: dict[str, Exact] = {}
         entry_existed = False
         if multi:
-            result["shareID"] = str(uuid.UUID(int=self.a.rng.getrandbits(128), version=4))
+            result["shareID"] = uuid_text(self.a.rng.getrandbits(128), 4)
             if d.capacity:
                 consumed = {}
                 for k, amount, _, text in self._consumption(rd, d) or ():

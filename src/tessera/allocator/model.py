@@ -243,11 +243,34 @@ def _counters(m: Any, where: str, ref: str) -> dict[str, Fraction]:
     return {k: _q((v or {}).get("value"), f"{where}.{k}", ref).value for k, v in (m or {}).items()}
 
 
-def slice_from_dict(obj: dict[str, Any]) -> Slice:
+_UNKNOWN = object()
+
+
+class Descriptions:
+    """What devices of many slices have in common, parsed once and shared.
+
+    A fleet built from a few inventories publishes the same capacities (values and request
+    policies) and mostly the same attribute values on every node: a :class:`SliceIndex` reads
+    them once and every :class:`Device` that publishes the same holds the same objects (its
+    ``capacity`` mapping itself is shared, which the allocator's capacity memo keys on).
+    Keys are the ``repr`` of the published value (JSON data: equal reprs are equal values of
+    equal types). Shared objects are never modified. Values that cannot be read are not kept:
+    each device's error names its own slice and field.
+    """
+
+    __slots__ = ("attributes", "capacities")
+
+    def __init__(self) -> None:
+        self.capacities: dict[str, dict[str, Capacity]] = {}
+        self.attributes: dict[tuple[str, str], Any] = {}
+
+
+def slice_from_dict(obj: dict[str, Any], shared: Descriptions | None = None) -> Slice:
     """Build a :class:`Slice` from a ResourceSlice dict.
 
     Raises :class:`ManifestError` naming the slice and field for values that cannot be read
-    (quantities, attribute values). Structural API validation is done elsewhere.
+    (quantities, attribute values). Structural API validation is done elsewhere. ``shared``:
+    parsed capacities and attribute values to reuse (and to add to), see :class:`Descriptions`.
     """
     ref = object_ref(obj)
     spec = obj.get("spec") or {}
@@ -272,23 +295,34 @@ def slice_from_dict(obj: dict[str, Any]) -> Slice:
     )
     for cs in spec.get("sharedCounters") or []:
         sl.shared_counters[cs.get("name", "")] = _counters(cs.get("counters"), f"spec.sharedCounters[{cs.get('name')}]", ref)
+    shared = shared if shared is not None else Descriptions()
+    known_attrs, known_caps = shared.attributes, shared.capacities
     for i, d in enumerate(spec.get("devices") or []):
         where = f"spec.devices[{i}]"
-        attrs = {
-            _qualify(k, driver): _attr_value(v, f"{where}.attributes[{k}]", ref)
-            for k, v in (d.get("attributes") or {}).items()
-        }
-        for k in d.get("attributes") or {}:
-            v = attrs[_qualify(k, driver)]
-            if isinstance(v, UnsupportedAttribute):
-                v.name = k
-        caps = {
-            k: Capacity(
-                _q((v or {}).get("value", 0), f"{where}.capacity[{k}].value", ref),
-                _policy((v or {}).get("requestPolicy"), f"{where}.capacity[{k}].requestPolicy", ref),
-            )
-            for k, v in (d.get("capacity") or {}).items()
-        }
+        attrs: dict[str, Any] = {}
+        for k, raw in (d.get("attributes") or {}).items():
+            qk = _qualify(k, driver)
+            akey = (qk, repr(raw))
+            v = known_attrs.get(akey, _UNKNOWN)
+            if v is _UNKNOWN:
+                v = _attr_value(raw, f"{where}.attributes[{k}]", ref)
+                if isinstance(v, UnsupportedAttribute):
+                    v.name = k  # one per device: not shared
+                elif not isinstance(v, list):
+                    known_attrs[akey] = v
+            attrs[qk] = v
+        raw_caps = d.get("capacity") or {}
+        ckey = repr(raw_caps)
+        caps = known_caps.get(ckey)
+        if caps is None:
+            caps = {
+                k: Capacity(
+                    _q((v or {}).get("value", 0), f"{where}.capacity[{k}].value", ref),
+                    _policy((v or {}).get("requestPolicy"), f"{where}.capacity[{k}].requestPolicy", ref),
+                )
+                for k, v in raw_caps.items()
+            }
+            known_caps[ckey] = caps
         dev = Device(
             id=(driver, pool_name, d.get("name") or ""),
             slice_name=sl.name,

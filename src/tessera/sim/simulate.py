@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import difflib
 import gc
+import hashlib
 import json
 import random
 import uuid
@@ -33,6 +34,7 @@ from tessera.allocator import (
     NodeRecord,
     SliceIndex,
 )
+from tessera.allocator.core import uuid_text
 from tessera.allocator.model import Device, node_selector_matches
 from tessera.allocator.record import alternatives
 from tessera.api.deviceclass import device_class
@@ -168,12 +170,22 @@ def generated_claim_name(pod: dict[str, Any], pod_claim_name: str) -> str | None
     return None
 
 
+_URL_NAMESPACE = uuid.NAMESPACE_URL.bytes
+
+
+def uuid5_url(name: str) -> str:
+    """``str(uuid.uuid5(uuid.NAMESPACE_URL, name))``, without the UUID objects (one per pod
+    and one per claim of a run)."""
+    digest = hashlib.sha1(_URL_NAMESPACE + name.encode("utf-8"), usedforsecurity=False).digest()
+    return uuid_text(int.from_bytes(digest[:16], "big"), 5)
+
+
 def _pod_uid(ref: str) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"tessera-sim/pod/{ref}"))
+    return uuid5_url(f"tessera-sim/pod/{ref}")
 
 
 def _claim_uid(ref: str) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"tessera-sim/claim/{ref}"))
+    return uuid5_url(f"tessera-sim/claim/{ref}")
 
 
 def _ns(obj: dict[str, Any]) -> str:
@@ -332,6 +344,9 @@ def _signature(claims: Sequence[dict[str, Any]]) -> str | None:
     return text
 
 
+_NO_NODE_CONSTRAINTS = json.dumps([None, None, None])
+
+
 def untolerated_taint(pod: Mapping[str, Any], taints: Sequence[dict[str, str]]) -> dict[str, str] | None:
     """The first NoSchedule/NoExecute node taint the pod does not tolerate (kube-scheduler's
     TaintToleration filter), or None."""
@@ -445,7 +460,9 @@ class Simulation:
         # the final state, which is what a user asks about), once per distinct claim shape.
         self._to_explain: dict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = {}
         self._reasons: dict[str, tuple[list[tuple[int, str, str]], list[str]]] = {}
-        self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed))
+        self._signatures: dict[tuple[int, ...], tuple[list[Any], str | None]] = {}
+        # Specs are never modified once a claim exists (template claims share the template's).
+        self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed), frozen_specs=True)
         # GPU memory sizes for HAMi's gpumem-percentage (the same function as `tessera convert`).
         self.memory_sizes = gpu_memory_sizes(self.slices)
         self._check_classes(manifests)
@@ -656,13 +673,14 @@ class Simulation:
             if len(rf) >= 256 and not any(r.get("name") == _name(pod) for r in rf):
                 return None, "resourceclaim in use", claims
         n_total = len(self.nodes)
-        sig = _signature(todo)
+        sig = self._signature(todo)
         # Nodes already proven unable to take this pod shape are skipped as a prefix: the scan
         # resumes at the first node not yet proven (failures are permanent, see _signature).
         key = None
         if sig is not None and not done and policy.nodes == "first-fit":
             spec = pod.get("spec") or {}
-            key = sig + json.dumps([spec.get("nodeName"), spec.get("nodeSelector"), spec.get("affinity")], sort_keys=True)
+            where = (spec.get("nodeName"), spec.get("nodeSelector"), spec.get("affinity"))
+            key = sig + (_NO_NODE_CONSTRAINTS if where == (None, None, None) else json.dumps(list(where), sort_keys=True))
         start, counts = self._cursor.get(key, (0, {})) if key else (0, {})
         counts = dict(counts)
         prefix = key is not None
@@ -734,6 +752,16 @@ class Simulation:
         if counts.get("cannot allocate all claims") or counts.get("invalid resource pools were encountered"):
             self._to_explain[ref] = (pod, todo, done)
         return None, msg, claims
+
+    def _signature(self, claims: Sequence[dict[str, Any]]) -> str | None:
+        """:func:`_signature`, memoised per tuple of spec objects: a claim made from a template
+        shares the template's spec, and specs are never modified here."""
+        ids = tuple(id(c.get("spec")) for c in claims)
+        got = self._signatures.get(ids)
+        if got is None:
+            got = ([c.get("spec") for c in claims], _signature(claims))  # the specs kept: ids stay theirs
+            self._signatures[ids] = got
+        return got[1]
 
     def _add_explanations(self, pending: list[Pending], pods: list[dict[str, Any]]) -> None:
         by_ref = {f"{_ns(p)}/{_name(p)}": p for p in pods}
