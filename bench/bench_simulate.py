@@ -85,8 +85,8 @@ def make_workload(n_claims: int, seed: int) -> list[Manifest]:
             )
         )
     weights = [w for *_, w in SHAPES]
-    for i in range(n_claims):
-        mem, cores, _ = rng.choices(SHAPES, weights)[0]
+    # One draw per claim, as n_claims calls of rng.choices(SHAPES, weights) would make.
+    for i, (mem, cores, _) in enumerate(rng.choices(SHAPES, weights, k=n_claims)):
         out.append(
             Manifest(
                 {

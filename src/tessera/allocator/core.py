@@ -388,6 +388,7 @@ class RequestData:
     raw: dict[str, Any]
     all_devices: list[Device] = field(default_factory=list)
     sub_index: int = -1
+    kept: bool = False  # memoised by the allocator (frozen_specs): lives as long as it
 
 
 @dataclass
@@ -555,6 +556,10 @@ class Allocator:
         self.features = features or Features()
         self.rng = rng or random.Random()
         self._pools_cache: dict[tuple[str, tuple[tuple[str, str], ...]], list[Pool]] = {}
+        self._order_cache: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[Pool, Device]]] = {}
+        # With frozen_specs: per (kept request, node's search order), whether each candidate is
+        # selectable (None: not evaluated yet, or it raised, which is not kept).
+        self._selectable_memo: dict[tuple[int, int], list[bool | None]] = {}
         self._sel_cache: dict[tuple[str, int], bool | CelRuntimeError] = {}
         self._sig_cache: dict[tuple[Any, ...], bool | CelRuntimeError] = {}
         self._lists = self.features.list_type_attributes
@@ -569,6 +574,23 @@ class Allocator:
             p = gather_pools(self.index, node, self.features)
             self._pools_cache[key] = p
         return p
+
+    def search_order(self, node: Node) -> list[tuple[Pool, Device]]:
+        """The candidate devices of ``node`` in upstream's search order: pools, slices, devices
+        (dra-spec.md 4.4), from complete and valid pools only. Kept per node (not to be
+        modified: a placement policy sorts a copy)."""
+        key = (node.name, tuple(sorted(node.labels.items())))
+        order = self._order_cache.get(key)
+        if order is None:
+            order = [
+                (pool, d)
+                for pool in self.pools(node)
+                if pool.complete and not pool.invalid
+                for sl in pool.slices
+                for d in sl.devices
+            ]
+            self._order_cache[key] = order
+        return order
 
     def allocate(
         self,
@@ -791,15 +813,11 @@ class _Search:
         self.invalid_seen = any(p.invalid for p in self.pools)
         # Candidate devices in search order: pools, slices, devices (dra-spec.md 4.4), from
         # complete and valid pools only; a placement policy may re-rank them (stable sort).
-        self.order: list[tuple[Pool, Device]] = [
-            (pool, d)
-            for pool in self.pools
-            if pool.complete and not pool.invalid
-            for sl in pool.slices
-            for d in sl.devices
-        ]
-        if device_rank is not None:
-            self.order.sort(key=lambda pd: device_rank(pd[1]))
+        self.ranked = device_rank is not None
+        if device_rank is None:
+            self.order = alloc.search_order(node)
+        else:
+            self.order = sorted(alloc.search_order(node), key=lambda pd: device_rank(pd[1]))
 
     # ---- preparation (dra-spec.md 4.3) ------------------------------------------------------
     def _request(self, ci: int, ref: str, name: str, parent: str, r: Mapping[str, Any], admin_ok: bool) -> RequestData:
@@ -932,6 +950,9 @@ class _Search:
             self.claims.append(ClaimData(claim, ref, reqs, [_Constraint(*args) for args in con_args]))
             if self.a.frozen_specs and not any(rd.all_mode for alts in reqs for rd in alts):
                 self.a._prepared[(id(spec), ci)] = (spec, reqs, con_args)
+                for alts in reqs:
+                    for rd in alts:
+                        rd.kept = True
 
     # ---- checks -----------------------------------------------------------------------------
     # Each check decides in one place; where it refuses, a recorder (diagnose only) is told
@@ -1305,12 +1326,29 @@ class _Search:
             undo()
             return False
         # Combination pruning: the next device of the same request comes after the previous one.
-        # The loop body is _candidate, inlined (the hot path of every search).
+        # The loop body is _candidate, inlined (the hot path of every search). Selectability
+        # does not change with allocations: with frozen specs, outside diagnose and in
+        # upstream's order, it is kept per request and node, evaluated where upstream first
+        # evaluates it (a CEL error is raised at the same point, and never kept).
         order = self.order
         cap = self.f.consumable_capacity
+        memo: list[bool | None] | None = None
+        if rd.kept and self.rec is None and not self.ranked:
+            mkey = (id(rd), id(order))  # both kept by the allocator: ids stay theirs
+            memo = self.a._selectable_memo.get(mkey)
+            if memo is None:
+                memo = self.a._selectable_memo[mkey] = [None] * len(order)
         for k in range(start + 1, len(order)):
             pool, d = order[k]
-            if self._in_use(rd, d, cd) or not self._selectable(rd, d, cd.ref):
+            if self._in_use(rd, d, cd):
+                continue
+            if memo is not None:
+                ok = memo[k]
+                if ok is None:
+                    ok = memo[k] = self._selectable(rd, d, cd.ref)
+            else:
+                ok = self._selectable(rd, d, cd.ref)
+            if not ok:
                 continue
             if cap and not self._capacity_fits(rd, d, in_call=True):
                 continue

@@ -625,7 +625,7 @@ class Simulation:
                 claim = self.claims.get(key)
                 if claim is None:
                     tspec = tmpl.get("spec") or {}
-                    tmd = copy.deepcopy(tspec.get("metadata") or {})
+                    tmd = tspec.get("metadata") or {}  # only its labels and annotations are read, copied
                     annotations = dict(tmd.get("annotations") or {})
                     annotations[POD_CLAIM_NAME_ANNOTATION] = pcname
                     claim = {
