@@ -456,11 +456,14 @@ class Simulation:
         self._node_usage: list[Fraction] = [Fraction(0) for _ in self.nodes]
         self._usage_stale: set[int] = set()
         self._placed = 0
+        #: Claims of the pods scheduled so far (placed or not): progress output's claims per second.
+        self.claims_seen = 0
         # Pending pods whose claims fit on no node: explained once the run is over (against
         # the final state, which is what a user asks about), once per distinct claim shape.
         self._to_explain: dict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = {}
         self._reasons: dict[str, tuple[list[tuple[int, str, str]], list[str]]] = {}
         self._signatures: dict[tuple[int, ...], tuple[list[Any], str | None]] = {}
+        self._spec_texts: dict[tuple[int, ...], tuple[list[Any], str]] = {}
         # Specs are never modified once a claim exists (template claims share the template's).
         self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed), frozen_specs=True)
         # GPU memory sizes for HAMi's gpumem-percentage (the same function as `tessera convert`).
@@ -660,6 +663,7 @@ class Simulation:
             parts = ", ".join(f"{n} Insufficient {r}" for r in extended)
             return None, f"0/{n} nodes are available: {parts}.", []
         claims, reason = self._resolve_claims(pod, ref)
+        self.claims_seen += len(claims)
         if reason:
             return None, reason, []
         todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
@@ -844,9 +848,17 @@ class Simulation:
         allocator's record of each such node (:mod:`tessera.sim.reasons`). Memoised per claim
         shape and node constraints (claim names are filled in per pod)."""
         spec = pod.get("spec") or {}
-        key = json.dumps(
-            [[c.get("spec") for c in claims], [c.get("status") for c in done],
-             spec.get("nodeName"), spec.get("nodeSelector"), spec.get("affinity")],
+        # The claims' specs as JSON (a JSON value ends where it ends: the key is unambiguous),
+        # memoised per spec objects like _signature; then what else decides the answer.
+        ids = tuple(id(c.get("spec")) for c in claims)
+        specs = self._spec_texts.get(ids)
+        if specs is None:
+            specs = self._spec_texts[ids] = (
+                [c.get("spec") for c in claims],
+                json.dumps([c.get("spec") for c in claims], sort_keys=True, default=str),
+            )
+        key = specs[1] + json.dumps(
+            [[c.get("status") for c in done], spec.get("nodeName"), spec.get("nodeSelector"), spec.get("affinity")],
             sort_keys=True, default=str,
         )
         entry = self._reasons.get(key)
