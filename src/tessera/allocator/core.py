@@ -55,6 +55,7 @@ from tessera.allocator.record import (
     Tainted,
 )
 from tessera.api.quantity import Quantity
+from tessera.api.uids import uuid_text
 from tessera.cel import (
     CelCompileError,
     CelRuntimeError,
@@ -71,17 +72,6 @@ _ZERO = Fraction(0)
 def _parse_quantity(v: str | int) -> Quantity:
     """Quantity.parse for capacity requests, which repeat across claims and calls (Quantity is immutable)."""
     return Quantity.parse(v)
-
-
-_VERSION_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
-
-
-def uuid_text(n: int, version: int) -> str:
-    """``str(uuid.UUID(int=n, version=version))`` for a 128-bit ``n`` (RFC 4122 variant and
-    version bits set), without building the UUID object: shareIDs and simulated UIDs are made
-    once per claim."""
-    h = "%032x" % ((n & _VERSION_CLEAR) | (0x8000 << 48) | (version << 76))
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class AllocationError(Exception):

@@ -253,16 +253,19 @@ class Descriptions:
     policies) and mostly the same attribute values on every node: a :class:`SliceIndex` reads
     them once and every :class:`Device` that publishes the same holds the same objects (its
     ``capacity`` mapping itself is shared, which the allocator's capacity memo keys on).
-    Keys are the ``repr`` of the published value (JSON data: equal reprs are equal values of
-    equal types). Shared objects are never modified. Values that cannot be read are not kept:
+    Keys are the published object itself, else the ``repr`` of the published value (JSON
+    data: equal reprs are equal values of equal types). Shared objects are never modified. Values that cannot be read are not kept:
     each device's error names its own slice and field.
     """
 
-    __slots__ = ("attributes", "capacities")
+    __slots__ = ("attributes", "by_id", "capacities")
 
     def __init__(self) -> None:
         self.capacities: dict[str, dict[str, Capacity]] = {}
         self.attributes: dict[tuple[str, str], Any] = {}
+        # The same published object met again (slices of ``count`` copies share every object
+        # that holds no name): id -> (object, parsed), the object kept so that its id stays its.
+        self.by_id: dict[int, tuple[Any, Any]] = {}
 
 
 def slice_from_dict(obj: dict[str, Any], shared: Descriptions | None = None) -> Slice:
@@ -296,12 +299,16 @@ def slice_from_dict(obj: dict[str, Any], shared: Descriptions | None = None) -> 
     for cs in spec.get("sharedCounters") or []:
         sl.shared_counters[cs.get("name", "")] = _counters(cs.get("counters"), f"spec.sharedCounters[{cs.get('name')}]", ref)
     shared = shared if shared is not None else Descriptions()
-    known_attrs, known_caps = shared.attributes, shared.capacities
+    known_attrs, known_caps, by_id = shared.attributes, shared.capacities, shared.by_id
     for i, d in enumerate(spec.get("devices") or []):
         where = f"spec.devices[{i}]"
         attrs: dict[str, Any] = {}
         for k, raw in (d.get("attributes") or {}).items():
-            qk = _qualify(k, driver)
+            qk = k if "/" in k else f"{driver}/{k}"
+            hit = by_id.get(id(raw))
+            if hit is not None and hit[0] is raw:
+                attrs[qk] = hit[1]
+                continue
             akey = (qk, repr(raw))
             v = known_attrs.get(akey, _UNKNOWN)
             if v is _UNKNOWN:
@@ -310,19 +317,27 @@ def slice_from_dict(obj: dict[str, Any], shared: Descriptions | None = None) -> 
                     v.name = k  # one per device: not shared
                 elif not isinstance(v, list):
                     known_attrs[akey] = v
+            if not isinstance(v, (UnsupportedAttribute, list)):
+                by_id[id(raw)] = (raw, v)
             attrs[qk] = v
         raw_caps = d.get("capacity") or {}
-        ckey = repr(raw_caps)
-        caps = known_caps.get(ckey)
-        if caps is None:
-            caps = {
-                k: Capacity(
-                    _q((v or {}).get("value", 0), f"{where}.capacity[{k}].value", ref),
-                    _policy((v or {}).get("requestPolicy"), f"{where}.capacity[{k}].requestPolicy", ref),
-                )
-                for k, v in raw_caps.items()
-            }
-            known_caps[ckey] = caps
+        hit = by_id.get(id(raw_caps))
+        if hit is not None and hit[0] is raw_caps:
+            caps = hit[1]
+        else:
+            ckey = repr(raw_caps)
+            caps = known_caps.get(ckey)
+            if caps is None:
+                caps = {
+                    k: Capacity(
+                        _q((v or {}).get("value", 0), f"{where}.capacity[{k}].value", ref),
+                        _policy((v or {}).get("requestPolicy"), f"{where}.capacity[{k}].requestPolicy", ref),
+                    )
+                    for k, v in raw_caps.items()
+                }
+                known_caps[ckey] = caps
+            if raw_caps:
+                by_id[id(raw_caps)] = (raw_caps, caps)
         dev = Device(
             id=(driver, pool_name, d.get("name") or ""),
             slice_name=sl.name,

@@ -14,10 +14,8 @@ import copy
 import dataclasses
 import difflib
 import gc
-import hashlib
 import json
 import random
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -34,13 +32,13 @@ from tessera.allocator import (
     NodeRecord,
     SliceIndex,
 )
-from tessera.allocator.core import uuid_text
 from tessera.allocator.model import Device, node_selector_matches
 from tessera.allocator.record import alternatives
 from tessera.api.deviceclass import device_class
 from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
+from tessera.api.uids import uuid5_url
 from tessera.api.validation import DRA_V1BETA2, check
 from tessera.convert import gpu_memory_sizes
 from tessera.sim.cluster import Cluster
@@ -168,16 +166,6 @@ def generated_claim_name(pod: dict[str, Any], pod_claim_name: str) -> str | None
         if isinstance(st, dict) and st.get("name") == pod_claim_name and st.get("resourceClaimName"):
             return str(st["resourceClaimName"])
     return None
-
-
-_URL_NAMESPACE = uuid.NAMESPACE_URL.bytes
-
-
-def uuid5_url(name: str) -> str:
-    """``str(uuid.uuid5(uuid.NAMESPACE_URL, name))``, without the UUID objects (one per pod
-    and one per claim of a run)."""
-    digest = hashlib.sha1(_URL_NAMESPACE + name.encode("utf-8"), usedforsecurity=False).digest()
-    return uuid_text(int.from_bytes(digest[:16], "big"), 5)
 
 
 def _pod_uid(ref: str) -> str:
