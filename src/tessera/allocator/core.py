@@ -587,6 +587,8 @@ class Allocator:
         node: Node,
         claims: Sequence[Mapping[str, Any]],
         device_rank: Callable[[Device], Any] | None = None,
+        *,
+        transient: bool = False,
     ) -> list[dict[str, Any]] | None:
         """Allocate ``claims`` (ResourceClaim dicts, in order) on ``node``.
 
@@ -597,8 +599,13 @@ class Allocator:
         ``device_rank`` (Tessera's placement policies, not upstream) re-orders the candidate
         devices: they are tried in ascending rank, ties kept in upstream's pool, slice and
         device order. ``None`` is upstream's first fit.
+
+        ``transient``: the claims are copies made for this call only (a policy's stricter
+        variants): their preparation is not memoised, even with ``frozen_specs``.
         """
-        return _Search(self, node, claims, device_rank).run()
+        s = _Search(self, node, claims, device_rank)
+        s.memoise = self.frozen_specs and not transient
+        return s.run()
 
     def diagnose(
         self,
@@ -793,6 +800,8 @@ class _Search:
         self.pools = alloc.pools(node)
         # Refusals are recorded only when diagnosing (Allocator.diagnose); else None.
         self.rec: _Recorder | None = None
+        # Preparations memoised per spec object (Allocator.frozen_specs, not for transient claims).
+        self.memoise = alloc.frozen_specs
         # Dedicated picks in this call, counted: an admin request may pick a device another
         # claim of the call already holds, and undoing it must not free the other pick.
         self.allocating: dict[DeviceID, int] = {}
@@ -882,7 +891,7 @@ class _Search:
             name = md.get("name") or md.get("generateName") or ""
             ref = f"{md['namespace']}/{name}" if md.get("namespace") else name
             spec = claim.get("spec")
-            if self.a.frozen_specs:
+            if self.memoise:
                 hit = self.a._prepared.get((id(spec), ci))
                 if hit is not None and hit[0] is spec:  # prepared before, without an error
                     cons = [_Constraint(*args) for args in hit[2]]  # fresh: their stacks are per search
@@ -938,7 +947,7 @@ class _Search:
                 else:
                     raise AllocationError(f"claim {ref}, constraint #{i}: empty constraint (unsupported constraint type?)")
             self.claims.append(ClaimData(claim, ref, reqs, [_Constraint(*args) for args in con_args]))
-            if self.a.frozen_specs and not any(rd.all_mode for alts in reqs for rd in alts):
+            if self.memoise and not any(rd.all_mode for alts in reqs for rd in alts):
                 self.a._prepared[(id(spec), ci)] = (spec, reqs, con_args)
                 for alts in reqs:
                     for rd in alts:

@@ -332,12 +332,16 @@ def _signature(claims: Sequence[dict[str, Any]]) -> str | None:
     return text
 
 
+#: Pods between two gc.freeze() calls in Simulation.run.
+_SETTLE_EVERY = 2000
 _NO_NODE_CONSTRAINTS = json.dumps([None, None, None])
 
 
 def untolerated_taint(pod: Mapping[str, Any], taints: Sequence[dict[str, str]]) -> dict[str, str] | None:
     """The first NoSchedule/NoExecute node taint the pod does not tolerate (kube-scheduler's
     TaintToleration filter), or None."""
+    if not taints:
+        return None
     from tessera.allocator.core import tolerates
 
     tols = (pod.get("spec") or {}).get("tolerations") or []
@@ -519,54 +523,65 @@ class Simulation:
         placements: list[Placement] = []
         pending: list[Pending] = []
         scheduled: list[str] = []
+        default_policy = pod_policy(self.policy, {})  # a pod without annotations
         out_pods: list[dict[str, Any]] = []
         out_templates: list[dict[str, Any]] = list(self.templates.values())
-        for m in self.pods:
-            try:
-                if _mentions_hami(m.obj):
-                    conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
-                else:  # nothing to convert: a copy of the levels the run writes to
-                    conv = Conversion(pod=_fresh_pod(m.obj), templates=[], warnings=[], requests=[])
-            except ConversionError as e:
-                if self.memory_sizes or e.field not in _PERCENTAGES:
-                    raise
-                # No device of the cluster publishes memory, so a percentage is of nothing: the pod
-                # stays as written and pending for its unserved HAMi resources, as without Tessera.
-                self.warnings.append(f"{m.source}: {m.ref()}: {e.field}: no GPU of the cluster publishes memory; left unconverted")
-                conv = Conversion(pod=copy.deepcopy(m.obj), templates=[], warnings=[], requests=[])
-            pod = conv.pod  # a new dict: convert_pod never returns its input
-            self.warnings.extend(conv.warnings)  # convert_pod already names the source
-            for t in conv.templates:
-                key = (_ns(t), _name(t))
-                if key not in self.templates:
-                    self.templates[key] = t
-                    out_templates.append(t)
-            ref = f"{_ns(pod)}/{_name(pod)}"
-            md = pod.setdefault("metadata", {})
-            md.setdefault("namespace", _ns(pod))
-            md.setdefault("uid", _pod_uid(ref))
-            policy = pod_policy(self.policy, (pod.get("metadata") or {}).get("annotations") or {})
-            node, reason, claims = self._schedule(pod, ref, policy)
-            generated = self._claim_statuses(pod)
-            if node is None:
-                pending.append(Pending(ref, reason))
-                pod["status"] = {
-                    "phase": "Pending",
-                    "conditions": [
-                        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": reason}
-                    ],
-                }
-            else:
-                pod.setdefault("spec", {})["nodeName"] = node
-                pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
-                scheduled.append(ref)
-                placements.extend(self._placements(pod, ref, node, claims))
-            if generated:
-                pod["status"]["resourceClaimStatuses"] = generated
-            out_pods.append(pod)
-            if on_pod is not None:
-                on_pod(ref)
-        self._add_explanations(pending, out_pods)
+        # What a run creates and keeps (pods, claims, results) is never cyclic garbage: the
+        # cyclic collector is kept off it (and off the inputs) by freezing what exists every
+        # few thousand pods, instead of rescanning an ever larger heap (a quarter of the run's
+        # time at 50,000 pods). Refcounting still frees what the run drops; unfrozen at the end.
+        try:
+            for k, m in enumerate(self.pods):
+                if k % _SETTLE_EVERY == 0:
+                    gc.freeze()
+                try:
+                    if _mentions_hami(m.obj):
+                        conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
+                    else:  # nothing to convert: a copy of the levels the run writes to
+                        conv = Conversion(pod=_fresh_pod(m.obj), templates=[], warnings=[], requests=[])
+                except ConversionError as e:
+                    if self.memory_sizes or e.field not in _PERCENTAGES:
+                        raise
+                    # No device of the cluster publishes memory, so a percentage is of nothing: the pod
+                    # stays as written and pending for its unserved HAMi resources, as without Tessera.
+                    self.warnings.append(f"{m.source}: {m.ref()}: {e.field}: no GPU of the cluster publishes memory; left unconverted")
+                    conv = Conversion(pod=copy.deepcopy(m.obj), templates=[], warnings=[], requests=[])
+                pod = conv.pod  # a new dict: convert_pod never returns its input
+                self.warnings.extend(conv.warnings)  # convert_pod already names the source
+                for t in conv.templates:
+                    key = (_ns(t), _name(t))
+                    if key not in self.templates:
+                        self.templates[key] = t
+                        out_templates.append(t)
+                ref = f"{_ns(pod)}/{_name(pod)}"
+                md = pod.setdefault("metadata", {})
+                md.setdefault("namespace", _ns(pod))
+                md.setdefault("uid", _pod_uid(ref))
+                annotations = (pod.get("metadata") or {}).get("annotations")
+                policy = pod_policy(self.policy, annotations) if annotations else default_policy
+                node, reason, claims = self._schedule(pod, ref, policy)
+                generated = self._claim_statuses(pod)
+                if node is None:
+                    pending.append(Pending(ref, reason))
+                    pod["status"] = {
+                        "phase": "Pending",
+                        "conditions": [
+                            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": reason}
+                        ],
+                    }
+                else:
+                    pod.setdefault("spec", {})["nodeName"] = node
+                    pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+                    scheduled.append(ref)
+                    placements.extend(self._placements(pod, ref, node, claims))
+                if generated:
+                    pod["status"]["resourceClaimStatuses"] = generated
+                out_pods.append(pod)
+                if on_pod is not None:
+                    on_pod(ref)
+            self._add_explanations(pending, out_pods)
+        finally:
+            gc.unfreeze()
         objects: list[dict[str, Any]] = []
         objects.extend(self.classes.values())
         objects.extend(self.slices)
@@ -794,7 +809,9 @@ class Simulation:
         results = None
         try:
             for variant in variants:
-                results = self.allocator.allocate(node, variant, rank)
+                # The stricter variants are copies made for this try: not memoised.
+                transient = any(v is not c for v, c in zip(variant, todo, strict=True))
+                results = self.allocator.allocate(node, variant, rank, transient=transient)
                 if results is not None:
                     break
         except AllocationError as e:
