@@ -546,6 +546,7 @@ class Allocator:
         self.features = features or Features()
         self.rng = rng or random.Random()
         self._pools_cache: dict[tuple[str, tuple[tuple[str, str], ...]], list[Pool]] = {}
+        self._by_node_object: dict[int, tuple[Node, list[Pool], tuple[str, tuple[tuple[str, str], ...]]]] = {}
         self._order_cache: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[Pool, Device]]] = {}
         # With frozen_specs: per (kept request, node's search order), whether each candidate is
         # selectable (None: not evaluated yet, or it raised, which is not kept).
@@ -558,18 +559,27 @@ class Allocator:
 
     # ---- public ----------------------------------------------------------------------------
     def pools(self, node: Node) -> list[Pool]:
+        """:func:`gather_pools` for ``node``, kept per node name and labels."""
+        return self._node_entry(node)[0]
+
+    def _node_entry(self, node: Node) -> tuple[list[Pool], tuple[str, tuple[tuple[str, str], ...]]]:
+        # The same Node object asks again and again (the simulation's nodes): its key is kept.
+        hit = self._by_node_object.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1], hit[2]
         key = (node.name, tuple(sorted(node.labels.items())))
         p = self._pools_cache.get(key)
         if p is None:
             p = gather_pools(self.index, node, self.features)
             self._pools_cache[key] = p
-        return p
+        self._by_node_object[id(node)] = (node, p, key)
+        return p, key
 
     def search_order(self, node: Node) -> list[tuple[Pool, Device]]:
         """The candidate devices of ``node`` in upstream's search order: pools, slices, devices
         (dra-spec.md 4.4), from complete and valid pools only. Kept per node (not to be
         modified: a placement policy sorts a copy)."""
-        key = (node.name, tuple(sorted(node.labels.items())))
+        key = self._node_entry(node)[1]
         order = self._order_cache.get(key)
         if order is None:
             order = [

@@ -579,7 +579,9 @@ class Simulation:
                 out_pods.append(pod)
                 if on_pod is not None:
                     on_pod(ref)
+            gc.freeze()
             self._add_explanations(pending, out_pods)
+            gpus = self._gpu_usage()
         finally:
             gc.unfreeze()
         objects: list[dict[str, Any]] = []
@@ -588,7 +590,7 @@ class Simulation:
         objects.extend(out_templates)
         objects.extend(self.claims.values())
         objects.extend(out_pods)
-        return SimResult(placements, pending, self._gpu_usage(), objects, self.warnings, scheduled)
+        return SimResult(placements, pending, gpus, objects, self.warnings, scheduled)
 
     def _claim_statuses(self, pod: dict[str, Any]) -> list[dict[str, str]]:
         """``status.resourceClaimStatuses`` as the resource-claim controller sets it: the claim
@@ -771,19 +773,15 @@ class Simulation:
         return got[1]
 
     def _add_explanations(self, pending: list[Pending], pods: list[dict[str, Any]]) -> None:
-        by_ref = {f"{_ns(p)}/{_name(p)}": p for p in pods}
         # The records are many small objects on top of a large, settled heap (every pod and
-        # claim of the run): keep the cyclic collector off that heap meanwhile.
-        gc.freeze()
-        try:
-            for pend in pending:
-                what = self._to_explain.get(pend.pod)
-                if not what:
-                    continue
-                pend.reason = f"{pend.reason} {self.explain_claims(*what)}"
-                by_ref[pend.pod]["status"]["conditions"][0]["message"] = pend.reason
-        finally:
-            gc.unfreeze()
+        # claim of the run): run() keeps the cyclic collector off that heap meanwhile.
+        by_ref = {f"{_ns(p)}/{_name(p)}": p for p in pods}
+        for pend in pending:
+            what = self._to_explain.get(pend.pod)
+            if not what:
+                continue
+            pend.reason = f"{pend.reason} {self.explain_claims(*what)}"
+            by_ref[pend.pod]["status"]["conditions"][0]["message"] = pend.reason
 
     def _try_node(
         self,
