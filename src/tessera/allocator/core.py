@@ -65,6 +65,8 @@ from tessera.cel import (
 )
 
 MAX_RESULTS_PER_CLAIM = 32
+#: At most this many claim preparations are kept (Allocator frozen_specs).
+_PREPARED_MAX = 4096
 _ZERO = Fraction(0)
 
 
@@ -550,7 +552,7 @@ class Allocator:
         self._order_cache: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[Pool, Device]]] = {}
         # With frozen_specs: per (kept request, node's search order), whether each candidate is
         # selectable (None: not evaluated yet, or it raised, which is not kept).
-        self._selectable_memo: dict[tuple[int, int], list[bool | None]] = {}
+        self._selectable_memo: dict[tuple[int, int], tuple[RequestData, list[bool | None]]] = {}
         self._sel_cache: dict[tuple[str, int], bool | CelRuntimeError] = {}
         self._sig_cache: dict[tuple[Any, ...], bool | CelRuntimeError] = {}
         self._lists = self.features.list_type_attributes
@@ -958,6 +960,11 @@ class _Search:
                     raise AllocationError(f"claim {ref}, constraint #{i}: empty constraint (unsupported constraint type?)")
             self.claims.append(ClaimData(claim, ref, reqs, [_Constraint(*args) for args in con_args]))
             if self.memoise and not any(rd.all_mode for alts in reqs for rd in alts):
+                if len(self.a._prepared) >= _PREPARED_MAX:
+                    # Bounded (claims with specs of their own are each prepared for one pod);
+                    # the selectability rows are keyed on the requests: they go too.
+                    self.a._prepared.clear()
+                    self.a._selectable_memo.clear()
                 self.a._prepared[(id(spec), ci)] = (spec, reqs, con_args)
                 for alts in reqs:
                     for rd in alts:
@@ -1343,10 +1350,11 @@ class _Search:
         cap = self.f.consumable_capacity
         memo: list[bool | None] | None = None
         if rd.kept and self.rec is None and not self.ranked:
-            mkey = (id(rd), id(order))  # both kept by the allocator: ids stay theirs
-            memo = self.a._selectable_memo.get(mkey)
-            if memo is None:
-                memo = self.a._selectable_memo[mkey] = [None] * len(order)
+            mkey = (id(rd), id(order))  # the order list is kept per node by the allocator
+            row = self.a._selectable_memo.get(mkey)
+            if row is None or row[0] is not rd:  # the row holds its request: ids stay theirs
+                row = self.a._selectable_memo[mkey] = (rd, [None] * len(order))
+            memo = row[1]
         for k in range(start + 1, len(order)):
             pool, d = order[k]
             if self._in_use(rd, d, cd):

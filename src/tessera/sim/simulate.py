@@ -104,7 +104,18 @@ def default_device_class() -> dict[str, Any]:
     return device_class()
 
 
-@dataclass
+@dataclass(slots=True)
+class _SpecFacts:
+    """What a tuple of claim specs alone decides (see Simulation._spec_facts)."""
+
+    specs: list[Any]  # kept: the ids of the memo's key stay theirs
+    missing_class: str | None
+    top_score: int
+    signature_known: bool = False  # _signature is worked out where the scan needs it
+    signature: str | None = None
+
+
+@dataclass(slots=True)
 class Placement:
     """One allocated device share, seen from the container that uses it."""
 
@@ -121,7 +132,7 @@ class Placement:
     share_id: str | None
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     pod: str
     reason: str
@@ -454,7 +465,8 @@ class Simulation:
         # the final state, which is what a user asks about), once per distinct claim shape.
         self._to_explain: dict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = {}
         self._reasons: dict[str, tuple[list[tuple[int, str, str]], list[str]]] = {}
-        self._signatures: dict[tuple[int, ...], tuple[list[Any], str | None]] = {}
+        self._facts: dict[tuple[int, ...], _SpecFacts] = {}
+        self._devices: dict[tuple[str, str, str], Device] | None = None  # by id, built on first use
         self._spec_texts: dict[tuple[int, ...], tuple[list[Any], str]] = {}
         # Specs are never modified once a claim exists (template claims share the template's).
         self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed), frozen_specs=True)
@@ -673,7 +685,8 @@ class Simulation:
             return None, reason, []
         todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
         done = [c for _, c in claims if (c.get("status") or {}).get("allocation")]
-        missing = self.missing_class(todo)
+        specs = self._spec_facts(todo)
+        missing = specs.missing_class
         if missing:
             cls = missing.rpartition("device class ")[2].removesuffix(" does not exist")
             return None, f"0/{len(self.nodes)} nodes are available: {missing}.{self.class_hint(cls)}", claims
@@ -682,7 +695,9 @@ class Simulation:
             if len(rf) >= 256 and not any(r.get("name") == _name(pod) for r in rf):
                 return None, "resourceclaim in use", claims
         n_total = len(self.nodes)
-        sig = self._signature(todo)
+        if not specs.signature_known:
+            specs.signature, specs.signature_known = _signature(todo), True
+        sig = specs.signature
         # Nodes already proven unable to take this pod shape are skipped as a prefix: the scan
         # resumes at the first node not yet proven (failures are permanent, see _signature).
         key = None
@@ -702,7 +717,7 @@ class Simulation:
         # an earlier firstAvailable subrequest fits (prioritized_list_score), which decides among
         # otherwise equal nodes. With first-fit, the scan goes on past the first fit only while a
         # better score is still possible; other node policies take their first fit.
-        top = max_prioritized_list_score(todo)
+        top = specs.top_score
         best: tuple[int, int, list[dict[str, Any]]] | None = None
         for i in order:
             node = self.nodes[i]
@@ -728,7 +743,7 @@ class Simulation:
             if isinstance(why, AllocationError):
                 return None, f"allocation error: {why}", claims
             if isinstance(why, list):
-                score = prioritized_list_score(todo, why)
+                score = prioritized_list_score(todo, why) if top else 0  # no firstAvailable: 0
                 if best is None:
                     if key is not None:
                         self._cursor[key] = (i, counts)
@@ -762,15 +777,16 @@ class Simulation:
             self._to_explain[ref] = (pod, todo, done)
         return None, msg, claims
 
-    def _signature(self, claims: Sequence[dict[str, Any]]) -> str | None:
-        """:func:`_signature`, memoised per tuple of spec objects: a claim made from a template
-        shares the template's spec, and specs are never modified here."""
+    def _spec_facts(self, claims: Sequence[dict[str, Any]]) -> _SpecFacts:
+        """What the claims' specs alone decide (:func:`_signature`, :meth:`missing_class`,
+        :func:`max_prioritized_list_score`), memoised per tuple of spec objects: a claim made
+        from a template shares the template's spec, and specs are never modified here."""
         ids = tuple(id(c.get("spec")) for c in claims)
-        got = self._signatures.get(ids)
+        got = self._facts.get(ids)
         if got is None:
-            got = ([c.get("spec") for c in claims], _signature(claims))  # the specs kept: ids stay theirs
-            self._signatures[ids] = got
-        return got[1]
+            got = _SpecFacts([c.get("spec") for c in claims], self.missing_class(claims), max_prioritized_list_score(claims))
+            self._facts[ids] = got
+        return got
 
     def _add_explanations(self, pending: list[Pending], pods: list[dict[str, Any]]) -> None:
         # The records are many small objects on top of a large, settled heap (every pod and
@@ -891,11 +907,12 @@ class Simulation:
 
     # ------------------------------------------------------------------------------------------
     def _device(self, driver: str, pool: str, name: str) -> Device | None:
-        for s in self.index.by_pool.get((driver, pool), []):
-            for d in s.devices:
-                if d.name == name:
-                    return d
-        return None
+        if self._devices is None:
+            # The first slice's device of each id, as the scan over the pool's slices finds it.
+            self._devices = {}
+            for d in self.index.devices():
+                self._devices.setdefault(d.id, d)
+        return self._devices.get((driver, pool, name))
 
     def _placements(self, pod: dict[str, Any], ref: str, node: str, claims: list[tuple[str, dict[str, Any]]]) -> list[Placement]:
         by_pc = dict(claims)
