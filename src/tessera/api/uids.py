@@ -7,7 +7,8 @@ import hashlib
 import uuid
 
 _VERSION_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
-_URL_NAMESPACE = uuid.NAMESPACE_URL.bytes
+# sha1 over the namespace's bytes, copied for each name (uuid5 hashes namespace + name).
+_URL_PREFIX = hashlib.sha1(uuid.NAMESPACE_URL.bytes, usedforsecurity=False)
 
 
 def uuid_text(n: int, version: int) -> str:
@@ -19,5 +20,10 @@ def uuid_text(n: int, version: int) -> str:
 
 def uuid5_url(name: str) -> str:
     """``str(uuid.uuid5(uuid.NAMESPACE_URL, name))``."""
-    digest = hashlib.sha1(_URL_NAMESPACE + name.encode("utf-8"), usedforsecurity=False).digest()
-    return uuid_text(int.from_bytes(digest[:16], "big"), 5)
+    h = _URL_PREFIX.copy()
+    h.update(name.encode("utf-8"))
+    b = bytearray(h.digest()[:16])
+    b[6] = (b[6] & 0x0F) | 0x50  # version 5
+    b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
+    x = b.hex()
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
