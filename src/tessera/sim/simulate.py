@@ -428,7 +428,8 @@ class Simulation:
                 if key in seen:
                     raise _dup(m, f"duplicate {kind} name (first in {seen[key].source}): names must be unique")
                 seen[key] = m
-                _check_selectors(m)
+                if kind != "Pod":  # a Pod has no selectors (its schema has no place for them)
+                    _check_selectors(m)
             if kind == "DeviceClass":
                 self.classes[m.name] = m.obj
             elif kind == "ResourceClaimTemplate":
