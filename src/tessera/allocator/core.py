@@ -376,7 +376,7 @@ class RequestData:
     tolerations: list[dict[str, Any]]
     capacity: dict[str, Quantity]
     cap_key: str  # capacity requests as a string: memo key for _Search._consumption
-    requested_key: tuple[tuple[str, Quantity], ...]  # the same with their formats (the record's memo)
+    requested_key: str  # the same with their formats (the record's memo; a str hashes fast)
     raw: dict[str, Any]
     all_devices: list[Device] = field(default_factory=list)
     sub_index: int = -1
@@ -866,7 +866,7 @@ class _Search:
             tolerations=list(r.get("tolerations") or []),
             capacity=caps,
             cap_key=cap_key,
-            requested_key=tuple(sorted(caps.items())),
+            requested_key=cap_key + "|" + ",".join(caps[k].format for k in sorted(caps)),
             raw=dict(r),
         )
         if mode == "All":
