@@ -14,6 +14,7 @@
  * The fake models what the real driver does with memory, independently of the library's own
  * accounting: contexts own their allocations and free them when destroyed or reset; device
  * limits (stack, heap, printf FIFO) take memory; see fake_mem.c and fake_vmm.c for the rest.
+ * FAKE_FAIL_FREE (fake_int.h) makes the entry points that give memory back fail.
  */
 #define FAKE_STATE_DEFINE
 #include "fake_int.h"
@@ -52,6 +53,38 @@ EXPORT uint64_t fakecuda_calls(const char *name)
             n = g_calls[i].n;
     pthread_mutex_unlock(&g_calls_mu);
     return n;
+}
+
+/* ---- failing frees ----------------------------------------------------------------------- */
+static uint64_t g_failed_frees; /* atomic: calls failed by FAKE_FAIL_FREE in this process */
+
+int fk_fail_free(const char *name)
+{
+    const char *spec = getenv("FAKE_FAIL_FREE");
+    if (!spec || !*spec)
+        return 0;
+    const char *colon = strchr(spec, ':');
+    size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
+    int match = len == 3 && strncmp(spec, "all", 3) == 0;
+    size_t n = strlen(name);
+    for (const char *t = spec; !match && t < spec + len;) {
+        const char *e = memchr(t, ',', (size_t)(spec + len - t));
+        size_t tl = e ? (size_t)(e - t) : (size_t)(spec + len - t);
+        match = tl == n && strncmp(t, name, n) == 0;
+        t += tl + 1;
+    }
+    if (!match)
+        return 0;
+    if (!colon)
+        return 1;
+    uint64_t limit = strtoull(colon + 1, NULL, 10);
+    uint64_t cur = __atomic_load_n(&g_failed_frees, __ATOMIC_ACQUIRE);
+    do {
+        if (cur >= limit)
+            return 0;
+    } while (!__atomic_compare_exchange_n(&g_failed_frees, &cur, cur + 1, 0, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE));
+    return 1;
 }
 
 /* ---- devices ----------------------------------------------------------------------------- */
@@ -306,6 +339,7 @@ EXPORT CUresult cuGLCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     COUNT();
+    FAIL_FREE();
     if (!ctx || ctx->magic != CTX_MAGIC || ctx->primary)
         return CUDA_ERROR_INVALID_CONTEXT;
     drop_ctx(ctx);

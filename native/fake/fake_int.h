@@ -14,6 +14,20 @@
 HIDDEN void fk_count(const char *name);
 #define COUNT() fk_count(__func__)
 
+/* ---- failing frees (FAKE_FAIL_FREE) ----
+ * FAKE_FAIL_FREE=WHICH[:N]: the entry points that give memory back fail, before they change
+ * anything, with CUDA_ERROR_ILLEGAL_ADDRESS (the error a real driver returns from every call
+ * once a kernel has faulted; the fake never returns it otherwise). WHICH is "all" or a
+ * comma-separated list of entry-point names (cuMemFree_v2, cuMemFreeAsync, cuArrayDestroy,
+ * cuMemRelease, ...); N is how many such calls of this process fail, after which they succeed
+ * again (no N: every one fails). Calls are counted by fakecuda_calls either way. */
+HIDDEN int fk_fail_free(const char *name);
+#define FAIL_FREE()                     \
+    do {                                \
+        if (fk_fail_free(__func__))     \
+            return CUDA_ERROR_ILLEGAL_ADDRESS; \
+    } while (0)
+
 /* ---- devices ---- */
 HIDDEN int fk_phys(CUdevice ordinal); /* physical index of a CUDA ordinal, -1 if invalid */
 HIDDEN int fk_ordinal(int phys);      /* this process's ordinal of a physical device, -1 */

@@ -368,6 +368,7 @@ EXPORT CUresult fakecuda_pool_create(CUmemoryPool *pool, const CUmemPoolProps *p
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     COUNT();
+    FAIL_FREE();
     if (!valid_pool(pool) || pool->is_default)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fk_mu);
@@ -391,6 +392,7 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
     COUNT();
+    FAIL_FREE();
     if (!valid_pool(pool))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fk_mu);
@@ -782,6 +784,7 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 {
     COUNT();
+    FAIL_FREE();
     int p = fk_phys(dev);
     if (p < 0)
         return CUDA_ERROR_INVALID_DEVICE;
@@ -912,6 +915,7 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
         CUgraphNode n;
         return cuGraphAddMemFreeNode(&n, s->graph, NULL, 0, dptr);
     }
+    FAIL_FREE();
     return free_any(dptr);
 }
 
@@ -954,6 +958,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t w, 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     COUNT();
+    FAIL_FREE();
     return free_any(dptr);
 }
 
@@ -990,6 +995,7 @@ EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsi
 EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
 {
     COUNT();
+    FAIL_FREE();
     return free_any(dptr);
 }
 
@@ -1052,6 +1058,7 @@ HIDDEN void fk_array_gone(uint64_t array); /* fake_vmm.c: sparse mappings of a d
 EXPORT CUresult cuArrayDestroy(CUarray a)
 {
     COUNT();
+    FAIL_FREE();
     fk_array_gone((uint64_t)(uintptr_t)a);
     return free_any((uint64_t)(uintptr_t)a);
 }
@@ -1074,6 +1081,7 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_
 EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a)
 {
     COUNT();
+    FAIL_FREE();
     fk_array_gone((uint64_t)(uintptr_t)a);
     return free_any((uint64_t)(uintptr_t)a);
 }

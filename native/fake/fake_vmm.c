@@ -223,6 +223,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     COUNT();
+    FAIL_FREE();
     fk_obj_lock();
     pthread_mutex_lock(&fk_mu);
     int id;
@@ -330,6 +331,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     COUNT();
+    FAIL_FREE();
     fk_obj_lock();
     pthread_mutex_lock(&fk_mu);
     int found = 0;
@@ -568,6 +570,7 @@ EXPORT CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevic
 {
     (void)dev;
     COUNT();
+    FAIL_FREE();
     fk_obj_lock();
     pthread_mutex_lock(&fk_mu);
     int mid;

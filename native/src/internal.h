@@ -194,8 +194,8 @@ enum ts_kind {
     TS_KIND_LIMIT = 6   /* cuCtxSetLimit memory of a context */
 };
 TS_HIDDEN void ts_remember(uint8_t kind, uint64_t key, uint64_t bytes, int g, CUcontext ctx);
-/* Take and return an entry; 0 if found. */
-TS_HIDDEN int ts_forget(uint8_t kind, uint64_t key, uint64_t *bytes, int *g);
+/* Take and return an entry (its owning context too, if ctx is not NULL); 0 if found. */
+TS_HIDDEN int ts_forget(uint8_t kind, uint64_t key, uint64_t *bytes, int *g, CUcontext *ctx);
 /* A context is gone with everything it allocated: credit all of it. */
 TS_HIDDEN void ts_context_gone(CUcontext ctx, CUdevice dev);
 TS_HIDDEN void ts_mem_forget(void);

@@ -27,13 +27,15 @@ void ts_remember(uint8_t kind, uint64_t key, uint64_t bytes, int g, CUcontext ct
         ts_log(TS_ERR, "out of host memory tracking an allocation; it stays charged");
 }
 
-int ts_forget(uint8_t kind, uint64_t key, uint64_t *bytes, int *g)
+int ts_forget(uint8_t kind, uint64_t key, uint64_t *bytes, int *g, CUcontext *ctx)
 {
     ts_entry e;
     if (ts_table_take(&g_table, kind, key, &e) != 0)
         return -1;
     *bytes = e.bytes;
     *g = e.g;
+    if (ctx)
+        *ctx = (CUcontext)(uintptr_t)e.ctx;
     return 0;
 }
 
@@ -431,7 +433,7 @@ static CUresult destroy_ctx(CUcontext ctx, CUresult (*call)(CUcontext))
     CUdevice dev = -1;
     uint64_t bytes;
     int g;
-    int have = ts_forget(TS_KIND_CTX, (uintptr_t)ctx, &bytes, &g) == 0;
+    int have = ts_forget(TS_KIND_CTX, (uintptr_t)ctx, &bytes, &g, NULL) == 0;
     if (have) { /* the device of the context, for the pools it may have trimmed */
         CUcontext popped;
         if (R.cuCtxPushCurrent_v2 && R.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
@@ -517,7 +519,7 @@ TS_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
         ctx = (CUcontext)(uintptr_t)conv.bytes;
     uint64_t bytes;
     int g;
-    int have = ts_forget(TS_KIND_CTX, (uintptr_t)hCtx, &bytes, &g) == 0;
+    int have = ts_forget(TS_KIND_CTX, (uintptr_t)hCtx, &bytes, &g, NULL) == 0;
     CUresult r = REAL(cuGreenCtxDestroy)(hCtx);
     if (r == CUDA_SUCCESS) {
         ts_table_take(&g_table, TS_KIND_GREEN, (uintptr_t)hCtx, &conv);

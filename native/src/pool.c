@@ -537,11 +537,15 @@ static CUresult free_async(CUresult (*fn)(CUdeviceptr, CUstream), CUdeviceptr dp
         return fn(dptr, s);
     uint64_t bytes;
     int g;
-    if (ts_forget(TS_KIND_DPTR, dptr, &bytes, &g) != 0)
+    CUcontext owner;
+    if (ts_forget(TS_KIND_DPTR, dptr, &bytes, &g, &owner) != 0)
         return fn(dptr, s); /* a pool allocation: it returns to its pool's reserve */
     CUresult r = fn(dptr, s);
     if (r != CUDA_SUCCESS) {
-        ts_remember(TS_KIND_DPTR, dptr, bytes, g, ts_stream_ctx(s));
+        /* still held by the driver, and still owned by the context it was allocated in (not
+         * the stream's: were that one destroyed, the claim would be credited memory the driver
+         * still holds) */
+        ts_remember(TS_KIND_DPTR, dptr, bytes, g, owner);
         return r;
     }
     pthread_mutex_lock(&g_mu);

@@ -14,7 +14,9 @@
  *   alloc B | managed B | pitch W H E | async B | pool B | mkpool B | vmm B | array W H
  *   array3d W H D | mipmap W H L | free | freeall
  *   meminfo | totalmem N | uuid N | nvml I | nvml2 I | calls NAME | used N | peak N
- *   launch N GRID | ready | hold | sleep MS | sync | ssync | afree
+ *   launch N GRID | ready | hold | wait | sleep MS | sync | ssync | afree
+ *   (free, afree, pfree, freeall: a failed free leaves the allocation on the stack; freeall stops
+ *   at the first failure. wait: prints "waiting" and blocks until a line on stdin)
  *   VMM:   reserve B | create B dev|host|domain|invisible | map H | unmap M | unmaprange M0 M1
  *          vrelease H | retain M | export H | import F B | importpath PATH B | closefd F
  *          mc B | mcbind HM HP
@@ -206,21 +208,31 @@ static CUgreenCtx g_green;
 
 static void push(int kind, uint64_t h) { stack[sp++] = (item){kind, h}; }
 
+/* Free the newest allocation; it stays on the stack if the free fails. */
 static CUresult pop_free(void)
 {
-    item it = stack[--sp];
+    item it = stack[sp - 1];
+    CUresult r;
     switch (it.kind) {
     case 1:
-        return T.cuMemFree_v2(it.h);
+        r = T.cuMemFree_v2(it.h);
+        break;
     case 2:
-        return T.cuMemFreeAsync(it.h, NULL);
+        r = T.cuMemFreeAsync(it.h, NULL);
+        break;
     case 3:
-        return T.cuMemRelease(it.h);
+        r = T.cuMemRelease(it.h);
+        break;
     case 4:
-        return T.cuArrayDestroy((CUarray)(uintptr_t)it.h);
+        r = T.cuArrayDestroy((CUarray)(uintptr_t)it.h);
+        break;
     default:
-        return T.cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)it.h);
+        r = T.cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)it.h);
+        break;
     }
+    if (r == CUDA_SUCCESS)
+        sp--;
+    return r;
 }
 
 static void location(const char *what, CUmemLocation *l)
@@ -300,7 +312,8 @@ int main(int argc, char **argv)
             printf("ctx %d %d\n", n, T.cuCtxCreate_v2(&g_ctx_created, 0, n));
         } else if (!strcmp(c, "destroyctx")) {
             CUresult r = T.cuCtxDestroy_v2(g_ctx_created);
-            sp = 0;
+            if (r == CUDA_SUCCESS)
+                sp = 0;
             printf("destroyctx %d\n", r);
         } else if (!strcmp(c, "alloc") || !strcmp(c, "managed") || !strcmp(c, "async")) {
             size_t b = ARG();
@@ -387,12 +400,15 @@ int main(int argc, char **argv)
         } else if (!strcmp(c, "free")) {
             printf("free %d\n", sp ? (int)pop_free() : -1);
         } else if (!strcmp(c, "afree")) { /* the newest allocation, with cuMemFreeAsync */
-            printf("afree %d\n", sp ? (int)T.cuMemFreeAsync(stack[--sp].h, NULL) : -1);
+            CUresult r = sp ? T.cuMemFreeAsync(stack[sp - 1].h, NULL) : (CUresult)-1;
+            if (r == CUDA_SUCCESS)
+                sp--;
+            printf("afree %d\n", (int)r);
         } else if (!strcmp(c, "freeall")) {
-            int bad = 0;
-            while (sp)
-                bad |= pop_free() != CUDA_SUCCESS;
-            printf("freeall %d\n", bad);
+            CUresult r = CUDA_SUCCESS;
+            while (sp && r == CUDA_SUCCESS)
+                r = pop_free();
+            printf("freeall %d\n", r != CUDA_SUCCESS);
         } else if (!strcmp(c, "meminfo")) {
             size_t f = 0, t = 0;
             CUresult r = T.cuMemGetInfo_v2(&f, &t);
@@ -804,6 +820,12 @@ int main(int argc, char **argv)
             if (maps)
                 fclose(maps);
             printf("unlockslot fds=%d unmapped=%d sealed=%d\n", fds, unmapped, sealed);
+        } else if (!strcmp(c, "wait")) { /* until a line on stdin: the test reads the region */
+            printf("waiting\n");
+            fflush(stdout);
+            char line[16];
+            if (!fgets(line, sizeof(line), stdin))
+                return 3;
         } else if (!strcmp(c, "ready")) {
             printf("ready\n");
         } else if (!strcmp(c, "hold")) {

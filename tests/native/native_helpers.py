@@ -104,3 +104,47 @@ def wait_line(p: subprocess.Popen[str], want: str, timeout: float = 30) -> list[
         timer.cancel()
     err = p.stderr.read() if p.stderr else ""
     raise AssertionError(f"no {want!r} from process; got {lines}; stderr: {err}")
+
+
+class Stepped:
+    """``tp_cuda`` run in stages: between two stages the process waits (its ``wait`` command),
+    alive and holding what it allocated, so that a test can read the claim's region.
+
+    ``next()`` resumes the process (the first call starts it) and returns the lines the next
+    stage printed; after the last stage the process must have exited with status 0.
+    """
+
+    def __init__(self, claim: Claim, mode: str, *stages: list[str], **env: str) -> None:
+        args: list[str] = []
+        for i, stage in enumerate(stages):
+            args += stage if i == len(stages) - 1 else [*stage, "wait"]
+        self.stages = len(stages)
+        self.done = 0
+        self.p = subprocess.Popen([claim.build.prog("tp_cuda"), mode, *args],
+                                  env=claim.env(**env),  # type: ignore[arg-type]
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+
+    def next(self, timeout: float = 30) -> list[str]:
+        assert self.p.stdin is not None and self.p.stdout is not None
+        if self.done:
+            self.p.stdin.write("\n")
+            self.p.stdin.flush()
+        self.done += 1
+        if self.done < self.stages:
+            return wait_line(self.p, "waiting", timeout)[:-1]
+        out, err = self.p.communicate(timeout=timeout)
+        if self.p.returncode != 0:
+            raise AssertionError(f"tp_cuda exited {self.p.returncode}\n{out}\n{err}")
+        return out.splitlines()
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.communicate()
+
+    def __enter__(self) -> Stepped:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -144,3 +144,18 @@ def test_selector_results_shared_only_between_devices_that_agree_on_named_fields
     # Enumerating the attribute map may read anything: no sharing.
     assert _reads('device.attributes["d.example.com"].size() > 2') is None
     assert _reads('device.attributes["d.example.com"].exists(k, k == "x")') is None
+    # The rest of the Kubernetes CEL environment that enumerates or computes keys: no sharing.
+    for expr in (
+        'device.attributes["d.example.com"].existsOne(k, k == "x")',
+        'device.attributes["d.example.com"].transformList(k, v, v).size() > 0',
+        'device.attributes["d.example.com"].transformMap(k, v, v).size() > 0',
+        'device.attributes["d.example.com"].transformMapEntry(k, v, {k: v}).size() > 0',
+        'cel.bind(m, device.attributes, m["d.example.com"].model == "H100")',
+        'cel.bind(k, "model", device.attributes["d.example.com"][k] == "H100")',
+    ):
+        assert _reads(expr) is None, expr
+    # String-literal keys, optional ones included, name what they read: shared.
+    assert _reads('device.attributes[?"d.example.com"].model == "H100"') >= {"model", "d.example.com"}
+    # A key computed by cel.bind must not let b (numa 1) share a's result (numa 0).
+    computed = compile_selector('cel.bind(k, "nu" + "ma", device.attributes["d.example.com"][k] == 0)')
+    assert [alloc.matches([computed], d, "t") for d in (a, b, c)] == [True, False, True]

@@ -203,6 +203,30 @@ def convert(p: dict[str, Any], *, stripped: bool = True, **kw: Any) -> Conversio
     return conv
 
 
+def test_writing_to_the_converted_pod_never_reaches_the_input() -> None:
+    """convert_pod copies only what it writes (no deep copy per pod): whatever it or a caller
+    (simulate's metadata/spec/status, the webhook's template renames) writes in the result
+    leaves the input as it was: containers, resources, claims, resourceClaims entries."""
+    p = pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}, requests={"cpu": "1"}, annotations={"a": "b"})
+    p["spec"]["initContainers"] = [{"name": "i", "image": "x", "resources": {"limits": {"nvidia.com/gpumem": 1000},
+                                                                            "claims": [{"name": "other"}]}}]
+    p["spec"]["resourceClaims"] = [{"name": "other", "resourceClaimName": "shared"}]
+    before = copy.deepcopy(p)
+    conv = convert(p, memory_sizes=[H100_80GB])
+    out = conv.pod
+    out["metadata"]["uid"] = "u"
+    out["spec"]["nodeName"] = "n"
+    out["status"] = {"phase": "Pending"}
+    for key in ("initContainers", "containers"):
+        for c in out["spec"][key]:
+            c["resources"].setdefault("limits", {})["x"] = "1"
+            c["resources"].setdefault("requests", {})["y"] = "1"
+            c["resources"]["claims"].append({"name": "z"})
+    out["spec"]["resourceClaims"].append({"name": "z"})
+    assert [rc["name"] for rc in out["spec"]["resourceClaims"]] == ["other", "i-gpu", "c-gpu", "z"]
+    assert p == before
+
+
 # ---- HAMi's normalisation (hami.md 1.3 worked examples) ----------------------------------------
 def test_bare_gpu_books_whole_memory_and_all_cores() -> None:
     conv = convert(pod({"nvidia.com/gpu": 1}))

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from tessera.api.loader import Manifest, Source, load_files
 from tessera.cli import main
 from tessera.cli._common import examples_dir
-from tessera.explain.lint import lint
+from tessera.explain.lint import LintWorld, lint
 from tessera.sim.cluster import load_cluster
 
 
@@ -62,6 +62,39 @@ def test_gpu_cel_nomatch_against_a_tessera_cluster(corpus: Path) -> None:
         "runtime error (no such key) that aborts scheduling. fix: use a published domain (gpu.tessera.dev, "
         "resource.kubernetes.io)",
     ]
+
+
+def test_a_prepared_world_gives_the_same_findings(corpus: Path) -> None:
+    """``lint(..., world=LintWorld(slices))`` (the webhook's way: the devices indexed once per
+    change of the slices) finds what ``lint(..., slices)`` finds, call after call."""
+    slices = [s for n in load_cluster(examples_dir() / "cluster.yaml").nodes for s in n.slices]
+    files = [corpus / "dra-manifests" / "k8s-dra-driver-gpu__tests_bats_specs__gpu-cel-nomatch.yaml",
+             examples_dir() / "workloads" / "dra-native.yaml"]
+    manifests = [m for m in load_files(files) if m.kind in ("ResourceClaim", "ResourceClaimTemplate")]
+    expected = lint(manifests, slices)
+    assert len(expected) >= 3
+    world = LintWorld(slices)
+    assert lint(manifests, world=world) == expected
+    assert list(world.class_members) == ["gpu.tessera.dev"]  # the class's devices selected once
+    assert lint(manifests, world=world) == expected
+
+
+def test_a_long_lived_world_keeps_its_caches_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The webhook's world lives until the slices change and sees every user's selectors: its
+    findings cache starts again past FINDINGS_CACHE, and the findings stay right."""
+    import tessera.explain.lint as lint_mod
+
+    monkeypatch.setattr(lint_mod, "FINDINGS_CACHE", 2)
+    slices = [s for n in load_cluster(examples_dir() / "cluster.yaml").nodes for s in n.slices]
+    world = LintWorld(slices)
+    exprs = [f'device.attributes["gpu.tessera.dev"].uuid == "GPU-{i}"' for i in range(5)] + ["device.attributes.size() >"]
+    for i, expr in enumerate(exprs):
+        obj = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"c{i}"},
+               "spec": {"selectors": [{"cel": {"expression": expr}}]}}  # fmt: skip
+        ms = [Manifest(obj, Source("x.yaml", 1))]
+        assert lint(ms, world=world) == lint(ms, slices)
+        assert len(world.selector_findings) <= 2
+    assert len(lint(ms, world=world)) == 1  # the last one does not compile: still found
 
 
 def test_helm_template_is_unreadable_input(corpus: Path) -> None:

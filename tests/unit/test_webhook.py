@@ -148,6 +148,233 @@ def test_requests_no_gpu_can_hold_are_admitted_with_warnings() -> None:
     assert decide(review(pod), ClusterView.static([])).warnings == []
 
 
+class Slices:
+    """A watched-slices source as the webhook's Informer gives it: items, generation, synced;
+    counts how often the items are read."""
+
+    def __init__(self, items: list[dict[str, Any]], *, synced: bool = True) -> None:
+        self.items_, self.generation, self.synced, self.reads = items, 1, synced, 0
+
+    def view(self) -> ClusterView:
+        return ClusterView(self.items, lambda: self.generation, lambda: self.synced)
+
+    def items(self) -> list[dict[str, Any]]:
+        self.reads += 1
+        return self.items_
+
+    def change(self, items: list[dict[str, Any]], *, synced: bool = True) -> None:
+        self.items_, self.synced = items, synced
+        self.generation += 1
+
+
+SHAPES = ["HAMi__examples_nvidia__default_use.yaml", "HAMi__examples_nvidia__use_memory_fraction.yaml",
+          "HAMi__examples_nvidia__use_exclusive_card.yaml", "HAMi__examples_nvidia__specify_card_type_to_use.yaml",
+          "HAMi__examples_nvidia__specify_uuid_to_use.yaml"]
+
+
+def test_what_the_slices_give_is_derived_once_per_change_not_per_request() -> None:
+    """Memory sizes, node sizes, the lint index and each shape's notes: computed when the slices
+    change (or a shape is first seen), never per request; answers stay those of a fresh view."""
+    source = Slices(h100_slices())
+    view = source.view()
+    bodies = [review(corpus_pod(f), uid=f"u{i}") for i, f in enumerate(SHAPES)]
+    fresh = [decide(b, ClusterView.static(h100_slices())).review() for b in bodies]
+    assert [decide(b, view).review() for b in bodies * 20] == fresh * 20
+    assert (view.builds, source.reads) == (1, 1)
+    snap = view.snapshot()
+    world = snap.world()
+    assert world is not None and len(snap.notes) == 5  # one entry per template shape
+    assert list(world.class_members) == ["gpu.tessera.dev"]  # the lint ran on this index
+    assert snap.sizes == (81559 * MiB,)
+    # A node joins: sizes, notes and the index are those of the new slices, derived once.
+    source.change(h100_slices() + a5000_slices())
+    answers = [decide(b, view).review() for b in bodies * 3]
+    assert answers == [decide(b, VIEW).review() for b in bodies] * 3
+    assert view.builds == 2 and view.snapshot().world() is not world
+    assert view.snapshot().sizes == (81559 * MiB, 24564 * MiB)
+
+
+def test_the_background_thread_rebuilds_and_requests_never_wait_for_it() -> None:
+    """With ``start``: after a change, requests get the last synced generation until the
+    thread has rebuilt (lint index included); before the first sync, they never get a stale one
+    (a webhook started before its informer synced must not refuse percentages)."""
+    source = Slices([], synced=False)
+    view = source.view()
+    stop = view.start(interval=3600)  # no tick during the test: refresh() by hand
+    try:
+        pct = review(corpus_pod("HAMi__examples_nvidia__use_memory_fraction.yaml"))
+        assert decide(pct, view).allowed is False  # no sizes yet: "needs the cluster's GPU memory sizes"
+        source.change(h100_slices())  # the informer's first list
+        assert decide(pct, view).allowed is True and view.builds == 2  # unsynced: looked again at once
+        builds = view.builds
+        source.change(h100_slices() + a5000_slices())
+        old = decide(pct, view)
+        assert view.builds == builds and len(old.templates[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]) == 3
+        assert view.refresh() is True and view.refresh() is False
+        snap = view.snapshot()
+        assert snap.generation == source.generation and snap._world is not None  # built off the request path
+        new = decide(pct, view)
+        assert len(new.templates[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]) == 6
+    finally:
+        stop.set()
+
+
+def _view_thread() -> Any:
+    import threading
+
+    (thread,) = [t for t in threading.enumerate() if t.name == "cluster-view"]
+    return thread
+
+
+def first_available(d: Any) -> int:
+    return len(d.templates[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"])
+
+
+def test_the_thread_rebuilds_by_itself_and_stops_when_told() -> None:
+    """No request and no ``refresh`` by hand: the thread sees the change, derives the new
+    generation (lint index included) and swaps it in; setting the event ends the thread."""
+    source = Slices(h100_slices())
+    view = source.view()
+    stop = view.start(interval=0.01)
+    thread = _view_thread()
+    try:
+        pct = review(corpus_pod("HAMi__examples_nvidia__use_memory_fraction.yaml"))
+        assert first_available(decide(pct, view)) == 3 and view.builds == 1
+        source.change(h100_slices() + a5000_slices())
+        for _ in range(1000):  # up to 10 s on a loaded machine
+            if view.builds == 2:
+                break
+            thread.join(0.01)
+        assert view.builds == 2 and source.reads == 2
+        snap = view.snapshot()
+        assert snap.generation == source.generation and snap._world is not None
+        assert snap.sizes == (81559 * MiB, 24564 * MiB)
+        assert first_available(decide(pct, view)) == 6 and view.builds == 2
+    finally:
+        stop.set()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_failing_rebuild_hands_the_work_back_to_requests(caplog: pytest.LogCaptureFixture) -> None:
+    """The thread meets an unexpected error while deriving (an informer that breaks): it logs it
+    and stops, and from then on each request derives a changed generation itself, so answers
+    never stay on old slices."""
+    source = Slices(h100_slices())
+    items = source.items
+    broken = {"on": False}
+
+    def flaky() -> list[dict[str, Any]]:
+        if broken["on"]:
+            broken["on"] = False
+            raise RuntimeError("informer broke")
+        return items()
+
+    source.items = flaky  # type: ignore[method-assign]
+    view = source.view()
+    stop = view.start(interval=0.01)
+    thread = _view_thread()
+    try:
+        broken["on"] = True
+        source.change(h100_slices() + a5000_slices())
+        thread.join(10)
+        assert not thread.is_alive()
+        assert "cannot derive the cluster's GPUs from the ResourceSlices" in caplog.text
+        assert "informer broke" in caplog.text
+        pct = review(corpus_pod("HAMi__examples_nvidia__use_memory_fraction.yaml"))
+        assert first_available(decide(pct, view)) == 6  # derived by the request itself
+        assert view.snapshot().generation == source.generation
+        source.change(h100_slices())
+        assert first_available(decide(pct, view)) == 3  # and again at the next change
+    finally:
+        stop.set()
+
+
+def test_concurrent_requests_derive_a_generation_once() -> None:
+    """Requests in several threads (the server's lint workers beside the event loop) on a view
+    without its thread: one build, notes for each shape, every answer a fresh view's."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    source = Slices(h100_slices() + a5000_slices())
+    items = source.items
+
+    def slow() -> list[dict[str, Any]]:
+        time.sleep(0.05)  # another thread's turn while the first derives (an informer's lock)
+        return items()
+
+    source.items = slow  # type: ignore[method-assign]
+    view = source.view()
+    bodies = [review(corpus_pod(f), uid=f"u{i}") for i, f in enumerate(SHAPES)]
+    fresh = [decide(b, VIEW).review() for b in bodies]
+    start = threading.Barrier(8)
+
+    def requests(_: int) -> list[dict[str, Any]]:
+        start.wait(10)  # all at once, on a view that has derived nothing yet
+        return [decide(b, view).review() for b in bodies * 5]
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(requests, range(8)))
+    assert answers == [fresh * 5] * 8
+    assert (view.builds, source.reads) == (1, 1)
+    assert len(view.snapshot().notes) == len({t["metadata"]["name"] for b in bodies for t in decide(b, VIEW).templates})
+
+
+def test_notes_are_bounded_and_an_unreadable_slice_only_drops_them(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """At most MAX_NOTES shapes keep their lint notes; a slice the lint index cannot read
+    (another driver's bad capacity) costs the warnings, never the admission."""
+    import tessera.webhook.admission as admission
+
+    monkeypatch.setattr(admission, "MAX_NOTES", 3)
+    view = ClusterView.static(h100_slices())
+    for mib in range(1000, 6000, 1000):
+        pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": str(mib)}}}]}}
+        assert decide(review(pod), view).allowed
+    assert len(view.snapshot().notes) == 3
+    big = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": "200k"}}}]}}
+    assert "is more than any device has" in decide(review(big), view).warnings[0]
+    bad = copy.deepcopy(a5000_slices()[0])
+    bad["spec"]["driver"] = "other.example.com"
+    bad["spec"]["devices"][0]["capacity"]["memory"] = {"value": "lots"}
+    broken = ClusterView.static([*h100_slices(), bad])
+    d = decide(review(big), broken)
+    assert d.allowed and d.templates and d.warnings == []
+    assert "cannot index the ResourceSlices" in caplog.text
+
+
+def test_the_server_lints_a_new_shape_in_a_thread() -> None:
+    """A shape not linted since the slices changed: ``decide(lint_new=False)`` lists it and
+    leaves its warnings out; the server lints it in a worker thread (other admissions go on)
+    and answers with the warnings, as ``decide`` alone would."""
+    import asyncio
+    import threading
+
+    from tessera.webhook.server import Webhook
+
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": "200k"}}}]}}
+    view = ClusterView.static(h100_slices())
+    quick = decide(review(pod), view, lint_new=False)
+    assert [t["metadata"]["name"] for t in quick.unlinted] == [t["metadata"]["name"] for t in quick.templates]
+    assert quick.warnings == [] and quick.patch
+    threads = []
+    lint_shapes = view.lint_shapes
+
+    def record(templates: list[dict[str, Any]]) -> None:
+        threads.append(threading.current_thread())
+        lint_shapes(templates)
+
+    view.lint_shapes = record  # type: ignore[method-assign]
+    status, answer = asyncio.run(Webhook(view, None).admit(review(pod)))
+    assert status == 200 and isinstance(answer, dict)
+    assert answer == decide(review(pod), ClusterView.static(h100_slices())).review()
+    assert "200000Mi is more than any device has" in answer["response"]["warnings"][0]
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
+    asyncio.run(Webhook(view, None).admit(review(pod, uid="2")))
+    assert len(threads) == 1  # linted once per shape
+    assert decide(review(pod), view, lint_new=False).unlinted == []
+
+
 @pytest.mark.parametrize(
     "request_fields",
     [

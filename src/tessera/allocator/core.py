@@ -733,11 +733,17 @@ class _Recorder:
         self.first.setdefault((rd.claim_index, rd.name, d.id), r)
 
 
-# Expressions that may read fields they do not name (map enumeration, computed keys): their
-# results are memoised per device only.
+# Expressions that may read fields they do not name: their results are memoised per device
+# only. That is: a macro or function that enumerates a map (size, all, exists, existsOne,
+# map, filter, the ext library's transformList/transformMap/transformMapEntry), `in device`,
+# `device.attributes`/`device.capacity` used other than through a string-literal key (bound
+# with cel.bind, passed whole, indexed by a variable), and any index that is not a string
+# literal (a computed key may name any field).
 _ENUMERATES = re.compile(
-    r"\b(size|all|exists|exists_one|map|filter)\s*\(|\bin\s+device\b|"
-    r"device\s*\.\s*(attributes|capacity)\s*(\[\s*[^\"'\s]|\.|\s*\)|$)"
+    r"\b(size|all|exists|exists_one|existsOne|map|filter|transformList|transformMap|transformMapEntry)\s*\(|"
+    r"\bin\s+device\b|"
+    r"device\s*\.\s*(attributes|capacity)(?!\s*\[\s*\??\s*[\"'])|"
+    r"\[\s*\??\s*(?![\s\"'?])"
 )
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"|\'((?:[^\'\\]|\\.)*)\'')

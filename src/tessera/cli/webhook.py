@@ -110,7 +110,8 @@ def webhook(
         fail(str(e))
     click.echo(f"tessera webhook: {check_extended_resource(client)}", err=True)
     slices = Informer(client, "resource.k8s.io/v1", "ResourceSlice").start()
-    view = ClusterView(lambda: (slices.generation, slices.items()))
+    view = ClusterView(slices.items, lambda: slices.generation, lambda: slices.synced)
+    view_stop = view.start()  # derived state rebuilt off the request path when slices change
     store = TemplateStore(client, refresh=min(60.0, template_grace / 4))
     collector = None
     if not no_collector:
@@ -131,6 +132,7 @@ def webhook(
     except OSError as e:
         fail(f"cannot listen on {bind_address}:{port}: {e.strerror or e}")
     finally:
+        view_stop.set()
         slices.stop()
         if collector is not None:
             collector.stop()

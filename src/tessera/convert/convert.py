@@ -8,7 +8,7 @@ inputs and Tessera claims, and every deliberate divergence from HAMi.
 
 from __future__ import annotations
 
-import copy
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -17,7 +17,7 @@ from typing import Any
 
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.api.errors import TesseraError
-from tessera.api.quantity import Quantity, QuantityError
+from tessera.api.quantity import Format, Quantity, QuantityError
 
 from . import cel, hami
 from .names import dns_label, dns_subdomain, short_hash
@@ -104,7 +104,9 @@ class Conversion:
     * ``pod``: a new Pod dict (the input is never mutated). Converted containers lost their HAMi
       resources and gained ``resources.claims: [{name}]``; ``spec.resourceClaims`` gained
       ``{name, resourceClaimTemplateName}`` per converted container. Unchanged (an equal copy)
-      when nothing was converted.
+      when nothing was converted. The pod, ``metadata``, ``spec``, ``spec.resourceClaims`` and
+      the containers down to ``resources.limits/requests/claims`` are new; deeper values
+      (annotations, labels, env, volumes...) are shared with the input: copy before mutating them.
     * ``templates``: ``resource.k8s.io/v1`` ResourceClaimTemplate dicts, one per converted
       container, in the pod's namespace (no namespace when the pod has none).
     * ``warnings``: one-line messages about what was ignored, defaulted or left unconverted.
@@ -551,11 +553,17 @@ def _family(resources: Mapping[str, Any], ctx: _Ctx, container: str) -> hami.Res
 
 
 # ---- claim construction --------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1024)
+def _quantity(value: int, fmt: Format = "DecimalSI") -> str:
+    """``Quantity.from_int(value, fmt).canonical()``, remembered (the same few sizes recur)."""
+    return Quantity.from_int(value, fmt).canonical()
+
+
 def _capacity(memory_bytes: int | None, cores: int) -> dict[str, Any]:
     reqs: dict[str, str] = {}
     if memory_bytes is not None:
-        reqs["memory"] = Quantity.from_int(memory_bytes, "BinarySI").canonical()
-    reqs["cores"] = Quantity.from_int(cores).canonical()
+        reqs["memory"] = _quantity(memory_bytes, "BinarySI")
+    reqs["cores"] = _quantity(cores)
     return {"requests": reqs}
 
 
@@ -614,7 +622,7 @@ def _subrequests(
             (
                 f"mem-{i}",
                 max((size * pct // 100) // MIB * MIB, MIB),
-                (cel.memory_is(Quantity.from_int(size, "BinarySI").canonical()),),
+                (cel.memory_is(_quantity(size, "BinarySI")),),
             )
             for i, size in enumerate(sizes)
         ]
@@ -812,7 +820,7 @@ def convert_pod(
         # Nothing to convert: a bad HAMi annotation must not reject an unrelated pod.
         ctx.warnings.append(f"{e} (ignored: no container asks for a GPU)")
         hints = _PodHints([], False, None, None, {})
-    result_pod = copy.deepcopy(pod)
+    result_pod = _writable_copy(pod)
 
     def done(templates: list[dict[str, Any]], requests: list[ContainerRequest]) -> Conversion:
         return Conversion(
@@ -920,6 +928,42 @@ def convert_pod(
     if not templates and (hints.selectors or hints.numa_bind):
         ctx.warn("", "HAMi annotations have no effect: no container asks for a GPU")
     return done(templates, requests)
+
+
+def _writable_copy(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``pod`` in which everything :func:`convert_pod` writes is new: the pod, its
+    ``metadata`` and ``spec`` dicts, ``spec.resourceClaims``, the container lists, each
+    container, its ``resources`` and their ``limits``/``requests``/``claims``. Other nested
+    values (annotations, env, volumes...) are shared with ``pod``, not copied (no deep copy per
+    admitted pod)."""
+    out = dict(pod)
+    if isinstance(out.get("metadata"), Mapping):
+        out["metadata"] = dict(out["metadata"])
+    spec = out.get("spec")
+    if not isinstance(spec, Mapping):
+        return out
+    spec = out["spec"] = dict(spec)
+    if isinstance(spec.get("resourceClaims"), list):
+        spec["resourceClaims"] = list(spec["resourceClaims"])
+    for key in ("initContainers", "containers"):
+        items = spec.get(key)
+        if not isinstance(items, list):
+            continue
+        copied = []
+        for c in items:
+            if isinstance(c, dict):
+                c = dict(c)
+                res = c.get("resources")
+                if isinstance(res, dict):
+                    res = c["resources"] = dict(res)
+                    for part in ("limits", "requests"):
+                        if isinstance(res.get(part), dict):
+                            res[part] = dict(res[part])
+                    if isinstance(res.get("claims"), list):
+                        res["claims"] = list(res["claims"])
+            copied.append(c)
+        spec[key] = copied
+    return out
 
 
 def _strip(container: dict[str, Any], fam: hami.ResourceFamily) -> None:

@@ -89,6 +89,12 @@ def _closest(name: str, options: Sequence[str] | set[str]) -> str | None:
     return m[0] if m else None
 
 
+#: Distinct selectors (and HAMi request shapes) whose findings a world keeps; past it the
+#: cache starts again. A run of ``lint`` rarely has more; the webhook's world lives until the
+#: slices change and sees every user's selectors (UUID lists make each one distinct).
+FINDINGS_CACHE = 4096
+
+
 class _World:
     """What devices exist: from ResourceSlices when given, else Tessera's schema."""
 
@@ -97,6 +103,7 @@ class _World:
         self.devices: list[Device] = list(self.index.devices()) if self.index else []
         self.published = bool(self.devices)
         self.classes = classes
+        self.class_members: dict[str, list[Device]] = {}  # _class_devices, computed once per class
         self.selector_findings: dict[tuple[str, str | None], list[tuple[str, str]]] = {}
         self.hami_findings: dict[str, list[tuple[str, str, str]]] = {}
         self.attrs: dict[str, dict[str, list[Device]]] = {}
@@ -173,7 +180,23 @@ def _selectors_of(m: Manifest) -> Iterator[tuple[str, dict[str, Any]]]:
             yield p, r
 
 
-def lint(manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = ()) -> list[Finding]:
+class LintWorld(_World):
+    """The devices :func:`lint` checks against, indexed once: build it from the cluster's
+    ResourceSlice dicts (and DeviceClasses by name; Tessera's ``gpu.tessera.dev`` is always
+    known) and pass it as ``lint(..., world=...)`` while the slices do not change (``tessera
+    webhook`` lints each new template shape against the slices it watches). Its caches (each
+    class's devices, each selector's findings) fill as it is used: not thread-safe, one
+    :func:`lint` at a time."""
+
+    def __init__(self, slices: Sequence[Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        known = dict(classes or {})
+        known.setdefault(DEVICE_CLASS_NAME, device_class())
+        super().__init__(slices, known)
+
+
+def lint(
+    manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = (), *, world: LintWorld | None = None
+) -> list[Finding]:
     """Findings for every object in ``manifests``, in input order: first what the API server
     would refuse in any object (:func:`tessera.api.validation.manifest_problems`, the judgement
     ``simulate`` and ``explain`` make too), then for valid DeviceClasses, ResourceClaims and
@@ -181,13 +204,13 @@ def lint(manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = ()
     conversion refuses (``nvidia.com/gpumem: "4Gi"``, negative values). An invalid object is
     reported and not linted further; every other object still is. ``slices``: ResourceSlice
     dicts of the cluster (valid ResourceSlices among ``manifests`` are added); without any,
-    names are checked against Tessera's schema."""
+    names are checked against Tessera's schema. ``world``: a prepared :class:`LintWorld` used
+    instead of ``slices`` and of the manifests' own DeviceClasses and ResourceSlices."""
     problems = {id(m): manifest_problems(m) for m in manifests}
     valid = [m for m in manifests if not problems[id(m)]]
-    classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in valid if m.kind == "DeviceClass"}
-    classes.setdefault(DEVICE_CLASS_NAME, device_class())
-    all_slices = list(slices) + [m.obj for m in valid if m.kind == "ResourceSlice"]
-    world = _World(all_slices, classes)
+    if world is None:
+        classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in valid if m.kind == "DeviceClass"}
+        world = LintWorld(list(slices) + [m.obj for m in valid if m.kind == "ResourceSlice"], classes)
     out: list[Finding] = []
     for m in manifests:
 
@@ -242,6 +265,8 @@ def _check_hami(add: Any, m: Manifest, world: _World) -> None:
             add(*f)
         return
     found: list[tuple[str, str, str]] = []
+    if len(world.hami_findings) >= FINDINGS_CACHE:
+        world.hami_findings.clear()
     world.hami_findings[key] = found
     sizes = sorted({int(d.capacity["memory"].value.value) for d in world.devices if "memory" in d.capacity}, reverse=True)
     try:
@@ -441,7 +466,10 @@ def _class_devices(world: _World, cls: str) -> list[Device]:
     c = world.classes.get(cls)
     if c is None:
         return world.devices
-    out = []
+    known = world.class_members.get(cls)
+    if known is not None:
+        return known
+    out: list[Device] = []
     for d in world.devices:
         ok = True
         for s in (c.get("spec") or {}).get("selectors") or []:
@@ -454,6 +482,7 @@ def _class_devices(world: _World, cls: str) -> list[Device]:
                 break
         if ok:
             out.append(d)
+    world.class_members[cls] = out
     return out
 
 
@@ -470,6 +499,8 @@ def _check_selector(add: Any, field: str, expr: str, world: _World, cls: str | N
         _static(add_here, field, expr, world)
         if world.published and not found:
             _evaluate(add_here, field, expr, world, cls)
+        if len(world.selector_findings) >= FINDINGS_CACHE:
+            world.selector_findings.clear()  # a long-lived world (the webhook's) stays bounded
         cached = world.selector_findings[key] = found
     for problem, fix in cached:
         add(field, problem, fix)

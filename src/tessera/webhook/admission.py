@@ -26,9 +26,12 @@ Never an HTTP 500: an unexpected exception while converting is a denial with rea
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import logging
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,13 +39,15 @@ from typing import Any
 from tessera import DRIVER_NAME
 from tessera.api.loader import Manifest, Source
 from tessera.convert import ContainerRequest, ConversionError, convert_pod, gpu_memory_sizes, hami
-from tessera.webhook.templates import hashed_template, spec_hash
+from tessera.explain.lint import LintWorld, lint
+from tessera.webhook.templates import HASH_LABEL, hashed_template
 
 ADMISSION_VERSION = "admission.k8s.io/v1"
 #: Largest AdmissionReview body read (bytes); the API server's own request limit is 3 MiB.
 MAX_BODY = 8 * 2**20
 MAX_WARNINGS = 20  # the API server keeps 4 KiB of warnings per request
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+log = logging.getLogger("tessera.webhook")
 
 
 class BadReview(ValueError):
@@ -50,82 +55,187 @@ class BadReview(ValueError):
 
 
 # ---- the cluster as the webhook sees it ------------------------------------------------------
+#: Template shapes whose lint notes one snapshot keeps (least recently used dropped first).
+MAX_NOTES = 4096
+
+
+class _Snapshot:
+    """What the webhook derives from one generation of the watched ResourceSlices: the GPU
+    memory sizes, the most GPUs of a node, the lint index of the devices (built on first use),
+    and the notes of each template shape linted against them."""
+
+    def __init__(self, generation: int, slices: Sequence[Mapping[str, Any]], synced: bool) -> None:
+        self.generation = generation
+        self.slices = slices
+        self.synced = synced
+        per_node: dict[str, int] = {}
+        for s in slices:
+            spec = s.get("spec") or {}
+            if spec.get("driver") == DRIVER_NAME:
+                node = str(spec.get("nodeName") or (spec.get("pool") or {}).get("name") or "")
+                per_node[node] = per_node.get(node, 0) + len(spec.get("devices") or [])
+        try:
+            sizes = gpu_memory_sizes(slices)
+        except ValueError:
+            sizes = []  # a malformed slice: percentages then fail with a clear message
+        self.sizes: tuple[int, ...] = tuple(sizes)
+        self.max_gpus = max(per_node.values(), default=0)
+        self._world: LintWorld | None = None
+        self._world_error: str | None = None
+        self.notes: OrderedDict[str, list[tuple[str, str]]] = OrderedDict()
+
+    def world(self) -> LintWorld | None:
+        """The lint index of the devices; None (logged once) when the slices cannot be read."""
+        if self._world is None and self._world_error is None:
+            try:
+                self._world = LintWorld(self.slices)
+            except Exception as e:  # another driver's odd slice must not deny pods: no notes then
+                self._world_error = f"{type(e).__name__}: {e}"
+                log.warning("cannot index the ResourceSlices (%s); admitting without the checks of what no GPU "
+                            "can hold", self._world_error)
+        return self._world
+
+
 class ClusterView:
     """The ResourceSlices of the cluster, and what the webhook derives from them: GPU memory
     sizes (for ``gpumem-percentage``: :func:`tessera.convert.gpu_memory_sizes`, as ``tessera
     simulate`` uses) and, per claim shape, what no GPU can hold (``tessera lint``'s checks).
 
-    ``source`` returns ``(generation, slices)``; derived values are recomputed only when the
-    generation changes (an informer bumps it on every slice event).
+    ``items`` returns the slices, ``generation`` a number that changes whenever they do, and
+    ``synced`` whether they are complete (an :class:`~tessera.kube.watch.Informer`'s ``items``,
+    ``generation`` and ``synced``). Everything derived is computed once per generation, never
+    per request: the sizes and node sizes when a generation is first seen, the lint index of the
+    devices on the first new template shape, each shape's notes once (at most :data:`MAX_NOTES`
+    shapes kept). With :meth:`start`, a thread rebuilds them when the slices change, and
+    requests meanwhile use the previous synced generation (as a watch lags anyway); before the
+    first sync, each request looks again. Thread-safe.
     """
 
-    def __init__(self, source: Callable[[], tuple[int, Sequence[Mapping[str, Any]]]]) -> None:
-        self.source = source
+    def __init__(
+        self,
+        items: Callable[[], Sequence[Mapping[str, Any]]],
+        generation: Callable[[], int] = lambda: 0,
+        synced: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.items = items
+        self.generation = generation
+        self.synced = synced
         self._lock = threading.Lock()
-        self._generation = -1
-        self._sizes: list[int] = []
-        self._max_gpus = 0
-        self._notes: dict[str, list[tuple[str, str]]] = {}
+        self._snap: _Snapshot | None = None
+        self._background = False
+        self.builds = 0
 
     @classmethod
     def static(cls, slices: Sequence[Mapping[str, Any]]) -> ClusterView:
-        """A view of fixed slices (tests, ``tessera webhook`` without slices)."""
+        """A view of fixed slices (tests, benchmarks)."""
         items = list(slices)
-        return cls(lambda: (0, items))
+        return cls(lambda: items)
 
-    def _refresh(self) -> list[Mapping[str, Any]]:
-        gen, slices = self.source()
-        if gen != self._generation:
-            per_node: dict[str, int] = {}
-            for s in slices:
-                spec = s.get("spec") or {}
-                if spec.get("driver") == DRIVER_NAME:
-                    node = str(spec.get("nodeName") or (spec.get("pool") or {}).get("name") or "")
-                    per_node[node] = per_node.get(node, 0) + len(spec.get("devices") or [])
-            try:
-                sizes = gpu_memory_sizes(slices)
-            except ValueError:
-                sizes = []  # a malformed slice: percentages then fail with a clear message
-            self._sizes, self._max_gpus = sizes, max(per_node.values(), default=0)
-            self._notes = {}
-            self._generation = gen
-        return list(slices)
+    def _build(self) -> _Snapshot:
+        # generation and synced before the items: a change meanwhile is seen next time
+        gen, synced = self.generation(), self.synced()
+        snap = _Snapshot(gen, list(self.items()), synced)
+        self.builds += 1
+        return snap
+
+    def snapshot(self) -> _Snapshot:
+        """The derived state of the current slices (the previous synced generation's while the
+        background thread rebuilds)."""
+        snap = self._snap
+        if snap is not None and ((self._background and snap.synced) or snap.generation == self.generation()):
+            return snap
+        with self._lock:
+            snap = self._snap
+            if snap is None or snap.generation != self.generation():
+                snap = self._snap = self._build()
+            return snap
+
+    def refresh(self) -> bool:
+        """Rebuild now if the slices changed (with the lint index, so that no request waits for
+        it); True if rebuilt."""
+        snap = self._snap
+        if snap is not None and snap.generation == self.generation():
+            return False
+        new = self._build()
+        if new.max_gpus:
+            new.world()
+        with self._lock:
+            if self._snap is None or self._snap.generation <= new.generation:  # not over a newer one
+                self._snap = new
+        return True
+
+    def start(self, interval: float = 0.5) -> threading.Event:
+        """Rebuild in a daemon thread, checking every ``interval`` seconds, until the returned
+        event is set."""
+        stop = threading.Event()
+        self.refresh()
+        self._background = True
+
+        def loop() -> None:
+            while not stop.wait(interval):
+                try:
+                    self.refresh()
+                except Exception:  # unexpected: requests rebuild the view themselves from now on
+                    log.exception("cannot derive the cluster's GPUs from the ResourceSlices")
+                    self._background = False
+                    return
+
+        threading.Thread(target=loop, name="cluster-view", daemon=True).start()
+        return stop
 
     def memory_sizes(self) -> list[int]:
         """Distinct GPU memory sizes in bytes, largest first."""
-        with self._lock:
-            self._refresh()
-            return list(self._sizes)
+        return list(self.snapshot().sizes)
 
-    def unholdable(self, template: Mapping[str, Any], request: ContainerRequest) -> list[str]:
-        """Why no GPU of the cluster can hold ``template`` (container ``request``), in HAMi's
-        terms: ``["nvidia.com/gpumem: 100000Mi is more than any device has: ..."]``; [] when
-        one can, or when no Tessera GPU is published yet."""
-        from tessera.explain.lint import lint
+    def lint_shapes(self, templates: Sequence[Mapping[str, Any]]) -> None:
+        """Lint the shapes of ``templates`` (:func:`hashed_template` dicts) that have no notes
+        yet against the current slices, and keep their notes. CPU work proportional to the
+        devices published (their selectors run on every device): the server calls it in a
+        worker thread, so that other admissions go on meanwhile."""
+        snap = self.snapshot()
+        if not snap.max_gpus:
+            return
+        with self._lock:  # one lint at a time: the index's caches are not thread-safe
+            world = snap.world()
+            for template in templates:
+                key = template["metadata"]["labels"][HASH_LABEL]
+                if key in snap.notes:
+                    continue
+                notes: list[tuple[str, str]] = []
+                for f in lint([Manifest(dict(template), Source("admission", 1))], world=world) if world else ():
+                    what = _finding_field(f.field)
+                    if what and (what, f.problem) not in notes:
+                        notes.append((what, f.problem))
+                snap.notes[key] = notes
+                if len(snap.notes) > MAX_NOTES:
+                    snap.notes.popitem(last=False)
 
+    def unholdable(self, template: Mapping[str, Any], request: ContainerRequest, *, lint_new: bool = True) -> list[str] | None:
+        """Why no GPU of the cluster can hold ``template`` (a :func:`hashed_template`, container
+        ``request``), in HAMi's terms: ``["nvidia.com/gpumem: 100000Mi is more than any device
+        has: ..."]``; [] when one can, or when no Tessera GPU is published yet. A shape not seen
+        since the slices last changed is linted first (:meth:`lint_shapes`); with
+        ``lint_new=False`` the answer is then None instead."""
+        snap = self.snapshot()
+        key = template["metadata"]["labels"][HASH_LABEL]
+        notes = snap.notes.get(key)
+        if notes is None and snap.max_gpus:
+            if not lint_new:
+                return None
+            self.lint_shapes([template])
+            notes = snap.notes.get(key, [])
+        elif notes is not None:
+            with contextlib.suppress(KeyError):  # dropped by another thread meanwhile
+                snap.notes.move_to_end(key)
         fam = hami.VOLCANO if request.family == "volcano" else hami.NVIDIA
-        with self._lock:
-            slices = self._refresh()
-            key = spec_hash(template["spec"])
-            notes = self._notes.get(key)
-            max_gpus = self._max_gpus
-            if notes is None:
-                notes = []
-                if max_gpus:
-                    findings = lint([Manifest(dict(template), Source("admission", 1))], slices)
-                    for f in findings:
-                        what = _finding_field(f.field)
-                        if what and (what, f.problem) not in notes:
-                            notes.append((what, f.problem))
-                self._notes[key] = notes
         out = []
-        for what, problem in notes:
+        for what, problem in notes or ():
             name = {"memory": fam.memory if request.memory_mib is not None else fam.percentage, "cores": fam.cores}.get(what)
             if name is None:
                 name = "the pod's GPU selection annotations (" + ", ".join(hami.SELECTOR_ANNOTATIONS[:4]) + ")"
             out.append(f"{name}: {problem}")
-        if max_gpus and request.gpus > max_gpus:
-            out.append(f"{fam.count}: {request.gpus} GPUs on one node, but the most any node publishes is {max_gpus}")
+        if snap.max_gpus and request.gpus > snap.max_gpus:
+            out.append(f"{fam.count}: {request.gpus} GPUs on one node, but the most any node publishes is {snap.max_gpus}")
         return out
 
 
@@ -144,7 +254,8 @@ def _finding_field(path: str) -> str | None:
 @dataclass
 class Decision:
     """What to answer one AdmissionReview: ``allowed``, the JSONPatch ops, the templates to
-    ensure first (none for ``dry_run``), warnings, and for a denial ``code``/``reason``/``message``."""
+    ensure first (none for ``dry_run``), warnings, and for a denial ``code``/``reason``/``message``;
+    ``unlinted``: templates whose shape was not linted yet (``decide(..., lint_new=False)``)."""
 
     uid: str
     allowed: bool = True
@@ -156,6 +267,7 @@ class Decision:
     reason: str = ""
     message: str = ""
     pod: str = ""
+    unlinted: list[dict[str, Any]] = field(default_factory=list)
 
     def deny(self, code: int, reason: str, message: str) -> Decision:
         """This decision turned into a denial (e.g. the template could not be created)."""
@@ -221,9 +333,13 @@ def _is_pod_create(request: Mapping[str, Any]) -> bool:
     return isinstance(resource, Mapping) and resource.get("group", "") == "" and resource.get("resource") == "pods"
 
 
-def decide(body: bytes, view: ClusterView) -> Decision:
+def decide(body: bytes, view: ClusterView, *, lint_new: bool = True) -> Decision:
     """The decision for one AdmissionReview body (see the module docstring). Raises
-    :class:`BadReview` only for bodies without a usable ``request.uid``."""
+    :class:`BadReview` only for bodies without a usable ``request.uid``.
+
+    ``lint_new=False``: a template shape not linted since the slices last changed is not linted
+    here; it is listed in :attr:`Decision.unlinted` and its warnings are missing (the server
+    lints them in a thread with :meth:`ClusterView.lint_shapes`, then decides again)."""
     request = parse_review(body)
     d = Decision(uid=request["uid"], dry_run=request.get("dryRun") is True)
     if not _is_pod_create(request):
@@ -232,7 +348,7 @@ def decide(body: bytes, view: ClusterView) -> Decision:
     if not isinstance(pod, dict) or not isinstance(pod.get("metadata", {}), dict) or not isinstance(pod.get("spec"), dict):
         return d.deny(400, "BadRequest", "request.object is not a Pod with metadata and spec")
     try:
-        return _convert(d, request, pod, view)
+        return _convert(d, request, pod, view, lint_new)
     except ConversionError as e:
         return d.deny(422, "Invalid", str(e))
     except RecursionError:
@@ -245,7 +361,7 @@ def decide(body: bytes, view: ClusterView) -> Decision:
         )
 
 
-def _convert(d: Decision, request: Mapping[str, Any], pod: dict[str, Any], view: ClusterView) -> Decision:
+def _convert(d: Decision, request: Mapping[str, Any], pod: dict[str, Any], view: ClusterView, lint_new: bool) -> Decision:
     meta = pod.get("metadata") or {}
     namespace = request.get("namespace") or meta.get("namespace") or "default"
     if not isinstance(namespace, str):
@@ -254,7 +370,7 @@ def _convert(d: Decision, request: Mapping[str, Any], pod: dict[str, Any], view:
     work["metadata"] = {**meta, "namespace": namespace}
     if not _has_hami_names(pod):
         return d
-    conv = convert_pod(work, memory_sizes=view.memory_sizes())
+    conv = convert_pod(work, memory_sizes=view.snapshot().sizes)
     d.pod = f"{namespace}/{meta.get('name') or str(meta.get('generateName') or '') + '*'}"
     d.warnings.extend(conv.warnings)
     if not conv.converted:
@@ -267,17 +383,22 @@ def _convert(d: Decision, request: Mapping[str, Any], pod: dict[str, Any], view:
         renamed[t["metadata"]["name"]] = h["metadata"]["name"]
         if h not in d.templates:
             d.templates.append(h)
-        for note in view.unholdable(h, req):
+        notes = view.unholdable(h, req, lint_new=lint_new)
+        if notes is None:
+            d.unlinted.append(h)
+        for note in notes or ():
             d.warnings.append(
                 f"pod {d.pod}, container {req.container}: {note}; the pod stays pending until a GPU that can "
                 "hold it is published"
             )
-    new_pod = conv.pod  # a new dict: convert_pod never mutates its input
+    new_pod = conv.pod  # new down to spec.resourceClaims: convert_pod never mutates its input
     new_pod["metadata"] = meta
-    for rc in new_pod["spec"].get("resourceClaims") or []:
-        name = rc.get("resourceClaimTemplateName")
-        if name in renamed:
-            rc["resourceClaimTemplateName"] = renamed[name]
+    spec = new_pod["spec"]
+    spec["resourceClaims"] = [
+        {**rc, "resourceClaimTemplateName": renamed[rc["resourceClaimTemplateName"]]}
+        if isinstance(rc, dict) and rc.get("resourceClaimTemplateName") in renamed else rc
+        for rc in spec.get("resourceClaims") or []
+    ]
     d.patch = _patch(pod, new_pod)
     if d.dry_run:
         d.templates = []

@@ -119,7 +119,15 @@ class Webhook:
         """HTTP status and AdmissionReview (or the text of a 400) for one request body."""
         self.counters.reviews += 1
         try:
-            d = decide(body, self.view)
+            d = decide(body, self.view, lint_new=False)
+            if d.unlinted:
+                # A shape first seen since the slices changed: its lint runs every selector on
+                # every device (300 ms for 1,000 GPUs); in a thread, other admissions go on.
+                try:
+                    await asyncio.to_thread(self.view.lint_shapes, d.unlinted)
+                except Exception:  # decide() below lints again, and denies naming what broke
+                    log.exception("linting new template shapes failed")
+                d = decide(body, self.view)
         except BadReview as e:
             self.counters.bad_requests += 1
             return 400, str(e)
@@ -194,14 +202,16 @@ async def serve(
 ) -> None:
     """Serve ``app`` on ``host:port`` until SIGINT/SIGTERM: HTTPS with ``certs`` (checked for
     new files every ``reload_interval`` seconds), plain HTTP without. ``ready(port)`` is called
-    once listening."""
+    once listening. On SIGTERM it stops accepting, finishes the requests in flight and returns
+    within 5 seconds, idle keep-alive connections or not. uvloop and httptools: the fastest of
+    uvicorn's loops and parsers (``docs/benchmarks.md``)."""
     tls: dict[str, Any] = {}
     if certs is not None:
         tls = {"ssl_certfile": str(certs.cert_file), "ssl_keyfile": str(certs.key_file)}
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False, loop="uvloop", http="httptools",
-        lifespan="off", timeout_keep_alive=30, **tls,
-    )
+        lifespan="off", timeout_keep_alive=30, timeout_graceful_shutdown=5, **tls,
+    )  # graceful shutdown bounded: an idle client that never answers TLS close_notify holds it 30 s
     config.load()
     if certs is not None:
         config.ssl = certs.context  # our context: its certificate is swapped in place on reload

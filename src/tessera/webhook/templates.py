@@ -88,7 +88,8 @@ def _parse_time(text: Any) -> float | None:
 
 @dataclass
 class StoreStats:
-    """Counters of :class:`TemplateStore` (exported on the webhook's ``/metrics``)."""
+    """Counters of :class:`TemplateStore`, for tests and debugging (not exported: the webhook
+    serves no ``/metrics``)."""
 
     created: int = 0
     refreshed: int = 0
