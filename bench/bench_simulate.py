@@ -1,9 +1,17 @@
 """Benchmark: place fractional GPU claims one by one on a large simulated cluster.
 
-Nodes are 8x H100 80GB (the corpus gpud inventory's GPUs, UUIDs made unique per node); claims
-come from a ResourceClaimTemplate per shape, one pod per claim, shapes drawn with a fixed seed
-from realistic inference/training slices. Reports wall time, time per claim, peak Python heap
-(tracemalloc, with --trace-memory) and RSS, and the placed / pending counts.
+Nodes are 8x H100 80GB (the corpus gpud inventory's GPUs), described as a user writes a fleet:
+one cluster-file entry with ``count: N`` (``docs/cluster-file.md``; every copy gets its own GPU
+UUIDs). Claims come from a ResourceClaimTemplate per shape, one pod per claim, shapes drawn with
+a fixed seed from realistic inference/training slices. Reports wall and CPU time, time per
+claim, peak Python heap (tracemalloc, with --trace-memory) and RSS, and the placed / pending
+counts.
+
+Identical answers: the run's placements (pod, node, device, request, consumed capacity,
+shareID) and pending reasons are hashed, and the digest is compared with the one recorded in
+``bench/simulate_digests.json`` for the same nodes, claims and seed (recorded from the code
+before the speed-ups of issue 16). A difference fails the run (exit 1); ``--record`` writes the
+digest of a configuration not recorded yet.
 
     .venv/bin/python bench/bench_simulate.py --nodes 100 --claims 10000
     .venv/bin/python bench/bench_simulate.py --nodes 1000 --claims 50000 --json out.json
@@ -12,7 +20,7 @@ from realistic inference/training slices. Reports wall time, time per claim, pea
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import hashlib
 import json
 import random
 import resource
@@ -25,25 +33,25 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tessera.api.loader import Manifest, Source
-from tessera.inventory import build_resource_slices, load_inventory
-from tessera.sim.cluster import Cluster, SimNode
-from tessera.sim.simulate import Simulation
+from tessera.sim.cluster import Cluster, cluster_from_dict
+from tessera.sim.simulate import SimResult, Simulation
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "tessera" / "examples"
 H100 = EXAMPLES / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+DIGESTS = Path(__file__).resolve().parent / "simulate_digests.json"
 
 # (memory, cores) shapes and their weights: small inference slices dominate.
 SHAPES = [("4Gi", "10", 30), ("8Gi", "20", 30), ("16Gi", "25", 20), ("20Gi", "30", 10), ("40Gi", "50", 7), ("80Gi", "100", 3)]
 
 
 def make_cluster(n_nodes: int) -> Cluster:
-    base = load_inventory(H100)
-    nodes = []
-    for i in range(n_nodes):
-        name = f"node-{i:05d}"
-        gpus = [dataclasses.replace(g, uuid=f"GPU-{i:08x}-0000-4000-8000-{g.index:012x}") for g in base]
-        nodes.append(SimNode(name, {"kubernetes.io/hostname": name}, build_resource_slices(name, gpus)))
-    return Cluster(nodes)
+    """The fleet as a cluster file gives it: one entry, ``count: n_nodes`` (nodes node-0 ..)."""
+    doc = {
+        "apiVersion": "tessera.dev/v1alpha1",
+        "kind": "Cluster",
+        "nodes": [{"name": "node", "count": n_nodes, "inventory": str(H100.relative_to(EXAMPLES))}],
+    }
+    return cluster_from_dict(doc, EXAMPLES, "bench-cluster.yaml")
 
 
 def make_workload(n_claims: int, seed: int) -> list[Manifest]:
@@ -77,8 +85,8 @@ def make_workload(n_claims: int, seed: int) -> list[Manifest]:
             )
         )
     weights = [w for *_, w in SHAPES]
-    for i in range(n_claims):
-        mem, cores, _ = rng.choices(SHAPES, weights)[0]
+    # One draw per claim, as n_claims calls of rng.choices(SHAPES, weights) would make.
+    for i, (mem, cores, _) in enumerate(rng.choices(SHAPES, weights, k=n_claims)):
         out.append(
             Manifest(
                 {
@@ -96,14 +104,32 @@ def make_workload(n_claims: int, seed: int) -> list[Manifest]:
     return out
 
 
+def digest(result: SimResult) -> str:
+    """sha256 of every placement (pod, container, node, device, request, consumed memory and
+    cores, shareID) and every pending pod's reason, in the run's order."""
+    h = hashlib.sha256()
+    for p in result.placements:
+        h.update(f"P {p.pod} {p.container} {p.node} {p.device} {p.request} {p.memory} {p.cores} {p.share_id}\n".encode())
+    for q in result.pending:
+        h.update(f"U {q.pod} {q.reason}\n".encode())
+    return h.hexdigest()
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def run(n_nodes: int, n_claims: int, seed: int, progress: bool, trace: bool = False) -> dict[str, Any]:
     if trace:
         tracemalloc.start()
     t0 = time.perf_counter()
+    c0 = _cpu()
     cluster = make_cluster(n_nodes)
     workload = make_workload(n_claims, seed)
     sim = Simulation(cluster, workload, seed=seed)
     t_setup = time.perf_counter() - t0
+    c_setup = _cpu() - c0
     done = 0
     if progress:
         with Progress(TextColumn("placing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True) as bar:
@@ -121,6 +147,7 @@ def run(n_nodes: int, n_claims: int, seed: int, progress: bool, trace: bool = Fa
         t1 = time.perf_counter()
         result = sim.run()
     t_place = time.perf_counter() - t1
+    c_place = _cpu() - c0 - c_setup
     peak = 0
     if trace:
         _, peak = tracemalloc.get_traced_memory()
@@ -133,7 +160,10 @@ def run(n_nodes: int, n_claims: int, seed: int, progress: bool, trace: bool = Fa
         "pending": len(result.pending),
         "setup_s": round(t_setup, 2),
         "place_s": round(t_place, 2),
+        "setup_cpu_s": round(c_setup, 2),
+        "place_cpu_s": round(c_place, 2),
         "per_claim_ms": round(1000 * t_place / n_claims, 3),
+        "digest": digest(result),
         "peak_heap_mib": round(peak / 2**20, 1) if trace else None,
         "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
@@ -147,11 +177,30 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--trace-memory", action="store_true", help="also measure the Python heap peak (slow)")
+    ap.add_argument("--record", action="store_true", help="record the digest of a configuration not recorded yet")
     a = ap.parse_args()
     r = run(a.nodes, a.claims, a.seed, progress=not a.no_progress and sys.stderr.isatty(), trace=a.trace_memory)
     print(json.dumps(r))
     if a.json:
         a.json.write_text(json.dumps(r, indent=2) + "\n")
+    key = f"nodes={a.nodes} claims={a.claims} seed={a.seed}"
+    known = json.loads(DIGESTS.read_text()) if DIGESTS.exists() else {}
+    if key not in known:
+        if a.record:
+            known[key] = r["digest"]
+            DIGESTS.write_text(json.dumps(known, indent=2, sort_keys=True) + "\n")
+            print(f"recorded the digest of {key}", file=sys.stderr)
+        else:
+            print(f"no recorded digest for {key}: answers not compared (--record adds one)", file=sys.stderr)
+    elif known[key] != r["digest"]:
+        print(
+            f"DIFFERENT ANSWERS: placements or pending reasons differ from the recorded run ({key}): "
+            f"digest {r['digest']} != {known[key]}",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    else:
+        print(f"same answers as the recorded run ({key})", file=sys.stderr)
 
 
 if __name__ == "__main__":

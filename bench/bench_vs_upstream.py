@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -35,7 +36,11 @@ from bench_simulate import make_cluster, make_workload
 from tessera.allocator import AllocatedState, Allocator, Node
 from tessera.sim.simulate import Simulation, default_device_class
 
-HARNESS = Path(__file__).resolve().parents[1] / "tools" / "kube" / "bin" / "allocator-harness"
+# tools/kube's build, or prebuilt binaries in $TESSERA_KUBE_BIN (as for the tests).
+HARNESS = (
+    Path(os.environ["TESSERA_KUBE_BIN"]) if os.environ.get("TESSERA_KUBE_BIN")
+    else Path(__file__).resolve().parents[1] / "tools" / "kube" / "bin"
+) / "allocator-harness"
 FEATURES = ["AdminAccess", "ConsumableCapacity", "DeviceBindingAndStatus", "DeviceTaints", "PartitionableDevices", "PrioritizedList"]
 
 
@@ -139,6 +144,9 @@ def main() -> None:
     report["placed"] = up["placed"]
     report["ratio_upstream_over_simulate"] = round(report["upstream_place_s"] / max(t, 1e-9), 2)
     print(json.dumps(report))
+    if not report["simulate_agrees"] or report.get("allocator_agrees") is False:
+        print("DIFFERENT ANSWERS: Tessera placed claims differently from the upstream allocator", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

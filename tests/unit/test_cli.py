@@ -287,3 +287,14 @@ def test_output_fed_back_reproduces_the_state(tmp_path: Path) -> None:
             assert (after[k].get("status") or {}).get("allocation") == (before[k].get("status") or {}).get("allocation")
         if k[0] == "Pod":
             assert after[k]["spec"].get("nodeName") == before[k]["spec"].get("nodeName")
+
+
+def test_progress_lines_when_asked_without_a_terminal() -> None:
+    # The bundled default: 18 pods; --progress on a stderr that is not a terminal prints one
+    # line at the end with the pods done and the claims per second (of the 18 pods' claims).
+    code, out, err = run("simulate", "--progress")
+    assert code == 0 and "16 pod(s) scheduled, 2 pending." in out
+    lines = [ln for ln in err.splitlines() if ln.startswith("tessera simulate: ")]
+    assert len(lines) == 1 and lines[0].startswith("tessera simulate: 18/18 pods, ") and lines[0].endswith(" claims/s")
+    code, _, err = run("simulate")
+    assert code == 0 and "claims/s" not in err

@@ -728,3 +728,45 @@ def test_no_corpus_dra_manifest_stops_on_a_device_class(corpus: Path) -> None:
             if "does not exist" in p.reason:
                 assert p.reason.startswith("0/4 nodes are available: request "), p.reason
     assert ran == 44
+
+
+def _bundled_workload(copies: int) -> list[Manifest]:
+    """The bundled example workloads, their pods repeated ``copies`` times under new names (the
+    claim templates and classes once): many pods of the same claim shapes."""
+    examples = Path(__file__).resolve().parents[2] / "src" / "tessera" / "examples" / "workloads"
+    loaded = [m for f in sorted(examples.glob("*.yaml")) for m in expand_workloads(load_file(f))]
+    out = [m for m in loaded if m.kind != "Pod"]
+    for k in range(copies):
+        for m in loaded:
+            if m.kind == "Pod":
+                obj = {**m.obj, "metadata": {**m.obj["metadata"], "name": f"{m.obj['metadata']['name']}-{k}"}}
+                out.append(Manifest(obj, m.source))
+    return out
+
+
+def test_memoised_preparations_give_the_same_answers(monkeypatch: Any) -> None:
+    # The simulation's allocator memoises claim preparations and selectability per spec
+    # (frozen_specs): the answers are those of an allocator that prepares every claim afresh,
+    # placements, shareIDs and pending reasons included, under every placement policy.
+    from tessera.allocator import Allocator
+    from tessera.sim import simulate as sim_mod
+    from tessera.sim.cluster import load_cluster
+
+    bundled = load_cluster(Path(__file__).resolve().parents[2] / "src" / "tessera" / "examples" / "cluster.yaml")
+
+    def answers(policy: str) -> list[Any]:
+        res = Simulation(bundled, _bundled_workload(6), seed=3, policy=policy).run()
+        return [[(p.pod, p.container, p.device, p.memory, p.cores, p.share_id) for p in res.placements],
+                [(p.pod, p.reason) for p in res.pending]]
+
+    memoised = {p: answers(p) for p in ("first-fit", "binpack", "topology")}
+    assert memoised["first-fit"][0] and memoised["first-fit"][1]  # some placed, some pending
+
+    class Fresh(Allocator):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            kw["frozen_specs"] = False
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(sim_mod, "Allocator", Fresh)
+    for policy, got in memoised.items():
+        assert answers(policy) == got, policy

@@ -14,7 +14,6 @@ import functools
 import math
 import random
 import re
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -23,12 +22,15 @@ from typing import Any
 from tessera.allocator.model import (
     AllocatedState,
     Capacity,
+    Descriptions,
     Device,
     DeviceID,
+    Exact,
     Node,
     Slice,
     UnsupportedAttribute,
     device_on_node,
+    exact,
     node_selector_matches,
     slice_from_dict,
 )
@@ -53,6 +55,7 @@ from tessera.allocator.record import (
     Tainted,
 )
 from tessera.api.quantity import Quantity
+from tessera.api.uids import uuid_text
 from tessera.cel import (
     CelCompileError,
     CelRuntimeError,
@@ -62,6 +65,8 @@ from tessera.cel import (
 )
 
 MAX_RESULTS_PER_CLAIM = 32
+#: At most this many claim preparations are kept (Allocator frozen_specs).
+_PREPARED_MAX = 4096
 _ZERO = Fraction(0)
 
 
@@ -171,7 +176,8 @@ class SliceIndex:
     """All published slices, indexed for per-node pool gathering."""
 
     def __init__(self, slices: Iterable[Slice | Mapping[str, Any]]) -> None:
-        self.slices: list[Slice] = [s if isinstance(s, Slice) else slice_from_dict(dict(s)) for s in slices]
+        shared = Descriptions()  # devices publishing the same capacities and values share them
+        self.slices: list[Slice] = [s if isinstance(s, Slice) else slice_from_dict(dict(s), shared) for s in slices]
         self.by_node: dict[str, list[Slice]] = {}
         self.unpinned: list[Slice] = []
         self.by_pool: dict[tuple[str, str], list[Slice]] = {}
@@ -329,9 +335,10 @@ def violates_policy(cap: Capacity, amount: Quantity) -> bool:
     return False
 
 
-def consumption(requests: Mapping[str, Quantity], d: Device) -> tuple[tuple[str, Fraction, Fraction, str], ...] | Refusal:
+def consumption(requests: Mapping[str, Quantity], d: Device) -> tuple[tuple[str, Exact, Exact, str], ...] | Refusal:
     """What a request naming ``requests`` consumes of each capacity of ``d`` (dra-spec.md 2.2,
-    2.3): (name, amount, published value, amount as a result string) per capacity; or why the
+    2.3): (name, amount, published value, amount as a result string) per capacity, amounts
+    exact (:data:`~tessera.allocator.model.Exact`); or why the
     device cannot serve it at any fill level (a requested capacity it lacks, an amount its
     request policy forbids)."""
     req = requests
@@ -345,7 +352,7 @@ def consumption(requests: Mapping[str, Quantity], d: Device) -> tuple[tuple[str,
         if violates_policy(cap, amount):
             assert cap.policy is not None
             return PolicyViolation(k, amount.value, cap.value.format, cap.policy)
-        items.append((k, amount.value, cap.value.value, Quantity(amount.value, cap.value.format).canonical()))
+        items.append((k, exact(amount.value), exact(cap.value.value), Quantity(amount.value, cap.value.format).canonical()))
     return tuple(items)
 
 
@@ -369,9 +376,11 @@ class RequestData:
     tolerations: list[dict[str, Any]]
     capacity: dict[str, Quantity]
     cap_key: str  # capacity requests as a string: memo key for _Search._consumption
+    requested_key: str  # the same with their formats (the record's memo; a str hashes fast)
     raw: dict[str, Any]
     all_devices: list[Device] = field(default_factory=list)
     sub_index: int = -1
+    kept: bool = False  # memoised by the allocator (frozen_specs): lives as long as it
 
 
 @dataclass
@@ -511,6 +520,13 @@ class Allocator:
     ``classes`` maps DeviceClass name to its object. ``state`` is read, never changed: the
     caller records results it commits (``AllocatedState.add_claim``). ``rng`` makes shareIDs
     reproducible (upstream draws random UUIDs; only their presence matters).
+
+    ``frozen_specs``: the caller promises that a claim's ``spec`` object, once passed, is never
+    modified, nor are ``classes`` (the simulation: a claim made from a template shares the
+    template's spec). The preparation of a claim (its requests checked, classes and selectors
+    resolved, capacity requests parsed) is then memoised per spec object and position; claims
+    with an ``allocationMode: All`` request, whose preparation depends on the node, are
+    prepared every time.
     """
 
     def __init__(
@@ -520,32 +536,71 @@ class Allocator:
         state: AllocatedState | None = None,
         features: Features | None = None,
         rng: random.Random | None = None,
+        *,
+        frozen_specs: bool = False,
     ) -> None:
+        self.frozen_specs = frozen_specs
+        # (id(spec), claim index) -> (spec, requests, constraint arguments), with frozen_specs.
+        self._prepared: dict[tuple[int, int], tuple[Any, list[list[RequestData]], list[tuple[Any, ...]]]] = {}
         self.index = slices if isinstance(slices, SliceIndex) else SliceIndex(slices)
         self.classes = classes
         self.state = state or AllocatedState()
         self.features = features or Features()
         self.rng = rng or random.Random()
         self._pools_cache: dict[tuple[str, tuple[tuple[str, str], ...]], list[Pool]] = {}
+        self._by_node_object: dict[int, tuple[Node, list[Pool], tuple[str, tuple[tuple[str, str], ...]]]] = {}
+        self._order_cache: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[Pool, Device]]] = {}
+        # With frozen_specs: per (kept request, node's search order), whether each candidate is
+        # selectable (None: not evaluated yet, or it raised, which is not kept).
+        self._selectable_memo: dict[tuple[int, int], tuple[RequestData, list[bool | None]]] = {}
         self._sel_cache: dict[tuple[str, int], bool | CelRuntimeError] = {}
         self._sig_cache: dict[tuple[Any, ...], bool | CelRuntimeError] = {}
         self._lists = self.features.list_type_attributes
-        self._cap_memo: dict[tuple[int, str], tuple[tuple[str, Fraction, Fraction, str], ...] | None] = {}
+        self._cap_memo: dict[tuple[int, str], tuple[tuple[str, Exact, Exact, str], ...] | None] = {}
+        self._uses_memo: dict[tuple[Any, ...], tuple[CapacityUse, ...]] = {}
 
     # ---- public ----------------------------------------------------------------------------
     def pools(self, node: Node) -> list[Pool]:
+        """:func:`gather_pools` for ``node``, kept per node name and labels."""
+        return self._node_entry(node)[0]
+
+    def _node_entry(self, node: Node) -> tuple[list[Pool], tuple[str, tuple[tuple[str, str], ...]]]:
+        # The same Node object asks again and again (the simulation's nodes): its key is kept.
+        hit = self._by_node_object.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1], hit[2]
         key = (node.name, tuple(sorted(node.labels.items())))
         p = self._pools_cache.get(key)
         if p is None:
             p = gather_pools(self.index, node, self.features)
             self._pools_cache[key] = p
-        return p
+        self._by_node_object[id(node)] = (node, p, key)
+        return p, key
+
+    def search_order(self, node: Node) -> list[tuple[Pool, Device]]:
+        """The candidate devices of ``node`` in upstream's search order: pools, slices, devices
+        (dra-spec.md 4.4), from complete and valid pools only. Kept per node (not to be
+        modified: a placement policy sorts a copy)."""
+        key = self._node_entry(node)[1]
+        order = self._order_cache.get(key)
+        if order is None:
+            order = [
+                (pool, d)
+                for pool in self.pools(node)
+                if pool.complete and not pool.invalid
+                for sl in pool.slices
+                for d in sl.devices
+            ]
+            self._order_cache[key] = order
+        return order
 
     def allocate(
         self,
         node: Node,
         claims: Sequence[Mapping[str, Any]],
         device_rank: Callable[[Device], Any] | None = None,
+        *,
+        transient: bool = False,
     ) -> list[dict[str, Any]] | None:
         """Allocate ``claims`` (ResourceClaim dicts, in order) on ``node``.
 
@@ -556,8 +611,13 @@ class Allocator:
         ``device_rank`` (Tessera's placement policies, not upstream) re-orders the candidate
         devices: they are tried in ascending rank, ties kept in upstream's pool, slice and
         device order. ``None`` is upstream's first fit.
+
+        ``transient``: the claims are copies made for this call only (a policy's stricter
+        variants): their preparation is not memoised, even with ``frozen_specs``.
         """
-        return _Search(self, node, claims, device_rank).run()
+        s = _Search(self, node, claims, device_rank)
+        s.memoise = self.frozen_specs and not transient
+        return s.run()
 
     def diagnose(
         self,
@@ -758,25 +818,23 @@ class _Search:
         self.pools = alloc.pools(node)
         # Refusals are recorded only when diagnosing (Allocator.diagnose); else None.
         self.rec: _Recorder | None = None
+        # Preparations memoised per spec object (Allocator.frozen_specs, not for transient claims).
+        self.memoise = alloc.frozen_specs
         # Dedicated picks in this call, counted: an admin request may pick a device another
         # claim of the call already holds, and undoing it must not free the other pick.
         self.allocating: dict[DeviceID, int] = {}
-        self.cap_in_call: dict[DeviceID, dict[str, Fraction]] = {}
+        self.cap_in_call: dict[DeviceID, dict[str, Exact]] = {}
         self.counters_in_call: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = {}
         self._available: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = {}
         self.claims: list[ClaimData] = []
         self.invalid_seen = any(p.invalid for p in self.pools)
         # Candidate devices in search order: pools, slices, devices (dra-spec.md 4.4), from
         # complete and valid pools only; a placement policy may re-rank them (stable sort).
-        self.order: list[tuple[Pool, Device]] = [
-            (pool, d)
-            for pool in self.pools
-            if pool.complete and not pool.invalid
-            for sl in pool.slices
-            for d in sl.devices
-        ]
-        if device_rank is not None:
-            self.order.sort(key=lambda pd: device_rank(pd[1]))
+        self.ranked = device_rank is not None
+        if device_rank is None:
+            self.order = alloc.search_order(node)
+        else:
+            self.order = sorted(alloc.search_order(node), key=lambda pd: device_rank(pd[1]))
 
     # ---- preparation (dra-spec.md 4.3) ------------------------------------------------------
     def _request(self, ci: int, ref: str, name: str, parent: str, r: Mapping[str, Any], admin_ok: bool) -> RequestData:
@@ -814,6 +872,7 @@ class _Search:
             tolerations=list(r.get("tolerations") or []),
             capacity=caps,
             cap_key=cap_key,
+            requested_key=cap_key + "|" + ",".join(caps[k].format for k in sorted(caps)),
             raw=dict(r),
         )
         if mode == "All":
@@ -849,7 +908,14 @@ class _Search:
             # klog.KObj: "namespace/name", or just "name" for an object without a namespace.
             name = md.get("name") or md.get("generateName") or ""
             ref = f"{md['namespace']}/{name}" if md.get("namespace") else name
-            devices = (claim.get("spec") or {}).get("devices") or {}
+            spec = claim.get("spec")
+            if self.memoise:
+                hit = self.a._prepared.get((id(spec), ci))
+                if hit is not None and hit[0] is spec:  # prepared before, without an error
+                    cons = [_Constraint(*args) for args in hit[2]]  # fresh: their stacks are per search
+                    self.claims.append(ClaimData(claim, ref, hit[1], cons))
+                    continue
+            devices = (spec or {}).get("devices") or {}
             reqs: list[list[RequestData]] = []
             min_total = 0
             for r in devices.get("requests") or []:
@@ -890,15 +956,25 @@ class _Search:
                         f"{MAX_RESULTS_PER_CLAIM}, with {min_total} already accounted for"
                     )
                 min_total += need
-            cons: list[_Constraint] = []
+            con_args: list[tuple[Any, ...]] = []
             for i, c in enumerate(devices.get("constraints") or []):
                 if c.get("matchAttribute"):
-                    cons.append(_Constraint(i, c["matchAttribute"], c.get("requests") or [], False, self.f.list_type_attributes))
+                    con_args.append((i, c["matchAttribute"], c.get("requests") or [], False, self.f.list_type_attributes))
                 elif c.get("distinctAttribute") and self.f.consumable_capacity:
-                    cons.append(_Constraint(i, c["distinctAttribute"], c.get("requests") or [], True, self.f.list_type_attributes))
+                    con_args.append((i, c["distinctAttribute"], c.get("requests") or [], True, self.f.list_type_attributes))
                 else:
                     raise AllocationError(f"claim {ref}, constraint #{i}: empty constraint (unsupported constraint type?)")
-            self.claims.append(ClaimData(claim, ref, reqs, cons))
+            self.claims.append(ClaimData(claim, ref, reqs, [_Constraint(*args) for args in con_args]))
+            if self.memoise and not any(rd.all_mode for alts in reqs for rd in alts):
+                if len(self.a._prepared) >= _PREPARED_MAX:
+                    # Bounded (claims with specs of their own are each prepared for one pod);
+                    # the selectability rows are keyed on the requests: they go too.
+                    self.a._prepared.clear()
+                    self.a._selectable_memo.clear()
+                self.a._prepared[(id(spec), ci)] = (spec, reqs, con_args)
+                for alts in reqs:
+                    for rd in alts:
+                        rd.kept = True
 
     # ---- checks -----------------------------------------------------------------------------
     # Each check decides in one place; where it refuses, a recorder (diagnose only) is told
@@ -943,12 +1019,14 @@ class _Search:
             self.rec.refuse(rd, d, InUse(by))
         return True
 
-    def _consumption(self, rd: RequestData, d: Device) -> tuple[tuple[str, Fraction, Fraction, str], ...] | None:
+    def _consumption(self, rd: RequestData, d: Device) -> tuple[tuple[str, Exact, Exact, str], ...] | None:
         """What ``rd`` would consume of each capacity of ``d``: (name, amount, published value,
         amount as a result string); None if ``d`` lacks a requested capacity or an amount
         violates its policy (dra-spec.md 2.2, 2.3). Depends only on the request's capacity
-        requests and the device, so it is memoised for the allocator's lifetime."""
-        key = (id(d), rd.cap_key)
+        requests and the device's capacities, so it is memoised for the allocator's lifetime
+        per capacity mapping: devices that publish the same capacities share one
+        (:class:`~tessera.allocator.model.Descriptions`), and one answer."""
+        key = (id(d.capacity), rd.cap_key)
         memo = self.a._cap_memo
         if key in memo:
             return memo[key]
@@ -976,11 +1054,7 @@ class _Search:
                 amount = amount + pending.get(k, 0)
             if amount > total:
                 if self.rec is not None:
-                    self.rec.refuse(rd, d, CapacityShort(tuple(
-                        CapacityUse(n, rd.capacity.get(n), a, t, (prior or {}).get(n, _ZERO),
-                                    (pending or {}).get(n, _ZERO), d.capacity[n].value.format)
-                        for n, a, t, _ in use
-                    )))
+                    self.rec.refuse(rd, d, CapacityShort(self._uses(rd, d, use, prior, pending)))
                 return False
         return True
 
@@ -990,9 +1064,31 @@ class _Search:
         use = self._consumption(rd, d)
         if use is None:
             return None
-        prior = self.st.aggregated.get(d.id) or {}
-        return tuple(CapacityUse(n, rd.capacity.get(n), a, t, prior.get(n, _ZERO), _ZERO, d.capacity[n].value.format)
-                     for n, a, t, _ in use)
+        return self._uses(rd, d, use, self.st.aggregated.get(d.id), None)
+
+    def _uses(
+        self,
+        rd: RequestData,
+        d: Device,
+        use: tuple[tuple[str, Exact, Exact, str], ...],
+        prior: Mapping[str, Exact] | None,
+        pending: Mapping[str, Exact] | None,
+    ) -> tuple[CapacityUse, ...]:
+        """The record's :class:`CapacityUse` per capacity (diagnose only). The same for every
+        device with the same capacities and the same amounts in use, so memoised on those
+        (the records of a whole fleet repeat a few fill levels)."""
+        key = (id(d.capacity), rd.requested_key, tuple(prior.items()) if prior else (),
+               tuple(pending.items()) if pending else ())
+        memo = self.a._uses_memo
+        got = memo.get(key)
+        if got is None:
+            got = tuple(
+                CapacityUse(n, rd.capacity.get(n), Fraction(a), Fraction(t), Fraction((prior or {}).get(n, 0)),
+                            Fraction((pending or {}).get(n, 0)), d.capacity[n].value.format)
+                for n, a, t, _ in use
+            )
+            memo[key] = got
+        return got
 
     def _available_counters(self, pool_key: tuple[str, str], counters: dict[str, dict[str, Fraction]]) -> dict[str, dict[str, Fraction]]:
         """Published counters of the pool minus what already-allocated devices consume (may go
@@ -1107,10 +1203,10 @@ class _Search:
         if d.binding_conditions and self.f.device_binding_and_status:
             result["bindingConditions"] = list(d.binding_conditions)
             result["bindingFailureConditions"] = list(d.binding_failure_conditions)
-        cap_added: dict[str, Fraction] = {}
+        cap_added: dict[str, Exact] = {}
         entry_existed = False
         if multi:
-            result["shareID"] = str(uuid.UUID(int=self.a.rng.getrandbits(128), version=4))
+            result["shareID"] = uuid_text(self.a.rng.getrandbits(128), 4)
             if d.capacity:
                 consumed = {}
                 for k, amount, _, text in self._consumption(rd, d) or ():
@@ -1120,7 +1216,7 @@ class _Search:
             entry_existed = d.id in self.cap_in_call
             entry = self.cap_in_call.setdefault(d.id, {})
             for k, v in cap_added.items():
-                entry[k] = entry.get(k, Fraction(0)) + v
+                entry[k] = entry.get(k, 0) + v
         else:
             self.allocating[d.id] = self.allocating.get(d.id, 0) + 1
             cd.picked_dedicated.add(d.id)
@@ -1256,12 +1352,30 @@ class _Search:
             undo()
             return False
         # Combination pruning: the next device of the same request comes after the previous one.
-        # The loop body is _candidate, inlined (the hot path of every search).
+        # The loop body is _candidate, inlined (the hot path of every search). Selectability
+        # does not change with allocations: with frozen specs, outside diagnose and in
+        # upstream's order, it is kept per request and node, evaluated where upstream first
+        # evaluates it (a CEL error is raised at the same point, and never kept).
         order = self.order
         cap = self.f.consumable_capacity
+        memo: list[bool | None] | None = None
+        if rd.kept and self.rec is None and not self.ranked:
+            mkey = (id(rd), id(order))  # the order list is kept per node by the allocator
+            row = self.a._selectable_memo.get(mkey)
+            if row is None or row[0] is not rd:  # the row holds its request: ids stay theirs
+                row = self.a._selectable_memo[mkey] = (rd, [None] * len(order))
+            memo = row[1]
         for k in range(start + 1, len(order)):
             pool, d = order[k]
-            if self._in_use(rd, d, cd) or not self._selectable(rd, d, cd.ref):
+            if self._in_use(rd, d, cd):
+                continue
+            if memo is not None:
+                ok = memo[k]
+                if ok is None:
+                    ok = memo[k] = self._selectable(rd, d, cd.ref)
+            else:
+                ok = self._selectable(rd, d, cd.ref)
+            if not ok:
                 continue
             if cap and not self._capacity_fits(rd, d, in_call=True):
                 continue

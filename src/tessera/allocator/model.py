@@ -6,6 +6,7 @@ Field names follow ``resource.k8s.io/v1``; semantics follow dra-spec.md sections
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,22 @@ from tessera.api.quantity import Quantity, QuantityError
 from tessera.cel import CelRuntimeError, DeviceView, SemverValue, device_activation
 
 DeviceID = tuple[str, str, str]  # (driver, pool, device)
+
+#: An exact amount in base units (bytes, cores, ...): an ``int`` when it is whole, else a
+#: ``Fraction``. Both compare and add exactly with each other; whole amounts (nearly all) as
+#: ints make the allocator's capacity arithmetic an order of magnitude cheaper.
+Exact = int | Fraction
+
+
+def exact(v: Fraction | int) -> Exact:
+    """``v`` as an int when it is whole, else as it is (see :data:`Exact`)."""
+    return v.numerator if v.denominator == 1 else v
+
+
+@functools.lru_cache(maxsize=4096)
+def _consumed(text: str | int) -> Exact:
+    """A ``consumedCapacity`` value, exact (results repeat the same few texts)."""
+    return exact(Quantity.parse(text).value)
 
 
 def device_id_str(d: DeviceID) -> str:
@@ -226,11 +243,37 @@ def _counters(m: Any, where: str, ref: str) -> dict[str, Fraction]:
     return {k: _q((v or {}).get("value"), f"{where}.{k}", ref).value for k, v in (m or {}).items()}
 
 
-def slice_from_dict(obj: dict[str, Any]) -> Slice:
+_UNKNOWN = object()
+
+
+class Descriptions:
+    """What devices of many slices have in common, parsed once and shared.
+
+    A fleet built from a few inventories publishes the same capacities (values and request
+    policies) and mostly the same attribute values on every node: a :class:`SliceIndex` reads
+    them once and every :class:`Device` that publishes the same holds the same objects (its
+    ``capacity`` mapping itself is shared, which the allocator's capacity memo keys on).
+    Keys are the published object itself, else the ``repr`` of the published value (JSON
+    data: equal reprs are equal values of equal types). Shared objects are never modified. Values that cannot be read are not kept:
+    each device's error names its own slice and field.
+    """
+
+    __slots__ = ("attributes", "by_id", "capacities")
+
+    def __init__(self) -> None:
+        self.capacities: dict[str, dict[str, Capacity]] = {}
+        self.attributes: dict[tuple[str, str], Any] = {}
+        # The same published object met again (slices of ``count`` copies share every object
+        # that holds no name): id -> (object, parsed), the object kept so that its id stays its.
+        self.by_id: dict[int, tuple[Any, Any]] = {}
+
+
+def slice_from_dict(obj: dict[str, Any], shared: Descriptions | None = None) -> Slice:
     """Build a :class:`Slice` from a ResourceSlice dict.
 
     Raises :class:`ManifestError` naming the slice and field for values that cannot be read
-    (quantities, attribute values). Structural API validation is done elsewhere.
+    (quantities, attribute values). Structural API validation is done elsewhere. ``shared``:
+    parsed capacities and attribute values to reuse (and to add to), see :class:`Descriptions`.
     """
     ref = object_ref(obj)
     spec = obj.get("spec") or {}
@@ -255,23 +298,46 @@ def slice_from_dict(obj: dict[str, Any]) -> Slice:
     )
     for cs in spec.get("sharedCounters") or []:
         sl.shared_counters[cs.get("name", "")] = _counters(cs.get("counters"), f"spec.sharedCounters[{cs.get('name')}]", ref)
+    shared = shared if shared is not None else Descriptions()
+    known_attrs, known_caps, by_id = shared.attributes, shared.capacities, shared.by_id
     for i, d in enumerate(spec.get("devices") or []):
         where = f"spec.devices[{i}]"
-        attrs = {
-            _qualify(k, driver): _attr_value(v, f"{where}.attributes[{k}]", ref)
-            for k, v in (d.get("attributes") or {}).items()
-        }
-        for k in d.get("attributes") or {}:
-            v = attrs[_qualify(k, driver)]
-            if isinstance(v, UnsupportedAttribute):
-                v.name = k
-        caps = {
-            k: Capacity(
-                _q((v or {}).get("value", 0), f"{where}.capacity[{k}].value", ref),
-                _policy((v or {}).get("requestPolicy"), f"{where}.capacity[{k}].requestPolicy", ref),
-            )
-            for k, v in (d.get("capacity") or {}).items()
-        }
+        attrs: dict[str, Any] = {}
+        for k, raw in (d.get("attributes") or {}).items():
+            qk = k if "/" in k else f"{driver}/{k}"
+            hit = by_id.get(id(raw))
+            if hit is not None and hit[0] is raw:
+                attrs[qk] = hit[1]
+                continue
+            akey = (qk, repr(raw))
+            v = known_attrs.get(akey, _UNKNOWN)
+            if v is _UNKNOWN:
+                v = _attr_value(raw, f"{where}.attributes[{k}]", ref)
+                if isinstance(v, UnsupportedAttribute):
+                    v.name = k  # one per device: not shared
+                elif not isinstance(v, list):
+                    known_attrs[akey] = v
+            if not isinstance(v, (UnsupportedAttribute, list)):
+                by_id[id(raw)] = (raw, v)
+            attrs[qk] = v
+        raw_caps = d.get("capacity") or {}
+        hit = by_id.get(id(raw_caps))
+        if hit is not None and hit[0] is raw_caps:
+            caps = hit[1]
+        else:
+            ckey = repr(raw_caps)
+            caps = known_caps.get(ckey)
+            if caps is None:
+                caps = {
+                    k: Capacity(
+                        _q((v or {}).get("value", 0), f"{where}.capacity[{k}].value", ref),
+                        _policy((v or {}).get("requestPolicy"), f"{where}.capacity[{k}].requestPolicy", ref),
+                    )
+                    for k, v in raw_caps.items()
+                }
+                known_caps[ckey] = caps
+            if raw_caps:
+                by_id[id(raw_caps)] = (raw_caps, caps)
         dev = Device(
             id=(driver, pool_name, d.get("name") or ""),
             slice_name=sl.name,
@@ -366,7 +432,8 @@ class AllocatedState:
     """What earlier allocations hold (dra-spec.md 2.4).
 
     ``dedicated``: devices allocated without a shareID; ``shared``: (device, shareID) pairs;
-    ``aggregated``: per device, the sum of consumedCapacity of its shares (exact, base units).
+    ``aggregated``: per device, the sum of consumedCapacity of its shares (exact, base units:
+    :data:`Exact`).
     Admin-access results are not recorded: they never block anyone. ``consumable_capacity``:
     the DRAConsumableCapacity gate; off, kube-scheduler counts every result as dedicated,
     shareID or not.
@@ -374,7 +441,7 @@ class AllocatedState:
 
     dedicated: set[DeviceID] = field(default_factory=set)
     shared: set[tuple[DeviceID, str]] = field(default_factory=set)
-    aggregated: dict[DeviceID, dict[str, Fraction]] = field(default_factory=dict)
+    aggregated: dict[DeviceID, dict[str, Exact]] = field(default_factory=dict)
     consumable_capacity: bool = True
 
     def add_result(self, result: Mapping[str, Any]) -> None:
@@ -387,7 +454,7 @@ class AllocatedState:
             self.shared.add((did, share))
             agg = self.aggregated.setdefault(did, {})
             for k, v in (result.get("consumedCapacity") or {}).items():
-                agg[k] = agg.get(k, Fraction(0)) + Quantity.parse(v).value
+                agg[k] = exact(agg.get(k, 0) + _consumed(v))
         else:
             self.dedicated.add(did)
 
@@ -401,7 +468,7 @@ class AllocatedState:
             self.shared.discard((did, share))
             agg = self.aggregated.get(did, {})
             for k, v in (result.get("consumedCapacity") or {}).items():
-                agg[k] = agg.get(k, Fraction(0)) - Quantity.parse(v).value
+                agg[k] = exact(agg.get(k, 0) - _consumed(v))
             if not any((d == did) for d, _ in self.shared):
                 self.aggregated.pop(did, None)
         else:

@@ -86,6 +86,14 @@ def _fmt_num(v: Fraction | None) -> str:
     is_flag=True,
     help="Exit 1 when a pod (of --namespace, if given) stays pending; with --compare, under --policy.",
 )
+@click.option(
+    "--progress/--no-progress",
+    "progress",
+    default=None,
+    help="Progress on stderr while pods are scheduled (pods done, claims per second). Default: a bar when "
+    "stderr is a terminal and there are 1,000 pods or more; --progress also prints a line every few "
+    "seconds when it is not a terminal.",
+)
 @input_limits
 def simulate(
     manifests: tuple[str, ...],
@@ -100,6 +108,7 @@ def simulate(
     compare: bool,
     namespaces: tuple[str, ...],
     fail_on_pending: bool,
+    progress: bool | None,
     max_input_size: int | None,
     max_pods: int | None,
 ) -> None:
@@ -126,7 +135,7 @@ def simulate(
             for w in notes:
                 warn(w)
         else:
-            pending = _simulate(cluster, loaded, output, seed, policy, namespaces, cmap, notes)
+            pending = _simulate(cluster, loaded, output, seed, policy, namespaces, cmap, notes, progress)
     except UserError as e:
         fail(str(e))
     if fail_on_pending and pending:
@@ -186,23 +195,58 @@ def _compare(
     return next(int(r["podsPending"]) for r in rows if r["allocation"] == policy)  # type: ignore[call-overload]
 
 
-def _run_with_progress(sim: Simulation) -> SimResult:
-    """Run ``sim``; with 1,000 pods or more and a terminal on stderr, show a progress bar there."""
+def _run_with_progress(sim: Simulation, progress: bool | None = None) -> SimResult:
+    """Run ``sim`` with progress on stderr: pods done and claims per second (claims of the pods
+    done, over the time since the run started). ``None`` (the default): a bar when stderr is a
+    terminal and there are 1,000 pods or more. ``True``: the bar on a terminal, else one line
+    every 5 seconds and one at the end. ``False``: nothing."""
+    import time
+
     total = len(sim.pods)
-    if total < 1000 or not sys.stderr.isatty():
+    tty = sys.stderr.isatty()
+    if progress is False or (progress is None and (total < 1000 or not tty)):
         return sim.run()
+    start = time.monotonic()
+
+    def rate() -> str:
+        elapsed = time.monotonic() - start
+        return f"{sim.claims_seen / elapsed:,.0f} claims/s" if elapsed > 0 else "- claims/s"
+
+    if not tty:
+        done = 0
+        last = start
+
+        def line(_ref: str) -> None:
+            nonlocal done, last
+            done += 1
+            if done % 256 == 0 or done == total:
+                now = time.monotonic()
+                if now - last >= 5 or done == total:
+                    last = now
+                    print(f"tessera simulate: {done:,}/{total:,} pods, {rate()}", file=sys.stderr, flush=True)
+
+        return sim.run(on_pod=line)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
         TextColumn("scheduling pods"),
         BarColumn(),
         MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
         TimeElapsedColumn(),
         console=Console(stderr=True),
         transient=True,
     ) as bar:
-        task = bar.add_task("pods", total=total)
-        return sim.run(on_pod=lambda _ref: bar.advance(task))
+        task = bar.add_task("pods", total=total, rate="")
+        done = 0
+
+        def tick(_ref: str) -> None:
+            nonlocal done
+            done += 1
+            if done % 64 == 0 or done == total:
+                bar.update(task, completed=done, rate=rate())
+
+        return sim.run(on_pod=tick)
 
 
 _CLUSTER_SCOPED = ("DeviceClass", "ResourceSlice")
@@ -218,12 +262,13 @@ def _simulate(
     cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str, namespaces: tuple[str, ...],
     cmap: dict[str, str],
     notes: Sequence[str] = (),
+    progress: bool | None = None,
 ) -> int:
     """Run and print the simulation; return how many pods (of ``namespaces``) stay pending."""
     from tessera.sim.simulate import Simulation
 
     sim = Simulation(cluster, loaded, seed=seed, policy=policy, class_map=cmap)
-    result = _run_with_progress(sim)
+    result = _run_with_progress(sim, progress)
     # On stderr in every output mode, so -o json|yaml stays clean; only once the run succeeded,
     # so that bad input prints its one error line and nothing else.
     for w in [*notes, *result.warnings]:

@@ -40,6 +40,7 @@ def gpu_memory_sizes(slices: Iterable[Mapping[str, Any]]) -> list[int]:
     whole-GPU device counts), nor do devices without a ``memory`` capacity (memory unknown).
     Raises :class:`~tessera.api.quantity.QuantityError` for a capacity that is not a quantity."""
     sizes: set[int] = set()
+    seen: set[Any] = set()  # capacity texts already parsed (a fleet repeats a few)
     for s in slices:
         spec = s.get("spec") or {}
         if spec.get("driver") != DRIVER_NAME:
@@ -49,7 +50,12 @@ def gpu_memory_sizes(slices: Iterable[Mapping[str, Any]]) -> list[int]:
                 continue
             mem = ((d or {}).get("capacity") or {}).get("memory")
             if isinstance(mem, Mapping) and mem.get("value") is not None:
-                sizes.add(int(Quantity.parse(mem["value"]).value))
+                text = mem["value"]
+                key = (type(text), text) if isinstance(text, (str, int, float)) else None
+                if key is None or key not in seen:
+                    sizes.add(int(Quantity.parse(text).value))
+                    if key is not None:
+                        seen.add(key)
     return sorted(sizes, reverse=True)
 
 

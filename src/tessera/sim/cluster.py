@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import uuid as uuidlib
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -39,6 +38,7 @@ from tessera.api.documents import documents
 from tessera.api.errors import ManifestError, TesseraError
 from tessera.api.loader import ReadBudget, load_file, read_text
 from tessera.api.schema import SchemaSet
+from tessera.api.uids import uuid5_url
 from tessera.api.validation import is_dns_subdomain
 
 CLUSTER_API_VERSION = "tessera.dev/v1alpha1"
@@ -121,20 +121,28 @@ def is_cluster_doc(obj: Any) -> bool:
 
 def _copy_uuid(original: str, node: str) -> str:
     """A stable GPU UUID for a ``count`` copy: uuid5 of the inventory's UUID and the node name."""
-    return "GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"tessera-cluster-copy/{node}/{original.lower()}"))
+    return "GPU-" + uuid5_url(f"tessera-cluster-copy/{node}/{original.lower()}")
 
 
 _PLACEHOLDER = "tessera-node-placeholder-0"
 _PLACEHOLDER_UUID = "GPU-7e55e7a0-0000-4000-8000-{:012x}"
+_PLACEHOLDER_UUID_MARK = "GPU-7e55e7a0-0000-4000-8000-"
 _PLACEHOLDER_RX = re.compile(r"GPU-7e55e7a0-0000-4000-8000-([0-9a-f]{12})")
+
+
+def _named(s: str) -> bool:
+    return _PLACEHOLDER in s or _PLACEHOLDER_UUID_MARK in s
 
 
 class _Copier:
     """Slices of ``count`` identical nodes. Each copy's GPUs get their own UUID (uuid5 of the
     inventory's UUID and the node name), published with ``uuidSynthesized: true``; MIG devices
     publish no UUID of their own (as for any synthesized parent). The slices are built and
-    checked once, for placeholder names, then copied with the names substituted in their JSON
-    text: microseconds per node instead of milliseconds."""
+    checked once, for placeholder names; a copy is new only where a name differs (the objects
+    that hold the node's name or a GPU UUID, keys included, and the objects above them) and
+    shares every other object with the other copies (capacities, most attribute values), so
+    memory grows with what differs. Shared objects are never modified (readers copy what they
+    change: the API apply path, ``-o yaml``'s dumper writes no aliases)."""
 
     def __init__(self, gpus: list[Any], topo: Any, dynamic: Any = None, where: str | None = None) -> None:
         from tessera.inventory import build_resource_slices
@@ -154,12 +162,56 @@ class _Copier:
             )
             for k, g in enumerate(gpus)
         ]
-        self.text = json.dumps(build_resource_slices(_PLACEHOLDER, placeholders, topo, dynamic_mig=dynamic, where=where))
+        # Through JSON once: plain dicts, lists and scalars, as a slices file would give.
+        self.template: list[dict[str, Any]] = json.loads(
+            json.dumps(build_resource_slices(_PLACEHOLDER, placeholders, topo, dynamic_mig=dynamic, where=where))
+        )
+        self.dirty: set[int] = set()  # ids of the template's containers that hold a name
+        self._mark(self.template)
+
+    def _mark(self, obj: Any) -> bool:
+        if isinstance(obj, str):
+            return _named(obj)
+        if isinstance(obj, dict):
+            items = list(obj.items())
+            found = any([self._mark(v) for _, v in items]) or any(_named(k) for k, _ in items)
+        elif isinstance(obj, list):
+            found = any([self._mark(v) for v in obj])
+        else:
+            return False
+        if found:
+            self.dirty.add(id(obj))
+        return found
 
     def slices(self, node: str) -> list[dict[str, Any]]:
-        text = self.text.replace(_PLACEHOLDER, node)
-        text = _PLACEHOLDER_RX.sub(lambda m: _copy_uuid(self.uuids[int(m.group(1), 16)], node), text)
-        out: list[dict[str, Any]] = json.loads(text)
+        made: dict[str, str] = {}
+
+        def gpu_uuid(m: re.Match[str]) -> str:
+            k = m.group(1)
+            u = made.get(k)
+            if u is None:
+                u = made[k] = _copy_uuid(self.uuids[int(k, 16)], node)
+            return u
+
+        def text(s: str) -> str:
+            if _PLACEHOLDER in s:
+                s = s.replace(_PLACEHOLDER, node)
+            if _PLACEHOLDER_UUID_MARK in s:
+                s = _PLACEHOLDER_RX.sub(gpu_uuid, s)
+            return s
+
+        dirty = self.dirty
+
+        def copy(obj: Any) -> Any:
+            if isinstance(obj, str):
+                return text(obj) if _named(obj) else obj
+            if id(obj) not in dirty:
+                return obj  # shared with every copy
+            if isinstance(obj, dict):
+                return {(text(k) if _named(k) else k): copy(v) for k, v in obj.items()}
+            return [copy(v) for v in obj]
+
+        out: list[dict[str, Any]] = copy(self.template)
         return out
 
 

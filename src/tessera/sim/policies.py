@@ -70,7 +70,7 @@ def device_usage(state: AllocatedState, d: Device) -> Fraction:
     for name in ("memory", "cores"):
         cap = d.capacity.get(name)
         if cap is not None and cap.value.value > 0:
-            used += agg.get(name, Fraction(0)) / cap.value.value
+            used += Fraction(agg.get(name, 0)) / cap.value.value
     return used
 
 
