@@ -33,6 +33,7 @@ simulate: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -73,6 +74,7 @@ prometheus:
 
 test: $(STAMP) native protos go-tools node-deps prometheus
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q

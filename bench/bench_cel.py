@@ -59,7 +59,11 @@ def selectors() -> list[str]:
 def devices() -> list[Any]:
     from tessera.allocator import SliceIndex
 
-    slices = [s for n in load_cluster(ROOT / "src" / "tessera" / "examples" / "cluster.yaml").nodes for s in n.slices]
+    slices = [
+        s
+        for n in load_cluster(ROOT / "src" / "tessera" / "examples" / "cluster.yaml").nodes
+        for s in n.slices
+    ]
     return list(SliceIndex(slices).devices())
 
 
@@ -68,51 +72,86 @@ def plain(d: Any) -> dict[str, Any]:
     attrs: dict[str, dict[str, Any]] = {}
     for k, v in d.attributes.items():
         dom, _, name = k.rpartition("/")
-        attrs.setdefault(dom, {})[name] = v if isinstance(v, bool | int | str) else str(getattr(v, "text", v))
+        attrs.setdefault(dom, {})[name] = (
+            v if isinstance(v, bool | int | str) else str(getattr(v, "text", v))
+        )
     caps: dict[str, dict[str, Any]] = {}
     for k, c in d.capacity.items():
         dom, _, name = (k if "/" in k else f"{d.driver}/{k}").rpartition("/")
         caps.setdefault(dom, {})[name] = c.value.canonical()
-    return {"driver": d.driver, "allowMultipleAllocations": d.allow_multiple, "attributes": attrs, "capacity": caps}
+    return {
+        "driver": d.driver,
+        "allowMultipleAllocations": d.allow_multiple,
+        "attributes": attrs,
+        "capacity": caps,
+    }
 
 
 Engine = tuple[str, Callable[[str], Any], Callable[[Any, Any], Any], Callable[[Any], Any]]
 
 
 def engines() -> list[Engine]:
-    out: list[Engine] = [("tessera.cel", compile_selector, lambda p, a: p.evaluate(a), lambda d: d.activation())]
+    out: list[Engine] = [
+        ("tessera.cel", compile_selector, lambda p, a: p.evaluate(a), lambda d: d.activation())
+    ]
     try:
         import celpy
         from celpy.adapter import json_to_cel
 
         env = celpy.Environment()
-        out.append(("cel-python 0.5 (celpy)", lambda e: env.program(env.compile(e)), lambda p, a: p.evaluate(a),
-                    lambda d: {"device": json_to_cel(plain(d))}))
+        out.append(
+            (
+                "cel-python 0.5 (celpy)",
+                lambda e: env.program(env.compile(e)),
+                lambda p, a: p.evaluate(a),
+                lambda d: {"device": json_to_cel(plain(d))},
+            )
+        )
     except ImportError:
         pass
     try:
         from cel_expr_python import cel
         from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 
-        cenv = cel.NewEnv(variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN)},
-                          extensions=[ext_optional.ExtOptional(), ext_strings.ExtStrings(), ext_bindings.ExtBindings()])
-        out.append(("cel-expr-python 0.1.3 (cel-cpp)", cenv.compile, lambda p, a: p.eval(data=a).value(),
-                    lambda d: {"device": plain(d)}))
+        cenv = cel.NewEnv(
+            variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN)},
+            extensions=[
+                ext_optional.ExtOptional(),
+                ext_strings.ExtStrings(),
+                ext_bindings.ExtBindings(),
+            ],
+        )
+        out.append(
+            (
+                "cel-expr-python 0.1.3 (cel-cpp)",
+                cenv.compile,
+                lambda p, a: p.eval(data=a).value(),
+                lambda d: {"device": plain(d)},
+            )
+        )
     except ImportError:
         pass
     try:
         import cel as rcel
 
         if hasattr(rcel, "compile"):
-            out.append(("common-expression-language (Rust)", rcel.compile, lambda p, a: p.execute(a),
-                        lambda d: {"device": plain(d)}))
+            out.append(
+                (
+                    "common-expression-language (Rust)",
+                    rcel.compile,
+                    lambda p, a: p.execute(a),
+                    lambda d: {"device": plain(d)},
+                )
+            )
     except ImportError:
         pass
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     sels, devs = selectors(), devices()
@@ -152,7 +191,9 @@ def main() -> None:
                         ev(p, a)
                     n += 1
         t_eval = (time.perf_counter() - t0) / max(n, 1)
-        print(f"| {name} | {len(runnable)} of {len(sels)} | {t_comp * 1e6:.0f} | {t_eval * 1e6:.1f} |")
+        print(
+            f"| {name} | {len(runnable)} of {len(sels)} | {t_comp * 1e6:.0f} | {t_eval * 1e6:.1f} |"
+        )
 
 
 if __name__ == "__main__":

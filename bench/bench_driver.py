@@ -47,7 +47,11 @@ from tessera.inventory import load_inventory  # noqa: E402
 from tessera.kube.client import KubeClient  # noqa: E402
 from tessera.kube.cluster import Cluster, Inventory, register_inventory  # noqa: E402
 
-H100 = corpus_path() / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+H100 = (
+    corpus_path()
+    / "inventories"
+    / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+)
 SHAPES = [("4Gi", "10"), ("8Gi", "20"), ("16Gi", "25"), ("20Gi", "30"), ("40Gi", "50")]
 
 
@@ -57,13 +61,19 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def ms(xs: list[float]) -> dict[str, float]:
-    return {"p50": round(pct(xs, 50) * 1000, 2), "p99": round(pct(xs, 99) * 1000, 2),
-            "max": round(max(xs) * 1000, 2)}
+    return {
+        "p50": round(pct(xs, 50) * 1000, 2),
+        "p99": round(pct(xs, 99) * 1000, 2),
+        "max": round(max(xs) * 1000, 2),
+    }
 
 
 def build_fake_nvml(tmp: Path) -> Path:
-    subprocess.run(["make", "-s", "-C", str(REPO / "native"), f"BUILD={tmp}", "fake"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["make", "-s", "-C", str(REPO / "native"), f"BUILD={tmp}", "fake"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return tmp / "fake" / "libnvidia-ml.so.1"
 
 
@@ -71,12 +81,21 @@ def node_files(root: Path, gpus: list[Any]) -> tuple[Path, Path]:
     (root / "kubelet" / "plugins_registry").mkdir(parents=True)
     dev = root / "devroot" / "dev"
     dev.mkdir(parents=True)
-    for name in [f"nvidia{g.index}" for g in gpus] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
+    for name in [f"nvidia{g.index}" for g in gpus] + [
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+    ]:
         os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, 3))
     cfg = root / "nvml.cfg"
-    cfg.write_text("driver-version 535.161.08\ncuda-version 12020\n" + "".join(
-        f'gpu {g.uuid} name="{g.product_name}" memory={g.memory_bytes} pci={g.pcie_bus_id} '
-        f"cc={g.cuda_compute_capability} minor={g.index}\n" for g in gpus))
+    cfg.write_text(
+        "driver-version 535.161.08\ncuda-version 12020\n"
+        + "".join(
+            f'gpu {g.uuid} name="{g.product_name}" memory={g.memory_bytes} pci={g.pcie_bus_id} '
+            f"cc={g.cuda_compute_capability} minor={g.index}\n"
+            for g in gpus
+        )
+    )
     return cfg, root / "devroot"
 
 
@@ -86,15 +105,42 @@ def make_claims(client: KubeClient, node: str, n: int, seed: int) -> list[tuple[
     refs = []
     for i in range(n):
         mem, cores = rng.choice(SHAPES)
-        c = client.create({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": f"c{i:04d}", "namespace": "bench"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "gpu.tessera.dev", "capacity": {"requests": {"memory": mem, "cores": cores}}}}]}},
-        })
-        c["status"] = {"allocation": {"devices": {"results": [{
-            "request": "gpu", "driver": "gpu.tessera.dev", "pool": node, "device": f"gpu-{i % 8}",
-            "shareID": f"0b0d3b4e-9f0c-4cf5-8c8e-{i:012x}", "consumedCapacity": {"memory": mem, "cores": cores}}]}}}
+        c = client.create(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": f"c{i:04d}", "namespace": "bench"},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpu",
+                                "exactly": {
+                                    "deviceClassName": "gpu.tessera.dev",
+                                    "capacity": {"requests": {"memory": mem, "cores": cores}},
+                                },
+                            }
+                        ]
+                    }
+                },
+            }
+        )
+        c["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": "gpu.tessera.dev",
+                            "pool": node,
+                            "device": f"gpu-{i % 8}",
+                            "shareID": f"0b0d3b4e-9f0c-4cf5-8c8e-{i:012x}",
+                            "consumedCapacity": {"memory": mem, "cores": cores},
+                        }
+                    ]
+                }
+            }
+        }
         client.update_status(c)
         refs.append(("bench", c["metadata"]["name"], c["metadata"]["uid"]))
     return refs
@@ -115,9 +161,13 @@ def concurrently(sock: Path, refs: list[tuple[str, str, str]], unprepare: bool) 
             barrier.wait()
             t0 = time.perf_counter()
             if unprepare:
-                r = stub.NodeUnprepareResources(pb2.NodeUnprepareResourcesRequest(claims=claim), timeout=120)
+                r = stub.NodeUnprepareResources(
+                    pb2.NodeUnprepareResourcesRequest(claims=claim), timeout=120
+                )
             else:
-                r = stub.NodePrepareResources(pb2.NodePrepareResourcesRequest(claims=claim), timeout=120)
+                r = stub.NodePrepareResources(
+                    pb2.NodePrepareResourcesRequest(claims=claim), timeout=120
+                )
             lat[i] = time.perf_counter() - t0
             if r.claims[uid].error:
                 errors.append(r.claims[uid].error)
@@ -133,10 +183,28 @@ def concurrently(sock: Path, refs: list[tuple[str, str, str]], unprepare: bool) 
 
 
 def driver_argv(node: str, kubeconfig: Path, root: Path, nvml: Path, devroot: Path) -> list[str]:
-    return [sys.executable, "-m", "tessera", "driver", "--node-name", node, "--kubeconfig", str(kubeconfig),
-            "--kubelet-root-dir", str(root / "kubelet"), "--cdi-dir", str(root / "cdi"),
-            "--state-dir", str(root / "state"), "--dev-root", str(devroot), "--nvml-library", str(nvml),
-            "--health-address", ""]
+    return [
+        sys.executable,
+        "-m",
+        "tessera",
+        "driver",
+        "--node-name",
+        node,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--kubelet-root-dir",
+        str(root / "kubelet"),
+        "--cdi-dir",
+        str(root / "cdi"),
+        "--state-dir",
+        str(root / "state"),
+        "--dev-root",
+        str(devroot),
+        "--nvml-library",
+        str(nvml),
+        "--health-address",
+        "",
+    ]
 
 
 def main() -> None:
@@ -145,9 +213,13 @@ def main() -> None:
     ap.add_argument("--starts", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--state-on", type=Path, default=None,
-                    help="put the in-process driver's state dir (checkpoint, limits, regions) on this "
-                         "directory's file system, e.g. /dev/shm to take the disk's fsync out")
+    ap.add_argument(
+        "--state-on",
+        type=Path,
+        default=None,
+        help="put the in-process driver's state dir (checkpoint, limits, regions) on this "
+        "directory's file system, e.g. /dev/shm to take the disk's fsync out",
+    )
     args = ap.parse_args()
     out: dict[str, Any] = {"claims": args.claims, "gpus": 8}
     tmp = Path(tempfile.mkdtemp(prefix="bench-driver-"))
@@ -168,12 +240,24 @@ def main() -> None:
         cfg_file, devroot = node_files(root, gpus)
         os.environ["FAKE_NVML_CONFIG"] = str(cfg_file)
         state_dir = Path(tempfile.mkdtemp(dir=args.state_on)) if args.state_on else root / "state"
-        out["state_dir_fs"] = subprocess.run(["stat", "-f", "-c", "%T", str(state_dir)], capture_output=True,
-                                             text=True).stdout.strip()
-        d = NodeDriver(DriverConfig(
-            node_name=node, kubelet_root=root / "kubelet", cdi_dir=root / "cdi", state_dir=state_dir,
-            dev_root=devroot, library=Path(library_path() or "/nonexistent"), nvml_library=str(nvml),
-            health_address=None, write_claim_status=False), client, log=lambda m: None)
+        out["state_dir_fs"] = subprocess.run(
+            ["stat", "-f", "-c", "%T", str(state_dir)], capture_output=True, text=True
+        ).stdout.strip()
+        d = NodeDriver(
+            DriverConfig(
+                node_name=node,
+                kubelet_root=root / "kubelet",
+                cdi_dir=root / "cdi",
+                state_dir=state_dir,
+                dev_root=devroot,
+                library=Path(library_path() or "/nonexistent"),
+                nvml_library=str(nvml),
+                health_address=None,
+                write_claim_status=False,
+            ),
+            client,
+            log=lambda m: None,
+        )
         d.start()
         sock = root / "kubelet" / "plugins" / "gpu.tessera.dev" / "dra.sock"
         call = concurrently(sock, refs, unprepare=False)
@@ -195,14 +279,22 @@ def main() -> None:
         for k in range(args.starts):
             root = tmp / f"proc{k}"
             cfg_file, devroot = node_files(root, gpus)
-            for s in client.list("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={node}"):
+            for s in client.list(
+                "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={node}"
+            ):
                 client.delete("resource.k8s.io/v1", "ResourceSlice", s["metadata"]["name"])
             env = {**os.environ, "FAKE_NVML_CONFIG": str(cfg_file)}
             t0 = time.perf_counter()
             log = open(root / "driver.log", "wb")  # noqa: SIM115 (closed with the process)
-            proc = subprocess.Popen(driver_argv(node, cluster.kubeconfig, root, nvml, devroot), env=env,
-                                    stdout=log, stderr=subprocess.STDOUT)
-            while not client.list("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={node}"):
+            proc = subprocess.Popen(
+                driver_argv(node, cluster.kubeconfig, root, nvml, devroot),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            while not client.list(
+                "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={node}"
+            ):
                 if proc.poll() is not None:
                     raise SystemExit("tessera driver exited")
                 time.sleep(0.005)
@@ -217,19 +309,33 @@ def main() -> None:
             if k < args.starts - 1:
                 proc.terminate()
                 proc.wait()
-        out["time_to_slices_s"] = {"median": round(statistics.median(starts), 3), "max": round(max(starts), 3),
-                                   "after_imports_median": round(statistics.median(inside), 3) if inside else None}
+        out["time_to_slices_s"] = {
+            "median": round(statistics.median(starts), 3),
+            "max": round(max(starts), 3),
+            "after_imports_median": round(statistics.median(inside), 3) if inside else None,
+        }
         assert proc is not None
-        sock = tmp / f"proc{args.starts - 1}" / "kubelet" / "plugins" / "gpu.tessera.dev" / "dra.sock"
+        sock = (
+            tmp / f"proc{args.starts - 1}" / "kubelet" / "plugins" / "gpu.tessera.dev" / "dra.sock"
+        )
         while not sock.exists():
             time.sleep(0.01)
         status = Path(f"/proc/{proc.pid}/status").read_text()
-        rss_idle = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS")))
+        rss_idle = int(
+            next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))
+        )
         concurrently(sock, refs, unprepare=False)
         status = Path(f"/proc/{proc.pid}/status").read_text()
-        kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in status.splitlines()) if k in ("VmRSS", "VmHWM")}
-        out["rss_mib"] = {"idle": round(rss_idle / 1024, 1), "after_prepare": round(kb["VmRSS"] / 1024, 1),
-                          "peak": round(kb["VmHWM"] / 1024, 1)}
+        kb = {
+            k: int(v.split()[0])
+            for k, v in (line.split(":", 1) for line in status.splitlines())
+            if k in ("VmRSS", "VmHWM")
+        }
+        out["rss_mib"] = {
+            "idle": round(rss_idle / 1024, 1),
+            "after_prepare": round(kb["VmRSS"] / 1024, 1),
+            "peak": round(kb["VmHWM"] / 1024, 1),
+        }
         proc.terminate()
         proc.wait()
     finally:

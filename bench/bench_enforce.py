@@ -43,16 +43,22 @@ OPERATIONS = [
 
 
 def build(root: Path) -> Path:
-    r = subprocess.run(["make", "-C", str(NATIVE), f"BUILD={root}", "test-programs"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["make", "-C", str(NATIVE), f"BUILD={root}", "test-programs"],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         sys.exit(f"make failed:\n{r.stdout}\n{r.stderr}")
     return root
 
 
 def env_for(build_dir: Path, work: Path, cores: int | None, lib: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items()
-         if not k.startswith(("CUDA_", "FAKE_", "TESSERA_", "LD_PRELOAD"))}
+    e = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CUDA_", "FAKE_", "TESSERA_", "LD_PRELOAD"))
+    }
     e["LD_LIBRARY_PATH"] = str(build_dir / "fake")
     e["FAKE_GPUS"] = FAKE_GPUS
     if cores is not None:
@@ -60,16 +66,19 @@ def env_for(build_dir: Path, work: Path, cores: int | None, lib: Path) -> dict[s
         d.mkdir(exist_ok=True)
         limits = d / "limits"
         if not limits.exists():
-            write_limits(str(limits), Limits(region=str(d / "usage"),
-                                             gpus=(GpuLimit(GPU, 8 * 1024 * MiB, cores),)))
+            write_limits(
+                str(limits),
+                Limits(region=str(d / "usage"), gpus=(GpuLimit(GPU, 8 * 1024 * MiB, cores),)),
+            )
         e["TESSERA_LIMITS_FILE"] = str(limits)
         e["LD_PRELOAD"] = str(lib)
     return e
 
 
 def one(build_dir: Path, env: dict[str, str], args: list[str]) -> float | None:
-    r = subprocess.run([str(build_dir / "bin" / "tp_bench"), *args], env=env,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [str(build_dir / "bin" / "tp_bench"), *args], env=env, capture_output=True, text=True
+    )
     if r.returncode != 0:
         return None  # operation not available in this build
     fields = dict(kv.split("=") for kv in r.stdout.split())
@@ -79,9 +88,12 @@ def one(build_dir: Path, env: dict[str, str], args: list[str]) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", type=Path, help="an existing native build directory")
-    ap.add_argument("--lib", type=Path,
-                    help="the library to measure (default: the build's), e.g. an older build of "
-                         "it, against the same fake driver and programs")
+    ap.add_argument(
+        "--lib",
+        type=Path,
+        help="the library to measure (default: the build's), e.g. an older build of "
+        "it, against the same fake driver and programs",
+    )
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply operation counts")
     ap.add_argument("--json", type=Path)
@@ -95,8 +107,10 @@ def main() -> None:
             cmd = [*args, str(int(n * a.scale)), *extra]
             cells: dict[str, float | None] = {}
             for label, cores in (("without", None), ("unpaced", 0), ("paced", 30)):
-                xs = [one(build_dir, env_for(build_dir, work, cores, lib), cmd)
-                      for _ in range(a.repeat)]
+                xs = [
+                    one(build_dir, env_for(build_dir, work, cores, lib), cmd)
+                    for _ in range(a.repeat)
+                ]
                 got = [x for x in xs if x is not None]
                 cells[label] = statistics.median(got) if len(got) == len(xs) else None
             base = cells["without"]
@@ -105,9 +119,13 @@ def main() -> None:
                 v = cells[k]
                 row[f"added_{k}_ns"] = None if v is None or base is None else round(v - base, 1)
             rows.append(row)
-            print(f"{name:55s} " + "  ".join(
-                f"{k}={'n/a' if row[k] is None else row[k]}" for k in row if k != "operation"),
-                flush=True)
+            print(
+                f"{name:55s} "
+                + "  ".join(
+                    f"{k}={'n/a' if row[k] is None else row[k]}" for k in row if k != "operation"
+                ),
+                flush=True,
+            )
         if a.json:
             a.json.write_text(json.dumps(rows, indent=2) + "\n")
 

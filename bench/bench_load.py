@@ -34,7 +34,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "src" / "tessera" / "examples"
-H100 = EXAMPLES / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+H100 = (
+    EXAMPLES
+    / "inventories"
+    / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+)
 TESSERA = [sys.executable, "-m", "tessera"]
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
@@ -53,7 +57,11 @@ def _template(name: str, memory: str, cores: str) -> dict[str, Any]:
                             "exactly": {
                                 "deviceClassName": "gpu.tessera.dev",
                                 "selectors": [
-                                    {"cel": {"expression": 'device.attributes["gpu.tessera.dev"].productName.startsWith("NVIDIA")'}}
+                                    {
+                                        "cel": {
+                                            "expression": 'device.attributes["gpu.tessera.dev"].productName.startsWith("NVIDIA")'
+                                        }
+                                    }
                                 ],
                                 "capacity": {"requests": {"memory": memory, "cores": cores}},
                             },
@@ -77,7 +85,10 @@ def _pod(name: str, template: str) -> dict[str, Any]:
                     "name": "app",
                     "image": "registry.example/app:1.0",
                     "command": ["python", "-m", "serve"],
-                    "resources": {"claims": [{"name": "gpu"}], "requests": {"cpu": "1", "memory": "2Gi"}},
+                    "resources": {
+                        "claims": [{"name": "gpu"}],
+                        "requests": {"cpu": "1", "memory": "2Gi"},
+                    },
                 }
             ],
         },
@@ -88,14 +99,24 @@ def _hami_pod(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "annotations": {"nvidia.com/use-gputype": "H100"}},
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "annotations": {"nvidia.com/use-gputype": "H100"},
+        },
         "spec": {
             "containers": [
                 {
                     "name": "app",
                     "image": "ubuntu:22.04",
                     "command": ["bash", "-c", "sleep 86400"],
-                    "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}},
+                    "resources": {
+                        "limits": {
+                            "nvidia.com/gpu": 1,
+                            "nvidia.com/gpumem": 3000,
+                            "nvidia.com/gpucores": 30,
+                        }
+                    },
                 }
             ]
         },
@@ -114,7 +135,13 @@ def _deployment(name: str) -> dict[str, Any]:
                 "metadata": {"labels": {"app": name}},
                 "spec": {
                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "small"}],
-                    "containers": [{"name": "srv", "image": "srv:2", "resources": {"claims": [{"name": "gpu"}]}}],
+                    "containers": [
+                        {
+                            "name": "srv",
+                            "image": "srv:2",
+                            "resources": {"claims": [{"name": "gpu"}]},
+                        }
+                    ],
                 },
             },
         },
@@ -148,7 +175,12 @@ def write_json_list(path: Path, target_bytes: int) -> int:
         size += len(json.dumps(p, indent=4)) + 6
         items.append(p)
         i += 1
-    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [_template("small", "1Gi", "1"), *items]}, indent=4))
+    path.write_text(
+        json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": [_template("small", "1Gi", "1"), *items]},
+            indent=4,
+        )
+    )
     return len(items) + 1
 
 
@@ -159,7 +191,10 @@ def write_simulation(folder: Path, pods: int, nodes: int, explicit: bool) -> Pat
     else:
         entries = [{"name": "node", "count": nodes, "inventory": "h100.txt"}]
     (folder / "cluster.yaml").write_text(
-        yaml.safe_dump({"apiVersion": "tessera.dev/v1alpha1", "kind": "Cluster", "nodes": entries}, sort_keys=False)
+        yaml.safe_dump(
+            {"apiVersion": "tessera.dev/v1alpha1", "kind": "Cluster", "nodes": entries},
+            sort_keys=False,
+        )
     )
     with (folder / "pods.yaml").open("w") as f:
         docs = [_template("small-a", "1Gi", "1"), _template("small-b", "1Gi", "1")]
@@ -214,10 +249,18 @@ def run_case(case: str, work: Path, explicit_nodes: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--case", choices=CASES, action="append", help="run only this case (repeatable)")
-    ap.add_argument("--workdir", type=Path, help="keep generated inputs here (reused by later runs)")
-    ap.add_argument("--explicit-nodes", action="store_true", help="simulate-100k: list the 160 nodes one by one")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--case", choices=CASES, action="append", help="run only this case (repeatable)"
+    )
+    ap.add_argument(
+        "--workdir", type=Path, help="keep generated inputs here (reused by later runs)"
+    )
+    ap.add_argument(
+        "--explicit-nodes", action="store_true", help="simulate-100k: list the 160 nodes one by one"
+    )
     ap.add_argument("--json", type=Path, help="also write the results here")
     a = ap.parse_args()
     tmp = None

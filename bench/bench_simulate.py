@@ -37,11 +37,22 @@ from tessera.sim.cluster import Cluster, cluster_from_dict
 from tessera.sim.simulate import SimResult, Simulation
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "tessera" / "examples"
-H100 = EXAMPLES / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+H100 = (
+    EXAMPLES
+    / "inventories"
+    / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+)
 DIGESTS = Path(__file__).resolve().parent / "simulate_digests.json"
 
 # (memory, cores) shapes and their weights: small inference slices dominate.
-SHAPES = [("4Gi", "10", 30), ("8Gi", "20", 30), ("16Gi", "25", 20), ("20Gi", "30", 10), ("40Gi", "50", 7), ("80Gi", "100", 3)]
+SHAPES = [
+    ("4Gi", "10", 30),
+    ("8Gi", "20", 30),
+    ("16Gi", "25", 20),
+    ("20Gi", "30", 10),
+    ("40Gi", "50", 7),
+    ("80Gi", "100", 3),
+]
 
 
 def make_cluster(n_nodes: int) -> Cluster:
@@ -73,7 +84,9 @@ def make_workload(n_claims: int, seed: int) -> list[Manifest]:
                                         "name": "gpu",
                                         "exactly": {
                                             "deviceClassName": "gpu.tessera.dev",
-                                            "capacity": {"requests": {"memory": mem, "cores": cores}},
+                                            "capacity": {
+                                                "requests": {"memory": mem, "cores": cores}
+                                            },
                                         },
                                     }
                                 ]
@@ -94,8 +107,19 @@ def make_workload(n_claims: int, seed: int) -> list[Manifest]:
                     "kind": "Pod",
                     "metadata": {"name": f"pod-{i:06d}", "namespace": "default"},
                     "spec": {
-                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": f"slice-{mem.lower()}-{cores}"}],
-                        "containers": [{"name": "app", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+                        "resourceClaims": [
+                            {
+                                "name": "gpu",
+                                "resourceClaimTemplateName": f"slice-{mem.lower()}-{cores}",
+                            }
+                        ],
+                        "containers": [
+                            {
+                                "name": "app",
+                                "image": "x",
+                                "resources": {"claims": [{"name": "gpu"}]},
+                            }
+                        ],
                     },
                 },
                 src,
@@ -109,7 +133,9 @@ def digest(result: SimResult) -> str:
     cores, shareID) and every pending pod's reason, in the run's order."""
     h = hashlib.sha256()
     for p in result.placements:
-        h.update(f"P {p.pod} {p.container} {p.node} {p.device} {p.request} {p.memory} {p.cores} {p.share_id}\n".encode())
+        h.update(
+            f"P {p.pod} {p.container} {p.node} {p.device} {p.request} {p.memory} {p.cores} {p.share_id}\n".encode()
+        )
     for q in result.pending:
         h.update(f"U {q.pod} {q.reason}\n".encode())
     return h.hexdigest()
@@ -120,7 +146,9 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run(n_nodes: int, n_claims: int, seed: int, progress: bool, trace: bool = False) -> dict[str, Any]:
+def run(
+    n_nodes: int, n_claims: int, seed: int, progress: bool, trace: bool = False
+) -> dict[str, Any]:
     if trace:
         tracemalloc.start()
     t0 = time.perf_counter()
@@ -132,7 +160,13 @@ def run(n_nodes: int, n_claims: int, seed: int, progress: bool, trace: bool = Fa
     c_setup = _cpu() - c0
     done = 0
     if progress:
-        with Progress(TextColumn("placing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True) as bar:
+        with Progress(
+            TextColumn("placing"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=True,
+        ) as bar:
             task = bar.add_task("placing", total=n_claims)
 
             def tick(_: str) -> None:
@@ -170,16 +204,30 @@ def run(n_nodes: int, n_claims: int, seed: int, progress: bool, trace: bool = Fa
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--claims", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--trace-memory", action="store_true", help="also measure the Python heap peak (slow)")
-    ap.add_argument("--record", action="store_true", help="record the digest of a configuration not recorded yet")
+    ap.add_argument(
+        "--trace-memory", action="store_true", help="also measure the Python heap peak (slow)"
+    )
+    ap.add_argument(
+        "--record",
+        action="store_true",
+        help="record the digest of a configuration not recorded yet",
+    )
     a = ap.parse_args()
-    r = run(a.nodes, a.claims, a.seed, progress=not a.no_progress and sys.stderr.isatty(), trace=a.trace_memory)
+    r = run(
+        a.nodes,
+        a.claims,
+        a.seed,
+        progress=not a.no_progress and sys.stderr.isatty(),
+        trace=a.trace_memory,
+    )
     print(json.dumps(r))
     if a.json:
         a.json.write_text(json.dumps(r, indent=2) + "\n")
@@ -191,7 +239,10 @@ def main() -> None:
             DIGESTS.write_text(json.dumps(known, indent=2, sort_keys=True) + "\n")
             print(f"recorded the digest of {key}", file=sys.stderr)
         else:
-            print(f"no recorded digest for {key}: answers not compared (--record adds one)", file=sys.stderr)
+            print(
+                f"no recorded digest for {key}: answers not compared (--record adds one)",
+                file=sys.stderr,
+            )
     elif known[key] != r["digest"]:
         print(
             f"DIFFERENT ANSWERS: placements or pending reasons differ from the recorded run ({key}): "

@@ -38,15 +38,25 @@ from tessera.sim.simulate import Simulation, default_device_class
 
 # tools/kube's build, or prebuilt binaries in $TESSERA_KUBE_BIN (as for the tests).
 HARNESS = (
-    Path(os.environ["TESSERA_KUBE_BIN"]) if os.environ.get("TESSERA_KUBE_BIN")
+    Path(os.environ["TESSERA_KUBE_BIN"])
+    if os.environ.get("TESSERA_KUBE_BIN")
     else Path(__file__).resolve().parents[1] / "tools" / "kube" / "bin"
 ) / "allocator-harness"
-FEATURES = ["AdminAccess", "ConsumableCapacity", "DeviceBindingAndStatus", "DeviceTaints", "PartitionableDevices", "PrioritizedList"]
+FEATURES = [
+    "AdminAccess",
+    "ConsumableCapacity",
+    "DeviceBindingAndStatus",
+    "DeviceTaints",
+    "PartitionableDevices",
+    "PrioritizedList",
+]
 
 
 def claims_of(workload: list[Any]) -> list[dict[str, Any]]:
     """One ResourceClaim per pod, from its template, as the resource-claim controller makes."""
-    templates = {m.obj["metadata"]["name"]: m.obj for m in workload if m.kind == "ResourceClaimTemplate"}
+    templates = {
+        m.obj["metadata"]["name"]: m.obj for m in workload if m.kind == "ResourceClaimTemplate"
+    }
     out = []
     for m in workload:
         if m.kind != "Pod":
@@ -67,15 +77,22 @@ def claims_of(workload: list[Any]) -> list[dict[str, Any]]:
 def key(result: dict[str, Any] | None) -> Any:
     if result is None:
         return None
-    return [(r["pool"], r["device"], tuple(sorted((r.get("consumedCapacity") or {}).items()))) for r in result["devices"]["results"]]
+    return [
+        (r["pool"], r["device"], tuple(sorted((r.get("consumedCapacity") or {}).items())))
+        for r in result["devices"]["results"]
+    ]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--claims", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--skip-naive", action="store_true", help="skip Tessera's memo-less allocator loop")
+    ap.add_argument(
+        "--skip-naive", action="store_true", help="skip Tessera's memo-less allocator loop"
+    )
     a = ap.parse_args()
     if not HARNESS.exists():
         sys.exit(f"{HARNESS} is missing: build it with tools/kube/build.sh")
@@ -97,7 +114,9 @@ def main() -> None:
         json.dump(scenario, f)
         f.flush()
         t0 = time.perf_counter()
-        out = subprocess.run([str(HARNESS), "-mode", "place", f.name], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [str(HARNESS), "-mode", "place", f.name], capture_output=True, text=True, check=True
+        )
         wall = time.perf_counter() - t0
     up = json.loads(out.stdout)
     report["upstream_place_s"] = round(up["totalSeconds"], 2)
@@ -107,7 +126,9 @@ def main() -> None:
 
     if not a.skip_naive:
         state = AllocatedState()
-        alloc = Allocator(slices, {"gpu.tessera.dev": default_device_class()}, state, rng=random.Random(0))
+        alloc = Allocator(
+            slices, {"gpu.tessera.dev": default_device_class()}, state, rng=random.Random(0)
+        )
         nodes = [Node(n.name, n.labels) for n in cluster.nodes]
         t0 = time.perf_counter()
         naive = []
@@ -134,7 +155,9 @@ def main() -> None:
     report["tessera_simulate_per_claim_ms"] = round(1000 * t / a.claims, 3)
     by_claim = {
         o["metadata"]["name"]: (
-            o["status"]["allocation"]["devices"]["results"][0]["pool"] if o.get("status", {}).get("allocation") else None,
+            o["status"]["allocation"]["devices"]["results"][0]["pool"]
+            if o.get("status", {}).get("allocation")
+            else None,
             key(o.get("status", {}).get("allocation")),
         )
         for o in res.objects
@@ -145,7 +168,10 @@ def main() -> None:
     report["ratio_upstream_over_simulate"] = round(report["upstream_place_s"] / max(t, 1e-9), 2)
     print(json.dumps(report))
     if not report["simulate_agrees"] or report.get("allocator_agrees") is False:
-        print("DIFFERENT ANSWERS: Tessera placed claims differently from the upstream allocator", file=sys.stderr)
+        print(
+            "DIFFERENT ANSWERS: Tessera placed claims differently from the upstream allocator",
+            file=sys.stderr,
+        )
         sys.exit(1)
 
 

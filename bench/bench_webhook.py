@@ -70,7 +70,9 @@ def vegeta() -> Path:
     exe = bin_dir / "vegeta"
     if not exe.is_file():
         bin_dir.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["go", "install", VEGETA], check=True, env={**os.environ, "GOBIN": str(bin_dir)})
+        subprocess.run(
+            ["go", "install", VEGETA], check=True, env={**os.environ, "GOBIN": str(bin_dir)}
+        )
     return exe
 
 
@@ -86,10 +88,20 @@ def corpus_pods() -> list[dict[str, Any]]:
 
 
 def review(pod: dict[str, Any], uid: str) -> bytes:
-    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
-        "namespace": "default", "object": pod}}).encode()
+    return json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": uid,
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "CREATE",
+                "namespace": "default",
+                "object": pod,
+            },
+        }
+    ).encode()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -117,8 +129,12 @@ def loadavg() -> str:
 def slow_per_window(exe: Path, results: Path, window: int) -> list[int]:
     """How many answers took over 10 ms (or never came), per ``window`` seconds of the attack:
     whether slow answers cluster (start-up, a neighbour taking the cores) or spread."""
-    rows = subprocess.run([str(exe), "encode", "--to", "csv", str(results)], capture_output=True, text=True,
-                          check=True).stdout.splitlines()
+    rows = subprocess.run(
+        [str(exe), "encode", "--to", "csv", str(results)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     sent = [(int(r.split(",")[0]), int(r.split(",")[1]), int(r.split(",")[2])) for r in rows if r]
     start = min(t for t, _, _ in sent)
     counts = [0] * (max((t - start) // (window * 10**9) for t, _, _ in sent) + 1)
@@ -134,7 +150,9 @@ def bench_decision(rounds: int, profile: bool) -> int:
     from tessera.inventory import build_resource_slices, load_inventory, load_topology
     from tessera.webhook.admission import ClusterView, decide
 
-    slices = build_resource_slices("h100-node", load_inventory(str(H100_INVENTORY)), load_topology(str(H100_TOPOLOGY)))
+    slices = build_resource_slices(
+        "h100-node", load_inventory(str(H100_INVENTORY)), load_topology(str(H100_TOPOLOGY))
+    )
     slices += build_resource_slices("a5000-node", load_inventory(str(A5000_INVENTORY)))
     view = ClusterView.static(slices)
     bodies = [review(p, f"u-{i}") for i, p in enumerate(corpus_pods())]
@@ -151,7 +169,9 @@ def bench_decision(rounds: int, profile: bool) -> int:
         cpu = (time.process_time() - t0) / rounds
         total += cpu
         print(f"{name}: {cpu * 1e3:.3f} ms CPU per decision")
-    print(f"mean of the five shapes: {total / len(bodies) * 1e3:.3f} ms CPU per decision ({rounds} rounds each)")
+    print(
+        f"mean of the five shapes: {total / len(bodies) * 1e3:.3f} ms CPU per decision ({rounds} rounds each)"
+    )
     print(f"load average after: {loadavg()}")
     if profile:
         prof = cProfile.Profile()
@@ -179,16 +199,29 @@ def bench_load(rate: int, duration: int) -> int:
     cluster = Cluster(work / "cluster")
     proc = None
     try:
-        nodes = [corpus_node("h100-node", H100_INVENTORY, H100_TOPOLOGY), corpus_node("a5000-node", A5000_INVENTORY)]
+        nodes = [
+            corpus_node("h100-node", H100_INVENTORY, H100_TOPOLOGY),
+            corpus_node("a5000-node", A5000_INVENTORY),
+        ]
         cluster.up(inventory_of(nodes), build_binaries=False, die_with_parent=True)
         ca, serving = make_serving_certificate(work, "webhook")
         port_file = work / "port"
         log = open(work / "webhook.log", "wb")  # noqa: SIM115 - lives as long as the process
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tessera", "webhook", f"--tls-cert-file={serving.cert}",
-             f"--tls-private-key-file={serving.key}", "--port=0", f"--port-file={port_file}",
-             f"--kubeconfig={cluster.kubeconfig}"],
-            stdout=log, stderr=subprocess.STDOUT, preexec_fn=_pdeathsig,
+            [
+                sys.executable,
+                "-m",
+                "tessera",
+                "webhook",
+                f"--tls-cert-file={serving.cert}",
+                f"--tls-private-key-file={serving.key}",
+                "--port=0",
+                f"--port-file={port_file}",
+                f"--kubeconfig={cluster.kubeconfig}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_pdeathsig,
         )
         deadline = time.monotonic() + 60
         while not port_file.is_file():
@@ -198,7 +231,9 @@ def bench_load(rate: int, duration: int) -> int:
         port = int(port_file.read_text())
         url = f"https://127.0.0.1:{port}/mutate-pods"
         pods = corpus_pods()
-        conn = http.client.HTTPSConnection("127.0.0.1", port, context=ssl.create_default_context(cafile=str(ca.cert)))
+        conn = http.client.HTTPSConnection(
+            "127.0.0.1", port, context=ssl.create_default_context(cafile=str(ca.cert))
+        )
         while True:  # ready: the slices are watched
             conn.request("GET", "/readyz")
             resp = conn.getresponse()
@@ -208,7 +243,12 @@ def bench_load(rate: int, duration: int) -> int:
                 raise SystemExit("webhook not ready after 60 s")
             time.sleep(0.2)
         for i, pod in enumerate(pods):  # each shape once: its template is created and linted
-            conn.request("POST", "/mutate-pods", body=review(pod, f"warm-{i}"), headers={"Content-Type": "application/json"})
+            conn.request(
+                "POST",
+                "/mutate-pods",
+                body=review(pod, f"warm-{i}"),
+                headers={"Content-Type": "application/json"},
+            )
             answer = json.loads(conn.getresponse().read())["response"]
             if not (answer["allowed"] and answer.get("patch")):
                 raise SystemExit(f"{PODS[i]} was not converted: {answer}")
@@ -217,49 +257,102 @@ def bench_load(rate: int, duration: int) -> int:
         with open(targets, "w") as out:
             for i in range(rate * duration):
                 body = base64.b64encode(review(pods[i % len(pods)], f"bench-{i:08d}")).decode()
-                out.write(json.dumps({"method": "POST", "url": url, "body": body,
-                                      "header": {"Content-Type": ["application/json"]}}) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "method": "POST",
+                            "url": url,
+                            "body": body,
+                            "header": {"Content-Type": ["application/json"]},
+                        }
+                    )
+                    + "\n"
+                )
         results = work / "results.bin"
-        plane = {f.stem: int(f.read_text()) for f in cluster.run_dir.glob("*.pid")}  # etcd, API server...
+        plane = {
+            f.stem: int(f.read_text()) for f in cluster.run_dir.glob("*.pid")
+        }  # etcd, API server...
         plane_before = {name: cpu_seconds(pid) for name, pid in plane.items()}
-        load_before, cpu_before, wait_before = loadavg(), cpu_seconds(proc.pid), runqueue_wait(proc.pid)
+        load_before, cpu_before, wait_before = (
+            loadavg(),
+            cpu_seconds(proc.pid),
+            runqueue_wait(proc.pid),
+        )
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         samples: list[tuple[float, float]] = []  # (control plane, webhook) CPU seconds, every 5 s
         done = threading.Event()
 
         def sample() -> None:
             while True:
-                samples.append((sum(cpu_seconds(pid) for pid in plane.values()), cpu_seconds(proc.pid)))
+                samples.append(
+                    (sum(cpu_seconds(pid) for pid in plane.values()), cpu_seconds(proc.pid))
+                )
                 if done.wait(5):
                     return
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         with open(targets) as t, open(results, "wb") as r:
-            subprocess.run([str(exe), "attack", "-format=json", f"-rate={rate}/s", f"-duration={duration}s",
-                            f"-root-certs={ca.cert}", "-timeout=10s"], stdin=t, stdout=r, check=True)
+            subprocess.run(
+                [
+                    str(exe),
+                    "attack",
+                    "-format=json",
+                    f"-rate={rate}/s",
+                    f"-duration={duration}s",
+                    f"-root-certs={ca.cert}",
+                    "-timeout=10s",
+                ],
+                stdin=t,
+                stdout=r,
+                check=True,
+            )
         done.set()
         sampler.join()
-        cpu_after, wait_after, load_after = cpu_seconds(proc.pid), runqueue_wait(proc.pid), loadavg()
+        cpu_after, wait_after, load_after = (
+            cpu_seconds(proc.pid),
+            runqueue_wait(proc.pid),
+            loadavg(),
+        )
         plane_cpu = {name: cpu_seconds(pid) - plane_before[name] for name, pid in plane.items()}
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         vegeta_cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
-        report = subprocess.run([str(exe), "report", "-type=json", str(results)], capture_output=True, text=True, check=True)
+        report = subprocess.run(
+            [str(exe), "report", "-type=json", str(results)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rep = json.loads(report.stdout)
         lat = {k: v / 1e6 for k, v in rep["latencies"].items()}  # ns -> ms
-        print(f"cores: {os.cpu_count()}  rate: {rate}/s  duration: {duration}s  requests: {rep['requests']}")
+        print(
+            f"cores: {os.cpu_count()}  rate: {rate}/s  duration: {duration}s  requests: {rep['requests']}"
+        )
         print(f"load average (1, 5, 15 min): before {load_before}, after {load_after}")
-        print(f"latency ms: mean {lat['mean']:.2f}  p50 {lat['50th']:.2f}  p90 {lat['90th']:.2f}  p95 {lat['95th']:.2f}  "
-              f"p99 {lat['99th']:.2f}  max {lat['max']:.2f}")
-        print(f"throughput: {rep['throughput']:.1f}/s  success: {rep['success']:.4f}  status codes: {rep['status_codes']}")
-        answered = sum(n for code, n in rep["status_codes"].items() if code != "0")  # "0": no answer in 10 s
-        print(f"webhook CPU: {cpu_after - cpu_before:.2f} s, {(cpu_after - cpu_before) / max(answered, 1) * 1e3:.3f} ms "
-              f"per answered request (TLS, HTTP, decision; {answered} answered)")
+        print(
+            f"latency ms: mean {lat['mean']:.2f}  p50 {lat['50th']:.2f}  p90 {lat['90th']:.2f}  p95 {lat['95th']:.2f}  "
+            f"p99 {lat['99th']:.2f}  max {lat['max']:.2f}"
+        )
+        print(
+            f"throughput: {rep['throughput']:.1f}/s  success: {rep['success']:.4f}  status codes: {rep['status_codes']}"
+        )
+        answered = sum(
+            n for code, n in rep["status_codes"].items() if code != "0"
+        )  # "0": no answer in 10 s
+        print(
+            f"webhook CPU: {cpu_after - cpu_before:.2f} s, {(cpu_after - cpu_before) / max(answered, 1) * 1e3:.3f} ms "
+            f"per answered request (TLS, HTTP, decision; {answered} answered)"
+        )
         wait = wait_after - wait_before
-        print(f"webhook waiting for a core (runnable, not running): {wait:.2f} s, {wait / max(answered, 1) * 1e3:.3f} ms "
-              "per answered request")
-        print(f"control plane CPU: {sum(plane_cpu.values()):.2f} s ("
-              + ", ".join(f"{n} {c:.2f}" for n, c in sorted(plane_cpu.items(), key=lambda x: -x[1])) + ")")
+        print(
+            f"webhook waiting for a core (runnable, not running): {wait:.2f} s, {wait / max(answered, 1) * 1e3:.3f} ms "
+            "per answered request"
+        )
+        print(
+            f"control plane CPU: {sum(plane_cpu.values()):.2f} s ("
+            + ", ".join(f"{n} {c:.2f}" for n, c in sorted(plane_cpu.items(), key=lambda x: -x[1]))
+            + ")"
+        )
         print(f"vegeta CPU: {vegeta_cpu:.2f} s ({vegeta_cpu / duration:.2f} of a core)")
         print(f"answers over 10 ms, per 5 s of the run: {slow_per_window(exe, results, 5)}")
         steps = list(itertools.pairwise(samples))
@@ -277,12 +370,22 @@ def bench_load(rate: int, duration: int) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rate", type=int, default=500, help="requests per second (default 500)")
     ap.add_argument("--duration", type=int, default=60, help="seconds (default 60)")
-    ap.add_argument("--decision", action="store_true", help="CPU time of the decision alone (no cluster, no HTTP)")
-    ap.add_argument("--rounds", type=int, default=2000, help="--decision: decisions per shape (default 2000)")
-    ap.add_argument("--profile", action="store_true", help="--decision: print cProfile's top functions")
+    ap.add_argument(
+        "--decision",
+        action="store_true",
+        help="CPU time of the decision alone (no cluster, no HTTP)",
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=2000, help="--decision: decisions per shape (default 2000)"
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="--decision: print cProfile's top functions"
+    )
     args = ap.parse_args()
     if args.decision:
         return bench_decision(args.rounds, args.profile)

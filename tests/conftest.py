@@ -15,7 +15,9 @@ def corpus_dir() -> Path:
     """The corpus folder; raises if it is missing (tests fail, never skip, without it)."""
     p = corpus_path()
     if not p.is_dir():
-        raise RuntimeError(f"corpus not found at {p}: set TESSERA_CORPUS to the shared/corpus folder")
+        raise RuntimeError(
+            f"corpus not found at {p}: set TESSERA_CORPUS to the shared/corpus folder"
+        )
     return p
 
 

@@ -16,10 +16,16 @@ from tessera.inventory import GPU
 #: NVML GPU-instance profile ids by profile constant, as ``nvidia-smi mig -lgip`` lists them on
 #: A100/H100 (7g: 0, 4g: 5, 3g: 9, 2g: 14, 1g with two memory slices: 15, 1g: 19, 1g+me: 20);
 #: the fake NVML reports whatever its configuration says.
-GI_PROFILE_IDS = {"NVML_GPU_INSTANCE_PROFILE_7_SLICE": 0, "NVML_GPU_INSTANCE_PROFILE_4_SLICE": 5,
-                  "NVML_GPU_INSTANCE_PROFILE_3_SLICE": 9, "NVML_GPU_INSTANCE_PROFILE_2_SLICE": 14,
-                  "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2": 15, "NVML_GPU_INSTANCE_PROFILE_1_SLICE": 19,
-                  "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1": 20, "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1": 6}
+GI_PROFILE_IDS = {
+    "NVML_GPU_INSTANCE_PROFILE_7_SLICE": 0,
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE": 5,
+    "NVML_GPU_INSTANCE_PROFILE_3_SLICE": 9,
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE": 14,
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2": 15,
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE": 19,
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1": 20,
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1": 6,
+}
 CI_PROFILE = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}  # compute slices -> NVML_COMPUTE_INSTANCE_PROFILE_*
 
 
@@ -41,7 +47,11 @@ def _gi_profile(g: GPU, m: Any) -> Any:
         p = model.profile(name)
         assert p is not None, m.profile
         return p
-    fits = [p for p in model.profiles if not p.media_extensions and p.memory_mib * (1 << 20) <= m.memory_bytes]
+    fits = [
+        p
+        for p in model.profiles
+        if not p.media_extensions and p.memory_mib * (1 << 20) <= m.memory_bytes
+    ]
     exact = [p for p in fits if p.multiprocessors == m.sm_count]
     return max(exact or fits, key=lambda p: p.memory_mib)
 
@@ -60,9 +70,11 @@ def mig_lines(g: GPU) -> list[str]:
     out = []
     for p in model.profiles:
         const = nvml_gpu_instance_profile(p)
-        out.append(f"migprofile {g.uuid} const={getattr(pynvml, const)} id={GI_PROFILE_IDS[const]} name={p.name} "
-                   f"slices={p.compute_slices} memslices={p.memory_slices} memory={p.memory_mib} "
-                   f"sms={p.multiprocessors or 0} starts={','.join(map(str, p.starts))}")
+        out.append(
+            f"migprofile {g.uuid} const={getattr(pynvml, const)} id={GI_PROFILE_IDS[const]} name={p.name} "
+            f"slices={p.compute_slices} memslices={p.memory_slices} memory={p.memory_mib} "
+            f"sms={p.multiprocessors or 0} starts={','.join(map(str, p.starts))}"
+        )
     gis: dict[int, list[Any]] = {}
     for m in g.mig_devices:
         gis.setdefault(m.gpu_instance_id, []).append(m)
@@ -86,15 +98,19 @@ def mig_lines(g: GPU) -> list[str]:
         p = profiles[gi_id]
         start = starts[gi_id]
         const = nvml_gpu_instance_profile(p)
-        out.append(f"gi {g.uuid} {gi_id} profile={GI_PROFILE_IDS[const]} start={start} size={p.memory_slices} "
-                   f"slices={p.compute_slices} memory={cis[0].memory_bytes >> 20} sms={p.multiprocessors or 0} "
-                   f"name={p.name}")
+        out.append(
+            f"gi {g.uuid} {gi_id} profile={GI_PROFILE_IDS[const]} start={start} size={p.memory_slices} "
+            f"slices={p.compute_slices} memory={cis[0].memory_bytes >> 20} sms={p.multiprocessors or 0} "
+            f"name={p.name}"
+        )
         for m in cis:
             name = m.profile or p.name
             k = int(name.split("c.", 1)[0]) if "c." in name else p.compute_slices
-            out.append(f"ci {g.uuid} {gi_id} {m.compute_instance_id} profile={CI_PROFILE[k]} slices={k} "
-                       f"sms={m.sm_count or 0} uuid={m.uuid or mig_uuid(g.uuid, gi_id, m.compute_instance_id)} "
-                       f"name={name}")
+            out.append(
+                f"ci {g.uuid} {gi_id} {m.compute_instance_id} profile={CI_PROFILE[k]} slices={k} "
+                f"sms={m.sm_count or 0} uuid={m.uuid or mig_uuid(g.uuid, gi_id, m.compute_instance_id)} "
+                f"name={name}"
+            )
     return out
 
 
@@ -104,16 +120,30 @@ def as_listed(g: GPU) -> GPU:
     fake machine has real ones: :func:`mig_uuid`), and its GPU UUID a real one."""
     from dataclasses import replace
 
-    migs = tuple(replace(m, uuid=m.uuid or mig_uuid(g.uuid, m.gpu_instance_id, m.compute_instance_id),
-                         profile=m.profile or _gi_profile(g, m).name) for m in g.mig_devices)
+    migs = tuple(
+        replace(
+            m,
+            uuid=m.uuid or mig_uuid(g.uuid, m.gpu_instance_id, m.compute_instance_id),
+            profile=m.profile or _gi_profile(g, m).name,
+        )
+        for m in g.mig_devices
+    )
     return replace(g, mig_devices=migs, uuid_synthesized=False)
 
 
-def nvml_config(gpus: Sequence[GPU], *, driver_version: str | None = None, memory_limits: bool = False,
-                lost: Sequence[str] = (), gone: Sequence[str] = (),
-                xids: Sequence[tuple[int, str, int]] = (), topology: Any = None,
-                mig_state: Path | None = None, mig_log: Path | None = None,
-                crash_after: tuple[str, int] | None = None) -> str:
+def nvml_config(
+    gpus: Sequence[GPU],
+    *,
+    driver_version: str | None = None,
+    memory_limits: bool = False,
+    lost: Sequence[str] = (),
+    gone: Sequence[str] = (),
+    xids: Sequence[tuple[int, str, int]] = (),
+    topology: Any = None,
+    mig_state: Path | None = None,
+    mig_log: Path | None = None,
+    crash_after: tuple[str, int] | None = None,
+) -> str:
     """The fake NVML's node description (native/fake/fake_nvml_config.h) for ``gpus``: with
     ``topology`` (``nvidia-smi topo -m``) each GPU's NUMA node and NVLink domain; for a GPU in
     MIG mode its profiles and instances (:func:`mig_lines`); ``mig_state`` / ``mig_log`` /
@@ -122,14 +152,21 @@ def nvml_config(gpus: Sequence[GPU], *, driver_version: str | None = None, memor
     drv = driver_version or (gpus[0].driver_version if gpus else "550.54.15")
     cuda = gpus[0].cuda_version if gpus and gpus[0].cuda_version else "12.2"
     major, minor = (int(x) for x in cuda.split(".")[:2])
-    lines = [f"driver-version {drv}", f"cuda-version {major * 1000 + minor * 10}",
-             f"memory-limits {'yes' if memory_limits else 'no'}"]
+    lines = [
+        f"driver-version {drv}",
+        f"cuda-version {major * 1000 + minor * 10}",
+        f"memory-limits {'yes' if memory_limits else 'no'}",
+    ]
     domains = topology.nvlink_domains() if topology is not None else {}
     for g in gpus:
         if g.uuid in gone:
             continue
-        parts = [f"gpu {g.uuid}", f'name="{g.product_name}"', f"memory={g.memory_bytes}",
-                 f"minor={g.index}"]
+        parts = [
+            f"gpu {g.uuid}",
+            f'name="{g.product_name}"',
+            f"memory={g.memory_bytes}",
+            f"minor={g.index}",
+        ]
         if g.pcie_bus_id:
             parts.append(f"pci={g.pcie_bus_id}")
         if g.cuda_compute_capability:
@@ -138,7 +175,11 @@ def nvml_config(gpus: Sequence[GPU], *, driver_version: str | None = None, memor
             parts.append("mig=1")
         if g.uuid in lost:
             parts.append("health=lost")
-        numa = g.numa_node if g.numa_node is not None else (topology.numa.get(g.index) if topology is not None else None)
+        numa = (
+            g.numa_node
+            if g.numa_node is not None
+            else (topology.numa.get(g.index) if topology is not None else None)
+        )
         if numa is not None:
             parts.append(f"numa={numa}")
         if g.index in domains:

@@ -33,7 +33,9 @@ def prometheus_binary() -> str:
     """The ``prometheus`` binary; raises (tests fail, never skip) when it is not installed."""
     exe = shutil.which("prometheus")
     if exe is None:
-        raise RuntimeError("prometheus is not installed: run tools/prometheus/install.sh (make test does)")
+        raise RuntimeError(
+            "prometheus is not installed: run tools/prometheus/install.sh (make test does)"
+        )
     return exe
 
 
@@ -73,7 +75,9 @@ class Prometheus:
             if ok(res):
                 return res
             time.sleep(0.25)
-        raise AssertionError(f"{expr}: condition not met after {timeout}s; last result {res}; log tail:\n{self.tail()}")
+        raise AssertionError(
+            f"{expr}: condition not met after {timeout}s; last result {res}; log tail:\n{self.tail()}"
+        )
 
     def tail(self, n: int = 20) -> str:
         try:
@@ -83,24 +87,40 @@ class Prometheus:
 
 
 @contextmanager
-def prometheus(tmp: Path, targets: Sequence[str], *, rule_files: Sequence[Path] = (), interval: str = "1s") -> Iterator[Prometheus]:
+def prometheus(
+    tmp: Path, targets: Sequence[str], *, rule_files: Sequence[Path] = (), interval: str = "1s"
+) -> Iterator[Prometheus]:
     """Start Prometheus scraping ``targets`` (``host:port``) every ``interval`` and evaluating
     ``rule_files`` as often; stop it (SIGTERM, then SIGKILL) when the block ends."""
     exe = prometheus_binary()
     tmp.mkdir(parents=True, exist_ok=True)
     cfg = {
-        "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
+        "global": {
+            "scrape_interval": interval,
+            "evaluation_interval": interval,
+            "scrape_timeout": interval,
+        },
         "rule_files": [str(p) for p in rule_files],
-        "scrape_configs": [{"job_name": "tessera-monitor", "static_configs": [{"targets": list(targets)}]}],
+        "scrape_configs": [
+            {"job_name": "tessera-monitor", "static_configs": [{"targets": list(targets)}]}
+        ],
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
     port = free_port()
     log = tmp / "prometheus.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [exe, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            [
+                exe,
+                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     server = Prometheus(f"http://127.0.0.1:{port}", proc, log)
     try:

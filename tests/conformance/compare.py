@@ -50,7 +50,9 @@ def ordered(features: Sequence[str]) -> bool:
     return bool(_NOT_STABLE & set(features))
 
 
-def assert_same(sc: dict[str, Any], err: str, results: list[Any], up: dict[str, Any], exact: bool = True) -> None:
+def assert_same(
+    sc: dict[str, Any], err: str, results: list[Any], up: dict[str, Any], exact: bool = True
+) -> None:
     """Tessera's ``(err, results)`` for scenario ``sc`` against the harness output ``up``."""
     up_err = up.get("error") or ""
     assert same_error(err, up_err), f"tessera error {err!r}, upstream error {up_err!r}"

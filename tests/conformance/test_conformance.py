@@ -59,7 +59,8 @@ def _norm_selector(ns: dict[str, Any] | None) -> Any:
         term = {}
         for kind in ("matchExpressions", "matchFields"):
             reqs = sorted(
-                (r.get("key", ""), r.get("operator", ""), tuple(sorted(r.get("values") or []))) for r in t.get(kind) or []
+                (r.get("key", ""), r.get("operator", ""), tuple(sorted(r.get("values") or [])))
+                for r in t.get(kind) or []
             )
             term[kind] = tuple(reqs)
         terms.append((term["matchExpressions"], term["matchFields"]))

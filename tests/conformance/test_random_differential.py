@@ -33,7 +33,14 @@ from .test_conformance import run_scenario
 
 DRIVER = "gpu.example.com"
 NIC = "nic.example.com"
-ALL_FEATURES = ["AdminAccess", "ConsumableCapacity", "DeviceBindingAndStatus", "DeviceTaints", "PartitionableDevices", "PrioritizedList"]
+ALL_FEATURES = [
+    "AdminAccess",
+    "ConsumableCapacity",
+    "DeviceBindingAndStatus",
+    "DeviceTaints",
+    "PartitionableDevices",
+    "PrioritizedList",
+]
 _lo, _, _hi = os.environ.get("TESSERA_RANDOM_SEEDS", "0:500").partition(":")
 SEEDS = range(int(_lo), int(_hi))
 NODES = [
@@ -58,16 +65,27 @@ def _capacity(rng: random.Random, multi: bool) -> dict[str, Any]:
     if multi:
         kind = rng.choice(["none", "range", "values", "tessera"])
         if kind == "range":
-            caps["memory"]["requestPolicy"] = {"default": "4Gi", "validRange": {"min": "2Gi", "step": "2Gi", "max": f"{mem}Gi"}}
+            caps["memory"]["requestPolicy"] = {
+                "default": "4Gi",
+                "validRange": {"min": "2Gi", "step": "2Gi", "max": f"{mem}Gi"},
+            }
         elif kind == "values":
             caps["memory"]["requestPolicy"] = {"default": "4Gi", "validValues": ["4Gi", "8Gi"]}
         elif kind == "tessera":
-            caps["memory"]["requestPolicy"] = {"default": f"{mem}Gi", "validRange": {"min": "1Mi", "step": "1Mi"}}
-            caps["cores"]["requestPolicy"] = {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}}
+            caps["memory"]["requestPolicy"] = {
+                "default": f"{mem}Gi",
+                "validRange": {"min": "1Mi", "step": "1Mi"},
+            }
+            caps["cores"]["requestPolicy"] = {
+                "default": "0",
+                "validRange": {"min": "0", "max": "100", "step": "1"},
+            }
     return caps
 
 
-def _node_selection(rng: random.Random, obj: dict[str, Any], kinds: list[str], target: int, other: float = 0.2) -> str:
+def _node_selection(
+    rng: random.Random, obj: dict[str, Any], kinds: list[str], target: int, other: float = 0.2
+) -> str:
     """Node selection of a slice (or a device): the node allocated for (``target``), or with
     probability ``other`` the other node."""
     kind = rng.choice(kinds)
@@ -75,11 +93,25 @@ def _node_selection(rng: random.Random, obj: dict[str, Any], kinds: list[str], t
     if kind == "nodeName":
         obj["nodeName"] = node["name"]
     elif kind == "selector":
-        obj["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "region", "operator": "In", "values": [node["labels"]["region"]]}]}]}
+        obj["nodeSelector"] = {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {"key": "region", "operator": "In", "values": [node["labels"]["region"]]}
+                    ]
+                }
+            ]
+        }
     elif kind == "fieldSelector":
-        obj["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node["name"]]}]}]}
+        obj["nodeSelector"] = {
+            "nodeSelectorTerms": [
+                {
+                    "matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": [node["name"]]}
+                    ]
+                }
+            ]
+        }
     elif kind == "allNodes":
         obj["allNodes"] = True
     else:
@@ -87,7 +119,9 @@ def _node_selection(rng: random.Random, obj: dict[str, Any], kinds: list[str], t
     return kind
 
 
-def _device(rng: random.Random, n: int, driver: str, counters: bool, lists: bool, cov: Counter[str]) -> dict[str, Any]:
+def _device(
+    rng: random.Random, n: int, driver: str, counters: bool, lists: bool, cov: Counter[str]
+) -> dict[str, Any]:
     multi = rng.random() < 0.6
     d: dict[str, Any] = {
         "name": f"dev-{n}",
@@ -105,17 +139,23 @@ def _device(rng: random.Random, n: int, driver: str, counters: bool, lists: bool
         cov["multi-allocatable device"] += 1
     if lists or rng.random() < 0.1:
         d["attributes"]["numas"] = {"ints": sorted(rng.sample([0, 1, 2], rng.randint(1, 2)))}
-        d["attributes"]["models"] = {"strings": sorted(rng.sample(["a", "b", "c"], rng.randint(1, 3)))}
+        d["attributes"]["models"] = {
+            "strings": sorted(rng.sample(["a", "b", "c"], rng.randint(1, 3)))
+        }
         cov["list attributes"] += 1
         if rng.random() < 0.08:
             d["attributes"]["models"] = {"strings": []}
             cov["empty list attribute"] += 1
     if counters and rng.random() < 0.75:
-        d["consumesCounters"] = [{"counterSet": "cs-0", "counters": {"mem": {"value": f"{rng.choice([2, 4, 8])}Gi"}}}]
+        d["consumesCounters"] = [
+            {"counterSet": "cs-0", "counters": {"mem": {"value": f"{rng.choice([2, 4, 8])}Gi"}}}
+        ]
         cov["device consuming counters"] += 1
     if rng.random() < 0.1:
         effect = rng.choice(["NoSchedule", "NoExecute", "None"])
-        d["taints"] = [{"key": rng.choice(["k1", "k2"]), "value": rng.choice(["v1", "v2"]), "effect": effect}]
+        d["taints"] = [
+            {"key": rng.choice(["k1", "k2"]), "value": rng.choice(["v1", "v2"]), "effect": effect}
+        ]
         cov[f"taint {effect}"] += 1
     if rng.random() < 0.05:
         d["bindingConditions"] = ["ready"]
@@ -137,11 +177,15 @@ def _toleration(rng: random.Random, cov: Counter[str]) -> dict[str, Any]:
     effect = rng.choice(["", "NoSchedule", "NoExecute"])
     if effect:
         t["effect"] = effect
-    cov[f"toleration {op}{' empty key' if not key else ''}{' any effect' if not effect else ''}"] += 1
+    cov[
+        f"toleration {op}{' empty key' if not key else ''}{' any effect' if not effect else ''}"
+    ] += 1
     return t
 
 
-def _request(rng: random.Random, feats: list[str], sub: bool, lists: bool, nic: bool, cov: Counter[str]) -> dict[str, Any]:
+def _request(
+    rng: random.Random, feats: list[str], sub: bool, lists: bool, nic: bool, cov: Counter[str]
+) -> dict[str, Any]:
     body: dict[str, Any] = {"deviceClassName": "nic" if nic and rng.random() < 0.3 else "gpu"}
     if rng.random() < 0.07:
         body["allocationMode"] = "All"
@@ -160,7 +204,9 @@ def _request(rng: random.Random, feats: list[str], sub: bool, lists: bool, nic: 
     if rng.random() < 0.2:  # unguarded: a device without memory is a CEL runtime error
         sels.append(f'device.capacity["{DRIVER}"].memory.compareTo(quantity("16Gi")) >= 0')
     if "ListTypeAttributes" in feats:
-        sels.append(f'has(device.attributes["{DRIVER}"].numas) && device.attributes["{DRIVER}"].numas.includes(1)')
+        sels.append(
+            f'has(device.attributes["{DRIVER}"].numas) && device.attributes["{DRIVER}"].numas.includes(1)'
+        )
     if body["deviceClassName"] == "gpu" and rng.random() < 0.35:
         body["selectors"] = [{"cel": {"expression": rng.choice(sels)}}]
     if "ConsumableCapacity" in feats and rng.random() < 0.55:
@@ -196,8 +242,13 @@ def scenario(seed: int, cov: Counter[str] | None = None) -> dict[str, Any]:
         counters = rng.random() < 0.35
         n_slices = rng.choice([1, 1, 2])
         sel_spec: dict[str, Any] = {}
-        kind = _node_selection(rng, sel_spec, ["nodeName", "nodeName", "selector", "fieldSelector", "allNodes", "perDevice"],
-                               target, 0.0 if p == 0 else 0.3)
+        kind = _node_selection(
+            rng,
+            sel_spec,
+            ["nodeName", "nodeName", "selector", "fieldSelector", "allNodes", "perDevice"],
+            target,
+            0.0 if p == 0 else 0.3,
+        )
         cov[f"pool by {kind}"] += 1
         count = n_slices + (1 if counters else 0)
         if rng.random() < 0.03:
@@ -213,40 +264,84 @@ def scenario(seed: int, cov: Counter[str] | None = None) -> dict[str, Any]:
                 devices.append(dv)
                 visible.append((driver, pool, dv))
                 n += 1
-            spec = {"driver": driver, "pool": {"name": pool, "generation": 1, "resourceSliceCount": count}, **sel_spec, "devices": devices}
-            pool_slices.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"slice-{p}-{s}"}, "spec": spec})
+            spec = {
+                "driver": driver,
+                "pool": {"name": pool, "generation": 1, "resourceSliceCount": count},
+                **sel_spec,
+                "devices": devices,
+            }
+            pool_slices.append(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceSlice",
+                    "metadata": {"name": f"slice-{p}-{s}"},
+                    "spec": spec,
+                }
+            )
         if counters:
             cov["shared counters"] += 1
-            cspec = {"driver": driver, "pool": {"name": pool, "generation": 1, "resourceSliceCount": count}, **sel_spec,
-                     "sharedCounters": [{"name": "cs-0", "counters": {"mem": {"value": f"{rng.choice([4, 8, 12])}Gi"}}}]}
+            cspec = {
+                "driver": driver,
+                "pool": {"name": pool, "generation": 1, "resourceSliceCount": count},
+                **sel_spec,
+                "sharedCounters": [
+                    {"name": "cs-0", "counters": {"mem": {"value": f"{rng.choice([4, 8, 12])}Gi"}}}
+                ],
+            }
             if kind == "perDevice":
                 cspec.pop("perDeviceNodeSelection")
                 cspec["allNodes"] = True
-            pool_slices.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"slice-{p}-c"}, "spec": cspec})
+            pool_slices.append(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceSlice",
+                    "metadata": {"name": f"slice-{p}-c"},
+                    "spec": cspec,
+                }
+            )
         if rng.random() < 0.04 and len(pool_slices[0]["spec"]["devices"]) > 0 and n_slices == 2:
-            pool_slices[1]["spec"]["devices"][0]["name"] = pool_slices[0]["spec"]["devices"][0]["name"]
+            pool_slices[1]["spec"]["devices"][0]["name"] = pool_slices[0]["spec"]["devices"][0][
+                "name"
+            ]
             cov["invalid pool (duplicate device)"] += 1
         slices.extend(pool_slices)
     allocated = []
-    for i, (driver, pool, dv) in enumerate(rng.sample(visible, k=min(len(visible), rng.randint(0, 3)))):
-        res: dict[str, Any] = {"request": "req", "driver": driver, "pool": pool, "device": dv["name"]}
+    for i, (driver, pool, dv) in enumerate(
+        rng.sample(visible, k=min(len(visible), rng.randint(0, 3)))
+    ):
+        res: dict[str, Any] = {
+            "request": "req",
+            "driver": driver,
+            "pool": pool,
+            "device": dv["name"],
+        }
         r = rng.random()
         if dv.get("allowMultipleAllocations") and r < 0.7:
             res["shareID"] = _share_id(i)
             if dv.get("capacity"):
-                res["consumedCapacity"] = {"memory": rng.choice(["2Gi", "4Gi", "8Gi"]), "cores": rng.choice(["0", "50"])}
+                res["consumedCapacity"] = {
+                    "memory": rng.choice(["2Gi", "4Gi", "8Gi"]),
+                    "cores": rng.choice(["0", "50"]),
+                }
             cov["earlier share"] += 1
         elif r < 0.85:
             res["adminAccess"] = True
             cov["earlier admin result"] += 1
         else:
             cov["earlier dedicated"] += 1
-        allocated.append({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": f"earlier-{i}", "namespace": "default"},
-            "spec": {"devices": {"requests": [{"name": "req", "exactly": {"deviceClassName": "gpu"}}]}},
-            "status": {"allocation": {"devices": {"results": [res]}}},
-        })
+        allocated.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": f"earlier-{i}", "namespace": "default"},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "req", "exactly": {"deviceClassName": "gpu"}}]
+                    }
+                },
+                "status": {"allocation": {"devices": {"results": [res]}}},
+            }
+        )
     claims = []
     nic = any(drv == NIC for drv, _, _ in visible)
     for c in range(rng.choices([1, 2, 3], weights=[55, 30, 15])[0]):
@@ -254,17 +349,29 @@ def scenario(seed: int, cov: Counter[str] | None = None) -> dict[str, Any]:
         names: list[str] = []
         for r in range(rng.choices([1, 2, 3], weights=[55, 30, 15])[0]):
             if "PrioritizedList" in feats and rng.random() < 0.25:
-                subs = [{"name": f"sub-{s}", **_request(rng, feats, True, lists, nic, cov)} for s in range(rng.randint(1, 3))]
+                subs = [
+                    {"name": f"sub-{s}", **_request(rng, feats, True, lists, nic, cov)}
+                    for s in range(rng.randint(1, 3))
+                ]
                 requests.append({"name": f"req-{r}", "firstAvailable": subs})
                 names += [f"req-{r}/{s['name']}" for s in subs]
                 cov["firstAvailable"] += 1
             else:
-                requests.append({"name": f"req-{r}", "exactly": _request(rng, feats, False, lists, nic, cov)})
+                requests.append(
+                    {"name": f"req-{r}", "exactly": _request(rng, feats, False, lists, nic, cov)}
+                )
             names.append(f"req-{r}")
         constraints = []
-        options = [("matchAttribute", f"{DRIVER}/numa"), ("distinctAttribute", f"{DRIVER}/uuid"), ("distinctAttribute", f"{DRIVER}/model")]
+        options = [
+            ("matchAttribute", f"{DRIVER}/numa"),
+            ("distinctAttribute", f"{DRIVER}/uuid"),
+            ("distinctAttribute", f"{DRIVER}/model"),
+        ]
         if lists or rng.random() < 0.2:
-            options += [("matchAttribute", f"{DRIVER}/numas"), ("distinctAttribute", f"{DRIVER}/models")]
+            options += [
+                ("matchAttribute", f"{DRIVER}/numas"),
+                ("distinctAttribute", f"{DRIVER}/models"),
+            ]
         for kind_, attr in options:
             if rng.random() < 0.12 and (kind_ == "matchAttribute" or "ConsumableCapacity" in feats):
                 con: dict[str, Any] = {kind_: attr}
@@ -276,12 +383,24 @@ def scenario(seed: int, cov: Counter[str] | None = None) -> dict[str, Any]:
         if constraints:
             spec["devices"]["constraints"] = constraints
         if rng.random() < 0.15:
-            spec["devices"]["config"] = [{"requests": sorted(set(rng.sample(names, k=1))),
-                                          "opaque": {"driver": DRIVER, "parameters": {"claim": c}}}]
+            spec["devices"]["config"] = [
+                {
+                    "requests": sorted(set(rng.sample(names, k=1))),
+                    "opaque": {"driver": DRIVER, "parameters": {"claim": c}},
+                }
+            ]
             cov["claim config"] += 1
-        claims.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                       "metadata": {"name": f"claim-{c}", "namespace": "default"}, "spec": spec})
-    gpu_class: dict[str, Any] = {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}
+        claims.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": f"claim-{c}", "namespace": "default"},
+                "spec": spec,
+            }
+        )
+    gpu_class: dict[str, Any] = {
+        "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
+    }
     if rng.random() < 0.2:
         gpu_class["config"] = [{"opaque": {"driver": DRIVER, "parameters": {"class": "gpu"}}}]
         cov["class config"] += 1
@@ -291,9 +410,18 @@ def scenario(seed: int, cov: Counter[str] | None = None) -> dict[str, Any]:
         "features": feats,
         "node": node,
         "classes": [
-            {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu"}, "spec": gpu_class},
-            {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "nic"},
-             "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NIC}"'}}]}},
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": "gpu"},
+                "spec": gpu_class,
+            },
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": "nic"},
+                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NIC}"'}}]},
+            },
         ],
         "slices": slices,
         "allocated": allocated,
@@ -314,7 +442,9 @@ def coverage(seeds: range) -> tuple[Counter[str], Counter[str]]:
         if len(sc["features"]) < len(ALL_FEATURES) and "ListTypeAttributes" not in sc["features"]:
             constructs["some features off"] += 1
         err, results = run_scenario(sc)
-        outcomes["error" if err else "allocated" if results and results[0] is not None else "none"] += 1
+        outcomes[
+            "error" if err else "allocated" if results and results[0] is not None else "none"
+        ] += 1
     return constructs, outcomes
 
 
@@ -331,14 +461,42 @@ def test_random_scenarios_cover_every_construct_and_outcome() -> None:
     every construct it knows appears in many of them."""
     seeds = range(0, 500)
     constructs, outcomes = coverage(seeds)
-    assert outcomes["allocated"] >= 200 and outcomes["none"] >= 50 and outcomes["error"] >= 10, outcomes
+    assert outcomes["allocated"] >= 200 and outcomes["none"] >= 50 and outcomes["error"] >= 10, (
+        outcomes
+    )
     for name in (
-        "allocationMode All", "count 3", "count 4", "firstAvailable", "shared counters", "device consuming counters",
-        "list attributes", "empty list attribute", "binding conditions", "taint NoSchedule", "taint NoExecute",
-        "taint None", "toleration Exists", "toleration Equal", "toleration Exists empty key", "admin access",
-        "earlier share", "earlier dedicated", "earlier admin result", "pool by perDevice", "pool by selector",
-        "pool by fieldSelector", "pool by allNodes", "incomplete pool", "invalid pool (duplicate device)",
-        "matchAttribute numa", "distinctAttribute uuid", "matchAttribute numas", "distinctAttribute models",
-        "claim config", "class config", "feature ListTypeAttributes", "some features off",
+        "allocationMode All",
+        "count 3",
+        "count 4",
+        "firstAvailable",
+        "shared counters",
+        "device consuming counters",
+        "list attributes",
+        "empty list attribute",
+        "binding conditions",
+        "taint NoSchedule",
+        "taint NoExecute",
+        "taint None",
+        "toleration Exists",
+        "toleration Equal",
+        "toleration Exists empty key",
+        "admin access",
+        "earlier share",
+        "earlier dedicated",
+        "earlier admin result",
+        "pool by perDevice",
+        "pool by selector",
+        "pool by fieldSelector",
+        "pool by allNodes",
+        "incomplete pool",
+        "invalid pool (duplicate device)",
+        "matchAttribute numa",
+        "distinctAttribute uuid",
+        "matchAttribute numas",
+        "distinctAttribute models",
+        "claim config",
+        "class config",
+        "feature ListTypeAttributes",
+        "some features off",
     ):
         assert constructs[name] >= 10, (name, constructs[name])

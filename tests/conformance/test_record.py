@@ -35,7 +35,11 @@ from .test_conformance import SCENARIOS, load, run_scenario
 def _pending(path: Path) -> bool:
     sc = load(path)
     exp = sc.get("expect") or {}
-    return bool(sc.get("claims")) and not exp.get("error") and all(r is None for r in exp.get("results") or [None])
+    return (
+        bool(sc.get("claims"))
+        and not exp.get("error")
+        and all(r is None for r in exp.get("results") or [None])
+    )
 
 
 PENDING = [p for p in SCENARIOS if _pending(p)]
@@ -60,7 +64,9 @@ def _alone_claim(claim: dict[str, Any], rr: RequestRecord) -> dict[str, Any]:
         if rr.name == rr.parent:
             body = copy.deepcopy(r["exactly"])
         else:
-            body = copy.deepcopy(next(s for s in r["firstAvailable"] if f"{r['name']}/{s['name']}" == rr.name))
+            body = copy.deepcopy(
+                next(s for s in r["firstAvailable"] if f"{r['name']}/{s['name']}" == rr.name)
+            )
             body.pop("name")
     body["count"] = 1
     body["allocationMode"] = "ExactCount"
@@ -98,12 +104,18 @@ def test_record_agrees_with_the_allocator_and_explain_shows_it(path: Path) -> No
             got = alone_alloc.allocate(node, [_alone_claim(claims[rr.claim_index], rr)])
         except AllocationError as e:
             # Only a selector that cannot be evaluated aborts; the record holds it for a device.
-            assert any(dr.alone is not None and dr.alone.check == "cel-error" for dr in rr.devices), str(e)
+            assert any(
+                dr.alone is not None and dr.alone.check == "cel-error" for dr in rr.devices
+            ), str(e)
             continue
         if first is None:
-            assert got is None, f"{rr.name}: the record says nothing fits alone, the allocator placed {got}"
+            assert got is None, (
+                f"{rr.name}: the record says nothing fits alone, the allocator placed {got}"
+            )
         else:
-            assert got is not None, f"{rr.name}: the record says {first.device.name} fits alone, the allocator found none"
+            assert got is not None, (
+                f"{rr.name}: the record says {first.device.name} fits alone, the allocator found none"
+            )
             picked = got[0]["devices"]["results"][0]
             assert (picked["driver"], picked["pool"], picked["device"]) == first.id
 
@@ -114,7 +126,8 @@ def test_record_agrees_with_the_allocator_and_explain_shows_it(path: Path) -> No
         assert ron.considered == len(rr.devices)
         assert ron.fitting == ["/".join(dr.id) for dr in rr.fitting]
         assert [(v.device, v.check) for v in ron.devices] == [
-            ("/".join(dr.id), dr.alone.check if dr.alone is not None else "fits") for dr in rr.devices
+            ("/".join(dr.id), dr.alone.check if dr.alone is not None else "fits")
+            for dr in rr.devices
         ]
         assert sum(g.count for g in ron.groups) == len(rr.devices) - len(rr.fitting)
         assert f"request {rr.name}: {len(rr.fitting)} of {len(rr.devices)} device" in ne.summary

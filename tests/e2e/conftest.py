@@ -63,19 +63,29 @@ def corpus_dir() -> Path:
 
 CORPUS = corpus_dir()
 #: 8x H100 80GB HBM3 (`nvidia-smi -q`) and the `nvidia-smi topo -m` of an 8-GPU NV12 box.
-H100_INVENTORY = CORPUS / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+H100_INVENTORY = (
+    CORPUS
+    / "inventories"
+    / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+)
 H100_TOPOLOGY = CORPUS / "topologies" / "litgpt__tests_test_utils__topo-m.8xGPU-NV12-10nic.txt"
 #: 2x RTX A5000 (`nvidia-smi -q -x`).
 A5000_INVENTORY = CORPUS / "inventories" / "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
 #: 1x A10 (`nvidia-smi -q`).
-A10_INVENTORY = CORPUS / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.129.03.A10.txt"
+A10_INVENTORY = (
+    CORPUS / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.129.03.A10.txt"
+)
 #: 1x H100 80GB HBM3 (nvidia_gpu_exporter capture).
 H100_SINGLE_INVENTORY = (
-    CORPUS / "inventories" / "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.capture.txt"
+    CORPUS
+    / "inventories"
+    / "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.capture.txt"
 )
 
 
-def corpus_node(name: str, inventory: Path, topology: Path | None = None, labels: dict[str, str] | None = None) -> SimNode:
+def corpus_node(
+    name: str, inventory: Path, topology: Path | None = None, labels: dict[str, str] | None = None
+) -> SimNode:
     """A node whose ResourceSlices ``tessera.inventory`` builds from a corpus inventory, as
     ``tessera simulate`` (``tessera.sim.cluster``) reads a cluster description."""
     from tessera.inventory import build_resource_slices, load_inventory, load_topology
@@ -83,12 +93,20 @@ def corpus_node(name: str, inventory: Path, topology: Path | None = None, labels
     assert inventory.is_file(), f"corpus file missing: {inventory} (set TESSERA_CORPUS)"
     topo = load_topology(topology) if topology is not None else None
     node_labels = {"kubernetes.io/hostname": name, **(labels or {})}
-    return SimNode(name, node_labels, build_resource_slices(name, load_inventory(inventory), topo), str(inventory))
+    return SimNode(
+        name,
+        node_labels,
+        build_resource_slices(name, load_inventory(inventory), topo),
+        str(inventory),
+    )
 
 
 def session_nodes() -> list[SimNode]:
     """The session cluster: ``h100-node`` (8x H100 with NVLink topology), ``a5000-node`` (2x A5000)."""
-    return [corpus_node("h100-node", H100_INVENTORY, H100_TOPOLOGY), corpus_node("a5000-node", A5000_INVENTORY)]
+    return [
+        corpus_node("h100-node", H100_INVENTORY, H100_TOPOLOGY),
+        corpus_node("a5000-node", A5000_INVENTORY),
+    ]
 
 
 def inventory_of(nodes: Sequence[SimNode]) -> Inventory:
@@ -132,7 +150,9 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveClust
     try:
         build.ensure_built()
     except build.BuildError as e:
-        pytest.fail(f"cannot build the control plane for `cluster` tests (deselect them with -m 'not cluster'): {e}")
+        pytest.fail(
+            f"cannot build the control plane for `cluster` tests (deselect them with -m 'not cluster'): {e}"
+        )
     state = tmp_path_factory.mktemp("tessera-cluster")
     cluster = Cluster(state)
     inventory = inventory_of(session_nodes())
@@ -142,7 +162,9 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveClust
             cluster.up(inventory, build_binaries=False, die_with_parent=True)
         except ClusterError as e:
             pytest.fail(f"tessera cluster up failed: {e}")
-        yield LiveCluster(cluster, cluster.kubeconfig, cluster.client(), str(cluster.server), inventory)
+        yield LiveCluster(
+            cluster, cluster.kubeconfig, cluster.client(), str(cluster.server), inventory
+        )
     finally:
         cluster.down()
 
@@ -168,7 +190,9 @@ def fresh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartClu
             cluster.up(inventory, build_binaries=False, die_with_parent=True)
         except ClusterError as e:
             pytest.fail(f"tessera cluster up failed: {e}")
-        return LiveCluster(cluster, cluster.kubeconfig, cluster.client(), str(cluster.server), inventory)
+        return LiveCluster(
+            cluster, cluster.kubeconfig, cluster.client(), str(cluster.server), inventory
+        )
 
     try:
         yield start
@@ -258,17 +282,24 @@ class LiveNode(LiveCluster):
         """``<kubelet root>/plugins/<driver>``: where a DRA plugin's socket goes."""
         return self.node.plugin_dir(driver)
 
-    def image(self, name: str, files: Mapping[str, images.FileLike], *, tag: str = "latest", **kwargs: Any) -> images.Image:
+    def image(
+        self, name: str, files: Mapping[str, images.FileLike], *, tag: str = "latest", **kwargs: Any
+    ) -> images.Image:
         """Build ``tessera.local/<name>:<tag>`` (busybox plus ``files``; keyword arguments of
         :func:`tessera.kube.images.build_image`: env, entrypoint, cmd, libraries_for...) and
         import it into the node's containerd. Use ``.ref`` with ``imagePullPolicy: Never``."""
         return self.node.build_image(name, files, tag=tag, **kwargs)
 
-    def kubectl(self, *args: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, timeout: float = 60.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``kubectl ARGS`` against this cluster; with ``check``, a non-zero exit fails the test."""
         proc = subprocess.run(
             [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
         if check and proc.returncode != 0:
             pytest.fail(f"kubectl {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
@@ -289,24 +320,45 @@ class LiveNode(LiveCluster):
         only then: a pod created before fails preparing its claims and is retried only after
         a back-off of over a minute)."""
         kubelet = self.cluster.kubelet_client()
-        wait_for(lambda: True if plugin_registered(kubelet, self.node, driver) else None, timeout=timeout,
-                 interval=0.5, what=f"the kubelet to register the plugin of {driver} in {self.plugins_registry_dir}")
+        wait_for(
+            lambda: True if plugin_registered(kubelet, self.node, driver) else None,
+            timeout=timeout,
+            interval=0.5,
+            what=f"the kubelet to register the plugin of {driver} in {self.plugins_registry_dir}",
+        )
 
 
 @pytest.fixture(scope="session")
 def kube_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveNode]:
     problems = node_prerequisites()
     if problems:
-        pytest.fail("cannot run a real node for `node` tests (deselect them with -m 'not node'): " + "; ".join(problems))
+        pytest.fail(
+            "cannot run a real node for `node` tests (deselect them with -m 'not node'): "
+            + "; ".join(problems)
+        )
     cluster = Cluster(tmp_path_factory.mktemp("node"))
     try:
         try:
-            cluster.up(Inventory(), build_binaries=False, die_with_parent=True, kubelet=True, node_lock_wait=NODE_LOCK_WAIT)
+            cluster.up(
+                Inventory(),
+                build_binaries=False,
+                die_with_parent=True,
+                kubelet=True,
+                node_lock_wait=NODE_LOCK_WAIT,
+            )
         except ClusterError as e:
             pytest.fail(f"tessera cluster up --kubelet failed: {e}")
         info = cluster.node
         assert info is not None
-        yield LiveNode(cluster, cluster.kubeconfig, cluster.client(), str(cluster.server), Inventory(), info, build.bin_dir())
+        yield LiveNode(
+            cluster,
+            cluster.kubeconfig,
+            cluster.client(),
+            str(cluster.server),
+            Inventory(),
+            info,
+            build.bin_dir(),
+        )
     finally:
         cluster.down()
 

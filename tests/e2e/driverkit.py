@@ -39,7 +39,11 @@ from .conftest import CORPUS, LiveCluster
 REPO = Path(__file__).resolve().parents[2]
 NATIVE = REPO / "native"
 #: 8x H100 80GB HBM3 (nvidia-smi -q, driver 535.161.08) and 2x RTX A5000 (nvidia-smi -q -x).
-H100 = CORPUS / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+H100 = (
+    CORPUS
+    / "inventories"
+    / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+)
 A5000 = CORPUS / "inventories" / "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
 GIB = 1 << 30
 
@@ -50,7 +54,9 @@ def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("make") is None or shutil.which(os.environ.get("CC", "gcc")) is None:
         pytest.fail("the driver tests need make and gcc to build the fake NVML")
     b = tmp_path_factory.mktemp("fake-nvml")
-    r = subprocess.run(["make", "-C", str(NATIVE), f"BUILD={b}", "fake"], capture_output=True, text=True)
+    r = subprocess.run(
+        ["make", "-C", str(NATIVE), f"BUILD={b}", "fake"], capture_output=True, text=True
+    )
     if r.returncode != 0:
         pytest.fail(f"building the fake NVML failed:\n{r.stdout}\n{r.stderr}")
     return b / "fake" / "libnvidia-ml.so.1"
@@ -71,23 +77,34 @@ class FakeKubelet:
 
     def get_info(self) -> Any:
         reg_pb2, reg_grpc, _, _ = stubs()
-        return reg_grpc.RegistrationStub(self._channel(self.registration_socket)).GetInfo(reg_pb2.InfoRequest(), timeout=10)
+        return reg_grpc.RegistrationStub(self._channel(self.registration_socket)).GetInfo(
+            reg_pb2.InfoRequest(), timeout=10
+        )
 
     def notify(self, ok: bool, error: str = "") -> None:
         reg_pb2, reg_grpc, _, _ = stubs()
         reg_grpc.RegistrationStub(self._channel(self.registration_socket)).NotifyRegistrationStatus(
-            reg_pb2.RegistrationStatus(plugin_registered=ok, error=error), timeout=10)
+            reg_pb2.RegistrationStatus(plugin_registered=ok, error=error), timeout=10
+        )
 
     def prepare(self, claims: Sequence[tuple[str, str, str]], timeout: float = 45) -> Any:
         """NodePrepareResources for ``(namespace, name, uid)`` claims; returns the reply."""
         _, _, pb2, pb2_grpc = stubs()
-        req = pb2.NodePrepareResourcesRequest(claims=[pb2.Claim(namespace=n, name=m, uid=u) for n, m, u in claims])
-        return pb2_grpc.DRAPluginStub(self._channel(self.dra_socket)).NodePrepareResources(req, timeout=timeout)
+        req = pb2.NodePrepareResourcesRequest(
+            claims=[pb2.Claim(namespace=n, name=m, uid=u) for n, m, u in claims]
+        )
+        return pb2_grpc.DRAPluginStub(self._channel(self.dra_socket)).NodePrepareResources(
+            req, timeout=timeout
+        )
 
     def unprepare(self, claims: Sequence[tuple[str, str, str]], timeout: float = 45) -> Any:
         _, _, pb2, pb2_grpc = stubs()
-        req = pb2.NodeUnprepareResourcesRequest(claims=[pb2.Claim(namespace=n, name=m, uid=u) for n, m, u in claims])
-        return pb2_grpc.DRAPluginStub(self._channel(self.dra_socket)).NodeUnprepareResources(req, timeout=timeout)
+        req = pb2.NodeUnprepareResourcesRequest(
+            claims=[pb2.Claim(namespace=n, name=m, uid=u) for n, m, u in claims]
+        )
+        return pb2_grpc.DRAPluginStub(self._channel(self.dra_socket)).NodeUnprepareResources(
+            req, timeout=timeout
+        )
 
     def close(self) -> None:
         for ch in self._channels:
@@ -112,10 +129,17 @@ class DriverEnv:
 
     def config(self, **kw: Any) -> DriverConfig:
         base = dict(
-            node_name=self.node, kubelet_root=self.kubelet_root, cdi_dir=self.cdi_dir,
-            state_dir=self.state_dir, dev_root=self.dev_root, library=Path(library_path() or "/nonexistent"),
-            nvml_library=str(self.nvml_lib), enforcement_backend="auto", health_address="127.0.0.1:0",
-            rescan_seconds=0.5, xid_recovery_seconds=2.0,
+            node_name=self.node,
+            kubelet_root=self.kubelet_root,
+            cdi_dir=self.cdi_dir,
+            state_dir=self.state_dir,
+            dev_root=self.dev_root,
+            library=Path(library_path() or "/nonexistent"),
+            nvml_library=str(self.nvml_lib),
+            enforcement_backend="auto",
+            health_address="127.0.0.1:0",
+            rescan_seconds=0.5,
+            xid_recovery_seconds=2.0,
         )
         base.update(kw)
         return DriverConfig(**base)  # type: ignore[arg-type]
@@ -127,16 +151,28 @@ class DriverEnv:
         write_atomically(self.nvml_config, nvml_config(self.gpus, **{**self.nvml, **kw}))
 
     def kubelet(self) -> FakeKubelet:
-        return FakeKubelet(self.kubelet_root / "plugins_registry" / "gpu.tessera.dev-reg.sock",
-                           self.kubelet_root / "plugins" / "gpu.tessera.dev" / "dra.sock")
+        return FakeKubelet(
+            self.kubelet_root / "plugins_registry" / "gpu.tessera.dev-reg.sock",
+            self.kubelet_root / "plugins" / "gpu.tessera.dev" / "dra.sock",
+        )
 
     def env(self) -> dict[str, str]:
         """Environment for a ``tessera driver`` subprocess of this node."""
-        return {**os.environ, "FAKE_NVML_CONFIG": str(self.nvml_config), "KUBECONFIG": str(self.kubeconfig)}
+        return {
+            **os.environ,
+            "FAKE_NVML_CONFIG": str(self.nvml_config),
+            "KUBECONFIG": str(self.kubeconfig),
+        }
 
 
-def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = H100,
-             gpus: Sequence[GPU] | None = None, **nvml: Any) -> DriverEnv:
+def make_env(
+    tmp: Path,
+    cluster: LiveCluster,
+    nvml_lib: Path,
+    inventory: Path = H100,
+    gpus: Sequence[GPU] | None = None,
+    **nvml: Any,
+) -> DriverEnv:
     """A fresh node ``drv-<random>`` registered in ``cluster`` (Ready, no slices), with the
     GPUs of ``inventory`` (or ``gpus``) in the fake NVML, stand-in device nodes, and empty
     directories."""
@@ -149,24 +185,44 @@ def make_env(tmp: Path, cluster: LiveCluster, nvml_lib: Path, inventory: Path = 
     dev.mkdir(parents=True)
     gpus = list(gpus) if gpus is not None else load_inventory(inventory)
     # Stand-in device nodes: character devices with /dev/null's numbers, named as NVIDIA's.
-    for name in [f"nvidia{g.index}" for g in gpus] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
+    for name in [f"nvidia{g.index}" for g in gpus] + [
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+    ]:
         os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, 3))
     cfg = root / "nvml.cfg"
     write_atomically(cfg, nvml_config(gpus, **nvml))
     inv = Inventory()
     inv.add_node(node, {"kubernetes.io/hostname": node})
     register_inventory(cluster.client, inv)
-    return DriverEnv(node, root, kubelet_root, root / "cdi", root / "state", root / "devroot", cfg,
-                     nvml_lib, gpus, cluster.client, cluster.kubeconfig, dict(nvml))
+    return DriverEnv(
+        node,
+        root,
+        kubelet_root,
+        root / "cdi",
+        root / "state",
+        root / "devroot",
+        cfg,
+        nvml_lib,
+        gpus,
+        cluster.client,
+        cluster.kubeconfig,
+        dict(nvml),
+    )
 
 
 @pytest.fixture
-def driver_env(tmp_path: Path, kube_cluster: LiveCluster, fake_nvml_lib: Path) -> Iterator[DriverEnv]:
+def driver_env(
+    tmp_path: Path, kube_cluster: LiveCluster, fake_nvml_lib: Path
+) -> Iterator[DriverEnv]:
     env = make_env(tmp_path, kube_cluster, fake_nvml_lib)
     yield env
     shutil.rmtree(env.root, ignore_errors=True)
     # Leave the session cluster as it was: other tests compare the scheduler's view of all nodes.
-    for s in kube_cluster.client.list("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={env.node}"):
+    for s in kube_cluster.client.list(
+        "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={env.node}"
+    ):
         kube_cluster.client.delete("resource.k8s.io/v1", "ResourceSlice", s["metadata"]["name"])
     kube_cluster.client.delete("v1", "Node", env.node)
 
@@ -190,18 +246,44 @@ class DriverProcess:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         env = self.env
-        self.argv = [sys.executable, "-m", "tessera", "driver", "--node-name", env.node,
-                     "--kubeconfig", str(env.kubeconfig), "--kubelet-root-dir", str(env.kubelet_root),
-                     "--cdi-dir", str(env.cdi_dir), "--state-dir", str(env.state_dir),
-                     "--dev-root", str(env.dev_root), "--nvml-library", str(env.nvml_lib),
-                     "--health-address", f"127.0.0.1:{self.port}", "--rescan-seconds", "0.5",
-                     "--xid-recovery-seconds", "2", *self.options]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "tessera",
+            "driver",
+            "--node-name",
+            env.node,
+            "--kubeconfig",
+            str(env.kubeconfig),
+            "--kubelet-root-dir",
+            str(env.kubelet_root),
+            "--cdi-dir",
+            str(env.cdi_dir),
+            "--state-dir",
+            str(env.state_dir),
+            "--dev-root",
+            str(env.dev_root),
+            "--nvml-library",
+            str(env.nvml_lib),
+            "--health-address",
+            f"127.0.0.1:{self.port}",
+            "--rescan-seconds",
+            "0.5",
+            "--xid-recovery-seconds",
+            "2",
+            *self.options,
+        ]
         self.log = env.root / f"driver-{self.port}.log"
 
     def start(self, timeout: float = 60) -> DriverProcess:
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, env=self.env.env(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
@@ -225,7 +307,9 @@ class DriverProcess:
         (``attempts`` in all): on a loaded machine one answer can take seconds."""
         for attempt in range(attempts):
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=10) as r:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}/readyz", timeout=10
+                ) as r:
                     return dict(json.loads(r.read()))
             except urllib.error.HTTPError as e:
                 return dict(json.loads(e.read()))
@@ -261,27 +345,58 @@ def running_driver(driver_env: DriverEnv) -> Iterator[tuple[DriverEnv, DriverPro
 
 
 def node_slices(client: KubeClient, node: str) -> list[dict[str, Any]]:
-    return sorted(client.list("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={node}"),
-                  key=lambda s: s["metadata"]["name"])
+    return sorted(
+        client.list("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={node}"),
+        key=lambda s: s["metadata"]["name"],
+    )
 
 
-def allocated_claim(client: KubeClient, namespace: str, name: str, results: list[dict[str, Any]],
-                    node: str | None = None) -> dict[str, Any]:
+def allocated_claim(
+    client: KubeClient,
+    namespace: str,
+    name: str,
+    results: list[dict[str, Any]],
+    node: str | None = None,
+) -> dict[str, Any]:
     """A ResourceClaim with ``status.allocation`` written by hand (as an allocator would),
     for allocations the scheduler would never make (another node, another driver...)."""
-    claim = client.create({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}},
-    })
+    claim = client.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]
+                }
+            },
+        }
+    )
     claim["status"] = {"allocation": {"devices": {"results": results}}}
     if node:
-        claim["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+        claim["status"]["allocation"]["nodeSelector"] = {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+            ]
+        }
     return client.update_status(claim)
 
 
 __all__ = [
-    "A5000", "GIB", "H100", "DriverEnv", "DriverProcess", "FakeKubelet", "allocated_claim", "driver_env", "fake_nvml_lib",
-    "make_env", "mig_lines", "mig_uuid", "node_slices", "nvml_config", "running_driver", "write_atomically",
+    "A5000",
+    "GIB",
+    "H100",
+    "DriverEnv",
+    "DriverProcess",
+    "FakeKubelet",
+    "allocated_claim",
+    "driver_env",
+    "fake_nvml_lib",
+    "make_env",
+    "mig_lines",
+    "mig_uuid",
+    "node_slices",
+    "nvml_config",
+    "running_driver",
+    "write_atomically",
 ]

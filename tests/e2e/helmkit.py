@@ -39,9 +39,16 @@ def helm_bin() -> Path:
         if not os.access(p, os.X_OK):
             pytest.fail(f"TESSERA_HELM_BIN={env} is not an executable helm")
         return p
-    r = subprocess.run(["bash", str(REPO / "tools" / "helm" / "build.sh")], capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        ["bash", str(REPO / "tools" / "helm" / "build.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if r.returncode != 0:
-        pytest.fail(f"tools/helm/build.sh failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}")
+        pytest.fail(
+            f"tools/helm/build.sh failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}"
+        )
     return REPO / "tools" / "helm" / "bin" / "helm"
 
 
@@ -51,12 +58,20 @@ def cert_manager_crds() -> list[Path]:
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run(["go", "mod", "download", "-json", CERT_MANAGER], cwd=d, capture_output=True, text=True,
-                           env={**os.environ, "GOFLAGS": "-mod=mod"}, check=False)
+        r = subprocess.run(
+            ["go", "mod", "download", "-json", CERT_MANAGER],
+            cwd=d,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GOFLAGS": "-mod=mod"},
+            check=False,
+        )
     if r.returncode != 0:
         pytest.fail(f"go mod download {CERT_MANAGER} failed: {r.stdout[-1000:]}{r.stderr[-1000:]}")
     crds = Path(json.loads(r.stdout)["Dir"]) / "deploy" / "crds"
-    return [crds / f"cert-manager.io_{k}.yaml" for k in ("certificates", "issuers", "clusterissuers")]
+    return [
+        crds / f"cert-manager.io_{k}.yaml" for k in ("certificates", "issuers", "clusterissuers")
+    ]
 
 
 @dataclass
@@ -67,29 +82,72 @@ class Tools:
     kubeconfig: Path
     tmp: Path
 
-    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([str(self.helm_path), f"--kubeconfig={self.kubeconfig}", *args], capture_output=True, text=True,
-                           timeout=timeout, check=False, env={**os.environ, "HELM_CACHE_HOME": str(self.tmp / "helm-cache"),
-                                                             "HELM_CONFIG_HOME": str(self.tmp / "helm-config"),
-                                                             "HELM_DATA_HOME": str(self.tmp / "helm-data")})
+    def helm(
+        self, *args: str, check: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(
+            [str(self.helm_path), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env={
+                **os.environ,
+                "HELM_CACHE_HOME": str(self.tmp / "helm-cache"),
+                "HELM_CONFIG_HOME": str(self.tmp / "helm-config"),
+                "HELM_DATA_HOME": str(self.tmp / "helm-data"),
+            },
+        )
         if check and r.returncode != 0:
             pytest.fail(f"helm {' '.join(args)} exited {r.returncode}: {r.stderr.strip()}")
         return r
 
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True, kubeconfig: Path | None = None,
-                timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([str(build.bin_dir() / "kubectl"), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
-                           input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+    def kubectl(
+        self,
+        *args: str,
+        stdin: str | None = None,
+        check: bool = True,
+        kubeconfig: Path | None = None,
+        timeout: float = 120,
+    ) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(
+            [
+                str(build.bin_dir() / "kubectl"),
+                f"--kubeconfig={kubeconfig or self.kubeconfig}",
+                *args,
+            ],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if check and r.returncode != 0:
             pytest.fail(f"kubectl {' '.join(args)} exited {r.returncode}: {r.stderr.strip()}")
         return r
 
-    def render(self, release: str, namespace: str, values: Mapping[str, Any] | None = None, *,
-               api_versions: Sequence[str] = (), show_only: str | None = None) -> list[dict[str, Any]]:
+    def render(
+        self,
+        release: str,
+        namespace: str,
+        values: Mapping[str, Any] | None = None,
+        *,
+        api_versions: Sequence[str] = (),
+        show_only: str | None = None,
+    ) -> list[dict[str, Any]]:
         """``helm template`` of the chart (hooks included): the objects, in helm's order."""
         vf = self.tmp / f"values-{release}.yaml"
         vf.write_text(yaml.safe_dump(dict(values or {})))
-        args = ["template", release, str(CHART), "-n", namespace, f"--kube-version={KUBE_VERSION}", "-f", str(vf)]
+        args = [
+            "template",
+            release,
+            str(CHART),
+            "-n",
+            namespace,
+            f"--kube-version={KUBE_VERSION}",
+            "-f",
+            str(vf),
+        ]
         args += [f"--api-versions={v}" for v in api_versions]
         if show_only:
             args += ["--show-only", show_only]
@@ -101,35 +159,60 @@ class Tools:
         assert r.stdout.strip() in ("yes", "no"), (verb, resource, r.stdout, r.stderr)
         return r.stdout.strip() == "yes"
 
-    def token_kubeconfig(self, client: KubeClient, sa: str, namespace: str, *, pod: Mapping[str, Any] | None = None) -> Path:
+    def token_kubeconfig(
+        self, client: KubeClient, sa: str, namespace: str, *, pod: Mapping[str, Any] | None = None
+    ) -> Path:
         """A kubeconfig with a token of ServiceAccount ``namespace/sa``; bound to ``pod`` (a Pod
         object with ``spec.nodeName``: the API server puts the node in the token's user info,
         ``authentication.kubernetes.io/node-name``) when given."""
         args = ["create", "token", sa, "-n", namespace, "--duration=1h"]
         if pod is not None:
-            args += ["--bound-object-kind=Pod", f"--bound-object-name={pod['metadata']['name']}",
-                     f"--bound-object-uid={pod['metadata']['uid']}"]
+            args += [
+                "--bound-object-kind=Pod",
+                f"--bound-object-name={pod['metadata']['name']}",
+                f"--bound-object-uid={pod['metadata']['uid']}",
+            ]
         token = self.kubectl(*args).stdout.strip()
         cfg = yaml.safe_load(self.kubeconfig.read_text())
         cluster = cfg["clusters"][0]
-        path = self.tmp / f"kc-{namespace}-{sa}-{(pod or {}).get('metadata', {}).get('name', 'unbound')}.yaml"
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-            "clusters": [cluster], "users": [{"name": sa, "user": {"token": token}}],
-            "contexts": [{"name": "sa", "context": {"cluster": cluster["name"], "user": sa}}],
-        }))
+        path = (
+            self.tmp
+            / f"kc-{namespace}-{sa}-{(pod or {}).get('metadata', {}).get('name', 'unbound')}.yaml"
+        )
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "sa",
+                    "clusters": [cluster],
+                    "users": [{"name": sa, "user": {"token": token}}],
+                    "contexts": [
+                        {"name": "sa", "context": {"cluster": cluster["name"], "user": sa}}
+                    ],
+                }
+            )
+        )
         return path
 
 
 def bound_pod(client: KubeClient, name: str, namespace: str, sa: str, node: str) -> dict[str, Any]:
     """A pod of ServiceAccount ``sa`` bound to ``node`` (no kubelet runs it: it only anchors a
     node-bound token, as the chart's DaemonSet pods would)."""
-    pod = client.create({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-        "spec": {"serviceAccountName": sa, "nodeName": node, "terminationGracePeriodSeconds": 0,
-                 "tolerations": [{"operator": "Exists"}],
-                 "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
-    })
+    pod = client.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "serviceAccountName": sa,
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 0,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+            },
+        }
+    )
     return pod
 
 
@@ -161,8 +244,12 @@ def tessera_process(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
 
     with open(log, "ab") as f:
-        return subprocess.Popen([sys.executable, "-m", "tessera", *args], stdout=f, stderr=subprocess.STDOUT,
-                                preexec_fn=pdeathsig)
+        return subprocess.Popen(
+            [sys.executable, "-m", "tessera", *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            preexec_fn=pdeathsig,
+        )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

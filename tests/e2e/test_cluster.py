@@ -39,20 +39,42 @@ def one_gpu_node(name: str) -> Inventory:
 def test_components_healthy_with_dra_gates(kube_cluster: LiveCluster) -> None:
     st = kube_cluster.cluster.status()
     assert st.state == "running"
-    assert [c.name for c in st.components] == ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
+    assert [c.name for c in st.components] == [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ]
     assert all(c.healthy and c.running for c in st.components), st.components
     version = kube_cluster.client.raw_get("/version")
-    assert version["major"] == "1" and version["minor"] == "37" and version["gitVersion"].startswith("v1.37.")
+    assert (
+        version["major"] == "1"
+        and version["minor"] == "37"
+        and version["gitVersion"].startswith("v1.37.")
+    )
     metrics = kube_cluster.client.raw_get("/metrics")
-    for gate in [*FEATURE_GATES, "DRAAdminAccess", "DRAPrioritizedList", "DRAExtendedResource", "DRAResourceClaimDeviceStatus"]:
+    for gate in [
+        *FEATURE_GATES,
+        "DRAAdminAccess",
+        "DRAPrioritizedList",
+        "DRAExtendedResource",
+        "DRAResourceClaimDeviceStatus",
+    ]:
         assert f'kubernetes_feature_enabled{{name="{gate}",stage="' in metrics
-        line = next(ln for ln in metrics.splitlines() if ln.startswith(f'kubernetes_feature_enabled{{name="{gate}",'))
+        line = next(
+            ln
+            for ln in metrics.splitlines()
+            if ln.startswith(f'kubernetes_feature_enabled{{name="{gate}",')
+        )
         assert line.endswith(" 1"), line
 
 
 def test_nodes_slices_and_device_class_registered(kube_cluster: LiveCluster) -> None:
     client = kube_cluster.client
-    nodes = {n["metadata"]["name"]: n for n in client.list("v1", "Node", label_selector="tessera.dev/simulated-node=true")}
+    nodes = {
+        n["metadata"]["name"]: n
+        for n in client.list("v1", "Node", label_selector="tessera.dev/simulated-node=true")
+    }
     assert {"h100-node", "a5000-node"} <= set(nodes)
     node = nodes["h100-node"]
     assert node["spec"].get("taints") is None
@@ -60,7 +82,9 @@ def test_nodes_slices_and_device_class_registered(kube_cluster: LiveCluster) -> 
     ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True"
     dc = client.get(RESOURCE, "DeviceClass", "gpu.tessera.dev")
-    assert dc["spec"]["selectors"] == [{"cel": {"expression": 'device.driver == "gpu.tessera.dev"'}}]
+    assert dc["spec"]["selectors"] == [
+        {"cel": {"expression": 'device.driver == "gpu.tessera.dev"'}}
+    ]
 
 
 def test_inventory_slices_round_trip_through_api_server(kube_cluster: LiveCluster) -> None:
@@ -93,22 +117,39 @@ def test_inventory_slices_round_trip_through_api_server(kube_cluster: LiveCluste
     assert len({d["attributes"]["uuid"]["string"] for d in devs}) == 8
     for d in devs:
         assert d["capacity"] == {
-            "memory": {"value": "81559Mi", "requestPolicy": {"default": "81559Mi", "validRange": {"min": "1Mi", "step": "1Mi"}}},
-            "cores": {"value": "100", "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}}},
+            "memory": {
+                "value": "81559Mi",
+                "requestPolicy": {
+                    "default": "81559Mi",
+                    "validRange": {"min": "1Mi", "step": "1Mi"},
+                },
+            },
+            "cores": {
+                "value": "100",
+                "requestPolicy": {
+                    "default": "0",
+                    "validRange": {"min": "0", "max": "100", "step": "1"},
+                },
+            },
         }
 
     a5000 = stored["a5000-node-gpu.tessera.dev"]["spec"]
     assert a5000["nodeName"] == "a5000-node"
     assert [d["name"] for d in a5000["devices"]] == ["gpu-0", "gpu-1"]
     assert [d["attributes"]["uuid"]["string"] for d in a5000["devices"]] == [
-        "GPU-12345678-aaaa-bbbb-cccc-0123456789ab", "GPU-12345678-aaaa-bbbb-cccc-0123456789cd",
+        "GPU-12345678-aaaa-bbbb-cccc-0123456789ab",
+        "GPU-12345678-aaaa-bbbb-cccc-0123456789cd",
     ]
-    assert {d["attributes"]["productName"]["string"] for d in a5000["devices"]} == {"NVIDIA RTX A5000"}
+    assert {d["attributes"]["productName"]["string"] for d in a5000["devices"]} == {
+        "NVIDIA RTX A5000"
+    }
     assert [d["capacity"]["memory"]["value"] for d in a5000["devices"]] == ["24564Mi", "24564Mi"]
     assert all("nvlinkDomain" not in d["attributes"] for d in a5000["devices"])  # no topology given
 
 
-def test_api_server_rejects_request_policy_without_multiple_allocations(kube_cluster: LiveCluster) -> None:
+def test_api_server_rejects_request_policy_without_multiple_allocations(
+    kube_cluster: LiveCluster,
+) -> None:
     bad = one_gpu_node("invalid-node").slices[0]
     bad["metadata"]["name"] = "invalid-slice"
     del bad["spec"]["devices"][0]["allowMultipleAllocations"]
@@ -128,7 +169,13 @@ def test_api_server_rejects_request_policy_without_multiple_allocations(kube_clu
     ],
 )
 def test_gpu_fills_up_then_next_pod_pends(
-    kube_cluster: LiveCluster, kube_namespace: str, node: str, memory: str, cores: int, fits: int, full_consumed: dict[str, str]
+    kube_cluster: LiveCluster,
+    kube_namespace: str,
+    node: str,
+    memory: str,
+    cores: int,
+    fits: int,
+    full_consumed: dict[str, str],
 ) -> None:
     client = kube_cluster.client
     ns = kube_namespace
@@ -136,7 +183,17 @@ def test_gpu_fills_up_then_next_pod_pends(
     apply_objects(client, [gpu_claim_template("share", namespace=ns, memory=memory, cores=cores)])
     share_ids = set()
     for i in range(fits):
-        apply_objects(client, [gpu_pod(f"p{i}", namespace=ns, template="share", node_selector={"tessera.dev/test-node": node})])
+        apply_objects(
+            client,
+            [
+                gpu_pod(
+                    f"p{i}",
+                    namespace=ns,
+                    template="share",
+                    node_selector={"tessera.dev/test-node": node},
+                )
+            ],
+        )
         pod = wait_pod_scheduled(client, f"p{i}", ns)
         assert pod["spec"]["nodeName"] == node
         alloc = pod_allocations(client, f"p{i}", ns)["gpu"]
@@ -147,7 +204,17 @@ def test_gpu_fills_up_then_next_pod_pends(
         share_ids.add(result["shareID"])
     assert len(share_ids) == fits
 
-    apply_objects(client, [gpu_pod("over", namespace=ns, template="share", node_selector={"tessera.dev/test-node": node})])
+    apply_objects(
+        client,
+        [
+            gpu_pod(
+                "over",
+                namespace=ns,
+                template="share",
+                node_selector={"tessera.dev/test-node": node},
+            )
+        ],
+    )
     message = wait_pod_unschedulable(client, "over", ns)
     assert "1 cannot allocate all claims" in message, message
     assert "didn't match Pod's node affinity/selector" in message, message
@@ -160,7 +227,9 @@ def test_gpu_fills_up_then_next_pod_pends(
     assert pod["spec"]["nodeName"] == node
 
 
-def test_up_moves_to_other_ports_when_one_was_taken_meanwhile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_up_moves_to_other_ports_when_one_was_taken_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Ports are picked free and bound a moment later: when another process takes one in
     between (other clusters on a shared machine), `up` starts the control plane again on
     other ports instead of failing."""
@@ -181,7 +250,10 @@ def test_up_moves_to_other_ports_when_one_was_taken_meanwhile(tmp_path: Path, mo
     try:
         c.up(Inventory(), build_binaries=False, die_with_parent=True, progress=said.append)
         assert len(picked) == 2
-        assert "kube-apiserver could not bind its port (taken by another process meanwhile); starting the control plane again on other ports" in said
+        assert (
+            "kube-apiserver could not bind its port (taken by another process meanwhile); starting the control plane again on other ports"
+            in said
+        )
         assert c.status().state == "running"
         assert c.server == f"https://127.0.0.1:{picked[1][2]}"
     finally:

@@ -25,7 +25,12 @@ from .test_simulate import comparable, live_allocations, sim_allocations, wait_v
 
 pytestmark = pytest.mark.cluster
 
-GB10_INVENTORY = Path(__file__).resolve().parents[1] / "data" / "new-hardware" / "gb10-dgx-spark.nvidia-smi-q.txt"
+GB10_INVENTORY = (
+    Path(__file__).resolve().parents[1]
+    / "data"
+    / "new-hardware"
+    / "gb10-dgx-spark.nvidia-smi-q.txt"
+)
 HAMI = CORPUS / "hami-pods"
 #: Corpus HAMi pods (all named gpu-pod upstream, renamed here): a percentage, a plain share,
 #: and exclusive whole GPUs.
@@ -37,7 +42,9 @@ PODS = {
 
 
 def _convert(node: SimNode, inventory: Path, files: list[Path]) -> tuple[list[dict[str, Any]], str]:
-    r = CliRunner().invoke(main, ["convert", "--node", f"{node.name}={inventory}", *map(str, files)])
+    r = CliRunner().invoke(
+        main, ["convert", "--node", f"{node.name}={inventory}", *map(str, files)]
+    )
     assert r.exit_code == 0, r.stderr
     return load_objects(r.stdout), r.stderr
 
@@ -47,7 +54,9 @@ def _simulate(nodes: list[SimNode], files: list[Path]) -> Any:
     return Simulation(sim_cluster(nodes), manifests, seed=1).run()
 
 
-def test_converted_hami_pods_schedule_as_simulated(fresh_cluster: StartCluster, tmp_path: Path) -> None:
+def test_converted_hami_pods_schedule_as_simulated(
+    fresh_cluster: StartCluster, tmp_path: Path
+) -> None:
     """The corpus HAMi pods, converted by ``tessera convert`` and applied one at a time to a
     single 8x H100 node: the API server accepts every template (its CEL compiles there, the
     ``has()``-guarded memory selectors of a percentage included) and the scheduler allocates
@@ -71,10 +80,14 @@ def test_converted_hami_pods_schedule_as_simulated(fresh_cluster: StartCluster, 
     got = live_allocations(live.client, ns)
     assert set(got) == set(PODS)
     for pod, refs in got.items():
-        assert {k: comparable(v) for k, v in refs.items()} == {k: comparable(v) for k, v in predicted[pod].items()}, pod
+        assert {k: comparable(v) for k, v in refs.items()} == {
+            k: comparable(v) for k, v in predicted[pod].items()
+        }, pod
 
 
-def test_unified_memory_gpu_is_handed_out_whole_by_the_real_scheduler(fresh_cluster: StartCluster, tmp_path: Path) -> None:
+def test_unified_memory_gpu_is_handed_out_whole_by_the_real_scheduler(
+    fresh_cluster: StartCluster, tmp_path: Path
+) -> None:
     """A GB10 (memory N/A) published as a dedicated device with cores only: a whole-GPU pod
     gets it (no shareID), a memory share and a second whole-GPU pod stay pending, as
     ``tessera simulate`` says."""
@@ -83,7 +96,11 @@ def test_unified_memory_gpu_is_handed_out_whole_by_the_real_scheduler(fresh_clus
     assert "allowMultipleAllocations" not in dev and set(dev["capacity"]) == {"cores"}
     pod = "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: c\n    image: x\n    resources: {{limits: {{{res}}}}}\n"
     files = []
-    for name, res in [("whole", "nvidia.com/gpu: 1"), ("share", "nvidia.com/gpu: 1, nvidia.com/gpumem: 4096"), ("whole-2", "nvidia.com/gpu: 1")]:
+    for name, res in [
+        ("whole", "nvidia.com/gpu: 1"),
+        ("share", "nvidia.com/gpu: 1, nvidia.com/gpumem: 4096"),
+        ("whole-2", "nvidia.com/gpu: 1"),
+    ]:
         f = tmp_path / f"{name}.yaml"
         f.write_text(pod.format(name=name, res=res))
         files.append(f)
@@ -102,7 +119,9 @@ def test_unified_memory_gpu_is_handed_out_whole_by_the_real_scheduler(fresh_clus
     predicted = sim_allocations(result)
     got = live_allocations(live.client, ns)
     for name in ("whole", "share", "whole-2"):
-        assert {k: comparable(v) for k, v in got[name].items()} == {k: comparable(v) for k, v in predicted[name].items()}
+        assert {k: comparable(v) for k, v in got[name].items()} == {
+            k: comparable(v) for k, v in predicted[name].items()
+        }
     whole = got["whole"]["c-gpu"]
     assert whole is not None
     (r,) = whole["devices"]["results"]

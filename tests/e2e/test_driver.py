@@ -38,21 +38,33 @@ from .driverkit import GIB, DriverEnv, DriverProcess, allocated_claim, node_slic
 pytestmark = pytest.mark.cluster
 
 
-def _wait_slices(env: DriverEnv, check: Any, what: str, timeout: float = 30) -> list[dict[str, Any]]:
+def _wait_slices(
+    env: DriverEnv, check: Any, what: str, timeout: float = 30
+) -> list[dict[str, Any]]:
     def ok() -> list[dict[str, Any]] | None:
         s = node_slices(env.client, env.node)
         return s if check(s) else None
+
     return wait_for(ok, timeout=timeout, what=what)
 
 
 def _taints(slices: list[dict[str, Any]]) -> dict[str, list[str]]:
-    return {d["attributes"]["uuid"]["string"]: [f"{t['key']}={t['value']}:{t['effect']}" for t in d.get("taints", [])]
-            for s in slices for d in s["spec"]["devices"] if d.get("taints")}
+    return {
+        d["attributes"]["uuid"]["string"]: [
+            f"{t['key']}={t['value']}:{t['effect']}" for t in d.get("taints", [])
+        ]
+        for s in slices
+        for d in s["spec"]["devices"]
+        if d.get("taints")
+    }
 
 
 # ---- registration ------------------------------------------------------------------------------
 
-def test_registration_info_and_socket_paths(running_driver: tuple[DriverEnv, DriverProcess]) -> None:
+
+def test_registration_info_and_socket_paths(
+    running_driver: tuple[DriverEnv, DriverProcess],
+) -> None:
     env, d = running_driver
     kubelet = env.kubelet()
     info = kubelet.get_info()
@@ -74,6 +86,7 @@ def test_registration_info_and_socket_paths(running_driver: tuple[DriverEnv, Dri
 
 # ---- publishing ----------------------------------------------------------------------------------
 
+
 def test_publishes_the_inventory_slices(driver_env: DriverEnv, kube_cluster: LiveCluster) -> None:
     env = driver_env
     other = build_resource_slices("somebody-else", env.gpus[:1])[0]
@@ -85,14 +98,26 @@ def test_publishes_the_inventory_slices(driver_env: DriverEnv, kube_cluster: Liv
     d = DriverProcess(env).start()
     try:
         slices = node_slices(env.client, env.node)
-        want = build_resource_slices(env.node, env.gpus, generation=2,
-                                     attributes={"enforcementBackend": {"string": LIBRARY}})
+        want = build_resource_slices(
+            env.node, env.gpus, generation=2, attributes={"enforcementBackend": {"string": LIBRARY}}
+        )
         assert [s["metadata"]["name"] for s in slices] == [f"{env.node}-gpu.tessera.dev"]
-        assert slices[0]["spec"]["pool"] == {"name": env.node, "generation": 2, "resourceSliceCount": 1}
+        assert slices[0]["spec"]["pool"] == {
+            "name": env.node,
+            "generation": 2,
+            "resourceSliceCount": 1,
+        }
         assert slices[0]["spec"]["devices"] == want[0]["spec"]["devices"]
-        assert [dev["attributes"]["uuid"]["string"] for dev in slices[0]["spec"]["devices"]] == [g.uuid for g in env.gpus]
+        assert [dev["attributes"]["uuid"]["string"] for dev in slices[0]["spec"]["devices"]] == [
+            g.uuid for g in env.gpus
+        ]
         # The other node's slice is untouched.
-        assert kube_cluster.client.get("resource.k8s.io/v1", "ResourceSlice", f"{env.node}-not-mine")["spec"]["nodeName"] == "somebody-else"
+        assert (
+            kube_cluster.client.get("resource.k8s.io/v1", "ResourceSlice", f"{env.node}-not-mine")[
+                "spec"
+            ]["nodeName"]
+            == "somebody-else"
+        )
         assert 0 < d.ready()["firstPublishSeconds"] < 30
     finally:
         d.stop()
@@ -105,7 +130,9 @@ def test_publishes_the_inventory_slices(driver_env: DriverEnv, kube_cluster: Liv
         d2.stop()
 
 
-def test_lost_gpu_is_tainted_then_untainted(running_driver: tuple[DriverEnv, DriverProcess]) -> None:
+def test_lost_gpu_is_tainted_then_untainted(
+    running_driver: tuple[DriverEnv, DriverProcess],
+) -> None:
     env, _d = running_driver
     lost = env.gpus[3].uuid
     env.set_gpus(lost=[lost])
@@ -137,18 +164,40 @@ def test_xid_taints_until_recovery(running_driver: tuple[DriverEnv, DriverProces
 
 # ---- prepare / unprepare -------------------------------------------------------------------------
 
-def _scheduled_claim(client: Any, ns: str, env: DriverEnv, name: str, memory: str | None, cores: int | None) -> dict[str, Any]:
-    apply_objects(client, [gpu_claim_template(f"{name}-t", namespace=ns, memory=memory, cores=cores),
-                           gpu_pod(name, namespace=ns, template=f"{name}-t",
-                                   node_selector={"kubernetes.io/hostname": env.node})])
+
+def _scheduled_claim(
+    client: Any, ns: str, env: DriverEnv, name: str, memory: str | None, cores: int | None
+) -> dict[str, Any]:
+    apply_objects(
+        client,
+        [
+            gpu_claim_template(f"{name}-t", namespace=ns, memory=memory, cores=cores),
+            gpu_pod(
+                name,
+                namespace=ns,
+                template=f"{name}-t",
+                node_selector={"kubernetes.io/hostname": env.node},
+            ),
+        ],
+    )
     wait_pod_scheduled(client, name, ns)
-    return wait_for(lambda: next((c for c in pod_claims(client, name, ns).values()
-                                  if (c.get("status") or {}).get("allocation")), None),
-                    timeout=30, what=f"the claim of pod {name} to be allocated")
+    return wait_for(
+        lambda: next(
+            (
+                c
+                for c in pod_claims(client, name, ns).values()
+                if (c.get("status") or {}).get("allocation")
+            ),
+            None,
+        ),
+        timeout=30,
+        what=f"the claim of pod {name} to be allocated",
+    )
 
 
 def test_prepare_writes_limits_region_cdi_and_unprepare_removes(
-        running_driver: tuple[DriverEnv, DriverProcess], kube_namespace: str) -> None:
+    running_driver: tuple[DriverEnv, DriverProcess], kube_namespace: str
+) -> None:
     env, _d = running_driver
     claim = _scheduled_claim(env.client, kube_namespace, env, "share", "8Gi", 20)
     meta = claim["metadata"]
@@ -160,44 +209,102 @@ def test_prepare_writes_limits_region_cdi_and_unprepare_removes(
     entry = resp.claims[meta["uid"]]
     assert entry.error == ""
     [dev] = entry.devices
-    assert (list(dev.request_names), dev.pool_name, dev.device_name) == (["gpu"], env.node, result["device"])
+    assert (list(dev.request_names), dev.pool_name, dev.device_name) == (
+        ["gpu"],
+        env.node,
+        result["device"],
+    )
     assert dev.share_id == result["shareID"]
     assert list(dev.cdi_device_ids) == [f"gpu.tessera.dev/claim={meta['uid']}-0-{result['device']}"]
 
     limits = read_limits(str(env.state_dir / "claims" / meta["uid"] / "limits"))
     assert [(g.uuid, g.memory, g.cores) for g in limits.gpus] == [(uuid, 8 * GIB, 20)]
-    assert (limits.claim, limits.claim_uid, limits.region) == (f"{kube_namespace}/{meta['name']}", meta["uid"], "/run/tessera/region")
-    assert oct(os.stat(env.state_dir / "claims" / meta["uid"] / "limits").st_mode & 0o777) == "0o444"
+    assert (limits.claim, limits.claim_uid, limits.region) == (
+        f"{kube_namespace}/{meta['name']}",
+        meta["uid"],
+        "/run/tessera/region",
+    )
+    assert (
+        oct(os.stat(env.state_dir / "claims" / meta["uid"] / "limits").st_mode & 0o777) == "0o444"
+    )
     region = read_region(str(env.state_dir / "claims" / meta["uid"] / "region"))
-    assert [(g.uuid, g.memory_limit, g.cores, g.used) for g in region.gpus] == [(uuid, 8 * GIB, 20, 0)]
+    assert [(g.uuid, g.memory_limit, g.cores, g.used) for g in region.gpus] == [
+        (uuid, 8 * GIB, 20, 0)
+    ]
 
     spec_path = env.cdi_dir / f"gpu.tessera.dev-claim_{meta['uid']}.json"
     spec = json.loads(spec_path.read_text())
     assert spec["kind"] == "gpu.tessera.dev/claim" and spec["cdiVersion"] == "0.6.0"
     minor = int(result["device"].split("-")[1])
-    assert spec["devices"] == [{"name": f"{meta['uid']}-0-{result['device']}", "containerEdits": {
-        "deviceNodes": [{"path": f"/dev/nvidia{minor}", "hostPath": str(env.dev_root / "dev" / f"nvidia{minor}")}]}}]
+    assert spec["devices"] == [
+        {
+            "name": f"{meta['uid']}-0-{result['device']}",
+            "containerEdits": {
+                "deviceNodes": [
+                    {
+                        "path": f"/dev/nvidia{minor}",
+                        "hostPath": str(env.dev_root / "dev" / f"nvidia{minor}"),
+                    }
+                ]
+            },
+        }
+    ]
     edits = spec["containerEdits"]
-    assert edits["env"] == [f"NVIDIA_VISIBLE_DEVICES={uuid}", f"CUDA_VISIBLE_DEVICES={uuid}", "TESSERA_ENFORCEMENT_BACKEND=library"]
+    assert edits["env"] == [
+        f"NVIDIA_VISIBLE_DEVICES={uuid}",
+        f"CUDA_VISIBLE_DEVICES={uuid}",
+        "TESSERA_ENFORCEMENT_BACKEND=library",
+    ]
     assert [m["containerPath"] for m in edits["mounts"]] == [
-        "/etc/tessera/limits", "/run/tessera/region", "/usr/lib/tessera/libtessera-enforce.so", "/etc/ld.so.preload"]
+        "/etc/tessera/limits",
+        "/run/tessera/region",
+        "/usr/lib/tessera/libtessera-enforce.so",
+        "/etc/ld.so.preload",
+    ]
     assert [m["options"][0] for m in edits["mounts"]] == ["ro", "rw", "ro", "ro"]
-    assert (env.state_dir / "ld.so.preload").read_text() == "/usr/lib/tessera/libtessera-enforce.so\n"
-    assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert (
+        env.state_dir / "ld.so.preload"
+    ).read_text() == "/usr/lib/tessera/libtessera-enforce.so\n"
+    assert [n["path"] for n in edits["deviceNodes"]] == [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    ]
     cp = json.loads((env.state_dir / "checkpoint.json").read_text())
     assert cp["claims"][meta["uid"]]["state"] == PREPARED
     if os.environ.get("TESSERA_DRIVER_EXAMPLES"):  # docs/driver.md shows these files
         out = Path(os.environ["TESSERA_DRIVER_EXAMPLES"])
         out.mkdir(parents=True, exist_ok=True)
         (out / "cdi.json").write_text(json.dumps(spec, indent=2) + "\n")
-        (out / "limits").write_bytes((env.state_dir / "claims" / meta["uid"] / "limits").read_bytes())
+        (out / "limits").write_bytes(
+            (env.state_dir / "claims" / meta["uid"] / "limits").read_bytes()
+        )
 
     # The claim's device status names the backend (written by the driver, asynchronously).
-    st = wait_for(lambda: (env.client.get("resource.k8s.io/v1", "ResourceClaim", meta["name"], kube_namespace)
-                           .get("status", {}).get("devices")), timeout=20, what="status.devices")
-    assert [{k: v for k, v in e.items() if v is not None} for e in st] == [{"driver": "gpu.tessera.dev", "pool": env.node, "device": result["device"], "shareID": result["shareID"],
-                   "data": {"enforcementBackend": LIBRARY, "uuid": uuid, "memory": str(8 * GIB), "cores": 20,
-                            "limitsFile": "/etc/tessera/limits"}}]
+    st = wait_for(
+        lambda: (
+            env.client.get("resource.k8s.io/v1", "ResourceClaim", meta["name"], kube_namespace)
+            .get("status", {})
+            .get("devices")
+        ),
+        timeout=20,
+        what="status.devices",
+    )
+    assert [{k: v for k, v in e.items() if v is not None} for e in st] == [
+        {
+            "driver": "gpu.tessera.dev",
+            "pool": env.node,
+            "device": result["device"],
+            "shareID": result["shareID"],
+            "data": {
+                "enforcementBackend": LIBRARY,
+                "uuid": uuid,
+                "memory": str(8 * GIB),
+                "cores": 20,
+                "limitsFile": "/etc/tessera/limits",
+            },
+        }
+    ]
 
     # Idempotent: a second prepare (a second pod of a shared claim, a kubelet retry) answers the
     # same and rewrites nothing.
@@ -214,16 +321,37 @@ def test_prepare_writes_limits_region_cdi_and_unprepare_removes(
 
 
 def test_whole_gpu_and_admin_access_get_no_limits(
-        running_driver: tuple[DriverEnv, DriverProcess], kube_namespace: str) -> None:
+    running_driver: tuple[DriverEnv, DriverProcess], kube_namespace: str
+) -> None:
     env, _d = running_driver
     whole = _scheduled_claim(env.client, kube_namespace, env, "whole", None, None)
     dev = whole["status"]["allocation"]["devices"]["results"][0]["device"]
-    env.client.request("PATCH", f"/api/v1/namespaces/{kube_namespace}", content_type="application/merge-patch+json",
-                       body={"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}})
-    admin = allocated_claim(env.client, kube_namespace, "admin", [
-        {"request": "gpu", "driver": "gpu.tessera.dev", "pool": env.node, "device": "gpu-5", "adminAccess": True}], env.node)
+    env.client.request(
+        "PATCH",
+        f"/api/v1/namespaces/{kube_namespace}",
+        content_type="application/merge-patch+json",
+        body={"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}},
+    )
+    admin = allocated_claim(
+        env.client,
+        kube_namespace,
+        "admin",
+        [
+            {
+                "request": "gpu",
+                "driver": "gpu.tessera.dev",
+                "pool": env.node,
+                "device": "gpu-5",
+                "adminAccess": True,
+            }
+        ],
+        env.node,
+    )
     kubelet = env.kubelet()
-    refs = [(c["metadata"]["namespace"], c["metadata"]["name"], c["metadata"]["uid"]) for c in (whole, admin)]
+    refs = [
+        (c["metadata"]["namespace"], c["metadata"]["name"], c["metadata"]["uid"])
+        for c in (whole, admin)
+    ]
     resp = kubelet.prepare(refs)
     for (_, _, uid), device in zip(refs, (dev, "gpu-5"), strict=True):
         assert resp.claims[uid].error == ""
@@ -237,30 +365,90 @@ def test_whole_gpu_and_admin_access_get_no_limits(
 
 
 def test_malformed_claims_get_per_claim_errors(
-        running_driver: tuple[DriverEnv, DriverProcess], kube_namespace: str) -> None:
+    running_driver: tuple[DriverEnv, DriverProcess], kube_namespace: str
+) -> None:
     env, _d = running_driver
     ns = kube_namespace
     good = _scheduled_claim(env.client, ns, env, "good", "1Gi", 10)
     share = "0b0d3b4e-9f0c-4cf5-8c8e-0123456789ab"
-    other_node = allocated_claim(env.client, ns, "elsewhere", [
-        {"request": "gpu", "driver": "gpu.tessera.dev", "pool": "another-node", "device": "gpu-0"}], "another-node")
-    other_driver = allocated_claim(env.client, ns, "foreign", [
-        {"request": "gpu", "driver": "nic.example.com", "pool": env.node, "device": "nic-0"}], env.node)
-    bad_capacity = allocated_claim(env.client, ns, "badcap", [
-        {"request": "gpu", "driver": "gpu.tessera.dev", "pool": env.node, "device": "gpu-1", "shareID": share,
-         "consumedCapacity": {"memory": "1Gi", "cores": "10", "bandwidth": "5"}}], env.node)
-    too_big = allocated_claim(env.client, ns, "toobig", [
-        {"request": "gpu", "driver": "gpu.tessera.dev", "pool": env.node, "device": "gpu-2", "shareID": share,
-         "consumedCapacity": {"memory": "100Gi", "cores": "10"}}], env.node)
-    no_device = allocated_claim(env.client, ns, "nodevice", [
-        {"request": "gpu", "driver": "gpu.tessera.dev", "pool": env.node, "device": "gpu-42"}], env.node)
-    unallocated = env.client.create({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "pending", "namespace": ns},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}}})
+    other_node = allocated_claim(
+        env.client,
+        ns,
+        "elsewhere",
+        [
+            {
+                "request": "gpu",
+                "driver": "gpu.tessera.dev",
+                "pool": "another-node",
+                "device": "gpu-0",
+            }
+        ],
+        "another-node",
+    )
+    other_driver = allocated_claim(
+        env.client,
+        ns,
+        "foreign",
+        [{"request": "gpu", "driver": "nic.example.com", "pool": env.node, "device": "nic-0"}],
+        env.node,
+    )
+    bad_capacity = allocated_claim(
+        env.client,
+        ns,
+        "badcap",
+        [
+            {
+                "request": "gpu",
+                "driver": "gpu.tessera.dev",
+                "pool": env.node,
+                "device": "gpu-1",
+                "shareID": share,
+                "consumedCapacity": {"memory": "1Gi", "cores": "10", "bandwidth": "5"},
+            }
+        ],
+        env.node,
+    )
+    too_big = allocated_claim(
+        env.client,
+        ns,
+        "toobig",
+        [
+            {
+                "request": "gpu",
+                "driver": "gpu.tessera.dev",
+                "pool": env.node,
+                "device": "gpu-2",
+                "shareID": share,
+                "consumedCapacity": {"memory": "100Gi", "cores": "10"},
+            }
+        ],
+        env.node,
+    )
+    no_device = allocated_claim(
+        env.client,
+        ns,
+        "nodevice",
+        [{"request": "gpu", "driver": "gpu.tessera.dev", "pool": env.node, "device": "gpu-42"}],
+        env.node,
+    )
+    unallocated = env.client.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "pending", "namespace": ns},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]
+                }
+            },
+        }
+    )
     claims = [good, other_node, other_driver, bad_capacity, too_big, no_device, unallocated]
     refs = [(ns, c["metadata"]["name"], c["metadata"]["uid"]) for c in claims]
     refs.append((ns, "no-such-claim", "00000000-0000-0000-0000-000000000001"))
-    refs.append((ns, good["metadata"]["name"], "11111111-2222-3333-4444-555555555555"))  # replaced: another uid
+    refs.append(
+        (ns, good["metadata"]["name"], "11111111-2222-3333-4444-555555555555")
+    )  # replaced: another uid
     kubelet = env.kubelet()
     resp = kubelet.prepare(refs)
     errors = {name: resp.claims[uid].error for _, name, uid in refs[1:-1]}
@@ -276,7 +464,9 @@ def test_malformed_claims_get_per_claim_errors(
     assert "NotFound" in errors["no-such-claim"]
     assert "the claim was replaced" in resp.claims["11111111-2222-3333-4444-555555555555"].error
     # Only the good claim left files; the driver still serves.
-    assert sorted(p.name for p in env.cdi_dir.iterdir()) == [f"gpu.tessera.dev-claim_{good['metadata']['uid']}.json"]
+    assert sorted(p.name for p in env.cdi_dir.iterdir()) == [
+        f"gpu.tessera.dev-claim_{good['metadata']['uid']}.json"
+    ]
     # A request with a claim missing its uid: an error entry, no crash.
     bad = kubelet.prepare([(ns, "x", "")])
     assert "uid missing" in bad.claims[f"{ns}/x"].error
@@ -288,14 +478,23 @@ def test_malformed_claims_get_per_claim_errors(
 
 # ---- backends ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("driver_version,memory_limits,want", [
-    ("615.20.01", True, DRIVER_NATIVE),
-    ("615.20.01", False, LIBRARY),   # an r615 build without nvmlDeviceGetMemoryLimits_v1
-    ("550.54.15", True, LIBRARY),    # older driver
-])
+
+@pytest.mark.parametrize(
+    "driver_version,memory_limits,want",
+    [
+        ("615.20.01", True, DRIVER_NATIVE),
+        ("615.20.01", False, LIBRARY),  # an r615 build without nvmlDeviceGetMemoryLimits_v1
+        ("550.54.15", True, LIBRARY),  # older driver
+    ],
+)
 def test_enforcement_backend_detected_from_nvml(
-        driver_env: DriverEnv, kube_namespace: str, tmp_path: Path,
-        driver_version: str, memory_limits: bool, want: str) -> None:
+    driver_env: DriverEnv,
+    kube_namespace: str,
+    tmp_path: Path,
+    driver_version: str,
+    memory_limits: bool,
+    want: str,
+) -> None:
     env = driver_env
     env.set_gpus(driver_version=driver_version, memory_limits=memory_limits)
     cgroup = tmp_path / "cgroup2"
@@ -308,19 +507,41 @@ def test_enforcement_backend_detected_from_nvml(
     try:
         assert d.ready()["backend"] == want
         slices = node_slices(env.client, env.node)
-        assert {dev["attributes"]["enforcementBackend"]["string"] for dev in slices[0]["spec"]["devices"]} == {want}
+        assert {
+            dev["attributes"]["enforcementBackend"]["string"]
+            for dev in slices[0]["spec"]["devices"]
+        } == {want}
         claim = _scheduled_claim(env.client, kube_namespace, env, "b", "8Gi", 20)
         m = claim["metadata"]
         kubelet = env.kubelet()
         assert kubelet.prepare([(m["namespace"], m["name"], m["uid"])]).claims[m["uid"]].error == ""
-        edits = json.loads((env.cdi_dir / f"gpu.tessera.dev-claim_{m['uid']}.json").read_text())["containerEdits"]
+        edits = json.loads((env.cdi_dir / f"gpu.tessera.dev-claim_{m['uid']}.json").read_text())[
+            "containerEdits"
+        ]
         uuid = read_limits(str(env.state_dir / "claims" / m["uid"] / "limits")).gpus[0].uuid
         if want == DRIVER_NATIVE:
-            assert edits["hooks"] == [{"hookName": "createRuntime", "path": str(hook), "args": [
-                "nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id", uuid]}]
-            assert "NVIDIA_GPU_MEMORY_LIMIT=8192" in edits["env"] and "NVIDIA_GPU_MEMORY_REQUEST=8192" in edits["env"]
+            assert edits["hooks"] == [
+                {
+                    "hookName": "createRuntime",
+                    "path": str(hook),
+                    "args": [
+                        "nvidia-cdi-hook",
+                        "apply-cuda-memory-limits",
+                        "--driver-root",
+                        "/",
+                        "--gpu-id",
+                        uuid,
+                    ],
+                }
+            ]
+            assert (
+                "NVIDIA_GPU_MEMORY_LIMIT=8192" in edits["env"]
+                and "NVIDIA_GPU_MEMORY_REQUEST=8192" in edits["env"]
+            )
         else:
-            assert "hooks" not in edits and not any(e.startswith("NVIDIA_GPU_MEMORY") for e in edits["env"])
+            assert "hooks" not in edits and not any(
+                e.startswith("NVIDIA_GPU_MEMORY") for e in edits["env"]
+            )
         assert f"TESSERA_ENFORCEMENT_BACKEND={want}" in edits["env"]
         kubelet.unprepare([(m["namespace"], m["name"], m["uid"])])
         kubelet.close()
@@ -333,32 +554,50 @@ def test_backend_flag_overrides_detection(driver_env: DriverEnv) -> None:
     d = DriverProcess(env, "--enforcement-backend", DRIVER_NATIVE).start()
     try:
         r = d.ready()
-        assert (r["backend"], r["backendReason"]) == (DRIVER_NATIVE, "--enforcement-backend driver-native")
+        assert (r["backend"], r["backendReason"]) == (
+            DRIVER_NATIVE,
+            "--enforcement-backend driver-native",
+        )
     finally:
         d.stop()
 
 
 def test_start_errors_are_one_line(driver_env: DriverEnv, tmp_path: Path) -> None:
     from tessera.driver.node import DriverStartError
+
     env = driver_env
     with pytest.raises(DriverStartError, match=r"kubelet directory .*/nope does not exist"):
         NodeDriver(env.config(kubelet_root=tmp_path / "nope"), env.client).start()
-    with pytest.raises(DriverStartError, match=r"no GPU inventory: NVML: .*cannot load.*nvidia-smi fallback: nvidia-smi-missing not found"):
-        NodeDriver(env.config(nvml_library=str(tmp_path / "libnvidia-ml.so.1"), nvidia_smi="nvidia-smi-missing"),
-                   env.client).start()
+    with pytest.raises(
+        DriverStartError,
+        match=r"no GPU inventory: NVML: .*cannot load.*nvidia-smi fallback: nvidia-smi-missing not found",
+    ):
+        NodeDriver(
+            env.config(
+                nvml_library=str(tmp_path / "libnvidia-ml.so.1"), nvidia_smi="nvidia-smi-missing"
+            ),
+            env.client,
+        ).start()
     # A health port that is taken refuses the start before anything is published or written.
     import socket
+
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(DriverStartError, match=rf"^--health-address 127.0.0.1:{port}: Address already in use$"):
+        with pytest.raises(
+            DriverStartError, match=rf"^--health-address 127.0.0.1:{port}: Address already in use$"
+        ):
             NodeDriver(env.config(health_address=f"127.0.0.1:{port}"), env.client).start()
-    assert node_slices(env.client, env.node) == [] and not (env.state_dir / "checkpoint.json").exists()
+    assert (
+        node_slices(env.client, env.node) == [] and not (env.state_dir / "checkpoint.json").exists()
+    )
     time.sleep(0)
 
 
-def test_cli_start_errors_are_one_line_exit_2(driver_env: DriverEnv, kube_namespace: str, tmp_path: Path) -> None:
+def test_cli_start_errors_are_one_line_exit_2(
+    driver_env: DriverEnv, kube_namespace: str, tmp_path: Path
+) -> None:
     """``tessera driver`` refuses to start, in one line with exit 2: missing kubelet directory,
     no NVML and no nvidia-smi, and an identity the API server denies (a ServiceAccount token
     without RBAC, through the client's bearer-token authentication)."""
@@ -368,27 +607,69 @@ def test_cli_start_errors_are_one_line_exit_2(driver_env: DriverEnv, kube_namesp
     import yaml
 
     env = driver_env
-    base = [sys.executable, "-m", "tessera", "driver", "--node-name", env.node, "--kubelet-root-dir", str(env.kubelet_root),
-            "--cdi-dir", str(env.cdi_dir), "--state-dir", str(env.state_dir), "--dev-root", str(env.dev_root),
-            "--health-address", ""]
+    base = [
+        sys.executable,
+        "-m",
+        "tessera",
+        "driver",
+        "--node-name",
+        env.node,
+        "--kubelet-root-dir",
+        str(env.kubelet_root),
+        "--cdi-dir",
+        str(env.cdi_dir),
+        "--state-dir",
+        str(env.state_dir),
+        "--dev-root",
+        str(env.dev_root),
+        "--health-address",
+        "",
+    ]
 
     def run(*extra: str, kubeconfig: Path = env.kubeconfig) -> tuple[int, list[str]]:
-        p = subprocess.run([*base, "--kubeconfig", str(kubeconfig), *extra], env=env.env(), capture_output=True,
-                           text=True, timeout=60)
+        p = subprocess.run(
+            [*base, "--kubeconfig", str(kubeconfig), *extra],
+            env=env.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         return p.returncode, p.stderr.strip().splitlines()
 
-    rc, err = run("--nvml-library", str(env.nvml_lib), "--kubelet-root-dir", str(tmp_path / "missing"))
-    assert rc == 2 and err == [f"tessera: error: kubelet directory {tmp_path / 'missing'} does not exist: run the driver "
-                               "on a node whose kubelet uses it, or pass the kubelet's --root-dir as --kubelet-root-dir"]
-    rc, err = run("--nvml-library", str(tmp_path / "libnvidia-ml.so.1"), "--nvidia-smi", "no-nvidia-smi")
+    rc, err = run(
+        "--nvml-library", str(env.nvml_lib), "--kubelet-root-dir", str(tmp_path / "missing")
+    )
+    assert rc == 2 and err == [
+        f"tessera: error: kubelet directory {tmp_path / 'missing'} does not exist: run the driver "
+        "on a node whose kubelet uses it, or pass the kubelet's --root-dir as --kubelet-root-dir"
+    ]
+    rc, err = run(
+        "--nvml-library", str(tmp_path / "libnvidia-ml.so.1"), "--nvidia-smi", "no-nvidia-smi"
+    )
     assert rc == 2 and len(err) == 1
-    assert err[0].startswith(f"tessera: error: no GPU inventory: NVML: NVML library {tmp_path / 'libnvidia-ml.so.1'}: cannot load")
-    assert err[0].endswith("nvidia-smi fallback: no-nvidia-smi not found on PATH (install the NVIDIA driver, or pass --nvml-library PATH)")
+    assert err[0].startswith(
+        f"tessera: error: no GPU inventory: NVML: NVML library {tmp_path / 'libnvidia-ml.so.1'}: cannot load"
+    )
+    assert err[0].endswith(
+        "nvidia-smi fallback: no-nvidia-smi not found on PATH (install the NVIDIA driver, or pass --nvml-library PATH)"
+    )
     # A ServiceAccount with no RBAC at all.
-    env.client.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "noperm", "namespace": kube_namespace}})
-    tok = env.client.request("POST", f"/api/v1/namespaces/{kube_namespace}/serviceaccounts/noperm/token",
-                             body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                                   "spec": {"expirationSeconds": 600}})["status"]["token"]
+    env.client.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "noperm", "namespace": kube_namespace},
+        }
+    )
+    tok = env.client.request(
+        "POST",
+        f"/api/v1/namespaces/{kube_namespace}/serviceaccounts/noperm/token",
+        body={
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 600},
+        },
+    )["status"]["token"]
     admin = yaml.safe_load(env.kubeconfig.read_text())
     admin["users"] = [{"name": "noperm", "user": {"token": tok}}]
     admin["contexts"][0]["context"]["user"] = "noperm"
@@ -398,5 +679,6 @@ def test_cli_start_errors_are_one_line_exit_2(driver_env: DriverEnv, kube_namesp
     assert rc == 2 and err == [
         "tessera: error: the API server denies this identity: get resourceclaims, list resourceslices, create resourceslices, "
         "patch resourceslices, delete resourceslices (group resource.k8s.io); grant the driver's ServiceAccount the "
-        "ClusterRole in docs/driver.md"]
+        "ClusterRole in docs/driver.md"
+    ]
     assert node_slices(env.client, env.node) == []

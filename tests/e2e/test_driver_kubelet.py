@@ -49,18 +49,45 @@ class NodeDriverProcess:
         self.gpus = gpus
         dev = root / "devroot" / "dev"
         dev.mkdir(parents=True)
-        for name in [f"nvidia{g.index}" for g in gpus] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
+        for name in [f"nvidia{g.index}" for g in gpus] + [
+            "nvidiactl",
+            "nvidia-uvm",
+            "nvidia-uvm-tools",
+        ]:
             os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, 3))
         self.nvml_cfg = root / "nvml.cfg"
         self.nvml_cfg.write_text(nvml_config(gpus))
         self.log = root / "driver.log"
-        argv = [sys.executable, "-m", "tessera", "driver", "--node-name", node.name,
-                "--kubeconfig", str(node.kubeconfig), "--kubelet-root-dir", str(node.kubelet_root_dir),
-                "--cdi-dir", str(node.cdi_spec_dir), "--state-dir", str(self.state),
-                "--dev-root", str(root / "devroot"), "--nvml-library", str(nvml_lib), "--health-address", ""]
+        argv = [
+            sys.executable,
+            "-m",
+            "tessera",
+            "driver",
+            "--node-name",
+            node.name,
+            "--kubeconfig",
+            str(node.kubeconfig),
+            "--kubelet-root-dir",
+            str(node.kubelet_root_dir),
+            "--cdi-dir",
+            str(node.cdi_spec_dir),
+            "--state-dir",
+            str(self.state),
+            "--dev-root",
+            str(root / "devroot"),
+            "--nvml-library",
+            str(nvml_lib),
+            "--health-address",
+            "",
+        ]
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(argv, env={**os.environ, "FAKE_NVML_CONFIG": str(self.nvml_cfg)},
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                argv,
+                env={**os.environ, "FAKE_NVML_CONFIG": str(self.nvml_cfg)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -76,7 +103,9 @@ def node_driver(kube_node: LiveNode, fake_nvml_lib: Path) -> Iterator[NodeDriver
         try:
             kube_node.wait_plugin_registered(DRIVER, timeout=90)
         except Exception:
-            pytest.fail(f"the kubelet did not register tessera driver; its log:\n{drv.log.read_text()[-4000:]}")
+            pytest.fail(
+                f"the kubelet did not register tessera driver; its log:\n{drv.log.read_text()[-4000:]}"
+            )
         yield drv
     finally:
         drv.stop()
@@ -86,21 +115,39 @@ def node_driver(kube_node: LiveNode, fake_nvml_lib: Path) -> Iterator[NodeDriver
 
 
 @pytest.fixture(scope="module")
-def probe_image(kube_node: LiveNode, fake_nvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+def probe_image(
+    kube_node: LiveNode, fake_nvml_lib: Path, tmp_path_factory: pytest.TempPathFactory
+) -> str:
     """busybox + the CUDA probe + the fake libcuda.so.1 (and libc for both)."""
     b = tmp_path_factory.mktemp("probe")
     probe = b / "cuda_probe"
-    r = subprocess.run([os.environ.get("CC", "gcc"), "-O2", "-Wall", "-Werror", "-o", str(probe), str(PROBE_SRC), "-ldl"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            os.environ.get("CC", "gcc"),
+            "-O2",
+            "-Wall",
+            "-Werror",
+            "-o",
+            str(probe),
+            str(PROBE_SRC),
+            "-ldl",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     libcuda = fake_nvml_lib.parent / "libcuda.so.1"
     lib = Path(library_path() or "")
-    files = {"/opt/probe/cuda_probe": probe, "/opt/fake/libcuda.so.1": libcuda,
-             # only so that the library's own dependencies (libc) are in the image: the driver's
-             # CDI spec mounts the real one at /usr/lib/tessera/libtessera-enforce.so
-             "/opt/deps/libtessera-enforce.so": lib}
-    image = kube_node.image("tessera-cuda-probe", files, env={"LD_LIBRARY_PATH": "/opt/fake"},
-                            libraries_for=list(files))
+    files = {
+        "/opt/probe/cuda_probe": probe,
+        "/opt/fake/libcuda.so.1": libcuda,
+        # only so that the library's own dependencies (libc) are in the image: the driver's
+        # CDI spec mounts the real one at /usr/lib/tessera/libtessera-enforce.so
+        "/opt/deps/libtessera-enforce.so": lib,
+    }
+    image = kube_node.image(
+        "tessera-cuda-probe", files, env={"LD_LIBRARY_PATH": "/opt/fake"}, libraries_for=list(files)
+    )
     return image.ref
 
 
@@ -109,12 +156,24 @@ def fake_gpus_env(drv: NodeDriverProcess) -> str:
     return ",".join(f"{g.uuid}={g.memory_bytes}" for g in drv.gpus)
 
 
-def probe_pod(name: str, ns: str, image: str, drv: NodeDriverProcess, node: str, allocs: list[int], *,
-              template: str | None = None, claim: str | None = None, hold: bool = False) -> dict[str, Any]:
-    script = ("echo '--- limits'; cat /etc/tessera/limits; echo '--- preload'; cat /etc/ld.so.preload; "
-              "echo '--- env'; echo \"CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES\"; "
-              f"echo '--- probe'; /opt/probe/cuda_probe {' '.join(str(a) for a in allocs)}; echo '--- done'; "
-              "sleep 3600")
+def probe_pod(
+    name: str,
+    ns: str,
+    image: str,
+    drv: NodeDriverProcess,
+    node: str,
+    allocs: list[int],
+    *,
+    template: str | None = None,
+    claim: str | None = None,
+    hold: bool = False,
+) -> dict[str, Any]:
+    script = (
+        "echo '--- limits'; cat /etc/tessera/limits; echo '--- preload'; cat /etc/ld.so.preload; "
+        "echo '--- env'; echo \"CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES\"; "
+        f"echo '--- probe'; /opt/probe/cuda_probe {' '.join(str(a) for a in allocs)}; echo '--- done'; "
+        "sleep 3600"
+    )
     env = [{"name": "FAKE_GPUS", "value": fake_gpus_env(drv)}]
     if hold:
         env.append({"name": "PROBE_HOLD", "value": "1"})
@@ -123,19 +182,50 @@ def probe_pod(name: str, ns: str, image: str, drv: NodeDriverProcess, node: str,
         ref["resourceClaimTemplateName"] = template
     else:
         ref["resourceClaimName"] = str(claim)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns}, "spec": {
-        "nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 1,
-        "automountServiceAccountToken": False, "resourceClaims": [ref],
-        "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
-                        "command": ["/bin/sh", "-c", script], "env": env,
-                        "resources": {"claims": [{"name": "gpu"}]}}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": False,
+            "resourceClaims": [ref],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", script],
+                    "env": env,
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
 
 
 def template(name: str, ns: str, memory: str, cores: int) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": DRIVER, "capacity": {"requests": {"memory": memory, "cores": str(cores)}}}}]}}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": DRIVER,
+                                "capacity": {"requests": {"memory": memory, "cores": str(cores)}},
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
 
 
 def wait_log(node: LiveNode, pod: str, ns: str, marker: str, timeout: float = 120) -> str:
@@ -150,7 +240,9 @@ def wait_log(node: LiveNode, pod: str, ns: str, marker: str, timeout: float = 12
         p = node.client.get("v1", "Pod", pod, ns)
         return json.dumps(p.get("status"), indent=1)[-3000:]
 
-    return wait_for(ready, timeout=timeout, interval=1.0, what=f"pod {ns}/{pod} to print {marker!r}", last=why)
+    return wait_for(
+        ready, timeout=timeout, interval=1.0, what=f"pod {ns}/{pod} to print {marker!r}", last=why
+    )
 
 
 def section(log: str, name: str) -> list[str]:
@@ -161,56 +253,98 @@ def section(log: str, name: str) -> list[str]:
     return lines[start:end]
 
 
-def allocated_uuid(node: LiveNode, pod: str, ns: str, drv: NodeDriverProcess) -> tuple[str, dict[str, Any]]:
+def allocated_uuid(
+    node: LiveNode, pod: str, ns: str, drv: NodeDriverProcess
+) -> tuple[str, dict[str, Any]]:
     [claim] = pod_claims(node.client, pod, ns).values()
     [result] = claim["status"]["allocation"]["devices"]["results"]
     return drv.gpus[int(result["device"].split("-")[1])].uuid, claim
 
 
 def test_a_pod_gets_its_share_enforced_inside_the_container(
-        kube_node: LiveNode, node_driver: NodeDriverProcess, probe_image: str, node_namespace: str) -> None:
+    kube_node: LiveNode, node_driver: NodeDriverProcess, probe_image: str, node_namespace: str
+) -> None:
     node, drv, ns = kube_node, node_driver, node_namespace
     slices = node_slices(node.client, node.name)
-    assert [d["attributes"]["uuid"]["string"] for d in slices[0]["spec"]["devices"]] == [g.uuid for g in drv.gpus]
-    assert {d["attributes"][BACKEND_ATTRIBUTE]["string"] for d in slices[0]["spec"]["devices"]} == {"library"}
-    apply_objects(node.client, [template("share-8g", ns, "8Gi", 20),
-                                probe_pod("share", ns, probe_image, drv, node.name, [4 * GIB, 4 * GIB, 1 << 20],
-                                          template="share-8g")])
+    assert [d["attributes"]["uuid"]["string"] for d in slices[0]["spec"]["devices"]] == [
+        g.uuid for g in drv.gpus
+    ]
+    assert {d["attributes"][BACKEND_ATTRIBUTE]["string"] for d in slices[0]["spec"]["devices"]} == {
+        "library"
+    }
+    apply_objects(
+        node.client,
+        [
+            template("share-8g", ns, "8Gi", 20),
+            probe_pod(
+                "share",
+                ns,
+                probe_image,
+                drv,
+                node.name,
+                [4 * GIB, 4 * GIB, 1 << 20],
+                template="share-8g",
+            ),
+        ],
+    )
     log = wait_log(node, "share", ns, "--- done")
     uuid, claim = allocated_uuid(node, "share", ns, drv)
     uid = claim["metadata"]["uid"]
     assert section(log, "limits") == [
-        "version 1", f"claim {ns}/{claim['metadata']['name']} {uid}", "region /run/tessera/region",
-        "context-overhead 0", f"gpu {uuid} memory {8 * GIB} cores 20"]
+        "version 1",
+        f"claim {ns}/{claim['metadata']['name']} {uid}",
+        "region /run/tessera/region",
+        "context-overhead 0",
+        f"gpu {uuid} memory {8 * GIB} cores 20",
+    ]
     assert section(log, "preload") == ["/usr/lib/tessera/libtessera-enforce.so"]
     assert section(log, "env") == [f"CUDA_VISIBLE_DEVICES={uuid}"]
     assert section(log, "probe") == [
-        "preloaded yes", "init 0", "device 0", f"totalmem 0 {8 * GIB}", "ctx 0",
+        "preloaded yes",
+        "init 0",
+        "device 0",
+        f"totalmem 0 {8 * GIB}",
+        "ctx 0",
         f"meminfo 0 free={8 * GIB} total={8 * GIB}",
-        f"alloc {4 * GIB} 0", f"alloc {4 * GIB} 0", f"alloc {1 << 20} 2"]  # 2: CUDA_ERROR_OUT_OF_MEMORY
+        f"alloc {4 * GIB} 0",
+        f"alloc {4 * GIB} 0",
+        f"alloc {1 << 20} 2",
+    ]  # 2: CUDA_ERROR_OUT_OF_MEMORY
     # The library says why on stderr (its wording is the library's: only the figures are checked).
     [refusal] = [ln.split(": ", 1)[1] for ln in log.splitlines() if ln.startswith("tessera[")]
     assert refusal.startswith(f"cuMemAlloc of {1 << 20} bytes") and refusal.endswith(
-        f"refused: claim uses {8 * GIB} of {8 * GIB}")
+        f"refused: claim uses {8 * GIB} of {8 * GIB}"
+    )
     # The device node is the claim's GPU (a stand-in here), seen in the container.
     minor = [g.uuid for g in drv.gpus].index(uuid)
     assert node.exec("share", ns, "ls", f"/dev/nvidia{minor}").strip() == f"/dev/nvidia{minor}"
     spec = node.cdi_spec_dir / f"{DRIVER}-claim_{uid}.json"
     assert spec.is_file() and (drv.state / "claims" / uid / "limits").is_file()
     delete_pod(node.client, "share", ns, wait=60)
-    wait_for(lambda: True if not spec.exists() and not (drv.state / "claims" / uid).exists() else None,
-             timeout=60, what="unprepare to remove the CDI spec, limits file and region")
+    wait_for(
+        lambda: True if not spec.exists() and not (drv.state / "claims" / uid).exists() else None,
+        timeout=60,
+        what="unprepare to remove the CDI spec, limits file and region",
+    )
 
 
 def test_two_pods_on_one_gpu_see_their_own_limits(
-        kube_node: LiveNode, node_driver: NodeDriverProcess, probe_image: str, node_namespace: str) -> None:
+    kube_node: LiveNode, node_driver: NodeDriverProcess, probe_image: str, node_namespace: str
+) -> None:
     node, drv, ns = kube_node, node_driver, node_namespace
-    apply_objects(node.client, [
-        template("t8", ns, "8Gi", 20), template("t4", ns, "4Gi", 10),
-        probe_pod("big", ns, probe_image, drv, node.name, [8 * GIB, 1 << 20], template="t8"),
-        probe_pod("small", ns, probe_image, drv, node.name, [4 * GIB, 1 << 20], template="t4")])
+    apply_objects(
+        node.client,
+        [
+            template("t8", ns, "8Gi", 20),
+            template("t4", ns, "4Gi", 10),
+            probe_pod("big", ns, probe_image, drv, node.name, [8 * GIB, 1 << 20], template="t8"),
+            probe_pod("small", ns, probe_image, drv, node.name, [4 * GIB, 1 << 20], template="t4"),
+        ],
+    )
     logs = {p: wait_log(node, p, ns, "--- done") for p in ("big", "small")}
-    (u_big, c_big), (u_small, c_small) = (allocated_uuid(node, p, ns, drv) for p in ("big", "small"))
+    (u_big, c_big), (u_small, c_small) = (
+        allocated_uuid(node, p, ns, drv) for p in ("big", "small")
+    )
     assert u_big == u_small  # first fit: both shares on the same GPU
     assert section(logs["big"], "limits")[-1] == f"gpu {u_big} memory {8 * GIB} cores 20"
     assert section(logs["small"], "limits")[-1] == f"gpu {u_small} memory {4 * GIB} cores 10"
@@ -221,36 +355,82 @@ def test_two_pods_on_one_gpu_see_their_own_limits(
     uids = [c["metadata"]["uid"] for c in (c_big, c_small)]
     for p in ("big", "small"):
         delete_pod(node.client, p, ns, wait=60)
-    wait_for(lambda: True if not any((node.cdi_spec_dir / f"{DRIVER}-claim_{u}.json").exists() for u in uids) else None,
-             timeout=60, what="both claims unprepared")
+    wait_for(
+        lambda: (
+            True
+            if not any((node.cdi_spec_dir / f"{DRIVER}-claim_{u}.json").exists() for u in uids)
+            else None
+        ),
+        timeout=60,
+        what="both claims unprepared",
+    )
 
 
 def test_a_shared_claims_pods_draw_on_one_budget(
-        kube_node: LiveNode, node_driver: NodeDriverProcess, probe_image: str, node_namespace: str) -> None:
+    kube_node: LiveNode, node_driver: NodeDriverProcess, probe_image: str, node_namespace: str
+) -> None:
     node, drv, ns = kube_node, node_driver, node_namespace
-    node.client.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                        "metadata": {"name": "shared", "namespace": ns},
-                        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                            "deviceClassName": DRIVER, "capacity": {"requests": {"memory": "8Gi", "cores": "20"}}}}]}}})
+    node.client.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "shared", "namespace": ns},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": DRIVER,
+                                "capacity": {"requests": {"memory": "8Gi", "cores": "20"}},
+                            },
+                        }
+                    ]
+                }
+            },
+        }
+    )
     # The first pod takes 6 GiB and keeps it; the second is then refused 4 GiB but gets 2 GiB.
-    apply_objects(node.client, [probe_pod("first", ns, probe_image, drv, node.name, [6 * GIB], claim="shared", hold=True)])
+    apply_objects(
+        node.client,
+        [probe_pod("first", ns, probe_image, drv, node.name, [6 * GIB], claim="shared", hold=True)],
+    )
     first = wait_log(node, "first", ns, "holding")
-    apply_objects(node.client, [probe_pod("second", ns, probe_image, drv, node.name, [4 * GIB, 2 * GIB, 1 << 20],
-                                          claim="shared")])
+    apply_objects(
+        node.client,
+        [
+            probe_pod(
+                "second",
+                ns,
+                probe_image,
+                drv,
+                node.name,
+                [4 * GIB, 2 * GIB, 1 << 20],
+                claim="shared",
+            )
+        ],
+    )
     second = wait_log(node, "second", ns, "--- done")
     claim = node.client.get("resource.k8s.io/v1", "ResourceClaim", "shared", ns)
     uid = claim["metadata"]["uid"]
     assert sorted(r["name"] for r in claim["status"]["reservedFor"]) == ["first", "second"]
     assert section(first, "limits") == section(second, "limits")  # one claim, one limits file
     assert f"alloc {6 * GIB} 0" in first
-    assert section(second, "probe")[-3:] == [f"alloc {4 * GIB} 2", f"alloc {2 * GIB} 0", f"alloc {1 << 20} 2"]
+    assert section(second, "probe")[-3:] == [
+        f"alloc {4 * GIB} 2",
+        f"alloc {2 * GIB} 0",
+        f"alloc {1 << 20} 2",
+    ]
     # The shared claim stays prepared until its last pod is gone.
     spec = node.cdi_spec_dir / f"{DRIVER}-claim_{uid}.json"
     delete_pod(node.client, "first", ns, wait=60)
     assert spec.is_file() and (drv.state / "claims" / uid / "region").is_file()
     delete_pod(node.client, "second", ns, wait=60)
-    wait_for(lambda: True if not spec.exists() and not (drv.state / "claims" / uid).exists() else None,
-             timeout=60, what="the shared claim to be unprepared after its last pod")
+    wait_for(
+        lambda: True if not spec.exists() and not (drv.state / "claims" / uid).exists() else None,
+        timeout=60,
+        what="the shared claim to be unprepared after its last pod",
+    )
     checkpoint = json.loads((drv.state / "checkpoint.json").read_text())
     assert checkpoint["claims"] == {}
     assert sorted(p.name for p in node.cdi_spec_dir.iterdir() if p.name.startswith(DRIVER)) == []

@@ -34,7 +34,11 @@ from .driverkit import GIB, H100, DriverEnv, DriverProcess, allocated_claim, mak
 
 pytestmark = pytest.mark.cluster
 
-H100_MIG = CORPUS / "inventories" / "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h100-mig__590.48.01.capture.txt"
+H100_MIG = (
+    CORPUS
+    / "inventories"
+    / "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h100-mig__590.48.01.capture.txt"
+)
 DYNAMIC = "[0, 1]"
 DRIVER = "gpu.tessera.dev"
 
@@ -61,20 +65,24 @@ def mig_env(tmp_path: Path, kube_cluster: LiveCluster, fake_nvml_lib: Path) -> I
     (env.root / "mig-minors").write_text(mig_minors_text(8))
     yield env
     shutil.rmtree(env.root, ignore_errors=True)
-    for s in kube_cluster.client.list("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={env.node}"):
+    for s in kube_cluster.client.list(
+        "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={env.node}"
+    ):
         kube_cluster.client.delete("resource.k8s.io/v1", "ResourceSlice", s["metadata"]["name"])
     kube_cluster.client.delete("v1", "Node", env.node)
 
 
 def driver(env: DriverEnv, *extra: str) -> DriverProcess:
-    return DriverProcess(env, "--dynamic-mig", DYNAMIC, "--mig-minors", str(env.root / "mig-minors"), *extra)
+    return DriverProcess(
+        env, "--dynamic-mig", DYNAMIC, "--mig-minors", str(env.root / "mig-minors"), *extra
+    )
 
 
 def mig_log(env: DriverEnv) -> list[tuple[str, str, int]]:
     """The fake NVML's log: (operation, its arguments, pid)."""
     path = env.root / "mig-log"
     out = []
-    for line in (path.read_text().splitlines() if path.exists() else []):
+    for line in path.read_text().splitlines() if path.exists() else []:
         head, pid = line.rsplit(" pid=", 1)
         op, rest = head.split(" ", 1)
         out.append((op, rest, int(pid)))
@@ -86,7 +94,11 @@ def foreign_instances(env: DriverEnv, path: Path | None = None) -> list[str]:
     ``path``, in another file of the same format: the machine's configuration)."""
     u = env.gpus[2].uuid
     text = (path or env.root / "mig-state").read_text()
-    return sorted(ln for ln in text.splitlines() if ln.split()[:1] in (["gi"], ["ci"]) and ln.split()[1:2] == [u])
+    return sorted(
+        ln
+        for ln in text.splitlines()
+        if ln.split()[:1] in (["gi"], ["ci"]) and ln.split()[1:2] == [u]
+    )
 
 
 def checkpoint(env: DriverEnv) -> dict[str, Any]:
@@ -110,40 +122,82 @@ def test_publishes_dynamic_gpus_as_partitionable_devices(mig_env: DriverEnv) -> 
     try:
         assert d.returncode is None, d.output
         slices = node_slices(env.client, env.node)
-        want = build_resource_slices(env.node, [as_listed(g) for g in env.gpus], generation=1,
-                                     dynamic_mig=DynamicMIG(gpus=(0, 1)),
-                                     attributes={"enforcementBackend": {"string": LIBRARY}})
+        want = build_resource_slices(
+            env.node,
+            [as_listed(g) for g in env.gpus],
+            generation=1,
+            dynamic_mig=DynamicMIG(gpus=(0, 1)),
+            attributes={"enforcementBackend": {"string": LIBRARY}},
+        )
         assert sorted((s["metadata"]["name"], s["spec"]) for s in slices) == sorted(
-            (s["metadata"]["name"], s["spec"]) for s in want)
+            (s["metadata"]["name"], s["spec"]) for s in want
+        )
         devices = [dev["name"] for s in slices for dev in s["spec"].get("devices", [])]
         # 25 placements and the whole GPU for each dynamic H100; GPU 2's four instances, static.
         assert sum(n.startswith("gpu-0-mig-") for n in devices) == 25 and "gpu-0" in devices
         assert sorted(n for n in devices if n.startswith("gpu-2")) == [
-            "gpu-2-mig-10-0", "gpu-2-mig-2-0", "gpu-2-mig-3-0", "gpu-2-mig-9-0"]
+            "gpu-2-mig-10-0",
+            "gpu-2-mig-2-0",
+            "gpu-2-mig-3-0",
+            "gpu-2-mig-9-0",
+        ]
         assert mig_log(env) == []  # publishing makes nothing
     finally:
         d.stop()
 
 
-def _claim_for(env: DriverEnv, ns: str, name: str, selector: str, memory: str | None = None,
-               cores: str | None = None) -> dict[str, Any]:
+def _claim_for(
+    env: DriverEnv,
+    ns: str,
+    name: str,
+    selector: str,
+    memory: str | None = None,
+    cores: str | None = None,
+) -> dict[str, Any]:
     """A ResourceClaim with a CEL selector, allocated by kube-scheduler for a pod on the node."""
-    exactly: dict[str, Any] = {"deviceClassName": DRIVER, "selectors": [{"cel": {"expression": selector}}]}
+    exactly: dict[str, Any] = {
+        "deviceClassName": DRIVER,
+        "selectors": [{"cel": {"expression": selector}}],
+    }
     if memory:
         exactly["capacity"] = {"requests": {"memory": memory, "cores": cores or "0"}}
-    env.client.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                       "metadata": {"name": name, "namespace": ns},
-                       "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}})
-    apply_objects(env.client, [gpu_pod(f"{name}-pod", namespace=ns, claim=name,
-                                       node_selector={"kubernetes.io/hostname": env.node})])
+    env.client.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        }
+    )
+    apply_objects(
+        env.client,
+        [
+            gpu_pod(
+                f"{name}-pod",
+                namespace=ns,
+                claim=name,
+                node_selector={"kubernetes.io/hostname": env.node},
+            )
+        ],
+    )
     wait_pod_scheduled(env.client, f"{name}-pod", ns)
-    return wait_for(lambda: next((c for c in pod_claims(env.client, f"{name}-pod", ns).values()
-                                  if (c.get("status") or {}).get("allocation")), None),
-                    timeout=30, what=f"claim {name} to be allocated")
+    return wait_for(
+        lambda: next(
+            (
+                c
+                for c in pod_claims(env.client, f"{name}-pod", ns).values()
+                if (c.get("status") or {}).get("allocation")
+            ),
+            None,
+        ),
+        timeout=30,
+        what=f"claim {name} to be allocated",
+    )
 
 
 def test_prepare_makes_exactly_the_allocated_instance_and_unprepare_destroys_it(
-        mig_env: DriverEnv, kube_namespace: str) -> None:
+    mig_env: DriverEnv, kube_namespace: str
+) -> None:
     env = mig_env
     ns = kube_namespace
     u0, u1 = env.gpus[0].uuid, env.gpus[1].uuid
@@ -154,25 +208,39 @@ def test_prepare_makes_exactly_the_allocated_instance_and_unprepare_destroys_it(
     try:
         assert d.returncode is None, d.output
         # A 1g.10gb: kube-scheduler takes the first fit, GPU 0's placement at slice 6.
-        c = _claim_for(env, ns, "small", 'device.attributes["gpu.tessera.dev"].profile == "1g.10gb"')
+        c = _claim_for(
+            env, ns, "small", 'device.attributes["gpu.tessera.dev"].profile == "1g.10gb"'
+        )
         [res] = c["status"]["allocation"]["devices"]["results"]
         assert res["device"] == "gpu-0-mig-1g10gb-6"
         r = kubelet.prepare([ref_of(c)]).claims[c["metadata"]["uid"]]
         assert r.error == "" and [x.device_name for x in r.devices] == ["gpu-0-mig-1g10gb-6"]
         log = mig_log(env)
         assert [(op, rest.split(" uuid=")[0]) for op, rest, _ in log] == [
-            ("create-gi", f"{u0} gi=1 profile=19 start=6 size=1"), ("create-ci", f"{u0} gi=1 ci=0 profile=0")]
+            ("create-gi", f"{u0} gi=1 profile=19 start=6 size=1"),
+            ("create-ci", f"{u0} gi=1 ci=0 profile=0"),
+        ]
         mig = log[1][1].split(" uuid=")[1]
         spec = spec_of(env, c["metadata"]["uid"])
-        assert spec["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={mig}", f"CUDA_VISIBLE_DEVICES={mig}"]
+        assert spec["containerEdits"]["env"] == [
+            f"NVIDIA_VISIBLE_DEVICES={mig}",
+            f"CUDA_VISIBLE_DEVICES={mig}",
+        ]
         gi_cap = 3 + 0 * 135 + 1 * 9
         assert [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]] == [
-            "/dev/nvidia0", f"/dev/nvidia-caps/nvidia-cap{gi_cap}", f"/dev/nvidia-caps/nvidia-cap{gi_cap + 1}"]
-        assert kubelet.prepare([ref_of(c)]).claims[c["metadata"]["uid"]] == r  # idempotent: nothing made
+            "/dev/nvidia0",
+            f"/dev/nvidia-caps/nvidia-cap{gi_cap}",
+            f"/dev/nvidia-caps/nvidia-cap{gi_cap + 1}",
+        ]
+        assert (
+            kubelet.prepare([ref_of(c)]).claims[c["metadata"]["uid"]] == r
+        )  # idempotent: nothing made
         assert len(mig_log(env)) == 2
         assert kubelet.unprepare([ref_of(c)]).claims[c["metadata"]["uid"]].error == ""
         assert [(op, rest) for op, rest, _ in mig_log(env)[2:]] == [
-            ("destroy-ci", f"{u0} gi=1 ci=0"), ("destroy-gi", f"{u0} gi=1")]
+            ("destroy-ci", f"{u0} gi=1 ci=0"),
+            ("destroy-gi", f"{u0} gi=1"),
+        ]
         assert checkpoint(env) == {}
 
         # Two shares of the whole dynamic GPU 1: one 7g.80gb instance, made at the first share,
@@ -181,21 +249,30 @@ def test_prepare_makes_exactly_the_allocated_instance_and_unprepare_destroys_it(
         whole = f'device.attributes["gpu.tessera.dev"].?uuid.orValue("") == "{u1}"'
         a = _claim_for(env, ns, "share-a", whole, "8Gi", "20")
         b = _claim_for(env, ns, "share-b", whole, "4Gi", "10")
-        assert {x["status"]["allocation"]["devices"]["results"][0]["device"] for x in (a, b)} == {"gpu-1"}
+        assert {x["status"]["allocation"]["devices"]["results"][0]["device"] for x in (a, b)} == {
+            "gpu-1"
+        }
         assert kubelet.prepare([ref_of(a)]).claims[a["metadata"]["uid"]].error == ""
         assert kubelet.prepare([ref_of(b)]).claims[b["metadata"]["uid"]].error == ""
         made = mig_log(env)[4:]
         assert [(op, rest.split(" uuid=")[0]) for op, rest, _ in made] == [
-            ("create-gi", f"{u1} gi=1 profile=0 start=0 size=8"), ("create-ci", f"{u1} gi=1 ci=0 profile=4")]
+            ("create-gi", f"{u1} gi=1 profile=0 start=0 size=8"),
+            ("create-ci", f"{u1} gi=1 ci=0 profile=4"),
+        ]
         seven = made[1][1].split(" uuid=")[1]
         la = read_limits(str(env.state_dir / "claims" / a["metadata"]["uid"] / "limits"))
         lb = read_limits(str(env.state_dir / "claims" / b["metadata"]["uid"] / "limits"))
-        assert [(g.uuid, g.memory, g.cores) for g in la.gpus + lb.gpus] == [(seven, 8 * GIB, 20), (seven, 4 * GIB, 10)]
+        assert [(g.uuid, g.memory, g.cores) for g in la.gpus + lb.gpus] == [
+            (seven, 8 * GIB, 20),
+            (seven, 4 * GIB, 10),
+        ]
         assert kubelet.unprepare([ref_of(a)]).claims[a["metadata"]["uid"]].error == ""
         assert len(mig_log(env)) == 6  # b still uses it
         assert kubelet.unprepare([ref_of(b)]).claims[b["metadata"]["uid"]].error == ""
         assert [(op, rest) for op, rest, _ in mig_log(env)[6:]] == [
-            ("destroy-ci", f"{u1} gi=1 ci=0"), ("destroy-gi", f"{u1} gi=1")]
+            ("destroy-ci", f"{u1} gi=1 ci=0"),
+            ("destroy-gi", f"{u1} gi=1"),
+        ]
         assert d.proc is not None and {pid for _, _, pid in mig_log(env)} == {d.proc.pid}
         assert foreign_instances(env) == before
     finally:
@@ -203,7 +280,9 @@ def test_prepare_makes_exactly_the_allocated_instance_and_unprepare_destroys_it(
         d.stop()
 
 
-def test_placement_held_by_someone_elses_instance_is_refused(mig_env: DriverEnv, kube_namespace: str) -> None:
+def test_placement_held_by_someone_elses_instance_is_refused(
+    mig_env: DriverEnv, kube_namespace: str
+) -> None:
     """An instance made by hand on a dynamic GPU after the driver started (the fake's state
     file is the GPU): a claim for an overlapping placement is refused in one line, and the
     instance is left alone."""
@@ -214,13 +293,30 @@ def test_placement_held_by_someone_elses_instance_is_refused(mig_env: DriverEnv,
         u0 = env.gpus[0].uuid
         state = env.root / "mig-state"
         wait_for(lambda: state.exists() or None, timeout=10, what="the fake NVML's state file")
-        state.write_text(state.read_text() + f"gi {u0} 7 profile=19 start=3 size=1 slices=1 memory=9984 sms=16 name=1g.10gb\n")
-        c = allocated_claim(env.client, kube_namespace, "clash", [
-            {"request": "gpu", "driver": DRIVER, "pool": env.node, "device": "gpu-0-mig-4g40gb-0"}], env.node)
+        state.write_text(
+            state.read_text()
+            + f"gi {u0} 7 profile=19 start=3 size=1 slices=1 memory=9984 sms=16 name=1g.10gb\n"
+        )
+        c = allocated_claim(
+            env.client,
+            kube_namespace,
+            "clash",
+            [
+                {
+                    "request": "gpu",
+                    "driver": DRIVER,
+                    "pool": env.node,
+                    "device": "gpu-0-mig-4g40gb-0",
+                }
+            ],
+            env.node,
+        )
         err = kubelet.prepare([ref_of(c)]).claims[c["metadata"]["uid"]].error
-        assert err == (f"ResourceClaim {kube_namespace}/clash: gpu-0-mig-4g40gb-0: GPU 0 ({u0}) memory slices 0-3 are "
-                       "held by GPU instance 7 (one the driver did not make); destroy it or leave the GPU out of "
-                       "--dynamic-mig")
+        assert err == (
+            f"ResourceClaim {kube_namespace}/clash: gpu-0-mig-4g40gb-0: GPU 0 ({u0}) memory slices 0-3 are "
+            "held by GPU instance 7 (one the driver did not make); destroy it or leave the GPU out of "
+            "--dynamic-mig"
+        )
         assert mig_log(env) == [] and checkpoint(env) == {}
         assert f"gi {u0} 7 profile=19 start=3" in state.read_text()
     finally:
@@ -228,25 +324,52 @@ def test_placement_held_by_someone_elses_instance_is_refused(mig_env: DriverEnv,
         d.stop()
 
 
-@pytest.mark.parametrize("setting,inventory,message", [
-    ("[3]", None, "--dynamic-mig: dynamicMIG: GPU 3 ({u3}, NVIDIA H100 80GB HBM3) is set for dynamic MIG but its MIG "
-                  "mode is disabled: enable it (nvidia-smi -i 3 -mig 1; on Ampere GPUs this takes effect after a GPU "
-                  "reset) and restart the driver, or leave the GPU out of dynamicMIG"),
-    ("[2]", None, "--dynamic-mig: dynamicMIG: GPU 2 (NVIDIA H100 80GB HBM3) is marked for dynamic MIG but already "
-                  "holds 4 MIG instance(s) the node driver did not make: destroy them (nvidia-smi mig -dci; "
-                  "nvidia-smi mig -dgi) or leave the GPU static"),
-    ("[9]", None, "--dynamic-mig: dynamicMIG: no GPU 9 on this node (its GPUs: 0, 1, 2, 3, 4, 5, 6, 7, or their UUIDs)"),
-    ("{gpus: [0], profiles: [1g.5gb]}", None,
-     "--dynamic-mig: dynamicMIG.profiles: profile '1g.5gb' does not exist on this node's dynamic MIG GPUs (H100 80GB); "
-     "their profiles: 1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb"),
-    ("true", "A5000", "--dynamic-mig: dynamicMIG: dynamic MIG is set for every GPU but no GPU of the node is "
-                      "MIG-capable (NVIDIA RTX A5000); Tessera has MIG tables for A100 40GB, A100 80GB, A30, H100 80GB, "
-                      "H200 141GB, B200 180GB"),
-    ("{gpus: [0], size: 3}", None, "--dynamic-mig: unknown key(s) size; use gpus and profiles"),
-])
+@pytest.mark.parametrize(
+    "setting,inventory,message",
+    [
+        (
+            "[3]",
+            None,
+            "--dynamic-mig: dynamicMIG: GPU 3 ({u3}, NVIDIA H100 80GB HBM3) is set for dynamic MIG but its MIG "
+            "mode is disabled: enable it (nvidia-smi -i 3 -mig 1; on Ampere GPUs this takes effect after a GPU "
+            "reset) and restart the driver, or leave the GPU out of dynamicMIG",
+        ),
+        (
+            "[2]",
+            None,
+            "--dynamic-mig: dynamicMIG: GPU 2 (NVIDIA H100 80GB HBM3) is marked for dynamic MIG but already "
+            "holds 4 MIG instance(s) the node driver did not make: destroy them (nvidia-smi mig -dci; "
+            "nvidia-smi mig -dgi) or leave the GPU static",
+        ),
+        (
+            "[9]",
+            None,
+            "--dynamic-mig: dynamicMIG: no GPU 9 on this node (its GPUs: 0, 1, 2, 3, 4, 5, 6, 7, or their UUIDs)",
+        ),
+        (
+            "{gpus: [0], profiles: [1g.5gb]}",
+            None,
+            "--dynamic-mig: dynamicMIG.profiles: profile '1g.5gb' does not exist on this node's dynamic MIG GPUs (H100 80GB); "
+            "their profiles: 1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb",
+        ),
+        (
+            "true",
+            "A5000",
+            "--dynamic-mig: dynamicMIG: dynamic MIG is set for every GPU but no GPU of the node is "
+            "MIG-capable (NVIDIA RTX A5000); Tessera has MIG tables for A100 40GB, A100 80GB, A30, H100 80GB, "
+            "H200 141GB, B200 180GB",
+        ),
+        ("{gpus: [0], size: 3}", None, "--dynamic-mig: unknown key(s) size; use gpus and profiles"),
+    ],
+)
 def test_a_dynamic_mig_setting_the_node_cannot_have_is_refused_in_one_line(
-        tmp_path: Path, kube_cluster: LiveCluster, fake_nvml_lib: Path,
-        setting: str, inventory: str | None, message: str) -> None:
+    tmp_path: Path,
+    kube_cluster: LiveCluster,
+    fake_nvml_lib: Path,
+    setting: str,
+    inventory: str | None,
+    message: str,
+) -> None:
     from .driverkit import A5000
 
     if inventory:
@@ -258,7 +381,9 @@ def test_a_dynamic_mig_setting_the_node_cannot_have_is_refused_in_one_line(
         assert d.proc is not None
         d.proc.wait(timeout=30)
         assert d.returncode == 2
-        assert d.output.strip().splitlines()[-1] == "tessera: error: " + message.format(u3=env.gpus[3].uuid if len(env.gpus) > 3 else "")
+        assert d.output.strip().splitlines()[-1] == "tessera: error: " + message.format(
+            u3=env.gpus[3].uuid if len(env.gpus) > 3 else ""
+        )
         assert node_slices(env.client, env.node) == []
     finally:
         shutil.rmtree(env.root, ignore_errors=True)
@@ -266,6 +391,7 @@ def test_a_dynamic_mig_setting_the_node_cannot_have_is_refused_in_one_line(
 
 
 # ---- crashes between NVML calls ---------------------------------------------------------------
+
 
 def _crash_during(env: DriverEnv, op: str, call: Any) -> int:
     """Start the driver with the fake NVML's kill point after ``op``, make ``call``; the driver
@@ -281,7 +407,9 @@ def _crash_during(env: DriverEnv, op: str, call: Any) -> int:
     return d.proc.pid
 
 
-def test_a_crash_between_nvml_calls_is_recovered_on_restart(mig_env: DriverEnv, kube_namespace: str) -> None:
+def test_a_crash_between_nvml_calls_is_recovered_on_restart(
+    mig_env: DriverEnv, kube_namespace: str
+) -> None:
     """SIGKILL right after a GPU instance is made (before its compute instance), right after the
     compute instance (before the checkpoint says prepared), and in the middle of an unprepare;
     then a restart. An interrupted prepare's instance is adopted - the kubelet's retry makes
@@ -295,10 +423,21 @@ def test_a_crash_between_nvml_calls_is_recovered_on_restart(mig_env: DriverEnv, 
     kubelet = env.kubelet()
 
     def claim(name: str, device: str) -> tuple[str, str, str]:
-        return ref_of(allocated_claim(env.client, ns, name, [
-            {"request": "gpu", "driver": DRIVER, "pool": env.node, "device": device}], env.node))
+        return ref_of(
+            allocated_claim(
+                env.client,
+                ns,
+                name,
+                [{"request": "gpu", "driver": DRIVER, "pool": env.node, "device": device}],
+                env.node,
+            )
+        )
 
-    x, y, z = claim("x", "gpu-0-mig-1g10gb-6"), claim("y", "gpu-0-mig-2g20gb-0"), claim("z", "gpu-1-mig-3g40gb-4")
+    x, y, z = (
+        claim("x", "gpu-0-mig-1g10gb-6"),
+        claim("y", "gpu-0-mig-2g20gb-0"),
+        claim("z", "gpu-1-mig-3g40gb-4"),
+    )
     try:
         # 1. Killed after create-gi: the claim is "preparing" with its placement recorded.
         dead = _crash_during(env, "create-gi", lambda: kubelet.prepare([x], timeout=20))
@@ -306,19 +445,29 @@ def test_a_crash_between_nvml_calls_is_recovered_on_restart(mig_env: DriverEnv, 
         assert checkpoint(env)[x[2]]["state"] == "preparing"
         d = driver(env).start()
         assert d.returncode is None and d.proc is not None, d.output
-        assert f"ResourceClaim {ns}/x: prepare was interrupted; adopted 1 of its 1 MIG instance(s)" in d.output
+        assert (
+            f"ResourceClaim {ns}/x: prepare was interrupted; adopted 1 of its 1 MIG instance(s)"
+            in d.output
+        )
         r = kubelet.prepare([x]).claims[x[2]]
         assert r.error == ""
         log = mig_log(env)
         assert [(op, rest.split(" uuid=")[0], pid) for op, rest, pid in log[1:]] == [
-            ("create-ci", f"{u0} gi=1 ci=0 profile=0", d.proc.pid)]  # only what was missing
+            ("create-ci", f"{u0} gi=1 ci=0 profile=0", d.proc.pid)
+        ]  # only what was missing
         assert checkpoint(env)[x[2]]["state"] == "prepared"
-        assert spec_of(env, x[2])["containerEdits"]["env"][0] == f"NVIDIA_VISIBLE_DEVICES={log[1][1].split(' uuid=')[1]}"
+        assert (
+            spec_of(env, x[2])["containerEdits"]["env"][0]
+            == f"NVIDIA_VISIBLE_DEVICES={log[1][1].split(' uuid=')[1]}"
+        )
         d.stop()
 
         # 2. Killed after create-ci, before the checkpoint says prepared: the retry makes nothing.
         dead = _crash_during(env, "create-ci", lambda: kubelet.prepare([y], timeout=20))
-        assert [(op, pid) for op, _, pid in mig_log(env)[2:]] == [("create-gi", dead), ("create-ci", dead)]
+        assert [(op, pid) for op, _, pid in mig_log(env)[2:]] == [
+            ("create-gi", dead),
+            ("create-ci", dead),
+        ]
         made = mig_log(env)[3][1].split(" uuid=")[1]
         d = driver(env).start()
         assert d.returncode is None, d.output
@@ -334,8 +483,13 @@ def test_a_crash_between_nvml_calls_is_recovered_on_restart(mig_env: DriverEnv, 
         d = driver(env).start()
         assert d.returncode is None and d.proc is not None, d.output
         assert [(op, rest, pid) for op, rest, pid in mig_log(env)[6:]] == [
-            ("destroy-ci", f"{u1} gi=1 ci=0", d.proc.pid), ("destroy-gi", f"{u1} gi=1", d.proc.pid)]
-        assert f"ResourceClaim {ns}/z: deleted; destroyed its MIG instance(s): 3g.40gb at slice 4 of GPU 1" in d.output
+            ("destroy-ci", f"{u1} gi=1 ci=0", d.proc.pid),
+            ("destroy-gi", f"{u1} gi=1", d.proc.pid),
+        ]
+        assert (
+            f"ResourceClaim {ns}/z: deleted; destroyed its MIG instance(s): 3g.40gb at slice 4 of GPU 1"
+            in d.output
+        )
         assert sorted(checkpoint(env)) == sorted([x[2], y[2]])
         d.stop()
 
@@ -346,7 +500,9 @@ def test_a_crash_between_nvml_calls_is_recovered_on_restart(mig_env: DriverEnv, 
         assert checkpoint(env)[x[2]]["state"] == "unpreparing"
         d = driver(env).start()
         assert d.returncode is None and d.proc is not None, d.output
-        assert [(op, rest, pid) for op, rest, pid in mig_log(env)[9:]] == [("destroy-gi", f"{u0} gi=1", d.proc.pid)]
+        assert [(op, rest, pid) for op, rest, pid in mig_log(env)[9:]] == [
+            ("destroy-gi", f"{u0} gi=1", d.proc.pid)
+        ]
         assert kubelet.unprepare([x]).claims[x[2]].error == ""
         assert len(mig_log(env)) == 10 and sorted(checkpoint(env)) == [y[2]]
         assert not (env.cdi_dir / f"{DRIVER}-claim_{x[2]}.json").exists()

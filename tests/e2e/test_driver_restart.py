@@ -47,14 +47,34 @@ class DriverProcess:
 
     def start(self) -> None:
         e = self.env
-        argv = [sys.executable, "-m", "tessera", "driver", "--node-name", e.node,
-                "--kubeconfig", str(e.kubeconfig), "--kubelet-root-dir", str(e.kubelet_root),
-                "--cdi-dir", str(e.cdi_dir), "--state-dir", str(e.state_dir),
-                "--dev-root", str(e.dev_root), "--nvml-library", str(e.nvml_lib),
-                "--health-address", "", "--rescan-seconds", "30"]
+        argv = [
+            sys.executable,
+            "-m",
+            "tessera",
+            "driver",
+            "--node-name",
+            e.node,
+            "--kubeconfig",
+            str(e.kubeconfig),
+            "--kubelet-root-dir",
+            str(e.kubelet_root),
+            "--cdi-dir",
+            str(e.cdi_dir),
+            "--state-dir",
+            str(e.state_dir),
+            "--dev-root",
+            str(e.dev_root),
+            "--nvml-library",
+            str(e.nvml_lib),
+            "--health-address",
+            "",
+            "--rescan-seconds",
+            "30",
+        ]
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(argv, env=e.env(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                argv, env=e.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -76,7 +96,8 @@ def _digest(path: Path) -> str:
 
 
 def test_sigkill_100_times_during_prepare_and_unprepare(
-        driver_env: DriverEnv, kube_cluster: LiveCluster, kube_namespace: str) -> None:
+    driver_env: DriverEnv, kube_cluster: LiveCluster, kube_namespace: str
+) -> None:
     env = driver_env
     ns = kube_namespace
     rng = random.Random(20261201)
@@ -85,18 +106,35 @@ def test_sigkill_100_times_during_prepare_and_unprepare(
     for i in range(CLAIMS):
         gpu = i % len(env.gpus)
         mem, cores = (i % 4 + 1) * GIB, 5 * (i % 5)
-        claims.append(allocated_claim(env.client, ns, f"c{i}", [
-            {"request": "gpu", "driver": "gpu.tessera.dev", "pool": env.node, "device": f"gpu-{gpu}",
-             "shareID": share.format(i), "consumedCapacity": {"memory": f"{mem // GIB}Gi", "cores": str(cores)}}], env.node))
-    expect = {c["metadata"]["uid"]: (env.gpus[i % len(env.gpus)].uuid, (i % 4 + 1) * GIB, 5 * (i % 5))
-              for i, c in enumerate(claims)}
+        claims.append(
+            allocated_claim(
+                env.client,
+                ns,
+                f"c{i}",
+                [
+                    {
+                        "request": "gpu",
+                        "driver": "gpu.tessera.dev",
+                        "pool": env.node,
+                        "device": f"gpu-{gpu}",
+                        "shareID": share.format(i),
+                        "consumedCapacity": {"memory": f"{mem // GIB}Gi", "cores": str(cores)},
+                    }
+                ],
+                env.node,
+            )
+        )
+    expect = {
+        c["metadata"]["uid"]: (env.gpus[i % len(env.gpus)].uuid, (i % 4 + 1) * GIB, 5 * (i % 5))
+        for i, c in enumerate(claims)
+    }
     refs = {c["metadata"]["uid"]: (ns, c["metadata"]["name"], c["metadata"]["uid"]) for c in claims}
 
     drv = DriverProcess(env)
     drv.start()
     kubelet = env.kubelet()
-    prepared: set[str] = set()          # the kubelet's view: claims whose prepare succeeded last
-    responses: dict[str, Any] = {}      # first prepare response per claim
+    prepared: set[str] = set()  # the kubelet's view: claims whose prepare succeeded last
+    responses: dict[str, Any] = {}  # first prepare response per claim
     lock = threading.Lock()
     busy: set[str] = set()
     stop = threading.Event()
@@ -122,7 +160,9 @@ def test_sigkill_100_times_during_prepare_and_unprepare(
                         return
                     with lock:
                         if uid in responses and responses[uid] != entry:
-                            errors.append(f"prepare {uid} answered differently: {responses[uid]} vs {entry}")
+                            errors.append(
+                                f"prepare {uid} answered differently: {responses[uid]} vs {entry}"
+                            )
                         responses.setdefault(uid, entry)
                         prepared.add(uid)
                 ops[0] += 1
@@ -198,7 +238,11 @@ def test_sigkill_100_times_during_prepare_and_unprepare(
         assert {v["state"] for v in cp.values()} <= {"prepared"}
         specs = sorted(p.name for p in env.cdi_dir.iterdir())
         assert specs == sorted(f"gpu.tessera.dev-claim_{u}.json" for u in prepared)
-        dirs = sorted(p.name for p in (env.state_dir / "claims").iterdir()) if (env.state_dir / "claims").is_dir() else []
+        dirs = (
+            sorted(p.name for p in (env.state_dir / "claims").iterdir())
+            if (env.state_dir / "claims").is_dir()
+            else []
+        )
         assert dirs == sorted(prepared)
         for uid in prepared:
             lim = read_limits(str(env.state_dir / "claims" / uid / "limits"))
@@ -215,9 +259,11 @@ def test_sigkill_100_times_during_prepare_and_unprepare(
             assert kubelet.unprepare([refs[uid]]).claims[uid].error == ""
         assert list(env.cdi_dir.iterdir()) == []
         assert json.loads((env.state_dir / "checkpoint.json").read_text())["claims"] == {}
-        print(f"restart test: {KILLS} SIGKILLs ({starting[0]} during start-up), {ops[0]} completed operations, "
-              f"kill delays {min(kill_points):.3f}..{max(kill_points):.3f} s, {len(responses)} claims prepared "
-              f"at least once, {len(prepared)} prepared at the end")
+        print(
+            f"restart test: {KILLS} SIGKILLs ({starting[0]} during start-up), {ops[0]} completed operations, "
+            f"kill delays {min(kill_points):.3f}..{max(kill_points):.3f} s, {len(responses)} claims prepared "
+            f"at least once, {len(prepared)} prepared at the end"
+        )
     finally:
         kubelet.close()
         drv.stop()

@@ -23,8 +23,16 @@ from .driverkit import DriverEnv, DriverProcess, node_slices
 
 pytestmark = pytest.mark.cluster
 
-HAMI_ANNOTATIONS = CORPUS / "inventories" / "HAMi__docs_develop_protocol__node-register-annotations.2xV100-PCIE-32GB.txt"
-NVIDIA_FULL_GPU = CORPUS / "dra-manifests" / "dra-driver-nvidia-gpu__docs_reference_resourceslice-attributes__full-gpu-A100-PCIE-40GB.fragment.yaml"
+HAMI_ANNOTATIONS = (
+    CORPUS
+    / "inventories"
+    / "HAMi__docs_develop_protocol__node-register-annotations.2xV100-PCIE-32GB.txt"
+)
+NVIDIA_FULL_GPU = (
+    CORPUS
+    / "dra-manifests"
+    / "dra-driver-nvidia-gpu__docs_reference_resourceslice-attributes__full-gpu-A100-PCIE-40GB.fragment.yaml"
+)
 
 
 def _refused(env: DriverEnv, *options: str) -> list[str]:
@@ -35,20 +43,34 @@ def _refused(env: DriverEnv, *options: str) -> list[str]:
         d.stop()
         pytest.fail(f"tessera driver started on a node with another GPU manager:\n{d.output}")
     assert d.returncode == 2, d.output
-    assert [s for s in node_slices(env.client, env.node) if s["spec"]["driver"] == "gpu.tessera.dev"] == []
+    assert [
+        s for s in node_slices(env.client, env.node) if s["spec"]["driver"] == "gpu.tessera.dev"
+    ] == []
     return [line for line in d.output.splitlines() if line.startswith("tessera: error:")]
 
 
 def _set_allocatable(client: Any, node: str, resources: dict[str, str]) -> None:
     obj = client.get("v1", "Node", node)
-    status = {"capacity": {**(obj.get("status") or {}).get("capacity", {}), **resources},
-              "allocatable": {**(obj.get("status") or {}).get("allocatable", {}), **resources}}
+    status = {
+        "capacity": {**(obj.get("status") or {}).get("capacity", {}), **resources},
+        "allocatable": {**(obj.get("status") or {}).get("allocatable", {}), **resources},
+    }
     client.patch_status(obj, {"status": status})
 
 
-def _annotate(client: Any, node: str, annotations: dict[str, str | None], labels: dict[str, str | None] | None = None) -> None:
-    client.request("PATCH", f"/api/v1/nodes/{node}", body={"metadata": {"annotations": annotations, "labels": labels or {}}},
-                   content_type="application/merge-patch+json", what=f"Node {node}")
+def _annotate(
+    client: Any,
+    node: str,
+    annotations: dict[str, str | None],
+    labels: dict[str, str | None] | None = None,
+) -> None:
+    client.request(
+        "PATCH",
+        f"/api/v1/nodes/{node}",
+        body={"metadata": {"annotations": annotations, "labels": labels or {}}},
+        content_type="application/merge-patch+json",
+        what=f"Node {node}",
+    )
 
 
 def test_device_plugin_in_allocatable_refuses_start(driver_env: DriverEnv) -> None:
@@ -56,8 +78,10 @@ def test_device_plugin_in_allocatable_refuses_start(driver_env: DriverEnv) -> No
     _set_allocatable(env.client, env.node, {"nvidia.com/gpu": "8"})
     lines = _refused(env)
     assert len(lines) == 1
-    assert lines[0].startswith(f"tessera: error: node {env.node} already has another manager of its NVIDIA GPUs: "
-                               f"Node {env.node} status.allocatable nvidia.com/gpu: 8. ")
+    assert lines[0].startswith(
+        f"tessera: error: node {env.node} already has another manager of its NVIDIA GPUs: "
+        f"Node {env.node} status.allocatable nvidia.com/gpu: 8. "
+    )
     assert f"label it {OVERRIDE_LABEL}=true" in lines[0]
 
 
@@ -68,8 +92,10 @@ def test_hami_annotations_refuse_start(driver_env: DriverEnv) -> None:
     # HAMi's split replicas too (deviceSplitCount 10 x 8 GPUs).
     _set_allocatable(env.client, env.node, {"nvidia.com/gpu": "80"})
     (line,) = _refused(env)
-    assert (f"Node {env.node} status.allocatable nvidia.com/gpu: 80; Node {env.node} annotation hami.io/node-nvidia-register; "
-            f"Node {env.node} annotation hami.io/node-handshake-nvidia. ") in line
+    assert (
+        f"Node {env.node} status.allocatable nvidia.com/gpu: 80; Node {env.node} annotation hami.io/node-nvidia-register; "
+        f"Node {env.node} annotation hami.io/node-handshake-nvidia. "
+    ) in line
 
 
 def test_another_dra_driver_with_the_same_uuids_refuses_start(driver_env: DriverEnv) -> None:
@@ -81,18 +107,33 @@ def test_another_dra_driver_with_the_same_uuids_refuses_start(driver_env: Driver
     device["attributes"]["uuid"] = {"string": mine}
 
     def nvidia_slice(name: str, node: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-                "spec": {"driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                         "devices": devices}}
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": devices,
+            },
+        }
 
-    other = yaml.safe_load(NVIDIA_FULL_GPU.read_text())[0]  # its own GPU-2fa81118..., not one of ours
+    other = yaml.safe_load(NVIDIA_FULL_GPU.read_text())[
+        0
+    ]  # its own GPU-2fa81118..., not one of ours
     env.client.create(nvidia_slice(f"{env.node}-nvidia-other", env.node, [other]))
-    env.client.create(nvidia_slice(f"{env.node}-nvidia-elsewhere", "h100-node", [dict(device, name="gpu-9")]))
+    env.client.create(
+        nvidia_slice(f"{env.node}-nvidia-elsewhere", "h100-node", [dict(device, name="gpu-9")])
+    )
     try:
         assert check_node(env.client, env.node, [g.uuid for g in env.gpus]) == []
         env.client.create(nvidia_slice(f"{env.node}-nvidia", env.node, [device]))
         (line,) = _refused(env)
-        assert f"DRA driver gpu.nvidia.com publishes {mine} (ResourceSlice {env.node}-nvidia). " in line
+        assert (
+            f"DRA driver gpu.nvidia.com publishes {mine} (ResourceSlice {env.node}-nvidia). "
+            in line
+        )
     finally:
         for n in ("nvidia", "nvidia-other", "nvidia-elsewhere"):
             env.client.delete("resource.k8s.io/v1", "ResourceSlice", f"{env.node}-{n}")
@@ -117,7 +158,9 @@ def test_served_device_plugin_socket_refuses_start(driver_env: DriverEnv) -> Non
         p.stop()
 
 
-def test_override_label_starts_beside_another_manager(driver_env: DriverEnv, kube_cluster: LiveCluster) -> None:
+def test_override_label_starts_beside_another_manager(
+    driver_env: DriverEnv, kube_cluster: LiveCluster
+) -> None:
     """The migration override: the Node labelled allow-other-gpu-managers=true; the driver
     starts, logs what it found, and publishes."""
     env = driver_env
@@ -126,8 +169,10 @@ def test_override_label_starts_beside_another_manager(driver_env: DriverEnv, kub
     d = DriverProcess(env).start(timeout=90)
     try:
         assert d.returncode is None, d.output
-        assert (f"another manager of this node's GPUs is present, started anyway (label {OVERRIDE_LABEL}=true): "
-                f"Node {env.node} status.allocatable nvidia.com/gpu: 8") in d.output
+        assert (
+            f"another manager of this node's GPUs is present, started anyway (label {OVERRIDE_LABEL}=true): "
+            f"Node {env.node} status.allocatable nvidia.com/gpu: 8"
+        ) in d.output
         assert sum(len(s["spec"]["devices"]) for s in node_slices(env.client, env.node)) == 8
     finally:
         d.stop()

@@ -20,7 +20,14 @@ pytestmark = pytest.mark.cluster
 DATA = Path(__file__).parent / "data"
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-ALL = ["ConsumableCapacity", "PartitionableDevices", "PrioritizedList", "AdminAccess", "DeviceTaints", "DeviceBindingAndStatus"]
+ALL = [
+    "ConsumableCapacity",
+    "PartitionableDevices",
+    "PrioritizedList",
+    "AdminAccess",
+    "DeviceTaints",
+    "DeviceBindingAndStatus",
+]
 GPU_CLASS = {
     "apiVersion": "resource.k8s.io/v1",
     "kind": "DeviceClass",
@@ -51,8 +58,20 @@ def gpu_slice(node: str, memory: str = "80Gi") -> dict[str, Any]:
                     "name": "gpu-0",
                     "allowMultipleAllocations": True,
                     "capacity": {
-                        "memory": {"value": memory, "requestPolicy": {"default": memory, "validRange": {"min": "1Mi", "step": "1Mi"}}},
-                        "cores": {"value": "100", "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}}},
+                        "memory": {
+                            "value": memory,
+                            "requestPolicy": {
+                                "default": memory,
+                                "validRange": {"min": "1Mi", "step": "1Mi"},
+                            },
+                        },
+                        "cores": {
+                            "value": "100",
+                            "requestPolicy": {
+                                "default": "0",
+                                "validRange": {"min": "0", "max": "100", "step": "1"},
+                            },
+                        },
                     },
                 }
             ],
@@ -66,7 +85,19 @@ def claim(name: str, memory: str, cores: str | None = None) -> dict[str, Any]:
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev", "capacity": {"requests": requests}}}]}},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.tessera.dev",
+                            "capacity": {"requests": requests},
+                        },
+                    }
+                ]
+            }
+        },
     }
 
 
@@ -77,7 +108,10 @@ def allocated(name: str, node: str, memory: str, cores: str) -> dict[str, Any]:
             "devices": {
                 "results": [
                     {
-                        "request": "gpu", "driver": "gpu.tessera.dev", "pool": node, "device": "gpu-0",
+                        "request": "gpu",
+                        "driver": "gpu.tessera.dev",
+                        "pool": node,
+                        "device": "gpu-0",
                         "shareID": "11111111-2222-4333-8444-555555555555",
                         "consumedCapacity": {"memory": memory, "cores": cores},
                     }
@@ -90,8 +124,13 @@ def allocated(name: str, node: str, memory: str, cores: str) -> dict[str, Any]:
 
 def base(**kw: Any) -> dict[str, Any]:
     s: dict[str, Any] = {
-        "name": "t", "features": ALL, "node": {"name": "node-1", "labels": {}},
-        "classes": [GPU_CLASS], "slices": [gpu_slice("node-1")], "allocated": [], "claims": [],
+        "name": "t",
+        "features": ALL,
+        "node": {"name": "node-1", "labels": {}},
+        "classes": [GPU_CLASS],
+        "slices": [gpu_slice("node-1")],
+        "allocated": [],
+        "claims": [],
     }
     s.update(kw)
     return s
@@ -103,11 +142,18 @@ def test_allocate_consumable_share() -> None:
     a, b = out["results"]
     (ra,) = a["devices"]["results"]
     assert {k: v for k, v in ra.items() if k != "shareID"} == {
-        "request": "gpu", "driver": "gpu.tessera.dev", "pool": "node-1", "device": "gpu-0",
+        "request": "gpu",
+        "driver": "gpu.tessera.dev",
+        "pool": "node-1",
+        "device": "gpu-0",
         "consumedCapacity": {"memory": "8Gi", "cores": "20"},
     }
     assert UUID_RE.match(ra["shareID"])
-    assert a["nodeSelector"] == {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}]}
+    assert a["nodeSelector"] == {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}
+        ]
+    }
     # cores unrequested -> policy default 0.
     assert b["devices"]["results"][0]["consumedCapacity"] == {"memory": "10000Mi", "cores": "0"}
     assert b["devices"]["results"][0]["shareID"] != ra["shareID"]
@@ -118,7 +164,10 @@ def test_allocated_state_counts_existing_shares() -> None:
     pre = [allocated("old", "node-1", "76Gi", "10")]
     assert run_scenario(base(allocated=pre, claims=[claim("a", "8Gi")]))["results"] == [None]
     out = run_scenario(base(allocated=pre, claims=[claim("a", "4Gi", "90")]))
-    assert out["results"][0]["devices"]["results"][0]["consumedCapacity"] == {"memory": "4Gi", "cores": "90"}
+    assert out["results"][0]["devices"]["results"][0]["consumedCapacity"] == {
+        "memory": "4Gi",
+        "cores": "90",
+    }
     out = run_scenario(base(allocated=pre, claims=[claim("a", "4Gi", "91")]))
     assert out["results"] == [None]
 
@@ -128,7 +177,10 @@ def test_allocator_error_when_feature_off() -> None:
     # requests while ConsumableCapacity is off.
     out = run_scenario(base(features=["DeviceBindingAndStatus"], claims=[claim("a", "8Gi")]))
     assert out["results"] == [None]
-    assert out["error"] == "claim default/a, request gpu: has capacity requests, but the DRAConsumableCapacity feature is disabled"
+    assert (
+        out["error"]
+        == "claim default/a, request gpu: has capacity requests, but the DRAConsumableCapacity feature is disabled"
+    )
 
 
 def test_stable_allocator_ignores_capacity_requests() -> None:
@@ -137,7 +189,9 @@ def test_stable_allocator_ignores_capacity_requests() -> None:
     out = run_scenario(base(features=["PartitionableDevices"], claims=[claim("a", "8Gi")]))
     assert out["error"] == ""
     assert out["results"][0]["devices"] == {
-        "results": [{"request": "gpu", "driver": "gpu.tessera.dev", "pool": "node-1", "device": "gpu-0"}]
+        "results": [
+            {"request": "gpu", "driver": "gpu.tessera.dev", "pool": "node-1", "device": "gpu-0"}
+        ]
     }
 
 
@@ -152,7 +206,13 @@ def test_place_mode_first_fit_over_nodes() -> None:
         name="place",
         nodes=[{"name": "node-1"}, {"name": "node-2"}],
         slices=[gpu_slice("node-1"), gpu_slice("node-2", "40Gi")],
-        claims=[claim("a", "50Gi"), claim("b", "30Gi"), claim("c", "30Gi"), claim("d", "20Gi"), claim("e", "50Gi")],
+        claims=[
+            claim("a", "50Gi"),
+            claim("b", "30Gi"),
+            claim("c", "30Gi"),
+            claim("d", "20Gi"),
+            claim("e", "50Gi"),
+        ],
     )
     del scenario["node"]
     out = run_scenario(scenario, mode="place")
@@ -160,21 +220,31 @@ def test_place_mode_first_fit_over_nodes() -> None:
     assert [p["node"] for p in out["placements"]] == ["node-1", "node-1", "node-2", None, None]
     assert [p["nodesTried"] for p in out["placements"]] == [1, 1, 2, 2, 2]
     assert out["placed"] == 3
-    assert [p["claim"] for p in out["placements"]] == ["default/a", "default/b", "default/c", "default/d", "default/e"]
+    assert [p["claim"] for p in out["placements"]] == [
+        "default/a",
+        "default/b",
+        "default/c",
+        "default/d",
+        "default/e",
+    ]
     assert out["results"][2]["devices"]["results"][0]["pool"] == "node-2"
     assert out["results"][3] is None
     assert all(p["seconds"] >= 0 for p in out["placements"]) and out["totalSeconds"] >= 0
 
 
 def test_invalid_scenarios_name_the_field() -> None:
-    with pytest.raises(HarnessError, match=r'features\[0\]: unknown allocator feature "DRAConsumableCapacity"'):
+    with pytest.raises(
+        HarnessError, match=r'features\[0\]: unknown allocator feature "DRAConsumableCapacity"'
+    ):
         run_scenario(base(features=["DRAConsumableCapacity"]))
     bad = base(claims=[claim("a", "1Gi")])
     bad["claims"][0]["spec"]["devices"]["requests"][0]["exactly"]["capacty"] = {}
     with pytest.raises(HarnessError, match=r'claims\[0\]: json: unknown field "capacty"'):
         run_scenario(bad)
     pre = copy.deepcopy(base(allocated=[claim("x", "1Gi")]))
-    with pytest.raises(HarnessError, match=r"allocated\[0\] \(claim default/x\): status.allocation is missing"):
+    with pytest.raises(
+        HarnessError, match=r"allocated\[0\] \(claim default/x\): status.allocation is missing"
+    ):
         run_scenario(pre)
 
 
@@ -190,5 +260,8 @@ def test_scenario_file_matches_its_expectation() -> None:
     assert out["results"] == expect
     # A third claim of 3 would need 4 more: 2 + 4 + 4 > 8.
     scenario = yaml.safe_load(path.read_text())
-    scenario["claims"].append(copy.deepcopy(scenario["claims"][1]) | {"metadata": {"name": "claim-2", "namespace": "default"}})
+    scenario["claims"].append(
+        copy.deepcopy(scenario["claims"][1])
+        | {"metadata": {"name": "claim-2", "namespace": "default"}}
+    )
     assert run_scenario(scenario)["results"] == [None, None, None]

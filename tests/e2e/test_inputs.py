@@ -32,7 +32,10 @@ spec:
 def test_inventory_slices_file_gives_two_nodes(tmp_path: Path) -> None:
     inv = load_slice_files([write_slices(tmp_path / "slices.yaml", session_nodes())])
     assert [n.name for n in inv.nodes] == ["h100-node", "a5000-node"]
-    assert [s["metadata"]["name"] for s in inv.slices] == ["h100-node-gpu.tessera.dev", "a5000-node-gpu.tessera.dev"]
+    assert [s["metadata"]["name"] for s in inv.slices] == [
+        "h100-node-gpu.tessera.dev",
+        "a5000-node-gpu.tessera.dev",
+    ]
     assert [d["name"] for d in inv.slices[0]["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
     assert [d["name"] for d in inv.slices[1]["spec"]["devices"]] == ["gpu-0", "gpu-1"]
 
@@ -42,7 +45,10 @@ def test_slice_files_lists_and_server_fields(tmp_path: Path) -> None:
     f.write_text(
         SLICE % ("a", "n1", "n1")
         + "---\napiVersion: v1\nkind: List\nitems:\n"
-        + "".join("- " + (SLICE % (name, node, node)).replace("\n", "\n  ").rstrip() + "\n" for name, node in [("b", "n2"), ("c", "n1")])
+        + "".join(
+            "- " + (SLICE % (name, node, node)).replace("\n", "\n  ").rstrip() + "\n"
+            for name, node in [("b", "n2"), ("c", "n1")]
+        )
     )
     inv = load_slice_files([f])
     assert [n.name for n in inv.nodes] == ["n1", "n2"]
@@ -53,8 +59,14 @@ def test_slice_files_lists_and_server_fields(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("kind: Pod\napiVersion: v1\n", "document 1: apiVersion/kind is 'v1'/'Pod'"),
-        ("apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: x}\nspec: {pool: {name: p}}\n", "document 1: ResourceSlice x: spec.driver is missing"),
-        ("apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: x}\nspec: {driver: d}\n", "ResourceSlice x: spec.pool.name is missing"),
+        (
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: x}\nspec: {pool: {name: p}}\n",
+            "document 1: ResourceSlice x: spec.driver is missing",
+        ),
+        (
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: x}\nspec: {driver: d}\n",
+            "ResourceSlice x: spec.pool.name is missing",
+        ),
         ("a: [\n", "not valid YAML"),
     ],
 )
@@ -68,12 +80,21 @@ def test_slice_file_errors_name_document_and_field(tmp_path: Path, text: str, me
 
 
 def test_node_object_ready_with_capacity() -> None:
-    node = node_object(NodeSpec("n1", {"gpu": "h100"}), {"cpu": "8", "memory": "64Gi", "pods": "110"})
+    node = node_object(
+        NodeSpec("n1", {"gpu": "h100"}), {"cpu": "8", "memory": "64Gi", "pods": "110"}
+    )
     assert node["metadata"]["labels"] == {
-        "kubernetes.io/hostname": "n1", "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-        "tessera.dev/simulated-node": "true", "gpu": "h100",
+        "kubernetes.io/hostname": "n1",
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "tessera.dev/simulated-node": "true",
+        "gpu": "h100",
     }
-    assert node["status"]["capacity"] == node["status"]["allocatable"] == {"cpu": "8", "memory": "64Gi", "pods": "110"}
+    assert (
+        node["status"]["capacity"]
+        == node["status"]["allocatable"]
+        == {"cpu": "8", "memory": "64Gi", "pods": "110"}
+    )
     (ready,) = node["status"]["conditions"]
     assert (ready["type"], ready["status"]) == ("Ready", "True")
 
@@ -86,9 +107,14 @@ def test_pki_chain_and_identities(tmp_path: Path) -> None:
     api.verify_directly_issued_by(ca)
     admin.verify_directly_issued_by(ca)
     sans = api.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "10.96.0.1"}
+    assert {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)} == {
+        "127.0.0.1",
+        "10.96.0.1",
+    }
     assert "kubernetes.default.svc" in sans.get_values_for_type(x509.DNSName)
-    assert admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:masters"
+    assert (
+        admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:masters"
+    )
     eku = admin.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
     assert oct(pki.admin.key.stat().st_mode & 0o777) == "0o600"
@@ -101,7 +127,9 @@ def test_kubeconfig_errors(tmp_path: Path) -> None:
     with pytest.raises(KubeconfigError, match="cannot read"):
         KubeClient.from_kubeconfig(tmp_path / "missing")
     kc = tmp_path / "kc"
-    kc.write_text("current-context: c\ncontexts: [{name: c, context: {cluster: x, user: u}}]\nclusters: [{name: x, cluster: {}}]\nusers: [{name: u, user: {}}]\n")
+    kc.write_text(
+        "current-context: c\ncontexts: [{name: c, context: {cluster: x, user: u}}]\nclusters: [{name: x, cluster: {}}]\nusers: [{name: u, user: {}}]\n"
+    )
     with pytest.raises(KubeconfigError, match=r"clusters\[x\].server is missing"):
         KubeClient.from_kubeconfig(kc)
 
@@ -116,7 +144,9 @@ def test_status_and_down_of_never_started_cluster(tmp_path: Path) -> None:
     assert Cluster(tmp_path).running_components() == []
 
 
-def test_cluster_description_through_load_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cluster_description_through_load_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """--cluster goes through tessera.sim.cluster.load_cluster (the lead's loader); a stand-in
     with the documented shape (nodes with .name, .labels, .slices) checks the adapter."""
     import types
@@ -136,7 +166,9 @@ def test_cluster_description_through_load_cluster(tmp_path: Path, monkeypatch: p
 
     def load_cluster(path: Path) -> object:
         seen.append(path)
-        return types.SimpleNamespace(nodes=[N("a5000-node", {"zone": "a"}, [slice_obj]), N("cpu-only", {})])
+        return types.SimpleNamespace(
+            nodes=[N("a5000-node", {"zone": "a"}, [slice_obj]), N("cpu-only", {})]
+        )
 
     stub = types.ModuleType("tessera.sim.cluster")
     stub.load_cluster = load_cluster  # type: ignore[attr-defined]
@@ -144,13 +176,20 @@ def test_cluster_description_through_load_cluster(tmp_path: Path, monkeypatch: p
     desc = tmp_path / "cluster.yaml"
     inv = load_cluster_file(desc)
     assert seen == [desc]
-    assert [(n.name, n.labels) for n in inv.nodes] == [("a5000-node", {"zone": "a"}), ("cpu-only", {})]
+    assert [(n.name, n.labels) for n in inv.nodes] == [
+        ("a5000-node", {"zone": "a"}),
+        ("cpu-only", {}),
+    ]
     assert [s["metadata"]["name"] for s in inv.slices] == ["a5000-node-gpu.tessera.dev"]
 
 
-def test_cluster_description_without_loader_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cluster_description_without_loader_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tessera.kube.cluster import load_cluster_file
 
     monkeypatch.setitem(__import__("sys").modules, "tessera.sim.cluster", None)
-    with pytest.raises(ClusterInputError, match=r"pass the node ResourceSlices with --slices instead"):
+    with pytest.raises(
+        ClusterInputError, match=r"pass the node ResourceSlices with --slices instead"
+    ):
         load_cluster_file(tmp_path / "c.yaml")

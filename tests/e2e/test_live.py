@@ -76,9 +76,19 @@ class Live:
         """The same objects the live reading lists, as `kubectl get -o yaml` writes them."""
         kubectl = build.binary("kubectl")
         out = subprocess.run(
-            [str(kubectl), "--kubeconfig", str(self.kubeconfig), "get",
-             "nodes,deviceclasses,resourceslices,resourceclaimtemplates,resourceclaims,pods", "-A", "-o", "yaml"],
-            check=True, capture_output=True, text=True,
+            [
+                str(kubectl),
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "get",
+                "nodes,deviceclasses,resourceslices,resourceclaimtemplates,resourceclaims,pods",
+                "-A",
+                "-o",
+                "yaml",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
         p = self.tmp / name
         p.write_text(out)
@@ -86,10 +96,17 @@ class Live:
 
 
 def _sa_kubeconfig(client: KubeClient, admin: Path, name: str, path: Path) -> Path:
-    client.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": NS}})
+    client.create(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": NS}}
+    )
     tok = client.request(
-        "POST", f"/api/v1/namespaces/{NS}/serviceaccounts/{name}/token",
-        body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
+        "POST",
+        f"/api/v1/namespaces/{NS}/serviceaccounts/{name}/token",
+        body={
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        },
     )["status"]["token"]
     cfg = yaml.safe_load(admin.read_text())
     cfg["users"] = [{"name": name, "user": {"token": tok}}]
@@ -106,7 +123,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         pytest.fail(f"cannot build the control plane: {e}")
     tmp = tmp_path_factory.mktemp("live")
     cluster = Cluster(tmp / "state")
-    nodes = [corpus_node("a5000-node", A5000_INVENTORY), corpus_node("h100-node", H100_SINGLE_INVENTORY)]
+    nodes = [
+        corpus_node("a5000-node", A5000_INVENTORY),
+        corpus_node("h100-node", H100_SINGLE_INVENTORY),
+    ]
     try:
         try:
             cluster.up(inventory_of(nodes), build_binaries=False, die_with_parent=True)
@@ -128,24 +148,49 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         apply_objects(client, load_objects(REPO / "deploy" / "rbac" / "tessera-reader.yaml"))
         reader = _sa_kubeconfig(client, cluster.kubeconfig, "reader", tmp / "reader.kubeconfig")
         nobody = _sa_kubeconfig(client, cluster.kubeconfig, "nobody", tmp / "nobody.kubeconfig")
-        client.create({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "tessera-reader"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tessera-reader"},
-            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": NS}],
-        })
+        client.create(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "tessera-reader"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "tessera-reader",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": NS}],
+            }
+        )
         a10 = gpu_claim_template("a10", namespace=NS, memory="8Gi", cores=20)
         a10["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
-            {"cel": {"expression": 'device.attributes["gpu.tessera.dev"].productName == "NVIDIA A10"'}}]
-        shared = {"apiVersion": RESOURCE, "kind": "ResourceClaim", "metadata": {"name": "shared", "namespace": NS},
-                  "spec": gpu_claim_template("x", memory="4Gi", cores=10)["spec"]["spec"]}
-        apply_objects(client, [
-            gpu_claim_template("half", namespace=NS, memory="12Gi", cores=50),
-            gpu_claim_template("huge", namespace=NS, memory="100Gi", cores=10), a10, shared,
-        ])
+            {
+                "cel": {
+                    "expression": 'device.attributes["gpu.tessera.dev"].productName == "NVIDIA A10"'
+                }
+            }
+        ]
+        shared = {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaim",
+            "metadata": {"name": "shared", "namespace": NS},
+            "spec": gpu_claim_template("x", memory="4Gi", cores=10)["spec"]["spec"],
+        }
+        apply_objects(
+            client,
+            [
+                gpu_claim_template("half", namespace=NS, memory="12Gi", cores=50),
+                gpu_claim_template("huge", namespace=NS, memory="100Gi", cores=10),
+                a10,
+                shared,
+            ],
+        )
         # bound-2 is kept off the H100: the scheduler breaks ties between nodes at random, and
         # with both 50-core shares there the H100 would have no cores left for the test's
         # 40Gi/30-core pod (which fits only there).
-        for name, where in (("bound-1", None), ("bound-2", {"kubernetes.io/hostname": "a5000-node"})):
+        for name, where in (
+            ("bound-1", None),
+            ("bound-2", {"kubernetes.io/hostname": "a5000-node"}),
+        ):
             client.create(gpu_pod(name, namespace=NS, template="half", node_selector=where))
             wait_pod_scheduled(client, name, NS)
         client.create(gpu_pod("bound-shared", namespace=NS, claim="shared"))
@@ -180,12 +225,16 @@ def _live_pod(live: Live, name: str) -> Obj:
 def test_explain_pending_pods_live_equals_files(live: Live) -> None:
     dump = live.dump("explain.yaml")
     for name in PENDING:
-        from_cluster = json.loads(_ok("explain", f"{NS}/{name}", "--kubeconfig", str(live.kubeconfig), "-o", "json"))
+        from_cluster = json.loads(
+            _ok("explain", f"{NS}/{name}", "--kubeconfig", str(live.kubeconfig), "-o", "json")
+        )
         from_files = json.loads(_ok("explain", f"{NS}/{name}", str(dump), "-o", "json"))
         assert from_cluster == from_files
         assert from_cluster["status"] == "pending"
         assert [n["node"] for n in from_cluster["nodes"]] == ["a5000-node", "h100-node"]
-    too_big = json.loads(_ok("explain", f"{NS}/too-big", "--kubeconfig", str(live.kubeconfig), "-o", "json"))
+    too_big = json.loads(
+        _ok("explain", f"{NS}/too-big", "--kubeconfig", str(live.kubeconfig), "-o", "json")
+    )
     assert "memory" in json.dumps(too_big["nodes"]) and "100Gi" in json.dumps(too_big)
     text = _ok("explain", f"{NS}/needs-a10", "--kubeconfig", str(live.kubeconfig))
     # The claim the controller made is explained (not its template): per node, the selector.
@@ -198,7 +247,9 @@ def test_explain_pending_pods_live_equals_files(live: Live) -> None:
 def test_explain_bound_pod_keeps_the_schedulers_node(live: Live) -> None:
     for name in BOUND:
         pod = _live_pod(live, name)
-        exp = json.loads(_ok("explain", f"{NS}/{name}", "--kubeconfig", str(live.kubeconfig), "-o", "json"))
+        exp = json.loads(
+            _ok("explain", f"{NS}/{name}", "--kubeconfig", str(live.kubeconfig), "-o", "json")
+        )
         assert exp["status"] == "scheduled"
         assert exp["node"] == pod["spec"]["nodeName"]
 
@@ -207,7 +258,11 @@ def test_explain_bound_pod_keeps_the_schedulers_node(live: Live) -> None:
 
 
 def _claims_by_name(objs: list[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:
-    return {((o["metadata"].get("namespace") or "default"), o["metadata"]["name"]): o for o in objs if o["kind"] == "ResourceClaim"}
+    return {
+        ((o["metadata"].get("namespace") or "default"), o["metadata"]["name"]): o
+        for o in objs
+        if o["kind"] == "ResourceClaim"
+    }
 
 
 NEW = """
@@ -241,7 +296,9 @@ def test_simulate_new_workloads_on_top_of_the_live_allocations(live: Live) -> No
     new = live.tmp / "new.yaml"
     new.write_text(NEW)
     dump = live.dump("simulate.yaml")
-    from_cluster = json.loads(_ok("simulate", str(new), "--kubeconfig", str(live.kubeconfig), "-o", "json"))["items"]
+    from_cluster = json.loads(
+        _ok("simulate", str(new), "--kubeconfig", str(live.kubeconfig), "-o", "json")
+    )["items"]
     from_files = json.loads(_ok("simulate", str(dump), str(new), "-o", "json"))["items"]
 
     def key(o: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -267,14 +324,19 @@ def test_simulate_new_workloads_on_top_of_the_live_allocations(live: Live) -> No
         assert pods[name]["spec"]["nodeName"] == _live_pod(live, name)["spec"]["nodeName"]
     used: dict[tuple[str, str], dict[str, Fraction]] = {}
     for c in sim_claims.values():
-        for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []):
+        for r in (
+            ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        ):
             for k, v in (r.get("consumedCapacity") or {}).items():
                 d = used.setdefault((r["pool"], r["device"]), {})
                 d[k] = d.get(k, Fraction(0)) + Quantity.parse(v).value
     for s in live.client.list(RESOURCE, "ResourceSlice"):
         for d in s["spec"]["devices"]:
             for k, cap in (d.get("capacity") or {}).items():
-                assert used.get((s["spec"]["pool"]["name"], d["name"]), {}).get(k, Fraction(0)) <= Quantity.parse(cap["value"]).value
+                assert (
+                    used.get((s["spec"]["pool"]["name"], d["name"]), {}).get(k, Fraction(0))
+                    <= Quantity.parse(cap["value"]).value
+                )
 
     # The real scheduler agrees: the 40Gi pod lands on the H100, the 10Gi one somewhere.
     client = live.client
@@ -291,7 +353,9 @@ def test_simulate_new_workloads_on_top_of_the_live_allocations(live: Live) -> No
     assert wait_pod_scheduled(client, "new-forty", "team-b")["spec"]["nodeName"] == "h100-node"
     wait_pod_scheduled(client, "new-ten", "team-b")
     for name in ("new-forty", "new-ten"):
-        client.request("DELETE", f"/api/v1/namespaces/team-b/pods/{name}", body={"gracePeriodSeconds": 0})
+        client.request(
+            "DELETE", f"/api/v1/namespaces/team-b/pods/{name}", body={"gracePeriodSeconds": 0}
+        )
 
 
 def _sa_exists(client: KubeClient, ns: str) -> bool | None:
@@ -305,8 +369,13 @@ def _sa_exists(client: KubeClient, ns: str) -> bool | None:
 
 
 def test_add_node_answers_whether_one_more_node_lets_the_pending_pods_in(live: Live) -> None:
-    out = _ok("simulate", "--kubeconfig", str(live.kubeconfig), "--add-node", f"spare-a10={A10_INVENTORY}")
-    assert "2 pod(s) pending in the cluster; with spare-a10 added: 1 would be scheduled there, 1 would stay pending" in out
+    out = _ok(
+        "simulate", "--kubeconfig", str(live.kubeconfig), "--add-node", f"spare-a10={A10_INVENTORY}"
+    )
+    assert (
+        "2 pod(s) pending in the cluster; with spare-a10 added: 1 would be scheduled there, 1 would stay pending"
+        in out
+    )
     assert f"{NS}/needs-a10: scheduled on spare-a10 (added)" in out
     assert f"{NS}/too-big: stays pending" in out
     # Without the spare node nothing changes for them.
@@ -352,8 +421,22 @@ def test_unreachable_api_server_is_one_line(live: Live) -> None:
 
 
 def _exporter(args: list[str]) -> tuple[subprocess.Popen[str], str | None, list[str]]:
-    p = subprocess.Popen([sys.executable, "-m", "tessera", "monitor", "--port", "0", "--address", "127.0.0.1", *args],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tessera",
+            "monitor",
+            "--port",
+            "0",
+            "--address",
+            "127.0.0.1",
+            *args,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert p.stderr is not None
     log: list[str] = []
     timer = threading.Timer(90, p.kill)
@@ -377,13 +460,26 @@ def test_monitor_reports_allocations_per_gpu_and_share(live: Live) -> None:
     claim = client.get(RESOURCE, "ResourceClaim", pod_claim_names(pod)["gpu"], NS)
     result = claim["status"]["allocation"]["devices"]["results"][0]
     slices = client.list(RESOURCE, "ResourceSlice")
-    devices = {(s["spec"]["pool"]["name"], d["name"]): d for s in slices for d in s["spec"]["devices"]}
+    devices = {
+        (s["spec"]["pool"]["name"], d["name"]): d for s in slices for d in s["spec"]["devices"]
+    }
     uuid = devices[(result["pool"], result["device"])]["attributes"]["uuid"]["string"]
     regions = live.tmp / "claims"
     (regions / claim["metadata"]["uid"]).mkdir(parents=True)
     create_region(str(regions / claim["metadata"]["uid"] / "usage"), [(uuid, 12 << 30, 50)])
-    p, url, log = _exporter(["--node-name", node, "--kubeconfig", str(live.reader), "--no-nvml",
-                             "--region-dir", str(regions), "--api-interval", "1"])
+    p, url, log = _exporter(
+        [
+            "--node-name",
+            node,
+            "--kubeconfig",
+            str(live.reader),
+            "--no-nvml",
+            "--region-dir",
+            str(regions),
+            "--api-interval",
+            "1",
+        ]
+    )
     try:
         assert url is not None, log
         with urllib.request.urlopen(url, timeout=10) as r:
@@ -399,35 +495,76 @@ def test_monitor_reports_allocations_per_gpu_and_share(live: Live) -> None:
     # Per GPU: allocated = the sum of consumedCapacity of every claim on it, from the API.
     want: dict[str, Fraction] = {}
     for c in client.list(RESOURCE, "ResourceClaim"):
-        for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []):
+        for r in (
+            ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        ):
             if r["pool"] == node:
-                want[r["device"]] = want.get(r["device"], Fraction(0)) + Quantity.parse(r["consumedCapacity"]["memory"]).value
+                want[r["device"]] = (
+                    want.get(r["device"], Fraction(0))
+                    + Quantity.parse(r["consumedCapacity"]["memory"]).value
+                )
     got = {lab["dra_device_name"]: v for lab, v in series("tessera_gpu_memory_allocated_bytes")}
     assert got == {d: float(want.get(d, 0)) for (pool, d) in devices if pool == node}
     caps = {lab["dra_device_name"]: v for lab, v in series("tessera_gpu_memory_capacity_bytes")}
-    assert caps == {d: float(Quantity.parse(dev["capacity"]["memory"]["value"]).value)
-                    for (pool, d), dev in devices.items() if pool == node}
+    assert caps == {
+        d: float(Quantity.parse(dev["capacity"]["memory"]["value"]).value)
+        for (pool, d), dev in devices.items()
+        if pool == node
+    }
     # Per share: the claim, its pod and container, by the API (the region has no claim.json).
-    share = [(lab, v) for lab, v in series("tessera_share_memory_allocated_bytes") if lab["pod"] == "bound-1"]
+    share = [
+        (lab, v)
+        for lab, v in series("tessera_share_memory_allocated_bytes")
+        if lab["pod"] == "bound-1"
+    ]
     assert len(share) == 1
     lab, v = share[0]
     assert v == 12 * 2**30
-    assert (lab["dra_claim_namespace"], lab["dra_claim_name"], lab["container"], lab["dra_pool_name"], lab["UUID"]) == (
-        NS, claim["metadata"]["name"], "main", node, uuid)
+    assert (
+        lab["dra_claim_namespace"],
+        lab["dra_claim_name"],
+        lab["container"],
+        lab["dra_pool_name"],
+        lab["UUID"],
+    ) == (NS, claim["metadata"]["name"], "main", node, uuid)
     # The region's series carry the very same labels.
     limit = [lab2 for lab2, _ in series("tessera_share_memory_limit_bytes")]
     assert limit == [lab]
     assert series("tessera_monitor_api_up") == [({"node": node}, 1.0)]
-    hami = [(lab2, v2) for lab2, v2 in series("hami_vgpu_core_allocated_ratio") if lab2["pod"] == "bound-1"]
-    assert hami == [({"namespace": NS, "node": node, "pod": "bound-1", "container_index": "0", "device_uuid": uuid,
-                      "zone": "vGPU"}, 50.0)]
+    hami = [
+        (lab2, v2)
+        for lab2, v2 in series("hami_vgpu_core_allocated_ratio")
+        if lab2["pod"] == "bound-1"
+    ]
+    assert hami == [
+        (
+            {
+                "namespace": NS,
+                "node": node,
+                "pod": "bound-1",
+                "container_index": "0",
+                "device_uuid": uuid,
+                "zone": "vGPU",
+            },
+            50.0,
+        )
+    ]
 
 
 def test_monitor_without_permission_exits_2_with_one_line(live: Live) -> None:
     regions = live.tmp / "empty-claims"
     regions.mkdir()
-    p, url, log = _exporter(["--node-name", "h100-node", "--kubeconfig", str(live.nobody), "--no-nvml",
-                             "--region-dir", str(regions)])
+    p, url, log = _exporter(
+        [
+            "--node-name",
+            "h100-node",
+            "--kubeconfig",
+            str(live.nobody),
+            "--no-nvml",
+            "--region-dir",
+            str(regions),
+        ]
+    )
     assert url is None and p.returncode == 2, log
     assert len(log) == 1 and log[0].startswith("tessera: error: the API server"), log
     assert "403 Forbidden" in log[0] and "tessera-reader" in log[0]

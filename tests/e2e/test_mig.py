@@ -32,8 +32,14 @@ pytestmark = pytest.mark.cluster
 
 MIB = 2**20
 RESOURCE = "resource.k8s.io/v1"
-H200_MIG = CORPUS / "inventories" / "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h200-mig__590.48.01.capture.txt"
-A100_STATIC = DATA.parent.parent / "data" / "mig" / "a100-pcie-40gb.2g10gb-3x1g5gb.nvidia-smi-q-x.xml"
+H200_MIG = (
+    CORPUS
+    / "inventories"
+    / "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h200-mig__590.48.01.capture.txt"
+)
+A100_STATIC = (
+    DATA.parent.parent / "data" / "mig" / "a100-pcie-40gb.2g10gb-3x1g5gb.nvidia-smi-q-x.xml"
+)
 ATTR = f'device.attributes["{DEVICE_CLASS_NAME}"]'
 
 
@@ -55,7 +61,11 @@ def test_api_server_accepts_static_and_dynamic_mig_slices(fresh_cluster: StartCl
                 ("NVIDIA H100 80GB HBM3", 81559), ("NVIDIA H200", 143771), ("NVIDIA B200", 183359)]  # fmt: skip
     assert len(products) == len(MIG_MODELS)
     dyn = _node("dyn", [_model_gpu(i, p, m) for i, (p, m) in enumerate(products)], DynamicMIG())
-    nodes = [dyn, _node("a100", load_inventory(A100_STATIC)), _node("h200", load_inventory(H200_MIG))]
+    nodes = [
+        dyn,
+        _node("a100", load_inventory(A100_STATIC)),
+        _node("h200", load_inventory(H200_MIG)),
+    ]
     assert sum(len(s["spec"].get("sharedCounters") or []) for s in dyn.slices) == 6
     live = fresh_cluster(nodes)
     got = {s["metadata"]["name"]: s["spec"] for s in live.client.list(RESOURCE, "ResourceSlice")}
@@ -86,14 +96,18 @@ def _template(name: str, *, memory: str | None = None, cores: int | None = None,
         exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
     devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
     if count > 1:
-        devices["constraints"] = [{"requests": ["gpu"], "distinctAttribute": f"{DEVICE_CLASS_NAME}/unit"}]
+        devices["constraints"] = [
+            {"requests": ["gpu"], "distinctAttribute": f"{DEVICE_CLASS_NAME}/unit"}
+        ]
     return {"apiVersion": RESOURCE, "kind": "ResourceClaimTemplate", "metadata": {"name": name, "namespace": "default"},
             "spec": {"spec": {"devices": devices}}}  # fmt: skip
 
 
 TEMPLATES = [
     _template("profile-2g", selectors=(f'{ATTR}.?profile.orValue("") == "2g.20gb"',)),
-    _template("profile-3g-pair", count=2, selectors=(f'{ATTR}.?profile.orValue("").startsWith("3g.")',)),
+    _template(
+        "profile-3g-pair", count=2, selectors=(f'{ATTR}.?profile.orValue("").startsWith("3g.")',)
+    ),
     _template("mem-60g", memory="60Gi"),
     _template("share-16g", memory="16Gi", cores=25),
     _template("whole", selectors=(f'{ATTR}.type == "gpu"',)),
@@ -111,7 +125,9 @@ def _workload() -> list[tuple[str, Obj]]:
         pods.append(("hami", _hami(name, node, limits, mode)))
 
     def dra(name: str, node: str, template: str) -> None:
-        pods.append(("dra", gpu_pod(name, template=template, node_selector={"tessera.dev/test-node": node})))
+        pods.append(
+            ("dra", gpu_pod(name, template=template, node_selector={"tessera.dev/test-node": node}))
+        )
 
     g, mem = "nvidia.com/gpu", "nvidia.com/gpumem"
     hami("d01-mig9g", dyn, {g: 1, mem: 9000}, "mig")
@@ -163,7 +179,10 @@ def test_mixed_mig_workload_matches_simulate(fresh_cluster: StartCluster) -> Non
     consumed capacity, the scheduled and pending pods, and the scheduler part of each pending
     reason must be what ``tessera simulate`` predicts."""
     h100s = load_inventory(H100_INVENTORY)
-    nodes = [_node("mig-dyn", h100s, DynamicMIG(gpus=(0, 1, 2))), _node("mig-static", load_inventory(H200_MIG))]
+    nodes = [
+        _node("mig-dyn", h100s, DynamicMIG(gpus=(0, 1, 2))),
+        _node("mig-static", load_inventory(H200_MIG)),
+    ]
     sizes = gpu_memory_sizes([s for n in nodes for s in n.slices])
     live = fresh_cluster(nodes)
     client = live.client
@@ -194,15 +213,27 @@ def test_mixed_mig_workload_matches_simulate(fresh_cluster: StartCluster) -> Non
             assert comparable(sim_allocs[pod_name][ref]) == comparable(alloc), (pod_name, ref)
 
     # What the allocation is, not only that both agree:
-    devices = {p: [r["device"] for a in refs.values() if a for r in a["devices"]["results"]] for p, refs in live_allocs.items()}
-    assert devices["d01-mig9g"] == ["gpu-0-mig-1g10gb-6"]  # smallest profile, highest placement first
+    devices = {
+        p: [r["device"] for a in refs.values() if a for r in a["devices"]["results"]]
+        for p, refs in live_allocs.items()
+    }
+    assert devices["d01-mig9g"] == [
+        "gpu-0-mig-1g10gb-6"
+    ]  # smallest profile, highest placement first
     assert devices["d03-mig15g"] == ["gpu-0-mig-1g20gb-2"]  # 1g.20gb: slices 6-7 and 4-5 are taken
     assert devices["d04-mig30g"] == ["gpu-1-mig-3g40gb-4"]  # no 3g placement left on gpu-0
     assert devices["d05-2g"] == ["gpu-0-mig-2g20gb-0"]
-    assert devices["d08-core20g"] == ["gpu-3"]  # hami-core: a whole GPU to share; gpus 0-2 hold placements
-    assert devices["d11-mig-pair"] == ["gpu-2-mig-1g10gb-3", "gpu-2-mig-1g10gb-2"]  # two instances, one GPU
+    assert devices["d08-core20g"] == [
+        "gpu-3"
+    ]  # hami-core: a whole GPU to share; gpus 0-2 hold placements
+    assert devices["d11-mig-pair"] == [
+        "gpu-2-mig-1g10gb-3",
+        "gpu-2-mig-1g10gb-2",
+    ]  # two instances, one GPU
     assert devices["s01-mig15g"] == ["gpu-0-mig-9-0"] and devices["s03-mig30g"] == ["gpu-0-mig-3-0"]
     assert devices["s04-60g"] == ["gpu-0-mig-2-0"]
     # the second 60Gi claim: the other compute instance of the same GPU instance shares its memory
-    assert "s05-60g" in live_pending and live_pending["s05-60g"].startswith("0/2 nodes are available: 1 cannot allocate all claims")
+    assert "s05-60g" in live_pending and live_pending["s05-60g"].startswith(
+        "0/2 nodes are available: 1 cannot allocate all claims"
+    )
     assert (len(live_scheduled), len(live_pending)) == (29, 18), (live_scheduled, live_pending)

@@ -37,7 +37,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.node]
 #: What the kubelet sets at start (``setupKernelTunables``), read straight from /proc/sys.
 KUBELET_SYSCTLS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
 #: Host paths the kubelet or containerd create whatever their root and state dirs are.
-FIXED_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/lib/cni", "/run/containerd", "/run/tessera-node/s")
+FIXED_PATHS = (
+    "/var/lib/kubelet",
+    "/var/log/containers",
+    "/var/lib/cni",
+    "/run/containerd",
+    "/run/tessera-node/s",
+)
 
 
 def sysctls() -> dict[str, str]:
@@ -63,7 +69,9 @@ def kubepods_cgroups() -> list[str]:
 
 def our_processes(bins: Path) -> list[tuple[int, str]]:
     """Running processes whose executable is one of our kubelet/containerd/shim binaries."""
-    wanted = {str((bins / b).resolve()) for b in ("kubelet", "containerd", "containerd-shim-runc-v2")}
+    wanted = {
+        str((bins / b).resolve()) for b in ("kubelet", "containerd", "containerd-shim-runc-v2")
+    }
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -97,25 +105,43 @@ def host_state(state_dir: Path, bins: Path) -> dict[str, object]:
         "mounts under the state dir": mounts_below(state_dir),
         "kubelet/containerd/shim processes": our_processes(bins),
         # Another session's node may claim the machine the moment ours is down: only ours counts.
-        "node holder record of this state dir": (current_holder() or {}).get("stateDir") == str(state_dir),
+        "node holder record of this state dir": (current_holder() or {}).get("stateDir")
+        == str(state_dir),
     }
 
 
-def sleeper_pod(name: str, namespace: str, image: str, command: list[str], env: dict[str, str] | None = None) -> dict:
-    container: dict = {"name": "main", "image": image, "imagePullPolicy": "Never", "command": command}
+def sleeper_pod(
+    name: str, namespace: str, image: str, command: list[str], env: dict[str, str] | None = None
+) -> dict:
+    container: dict = {
+        "name": "main",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "command": command,
+    }
     if env:
         container["env"] = [{"name": k, "value": v} for k, v in env.items()]
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {"terminationGracePeriodSeconds": 1, "containers": [container]},
     }
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tessera", "cluster", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "tessera", "cluster", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
-def up_when_the_machine_is_free(state: Path, bins: Path) -> tuple[dict[str, object], subprocess.CompletedProcess[str]]:
+def up_when_the_machine_is_free(
+    state: Path, bins: Path
+) -> tuple[dict[str, object], subprocess.CompletedProcess[str]]:
     """Wait (up to NODE_LOCK_WAIT) until no other session's node holds this machine, stop a
     node left behind by a killed session, take the host's state, then `up --kubelet`; again
     if another session took the machine in between. Returns the state before and the result."""
@@ -127,11 +153,15 @@ def up_when_the_machine_is_free(state: Path, bins: Path) -> tuple[dict[str, obje
             continue
         if record is not None:
             if time.monotonic() > deadline:
-                pytest.fail(f"this machine's node stayed busy for {NODE_LOCK_WAIT:.0f} s: {describe_holder(record, holder_alive(record))}")
+                pytest.fail(
+                    f"this machine's node stayed busy for {NODE_LOCK_WAIT:.0f} s: {describe_holder(record, holder_alive(record))}"
+                )
             time.sleep(2)
             continue
         before = host_state(state, bins)
-        assert before["kubelet/containerd/shim processes"] == [], "a node of this checkout is already running"
+        assert before["kubelet/containerd/shim processes"] == [], (
+            "a node of this checkout is already running"
+        )
         up = cli("up", "--kubelet", "--no-build", "--state-dir", str(state))
         if up.returncode == 0 or "is held by" not in up.stderr:
             return before, up
@@ -154,11 +184,15 @@ def test_down_restores_the_host(tmp_path: Path) -> None:
         info = c.node
         assert info is not None and info.name == socket.gethostname().lower()
 
-        second = cli("up", "--kubelet", "--no-build", "--state-dir", str(tmp_path / "second"), timeout=60)
+        second = cli(
+            "up", "--kubelet", "--no-build", "--state-dir", str(tmp_path / "second"), timeout=60
+        )
         assert second.returncode == 1
         message = second.stderr.strip()
         assert len(message.splitlines()) == 1, message
-        assert f"held by {state}" in message and f"tessera cluster down --state-dir {state}" in message
+        assert (
+            f"held by {state}" in message and f"tessera cluster down --state-dir {state}" in message
+        )
         assert not (tmp_path / "second" / "state.json").exists()
 
         client: KubeClient = c.client()
@@ -169,7 +203,9 @@ def test_down_restores_the_host(tmp_path: Path) -> None:
         during = host_state(state, bins)
         assert during["sysctls"] == KUBELET_SYSCTLS
         assert during["kubepods cgroups"], "the kubelet made no kubepods cgroup"
-        assert any("/rootfs" in m for m in during["mounts under the state dir"]), during["mounts under the state dir"]  # type: ignore[attr-defined]
+        assert any("/rootfs" in m for m in during["mounts under the state dir"]), during[
+            "mounts under the state dir"
+        ]  # type: ignore[attr-defined]
         exes = {Path(exe).name for _pid, exe in during["kubelet/containerd/shim processes"]}  # type: ignore[attr-defined]
         assert exes == {"kubelet", "containerd", "containerd-shim-runc-v2"}
         assert during[f"bridge {BRIDGE}"] is True
@@ -196,11 +232,18 @@ def test_node_registered_ready_untainted(kube_node: LiveNode) -> None:
     addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
     assert addresses["Hostname"] == kube_node.name
     assert kube_node.cdi_spec_dir.is_dir() and kube_node.plugins_registry_dir.is_dir()
-    assert kube_node.plugin_dir("gpu.tessera.dev") == kube_node.kubelet_root_dir / "plugins" / "gpu.tessera.dev"
+    assert (
+        kube_node.plugin_dir("gpu.tessera.dev")
+        == kube_node.kubelet_root_dir / "plugins" / "gpu.tessera.dev"
+    )
     # The kubelet's own endpoint (client certificate, serving certificate from the cluster CA).
     kubelet = kube_node.cluster.kubelet_client()
-    assert kubelet_metric_lines(kubelet, "kubelet_node_name") == [f'kubelet_node_name{{node="{kube_node.name}"}} 1']
-    assert plugin_registered(kubelet, kube_node.node, "gpu.tessera.dev") is False  # no DRA plugin runs here
+    assert kubelet_metric_lines(kubelet, "kubelet_node_name") == [
+        f'kubelet_node_name{{node="{kube_node.name}"}} 1'
+    ]
+    assert (
+        plugin_registered(kubelet, kube_node.node, "gpu.tessera.dev") is False
+    )  # no DRA plugin runs here
 
 
 def test_pod_runs_from_a_local_image(kube_node: LiveNode, node_namespace: str) -> None:
@@ -208,24 +251,50 @@ def test_pod_runs_from_a_local_image(kube_node: LiveNode, node_namespace: str) -
     node; exec reads the file and both env vars inside the container; logs come back; the
     pod is deleted once the kubelet has stopped it."""
     greeting = b"hello from a locally built image\n"
-    image = kube_node.image("e2e-hello", {"/etc/tessera/greeting": greeting}, env={"FROM_IMAGE": "baked-in"})
+    image = kube_node.image(
+        "e2e-hello", {"/etc/tessera/greeting": greeting}, env={"FROM_IMAGE": "baked-in"}
+    )
     script = "echo started with FROM_IMAGE=$FROM_IMAGE; cat /etc/tessera/greeting; exec sleep 3600"
-    pod = sleeper_pod("hello", node_namespace, image.ref, ["sh", "-c", script], env={"FROM_POD": "from-the-pod-spec"})
+    pod = sleeper_pod(
+        "hello",
+        node_namespace,
+        image.ref,
+        ["sh", "-c", script],
+        env={"FROM_POD": "from-the-pod-spec"},
+    )
     kube_node.client.create(pod)
     running = wait_pod_running(kube_node.client, "hello", node_namespace)
     assert running["spec"]["nodeName"] == kube_node.name
     status = running["status"]["containerStatuses"][0]
     assert status["image"] == image.ref
-    assert status["imageID"].endswith(image.digest) or status["imageID"].endswith(image.config_digest), status["imageID"]
+    assert status["imageID"].endswith(image.digest) or status["imageID"].endswith(
+        image.config_digest
+    ), status["imageID"]
 
-    assert kube_node.exec("hello", node_namespace, "cat", "/etc/tessera/greeting").encode() == greeting
+    assert (
+        kube_node.exec("hello", node_namespace, "cat", "/etc/tessera/greeting").encode() == greeting
+    )
     env = kube_node.exec("hello", node_namespace, "sh", "-c", 'echo "$FROM_IMAGE $FROM_POD"')
     assert env == "baked-in from-the-pod-spec\n"
-    assert kube_node.logs("hello", node_namespace) == "started with FROM_IMAGE=baked-in\n" + greeting.decode()
+    assert (
+        kube_node.logs("hello", node_namespace)
+        == "started with FROM_IMAGE=baked-in\n" + greeting.decode()
+    )
 
     delete_pod(kube_node.client, "hello", node_namespace, grace_period=2, wait=60)
     tasks = subprocess.run(
-        [str(kube_node.node.ctr), "--address", str(kube_node.node.containerd_socket), "-n", "k8s.io", "tasks", "ls", "-q"],
-        capture_output=True, text=True, check=True,
+        [
+            str(kube_node.node.ctr),
+            "--address",
+            str(kube_node.node.containerd_socket),
+            "-n",
+            "k8s.io",
+            "tasks",
+            "ls",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     assert status["containerID"].removeprefix("containerd://") not in tasks

@@ -42,7 +42,9 @@ from .conftest import CORPUS, LiveCluster
 pytestmark = pytest.mark.cluster
 
 GENERATED = 300
-SAFE_VALUES = [v for v in fuzz_mutate.HOSTILE_VALUES if v not in ("1e999999999", 2**63, 10**40, "9" * 30)]
+SAFE_VALUES = [
+    v for v in fuzz_mutate.HOSTILE_VALUES if v not in ("1e999999999", 2**63, 10**40, "9" * 30)
+]
 
 
 def _corpus_objects() -> list[Manifest]:
@@ -78,7 +80,11 @@ def _no_index(path: str) -> str:
 def _check(client: KubeClient, m: Manifest, ns: str, tally: dict[str, int]) -> str | None:
     obj, sent = copy.deepcopy(m.obj), copy.deepcopy(m.extra.get("sent", m.obj))
     for o in (obj, sent):
-        if isinstance(o.get("metadata"), dict) and m.kind not in ("DeviceClass", "ResourceSlice", "Node"):
+        if isinstance(o.get("metadata"), dict) and m.kind not in (
+            "DeviceClass",
+            "ResourceSlice",
+            "Node",
+        ):
             o["metadata"]["namespace"] = ns
     status, message = _dry_run(client, sent)
     ours = manifest_problems(Manifest(obj, m.source))
@@ -86,7 +92,11 @@ def _check(client: KubeClient, m: Manifest, ns: str, tally: dict[str, int]) -> s
     where = f"{m.source} {m.ref()}"
     if status == 0:
         tally["accepted"] += 1
-        return f"{where}: the API server accepts it, Tessera refuses: {[f'{p.field}: {p.message}' for p in ours]}" if ours else None
+        return (
+            f"{where}: the API server accepts it, Tessera refuses: {[f'{p.field}: {p.message}' for p in ours]}"
+            if ours
+            else None
+        )
     unknown = re.findall(r'unknown field "([^"]+)"', message)
     # "Go struct field T.spec.x.Embedded.y": the Go names of embedded structs are not JSON fields.
     unmarshal = [
@@ -99,7 +109,9 @@ def _check(client: KubeClient, m: Manifest, ns: str, tally: dict[str, int]) -> s
         dotted = {re.sub(r"\[([^\]0-9][^\]]*)\]", r".\1", f) for f in fields}
         for path in unknown:
             if path not in fields and path not in dotted:
-                return f"{where}: the API server refuses unknown field {path}, Tessera finds {fields}"
+                return (
+                    f"{where}: the API server refuses unknown field {path}, Tessera finds {fields}"
+                )
         for path in unmarshal:
             if path not in {_no_index(f) for f in fields}:
                 return f"{where}: the API server cannot decode {path}, Tessera finds {fields}"
@@ -109,7 +121,9 @@ def _check(client: KubeClient, m: Manifest, ns: str, tally: dict[str, int]) -> s
     return None
 
 
-def test_corpus_and_generated_manifests_agree_with_the_api_server(kube_cluster: LiveCluster, kube_namespace: str) -> None:
+def test_corpus_and_generated_manifests_agree_with_the_api_server(
+    kube_cluster: LiveCluster, kube_namespace: str
+) -> None:
     client = kube_cluster.client
     base = _corpus_objects()
     assert len(base) >= 30, [m.ref() for m in base]
@@ -124,10 +138,19 @@ def test_corpus_and_generated_manifests_agree_with_the_api_server(kube_cluster: 
             mutated = fuzz_mutate._structural_mutation(rng, docs)
         finally:
             fuzz_mutate.HOSTILE_VALUES = old
-        if not mutated or not isinstance(mutated[0], dict) or not isinstance(mutated[0].get("kind"), str) or mutated[0]["kind"] not in READ_KINDS:
+        if (
+            not mutated
+            or not isinstance(mutated[0], dict)
+            or not isinstance(mutated[0].get("kind"), str)
+            or mutated[0]["kind"] not in READ_KINDS
+        ):
             continue
         md = mutated[0].get("metadata")
-        if not isinstance(md, dict) or not isinstance(md.get("name"), str) or not isinstance(mutated[0].get("apiVersion"), str):
+        if (
+            not isinstance(md, dict)
+            or not isinstance(md.get("name"), str)
+            or not isinstance(mutated[0].get("apiVersion"), str)
+        ):
             continue  # the object must still name itself for the API server to answer about it
         # What Tessera reads is the text: through its loader (a null field is an unset field).
         name = f"generated-{len(generated)}"
@@ -136,14 +159,21 @@ def test_corpus_and_generated_manifests_agree_with_the_api_server(kube_cluster: 
         except TesseraError:
             continue
         generated.append(Manifest(obj, Source(name, 1), extra={"sent": mutated[0]}))
-    tally = {"accepted": 0, "refused (schema)": 0, "refused (validation)": 0, "of which Tessera refuses too": 0}
+    tally = {
+        "accepted": 0,
+        "refused (schema)": 0,
+        "refused (validation)": 0,
+        "of which Tessera refuses too": 0,
+    }
     failures = [f for m in base + generated if (f := _check(client, m, kube_namespace, tally))]
     print(f"\n{len(base)} corpus + {len(generated)} generated objects: {tally}")
     assert not failures, f"{len(failures)} disagreements:\n" + "\n".join(failures[:25])
     assert tally["accepted"] >= 20 and tally["refused (schema)"] >= 20, tally
 
 
-def test_selector_typed_for_selectors(kube_cluster: LiveCluster, kube_namespace: str, tmp_path: Path) -> None:
+def test_selector_typed_for_selectors(
+    kube_cluster: LiveCluster, kube_namespace: str, tmp_path: Path
+) -> None:
     f = tmp_path / "claim.yaml"
     f.write_text(
         "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: typo}\nspec:\n  devices:\n    requests:\n"
@@ -151,7 +181,12 @@ def test_selector_typed_for_selectors(kube_cluster: LiveCluster, kube_namespace:
         "        selector:\n        - cel: {expression: 'true'}\n"
     )
     (m,) = load_file(f)
-    status, message = _dry_run(kube_cluster.client, {**m.obj, "metadata": {"name": "typo", "namespace": kube_namespace}})
+    status, message = _dry_run(
+        kube_cluster.client, {**m.obj, "metadata": {"name": "typo", "namespace": kube_namespace}}
+    )
     assert status == 400 and 'unknown field "spec.devices.requests[0].exactly.selector"' in message
     (p,) = manifest_problems(m)
-    assert (p.field, p.message) == ("spec.devices.requests[0].exactly.selector", "unknown field 'selector': did you mean 'selectors'?")
+    assert (p.field, p.message) == (
+        "spec.devices.requests[0].exactly.selector",
+        "unknown field 'selector': did you mean 'selectors'?",
+    )

@@ -59,7 +59,10 @@ HAMI_POD = CORPUS / "hami-pods" / "HAMi__examples_nvidia__default_use.yaml"
 
 def simulate(nodes: Sequence[SimNode], objects: Sequence[Mapping[str, Any]]) -> SimResult:
     """``tessera simulate`` over ``nodes`` with ``objects`` as the manifests, in order."""
-    manifests = [Manifest(copy.deepcopy(dict(o)), Source("e2e-workload", i + 1)) for i, o in enumerate(objects)]
+    manifests = [
+        Manifest(copy.deepcopy(dict(o)), Source("e2e-workload", i + 1))
+        for i, o in enumerate(objects)
+    ]
     return Simulation(sim_cluster(nodes), manifests, seed=1).run()
 
 
@@ -68,7 +71,9 @@ def scheduler_part(message: str) -> str:
     return message.split(".", 1)[0]
 
 
-def wait_verdict(client: KubeClient, name: str, namespace: str, timeout: float = 60.0) -> tuple[str | None, str]:
+def wait_verdict(
+    client: KubeClient, name: str, namespace: str, timeout: float = 60.0
+) -> tuple[str | None, str]:
     """Wait until the scheduler bound the pod (``(node, "")``) or reported it unschedulable
     (``(None, message)``)."""
     last: list[Obj] = []
@@ -83,8 +88,12 @@ def wait_verdict(client: KubeClient, name: str, namespace: str, timeout: float =
             return None, str(cond.get("message", ""))
         return None
 
-    return wait_for(check, timeout=timeout, what=f"a scheduling verdict for pod {namespace}/{name}",
-                    last=lambda: repr(pod_condition(last[0]) if last else None))
+    return wait_for(
+        check,
+        timeout=timeout,
+        what=f"a scheduling verdict for pod {namespace}/{name}",
+        last=lambda: repr(pod_condition(last[0]) if last else None),
+    )
 
 
 def live_allocations(client: KubeClient, namespace: str) -> dict[str, dict[str, Obj | None]]:
@@ -93,14 +102,19 @@ def live_allocations(client: KubeClient, namespace: str) -> dict[str, dict[str, 
     out: dict[str, dict[str, Obj | None]] = {}
     for pod in client.list("v1", "Pod", namespace):
         out[pod["metadata"]["name"]] = {
-            ref: (claims[cname].get("status") or {}).get("allocation") for ref, cname in pod_claim_names(pod).items()
+            ref: (claims[cname].get("status") or {}).get("allocation")
+            for ref, cname in pod_claim_names(pod).items()
         }
     return out
 
 
 def sim_allocations(result: SimResult) -> dict[str, dict[str, Obj | None]]:
     """The same map as :func:`live_allocations`, from the simulation's output objects."""
-    claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in result.objects if c.get("kind") == "ResourceClaim"}
+    claims = {
+        (c["metadata"]["namespace"], c["metadata"]["name"]): c
+        for c in result.objects
+        if c.get("kind") == "ResourceClaim"
+    }
     out: dict[str, dict[str, Obj | None]] = {}
     for pod in (o for o in result.objects if o.get("kind") == "Pod"):
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
@@ -121,11 +135,22 @@ def comparable(allocation: Obj | None) -> list[tuple[Any, ...]] | None:
     for r in allocation["devices"]["results"]:
         share = r.get("shareID")
         assert share is None or UUID_RE.match(share), share
-        out.append((r["request"], r["driver"], r["pool"], r["device"], r.get("consumedCapacity"), share is not None))
+        out.append(
+            (
+                r["request"],
+                r["driver"],
+                r["pool"],
+                r["device"],
+                r.get("consumedCapacity"),
+                share is not None,
+            )
+        )
     return out
 
 
-def booked_per_gpu(allocations: Mapping[str, Mapping[str, Obj | None]]) -> dict[tuple[str, str], tuple[Fraction, Fraction]]:
+def booked_per_gpu(
+    allocations: Mapping[str, Mapping[str, Obj | None]],
+) -> dict[tuple[str, str], tuple[Fraction, Fraction]]:
     """Memory (bytes) and cores booked per (pool, device), each claim counted once."""
     seen: set[int] = set()
     booked: dict[tuple[str, str], tuple[Fraction, Fraction]] = {}
@@ -154,11 +179,18 @@ def test_share_allocation_matches_simulate(kube_cluster: LiveCluster, kube_names
     same pool, device, consumedCapacity and a shareID."""
     client = kube_cluster.client
     ns = kube_namespace
-    node = corpus_node("share-a5000", A5000_INVENTORY, labels={"tessera.dev/test-node": "share-a5000"})
+    node = corpus_node(
+        "share-a5000", A5000_INVENTORY, labels={"tessera.dev/test-node": "share-a5000"}
+    )
     kube_cluster.register(inventory_of([node]))
     objects = [
         gpu_claim_template("gpu-8g-20c", namespace=ns, memory="8Gi", cores=20),
-        gpu_pod("worker", namespace=ns, template="gpu-8g-20c", node_selector={"tessera.dev/test-node": "share-a5000"}),
+        gpu_pod(
+            "worker",
+            namespace=ns,
+            template="gpu-8g-20c",
+            node_selector={"tessera.dev/test-node": "share-a5000"},
+        ),
     ]
     apply_objects(client, objects)
     assert wait_verdict(client, "worker", ns) == ("share-a5000", "")
@@ -166,7 +198,12 @@ def test_share_allocation_matches_simulate(kube_cluster: LiveCluster, kube_names
     live = live_allocations(client, ns)["worker"]["gpu"]
     assert live is not None
     (r,) = live["devices"]["results"]
-    assert (r["request"], r["driver"], r["pool"], r["device"]) == ("gpu", "gpu.tessera.dev", "share-a5000", "gpu-0")
+    assert (r["request"], r["driver"], r["pool"], r["device"]) == (
+        "gpu",
+        "gpu.tessera.dev",
+        "share-a5000",
+        "gpu-0",
+    )
     assert r["consumedCapacity"] == {"memory": "8Gi", "cores": "20"}
     assert UUID_RE.match(r["shareID"]), r["shareID"]
 
@@ -176,7 +213,12 @@ def test_share_allocation_matches_simulate(kube_cluster: LiveCluster, kube_names
     assert comparable(predicted) == comparable(live)
     assert predicted is not None and predicted["nodeSelector"] == live["nodeSelector"]
     (p,) = result.placements
-    assert (p.node, p.device, p.memory, p.cores) == ("share-a5000", "gpu.tessera.dev/share-a5000/gpu-0", "8Gi", "20")
+    assert (p.node, p.device, p.memory, p.cores) == (
+        "share-a5000",
+        "gpu.tessera.dev/share-a5000/gpu-0",
+        "8Gi",
+        "20",
+    )
     assert p.uuid == "GPU-12345678-aaaa-bbbb-cccc-0123456789ab"
 
 
@@ -208,7 +250,10 @@ def test_fill_until_pending_matches_simulate(fresh_cluster: StartCluster) -> Non
     pending = {p: msg for p, (node, msg) in verdicts.items() if node is None}
     assert len(scheduled) == 6 and list(pending) == ["p06"], verdicts
     assert scheduler_part(pending["p06"]) == "0/2 nodes are available: 2 cannot allocate all claims"
-    assert Counter(node for node, _ in verdicts.values() if node) == {"a5000-node": 4, "a10-node": 2}
+    assert Counter(node for node, _ in verdicts.values() if node) == {
+        "a5000-node": 4,
+        "a10-node": 2,
+    }
 
     result = simulate(nodes, objects)
     assert [r.split("/")[1] for r in result.scheduled] == scheduled
@@ -218,13 +263,22 @@ def test_fill_until_pending_matches_simulate(fresh_cluster: StartCluster) -> Non
     live_booked = booked_per_gpu(live_allocations(client, ns))
     sim_booked = booked_per_gpu(sim_allocations(result))
     assert sorted(live_booked.values()) == sorted(sim_booked.values())
-    assert sorted(live_booked) == sorted(sim_booked) == [
-        ("a10-node", "gpu-0"), ("a5000-node", "gpu-0"), ("a5000-node", "gpu-1"),
-    ]
+    assert (
+        sorted(live_booked)
+        == sorted(sim_booked)
+        == [
+            ("a10-node", "gpu-0"),
+            ("a5000-node", "gpu-0"),
+            ("a5000-node", "gpu-1"),
+        ]
+    )
     assert set(live_booked.values()) == {(Fraction(2 * 8 * 2**30), Fraction(40))}
     # Every share of the live cluster has its own shareID.
     share_ids = [
-        r["shareID"] for refs in live_allocations(client, ns).values() for a in refs.values() if a
+        r["shareID"]
+        for refs in live_allocations(client, ns).values()
+        for a in refs.values()
+        if a
         for r in a["devices"]["results"]
     ]
     assert len(share_ids) == len(set(share_ids)) == 6
@@ -233,12 +287,16 @@ def test_fill_until_pending_matches_simulate(fresh_cluster: StartCluster) -> Non
 # ---- 4. a mixed workload of 50+ pods on one 8-GPU node ----------------------------------
 
 
-def _template(name: str, ns: str, *, memory: str | None = None, cores: int | None = None, count: int = 1) -> Obj:
+def _template(
+    name: str, ns: str, *, memory: str | None = None, cores: int | None = None, count: int = 1
+) -> Obj:
     t = gpu_claim_template(name, namespace=ns, memory=memory, cores=cores)
     if count > 1:
         spec = t["spec"]["spec"]["devices"]
         spec["requests"][0]["exactly"]["count"] = count
-        spec["constraints"] = [{"requests": ["gpu"], "distinctAttribute": f"{DEVICE_CLASS_NAME}/uuid"}]
+        spec["constraints"] = [
+            {"requests": ["gpu"], "distinctAttribute": f"{DEVICE_CLASS_NAME}/uuid"}
+        ]
     return t
 
 
@@ -254,10 +312,61 @@ SHAPES: dict[str, tuple[str | None, int, int]] = {
 
 #: Pod shapes in arrival order: 52 template pods, the HAMi pod, 2 pods on one shared claim.
 ORDER: tuple[str, ...] = (
-    "whole", "pair", "s40", "s16", "s8", "s4", "s4", "s16", "s8", "s4", "HAMI", "SHARED", "s8", "s4",
-    "s16", "s4", "s4", "SHARED", "s40", "s8", "s4", "s4", "s16", "s8", "s4",
-    "s40", "s4", "s8", "s4", "pair", "s4", "s16", "s4", "s8", "s4", "s4", "s40", "s4", "s4", "s8",
-    "whole", "s16", "s4", "s4", "s8", "s4", "s4", "s4", "s16", "s4", "s4", "s8", "s4", "s4", "s4",
+    "whole",
+    "pair",
+    "s40",
+    "s16",
+    "s8",
+    "s4",
+    "s4",
+    "s16",
+    "s8",
+    "s4",
+    "HAMI",
+    "SHARED",
+    "s8",
+    "s4",
+    "s16",
+    "s4",
+    "s4",
+    "SHARED",
+    "s40",
+    "s8",
+    "s4",
+    "s4",
+    "s16",
+    "s8",
+    "s4",
+    "s40",
+    "s4",
+    "s8",
+    "s4",
+    "pair",
+    "s4",
+    "s16",
+    "s4",
+    "s8",
+    "s4",
+    "s4",
+    "s40",
+    "s4",
+    "s4",
+    "s8",
+    "whole",
+    "s16",
+    "s4",
+    "s4",
+    "s8",
+    "s4",
+    "s4",
+    "s4",
+    "s16",
+    "s4",
+    "s4",
+    "s8",
+    "s4",
+    "s4",
+    "s4",
 )
 
 
@@ -275,18 +384,37 @@ def test_mixed_workload_matches_simulate(fresh_cluster: StartCluster) -> None:
     client = live.client
     ns = "default"
 
-    templates = [_template(name, ns, memory=mem, cores=cores, count=count) for name, (mem, cores, count) in SHAPES.items()]
+    templates = [
+        _template(name, ns, memory=mem, cores=cores, count=count)
+        for name, (mem, cores, count) in SHAPES.items()
+    ]
     shared_claim: Obj = {
-        "apiVersion": RESOURCE, "kind": "ResourceClaim", "metadata": {"name": "shared", "namespace": ns},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": DEVICE_CLASS_NAME, "capacity": {"requests": {"memory": "12Gi", "cores": "15"}}}}]}},
+        "apiVersion": RESOURCE,
+        "kind": "ResourceClaim",
+        "metadata": {"name": "shared", "namespace": ns},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": DEVICE_CLASS_NAME,
+                            "capacity": {"requests": {"memory": "12Gi", "cores": "15"}},
+                        },
+                    }
+                ]
+            }
+        },
     }
     hami_pod = yaml.safe_load(HAMI_POD.read_text())
     hami_pod["metadata"]["namespace"] = ns
     conversion = convert_pod(hami_pod, memory_sizes=memory_sizes, source=str(HAMI_POD))
     (hami_template,) = conversion.templates
-    assert hami_template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"] == {
-        "memory": "3000Mi", "cores": "30",
+    assert hami_template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"][
+        "requests"
+    ] == {
+        "memory": "3000Mi",
+        "cores": "30",
     }
     apply_objects(client, [*templates, shared_claim, *conversion.templates])
 

@@ -62,7 +62,9 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "webhook"
 HAMI = CORPUS / "hami-pods"
 RESOURCE = "resource.k8s.io/v1"
-GRACE = 10  # seconds an unused template is kept after its last admission (production: 600); the webhook
+GRACE = (
+    10  # seconds an unused template is kept after its last admission (production: 600); the webhook
+)
 # restamps a busy template every GRACE / 4 s, so shorter means more API writes while 1,000 pods arrive
 H100, A5000 = "h100-node", "a5000-node"
 PIN_H100 = {"kubernetes.io/hostname": H100}
@@ -70,7 +72,11 @@ PIN_H100 = {"kubernetes.io/hostname": H100}
 
 def simulate(nodes: list[SimNode], objects: list[Obj]) -> SimResult:
     """``tessera simulate`` over ``nodes`` with ``objects`` (workloads expanded into their pods)."""
-    manifests = list(expand_workloads(Manifest(copy.deepcopy(o), Source("e2e-workload", i + 1)) for i, o in enumerate(objects)))
+    manifests = list(
+        expand_workloads(
+            Manifest(copy.deepcopy(o), Source("e2e-workload", i + 1)) for i, o in enumerate(objects)
+        )
+    )
     return Simulation(sim_cluster(nodes), manifests, seed=1).run()
 
 
@@ -98,12 +104,23 @@ class Hooked:
 
     def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         kubectl = str(build.bin_dir() / "kubectl")
-        return subprocess.run([kubectl, f"--kubeconfig={self.kubeconfig}", *args], input=stdin, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [kubectl, f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     def namespace(self, labels: dict[str, str] | None = None) -> str:
         name = f"w-{uuid.uuid4().hex[:8]}"
-        self.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
+        self.client.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": name, "labels": labels or {}},
+            }
+        )
 
         def has_sa() -> bool | None:
             try:
@@ -128,21 +145,34 @@ class Hooked:
             for api, kind in (("apps/v1", "Deployment"), ("batch/v1", "Job")):
                 for o in self.client.list(api, kind, ns):
                     path = self.client.collection_path(api, kind, ns) + f"/{o['metadata']['name']}"
-                    self.client.request("DELETE", path, body={"propagationPolicy": "Background"}, what=kind)
+                    self.client.request(
+                        "DELETE", path, body={"propagationPolicy": "Background"}, what=kind
+                    )
             self.clear(ns)
-            wait_for(lambda: True if not self.client.list(RESOURCE, "ResourceClaim", ns) else None, timeout=120,
-                     what=f"the claims of {ns} to be deleted")
+            wait_for(
+                lambda: True if not self.client.list(RESOURCE, "ResourceClaim", ns) else None,
+                timeout=120,
+                what=f"the claims of {ns} to be deleted",
+            )
 
     def clear(self, namespace: str, label_selector: str | None = None) -> None:
         """Delete the pods of ``namespace`` (those matching ``label_selector``) in one collection
         call, at once (no kubelet to wait for), and wait until they are gone."""
         query = {"labelSelector": label_selector} if label_selector else None
         path = f"/api/v1/namespaces/{namespace}/pods"
-        self.client.request("DELETE", path, body={"gracePeriodSeconds": 0}, query=query, what=f"pods of {namespace}",
-                            timeout=300)  # the API server deletes them one by one
+        self.client.request(
+            "DELETE",
+            path,
+            body={"gracePeriodSeconds": 0},
+            query=query,
+            what=f"pods of {namespace}",
+            timeout=300,
+        )  # the API server deletes them one by one
 
         def gone() -> bool | None:
-            left = self.client.request("GET", path, query={**(query or {}), "limit": "1"}, what=f"pods of {namespace}")
+            left = self.client.request(
+                "GET", path, query={**(query or {}), "limit": "1"}, what=f"pods of {namespace}"
+            )
             return True if not left.get("items") else None
 
         wait_for(gone, timeout=120, what=f"pods of {namespace} to be deleted")
@@ -150,8 +180,12 @@ class Hooked:
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as f:
-        return subprocess.Popen([sys.executable, "-m", "tessera", *args], stdout=f, stderr=subprocess.STDOUT,
-                                preexec_fn=_pdeathsig)
+        return subprocess.Popen(
+            [sys.executable, "-m", "tessera", *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_pdeathsig,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -172,24 +206,53 @@ def hooked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hooked]:
     try:
         try:
             # --delete-collection-workers: one collection DELETE removes the 1,000 pods in parallel
-            cluster.up(inventory_of(nodes), build_binaries=False, die_with_parent=True, scheduler_config=sched,
-                       extra_args={"kube-apiserver": ["--delete-collection-workers=8"]})
+            cluster.up(
+                inventory_of(nodes),
+                build_binaries=False,
+                die_with_parent=True,
+                scheduler_config=sched,
+                extra_args={"kube-apiserver": ["--delete-collection-workers=8"]},
+            )
         except ClusterError as e:
             pytest.fail(f"tessera cluster up failed: {e}")
         kc = cluster.kubeconfig
         ca, serving = make_serving_certificate(tmp, "webhook")
         port_file = tmp / "webhook.port"
-        procs.append(_spawn(["webhook", f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}",
-                             "--port=0", f"--port-file={port_file}", f"--kubeconfig={kc}",
-                             f"--template-grace={GRACE}", "--collect-interval=1", "-v"], logs / "webhook.log"))
-        procs.append(_spawn(["extender", f"--port={ext_port}", f"--kubeconfig={kc}", "-v"], logs / "extender.log"))
-        wait_for(lambda: True if port_file.is_file() else None, timeout=60, what="the webhook to listen",
-                 last=lambda: (logs / "webhook.log").read_text())
+        procs.append(
+            _spawn(
+                [
+                    "webhook",
+                    f"--tls-cert-file={serving.cert}",
+                    f"--tls-private-key-file={serving.key}",
+                    "--port=0",
+                    f"--port-file={port_file}",
+                    f"--kubeconfig={kc}",
+                    f"--template-grace={GRACE}",
+                    "--collect-interval=1",
+                    "-v",
+                ],
+                logs / "webhook.log",
+            )
+        )
+        procs.append(
+            _spawn(
+                ["extender", f"--port={ext_port}", f"--kubeconfig={kc}", "-v"],
+                logs / "extender.log",
+            )
+        )
+        wait_for(
+            lambda: True if port_file.is_file() else None,
+            timeout=60,
+            what="the webhook to listen",
+            last=lambda: (logs / "webhook.log").read_text(),
+        )
         port = int(port_file.read_text())
         cfg = yaml.safe_load((DEPLOY / "mutatingwebhookconfiguration.yaml").read_text())
         for w in cfg["webhooks"]:
-            w["clientConfig"] = {"url": f"https://127.0.0.1:{port}/mutate-pods",
-                                 "caBundle": base64.b64encode(ca.cert.read_bytes()).decode()}
+            w["clientConfig"] = {
+                "url": f"https://127.0.0.1:{port}/mutate-pods",
+                "caBundle": base64.b64encode(ca.cert.read_bytes()).decode(),
+            }
         client = cluster.client()
         client.create(cfg)
         h = Hooked(cluster, client, kc, nodes, port, ca, serving, tmp, logs)
@@ -209,21 +272,39 @@ def hooked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hooked]:
 def _wait_webhook_active(h: Hooked) -> None:
     """The API server reads webhook configurations through an informer: wait until pods are mutated."""
     ns = "default"
-    probe = _pod("probe", {"nvidia.com/gpumem": 1000}, node_selector={"kubernetes.io/hostname": "nowhere"})
+    probe = _pod(
+        "probe", {"nvidia.com/gpumem": 1000}, node_selector={"kubernetes.io/hostname": "nowhere"}
+    )
 
     def mutated() -> bool | None:
-        r = h.kubectl("create", "--dry-run=server", "-o", "json", "-n", ns, "-f", "-", stdin=json.dumps(probe))
-        return True if r.returncode == 0 and "resourceClaims" in json.loads(r.stdout)["spec"] else None
+        r = h.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-n", ns, "-f", "-", stdin=json.dumps(probe)
+        )
+        return (
+            True if r.returncode == 0 and "resourceClaims" in json.loads(r.stdout)["spec"] else None
+        )
 
     wait_for(mutated, timeout=60, what="the API server to call the webhook")
 
 
-def _pod(name: str, limits: dict[str, Any], *, annotations: dict[str, str] | None = None,
-         node_selector: dict[str, str] | None = None, init: dict[str, Any] | None = None) -> Obj:
-    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}],
-                            "terminationGracePeriodSeconds": 0}
+def _pod(
+    name: str,
+    limits: dict[str, Any],
+    *,
+    annotations: dict[str, str] | None = None,
+    node_selector: dict[str, str] | None = None,
+    init: dict[str, Any] | None = None,
+) -> Obj:
+    spec: dict[str, Any] = {
+        "containers": [
+            {"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}
+        ],
+        "terminationGracePeriodSeconds": 0,
+    }
     if init is not None:
-        spec["initContainers"] = [{"name": "init", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": init}}]
+        spec["initContainers"] = [
+            {"name": "init", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": init}}
+        ]
     if node_selector:
         spec["nodeSelector"] = node_selector
     meta: dict[str, Any] = {"name": name}
@@ -251,7 +332,9 @@ def _compare(h: Hooked, ns: str, objects: list[Obj], nodes: list[SimNode] | None
     got = live_allocations(h.client, ns)
     assert set(got) == set(predicted)
     for pod, refs in got.items():
-        assert {k: comparable(v) for k, v in refs.items()} == {k: comparable(v) for k, v in predicted[pod].items()}, pod
+        assert {k: comparable(v) for k, v in refs.items()} == {
+            k: comparable(v) for k, v in predicted[pod].items()
+        }, pod
 
 
 # ---- HAMi pods through the webhook ---------------------------------------------------------------
@@ -284,16 +367,28 @@ def test_corpus_hami_pods_are_mutated_and_scheduled_as_simulated(hooked: Hooked)
         live = {p["metadata"]["name"]: p for p in h.client.list("v1", "Pod", ns)}
         for name, pod in live.items():
             for c in pod["spec"]["containers"]:
-                assert not any(k.startswith(("nvidia.com/", "volcano.sh/")) for k in (c.get("resources") or {}).get("limits") or {}), name
+                assert not any(
+                    k.startswith(("nvidia.com/", "volcano.sh/"))
+                    for k in (c.get("resources") or {}).get("limits") or {}
+                ), name
             for rc in pod["spec"].get("resourceClaims") or []:
                 assert rc["resourceClaimTemplateName"].startswith("tessera-gpu-")
         assert verdicts["share"][0] == H100 and verdicts["fraction"][0] == H100
         assert verdicts["by-uuid"][0] is None
-        assert "Warning: pod" in warnings["by-uuid"] and "nvidia.com/use-gpuuuid" in warnings["by-uuid"]
+        assert (
+            "Warning: pod" in warnings["by-uuid"]
+            and "nvidia.com/use-gpuuuid" in warnings["by-uuid"]
+        )
         assert "matches none of the 10 devices" in warnings["by-uuid"]
         # sharing-1 and sharing-2 (both 1 GPU) share one template only if their shapes are equal
-        templates = {t["metadata"]["name"] for t in h.client.list(RESOURCE, "ResourceClaimTemplate", ns)}
-        used = {rc["resourceClaimTemplateName"] for p in live.values() for rc in p["spec"].get("resourceClaims") or []}
+        templates = {
+            t["metadata"]["name"] for t in h.client.list(RESOURCE, "ResourceClaimTemplate", ns)
+        }
+        used = {
+            rc["resourceClaimTemplateName"]
+            for p in live.values()
+            for rc in p["spec"].get("resourceClaims") or []
+        }
         assert used == templates
 
 
@@ -303,41 +398,94 @@ def test_deployment_job_and_init_containers(hooked: Hooked) -> None:
     for the workloads; the replicas of one Deployment share one template."""
     h = hooked
     with h.scratch() as ns:
-        deploy = next(d for d in yaml.safe_load_all((HAMI / "HAMi__examples_nvidia__example.yaml").read_text()) if d)
+        deploy = next(
+            d
+            for d in yaml.safe_load_all((HAMI / "HAMi__examples_nvidia__example.yaml").read_text())
+            if d
+        )
         deploy["spec"]["replicas"] = 3
         deploy["spec"]["template"]["spec"]["nodeSelector"] = dict(PIN_H100)
-        job = next(d for d in yaml.safe_load_all((HAMI / "HAMi__benchmarks_deployments__job-on-hami.yml").read_text()) if d)
+        job = next(
+            d
+            for d in yaml.safe_load_all(
+                (HAMI / "HAMi__benchmarks_deployments__job-on-hami.yml").read_text()
+            )
+            if d
+        )
         job["spec"]["template"]["spec"]["nodeSelector"] = dict(PIN_H100)
-        init_pod = _pod("with-init", {"nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 20},
-                        init={"nvidia.com/gpumem": 1000}, node_selector=PIN_H100)
+        init_pod = _pod(
+            "with-init",
+            {"nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 20},
+            init={"nvidia.com/gpumem": 1000},
+            node_selector=PIN_H100,
+        )
         _apply(h, ns, deploy)
-        wait_for(lambda: True if len([p for p in h.client.list("v1", "Pod", ns) if p["spec"].get("nodeName")]) == 3 else None,
-                 timeout=90, what="3 replicas scheduled")
+        wait_for(
+            lambda: (
+                True
+                if len([p for p in h.client.list("v1", "Pod", ns) if p["spec"].get("nodeName")])
+                == 3
+                else None
+            ),
+            timeout=90,
+            what="3 replicas scheduled",
+        )
         _apply(h, ns, job)
-        wait_for(lambda: True if len([p for p in h.client.list("v1", "Pod", ns) if p["spec"].get("nodeName")]) == 4 else None,
-                 timeout=90, what="the Job's pod scheduled")
+        wait_for(
+            lambda: (
+                True
+                if len([p for p in h.client.list("v1", "Pod", ns) if p["spec"].get("nodeName")])
+                == 4
+                else None
+            ),
+            timeout=90,
+            what="the Job's pod scheduled",
+        )
         _apply(h, ns, init_pod)
         assert wait_verdict(h.client, "with-init", ns)[0] == H100
         live = h.client.list("v1", "Pod", ns)
-        owners = {p["metadata"]["name"]: ((p["metadata"].get("ownerReferences") or [{}])[0].get("kind") or "Pod") for p in live}
+        owners = {
+            p["metadata"]["name"]: (
+                (p["metadata"].get("ownerReferences") or [{}])[0].get("kind") or "Pod"
+            )
+            for p in live
+        }
         got = live_allocations(h.client, ns)
         predicted = sim_allocations(simulate(h.nodes, [deploy, job, init_pod]))
 
-        def by_kind(allocs: dict[str, dict[str, Any]], kind_of: dict[str, str]) -> dict[str, Counter[str]]:
+        def by_kind(
+            allocs: dict[str, dict[str, Any]], kind_of: dict[str, str]
+        ) -> dict[str, Counter[str]]:
             out: dict[str, Counter[str]] = {}
             for pod, refs in allocs.items():
-                key = json.dumps({k: comparable(v) for k, v in refs.items()}, sort_keys=True, default=str)
+                key = json.dumps(
+                    {k: comparable(v) for k, v in refs.items()}, sort_keys=True, default=str
+                )
                 out.setdefault(kind_of[pod], Counter())[key] += 1
             return out
 
-        sim_kinds = {p: ("ReplicaSet" if p.startswith("cuda-sample") else "Job" if p.startswith("ai-benchmark") else "Pod")
-                     for p in predicted}
+        sim_kinds = {
+            p: (
+                "ReplicaSet"
+                if p.startswith("cuda-sample")
+                else "Job"
+                if p.startswith("ai-benchmark")
+                else "Pod"
+            )
+            for p in predicted
+        }
         assert by_kind(got, owners) == by_kind(predicted, sim_kinds)
-        templates = {rc["resourceClaimTemplateName"] for p in live for rc in p["spec"].get("resourceClaims") or []
-                     if owners[p["metadata"]["name"]] == "ReplicaSet"}
+        templates = {
+            rc["resourceClaimTemplateName"]
+            for p in live
+            for rc in p["spec"].get("resourceClaims") or []
+            if owners[p["metadata"]["name"]] == "ReplicaSet"
+        }
         assert len(templates) == 1
         with_init = next(p for p in live if p["metadata"]["name"] == "with-init")
-        assert [c["resources"].get("claims") for c in with_init["spec"]["initContainers"]] == [[{"name": "init-gpu"}]]
+        assert [c["resources"].get("claims") for c in with_init["spec"]["initContainers"]] == [
+            [{"name": "init-gpu"}]
+        ]
 
 
 def test_multi_gpu_claims_prefer_the_nvlink_node_as_simulated(hooked: Hooked) -> None:
@@ -353,7 +501,9 @@ def test_multi_gpu_claims_prefer_the_nvlink_node_as_simulated(hooked: Hooked) ->
         assert alloc is not None
         assert {r["request"] for r in alloc["devices"]["results"]} == {"gpu/nvlink"}
         _compare(h, ns, [pod])
-        _compare(h, ns, [pod], nodes=list(reversed(h.nodes)))  # a5000-node first: still the H100 node
+        _compare(
+            h, ns, [pod], nodes=list(reversed(h.nodes))
+        )  # a5000-node first: still the H100 node
 
 
 def test_node_policies_through_the_extender(hooked: Hooked) -> None:
@@ -362,32 +512,70 @@ def test_node_policies_through_the_extender(hooked: Hooked) -> None:
     simulate's node usage; device choice stays first fit). A seed pod pinned to the A5000 node
     makes it the most booked."""
     h = hooked
-    wait_for(lambda: True if not [c for c in h.client.list(RESOURCE, "ResourceClaim") if (c.get("status") or {}).get("allocation")]
-             else None, timeout=120, what="every GPU to be idle")
+    wait_for(
+        lambda: (
+            True
+            if not [
+                c
+                for c in h.client.list(RESOURCE, "ResourceClaim")
+                if (c.get("status") or {}).get("allocation")
+            ]
+            else None
+        ),
+        timeout=120,
+        what="every GPU to be idle",
+    )
     with h.scratch() as ns:
-        seed = _pod("seed", {"nvidia.com/gpumem": 4000}, node_selector={"kubernetes.io/hostname": A5000})
-        binpack = _corpus_pod("HAMi-website__docs_nvidia_scheduling-policy__binpack-node-policy.yaml", "binpack-2gpu", pin=False)
-        spread = _corpus_pod("HAMi__examples_nvidia__specify_scheduling_policy.yaml", "spread-exclusive", pin=False)
-        spread2 = _pod("spread-share", {"nvidia.com/gpumem": 2000}, annotations={"hami.io/node-scheduler-policy": "spread"})
-        binpack2 = _pod("binpack-share", {"nvidia.com/gpumem": 2000}, annotations={"hami.io/node-scheduler-policy": "binpack"})
+        seed = _pod(
+            "seed", {"nvidia.com/gpumem": 4000}, node_selector={"kubernetes.io/hostname": A5000}
+        )
+        binpack = _corpus_pod(
+            "HAMi-website__docs_nvidia_scheduling-policy__binpack-node-policy.yaml",
+            "binpack-2gpu",
+            pin=False,
+        )
+        spread = _corpus_pod(
+            "HAMi__examples_nvidia__specify_scheduling_policy.yaml", "spread-exclusive", pin=False
+        )
+        spread2 = _pod(
+            "spread-share",
+            {"nvidia.com/gpumem": 2000},
+            annotations={"hami.io/node-scheduler-policy": "spread"},
+        )
+        binpack2 = _pod(
+            "binpack-share",
+            {"nvidia.com/gpumem": 2000},
+            annotations={"hami.io/node-scheduler-policy": "binpack"},
+        )
         objects = [seed, binpack, spread, spread2, binpack2]
         nodes = {}
         for obj in objects:
             _apply(h, ns, obj)
             nodes[obj["metadata"]["name"]] = wait_verdict(h.client, obj["metadata"]["name"], ns)[0]
         result = simulate(h.nodes, objects)
-        sim_nodes = {o["metadata"]["name"]: o["spec"].get("nodeName") for o in result.objects if o.get("kind") == "Pod"}
+        sim_nodes = {
+            o["metadata"]["name"]: o["spec"].get("nodeName")
+            for o in result.objects
+            if o.get("kind") == "Pod"
+        }
         assert nodes == sim_nodes
         # usage = booked memory fraction + cores fraction, summed per node: after the exclusive H100
         # (2.0) the A5000 node (3 x 4000 of 24564 MiB, about 0.49) is the least booked
-        assert nodes == {"seed": A5000, "binpack-2gpu": A5000, "spread-exclusive": H100, "spread-share": A5000,
-                         "binpack-share": H100}
+        assert nodes == {
+            "seed": A5000,
+            "binpack-2gpu": A5000,
+            "spread-exclusive": H100,
+            "spread-share": A5000,
+            "binpack-share": H100,
+        }
         # Pods without a GPU policy: the same devices as simulated (spread-exclusive asks binpack
         # inside the node, which only the simulation does).
         got = live_allocations(h.client, ns)
         predicted = sim_allocations(result)
         for pod in ("seed", "binpack-2gpu", "spread-share", "binpack-share"):
-            assert {k: comparable(v) for k, v in got[pod].items()} == {k: comparable(v) for k, v in predicted[pod].items()}, pod
+            assert {k: comparable(v) for k, v in got[pod].items()} == {
+                k: comparable(v) for k, v in predicted[pod].items()
+            }, pod
 
 
 # ---- no objects leak ------------------------------------------------------------------------------
@@ -398,7 +586,9 @@ def _template_watch(h: Hooked, ns: str) -> tuple[Informer, set[str]]:
         if etype in ("ADDED", "MODIFIED"):
             seen.add(obj["metadata"]["name"])
 
-    inf = Informer(h.client, RESOURCE, "ResourceClaimTemplate", namespace=ns, on_change=record).start()
+    inf = Informer(
+        h.client, RESOURCE, "ResourceClaimTemplate", namespace=ns, on_change=record
+    ).start()
     assert inf.wait_synced(30)
     return inf, seen
 
@@ -412,10 +602,13 @@ def test_a_thousand_pods_of_five_shapes_leave_no_template(hooked: Hooked) -> Non
     inf, seen = _template_watch(h, ns)
     label = "tessera-e2e/batch"
     try:
+
         def create(i: int) -> str:
             pod = _pod(f"p-{i:04d}", {"nvidia.com/gpumem": 1000 * (1 + i % 5)})
             pod["metadata"].update(namespace=ns, labels={label: "thousand"})
-            pod["spec"]["schedulingGates"] = [{"name": f"{label}-hold"}]  # never scheduled: no scheduler work
+            pod["spec"]["schedulingGates"] = [
+                {"name": f"{label}-hold"}
+            ]  # never scheduled: no scheduler work
             created = h.client.create(pod)
             (rc,) = created["spec"]["resourceClaims"]  # the API server's answer: the mutated pod
             return str(rc["resourceClaimTemplateName"])
@@ -424,13 +617,22 @@ def test_a_thousand_pods_of_five_shapes_leave_no_template(hooked: Hooked) -> Non
             names = list(pool.map(create, range(1000)))
         assert len(set(names)) == 5
         assert all(names[i] == names[i % 5] for i in range(1000))  # one template per shape
-        listed = h.client.request("GET", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": f"{label}=thousand"})
+        listed = h.client.request(
+            "GET", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": f"{label}=thousand"}
+        )
         assert len(listed["items"]) == 1000
-        assert {rc["resourceClaimTemplateName"] for p in listed["items"] for rc in p["spec"]["resourceClaims"]} == set(names)
+        assert {
+            rc["resourceClaimTemplateName"]
+            for p in listed["items"]
+            for rc in p["spec"]["resourceClaims"]
+        } == set(names)
         assert len(seen) <= 5
         h.clear(ns, f"{label}=thousand")
-        wait_for(lambda: True if not h.client.list(RESOURCE, "ResourceClaimTemplate", ns) else None,
-                 timeout=60, what="the collector to delete the unused templates")
+        wait_for(
+            lambda: True if not h.client.list(RESOURCE, "ResourceClaimTemplate", ns) else None,
+            timeout=60,
+            what="the collector to delete the unused templates",
+        )
         assert seen == set(names)
     finally:
         inf.stop()
@@ -445,22 +647,44 @@ def test_dry_run_creates_nothing_and_a_rejected_pod_leaves_nothing(hooked: Hooke
     inf, seen = _template_watch(h, ns)
     try:
         pod = _pod("dry", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000})
-        r = h.kubectl("create", "--dry-run=server", "-o", "json", "-n", ns, "-f", "-", stdin=json.dumps(pod))
+        r = h.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-n", ns, "-f", "-", stdin=json.dumps(pod)
+        )
         assert r.returncode == 0, r.stderr
         (rc,) = json.loads(r.stdout)["spec"]["resourceClaims"]
         assert rc["resourceClaimTemplateName"].startswith("tessera-gpu-")
         time.sleep(2)
         assert seen == set() and h.client.list(RESOURCE, "ResourceClaimTemplate", ns) == []
 
-        h.client.create({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-pods", "namespace": ns},
-                         "spec": {"hard": {"pods": "0"}}})
-        wait_for(lambda: True if (h.client.get("v1", "ResourceQuota", "no-pods", ns).get("status") or {}).get("hard") else None,
-                 timeout=30, what="the quota to be active")
+        h.client.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": "no-pods", "namespace": ns},
+                "spec": {"hard": {"pods": "0"}},
+            }
+        )
+        wait_for(
+            lambda: (
+                True
+                if (h.client.get("v1", "ResourceQuota", "no-pods", ns).get("status") or {}).get(
+                    "hard"
+                )
+                else None
+            ),
+            timeout=30,
+            what="the quota to be active",
+        )
         r = h.kubectl("create", "-n", ns, "-f", "-", stdin=json.dumps(pod))
         assert r.returncode != 0 and "exceeded quota" in r.stderr
-        assert seen == {rc["resourceClaimTemplateName"]}  # created at admission, then the pod was refused
-        wait_for(lambda: True if not h.client.list(RESOURCE, "ResourceClaimTemplate", ns) else None,
-                 timeout=GRACE + 30, what="the collector to delete the orphaned template")
+        assert seen == {
+            rc["resourceClaimTemplateName"]
+        }  # created at admission, then the pod was refused
+        wait_for(
+            lambda: True if not h.client.list(RESOURCE, "ResourceClaimTemplate", ns) else None,
+            timeout=GRACE + 30,
+            what="the collector to delete the orphaned template",
+        )
     finally:
         inf.stop()
 
@@ -469,16 +693,43 @@ def test_dry_run_creates_nothing_and_a_rejected_pod_leaves_nothing(hooked: Hooke
 @pytest.mark.parametrize(
     ("limits", "annotations", "denied", "text"),
     [
-        ({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 101}, {}, True,
-         "container c: nvidia.com/gpucores 101 is over 100"),
-        ({"nvidia.com/gpumem": -3000}, {}, True, "container c: nvidia.com/gpumem '-3k' is negative"),
-        ({"nvidia.com/gpumem": "1Gi"}, {}, True, "container c: nvidia.com/gpumem is in MiB: write 1024, not 1Gi"),
-        ({"nvidia.com/gpumem": 200000}, {}, False,
-         "container c: nvidia.com/gpumem: 200000Mi is more than any device has: the largest memory of a matching "
-         "device is 81559Mi"),
-        ({"nvidia.com/gpu": 1}, {"nvidia.com/use-gpuuuid": "GPU-00000000-0000-0000-0000-000000000000"}, False,
-         "container c: the pod's GPU selection annotations (nvidia.com/use-gpuuuid"),
-        ({"nvidia.com/gpu": 9}, {}, False, "nvidia.com/gpu: 9 GPUs on one node, but the most any node publishes is 8"),
+        (
+            {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 101},
+            {},
+            True,
+            "container c: nvidia.com/gpucores 101 is over 100",
+        ),
+        (
+            {"nvidia.com/gpumem": -3000},
+            {},
+            True,
+            "container c: nvidia.com/gpumem '-3k' is negative",
+        ),
+        (
+            {"nvidia.com/gpumem": "1Gi"},
+            {},
+            True,
+            "container c: nvidia.com/gpumem is in MiB: write 1024, not 1Gi",
+        ),
+        (
+            {"nvidia.com/gpumem": 200000},
+            {},
+            False,
+            "container c: nvidia.com/gpumem: 200000Mi is more than any device has: the largest memory of a matching "
+            "device is 81559Mi",
+        ),
+        (
+            {"nvidia.com/gpu": 1},
+            {"nvidia.com/use-gpuuuid": "GPU-00000000-0000-0000-0000-000000000000"},
+            False,
+            "container c: the pod's GPU selection annotations (nvidia.com/use-gpuuuid",
+        ),
+        (
+            {"nvidia.com/gpu": 9},
+            {},
+            False,
+            "nvidia.com/gpu: 9 GPUs on one node, but the most any node publishes is 8",
+        ),
     ],
 )
 def test_bad_input_is_denied_or_admitted_with_a_warning(
@@ -489,7 +740,9 @@ def test_bad_input_is_denied_or_admitted_with_a_warning(
     h = hooked
     ns = "default"
     name = f"bad-{uuid.uuid4().hex[:6]}"
-    pod = _pod(name, limits, annotations=annotations, node_selector={"kubernetes.io/hostname": "nowhere"})
+    pod = _pod(
+        name, limits, annotations=annotations, node_selector={"kubernetes.io/hostname": "nowhere"}
+    )
     r = h.kubectl("create", "-n", ns, "-f", "-", stdin=json.dumps(pod))
     if denied:
         assert r.returncode == 1
@@ -498,7 +751,9 @@ def test_bad_input_is_denied_or_admitted_with_a_warning(
     else:
         assert r.returncode == 0, r.stderr
         assert "Warning: " in r.stderr and text in r.stderr
-        h.client.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", body={"gracePeriodSeconds": 0})
+        h.client.request(
+            "DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", body={"gracePeriodSeconds": 0}
+        )
 
 
 # ---- whole GPUs without the webhook ---------------------------------------------------------------------
@@ -510,51 +765,90 @@ def test_whole_gpu_pods_are_served_without_the_webhook(hooked: Hooked) -> None:
     from tessera.cli.webhook import check_extended_resource
 
     h = hooked
-    wait_for(lambda: True if not [c for c in h.client.list(RESOURCE, "ResourceClaim") if (c.get("status") or {}).get("allocation")]
-             else None, timeout=120, what="every GPU to be idle")
+    wait_for(
+        lambda: (
+            True
+            if not [
+                c
+                for c in h.client.list(RESOURCE, "ResourceClaim")
+                if (c.get("status") or {}).get("allocation")
+            ]
+            else None
+        ),
+        timeout=120,
+        what="every GPU to be idle",
+    )
     ns = "kube-system"
-    pod = _pod(f"whole-{uuid.uuid4().hex[:6]}", {"nvidia.com/gpu": 1}, node_selector={"kubernetes.io/hostname": A5000})
+    pod = _pod(
+        f"whole-{uuid.uuid4().hex[:6]}",
+        {"nvidia.com/gpu": 1},
+        node_selector={"kubernetes.io/hostname": A5000},
+    )
     pod["spec"]["automountServiceAccountToken"] = False
     pod["metadata"]["namespace"] = ns
     created = h.client.create(pod)
     assert "resourceClaims" not in created["spec"]  # not mutated
     node, _ = wait_verdict(h.client, pod["metadata"]["name"], ns)
     assert node == A5000
-    claims = [c for c in h.client.list(RESOURCE, "ResourceClaim", ns)
-              if (c["metadata"].get("annotations") or {}).get("resource.kubernetes.io/extended-resource-claim") == "true"]
+    claims = [
+        c
+        for c in h.client.list(RESOURCE, "ResourceClaim", ns)
+        if (c["metadata"].get("annotations") or {}).get(
+            "resource.kubernetes.io/extended-resource-claim"
+        )
+        == "true"
+    ]
     (claim,) = claims
     (res,) = claim["status"]["allocation"]["devices"]["results"]
     assert (res["driver"], res["pool"], res["device"]) == ("gpu.tessera.dev", A5000, "gpu-0")
     assert res["consumedCapacity"]["memory"] == "24564Mi"  # the whole memory: no one shares it
-    assert check_extended_resource(h.client) == "nvidia.com/gpu is served by DeviceClass gpu.tessera.dev"
+    assert (
+        check_extended_resource(h.client)
+        == "nvidia.com/gpu is served by DeviceClass gpu.tessera.dev"
+    )
 
     time.sleep(1.1)  # a later creationTimestamp (seconds)
-    other = {"apiVersion": RESOURCE, "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
-             "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}],
-                      "extendedResourceName": "nvidia.com/gpu"}}
+    other = {
+        "apiVersion": RESOURCE,
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {
+            "selectors": [{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}],
+            "extendedResourceName": "nvidia.com/gpu",
+        },
+    }
     h.client.create(other)
     try:
         msg = check_extended_resource(h.client)
-        assert msg.startswith("nvidia.com/gpu is mapped by 2 DeviceClasses (gpu.nvidia.com, gpu.tessera.dev); "
-                              "kube-scheduler uses gpu.nvidia.com")
+        assert msg.startswith(
+            "nvidia.com/gpu is mapped by 2 DeviceClasses (gpu.nvidia.com, gpu.tessera.dev); "
+            "kube-scheduler uses gpu.nvidia.com"
+        )
         pod2 = copy.deepcopy(pod)
         pod2["metadata"]["name"] = f"whole-{uuid.uuid4().hex[:6]}"
         h.client.create(pod2)
         _, reason = wait_verdict(h.client, pod2["metadata"]["name"], ns)
-        assert "cannot allocate all claims" in reason  # served by gpu.nvidia.com: no such devices here
+        assert (
+            "cannot allocate all claims" in reason
+        )  # served by gpu.nvidia.com: no such devices here
     finally:
         h.client.delete(RESOURCE, "DeviceClass", "gpu.nvidia.com")
         for p in (pod, locals().get("pod2")):
             if p:
-                h.client.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}",
-                                 body={"gracePeriodSeconds": 0})
+                h.client.request(
+                    "DELETE",
+                    f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}",
+                    body={"gracePeriodSeconds": 0},
+                )
 
 
 # ---- the server itself -------------------------------------------------------------------------------------
 def _post(h: Hooked, body: bytes, ctx: ssl.SSLContext) -> tuple[int, bytes]:
     conn = http.client.HTTPSConnection("127.0.0.1", h.webhook_port, context=ctx, timeout=30)
     try:
-        conn.request("POST", "/mutate-pods", body=body, headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST", "/mutate-pods", body=body, headers={"Content-Type": "application/json"}
+        )
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -562,21 +856,45 @@ def _post(h: Hooked, body: bytes, ctx: ssl.SSLContext) -> tuple[int, bytes]:
 
 
 def _review(obj: Any, uid: str = "u-1", **request: Any) -> dict[str, Any]:
-    req = {"uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
-           "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
-           "namespace": "default", "object": obj, **request}
+    req = {
+        "uid": uid,
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "operation": "CREATE",
+        "namespace": "default",
+        "object": obj,
+        **request,
+    }
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
 
 
 def _mutations(rng: random.Random, value: Any, depth: int = 0) -> Any:
     """``value`` with random parts replaced by junk of other types."""
-    junk = [None, 0, -1, 2**70, "", "x" * 5000, [], {}, [1, "a"], {"a": {"b": []}}, 1.5, True, "-5", "1Gi", "101"]
+    junk = [
+        None,
+        0,
+        -1,
+        2**70,
+        "",
+        "x" * 5000,
+        [],
+        {},
+        [1, "a"],
+        {"a": {"b": []}},
+        1.5,
+        True,
+        "-5",
+        "1Gi",
+        "101",
+    ]
     if rng.random() < 0.15:
         return rng.choice(junk)
     if isinstance(value, dict):
         out = {k: _mutations(rng, v, depth + 1) for k, v in value.items() if rng.random() > 0.05}
         if rng.random() < 0.1:
-            out[rng.choice(["nvidia.com/gpu", "nvidia.com/gpumem", "spec", "uid", "object"])] = rng.choice(junk)
+            out[rng.choice(["nvidia.com/gpu", "nvidia.com/gpumem", "spec", "uid", "object"])] = (
+                rng.choice(junk)
+            )
         return out
     if isinstance(value, list):
         return [_mutations(rng, v, depth + 1) for v in value]
@@ -591,11 +909,23 @@ def test_fuzzed_admission_reviews_never_crash_the_server_or_get_a_500(hooked: Ho
     ctx = ssl.create_default_context(cafile=str(h.ca.cert))
     rng = random.Random(20261201)
     bases = [_corpus_pod(f, f"fuzz-{doc}", doc) for f, doc, _ in CORPUS_PODS]
-    bodies: list[bytes] = [b"", b"{", b"null", b"[]", b'"x"', b"\xff\xfe", b"{" * 100000, json.dumps({"apiVersion": 1}).encode(),
-                           json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).encode(),
-                           json.dumps(_review(None)).encode(), json.dumps(_review({"spec": []})).encode()]
+    bodies: list[bytes] = [
+        b"",
+        b"{",
+        b"null",
+        b"[]",
+        b'"x"',
+        b"\xff\xfe",
+        b"{" * 100000,
+        json.dumps({"apiVersion": 1}).encode(),
+        json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).encode(),
+        json.dumps(_review(None)).encode(),
+        json.dumps(_review({"spec": []})).encode(),
+    ]
     huge = _pod("huge", {"nvidia.com/gpumem": 1000})
-    huge["spec"]["containers"] = [{**huge["spec"]["containers"][0], "name": f"c{i}"} for i in range(3000)]
+    huge["spec"]["containers"] = [
+        {**huge["spec"]["containers"][0], "name": f"c{i}"} for i in range(3000)
+    ]
     bodies.append(json.dumps(_review(huge)).encode())
     for i in range(400):
         base = copy.deepcopy(rng.choice(bases))
@@ -624,8 +954,10 @@ def test_fuzzed_admission_reviews_never_crash_the_server_or_get_a_500(hooked: Ho
 
 def _served_serial(h: Hooked) -> int:
     ctx = ssl.create_default_context(cafile=str(h.ca.cert))
-    with socket.create_connection(("127.0.0.1", h.webhook_port), timeout=10) as raw, \
-            ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+    with (
+        socket.create_connection(("127.0.0.1", h.webhook_port), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
         der = tls.getpeercert(binary_form=True)
     from cryptography import x509
 
@@ -639,7 +971,11 @@ def test_a_rotated_certificate_is_served_without_a_restart(hooked: Hooked) -> No
     h = hooked
     before = _served_serial(h)
     make_serving_certificate(h.tmp, "webhook", ca=h.ca)  # same files, new key and certificate
-    wait_for(lambda: True if _served_serial(h) != before else None, timeout=20, what="the new certificate to be served")
+    wait_for(
+        lambda: True if _served_serial(h) != before else None,
+        timeout=20,
+        what="the new certificate to be served",
+    )
     with h.scratch() as ns:
         pod = _pod("after-rotation", {"nvidia.com/gpumem": 1000}, node_selector=PIN_H100)
         _apply(h, ns, pod)

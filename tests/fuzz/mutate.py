@@ -107,7 +107,11 @@ def _text_mutation(rng: random.Random, data: bytes) -> bytes:
         digits = [i for i, c in enumerate(data) if 48 <= c <= 57]
         if digits:
             i = rng.choice(digits)
-            return data[:i] + rng.choice([HUGE_INT.encode(), b"-", b"99999999999999999999999"]) + data[i:]
+            return (
+                data[:i]
+                + rng.choice([HUGE_INT.encode(), b"-", b"99999999999999999999999"])
+                + data[i:]
+            )
         return data
     if op == 10:  # a line indented wrongly
         i = rng.randrange(len(lines))
@@ -170,14 +174,22 @@ def mutate(rng: random.Random, data: bytes, *, yaml_like: bool) -> bytes:
     for _ in range(rng.randint(1, 3)):
         if yaml_like and rng.random() < 0.6:
             try:
-                docs = list(yaml.load_all(data.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+                docs = list(
+                    yaml.load_all(
+                        data.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+                    )
+                )
             except (yaml.YAMLError, UnicodeDecodeError, ValueError, RecursionError):
                 docs = []
             if docs:
                 mutated = _structural_mutation(rng, docs)
                 if mutated is not None:
                     try:
-                        data = yaml.dump_all(mutated, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False).encode()
+                        data = yaml.dump_all(
+                            mutated,
+                            Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper),
+                            sort_keys=False,
+                        ).encode()
                         continue
                     except (yaml.YAMLError, RecursionError, ValueError):
                         pass

@@ -36,7 +36,11 @@ from .mutate import mutate
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "src" / "tessera" / "examples"
 CLUSTER = EXAMPLES / "cluster.yaml"
-H100 = EXAMPLES / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+H100 = (
+    EXAMPLES
+    / "inventories"
+    / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+)
 WORKLOAD = EXAMPLES / "workloads" / "dra-native.yaml"
 MUTANTS = int(os.environ.get("TESSERA_FUZZ_MUTANTS", "200"))
 SEED = int(os.environ.get("TESSERA_FUZZ_SEED", "1"))
@@ -68,7 +72,9 @@ def _cluster_text(rng: random.Random, corpus: Path) -> bytes:
         if rng.random() < 0.3:
             n["taints"] = [{"key": "gpu", "value": "x", "effect": "NoSchedule"}]
         nodes.append(n)
-    return yaml.safe_dump({"apiVersion": "tessera.dev/v1alpha1", "kind": "Cluster", "nodes": nodes}, sort_keys=False).encode()
+    return yaml.safe_dump(
+        {"apiVersion": "tessera.dev/v1alpha1", "kind": "Cluster", "nodes": nodes}, sort_keys=False
+    ).encode()
 
 
 def _runs(kind: str, corpus: Path, folder: Path) -> Iterator[Run]:
@@ -95,20 +101,36 @@ def _runs(kind: str, corpus: Path, folder: Path) -> Iterator[Run]:
             )
             inputs = [mutant, CLUSTER]
         elif kind == "inventories":
-            args = ["simulate", "--node", f"n1={mutant}", str(WORKLOAD)] if cmd != 2 else ["lint", "--cluster", str(_wrap(folder, mutant, k)), str(WORKLOAD)]
+            args = (
+                ["simulate", "--node", f"n1={mutant}", str(WORKLOAD)]
+                if cmd != 2
+                else ["lint", "--cluster", str(_wrap(folder, mutant, k)), str(WORKLOAD)]
+            )
             inputs = [mutant, WORKLOAD]
         elif kind == "topologies":
             args = ["simulate", "--node", f"n1={H100}:{mutant}", str(WORKLOAD)]
             inputs = [mutant, H100, WORKLOAD]
         else:
-            args = ["simulate", "--cluster", str(mutant), str(WORKLOAD)] if cmd != 1 else ["explain", "default/x", "--cluster", str(mutant), str(WORKLOAD)]
+            args = (
+                ["simulate", "--cluster", str(mutant), str(WORKLOAD)]
+                if cmd != 1
+                else ["explain", "default/x", "--cluster", str(mutant), str(WORKLOAD)]
+            )
             inputs = [mutant, WORKLOAD]
         yield Run(kind, seed, mutant, args, inputs)
 
 
 def _wrap(folder: Path, inventory: Path, k: int) -> Path:
     f = folder / f"wrap-{k:05d}.yaml"
-    f.write_text(yaml.safe_dump({"apiVersion": "tessera.dev/v1alpha1", "kind": "Cluster", "nodes": [{"name": "n1", "inventory": str(inventory)}]}))
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "tessera.dev/v1alpha1",
+                "kind": "Cluster",
+                "nodes": [{"name": "n1", "inventory": str(inventory)}],
+            }
+        )
+    )
     return f
 
 
@@ -123,7 +145,15 @@ def _run_workers(runs: list[Run], folder: Path) -> list[dict[str, object]]:
         spec = folder / f"runs-{n}.json"
         spec.write_text(json.dumps([r.args for r in chunk]))
         p = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("worker.py")), "--seconds", "20", "--memory-mib", "3072", str(spec)],
+            [
+                sys.executable,
+                str(Path(__file__).with_name("worker.py")),
+                "--seconds",
+                "20",
+                "--memory-mib",
+                "3072",
+                str(spec),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -135,7 +165,9 @@ def _run_workers(runs: list[Run], folder: Path) -> list[dict[str, object]]:
     for chunk, p in zip(chunks, procs, strict=True):
         out, err = p.communicate(timeout=20 * len(chunk) + 120)
         lines = [json.loads(x) for x in out.splitlines() if x.strip()]
-        assert len(lines) == len(chunk), f"worker stopped after {len(lines)} of {len(chunk)} runs: {err[-2000:]}"
+        assert len(lines) == len(chunk), (
+            f"worker stopped after {len(lines)} of {len(chunk)} runs: {err[-2000:]}"
+        )
         for r, res in zip(chunk, lines, strict=True):
             res["run"] = r
             results.append(res)
@@ -150,7 +182,11 @@ def test_fuzz(kind: str, tmp_path: Path) -> None:
     folder = Path(keep) / kind if keep else tmp_path
     folder.mkdir(parents=True, exist_ok=True)
     runs = list(_runs(kind, corpus, folder))
-    watched = sorted({p for r in runs for p in r.inputs} | set((corpus / "inventories").iterdir()) | set((corpus / "topologies").iterdir()))
+    watched = sorted(
+        {p for r in runs for p in r.inputs}
+        | set((corpus / "inventories").iterdir())
+        | set((corpus / "topologies").iterdir())
+    )
     before = _digest(watched)
     results = _run_workers(runs, folder)
     failures = []
@@ -170,13 +206,18 @@ def test_fuzz(kind: str, tmp_path: Path) -> None:
             lines = str(res["stderr"]).strip().splitlines()
             if len(lines) != 1 or not lines[0].startswith("tessera: error: "):
                 failures.append(f"{where}: stderr is not one error line: {res['stderr']!r}")
-            elif not any(str(p) in lines[0] for p in run.inputs) and "'default/x' is neither a pod" not in lines[0]:
+            elif (
+                not any(str(p) in lines[0] for p in run.inputs)
+                and "'default/x' is neither a pod" not in lines[0]
+            ):
                 # (explain's target is named instead when it is not in the input)
                 failures.append(f"{where}: the error names no input file: {lines[0]!r}")
     after = _digest(watched)
     changed = [p for p in before if before[p] != after.get(p)]
     assert not changed, f"input files changed: {changed}"
-    assert not failures, f"{len(failures)} of {len(results)} runs failed:\n" + "\n".join(failures[:20])
+    assert not failures, f"{len(failures)} of {len(results)} runs failed:\n" + "\n".join(
+        failures[:20]
+    )
     # Every outcome was reached by some mutant (the campaign exercised refusals and successes).
     assert exits[2] > 0 and exits[0] + exits[1] > 0, exits
     if not keep:

@@ -54,7 +54,9 @@ def main() -> None:
             result["stderr"] = r.stderr
             exc = r.exception
             if exc is not None and not isinstance(exc, SystemExit):
-                result["traceback"] = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]
+                result["traceback"] = "".join(
+                    traceback.format_exception(type(exc), exc, exc.__traceback__)
+                )[-4000:]
         except Hang:
             result["exit"] = None
             result["traceback"] = f"hang: still running after {a.seconds} s"

@@ -51,8 +51,9 @@ def asan(build_root: Path) -> Build:
     _make(f"BUILD={b}", "asan")
     a = b / "asan"
     cc = os.environ.get("CC", "gcc")
-    rt = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True,
-                        check=True).stdout.strip()
+    rt = subprocess.run(
+        [cc, "-print-file-name=libasan.so"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     if not os.path.isabs(rt):
         pytest.fail(f"{cc} has no AddressSanitizer runtime (libasan.so)")
     return Build(a, a / "libtessera-enforce.so", a / "fake", a / "bin", (rt,))

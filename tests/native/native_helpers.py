@@ -42,22 +42,36 @@ class Build:
 class Claim:
     """One claim on the fake node: a limits file, a region path and the process environment."""
 
-    def __init__(self, tmp: Path, build: Build, gpus: list[GpuLimit], context_overhead: int = 0,
-                 state: Path | None = None, name: str = "claim") -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        build: Build,
+        gpus: list[GpuLimit],
+        context_overhead: int = 0,
+        state: Path | None = None,
+        name: str = "claim",
+    ) -> None:
         self.dir = tmp / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.build = build
         self.region = str(self.dir / "usage")
         self.limits_path = str(self.dir / "limits")
-        self.limits = Limits(region=self.region, gpus=tuple(gpus),
-                             context_overhead=context_overhead,
-                             claim=f"default/{name}", claim_uid=f"uid-{name}")
+        self.limits = Limits(
+            region=self.region,
+            gpus=tuple(gpus),
+            context_overhead=context_overhead,
+            claim=f"default/{name}",
+            claim_uid=f"uid-{name}",
+        )
         write_limits(self.limits_path, self.limits)
         self.state = str(state or (tmp / "fake-gpu-state"))
 
     def env(self, preload: bool = True, **extra: str) -> dict[str, str]:
-        e = {k: v for k, v in os.environ.items()
-             if not k.startswith(("CUDA_", "FAKE_", "TESSERA_", "LD_PRELOAD"))}
+        e = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("CUDA_", "FAKE_", "TESSERA_", "LD_PRELOAD"))
+        }
         e["LD_LIBRARY_PATH"] = str(self.build.fake)
         e["FAKE_GPU_STATE"] = self.state
         e["FAKE_GPUS"] = ",".join(f"{u}={PHYS}" for u in UUIDS)
@@ -69,10 +83,16 @@ class Claim:
         e.update(extra)
         return e
 
-    def run(self, prog: str, *args: str, timeout: float = 60, check: bool = True,
-            **kw: str) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([self.build.prog(prog), *args], env=self.env(**kw),  # type: ignore[arg-type]
-                           capture_output=True, text=True, timeout=timeout)
+    def run(
+        self, prog: str, *args: str, timeout: float = 60, check: bool = True, **kw: str
+    ) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(
+            [self.build.prog(prog), *args],
+            env=self.env(**kw),  # type: ignore[arg-type]
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and r.returncode != 0:
             raise AssertionError(f"{prog} {args} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
         return r
@@ -82,8 +102,13 @@ class Claim:
         return self.run("tp_cuda", mode, *cmds, **kw).stdout.splitlines()
 
     def spawn(self, prog: str, *args: str, **kw: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([self.build.prog(prog), *args], env=self.env(**kw),  # type: ignore[arg-type]
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [self.build.prog(prog), *args],
+            env=self.env(**kw),  # type: ignore[arg-type]
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
 
 def wait_line(p: subprocess.Popen[str], want: str, timeout: float = 30) -> list[str]:
@@ -120,10 +145,14 @@ class Stepped:
             args += stage if i == len(stages) - 1 else [*stage, "wait"]
         self.stages = len(stages)
         self.done = 0
-        self.p = subprocess.Popen([claim.build.prog("tp_cuda"), mode, *args],
-                                  env=claim.env(**env),  # type: ignore[arg-type]
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
+        self.p = subprocess.Popen(
+            [claim.build.prog("tp_cuda"), mode, *args],
+            env=claim.env(**env),  # type: ignore[arg-type]
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def next(self, timeout: float = 30) -> list[str]:
         assert self.p.stdin is not None and self.p.stdout is not None

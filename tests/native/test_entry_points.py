@@ -56,15 +56,24 @@ def test_the_list_covers_cuda_13_4_once_per_entry_point() -> None:
         if e.cls not in ("none",):
             assert e.note, e.name
     # the 13.x additions that allocate are all there
-    for n in ("cuMemGetDefaultMemPool", "cuMemGetMemPool", "cuMemSetMemPool",
-              "cuCtxSynchronize_v2", "cuMulticastBindMem_v2", "cuLogicalEndpointBindMem",
-              "cuGraphAddNode_v3", "cuCheckpointProcessRestore", "cuGreenCtxCreate"):
+    for n in (
+        "cuMemGetDefaultMemPool",
+        "cuMemGetMemPool",
+        "cuMemSetMemPool",
+        "cuCtxSynchronize_v2",
+        "cuMulticastBindMem_v2",
+        "cuLogicalEndpointBindMem",
+        "cuGraphAddNode_v3",
+        "cuCheckpointProcessRestore",
+        "cuGreenCtxCreate",
+    ):
         assert n in names, n
 
 
 def test_the_library_interposes_exactly_the_listed_entry_points(plain: Build) -> None:
-    out = subprocess.run(["nm", "-D", "--defined-only", str(plain.lib)], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(plain.lib)], capture_output=True, text=True, check=True
+    ).stdout
     exported = {ln.split()[-1] for ln in out.splitlines() if ln.split()[-1].startswith("cu")}
     listed = {e.name for e in entries() if e.cls in INTERPOSED}
     assert exported == listed, (sorted(exported - listed), sorted(listed - exported))

@@ -38,8 +38,13 @@ SAMPLES = [
         claim="team-a/train-0",
         claim_uid="6f1c2d3e-0000-4000-8000-000000000000",
     ),
-    Limits(region="/x", gpus=tuple(GpuLimit(f"GPU-{i:08x}-0000-0000-0000-000000000000",
-                                             (i + 1) * MiB, i * 6) for i in range(16))),
+    Limits(
+        region="/x",
+        gpus=tuple(
+            GpuLimit(f"GPU-{i:08x}-0000-0000-0000-000000000000", (i + 1) * MiB, i * 6)
+            for i in range(16)
+        ),
+    ),
 ]
 
 
@@ -61,7 +66,11 @@ def test_python_writer_and_c_parser_round_trip(tmp_path: Path, plain: Build, i: 
     assert back == parse_limits(r.stdout)
     assert [g.uuid for g in back.gpus] == [g.uuid[:4] + g.uuid[4:].lower() for g in lim.gpus]
     assert (back.region, back.context_overhead, back.claim, back.claim_uid) == (
-        lim.region, lim.context_overhead, lim.claim, lim.claim_uid)
+        lim.region,
+        lim.context_overhead,
+        lim.claim,
+        lim.claim_uid,
+    )
 
 
 @pytest.mark.parametrize(
@@ -76,13 +85,24 @@ def test_python_writer_and_c_parser_round_trip(tmp_path: Path, plain: Build, i: 
         (f"version 1\nregion /r\ngpu {UUIDS[0]} memory 0 cores 1\n", 3, "memory must be"),
         (f"version 1\nregion /r\ngpu {UUIDS[0]} memory 1 cores 101\n", 3, "cores must be"),
         (f"version 1\nregion /r\ngpu {UUIDS[0]} memory +1 cores 1\n", 3, "memory must be"),
-        (f"version 1\nregion /r\ngpu {UUIDS[0]} memory 18446744073709551616 cores 1\n", 3,
-         "memory must be"),
+        (
+            f"version 1\nregion /r\ngpu {UUIDS[0]} memory 18446744073709551616 cores 1\n",
+            3,
+            "memory must be",
+        ),
         ("version 1\nregion /r\ngpu GPU-0000 memory 1 cores 1\n", 3, "bad GPU UUID"),
-        (f"version 1\nregion /r\ngpu {UUIDS[0]} memory 1 cores 1\ngpu {UUIDS[0].upper()[4:]}"
-         " memory 1 cores 1\n", 4, "bad GPU UUID"),
-        (f"version 1\nregion /r\ngpu {UUIDS[0]} memory 1 cores 1\n"
-         f"gpu GPU-{UUIDS[0][4:].upper()} memory 1 cores 1\n", 4, "duplicate gpu"),
+        (
+            f"version 1\nregion /r\ngpu {UUIDS[0]} memory 1 cores 1\ngpu {UUIDS[0].upper()[4:]}"
+            " memory 1 cores 1\n",
+            4,
+            "bad GPU UUID",
+        ),
+        (
+            f"version 1\nregion /r\ngpu {UUIDS[0]} memory 1 cores 1\n"
+            f"gpu GPU-{UUIDS[0][4:].upper()} memory 1 cores 1\n",
+            4,
+            "duplicate gpu",
+        ),
         ("version 1\nregion /r\nregion /s\n", 3, "duplicate 'region'"),
         ("version 1\nlimit 5\n", 2, "unknown keyword 'limit'"),
         ("version 1\nregion /r\x01\n", 2, "control or non-ASCII byte 0x01"),
@@ -127,9 +147,32 @@ def _mutations(rng: random.Random, n: int) -> list[bytes]:
         b"# c\n\nversion 1\r\n  region\t/x \r\ngpu GPU-00000000-0000-0000-0000-000000000000 memory 5"
         b" cores 7\n",
     ]
-    words = [b"version", b"region", b"gpu", b"memory", b"cores", b"claim", b"context-overhead",
-             b"1", b"0", b"100", b"101", b"18446744073709551615", b"18446744073709551616",
-             b"GPU-", b"MIG-", b"#", b"\n", b" ", b"\t", b"\r", b"/", b"-", b"\x00", b"\xc3\xa9"]
+    words = [
+        b"version",
+        b"region",
+        b"gpu",
+        b"memory",
+        b"cores",
+        b"claim",
+        b"context-overhead",
+        b"1",
+        b"0",
+        b"100",
+        b"101",
+        b"18446744073709551615",
+        b"18446744073709551616",
+        b"GPU-",
+        b"MIG-",
+        b"#",
+        b"\n",
+        b" ",
+        b"\t",
+        b"\r",
+        b"/",
+        b"-",
+        b"\x00",
+        b"\xc3\xa9",
+    ]
     out = []
     for _ in range(n):
         b = bytearray(rng.choice(seeds))
@@ -142,8 +185,9 @@ def _mutations(rng: random.Random, n: int) -> list[bytes]:
             elif choice == 1:
                 lines[i] = lines[i].replace(b" ", rng.choice([b"  ", b"\t", b" \t "]))
             elif choice == 2:
-                lines[i] = re.sub(rb"\d+", lambda _m: str(rng.randrange(0, 2**65)).encode(),
-                                  lines[i], count=1)
+                lines[i] = re.sub(
+                    rb"\d+", lambda _m: str(rng.randrange(0, 2**65)).encode(), lines[i], count=1
+                )
             else:
                 lines[i] = lines[i].upper() if rng.random() < 0.5 else lines[i] + b"\r"
             out.append(b"\n".join(lines))
@@ -154,7 +198,7 @@ def _mutations(rng: random.Random, n: int) -> list[bytes]:
             if op == 0 and b:
                 b[pos % len(b)] ^= 1 << rng.randrange(8)
             elif op == 1 and b:
-                del b[pos:pos + rng.randint(1, 8)]
+                del b[pos : pos + rng.randint(1, 8)]
             elif op == 2:
                 b[pos:pos] = rng.choice(words)
             elif op == 3:
@@ -170,8 +214,12 @@ def test_c_and_python_parsers_agree_on_random_inputs(asan: Build) -> None:
     C parser under AddressSanitizer reading exact-size buffers."""
     inputs = _mutations(random.Random(20240611), 4000)
     stdin = b"".join(struct.pack("<I", len(x)) + x for x in inputs)
-    r = subprocess.run([asan.prog("limits_dump"), "--batch"], input=stdin, capture_output=True,
-                       env={"ASAN_OPTIONS": "detect_leaks=1"})
+    r = subprocess.run(
+        [asan.prog("limits_dump"), "--batch"],
+        input=stdin,
+        capture_output=True,
+        env={"ASAN_OPTIONS": "detect_leaks=1"},
+    )
     assert r.returncode == 0, r.stderr.decode()
     lines = r.stdout.decode().splitlines()
     assert len(lines) == len(inputs)
@@ -188,8 +236,9 @@ def test_c_and_python_parsers_agree_on_random_inputs(asan: Build) -> None:
 
 
 def test_parser_fuzz_under_asan(asan: Build) -> None:
-    r = subprocess.run([asan.prog("limits_fuzz"), "1", "150000"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [asan.prog("limits_fuzz"), "1", "150000"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     acc, rej = (int(x.split("=")[1]) for x in r.stdout.split())
     assert acc + rej == 150000 and acc > 1000 and rej > 1000
@@ -199,28 +248,43 @@ def test_parser_libfuzzer(build_root: Path) -> None:
     if shutil.which("clang") is None:
         pytest.skip("clang not installed: libFuzzer harness not run (apt-get install clang)")
     b = build_root / "fuzz"
-    r = subprocess.run(["make", "-C", str(NATIVE), f"BUILD={b}", "libfuzzer"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["make", "-C", str(NATIVE), f"BUILD={b}", "libfuzzer"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     corpus = b / "corpus"
     corpus.mkdir(exist_ok=True)
     for i, s in enumerate(SAMPLES):
         (corpus / f"seed{i}").write_text(format_limits(s))
-    r = subprocess.run([str(b / "fuzz" / "limits_libfuzzer"), "-seed=1", "-runs=200000",
-                        "-max_len=4096", str(corpus)], capture_output=True, text=True, timeout=150)
+    r = subprocess.run(
+        [
+            str(b / "fuzz" / "limits_libfuzzer"),
+            "-seed=1",
+            "-runs=200000",
+            "-max_len=4096",
+            str(corpus),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Done 200000 runs" in r.stderr
 
 
 def test_region_layout_matches_the_header(plain: Build) -> None:
-    out = subprocess.run([plain.prog("region_layout")], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [plain.prog("region_layout")], capture_output=True, text=True, check=True
+    ).stdout
     c = {k: int(v) for k, v in (line.split() for line in out.splitlines())}
     assert c["magic"] == R.MAGIC and c["version"] == R.VERSION
-    assert (c["max_gpus"], c["max_slots"], c["uuid_len"]) == (R.MAX_GPUS, R.MAX_SLOTS,
-                                                              R.UUID_LEN)
+    assert (c["max_gpus"], c["max_slots"], c["uuid_len"]) == (R.MAX_GPUS, R.MAX_SLOTS, R.UUID_LEN)
     assert (c["header_size"], c["gpu_size"], c["slot_size"], c["file_size"]) == (
-        R.HEADER_SIZE, R.GPU_SIZE, R.SLOT_SIZE, R.FILE_SIZE)
+        R.HEADER_SIZE,
+        R.GPU_SIZE,
+        R.SLOT_SIZE,
+        R.FILE_SIZE,
+    )
     assert c["lock_byte"] == R.LOCK_BYTE
     assert {k: v for k, v in c.items() if "." in k} == R.OFFSETS
 
@@ -236,15 +300,26 @@ def test_region_reader_rejects_foreign_files(tmp_path: Path) -> None:
 
 
 def _fixed_build(b: Path, fixed: Path, owner: int, plain: Build) -> Build:
-    r = subprocess.run(["make", "-C", str(NATIVE), f"BUILD={b}", "fixed",
-                        f"FIXED_LIMITS_PATH={fixed}", f"FIXED_LIMITS_OWNER={owner}"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            "make",
+            "-C",
+            str(NATIVE),
+            f"BUILD={b}",
+            "fixed",
+            f"FIXED_LIMITS_PATH={fixed}",
+            f"FIXED_LIMITS_OWNER={owner}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return Build(b, b / "fixed" / "libtessera-enforce.so", plain.fake, plain.bin)
 
 
-def test_fixed_path_wins_over_the_environment(tmp_path: Path, build_root: Path,
-                                              plain: Build) -> None:
+def test_fixed_path_wins_over_the_environment(
+    tmp_path: Path, build_root: Path, plain: Build
+) -> None:
     fixed = tmp_path / "etc" / "limits"
     fixed.parent.mkdir()
     lib = _fixed_build(build_root / "fixedpath", fixed, os.getuid(), plain)
@@ -296,12 +371,14 @@ def test_anything_at_the_fixed_path_but_a_root_owned_file_fails_closed(
     assert run()[0] == from_env
     (etc / "tessera").mkdir()
     assert run()[0] == from_env
-    for what, msg in [("dangling symlink", "is a symbolic link"),
-                      ("symlink to a good file", "is a symbolic link"),
-                      ("directory", "not a regular file"),
-                      ("fifo", "not a regular file"),
-                      ("writable", "writable by group or others"),
-                      ("parent symlink", "is a symbolic link")]:
+    for what, msg in [
+        ("dangling symlink", "is a symbolic link"),
+        ("symlink to a good file", "is a symbolic link"),
+        ("directory", "not a regular file"),
+        ("fifo", "not a regular file"),
+        ("writable", "writable by group or others"),
+        ("parent symlink", "is a symbolic link"),
+    ]:
         reset()
         if what == "dangling symlink":
             fixed.symlink_to(tmp_path / "nowhere")
@@ -334,7 +411,8 @@ def test_anything_at_the_fixed_path_but_a_root_owned_file_fails_closed(
     # the same file, but the library expects another owner (root, in production)
     other = _fixed_build(build_root / "fixedowner", fixed, os.getuid() + 1, plain)
     r = Claim(tmp_path, other, [GpuLimit(UUIDS[0], 100 * MiB, 0)], name="other").run(
-        "tp_cuda", "link", "init", "dev", "0")
+        "tp_cuda", "link", "init", "dev", "0"
+    )
     assert r.stdout.splitlines()[1] == "dev 0 2"
     assert "not owned by root" in r.stderr
 
@@ -345,14 +423,45 @@ def test_one_program_under_valgrind(tmp_path: Path, plain: Build) -> None:
         pytest.fail("valgrind not installed (apt-get install valgrind)")
     c = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], 100 * MiB, 0)], context_overhead=MiB)
     env = c.env()
-    cmd = [vg, "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite",
-           "--track-fds=no", "-q", plain.prog("tp_cuda"), "procaddr", "init", "dev", "0",
-           "alloc", str(50 * MiB), "alloc", str(60 * MiB), "vmm", str(2 * MiB), "pool", "4096",
-           "array", "64", "64", "meminfo", "nvml", "0", "freeall", "meminfo", "launch", "100", "1"]
+    cmd = [
+        vg,
+        "--error-exitcode=99",
+        "--leak-check=full",
+        "--errors-for-leak-kinds=definite",
+        "--track-fds=no",
+        "-q",
+        plain.prog("tp_cuda"),
+        "procaddr",
+        "init",
+        "dev",
+        "0",
+        "alloc",
+        str(50 * MiB),
+        "alloc",
+        str(60 * MiB),
+        "vmm",
+        str(2 * MiB),
+        "pool",
+        "4096",
+        "array",
+        "64",
+        "64",
+        "meminfo",
+        "nvml",
+        "0",
+        "freeall",
+        "meminfo",
+        "launch",
+        "100",
+        "1",
+    ]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-3:] == ["freeall 0", f"meminfo 0 free={97 * MiB} total={100 * MiB}",
-                                          "launch 0"]  # the default pool keeps its 2 MiB chunk
+    assert r.stdout.splitlines()[-3:] == [
+        "freeall 0",
+        f"meminfo 0 free={97 * MiB} total={100 * MiB}",
+        "launch 0",
+    ]  # the default pool keeps its 2 MiB chunk
 
 
 def test_every_route_under_valgrind(tmp_path: Path, plain: Build) -> None:
@@ -361,17 +470,87 @@ def test_every_route_under_valgrind(tmp_path: Path, plain: Build) -> None:
     if vg is None:
         pytest.fail("valgrind not installed (apt-get install valgrind)")
     c = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], 100 * MiB, 0)], context_overhead=MiB)
-    cmd = [vg, "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite",
-           "--track-fds=no", "-q", plain.prog("tp_cuda"), "procaddr", "init", "dev", "0",
-           "reserve", str(16 * MiB), "create", str(2 * MiB), "dev", "map", "0", "retain", "0",
-           "vrelease", "1", "vrelease", "0", "mc", str(2 * MiB), "create", str(2 * MiB), "dev",
-           "mcbind", "2", "3", "vrelease", "3", "mcunbind", "2", "unmap", "0",
-           "poolcreate", "dev", "palloc", "0", str(3 * MiB), "pfree", "pdestroy", "0",
-           "gcreate", "galloc", "0", str(2 * MiB), "ginst", "0", "0", "glaunch", "0",
-           "gfreeptr", "0", "gdestroy", "0", "gtrim", "setlimit", "heap", str(16 * MiB),
-           "nextalloc", str(MiB), "free", "deepbind", str(MiB), "freeall", "dlmopen",
-           "reset", "0", "dev", "0", "meminfo"]
+    cmd = [
+        vg,
+        "--error-exitcode=99",
+        "--leak-check=full",
+        "--errors-for-leak-kinds=definite",
+        "--track-fds=no",
+        "-q",
+        plain.prog("tp_cuda"),
+        "procaddr",
+        "init",
+        "dev",
+        "0",
+        "reserve",
+        str(16 * MiB),
+        "create",
+        str(2 * MiB),
+        "dev",
+        "map",
+        "0",
+        "retain",
+        "0",
+        "vrelease",
+        "1",
+        "vrelease",
+        "0",
+        "mc",
+        str(2 * MiB),
+        "create",
+        str(2 * MiB),
+        "dev",
+        "mcbind",
+        "2",
+        "3",
+        "vrelease",
+        "3",
+        "mcunbind",
+        "2",
+        "unmap",
+        "0",
+        "poolcreate",
+        "dev",
+        "palloc",
+        "0",
+        str(3 * MiB),
+        "pfree",
+        "pdestroy",
+        "0",
+        "gcreate",
+        "galloc",
+        "0",
+        str(2 * MiB),
+        "ginst",
+        "0",
+        "0",
+        "glaunch",
+        "0",
+        "gfreeptr",
+        "0",
+        "gdestroy",
+        "0",
+        "gtrim",
+        "setlimit",
+        "heap",
+        str(16 * MiB),
+        "nextalloc",
+        str(MiB),
+        "free",
+        "deepbind",
+        str(MiB),
+        "freeall",
+        "dlmopen",
+        "reset",
+        "0",
+        "dev",
+        "0",
+        "meminfo",
+    ]
     r = subprocess.run(cmd, env=c.env(), capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-3:] == ["reset 0 0", "dev 0 0",
-                                          f"meminfo 0 free={99 * MiB} total={100 * MiB}"]
+    assert r.stdout.splitlines()[-3:] == [
+        "reset 0 0",
+        "dev 0 0",
+        f"meminfo 0 free={99 * MiB} total={100 * MiB}",
+    ]

@@ -25,10 +25,34 @@ def test_every_interception_path_enforces_and_reports(
     tmp_path: Path, anybuild: Build, mode: str
 ) -> None:
     c = Claim(tmp_path, anybuild, [GpuLimit(UUIDS[1], LIMIT, 0)], context_overhead=OVH)
-    out = c.tp(mode, "init", "dev", "1", "meminfo", "alloc", str(60 * MiB),
-               "alloc", str(60 * MiB), "calls", "cuMemAlloc_v2", "meminfo",
-               "nvml", "1", "nvml2", "1", "nvml", "0", "totalmem", "1", "totalmem", "0",
-               "used", "1", "freeall", "meminfo")
+    out = c.tp(
+        mode,
+        "init",
+        "dev",
+        "1",
+        "meminfo",
+        "alloc",
+        str(60 * MiB),
+        "alloc",
+        str(60 * MiB),
+        "calls",
+        "cuMemAlloc_v2",
+        "meminfo",
+        "nvml",
+        "1",
+        "nvml2",
+        "1",
+        "nvml",
+        "0",
+        "totalmem",
+        "1",
+        "totalmem",
+        "0",
+        "used",
+        "1",
+        "freeall",
+        "meminfo",
+    )
     used = 60 * MiB + OVH
     assert out == [
         "init 0",
@@ -59,10 +83,26 @@ def test_procaddr_pointers_unknown_to_dlsym_are_matched_by_name(
     tmp_path: Path, plain: Build
 ) -> None:
     c = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], LIMIT, 0)])
-    out = c.tp("procaddr", "init", "dev", "0", "alloc", str(LIMIT + 1), "alloc", str(LIMIT),
-               "calls", "cuMemAlloc_v2", "meminfo", FAKE_PROCADDR_TRAMPOLINE="1")
-    assert out[2:] == [f"alloc {LIMIT + 1} {OOM}", f"alloc {LIMIT} 0", "calls cuMemAlloc_v2 1",
-                       f"meminfo 0 free=0 total={LIMIT}"]
+    out = c.tp(
+        "procaddr",
+        "init",
+        "dev",
+        "0",
+        "alloc",
+        str(LIMIT + 1),
+        "alloc",
+        str(LIMIT),
+        "calls",
+        "cuMemAlloc_v2",
+        "meminfo",
+        FAKE_PROCADDR_TRAMPOLINE="1",
+    )
+    assert out[2:] == [
+        f"alloc {LIMIT + 1} {OOM}",
+        f"alloc {LIMIT} 0",
+        "calls cuMemAlloc_v2 1",
+        f"meminfo 0 free=0 total={LIMIT}",
+    ]
 
 
 def test_rtld_next_stays_relative_to_the_caller(tmp_path: Path, anybuild: Build) -> None:
@@ -96,48 +136,120 @@ def test_every_allocation_kind_is_charged_and_credited(tmp_path: Path, anybuild:
     i = 2
     for args, nbytes in steps:
         total += nbytes
-        assert out[i].split()[-1] == "0" or out[i].startswith(("pitch 0", "array", "mipmap")), out[i]
+        assert out[i].split()[-1] == "0" or out[i].startswith(("pitch 0", "array", "mipmap")), out[
+            i
+        ]
         assert out[i + 1] == f"meminfo 0 free={lim - total} total={lim}", (args, out[i + 1])
         i += 2
     assert out[i] == f"used 0 {total}"  # the fake driver holds exactly what was charged
     reserves = 7 * chunk  # freed pool allocations go back to their pools' reserves
-    assert out[i + 1:] == ["freeall 0", f"meminfo 0 free={lim - reserves} total={lim}", "sync 0",
-                           f"meminfo 0 free={lim} total={lim}", "used 0 0"]
+    assert out[i + 1 :] == [
+        "freeall 0",
+        f"meminfo 0 free={lim - reserves} total={lim}",
+        "sync 0",
+        f"meminfo 0 free={lim} total={lim}",
+        "used 0 0",
+    ]
 
 
 def test_pitch_settles_on_the_real_pitch(tmp_path: Path, plain: Build) -> None:
     c = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], 1 * MiB, 0)])
     # the fake pads rows to 2048: charge goes from the 512-padded estimate to pitch*height
-    out = c.tp("link", "init", "dev", "0", "pitch", "1000", "100", "4", "meminfo",
-               "pitch", "1000", "500", "4", "meminfo", "calls", "cuMemFree_v2",
-               FAKE_PITCH_ALIGN="2048")
+    out = c.tp(
+        "link",
+        "init",
+        "dev",
+        "0",
+        "pitch",
+        "1000",
+        "100",
+        "4",
+        "meminfo",
+        "pitch",
+        "1000",
+        "500",
+        "4",
+        "meminfo",
+        "calls",
+        "cuMemFree_v2",
+        FAKE_PITCH_ALIGN="2048",
+    )
     assert out[2:] == [
-        "pitch 0 pitch=2048", f"meminfo 0 free={MiB - 204800} total={MiB}",
+        "pitch 0 pitch=2048",
+        f"meminfo 0 free={MiB - 204800} total={MiB}",
         # 1024*500 fits the estimate, 2048*500 does not: freed again and refused
-        f"pitch {OOM} pitch=2048", f"meminfo 0 free={MiB - 204800} total={MiB}",
+        f"pitch {OOM} pitch=2048",
+        f"meminfo 0 free={MiB - 204800} total={MiB}",
         "calls cuMemFree_v2 1",
     ]
 
 
 def test_allocation_exactly_at_the_limit(tmp_path: Path, plain: Build) -> None:
     c = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], 10 * MiB, 0)], context_overhead=MiB)
-    out = c.tp("dlsym", "init", "dev", "0", "alloc", str(9 * MiB), "alloc", "1", "free",
-               "alloc", str(9 * MiB + 1), "alloc", str(9 * MiB), "meminfo")
-    assert out[2:] == [f"alloc {9 * MiB} 0", f"alloc 1 {OOM}", "free 0",
-                       f"alloc {9 * MiB + 1} {OOM}", f"alloc {9 * MiB} 0",
-                       f"meminfo 0 free=0 total={10 * MiB}"]
+    out = c.tp(
+        "dlsym",
+        "init",
+        "dev",
+        "0",
+        "alloc",
+        str(9 * MiB),
+        "alloc",
+        "1",
+        "free",
+        "alloc",
+        str(9 * MiB + 1),
+        "alloc",
+        str(9 * MiB),
+        "meminfo",
+    )
+    assert out[2:] == [
+        f"alloc {9 * MiB} 0",
+        f"alloc 1 {OOM}",
+        "free 0",
+        f"alloc {9 * MiB + 1} {OOM}",
+        f"alloc {9 * MiB} 0",
+        f"meminfo 0 free=0 total={10 * MiB}",
+    ]
 
 
 def test_context_overhead_is_charged_per_context(tmp_path: Path, anybuild: Build) -> None:
     c = Claim(tmp_path, anybuild, [GpuLimit(UUIDS[2], 25 * MiB, 0)], context_overhead=10 * MiB)
-    out = c.tp("link", "init", "dev", "2", "meminfo", "ctx", "2", "meminfo", "ctx", "2",
-               "destroyctx", "dev", "2", "meminfo", "release", "2", "release", "2", "nvml", "2")
-    assert out == ["init 0", "dev 2 0", f"meminfo 0 free={15 * MiB} total={25 * MiB}",
-                   "ctx 2 0", f"meminfo 0 free={5 * MiB} total={25 * MiB}",
-                   f"ctx 2 {OOM}", "destroyctx 0",
-                   "dev 2 0",  # retained again: the primary context is charged once
-                   f"meminfo 0 free={15 * MiB} total={25 * MiB}",
-                   "release 2 0", "release 2 0", f"nvml 0 total={25 * MiB} used=0 free={25 * MiB}"]
+    out = c.tp(
+        "link",
+        "init",
+        "dev",
+        "2",
+        "meminfo",
+        "ctx",
+        "2",
+        "meminfo",
+        "ctx",
+        "2",
+        "destroyctx",
+        "dev",
+        "2",
+        "meminfo",
+        "release",
+        "2",
+        "release",
+        "2",
+        "nvml",
+        "2",
+    )
+    assert out == [
+        "init 0",
+        "dev 2 0",
+        f"meminfo 0 free={15 * MiB} total={25 * MiB}",
+        "ctx 2 0",
+        f"meminfo 0 free={5 * MiB} total={25 * MiB}",
+        f"ctx 2 {OOM}",
+        "destroyctx 0",
+        "dev 2 0",  # retained again: the primary context is charged once
+        f"meminfo 0 free={15 * MiB} total={25 * MiB}",
+        "release 2 0",
+        "release 2 0",
+        f"nvml 0 total={25 * MiB} used=0 free={25 * MiB}",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -154,10 +266,29 @@ def test_cuda_visible_devices_maps_ordinals_by_uuid(
 ) -> None:
     limits = {1: 1 * GiB, 3: 2 * GiB}
     c = Claim(tmp_path, plain, [GpuLimit(UUIDS[i], m, 0) for i, m in limits.items()])
-    out = c.tp("link", "init", "dev", "0", "meminfo", "alloc", str(300 * MiB),
-               "dev", "1", "meminfo", "alloc", str(100 * MiB),
-               "nvml", "0", "nvml", "1", "nvml", "2", "nvml", "3",
-               CUDA_VISIBLE_DEVICES=cvd)
+    out = c.tp(
+        "link",
+        "init",
+        "dev",
+        "0",
+        "meminfo",
+        "alloc",
+        str(300 * MiB),
+        "dev",
+        "1",
+        "meminfo",
+        "alloc",
+        str(100 * MiB),
+        "nvml",
+        "0",
+        "nvml",
+        "1",
+        "nvml",
+        "2",
+        "nvml",
+        "3",
+        CUDA_VISIBLE_DEVICES=cvd,
+    )
     t0, t1 = limits.get(phys0, PHYS), limits.get(phys1, PHYS)
     assert out[2] == f"meminfo 0 free={t0} total={t0}"
     assert out[5] == f"meminfo 0 free={t1} total={t1}"
@@ -175,14 +306,30 @@ def test_usage_is_shared_by_the_processes_of_a_claim(
     a = c.spawn("tp_cuda", "link", "init", "dev", "0", "alloc", str(40 * MiB), "hold")
     procs.append(a)
     wait_line(a, "holding")
-    out = c.tp("dlsym", "init", "dev", "0", "meminfo", "alloc", str(60 * MiB),
-               "alloc", str(58 * MiB), "meminfo", "ready")
-    assert out[2:] == [f"meminfo 0 free={LIMIT - 40 * MiB - 2 * OVH} total={LIMIT}",
-                       f"alloc {60 * MiB} {OOM}", f"alloc {58 * MiB} 0",
-                       f"meminfo 0 free=0 total={LIMIT}", "ready"]
+    out = c.tp(
+        "dlsym",
+        "init",
+        "dev",
+        "0",
+        "meminfo",
+        "alloc",
+        str(60 * MiB),
+        "alloc",
+        str(58 * MiB),
+        "meminfo",
+        "ready",
+    )
+    assert out[2:] == [
+        f"meminfo 0 free={LIMIT - 40 * MiB - 2 * OVH} total={LIMIT}",
+        f"alloc {60 * MiB} {OOM}",
+        f"alloc {58 * MiB} 0",
+        f"meminfo 0 free=0 total={LIMIT}",
+        "ready",
+    ]
     snap = read_region(c.region)
     assert [(s.pid, s.used[0], s.contexts[0]) for s in snap.slots] == [
-        (a.pid, 40 * MiB + OVH, 1)]  # the second process has exited and given its slot back
+        (a.pid, 40 * MiB + OVH, 1)
+    ]  # the second process has exited and given its slot back
     assert snap.gpus[0].uuid == UUIDS[0] and snap.gpus[0].memory_limit == LIMIT
     assert snap.used(UUIDS[0]) == 40 * MiB + OVH
 
@@ -206,8 +353,11 @@ def test_killed_process_usage_is_reclaimed(
     assert [(s.pid, s.used[0]) for s in raw.slots] == [(a.pid, 70 * MiB + OVH)]
     assert read_region(c.region).used(UUIDS[0]) == 0
     out = c.tp("link", "init", "dev", "0", "meminfo", "alloc", str(LIMIT - OVH), "meminfo")
-    assert out[2:] == [f"meminfo 0 free={LIMIT - OVH} total={LIMIT}",
-                       f"alloc {LIMIT - OVH} 0", f"meminfo 0 free=0 total={LIMIT}"]
+    assert out[2:] == [
+        f"meminfo 0 free={LIMIT - OVH} total={LIMIT}",
+        f"alloc {LIMIT - OVH} 0",
+        f"meminfo 0 free=0 total={LIMIT}",
+    ]
     after = read_region(c.region, check_liveness=False)
     assert after.slots == ()  # reclaimed by the second process, which then exited cleanly
 
@@ -244,13 +394,27 @@ def test_region_created_by_python_is_used_by_the_library(
     c = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], LIMIT, 0), GpuLimit(UUIDS[1], LIMIT, 0)])
     # the driver creates the region, listing the GPUs in another order than the limits file
     create_region(c.region, [(UUIDS[1], LIMIT, 0), (UUIDS[0], LIMIT, 0)], context_overhead=0)
-    p = c.spawn("tp_cuda", "link", "init", "dev", "0", "alloc", str(5 * MiB), "dev", "1",
-                "alloc", str(7 * MiB), "hold")
+    p = c.spawn(
+        "tp_cuda",
+        "link",
+        "init",
+        "dev",
+        "0",
+        "alloc",
+        str(5 * MiB),
+        "dev",
+        "1",
+        "alloc",
+        str(7 * MiB),
+        "hold",
+    )
     procs.append(p)
     wait_line(p, "holding")
     snap = read_region(c.region)
-    assert [(g.index, g.uuid, g.used) for g in snap.gpus] == [(0, UUIDS[1], 7 * MiB),
-                                                                (1, UUIDS[0], 5 * MiB)]
+    assert [(g.index, g.uuid, g.used) for g in snap.gpus] == [
+        (0, UUIDS[1], 7 * MiB),
+        (1, UUIDS[0], 5 * MiB),
+    ]
     assert [s.used[:3] for s in snap.slots] == [(7 * MiB, 5 * MiB, 0)]
 
 
@@ -258,6 +422,5 @@ def test_unlisted_gpu_is_not_limited_and_inert_without_limits(tmp_path: Path, pl
     c = Claim(tmp_path, plain, [GpuLimit(UUIDS[1], LIMIT, 0)])
     out = c.tp("link", "init", "dev", "0", "alloc", str(2 * GiB), "meminfo")
     assert out[2:] == [f"alloc {2 * GiB} 0", f"meminfo 0 free={PHYS - 2 * GiB} total={PHYS}"]
-    out = c.tp("link", "init", "dev", "1", "alloc", str(2 * GiB), "meminfo",
-               TESSERA_LIMITS_FILE="")
+    out = c.tp("link", "init", "dev", "1", "alloc", str(2 * GiB), "meminfo", TESSERA_LIMITS_FILE="")
     assert out[2:] == [f"alloc {2 * GiB} 0", f"meminfo 0 free={PHYS - 2 * GiB} total={PHYS}"]

@@ -66,11 +66,29 @@ def _sample(text: str, name: str, **labels: str) -> float:
     return found[0]
 
 
-def _start_exporter(region_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str, list[str]]:
+def _start_exporter(
+    region_dir: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[str], str, list[str]]:
     p = subprocess.Popen(
-        [sys.executable, "-m", "tessera", "monitor", "--port", "0", "--address", "127.0.0.1",
-         "--region-dir", str(region_dir), "--node-name", "gpu-node-1", "--no-api"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tessera",
+            "monitor",
+            "--port",
+            "0",
+            "--address",
+            "127.0.0.1",
+            "--region-dir",
+            str(region_dir),
+            "--node-name",
+            "gpu-node-1",
+            "--no-api",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert p.stderr is not None
     log: list[str] = []
@@ -105,14 +123,35 @@ def stack(plain: Build, tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
     state = tmp / "gpu-state"
     # Claim "uid-a": one GPU, 128 MiB, 30 cores; the driver's claim.json names it and its pod.
     a = Claim(regions, plain, [GpuLimit(UUIDS[0], 128 * MiB, 30)], state=state, name="uid-a")
-    (a.dir / "claim.json").write_text(json.dumps({
-        "version": 1, "uid": "uid-a", "namespace": "team-a", "name": "trainer-0-gpu", "driver": "gpu.tessera.dev",
-        "pool": "gpu-node-1", "devices": [{"uuid": UUIDS[0], "device": "gpu-0"}],
-        "pods": [{"namespace": "team-a", "name": "trainer-0", "uid": "pod-uid-1", "containers": ["main"]}],
-    }))
+    (a.dir / "claim.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "uid": "uid-a",
+                "namespace": "team-a",
+                "name": "trainer-0-gpu",
+                "driver": "gpu.tessera.dev",
+                "pool": "gpu-node-1",
+                "devices": [{"uuid": UUIDS[0], "device": "gpu-0"}],
+                "pods": [
+                    {
+                        "namespace": "team-a",
+                        "name": "trainer-0",
+                        "uid": "pod-uid-1",
+                        "containers": ["main"],
+                    }
+                ],
+            }
+        )
+    )
     # Claim "uid-b": two GPUs, no claim.json (its limits file names it default/uid-b).
-    b = Claim(regions, plain, [GpuLimit(UUIDS[1], 1024 * MiB, 50), GpuLimit(UUIDS[2], 2048 * MiB, 0)],
-              state=state, name="uid-b")
+    b = Claim(
+        regions,
+        plain,
+        [GpuLimit(UUIDS[1], 1024 * MiB, 50), GpuLimit(UUIDS[2], 2048 * MiB, 0)],
+        state=state,
+        name="uid-b",
+    )
     # A truncated region and one of another layout version, beside them.
     bad = regions / "uid-truncated"
     bad.mkdir()
@@ -128,20 +167,47 @@ def stack(plain: Build, tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
 
     procs: dict[str, subprocess.Popen[str]] = {}
     try:
-        procs["a1"] = a.spawn("tp_cuda", "link", "init", "dev", "0", "alloc", str(120 * MiB), "ready", "hold")
-        procs["b1"] = b.spawn("tp_cuda", "link", "init", "dev", "1", "alloc", str(200 * MiB), "dev", "2",
-                              "alloc", str(50 * MiB), "ready", "hold")
-        procs["b2"] = b.spawn("tp_cuda", "link", "init", "dev", "1", "alloc", str(300 * MiB), "ready", "hold")
+        procs["a1"] = a.spawn(
+            "tp_cuda", "link", "init", "dev", "0", "alloc", str(120 * MiB), "ready", "hold"
+        )
+        procs["b1"] = b.spawn(
+            "tp_cuda",
+            "link",
+            "init",
+            "dev",
+            "1",
+            "alloc",
+            str(200 * MiB),
+            "dev",
+            "2",
+            "alloc",
+            str(50 * MiB),
+            "ready",
+            "hold",
+        )
+        procs["b2"] = b.spawn(
+            "tp_cuda", "link", "init", "dev", "1", "alloc", str(300 * MiB), "ready", "hold"
+        )
         for p in procs.values():
             wait_line(p, "holding")
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_", "TESSERA_", "LD_PRELOAD"))}
-        env.update(LD_LIBRARY_PATH=str(plain.fake), FAKE_GPU_STATE=str(state),
-                   FAKE_GPUS=",".join(f"{u}={PHYS}" for u in UUIDS), FAKE_GPU_UTIL=str(UTIL))
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("FAKE_", "TESSERA_", "LD_PRELOAD"))
+        }
+        env.update(
+            LD_LIBRARY_PATH=str(plain.fake),
+            FAKE_GPU_STATE=str(state),
+            FAKE_GPUS=",".join(f"{u}={PHYS}" for u in UUIDS),
+            FAKE_GPU_UTIL=str(UTIL),
+        )
         exporter, url, log = _start_exporter(regions, env)
         try:
             target = url.split("//", 1)[1].split("/", 1)[0]
             with prometheus(tmp / "prometheus", [target], rule_files=[RULES]) as prom:
-                prom.wait('up{job="tessera-monitor"}', lambda r: bool(r) and r[0]["value"][1] == "1")
+                prom.wait(
+                    'up{job="tessera-monitor"}', lambda r: bool(r) and r[0]["value"][1] == "1"
+                )
                 prom.wait("tessera_share_processes", lambda r: len(r) == 2)
                 yield Stack(regions, exporter, url, log, prom, procs)
         finally:
@@ -159,7 +225,12 @@ def test_hami_names_answer_promql(stack: Stack) -> None:
     q = 'hami_vgpu_memory_used_bytes{namespace="team-a", pod="trainer-0", container="main", vdevice_index="0"}'
     assert prom.value(q) == 120 * MiB
     assert prom.value(f'hami_vgpu_memory_limit_bytes{{device_uuid="{UUIDS[0]}"}}') == 128 * MiB
-    assert prom.value(f'hami_container_device_memory_bytes{{pod="trainer-0", device_uuid="{UUIDS[0]}"}}') == 120 * MiB
+    assert (
+        prom.value(
+            f'hami_container_device_memory_bytes{{pod="trainer-0", device_uuid="{UUIDS[0]}"}}'
+        )
+        == 120 * MiB
+    )
     # Claim b has no pod metadata without the API: its series carry no pod, still per GPU.
     assert prom.value(f'hami_vgpu_memory_used_bytes{{device_uuid="{UUIDS[1]}"}}') == 500 * MiB
     assert prom.value(f'hami_vgpu_memory_used_bytes{{device_uuid="{UUIDS[2]}"}}') == 50 * MiB
@@ -176,10 +247,20 @@ def test_tessera_names_answer_promql(stack: Stack) -> None:
     assert prom.value(f"tessera_share_memory_used_bytes{{{sel}}}") == 120 * MiB
     assert prom.value(f"tessera_share_memory_limit_bytes{{{sel}}}") == 128 * MiB
     assert prom.value(f"tessera_share_cores_ratio{{{sel}}}") == 0.3
-    assert prom.value('tessera_share_processes{dra_claim_name="trainer-0-gpu", pod="trainer-0"}') == 1
-    assert prom.value('tessera_share_processes{dra_claim_namespace="default", dra_claim_name="uid-b"}') == 2
-    assert prom.value(f'tessera_share_memory_used_bytes{{dra_claim_name="uid-b", UUID="{UUIDS[1]}"}}') == 500 * MiB
-    assert prom.value(f'tessera_share_cores_ratio{{dra_claim_name="uid-b", UUID="{UUIDS[2]}"}}') == 0
+    assert (
+        prom.value('tessera_share_processes{dra_claim_name="trainer-0-gpu", pod="trainer-0"}') == 1
+    )
+    assert (
+        prom.value('tessera_share_processes{dra_claim_namespace="default", dra_claim_name="uid-b"}')
+        == 2
+    )
+    assert (
+        prom.value(f'tessera_share_memory_used_bytes{{dra_claim_name="uid-b", UUID="{UUIDS[1]}"}}')
+        == 500 * MiB
+    )
+    assert (
+        prom.value(f'tessera_share_cores_ratio{{dra_claim_name="uid-b", UUID="{UUIDS[2]}"}}') == 0
+    )
     # Joins on the device: the share's bytes against the GPU's (NVML) total, by UUID.
     frac = prom.value(
         f'tessera_share_memory_used_bytes{{UUID="{UUIDS[1]}"}} / on (node, UUID) group_left() tessera_gpu_memory_total_bytes'
@@ -195,8 +276,10 @@ def test_bad_regions_are_reported_once_and_the_others_still_served(stack: Stack)
     prom = stack.prom
     assert prom.value('tessera_share_region_readable{dra_claim_uid="uid-truncated"}') == 0
     assert prom.value('tessera_share_region_readable{dra_claim_uid="uid-v2"}') == 0
-    assert prom.value('sum(tessera_share_region_readable)') == 2
-    assert prom.query('tessera_share_memory_used_bytes{dra_claim_uid=~"uid-truncated|uid-v2"}') == []
+    assert prom.value("sum(tessera_share_region_readable)") == 2
+    assert (
+        prom.query('tessera_share_memory_used_bytes{dra_claim_uid=~"uid-truncated|uid-v2"}') == []
+    )
     truncated = [line for line in stack.log if "uid-truncated" in line]
     other = [line for line in stack.log if "uid-v2" in line]
     assert len(truncated) == 1, stack.log  # once, not at every scrape
@@ -214,7 +297,9 @@ def test_alert_rules_evaluate_on_real_figures(stack: Stack) -> None:
     res = prom.wait('ALERTS{alertname="TesseraShareRegionUnreadable"}', lambda r: len(r) == 2)
     assert {r["metric"]["dra_claim_uid"] for r in res} == {"uid-truncated", "uid-v2"}
     # Claim b uses 500 of 1024 MiB and claim a's other GPUs hold nothing: no other share alert.
-    assert prom.query('ALERTS{alertname=~"TesseraShareIdle|TesseraGPUShareLimitsExceedMemory"}') == []
+    assert (
+        prom.query('ALERTS{alertname=~"TesseraShareIdle|TesseraGPUShareLimitsExceedMemory"}') == []
+    )
 
 
 def _dashboard_exprs() -> list[str]:
@@ -227,33 +312,55 @@ def _dashboard_exprs() -> list[str]:
 def test_dashboard_queries_run_on_real_figures(stack: Stack) -> None:
     answered = set()
     for expr in _dashboard_exprs():
-        q = expr.replace("$node", ".*").replace("$namespace", ".*").replace("$__rate_interval", "30s")
+        q = (
+            expr.replace("$node", ".*")
+            .replace("$namespace", ".*")
+            .replace("$__rate_interval", "30s")
+        )
         res = stack.prom.query(q)  # a PromQL error fails here
         if res:
             answered.add(expr.split("{", 1)[0])
     # Every share and NVML panel has data (allocation panels need the API: see tests/e2e).
-    for name in ("tessera_share_memory_used_bytes", "tessera_share_memory_limit_bytes", "tessera_share_processes",
-                 "tessera_gpu_memory_used_bytes", "tessera_gpu_utilization_ratio", "tessera_share_cores_ratio"):
+    for name in (
+        "tessera_share_memory_used_bytes",
+        "tessera_share_memory_limit_bytes",
+        "tessera_share_processes",
+        "tessera_gpu_memory_used_bytes",
+        "tessera_gpu_utilization_ratio",
+        "tessera_share_cores_ratio",
+    ):
         assert name in answered, name
 
 
 def test_sigkilled_process_disappears_within_one_scrape(stack: Stack) -> None:
     before = stack.scrape()
-    assert _sample(before, "tessera_share_memory_used_bytes", dra_claim_name="uid-b", UUID=UUIDS[1]) == 500 * MiB
+    assert (
+        _sample(before, "tessera_share_memory_used_bytes", dra_claim_name="uid-b", UUID=UUIDS[1])
+        == 500 * MiB
+    )
     victim = stack.procs["b2"]
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     killed_at = time.time()
     after = stack.scrape()  # the very next scrape
-    assert _sample(after, "tessera_share_memory_used_bytes", dra_claim_name="uid-b", UUID=UUIDS[1]) == 200 * MiB
+    assert (
+        _sample(after, "tessera_share_memory_used_bytes", dra_claim_name="uid-b", UUID=UUIDS[1])
+        == 200 * MiB
+    )
     assert _sample(after, "tessera_share_processes", dra_claim_name="uid-b") == 1
     assert _sample(after, "hami_vgpu_memory_used_bytes", device_uuid=UUIDS[1]) == 200 * MiB
 
     # Prometheus: the first sample it scraped after the kill already has the new figure.
     def fresh(r: list[dict[str, Any]]) -> bool:
         return bool(r) and float(r[0]["value"][1]) > killed_at
+
     res = stack.prom.wait('timestamp(tessera_share_processes{dra_claim_name="uid-b"})', fresh)
     assert res
     assert stack.prom.value('tessera_share_processes{dra_claim_name="uid-b"}') == 1
-    assert stack.prom.value(f'tessera_share_memory_used_bytes{{dra_claim_name="uid-b", UUID="{UUIDS[1]}"}}') == 200 * MiB
-    assert stack.prom.value('sum(hami_vgpu_memory_used_bytes)') == (120 + 200 + 50) * MiB
+    assert (
+        stack.prom.value(
+            f'tessera_share_memory_used_bytes{{dra_claim_name="uid-b", UUID="{UUIDS[1]}"}}'
+        )
+        == 200 * MiB
+    )
+    assert stack.prom.value("sum(hami_vgpu_memory_used_bytes)") == (120 + 200 + 50) * MiB

@@ -30,8 +30,9 @@ def _util(p: subprocess.Popen[str]) -> float:
     return float(fields["util"])
 
 
-def test_a_30_70_split_gets_its_shares(tmp_path: Path, plain: Build,
-                                       procs: list[subprocess.Popen[str]]) -> None:
+def test_a_30_70_split_gets_its_shares(
+    tmp_path: Path, plain: Build, procs: list[subprocess.Popen[str]]
+) -> None:
     a = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], 100 * MiB, 30)], name="a")
     b = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], 100 * MiB, 70)], name="b")
     pa = a.spawn("tp_launch", "util", SECONDS, "200")
@@ -52,19 +53,22 @@ def test_no_limiter_at_0_or_100(tmp_path: Path, plain: Build, cores: int) -> Non
     assert read_region(c.region, check_liveness=False).gpus[0].launches == 0
 
 
-def test_every_launch_kind_is_paced(tmp_path: Path, plain: Build,
-                                    procs: list[subprocess.Popen[str]]) -> None:
+def test_every_launch_kind_is_paced(
+    tmp_path: Path, plain: Build, procs: list[subprocess.Popen[str]]
+) -> None:
     kinds = ["ex", "coop", "graph", "mixed"]
     claims = [Claim(tmp_path, plain, [GpuLimit(UUIDS[0], 100 * MiB, 40)], name=k) for k in kinds]
-    ps = [c.spawn("tp_launch", "util", SECONDS, "150", k) for c, k in zip(claims, kinds,
-                                                                            strict=True)]
+    ps = [
+        c.spawn("tp_launch", "util", SECONDS, "150", k) for c, k in zip(claims, kinds, strict=True)
+    ]
     procs.extend(ps)
     utils = {k: _util(p) for k, p in zip(kinds, ps, strict=True)}
     assert all(abs(u - 40) <= 5 for u in utils.values()), utils
 
 
-def test_processes_of_one_claim_share_one_budget(tmp_path: Path, plain: Build,
-                                                 procs: list[subprocess.Popen[str]]) -> None:
+def test_processes_of_one_claim_share_one_budget(
+    tmp_path: Path, plain: Build, procs: list[subprocess.Popen[str]]
+) -> None:
     c = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], 100 * MiB, 50)])
     ps = [c.spawn("tp_launch", "util", SECONDS, "100") for _ in range(2)]
     procs.extend(ps)

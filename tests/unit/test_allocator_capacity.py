@@ -15,8 +15,16 @@ def q(v: str | int) -> Quantity:
     return Quantity.parse(str(v))
 
 
-def cap(value: int, default: int | None = None, *, mn: int | None = None, mx: int | None = None,
-        step: int | None = None, values: tuple[int, ...] = (), policy: bool = True) -> Capacity:
+def cap(
+    value: int,
+    default: int | None = None,
+    *,
+    mn: int | None = None,
+    mx: int | None = None,
+    step: int | None = None,
+    values: tuple[int, ...] = (),
+    policy: bool = True,
+) -> Capacity:
     if not policy:
         return Capacity(q(value))
     return Capacity(
@@ -35,8 +43,14 @@ DEV = ("driver-a", "pool-1", "device-x")
 
 
 def share(share_id: str, c0: int) -> dict:
-    return {"request": "r", "driver": DEV[0], "pool": DEV[1], "device": DEV[2], "shareID": share_id,
-            "consumedCapacity": {"capacity-0": str(c0)}}
+    return {
+        "request": "r",
+        "driver": DEV[0],
+        "pool": DEV[1],
+        "device": DEV[2],
+        "shareID": share_id,
+        "consumedCapacity": {"capacity-0": str(c0)},
+    }
 
 
 def test_consumed_capacity_add_and_sub_back_to_empty() -> None:
@@ -63,7 +77,9 @@ def test_consumed_capacity_collection_insert_twice_remove_once() -> None:
 
 def test_admin_results_never_count() -> None:
     st = AllocatedState()
-    st.add_result({"request": "r", "driver": DEV[0], "pool": DEV[1], "device": DEV[2], "adminAccess": True})
+    st.add_result(
+        {"request": "r", "driver": DEV[0], "pool": DEV[1], "device": DEV[2], "adminAccess": True}
+    )
     assert not st.is_allocated(DEV)
 
 
@@ -124,7 +140,12 @@ def test_kept_amount_above_valid_values_violates() -> None:
 
 def test_fractional_range_uses_exact_arithmetic() -> None:
     """DRAFractionalCapacityRange: milli-unit steps round exactly, no float error."""
-    c = Capacity(q("1"), RequestPolicy(default=q("100m"), range_min=q("100m"), range_step=q("100m"), range_max=q("1")))
+    c = Capacity(
+        q("1"),
+        RequestPolicy(
+            default=q("100m"), range_min=q("100m"), range_step=q("100m"), range_max=q("1")
+        ),
+    )
     got = consumed_amount(c, q("250m"))
     assert got.value == Fraction(3, 10)
     assert not violates_policy(c, got)

@@ -22,7 +22,10 @@ DEV = device_activation(
             "gpu.tessera.dev/index": 3,
             "resource.kubernetes.io/pcieRoot": "pci0000:15",
         },
-        {"gpu.tessera.dev/memory": Quantity.parse("81559Mi"), "gpu.tessera.dev/cores": Quantity.parse("100")},
+        {
+            "gpu.tessera.dev/memory": Quantity.parse("81559Mi"),
+            "gpu.tessera.dev/cores": Quantity.parse("100"),
+        },
         True,
     )
 )
@@ -33,11 +36,17 @@ DEV = device_activation(
     [
         ('device.driver == "gpu.tessera.dev"', True),
         ('device.capacity["gpu.tessera.dev"].memory.compareTo(quantity("40Gi")) >= 0', True),
-        ('device.capacity["gpu.tessera.dev"].memory.isLessThan(quantity("80Gi"))', True),  # 81559Mi < 81920Mi
+        (
+            'device.capacity["gpu.tessera.dev"].memory.isLessThan(quantity("80Gi"))',
+            True,
+        ),  # 81559Mi < 81920Mi
         ('device.capacity["gpu.tessera.dev"].memory == quantity("81559Mi")', True),
         ('device.capacity["gpu.tessera.dev"].cores == quantity("100")', True),
         ('device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("h100")', True),
-        ('device.attributes["gpu.tessera.dev"].driverVersion.isGreaterThan(semver("535.54.3"))', True),
+        (
+            'device.attributes["gpu.tessera.dev"].driverVersion.isGreaterThan(semver("535.54.3"))',
+            True,
+        ),
         ('device.attributes["gpu.tessera.dev"].driverVersion == semver("535.161.8")', True),
         ('device.attributes["gpu.tessera.dev"].driverVersion.major() == 535', True),
         ('device.attributes["gpu.tessera.dev"].uuid in ["GPU-aaaa", "GPU-1f0e"]', True),
@@ -59,7 +68,10 @@ def test_selector_values(expr: str, want: bool) -> None:
     ("expr", "msg"),
     [
         ('device.attributes["gpu.tessera.dev"].numaNode == 0', "no such key: numaNode"),
-        ('device.attributes["gpu.tessera.dev"].index', "CEL result of type int could not be converted to bool"),
+        (
+            'device.attributes["gpu.tessera.dev"].index',
+            "CEL result of type int could not be converted to bool",
+        ),
         ('quantity("8 Gi").sign() == 1', "not a valid quantity"),
     ],
 )
@@ -72,8 +84,12 @@ def test_runtime_errors(expr: str, msg: str) -> None:
     ("expr", "msg"),
     [
         ("device.driver ==", "Syntax error: unexpected end of input"),
-        ('device.capacity["gpu.tessera.dev"].memory >= quantity("40Gi")',
-         re.escape("found no matching overload for '_>=_' applied to '(kubernetes.Quantity, kubernetes.Quantity)'")),
+        (
+            'device.capacity["gpu.tessera.dev"].memory >= quantity("40Gi")',
+            re.escape(
+                "found no matching overload for '_>=_' applied to '(kubernetes.Quantity, kubernetes.Quantity)'"
+            ),
+        ),
         ("noSuchVar", "undeclared reference to 'noSuchVar'"),
         ("1 + 1", "must evaluate to bool or the unknown type, not int"),
         ('ip("10.0.0.1").family() == 4', "not implemented by Tessera"),
@@ -104,15 +120,24 @@ def test_semver_order() -> None:
         ('device.attributes["gpu.tessera.dev"].?numaNode.orValue(-1) == -1', True),
         ('device.attributes["gpu.tessera.dev"].?index.orValue(-1) == 3', True),
         ('device.attributes["gpu.tessera.dev"][?"index"].hasValue()', True),
-        ('device.attributes[?"other.example.com"].hasValue()', True),  # unknown domain: empty map, present
+        (
+            'device.attributes[?"other.example.com"].hasValue()',
+            True,
+        ),  # unknown domain: empty map, present
         ('device.attributes["gpu.tessera.dev"].?numaNode.hasValue()', False),
-        ('optional.of(1).or(optional.of(2)).value() == 1 && optional.none().or(optional.of(2)).value() == 2', True),
+        (
+            "optional.of(1).or(optional.of(2)).value() == 1 && optional.none().or(optional.of(2)).value() == 2",
+            True,
+        ),
         ("optional.ofNonZeroValue(0) == optional.none()", True),
         ('optional.of("a").optMap(s, s + "b").value() == "ab"', True),
         ("[?optional.none(), ?optional.of(1), 2] == [1, 2]", True),
         ('{?"a": optional.none(), "b": 1} == {"b": 1}', True),
         # cel.bind (ext.Bindings, enabled for DRA since 1.31)
-        ('cel.bind(g, device.attributes["gpu.tessera.dev"], g.index == 3 && g.productName.startsWith("NVIDIA"))', True),
+        (
+            'cel.bind(g, device.attributes["gpu.tessera.dev"], g.index == 3 && g.productName.startsWith("NVIDIA"))',
+            True,
+        ),
         ("cel.bind(a, 1, cel.bind(b, a + 1, a + b == 3))", True),
         # two-variable comprehensions (1.32)
         ("[10, 20].all(i, v, v == (i + 1) * 10)", True),
@@ -127,17 +152,29 @@ def test_semver_order() -> None:
         # strings ext v2
         ('"a,b,c".split(",", 2) == ["a", "b,c"]', True),
         ('"hello".charAt(1) == "e" && "hello".substring(1, 3) == "el"', True),
-        ('"  x ".trim() == "x" && "abcabc".lastIndexOf("bc") == 4 && "abc".indexOf("c", 1) == 2', True),
+        (
+            '"  x ".trim() == "x" && "abcabc".lastIndexOf("bc") == 4 && "abc".indexOf("c", 1) == 2',
+            True,
+        ),
         ('["a", "b"].join("-") == "a-b" && "aXbX".replace("X", "-", 1) == "a-bX"', True),
         ('"%s has %d GPUs at %.1f".format(["node", 8, 1.25]) == "node has 8 GPUs at 1.2"', True),
         ('strings.quote("a\\"b") == "\\"a\\\\\\"b\\""', True),
         # lists ext v3, Kubernetes lists library, sets ext
         ("lists.range(4).slice(1, 3) == [1, 2] && [[1], [2, 3]].flatten() == [1, 2, 3]", True),
-        ("[3, 1, 2].sort() == [1, 2, 3] && [1, 1, 2].distinct() == [1, 2] && [1, 2].reverse() == [2, 1]", True),
+        (
+            "[3, 1, 2].sort() == [1, 2, 3] && [1, 1, 2].distinct() == [1, 2] && [1, 2].reverse() == [2, 1]",
+            True,
+        ),
         ('["bb", "a"].sortBy(s, s.size()) == ["a", "bb"]', True),
-        ("[1, 2, 3].isSorted() && [1, 2, 3].sum() == 6 && [4, 2].min() == 2 && [4, 2].max() == 4", True),
+        (
+            "[1, 2, 3].isSorted() && [1, 2, 3].sum() == 6 && [4, 2].min() == 2 && [4, 2].max() == 4",
+            True,
+        ),
         ("[1, 2, 3].indexOf(2) == 1 && [1, 2, 1].lastIndexOf(1) == 2", True),
-        ("sets.contains([1, 2, 3], [2, 3]) && sets.intersects([1], [1, 5]) && sets.equivalent([1, 1], [1])", True),
+        (
+            "sets.contains([1, 2, 3], [2, 3]) && sets.intersects([1], [1, 5]) && sets.equivalent([1, 1], [1])",
+            True,
+        ),
         # Kubernetes regex library
         ('"gpu-17-x".find("[0-9]+") == "17" && "a1b22".findAll("[0-9]+") == ["1", "22"]', True),
         # cross-type numeric comparisons (1.28) and heterogeneous equality
@@ -157,8 +194,10 @@ def test_kubernetes_environment(expr: str, want: bool) -> None:
         ("9223372036854775807 + 1 > 0", "integer overflow"),
         ("1 / 0 == 1", "division by zero"),
         ("[1][1] == 1", "index out of bounds: 1"),
-        ('{"a": 1}.transformMapEntry(k, v, {"b": v}).size() == 1 && [1, 1].transformMapEntry(i, v, {v: i}).size() == 1',
-         "insert failed: key 1 already exists"),
+        (
+            '{"a": 1}.transformMapEntry(k, v, {"b": v}).size() == 1 && [1, 1].transformMapEntry(i, v, {v: i}).size() == 1',
+            "insert failed: key 1 already exists",
+        ),
     ],
 )
 def test_more_runtime_errors(expr: str, msg: str) -> None:
@@ -168,13 +207,28 @@ def test_more_runtime_errors(expr: str, msg: str) -> None:
 
 def test_errors_are_absorbed_like_cel() -> None:
     # error && false is false, error || true is true, in either order (commutative logic).
-    assert compile_selector('device.attributes["gpu.tessera.dev"].numaNode == 0 && false').evaluate(DEV) is False
-    assert compile_selector('false && device.attributes["gpu.tessera.dev"].numaNode == 0').evaluate(DEV) is False
-    assert compile_selector('device.attributes["gpu.tessera.dev"].numaNode == 0 || true').evaluate(DEV) is True
+    assert (
+        compile_selector('device.attributes["gpu.tessera.dev"].numaNode == 0 && false').evaluate(
+            DEV
+        )
+        is False
+    )
+    assert (
+        compile_selector('false && device.attributes["gpu.tessera.dev"].numaNode == 0').evaluate(
+            DEV
+        )
+        is False
+    )
+    assert (
+        compile_selector('device.attributes["gpu.tessera.dev"].numaNode == 0 || true').evaluate(DEV)
+        is True
+    )
     # all() is false as soon as one element is false, even if another errors.
     assert compile_selector("[0, 1].all(x, 1 / x > 5)").evaluate(DEV) is False
     with pytest.raises(CelRuntimeError, match="no such key: numaNode"):
-        compile_selector('device.attributes["gpu.tessera.dev"].numaNode == 0 || false').evaluate(DEV)
+        compile_selector('device.attributes["gpu.tessera.dev"].numaNode == 0 || false').evaluate(
+            DEV
+        )
 
 
 # --- cost: cel-go's estimate with the Kubernetes estimators, and the runtime limit ---------------

@@ -61,7 +61,9 @@ def test_default_yaml_is_a_list_with_allocations() -> None:
 
     used: dict[tuple[str, str], dict[str, Fraction]] = {}
     for c in claims.values():
-        for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []):
+        for r in (
+            ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        ):
             u = used.setdefault((r["pool"], r["device"]), {})
             for k, v in (r.get("consumedCapacity") or {}).items():
                 u[k] = u.get(k, Fraction(0)) + Quantity.parse(v).value
@@ -77,7 +79,11 @@ def test_json_output(tmp_path: Path) -> None:
     lst = json.loads(out)
     assert (lst["apiVersion"], lst["kind"]) == ("v1", "List")
     kinds = [o["kind"] for o in lst["items"]]
-    assert kinds.count("ResourceSlice") == 4 and kinds.count("DeviceClass") == 1 and kinds.count("Pod") == 18
+    assert (
+        kinds.count("ResourceSlice") == 4
+        and kinds.count("DeviceClass") == 1
+        and kinds.count("Pod") == 18
+    )
     # The same List as -o yaml, object for object.
     code, out_yaml, _ = run("simulate", "-o", "yaml")
     assert code == 0 and yaml.safe_load(out_yaml) == lst
@@ -119,9 +125,16 @@ def test_truncated_inventory(corpus: Path, tmp_path: Path) -> None:
 
 
 def test_helm_template_input(corpus: Path, tmp_path: Path) -> None:
-    f = corpus / "dra-manifests" / "k8s-dra-driver-gpu__helm_templates__deviceclass-gpu.helm-template.yaml"
+    f = (
+        corpus
+        / "dra-manifests"
+        / "k8s-dra-driver-gpu__helm_templates__deviceclass-gpu.helm-template.yaml"
+    )
     msg = _bad(tmp_path, "simulate", str(f))
-    assert "this is a template" in msg and "`helm template CHART | tessera ... -` for a Helm chart" in msg
+    assert (
+        "this is a template" in msg
+        and "`helm template CHART | tessera ... -` for a Helm chart" in msg
+    )
 
 
 def test_shell_prompt_input(tmp_path: Path) -> None:
@@ -157,11 +170,26 @@ def test_unknown_device_class(corpus: Path, tmp_path: Path) -> None:
 
 def test_class_map_option(corpus: Path, tmp_path: Path) -> None:
     f = corpus / "dra-manifests" / "k8s-dra-driver-gpu__demo_specs_quickstart_v1__gpu-test1.yaml"
-    code, out, _ = run("simulate", "--cluster", CLUSTER, "--class-map", "gpu.nvidia.com=gpu.tessera.dev", "-o", "json", str(f))
+    code, out, _ = run(
+        "simulate",
+        "--cluster",
+        CLUSTER,
+        "--class-map",
+        "gpu.nvidia.com=gpu.tessera.dev",
+        "-o",
+        "json",
+        str(f),
+    )
     assert code == 0
-    pods = {o["metadata"]["name"]: o["spec"].get("nodeName") for o in json.loads(out)["items"] if o["kind"] == "Pod"}
+    pods = {
+        o["metadata"]["name"]: o["spec"].get("nodeName")
+        for o in json.loads(out)["items"]
+        if o["kind"] == "Pod"
+    }
     assert pods == {"pod1": "h100-node", "pod2": "h100-node"}
-    assert _bad(tmp_path, "simulate", "--cluster", CLUSTER, "--class-map", "gpu.nvidia.com", str(f)) == (
+    assert _bad(
+        tmp_path, "simulate", "--cluster", CLUSTER, "--class-map", "gpu.nvidia.com", str(f)
+    ) == (
         "tessera: error: --class-map 'gpu.nvidia.com': expected FROM=TO, e.g. gpu.nvidia.com=gpu.tessera.dev"
     )
 
@@ -178,7 +206,9 @@ def test_misindented_selector_from_kubernetes_docs(corpus: Path, tmp_path: Path)
 
 def test_no_nodes(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
-    f.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: x}]}\n")
+    f.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: x}]}\n"
+    )
     assert "no nodes to schedule on" in _bad(tmp_path, "simulate", str(f))
 
 
@@ -192,7 +222,11 @@ def test_compare_on_the_default() -> None:
     # Fractional sharing needs fewer GPUs than whole-GPU allocation and leaves fewer pods out.
     assert rows["first-fit"]["gpusUsed"] == 13 and rows["whole GPUs"]["gpusUsed"] == 18
     assert rows["first-fit"]["pending"] == ["default/too-big", "default/hami-uuid-pinned"]
-    assert rows["whole GPUs"]["pending"] == ["default/trainer-1", "default/too-big", "default/hami-uuid-pinned"]
+    assert rows["whole GPUs"]["pending"] == [
+        "default/trainer-1",
+        "default/too-big",
+        "default/hami-uuid-pinned",
+    ]
     assert rows["whole GPUs"]["memoryBookedOnUsedGPUs"] == "100.0%"
     assert rows["spread"]["gpusUsed"] > rows["binpack"]["gpusUsed"]
 
@@ -202,7 +236,11 @@ POD = "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  container
 
 def test_duplicate_pod_names_are_an_error(tmp_path: Path) -> None:
     f = tmp_path / "dup.yaml"
-    f.write_text(POD.format(name="dup", res="nvidia.com/gpu: 1, nvidia.com/gpumem: 1000") + "---\n" + POD.format(name="dup", res="nvidia.com/gpu: 1, nvidia.com/gpumem: 2000"))
+    f.write_text(
+        POD.format(name="dup", res="nvidia.com/gpu: 1, nvidia.com/gpumem: 1000")
+        + "---\n"
+        + POD.format(name="dup", res="nvidia.com/gpu: 1, nvidia.com/gpumem: 2000")
+    )
     msg = _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f))
     assert msg == (
         f"tessera: error: {f} (document 2): Pod default/dup: metadata.name: duplicate Pod name "
@@ -250,15 +288,22 @@ def test_selector_that_does_not_compile_is_an_error(tmp_path: Path) -> None:
         "        selectors: [{cel: {expression: 'device.driver =='}}]\n"
     )
     msg = _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(f))
-    assert "ResourceClaim default/c: spec.devices.requests[0].exactly.selectors[0].cel.expression: CEL compile error" in msg
+    assert (
+        "ResourceClaim default/c: spec.devices.requests[0].exactly.selectors[0].cel.expression: CEL compile error"
+        in msg
+    )
 
 
 def test_nothing_to_read(tmp_path: Path) -> None:
     (tmp_path / "empty.yaml").write_text("---\n")
-    assert "no Kubernetes objects in" in _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(tmp_path / "empty.yaml"))
+    assert "no Kubernetes objects in" in _bad(
+        tmp_path, "simulate", "--cluster", CLUSTER, str(tmp_path / "empty.yaml")
+    )
     d = tmp_path / "d"
     d.mkdir()
-    assert "no *.yaml, *.yml or *.json file in this directory" in _bad(tmp_path, "simulate", "--cluster", CLUSTER, str(d))
+    assert "no *.yaml, *.yml or *.json file in this directory" in _bad(
+        tmp_path, "simulate", "--cluster", CLUSTER, str(d)
+    )
 
 
 def test_unconverted_extended_resource_stays_pending(corpus: Path) -> None:
@@ -267,7 +312,10 @@ def test_unconverted_extended_resource_stays_pending(corpus: Path) -> None:
     assert code == 0
     pod = next(o for o in yaml.safe_load(out)["items"] if o["kind"] == "Pod")
     assert "nodeName" not in pod["spec"]
-    assert pod["status"]["conditions"][0]["message"] == "0/4 nodes are available: 4 Insufficient nvidia.com/mig-3g.20gb."
+    assert (
+        pod["status"]["conditions"][0]["message"]
+        == "0/4 nodes are available: 4 Insufficient nvidia.com/mig-3g.20gb."
+    )
     # The warning goes to stderr, so -o yaml stays clean.
     assert "nvidia.com/mig-3g.20gb is a MIG-profile resource, not converted" in err
 
@@ -284,7 +332,9 @@ def test_output_fed_back_reproduces_the_state(tmp_path: Path) -> None:
     assert before.keys() == after.keys()
     for k in before:
         if k[0] == "ResourceClaim":
-            assert (after[k].get("status") or {}).get("allocation") == (before[k].get("status") or {}).get("allocation")
+            assert (after[k].get("status") or {}).get("allocation") == (
+                before[k].get("status") or {}
+            ).get("allocation")
         if k[0] == "Pod":
             assert after[k]["spec"].get("nodeName") == before[k]["spec"].get("nodeName")
 
@@ -295,6 +345,10 @@ def test_progress_lines_when_asked_without_a_terminal() -> None:
     code, out, err = run("simulate", "--progress")
     assert code == 0 and "16 pod(s) scheduled, 2 pending." in out
     lines = [ln for ln in err.splitlines() if ln.startswith("tessera simulate: ")]
-    assert len(lines) == 1 and lines[0].startswith("tessera simulate: 18/18 pods, ") and lines[0].endswith(" claims/s")
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("tessera simulate: 18/18 pods, ")
+        and lines[0].endswith(" claims/s")
+    )
     code, _, err = run("simulate")
     assert code == 0 and "claims/s" not in err

@@ -38,7 +38,10 @@ def test_pod_becomes_template_then_pod(corpus: Path) -> None:
     # The bundled A100 inventory says <attached_gpus>4 but lists 1 GPU: that warning only.
     assert [line for line in err.splitlines() if "attached_gpus: says 4 but 1" not in line] == []
     tmpl, pod = list(yaml.safe_load_all(out))
-    assert (tmpl["kind"], tmpl["metadata"]["name"]) == ("ResourceClaimTemplate", "gpu-pod-ubuntu-container-gpu")
+    assert (tmpl["kind"], tmpl["metadata"]["name"]) == (
+        "ResourceClaimTemplate",
+        "gpu-pod-ubuntu-container-gpu",
+    )
     req = tmpl["spec"]["spec"]["devices"]["requests"][0]
     # 50% of each GPU size of the cluster, largest first: H100, V100S, A5000, A100 MIG device;
     # 2 GPUs: each size on one NVLink domain first, then anywhere (4 sizes x 3 topology levels
@@ -47,7 +50,12 @@ def test_pod_becomes_template_then_pod(corpus: Path) -> None:
     assert [(s["name"], s["capacity"]["requests"]["memory"]) for s in req["firstAvailable"]] == [
         (f"{level}-{name}", mem) for level in ("nvlink", "any") for name, mem in sizes
     ]
-    assert pod["spec"]["resourceClaims"] == [{"name": "ubuntu-container-gpu", "resourceClaimTemplateName": "gpu-pod-ubuntu-container-gpu"}]
+    assert pod["spec"]["resourceClaims"] == [
+        {
+            "name": "ubuntu-container-gpu",
+            "resourceClaimTemplateName": "gpu-pod-ubuntu-container-gpu",
+        }
+    ]
     ctr = pod["spec"]["containers"][0]
     assert ctr["resources"] == {"claims": [{"name": "ubuntu-container-gpu"}]}
     # Deterministic: the same bytes every time; -o json is one List of the same objects.
@@ -65,7 +73,10 @@ def test_workloads_keep_their_kind_and_get_one_template(corpus: Path) -> None:
     assert [d["kind"] for d in docs] == ["ResourceClaimTemplate", "Job"]
     tmpl, job = docs
     spec = job["spec"]["template"]["spec"]
-    assert spec["resourceClaims"] == [{"name": f"{c}-gpu", "resourceClaimTemplateName": f"{job['metadata']['name']}-{c}-gpu"} for c in [tmpl["metadata"]["annotations"]["gpu.tessera.dev/container"]]]
+    assert spec["resourceClaims"] == [
+        {"name": f"{c}-gpu", "resourceClaimTemplateName": f"{job['metadata']['name']}-{c}-gpu"}
+        for c in [tmpl["metadata"]["annotations"]["gpu.tessera.dev/container"]]
+    ]
     assert "nvidia.com/gpu" not in json.dumps(spec)
     # Objects without GPU requests pass through untouched, in input order.
     f = corpus / "hami-pods" / "HAMi__examples_nvidia__vllm_cross_vgpu.yaml"
@@ -73,16 +84,26 @@ def test_workloads_keep_their_kind_and_get_one_template(corpus: Path) -> None:
     assert code == 0, err
     docs = list(yaml.safe_load_all(out))
     original = list(yaml.safe_load_all(f.read_text()))
-    assert [d["kind"] for d in docs] == ["PersistentVolumeClaim", "ResourceClaimTemplate", "Deployment"]
+    assert [d["kind"] for d in docs] == [
+        "PersistentVolumeClaim",
+        "ResourceClaimTemplate",
+        "Deployment",
+    ]
     assert docs[0] == original[0]
-    assert docs[2]["metadata"] == original[1]["metadata"] and docs[2]["spec"]["replicas"] == original[1]["spec"]["replicas"]
+    assert (
+        docs[2]["metadata"] == original[1]["metadata"]
+        and docs[2]["spec"]["replicas"] == original[1]["spec"]["replicas"]
+    )
 
 
 def test_warnings_go_to_stderr_and_unconverted_objects_stay(corpus: Path) -> None:
     f = corpus / "hami-pods" / "HAMi__examples_nvidia__mig_example.yaml"
     code, out, err = run("convert", str(f))
     assert code == 0
-    assert err.startswith("tessera: warning: ") and "nvidia.com/mig-3g.20gb is a MIG-profile resource, not converted" in err
+    assert (
+        err.startswith("tessera: warning: ")
+        and "nvidia.com/mig-3g.20gb is a MIG-profile resource, not converted" in err
+    )
     (pod,) = list(yaml.safe_load_all(out))
     assert pod == yaml.safe_load(f.read_text())
 
@@ -92,7 +113,9 @@ def test_bad_input_writes_nothing(corpus: Path, tmp_path: Path) -> None:
     code, out, err = run("convert", str(f), "--out-dir", str(tmp_path / "out"))
     assert code == 2 and out == ""
     (line,) = err.splitlines()
-    assert line.startswith(f"tessera: error: {f} (document 2): pod vllm-cross-vgpu, container vllm: nvidia.com/gpumem-percentage 30 needs")
+    assert line.startswith(
+        f"tessera: error: {f} (document 2): pod vllm-cross-vgpu, container vllm: nvidia.com/gpumem-percentage 30 needs"
+    )
     assert "`tessera convert --cluster FILE` or --node" in line
     assert not (tmp_path / "out").exists()
     helm = corpus / "hami-pods" / "HAMi-DRA__charts_templates__device-config.helm-template.yaml"
@@ -103,7 +126,10 @@ def test_bad_input_writes_nothing(corpus: Path, tmp_path: Path) -> None:
 def test_stdin_and_out_dir(corpus: Path, tmp_path: Path) -> None:
     src = tmp_path / "in"
     (src / "team").mkdir(parents=True)
-    for name in ("HAMi__examples_nvidia__use_exclusive_card.yaml", "HAMi__examples_nvidia__example.yaml"):
+    for name in (
+        "HAMi__examples_nvidia__use_exclusive_card.yaml",
+        "HAMi__examples_nvidia__example.yaml",
+    ):
         (src / "team" / name).write_text((corpus / "hami-pods" / name).read_text())
     code, _, err = run("convert", str(src), "--out-dir", str(tmp_path / "out"))
     assert code == 0, err
@@ -120,8 +146,16 @@ def _placements(args: list[str]) -> dict[str, Any]:
     code, out, err = run("simulate", "--cluster", CLUSTER, *args, "-o", "json")
     assert code == 0, err
     items = json.loads(out)["items"]
-    pods = {o["metadata"]["name"]: (o["spec"].get("nodeName"), o["status"]) for o in items if o["kind"] == "Pod"}
-    claims = {o["metadata"]["name"]: (o.get("status") or {}).get("allocation") for o in items if o["kind"] == "ResourceClaim"}
+    pods = {
+        o["metadata"]["name"]: (o["spec"].get("nodeName"), o["status"])
+        for o in items
+        if o["kind"] == "Pod"
+    }
+    claims = {
+        o["metadata"]["name"]: (o.get("status") or {}).get("allocation")
+        for o in items
+        if o["kind"] == "ResourceClaim"
+    }
     return {"pods": pods, "claims": claims}
 
 
@@ -137,4 +171,6 @@ def test_round_trip_gives_the_same_placements(corpus: Path, tmp_path: Path) -> N
         before, after = _placements([str(f)]), _placements([str(converted)])
         assert after == before, f.name
         placed += sum(1 for node, _ in before["pods"].values() if node)
-    assert placed == 32  # pods of the corpus that the bundled cluster can place (MIG devices included)
+    assert (
+        placed == 32
+    )  # pods of the corpus that the bundled cluster can place (MIG devices included)

@@ -72,18 +72,43 @@ def test_placements_and_gpus_share_the_device_key() -> None:
     # The same key, from the claims' allocation results.
     world = default_world()
     claims = [o for o in world["items"] if o["kind"] == "ResourceClaim"]  # type: ignore[index]
-    on5 = {c["metadata"]["name"] for c in claims for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []) if (r["pool"], r["device"]) == ("h100-node", "gpu-5")}
-    assert on5 == {"hami-memory-fraction-ubuntu-container-gpu", "hami-sharing-1-ubuntu-container-gpu"}
+    on5 = {
+        c["metadata"]["name"]
+        for c in claims
+        for r in ((c.get("status") or {}).get("allocation") or {})
+        .get("devices", {})
+        .get("results", [])
+        if (r["pool"], r["device"]) == ("h100-node", "gpu-5")
+    }
+    assert on5 == {
+        "hami-memory-fraction-ubuntu-container-gpu",
+        "hami-sharing-1-ubuntu-container-gpu",
+    }
 
 
 def test_identifiers_are_unique_prefixes_never_cut() -> None:
     world = default_world()
     slices = [o for o in world["items"] if o["kind"] == "ResourceSlice"]  # type: ignore[index]
-    uuids = sorted(d["attributes"]["uuid"]["string"] for s in slices for d in s["spec"]["devices"] if "uuid" in d["attributes"])
+    uuids = sorted(
+        d["attributes"]["uuid"]["string"]
+        for s in slices
+        for d in s["spec"]["devices"]
+        if "uuid" in d["attributes"]
+    )
     claims = [o for o in world["items"] if o["kind"] == "ResourceClaim"]  # type: ignore[index]
-    share_ids = {r["shareID"] for c in claims for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []) if "shareID" in r}
+    share_ids = {
+        r["shareID"]
+        for c in claims
+        for r in ((c.get("status") or {}).get("allocation") or {})
+        .get("devices", {})
+        .get("results", [])
+        if "shareID" in r
+    }
     a5000 = [u for u in uuids if u.startswith("GPU-12345678")]
-    assert a5000 == ["GPU-12345678-aaaa-bbbb-cccc-0123456789ab", "GPU-12345678-aaaa-bbbb-cccc-0123456789cd"]
+    assert a5000 == [
+        "GPU-12345678-aaaa-bbbb-cccc-0123456789ab",
+        "GPU-12345678-aaaa-bbbb-cccc-0123456789cd",
+    ]
     shown = unique_prefixes(uuids, 12)
     # The A5000 pair share their first 38 characters: both keep the 39th, nothing is cut.
     assert (shown[a5000[0]], shown[a5000[1]]) == (a5000[0][:39], a5000[1][:39])
@@ -91,9 +116,13 @@ def test_identifiers_are_unique_prefixes_never_cut() -> None:
     for columns in (60, 80, 100):
         code, out, _ = run("simulate", columns=columns)
         assert code == 0
-        assert sorted(r[1] for r in table_rows(out, "GPUs") if r[1] != "-") == sorted(shown.values())
+        assert sorted(r[1] for r in table_rows(out, "GPUs") if r[1] != "-") == sorted(
+            shown.values()
+        )
         if columns >= 80:  # (at 60 the shareID column folds too, which table_rows cannot undo)
-            assert {r[5] for r in table_rows(out, "Placements")} == set(unique_prefixes(share_ids, 8).values())
+            assert {r[5] for r in table_rows(out, "Placements")} == set(
+                unique_prefixes(share_ids, 8).values()
+            )
         assert "…" not in out  # nothing is ever elided
 
 
@@ -109,7 +138,9 @@ def test_wide_shows_every_column_whole() -> None:
     assert r[2] == "default/hami-sharing-1-ubuntu-container-gpu"
     assert r[6].startswith("GPU-980ea11b-") and len(r[6]) == 40
     assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", r[10])
-    assert all(len(line) > 80 for line in out.splitlines() if line.startswith("│ default/hami-sharing-1"))
+    assert all(
+        len(line) > 80 for line in out.splitlines() if line.startswith("│ default/hami-sharing-1")
+    )
 
 
 def test_namespace_filter_and_fail_on_pending(tmp_path: Path) -> None:
@@ -125,10 +156,25 @@ def test_namespace_filter_and_fail_on_pending(tmp_path: Path) -> None:
         "apiVersion: v1\nkind: Pod\nmetadata: {name: solo, namespace: team-b}\nspec:\n  containers:\n"
         "  - name: c\n    image: x\n    resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 20000}}\n"
     )
-    code, out, err = run("simulate", "--cluster", CLUSTER, str(REPO / "src/tessera/examples/workloads"), str(f), "-n", "team-b", "-o", "yaml", "--fail-on-pending")
+    code, out, err = run(
+        "simulate",
+        "--cluster",
+        CLUSTER,
+        str(REPO / "src/tessera/examples/workloads"),
+        str(f),
+        "-n",
+        "team-b",
+        "-o",
+        "yaml",
+        "--fail-on-pending",
+    )
     assert code == 0, err
     items = yaml.safe_load(out)["items"]
-    assert {o["metadata"].get("namespace") for o in items if o["kind"] in ("Pod", "ResourceClaim", "ResourceClaimTemplate")} == {"team-b"}
+    assert {
+        o["metadata"].get("namespace")
+        for o in items
+        if o["kind"] in ("Pod", "ResourceClaim", "ResourceClaimTemplate")
+    } == {"team-b"}
     assert sum(o["kind"] == "ResourceSlice" for o in items) == 4
     (pod,) = [o for o in items if o["kind"] == "Pod"]
     assert pod["spec"]["nodeName"] == "h100-node"  # after the default namespace's pods
@@ -142,7 +188,9 @@ def test_fail_on_pending_with_compare_uses_the_policy_run() -> None:
     assert code == 1
     # spread: 2 since converted claims land on MIG devices too (the A100 MIG node takes HAMi pods)
     assert [r["podsPending"] for r in json.loads(out)] == [2, 2, 2, 2, 3]  # first-fit: 2
-    code, out, _ = run("simulate", "--compare", "--policy", "spread", "--fail-on-pending", "-n", "team-b")
+    code, out, _ = run(
+        "simulate", "--compare", "--policy", "spread", "--fail-on-pending", "-n", "team-b"
+    )
     assert code == 0
 
 

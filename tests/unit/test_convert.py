@@ -84,7 +84,10 @@ def topology_constraints(numa_bind: bool = False) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/unit"}]
     if numa_bind:
         out.append({"requests": ["gpu"], "matchAttribute": "gpu.tessera.dev/numaNode"})
-        return [*out, {"requests": ["gpu/nvlink"], "matchAttribute": "gpu.tessera.dev/nvlinkDomain"}]
+        return [
+            *out,
+            {"requests": ["gpu/nvlink"], "matchAttribute": "gpu.tessera.dev/nvlinkDomain"},
+        ]
     return [
         *out,
         {"requests": ["gpu/nvlink"], "matchAttribute": "gpu.tessera.dev/nvlinkDomain"},
@@ -105,7 +108,10 @@ def cel_eval(expr: str, device: dict[str, Any]) -> bool:
     view = DeviceView(
         device["driver"],
         {f"gpu.tessera.dev/{k}": v for k, v in device["attributes"]["gpu.tessera.dev"].items()},
-        {f"gpu.tessera.dev/{k}": Quantity.parse(v) for k, v in device["capacity"]["gpu.tessera.dev"].items()},
+        {
+            f"gpu.tessera.dev/{k}": Quantity.parse(v)
+            for k, v in device["capacity"]["gpu.tessera.dev"].items()
+        },
         True,
     )
     return compile_selector(expr).evaluate(device_activation(view))
@@ -207,9 +213,18 @@ def test_writing_to_the_converted_pod_never_reaches_the_input() -> None:
     """convert_pod copies only what it writes (no deep copy per pod): whatever it or a caller
     (simulate's metadata/spec/status, the webhook's template renames) writes in the result
     leaves the input as it was: containers, resources, claims, resourceClaims entries."""
-    p = pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}, requests={"cpu": "1"}, annotations={"a": "b"})
-    p["spec"]["initContainers"] = [{"name": "i", "image": "x", "resources": {"limits": {"nvidia.com/gpumem": 1000},
-                                                                            "claims": [{"name": "other"}]}}]
+    p = pod(
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000},
+        requests={"cpu": "1"},
+        annotations={"a": "b"},
+    )
+    p["spec"]["initContainers"] = [
+        {
+            "name": "i",
+            "image": "x",
+            "resources": {"limits": {"nvidia.com/gpumem": 1000}, "claims": [{"name": "other"}]},
+        }
+    ]
     p["spec"]["resourceClaims"] = [{"name": "other", "resourceClaimName": "shared"}]
     before = copy.deepcopy(p)
     conv = convert(p, memory_sizes=[H100_80GB])
@@ -572,13 +587,18 @@ def test_gpumem_with_units_is_refused(raw: str, message: str) -> None:
     )
 
 
-@pytest.mark.parametrize(("raw", "mib"), [("3k", 3000), ("2e3", 2000), ("40k", 40000), ("1024", 1024)])
+@pytest.mark.parametrize(
+    ("raw", "mib"), [("3k", 3000), ("2e3", 2000), ("40k", 40000), ("1024", 1024)]
+)
 def test_gpumem_in_canonical_decimal_notation_is_that_many_mib(raw: str, mib: int) -> None:
     """The API server stores ``nvidia.com/gpumem: 3000`` as the canonical Quantity ``3k``:
     that is what the webhook receives, and it means 3000 MiB (HAMi reads Value() too)."""
     conv = convert(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": raw}))
     assert conv.requests[0].memory_mib == mib
-    assert exactly(conv)["capacity"]["requests"]["memory"] == Quantity.from_int(mib * MiB, "BinarySI").canonical()
+    assert (
+        exactly(conv)["capacity"]["requests"]["memory"]
+        == Quantity.from_int(mib * MiB, "BinarySI").canonical()
+    )
 
 
 # ---- invalid values: one error per kind ----------------------------------------------------------
@@ -671,10 +691,16 @@ def test_accepted_boundaries() -> None:
     # in every topology alternative.
     conv = convert(pod({"nvidia.com/gpu": 32, "nvidia.com/gpumem": 2**31 - 1}))
     devs = conv.templates[0]["spec"]["spec"]["devices"]
-    assert [(s["name"], s["count"], s["capacity"]) for s in devs["requests"][0]["firstAvailable"]] == [
-        (name, 32, {"requests": {"memory": "2147483647Mi", "cores": "0"}}) for name in ("nvlink", "numa", "any")
+    assert [
+        (s["name"], s["count"], s["capacity"]) for s in devs["requests"][0]["firstAvailable"]
+    ] == [
+        (name, 32, {"requests": {"memory": "2147483647Mi", "cores": "0"}})
+        for name in ("nvlink", "numa", "any")
     ]
-    assert devs["constraints"][0] == {"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/unit"}
+    assert devs["constraints"][0] == {
+        "requests": ["gpu"],
+        "distinctAttribute": "gpu.tessera.dev/unit",
+    }
     assert (conv.requests[0].gpus, conv.requests[0].memory_mib) == (32, 2**31 - 1)
 
 
@@ -821,7 +847,10 @@ def test_cel_literals_are_escaped() -> None:
     conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/use-gpuuuid": nasty}))
     (expr,) = selectors_of(conv)
     literal = '["GPU-\\"x\\\\\\" || true || \\"\\n\\t\\u0001"]'
-    assert expr == f"(has({ATTRS}.uuid) && {ATTRS}.uuid in {literal}) || (has({ATTRS}.parentUUID) && {ATTRS}.parentUUID in {literal})"
+    assert (
+        expr
+        == f"(has({ATTRS}.uuid) && {ATTRS}.uuid in {literal}) || (has({ATTRS}.parentUUID) && {ATTRS}.parentUUID in {literal})"
+    )
     assert cel_eval(expr, device(uuid=nasty.strip()))
     assert not cel_eval(expr, device(uuid="GPU-other"))
     assert cel_string("é\x7f") == '"é\\u007f"'
@@ -859,7 +888,9 @@ def test_vgpu_mode_unknown_is_an_error() -> None:
 
 def test_numa_bind_with_several_gpus_matches_numa_node() -> None:
     conv = convert(pod({"nvidia.com/gpu": 2}, annotations={"nvidia.com/numa-bind": "true"}))
-    assert conv.templates[0]["spec"]["spec"]["devices"]["constraints"] == topology_constraints(numa_bind=True)
+    assert conv.templates[0]["spec"]["spec"]["devices"]["constraints"] == topology_constraints(
+        numa_bind=True
+    )
     # the last level ("numa") has no constraint of its own: the whole request is NUMA-bound
     assert [s["name"] for s in claim_request(conv)["firstAvailable"]] == ["nvlink", "numa"]
 

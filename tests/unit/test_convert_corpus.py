@@ -130,7 +130,11 @@ def spec_of(conv: Conversion, i: int = 0) -> dict[str, Any]:
 
 
 DISTINCT = [{"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/unit"}]
-LEVELS = (("nvlink", "gpu.tessera.dev/nvlinkDomain"), ("numa", "gpu.tessera.dev/numaNode"), ("any", None))
+LEVELS = (
+    ("nvlink", "gpu.tessera.dev/nvlinkDomain"),
+    ("numa", "gpu.tessera.dev/numaNode"),
+    ("any", None),
+)
 
 
 def with_topology(spec: dict[str, Any]) -> dict[str, Any]:
@@ -139,9 +143,15 @@ def with_topology(spec: dict[str, Any]) -> dict[str, Any]:
     subrequests of a percentage), one ``matchAttribute`` constraint per strict level."""
     out = copy.deepcopy(spec)
     (r,) = out["devices"]["requests"]
-    alts = [("", r.pop("exactly"))] if "exactly" in r else [(s.pop("name"), s) for s in r.pop("firstAvailable")]
+    alts = (
+        [("", r.pop("exactly"))]
+        if "exactly" in r
+        else [(s.pop("name"), s) for s in r.pop("firstAvailable")]
+    )
     r["firstAvailable"] = [
-        {"name": f"{level}-{name}" if name else level, **body} for level, _ in LEVELS for name, body in alts
+        {"name": f"{level}-{name}" if name else level, **body}
+        for level, _ in LEVELS
+        for name, body in alts
     ]
     for level, attr in LEVELS:
         if attr:
@@ -284,84 +294,92 @@ def test_use_memory_fraction_80gb_and_32gb() -> None:
             "capacity": {"requests": {"memory": memory, "cores": "30"}},
         }
 
-    assert spec_of(conv) == with_topology({
-        "devices": {
-            "requests": [
-                {
-                    "name": "gpu",
-                    # 50 % of 81559 MiB = 40779.5 -> 40779 MiB; of 32510 MiB = 16255 MiB
-                    "firstAvailable": [
-                        sub(0, "81559Mi", "40779Mi"),
-                        sub(1, "32510Mi", "16255Mi"),
-                    ],
-                }
-            ],
-            "constraints": DISTINCT,
+    assert spec_of(conv) == with_topology(
+        {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        # 50 % of 81559 MiB = 40779.5 -> 40779 MiB; of 32510 MiB = 16255 MiB
+                        "firstAvailable": [
+                            sub(0, "81559Mi", "40779Mi"),
+                            sub(1, "32510Mi", "16255Mi"),
+                        ],
+                    }
+                ],
+                "constraints": DISTINCT,
+            }
         }
-    })
+    )
     assert conv.requests[0].memory_percentage == 50 and conv.requests[0].cores == 30
 
 
 def test_specify_card_type_to_use() -> None:
     conv = convert_file("HAMi__examples_nvidia__specify_card_type_to_use.yaml")
-    assert spec_of(conv) == with_topology({
-        "devices": {
-            "requests": [
-                {
-                    "name": "gpu",
-                    "exactly": {
-                        "deviceClassName": "gpu.tessera.dev",
-                        "allocationMode": "ExactCount",
-                        "count": 2,
-                        "selectors": [
-                            {
-                                "cel": {
-                                    "expression": f"has({ATTRS}.productName) && "
-                                    f'({ATTRS}.productName.lowerAscii().contains("a100")'
-                                    f' || {ATTRS}.productName.lowerAscii().contains("v100"))'
+    assert spec_of(conv) == with_topology(
+        {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.tessera.dev",
+                            "allocationMode": "ExactCount",
+                            "count": 2,
+                            "selectors": [
+                                {
+                                    "cel": {
+                                        "expression": f"has({ATTRS}.productName) && "
+                                        f'({ATTRS}.productName.lowerAscii().contains("a100")'
+                                        f' || {ATTRS}.productName.lowerAscii().contains("v100"))'
+                                    }
                                 }
-                            }
-                        ],
-                        "capacity": {"requests": {"cores": "100"}},
-                    },
-                }
-            ],
-            "constraints": DISTINCT,
+                            ],
+                            "capacity": {"requests": {"cores": "100"}},
+                        },
+                    }
+                ],
+                "constraints": DISTINCT,
+            }
         }
-    })
+    )
     assert conv.pod["metadata"]["annotations"] == {"nvidia.com/use-gputype": "A100,V100"}
 
 
 ONE_UUID = '["GPU-03f69c50-207a-2038-9b45-23cac89cb67d"]'
-BOTH_UUIDS = '["GPU-03f69c50-207a-2038-9b45-23cac89cb67d", "GPU-03f69c50-207a-2038-9b45-23cac89cb67e"]'
+BOTH_UUIDS = (
+    '["GPU-03f69c50-207a-2038-9b45-23cac89cb67d", "GPU-03f69c50-207a-2038-9b45-23cac89cb67e"]'
+)
 
 
 def test_specify_uuid_not_use() -> None:
     conv = convert_file("HAMi__examples_nvidia__specify_uuid_not_use.yaml")
-    assert spec_of(conv) == with_topology({
-        "devices": {
-            "requests": [
-                {
-                    "name": "gpu",
-                    "exactly": {
-                        "deviceClassName": "gpu.tessera.dev",
-                        "allocationMode": "ExactCount",
-                        "count": 2,
-                        "selectors": [
-                            {
-                                "cel": {
-                                    "expression": f"!((has({ATTRS}.uuid) && {ATTRS}.uuid in {ONE_UUID}) || "
-                                    f"(has({ATTRS}.parentUUID) && {ATTRS}.parentUUID in {ONE_UUID}))"
+    assert spec_of(conv) == with_topology(
+        {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.tessera.dev",
+                            "allocationMode": "ExactCount",
+                            "count": 2,
+                            "selectors": [
+                                {
+                                    "cel": {
+                                        "expression": f"!((has({ATTRS}.uuid) && {ATTRS}.uuid in {ONE_UUID}) || "
+                                        f"(has({ATTRS}.parentUUID) && {ATTRS}.parentUUID in {ONE_UUID}))"
+                                    }
                                 }
-                            }
-                        ],
-                        "capacity": {"requests": {"cores": "100"}},
-                    },
-                }
-            ],
-            "constraints": DISTINCT,
+                            ],
+                            "capacity": {"requests": {"cores": "100"}},
+                        },
+                    }
+                ],
+                "constraints": DISTINCT,
+            }
         }
-    })
+    )
 
 
 def test_specify_uuid_to_use_lists_both_uuids() -> None:
@@ -379,22 +397,24 @@ def test_specify_uuid_to_use_lists_both_uuids() -> None:
 
 def test_use_exclusive_card() -> None:
     conv = convert_file("HAMi__examples_nvidia__use_exclusive_card.yaml")
-    assert spec_of(conv) == with_topology({
-        "devices": {
-            "requests": [
-                {
-                    "name": "gpu",
-                    "exactly": {
-                        "deviceClassName": "gpu.tessera.dev",
-                        "allocationMode": "ExactCount",
-                        "count": 2,
-                        "capacity": {"requests": {"cores": "100"}},  # whole memory by default
-                    },
-                }
-            ],
-            "constraints": DISTINCT,
+    assert spec_of(conv) == with_topology(
+        {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.tessera.dev",
+                            "allocationMode": "ExactCount",
+                            "count": 2,
+                            "capacity": {"requests": {"cores": "100"}},  # whole memory by default
+                        },
+                    }
+                ],
+                "constraints": DISTINCT,
+            }
         }
-    })
+    )
     assert conv.requests[0].whole_memory and conv.requests[0].cores == 100
 
 
@@ -402,22 +422,24 @@ def test_kueue_deployment_with_quoted_strings() -> None:
     conv = convert_file("HAMi-website__docs_kueue_examples__default-use.yaml", 4)
     assert conv.templates[0]["metadata"]["name"] == "gpu-burn-main-gpu"
     assert conv.templates[0]["metadata"]["namespace"] == "kueue-test"
-    assert spec_of(conv) == with_topology({
-        "devices": {
-            "requests": [
-                {
-                    "name": "gpu",
-                    "exactly": {
-                        "deviceClassName": "gpu.tessera.dev",
-                        "allocationMode": "ExactCount",
-                        "count": 2,
-                        "capacity": {"requests": {"memory": "1Gi", "cores": "30"}},
-                    },
-                }
-            ],
-            "constraints": DISTINCT,
+    assert spec_of(conv) == with_topology(
+        {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.tessera.dev",
+                            "allocationMode": "ExactCount",
+                            "count": 2,
+                            "capacity": {"requests": {"memory": "1Gi", "cores": "30"}},
+                        },
+                    }
+                ],
+                "constraints": DISTINCT,
+            }
         }
-    })
+    )
     assert conv.pod["metadata"] == {
         "name": "gpu-burn",
         "namespace": "kueue-test",
@@ -451,7 +473,10 @@ def test_volcano_vgpu_case03_three_containers() -> None:
         "gpu-pod12-ubuntu-container-gpu",
         "gpu-pod12-ubuntu-container1-gpu",
     ]
-    assert [spec_of(conv, 0), spec_of(conv, 1)] == [with_topology(claim("2000Mi")), with_topology(claim("3000Mi"))]
+    assert [spec_of(conv, 0), spec_of(conv, 1)] == [
+        with_topology(claim("2000Mi")),
+        with_topology(claim("3000Mi")),
+    ]
     containers = conv.pod["spec"]["containers"]
     assert [c.get("resources") for c in containers] == [
         {"claims": [{"name": "ubuntu-container-gpu"}]},
@@ -511,9 +536,7 @@ def test_scheduling_policy_annotations_are_recorded() -> None:
     assert (conv.node_scheduler_policy, conv.gpu_scheduler_policy) == ("spread", "binpack")
     binpack = convert_file("HAMi-website__docs_nvidia_scheduling-policy__binpack-node-policy.yaml")
     assert (binpack.node_scheduler_policy, binpack.gpu_scheduler_policy) == ("binpack", None)
-    assert body_of(spec_of(binpack))["capacity"] == {
-        "requests": {"memory": "4000Mi", "cores": "0"}
-    }
+    assert body_of(spec_of(binpack))["capacity"] == {"requests": {"memory": "4000Mi", "cores": "0"}}
 
 
 def test_sharing_cards_and_exclusive_volcano() -> None:
@@ -532,7 +555,9 @@ def test_sharing_cards_and_exclusive_volcano() -> None:
 def test_dynamic_mig_example_selects_mig_devices() -> None:
     conv = convert_file("HAMi__examples_nvidia__dynamic_mig_example.yaml")
     body = body_of(spec_of(conv))
-    assert body["selectors"] == [{"cel": {"expression": f'has({ATTRS}.type) && {ATTRS}.type == "mig"'}}]
+    assert body["selectors"] == [
+        {"cel": {"expression": f'has({ATTRS}.type) && {ATTRS}.type == "mig"'}}
+    ]
     assert body["capacity"] == {"requests": {"memory": "8000Mi", "cores": "0"}}
     assert conv.gpu_scheduler_policy == "binpack"
     assert conv.warnings == []
@@ -540,7 +565,11 @@ def test_dynamic_mig_example_selects_mig_devices() -> None:
     # two 2g.10gb on one A100-40GB): distinct on `unit`; MIG devices have no NVLink domain, so
     # the last topology level ("any") is the one they fit.
     assert spec_of(conv)["devices"]["constraints"][0] == DISTINCT[0]
-    assert [s["name"] for s in spec_of(conv)["devices"]["requests"][0]["firstAvailable"]] == ["nvlink", "numa", "any"]
+    assert [s["name"] for s in spec_of(conv)["devices"]["requests"][0]["firstAvailable"]] == [
+        "nvlink",
+        "numa",
+        "any",
+    ]
 
 
 def test_unsupported_corpus_resources_say_so() -> None:

@@ -23,7 +23,9 @@ def hadolint() -> str:
 
 
 def test_hadolint_finds_nothing() -> None:
-    r = subprocess.run([hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
     assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
 
 
@@ -31,7 +33,9 @@ def test_hadolint_catches_an_unpinned_install() -> None:
     """The linter really lints: the same file with an unpinned apt-get install is flagged."""
     bad = DOCKERFILE.read_text().replace("python3=3.11.2-1+b1 \\\n", "python3 \\\n", 1)
     assert bad != DOCKERFILE.read_text()
-    r = subprocess.run([hadolint(), "--no-color", "-"], input=bad, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [hadolint(), "--no-color", "-"], input=bad, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 1 and "DL3008" in r.stdout
 
 
@@ -55,5 +59,6 @@ def test_image_and_chart_agree_on_the_library_and_entry_point() -> None:
     for copied in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
         for item in copied.split():
             assert f"!{item}" in ignore, item
-    assert yaml.safe_load((REPO / "deploy" / "helm" / "tessera" / "Chart.yaml").read_text())["appVersion"] == \
-        re.search(r'^version = "(.*)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    assert yaml.safe_load((REPO / "deploy" / "helm" / "tessera" / "Chart.yaml").read_text())[
+        "appVersion"
+    ] == re.search(r'^version = "(.*)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)

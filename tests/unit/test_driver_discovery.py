@@ -27,7 +27,9 @@ def nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("make") is None or shutil.which(os.environ.get("CC", "gcc")) is None:
         pytest.fail("needs make and gcc to build the fake NVML")
     b = tmp_path_factory.mktemp("fake-nvml")
-    r = subprocess.run(["make", "-C", str(REPO / "native"), f"BUILD={b}", "fake"], capture_output=True, text=True)
+    r = subprocess.run(
+        ["make", "-C", str(REPO / "native"), f"BUILD={b}", "fake"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     return b / "fake" / "libnvidia-ml.so.1"
 
@@ -36,8 +38,11 @@ def _config(path: Path, corpus: Path, extra: str = "", lost: str = "") -> list:
     gpus = load_inventory(corpus / "inventories" / H100)
     lines = ["driver-version 535.161.08", "cuda-version 12020"]
     for g in gpus:
-        lines.append(f'gpu {g.uuid} name="{g.product_name}" memory={g.memory_bytes} pci={g.pcie_bus_id} '
-                     f"cc={g.cuda_compute_capability} minor={g.index}" + (" health=lost" if g.uuid == lost else ""))
+        lines.append(
+            f'gpu {g.uuid} name="{g.product_name}" memory={g.memory_bytes} pci={g.pcie_bus_id} '
+            f"cc={g.cuda_compute_capability} minor={g.index}"
+            + (" health=lost" if g.uuid == lost else "")
+        )
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n" + extra)
     os.replace(tmp, path)
@@ -60,13 +65,20 @@ print(json.dumps({"source": inv.source, "driver": inv.driver_version, "cuda": in
 
 
 def _discover(nvml_lib: Path, cfg: Path, *probe_uuids: str) -> dict:
-    r = subprocess.run([sys.executable, "-c", CHILD, str(nvml_lib), *probe_uuids], capture_output=True,
-                       text=True, env={**os.environ, "FAKE_NVML_CONFIG": str(cfg)}, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, str(nvml_lib), *probe_uuids],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "FAKE_NVML_CONFIG": str(cfg)},
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     return dict(json.loads(r.stdout))
 
 
-def test_nvml_discovery_gives_the_inventorys_gpus(nvml_lib: Path, corpus: Path, tmp_path: Path) -> None:
+def test_nvml_discovery_gives_the_inventorys_gpus(
+    nvml_lib: Path, corpus: Path, tmp_path: Path
+) -> None:
     cfg = tmp_path / "nvml.cfg"
     gpus = _config(cfg, corpus)
     out = _discover(nvml_lib, cfg)
@@ -84,7 +96,11 @@ def test_nvml_discovery_gives_the_inventorys_gpus(nvml_lib: Path, corpus: Path, 
     _config(cfg, corpus, lost=lost)
     out = _discover(nvml_lib, cfg, lost, "GPU-00000000-1111-2222-3333-444444444444", gpus[0].uuid)
     assert [g["uuid"] for g in out["gpus"]] == [g.uuid for g in gpus if g.uuid != lost]
-    assert out["probe"] == {lost: "lost", "GPU-00000000-1111-2222-3333-444444444444": "missing", gpus[0].uuid: "ok"}
+    assert out["probe"] == {
+        lost: "lost",
+        "GPU-00000000-1111-2222-3333-444444444444": "missing",
+        gpus[0].uuid: "ok",
+    }
 
 
 def test_smi_fallback_reads_xml_and_minor_numbers(corpus: Path) -> None:
@@ -108,11 +124,19 @@ def test_registry_keeps_device_names_when_a_gpu_vanishes(corpus: Path, tmp_path:
     rest = [NodeGPU(g, g.index) for g in gpus if g.index != 2]
     renumbered = [NodeGPU(replace(n.gpu, index=i), n.minor) for i, n in enumerate(rest)]
     assert reg.update(renumbered, {gpus[2].uuid: "missing"}, now=1)
-    assert {name: r.gpu.uuid for name, r in reg.by_device().items()} == {f"gpu-{g.index}": g.uuid for g in gpus}
-    slices = desired_slices("n", "gpu.tessera.dev", reg.snapshot(), "library", 5, now=1, xid_recovery=60)
+    assert {name: r.gpu.uuid for name, r in reg.by_device().items()} == {
+        f"gpu-{g.index}": g.uuid for g in gpus
+    }
+    slices = desired_slices(
+        "n", "gpu.tessera.dev", reg.snapshot(), "library", 5, now=1, xid_recovery=60
+    )
     tainted = [d for d in slices[0]["spec"]["devices"] if d.get("taints")]
     assert [(d["name"], d["taints"]) for d in tainted] == [
-        ("gpu-2", [{"key": "gpu.tessera.dev/unhealthy", "value": "missing", "effect": "NoSchedule"}])]
+        (
+            "gpu-2",
+            [{"key": "gpu.tessera.dev/unhealthy", "value": "missing", "effect": "NoSchedule"}],
+        )
+    ]
     # Persisted: a restarted driver knows the vanished GPU and its index.
     again = GpuRegistry(tmp_path / "gpus.json")
     assert {n: r.health for n, r in again.by_device().items()}["gpu-2"] == "missing"
@@ -123,7 +147,9 @@ def test_registry_keeps_device_names_when_a_gpu_vanishes(corpus: Path, tmp_path:
 
 H100_TOPO = "nccl-issue-1264__topo-m.HGX-H100-SXM-8x-NV18-10nic.excerpt.txt"
 PAIRS_TOPO = "litgpt__tests_test_utils__topo-m.4xGPU-NV1-pairs-SYS.txt"
-H200_MIG = "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h200-mig__590.48.01.capture.txt"
+H200_MIG = (
+    "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h200-mig__590.48.01.capture.txt"
+)
 A100_80_MIG = "telegraf__nvidia_smi_testdata__a100-sxm4-v12.xml"
 A100_PCIE_MIG = REPO / "tests" / "data" / "mig" / "a100-pcie-40gb.2g10gb-3x1g5gb.nvidia-smi-q-x.xml"
 
@@ -141,28 +167,45 @@ def _node_gpus(nvml_lib: Path, cfg: Path) -> list:
     from tessera.driver.discovery import GpuInstance, NodeGPU
     from tessera.inventory.model import MigDevice
 
-    r = subprocess.run([sys.executable, "-c", DISCOVER, str(nvml_lib)], capture_output=True, text=True,
-                       env={**os.environ, "FAKE_NVML_CONFIG": str(cfg)}, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", DISCOVER, str(nvml_lib)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "FAKE_NVML_CONFIG": str(cfg)},
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     out = []
     for d in json.loads(r.stdout):
         g = d["gpu"]
         gpu = GPU(**{**g, "mig_devices": tuple(MigDevice(**m) for m in g["mig_devices"])})
-        inst = tuple(GpuInstance(i["id"], i["profile_id"], i["start"], i["size"],
-                                 tuple(tuple(c) for c in i["compute_instances"])) for i in d["instances"])
+        inst = tuple(
+            GpuInstance(
+                i["id"],
+                i["profile_id"],
+                i["start"],
+                i["size"],
+                tuple(tuple(c) for c in i["compute_instances"]),
+            )
+            for i in d["instances"]
+        )
         out.append(NodeGPU(gpu, d["minor"], tuple(d["nvlink"]), inst))
     return out
 
 
-@pytest.mark.parametrize("inventory,topology,first", [
-    (H100, H100_TOPO, 8),        # NUMA nodes 0 and 1, one NVLink domain (NVSwitch)
-    (H100, PAIRS_TOPO, 4),       # two NVLink domains (GPU pairs), no NUMA affinity
-    (A100_PCIE_MIG, None, 1),    # static MIG: one 2g.10gb and three 1g.5gb
-    (A100_80_MIG, None, 1),      # static MIG: four 1g.20gb
-    (H200_MIG, H200_MIG, 1),     # static MIG, one GPU instance split into two compute instances
-])
+@pytest.mark.parametrize(
+    "inventory,topology,first",
+    [
+        (H100, H100_TOPO, 8),  # NUMA nodes 0 and 1, one NVLink domain (NVSwitch)
+        (H100, PAIRS_TOPO, 4),  # two NVLink domains (GPU pairs), no NUMA affinity
+        (A100_PCIE_MIG, None, 1),  # static MIG: one 2g.10gb and three 1g.5gb
+        (A100_80_MIG, None, 1),  # static MIG: four 1g.20gb
+        (H200_MIG, H200_MIG, 1),  # static MIG, one GPU instance split into two compute instances
+    ],
+)
 def test_nvml_discovery_publishes_what_simulate_publishes_from_nvidia_smi(
-        nvml_lib: Path, corpus: Path, tmp_path: Path, inventory: Any, topology: str | None, first: int) -> None:
+    nvml_lib: Path, corpus: Path, tmp_path: Path, inventory: Any, topology: str | None, first: int
+) -> None:
     """The fake machine is written from a real ``nvidia-smi`` output (and ``topo -m``); the
     driver reads it through NVML and publishes through its registry; `tessera simulate`'s
     builder publishes from the output itself. Both must be the same slices, device for device.
@@ -176,7 +219,11 @@ def test_nvml_discovery_publishes_what_simulate_publishes_from_nvidia_smi(
     gpus = load_inventory(src)[:first]
     topo = None
     if topology is not None:
-        tsrc = corpus / ("inventories" if topology.endswith("capture.txt") else "topologies") / topology
+        tsrc = (
+            corpus
+            / ("inventories" if topology.endswith("capture.txt") else "topologies")
+            / topology
+        )
         topo = load_topology(tsrc)
     cfg = tmp_path / "nvml.cfg"
     cfg.write_text(nvml_config(gpus, topology=topo))
@@ -184,19 +231,39 @@ def test_nvml_discovery_publishes_what_simulate_publishes_from_nvidia_smi(
     reg = GpuRegistry(tmp_path / "gpus.json")
     reg.update(seen, {}, now=0)
     again = GpuRegistry(tmp_path / "gpus.json")  # what a restarted driver publishes
-    ours = desired_slices("n", "gpu.tessera.dev", again.snapshot(), "library", 1, now=0, xid_recovery=60)
-    theirs = build_resource_slices("n", [as_listed(g) for g in gpus], topo,
-                                   attributes={"enforcementBackend": {"string": "library"}})
+    ours = desired_slices(
+        "n", "gpu.tessera.dev", again.snapshot(), "library", 1, now=0, xid_recovery=60
+    )
+    theirs = build_resource_slices(
+        "n",
+        [as_listed(g) for g in gpus],
+        topo,
+        attributes={"enforcementBackend": {"string": "library"}},
+    )
     assert ours == theirs
     devices = [d for s in ours for d in s["spec"].get("devices", [])]
     if topo is not None and not gpus[0].mig_enabled:
-        assert {d["attributes"].get("numaNode", {}).get("int") for d in devices} == set(topo.numa.values())
+        assert {d["attributes"].get("numaNode", {}).get("int") for d in devices} == set(
+            topo.numa.values()
+        )
         assert {d["name"]: d["attributes"].get("nvlinkDomain", {}).get("int") for d in devices} == {
-            f"gpu-{i}": topo.nvlink_domains().get(i) for i in range(len(gpus))}
+            f"gpu-{i}": topo.nvlink_domains().get(i) for i in range(len(gpus))
+        }
     if gpus[0].mig_enabled:
         # Every MIG device with its MIG UUID and nvidia-smi -L's profile name.
-        assert sorted((d["attributes"]["gpuInstanceID"]["int"], d["attributes"]["computeInstanceID"]["int"],
-                       d["attributes"]["profile"]["string"]) for d in devices) == sorted(
-            (m.gpu_instance_id, m.compute_instance_id, m.profile or as_listed(gpus[0]).mig_devices[k].profile)
-            for k, m in enumerate(gpus[0].mig_devices))
+        assert sorted(
+            (
+                d["attributes"]["gpuInstanceID"]["int"],
+                d["attributes"]["computeInstanceID"]["int"],
+                d["attributes"]["profile"]["string"],
+            )
+            for d in devices
+        ) == sorted(
+            (
+                m.gpu_instance_id,
+                m.compute_instance_id,
+                m.profile or as_listed(gpus[0]).mig_devices[k].profile,
+            )
+            for k, m in enumerate(gpus[0].mig_devices)
+        )
         assert all(d["attributes"]["uuid"]["string"].startswith("MIG-") for d in devices)

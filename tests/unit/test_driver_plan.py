@@ -35,24 +35,46 @@ GIB = 1 << 30
 @pytest.fixture
 def devices(corpus: Path) -> dict[str, NodeDevice]:
     """The published devices of the 8x H100 node, as the driver resolves them."""
-    gpus = load_inventory(corpus / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt")
+    gpus = load_inventory(
+        corpus
+        / "inventories"
+        / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+    )
     records = [GpuRecord(g, g.index) for g in gpus]
-    return node_devices(records, desired_slices(NODE, "gpu.tessera.dev", records, LIBRARY, 1, 0, 60))
+    return node_devices(
+        records, desired_slices(NODE, "gpu.tessera.dev", records, LIBRARY, 1, 0, 60)
+    )
 
 
 @pytest.fixture
 def layout(tmp_path: Path) -> Layout:
-    return Layout(tmp_path / "state", tmp_path / "cdi", tmp_path / "root", Path("/opt/tessera/libtessera-enforce.so"),
-                  "gpu.tessera.dev", cdi_hook="/usr/bin/nvidia-cdi-hook")
+    return Layout(
+        tmp_path / "state",
+        tmp_path / "cdi",
+        tmp_path / "root",
+        Path("/opt/tessera/libtessera-enforce.so"),
+        "gpu.tessera.dev",
+        cdi_hook="/usr/bin/nvidia-cdi-hook",
+    )
 
 
 def claim(*results: dict[str, Any], uid: str = "uid-1") -> dict[str, Any]:
-    return {"metadata": {"name": "c", "namespace": "ns", "uid": uid},
-            "status": {"allocation": {"devices": {"results": list(results)}}}}
+    return {
+        "metadata": {"name": "c", "namespace": "ns", "uid": uid},
+        "status": {"allocation": {"devices": {"results": list(results)}}},
+    }
 
 
-def share(device: str, memory: str | None, cores: str | None, request: str = "gpu", share_id: str = SHARE) -> dict[str, Any]:
-    r: dict[str, Any] = {"request": request, "driver": "gpu.tessera.dev", "pool": NODE, "device": device, "shareID": share_id}
+def share(
+    device: str, memory: str | None, cores: str | None, request: str = "gpu", share_id: str = SHARE
+) -> dict[str, Any]:
+    r: dict[str, Any] = {
+        "request": request,
+        "driver": "gpu.tessera.dev",
+        "pool": NODE,
+        "device": device,
+        "shareID": share_id,
+    }
     cap = {}
     if memory is not None:
         cap["memory"] = memory
@@ -68,31 +90,64 @@ REF = ClaimRef("ns", "c", "uid-1")
 def test_a_share_gets_exact_limits(devices: dict[str, NodeDevice], layout: Layout) -> None:
     plan = plan_claim(claim(share("gpu-3", "8Gi", "20")), REF, NODE, devices, LIBRARY, layout)
     uuid = devices["gpu-3"].record.gpu.uuid
-    assert plan.limits_text == (f"version 1\nclaim ns/c uid-1\nregion /run/tessera/region\ncontext-overhead 0\n"
-                                f"gpu {uuid} memory {8 * GIB} cores 20\n")
+    assert plan.limits_text == (
+        f"version 1\nclaim ns/c uid-1\nregion /run/tessera/region\ncontext-overhead 0\n"
+        f"gpu {uuid} memory {8 * GIB} cores 20\n"
+    )
     assert plan.region_gpus == ((uuid, 8 * GIB, 20),)
     [dev] = plan.devices
-    assert (dev.request_names, dev.pool, dev.device, dev.share_id) == (("gpu",), NODE, "gpu-3", SHARE)
+    assert (dev.request_names, dev.pool, dev.device, dev.share_id) == (
+        ("gpu",),
+        NODE,
+        "gpu-3",
+        SHARE,
+    )
     assert dev.cdi_device_ids == ("gpu.tessera.dev/claim=uid-1-0-gpu-3",)
     assert plan.cdi_spec["devices"][0]["containerEdits"]["deviceNodes"] == [
-        {"path": "/dev/nvidia3", "hostPath": str(layout.dev_root / "dev" / "nvidia3")}]
-    assert plan.status[0]["data"] == {"enforcementBackend": LIBRARY, "uuid": uuid, "memory": str(8 * GIB),
-                                      "cores": 20, "limitsFile": "/etc/tessera/limits"}
+        {"path": "/dev/nvidia3", "hostPath": str(layout.dev_root / "dev" / "nvidia3")}
+    ]
+    assert plan.status[0]["data"] == {
+        "enforcementBackend": LIBRARY,
+        "uuid": uuid,
+        "memory": str(8 * GIB),
+        "cores": 20,
+        "limitsFile": "/etc/tessera/limits",
+    }
 
 
-def test_subrequest_names_are_stripped_and_two_gpus_are_listed_in_order(devices: dict[str, NodeDevice], layout: Layout) -> None:
-    plan = plan_claim(claim(share("gpu-1", "4Gi", "0", "big/small"), share("gpu-0", "2Gi", "50", "other")),
-                      REF, NODE, devices, LIBRARY, layout)
+def test_subrequest_names_are_stripped_and_two_gpus_are_listed_in_order(
+    devices: dict[str, NodeDevice], layout: Layout
+) -> None:
+    plan = plan_claim(
+        claim(share("gpu-1", "4Gi", "0", "big/small"), share("gpu-0", "2Gi", "50", "other")),
+        REF,
+        NODE,
+        devices,
+        LIBRARY,
+        layout,
+    )
     assert [d.request_names for d in plan.devices] == [("big",), ("other",)]
     u1, u0 = devices["gpu-1"].record.gpu.uuid, devices["gpu-0"].record.gpu.uuid
-    assert [(g.uuid, g.memory, g.cores) for g in parse_limits(plan.limits_text or "").gpus] == [(u1, 4 * GIB, 0), (u0, 2 * GIB, 50)]
-    assert plan.cdi_spec["containerEdits"]["env"][:2] == [f"NVIDIA_VISIBLE_DEVICES={u1},{u0}", f"CUDA_VISIBLE_DEVICES={u1},{u0}"]
+    assert [(g.uuid, g.memory, g.cores) for g in parse_limits(plan.limits_text or "").gpus] == [
+        (u1, 4 * GIB, 0),
+        (u0, 2 * GIB, 50),
+    ]
+    assert plan.cdi_spec["containerEdits"]["env"][:2] == [
+        f"NVIDIA_VISIBLE_DEVICES={u1},{u0}",
+        f"CUDA_VISIBLE_DEVICES={u1},{u0}",
+    ]
 
 
-def test_whole_gpu_and_admin_access_have_no_limits(devices: dict[str, NodeDevice], layout: Layout) -> None:
+def test_whole_gpu_and_admin_access_have_no_limits(
+    devices: dict[str, NodeDevice], layout: Layout
+) -> None:
     full = devices["gpu-0"].record.gpu.memory_bytes
     whole = plan_claim(claim(share("gpu-0", str(full), "0")), REF, NODE, devices, LIBRARY, layout)
-    assert whole.limits_text is None and whole.backend == "none" and "mounts" not in whole.cdi_spec["containerEdits"]
+    assert (
+        whole.limits_text is None
+        and whole.backend == "none"
+        and "mounts" not in whole.cdi_spec["containerEdits"]
+    )
     dedicated = dict(share("gpu-0", None, None))
     dedicated.pop("shareID")
     dedicated.pop("consumedCapacity")
@@ -102,53 +157,115 @@ def test_whole_gpu_and_admin_access_have_no_limits(devices: dict[str, NodeDevice
     assert plan.limits_text is None and plan.status[0]["data"]["enforcementBackend"] == "none"
 
 
-@pytest.mark.parametrize("result,message", [
-    ({**share("gpu-0", "1Gi", "1"), "pool": "other-node"}, "allocated to pool(s) other-node, not to this node 'n1'"),
-    ({**share("gpu-0", "1Gi", "1"), "driver": "nic.example.com"}, "has no result of driver gpu.tessera.dev (drivers: nic.example.com)"),
-    (share("gpu-9", "1Gi", "1"), "'gpu-9' is not a device of node n1"),
-    (share("gpu-0", "81Gi", "1"), "consumedCapacity.memory: 81Gi is outside 1..85520809984 bytes"),
-    (share("gpu-0", "1Gi", "101"), "consumedCapacity.cores: 101 is above 100"),
-    (share("gpu-0", "1.5", "1"), "is not a whole, non-negative number"),
-    ({**share("gpu-0", "1Gi", "1"), "consumedCapacity": {"memory": "1Gi", "gpu.tessera.dev/bandwidth": "1"}},
-     "'gpu.tessera.dev/bandwidth' is not a capacity of GPU"),
-])
-def test_bad_allocations_are_claim_errors(devices: dict[str, NodeDevice], layout: Layout, result: dict[str, Any], message: str) -> None:
-    with pytest.raises(ClaimError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+@pytest.mark.parametrize(
+    "result,message",
+    [
+        (
+            {**share("gpu-0", "1Gi", "1"), "pool": "other-node"},
+            "allocated to pool(s) other-node, not to this node 'n1'",
+        ),
+        (
+            {**share("gpu-0", "1Gi", "1"), "driver": "nic.example.com"},
+            "has no result of driver gpu.tessera.dev (drivers: nic.example.com)",
+        ),
+        (share("gpu-9", "1Gi", "1"), "'gpu-9' is not a device of node n1"),
+        (
+            share("gpu-0", "81Gi", "1"),
+            "consumedCapacity.memory: 81Gi is outside 1..85520809984 bytes",
+        ),
+        (share("gpu-0", "1Gi", "101"), "consumedCapacity.cores: 101 is above 100"),
+        (share("gpu-0", "1.5", "1"), "is not a whole, non-negative number"),
+        (
+            {
+                **share("gpu-0", "1Gi", "1"),
+                "consumedCapacity": {"memory": "1Gi", "gpu.tessera.dev/bandwidth": "1"},
+            },
+            "'gpu.tessera.dev/bandwidth' is not a capacity of GPU",
+        ),
+    ],
+)
+def test_bad_allocations_are_claim_errors(
+    devices: dict[str, NodeDevice], layout: Layout, result: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(
+        ClaimError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
+    ):
         plan_claim(claim(result), REF, NODE, devices, LIBRARY, layout)
 
 
 def test_replaced_or_unallocated_claims(devices: dict[str, NodeDevice], layout: Layout) -> None:
     with pytest.raises(ClaimError, match="the claim was replaced"):
-        plan_claim(claim(share("gpu-0", "1Gi", "1"), uid="other"), REF, NODE, devices, LIBRARY, layout)
+        plan_claim(
+            claim(share("gpu-0", "1Gi", "1"), uid="other"), REF, NODE, devices, LIBRARY, layout
+        )
     with pytest.raises(ClaimError, match="not allocated"):
-        plan_claim({"metadata": {"uid": "uid-1"}, "status": {}}, REF, NODE, devices, LIBRARY, layout)
+        plan_claim(
+            {"metadata": {"uid": "uid-1"}, "status": {}}, REF, NODE, devices, LIBRARY, layout
+        )
 
 
-def test_driver_native_uses_nvidias_hook_and_falls_back_for_unequal_memory(devices: dict[str, NodeDevice], layout: Layout) -> None:
+def test_driver_native_uses_nvidias_hook_and_falls_back_for_unequal_memory(
+    devices: dict[str, NodeDevice], layout: Layout
+) -> None:
     plan = plan_claim(claim(share("gpu-2", "8Gi", "20")), REF, NODE, devices, DRIVER_NATIVE, layout)
     uuid = devices["gpu-2"].record.gpu.uuid
     edits = plan.cdi_spec["containerEdits"]
-    assert edits["hooks"] == [{"hookName": "createRuntime", "path": "/usr/bin/nvidia-cdi-hook", "args": [
-        "nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id", uuid]}]
-    assert edits["env"][2:] == ["TESSERA_ENFORCEMENT_BACKEND=driver-native", "NVIDIA_GPU_MEMORY_REQUEST=8192",
-                                "NVIDIA_GPU_MEMORY_LIMIT=8192"]
+    assert edits["hooks"] == [
+        {
+            "hookName": "createRuntime",
+            "path": "/usr/bin/nvidia-cdi-hook",
+            "args": [
+                "nvidia-cdi-hook",
+                "apply-cuda-memory-limits",
+                "--driver-root",
+                "/",
+                "--gpu-id",
+                uuid,
+            ],
+        }
+    ]
+    assert edits["env"][2:] == [
+        "TESSERA_ENFORCEMENT_BACKEND=driver-native",
+        "NVIDIA_GPU_MEMORY_REQUEST=8192",
+        "NVIDIA_GPU_MEMORY_LIMIT=8192",
+    ]
     assert plan.backend == DRIVER_NATIVE
     # NVIDIA's hook takes one memory value per container: unequal shares fall back to the library.
-    mixed = plan_claim(claim(share("gpu-2", "8Gi", "20"), share("gpu-3", "4Gi", "20", "b")), REF, NODE, devices, DRIVER_NATIVE, layout)
+    mixed = plan_claim(
+        claim(share("gpu-2", "8Gi", "20"), share("gpu-3", "4Gi", "20", "b")),
+        REF,
+        NODE,
+        devices,
+        DRIVER_NATIVE,
+        layout,
+    )
     assert mixed.backend == LIBRARY and "hooks" not in mixed.cdi_spec["containerEdits"]
     assert {e["data"]["enforcementBackend"] for e in mixed.status} == {LIBRARY}
 
 
 def test_backend_detection(tmp_path: Path) -> None:
-    assert detect("library", None, "615.1", ["GPU-x"], "/h") == BackendChoice(LIBRARY, "--enforcement-backend library")
-    assert detect("auto", None, "550.54.15", ["GPU-x"], "/h").reason == "driver 550.54.15 is older than r615"
-    assert detect("auto", None, "615.20.01", ["GPU-x"], "/h").reason == "no NVML (nvidia-smi fallback)"
+    assert detect("library", None, "615.1", ["GPU-x"], "/h") == BackendChoice(
+        LIBRARY, "--enforcement-backend library"
+    )
+    assert (
+        detect("auto", None, "550.54.15", ["GPU-x"], "/h").reason
+        == "driver 550.54.15 is older than r615"
+    )
+    assert (
+        detect("auto", None, "615.20.01", ["GPU-x"], "/h").reason == "no NVML (nvidia-smi fallback)"
+    )
 
 
-def test_materialize_is_idempotent_and_remove_takes_everything(devices: dict[str, NodeDevice], layout: Layout) -> None:
+def test_materialize_is_idempotent_and_remove_takes_everything(
+    devices: dict[str, NodeDevice], layout: Layout
+) -> None:
     plan = plan_claim(claim(share("gpu-3", "8Gi", "20")), REF, NODE, devices, LIBRARY, layout)
     materialize(plan, layout)
-    files = [layout.cdi_path("uid-1"), layout.claim_dir("uid-1") / "limits", layout.claim_dir("uid-1") / "region"]
+    files = [
+        layout.cdi_path("uid-1"),
+        layout.claim_dir("uid-1") / "limits",
+        layout.claim_dir("uid-1") / "region",
+    ]
     stamps = [p.stat().st_mtime_ns for p in files]
     materialize(ClaimPlan.from_json(json.loads(json.dumps(plan.to_json()))), layout)
     assert [p.stat().st_mtime_ns for p in files] == stamps
@@ -162,7 +279,9 @@ def test_checkpoint_round_trip_and_refuses_foreign_files(tmp_path: Path) -> None
     cp = Checkpoint(tmp_path / "checkpoint.json")
     cp.update(put={"a": {"state": "prepared", "plan": {}}, "b": {"state": "prepared", "plan": {}}})
     cp.update(drop=["a"])
-    assert Checkpoint(tmp_path / "checkpoint.json").claims == {"b": {"state": "prepared", "plan": {}}}
+    assert Checkpoint(tmp_path / "checkpoint.json").claims == {
+        "b": {"state": "prepared", "plan": {}}
+    }
     (tmp_path / "bad.json").write_text('{"version": 7}')
     with pytest.raises(CheckpointError, match="not a version 1 Tessera driver checkpoint"):
         Checkpoint(tmp_path / "bad.json")
@@ -177,10 +296,18 @@ def test_generated_stubs_serve_the_kubelets_method_paths() -> None:
     from tessera.driver.kubelet import stubs
 
     reg_pb2, _, dra_pb2, _ = stubs()
-    assert dra_pb2.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    assert (
+        dra_pb2.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
+        == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    )
     assert [m.name for m in dra_pb2.DESCRIPTOR.services_by_name["DRAPlugin"].methods] == [
-        "NodePrepareResources", "NodeUnprepareResources"]
-    assert reg_pb2.DESCRIPTOR.services_by_name["Registration"].full_name == "pluginregistration.Registration"
+        "NodePrepareResources",
+        "NodeUnprepareResources",
+    ]
+    assert (
+        reg_pb2.DESCRIPTOR.services_by_name["Registration"].full_name
+        == "pluginregistration.Registration"
+    )
 
 
 def test_checkpoint_group_commit_applies_every_concurrent_update(tmp_path: Path) -> None:
@@ -198,8 +325,12 @@ def test_checkpoint_group_commit_applies_every_concurrent_update(tmp_path: Path)
 
     mod.write_atomic = counting  # type: ignore[assignment]
     try:
-        threads = [threading.Thread(target=cp.update, kwargs={"put": {f"u{i}": {"state": "prepared", "plan": {"i": i}}}})
-                   for i in range(50)]
+        threads = [
+            threading.Thread(
+                target=cp.update, kwargs={"put": {f"u{i}": {"state": "prepared", "plan": {"i": i}}}}
+            )
+            for i in range(50)
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -20,7 +20,11 @@ from tessera.sim.cluster import Cluster, SimNode, load_cluster
 
 def _default(target: str) -> Explanation:
     ex = examples_dir()
-    return explain(load_cluster(ex / "cluster.yaml"), list(expand_workloads(load_files([ex / "workloads"]))), target)
+    return explain(
+        load_cluster(ex / "cluster.yaml"),
+        list(expand_workloads(load_files([ex / "workloads"]))),
+        target,
+    )
 
 
 def _node(exp: Explanation, name: str) -> NodeExplanation:
@@ -32,7 +36,11 @@ def _groups(ne: NodeExplanation) -> list[tuple[int, str]]:
 
 
 def gpu(i: int, mem_gi: int, **attrs: Any) -> dict[str, Any]:
-    a = {"uuid": {"string": f"GPU-{i}"}, "productName": {"string": "NVIDIA H100 80GB HBM3"}, "type": {"string": "gpu"}}
+    a = {
+        "uuid": {"string": f"GPU-{i}"},
+        "productName": {"string": "NVIDIA H100 80GB HBM3"},
+        "type": {"string": "gpu"},
+    }
     for k, v in attrs.items():
         a[k] = {"int": v} if isinstance(v, int) else {"string": v}
     return {
@@ -40,24 +48,48 @@ def gpu(i: int, mem_gi: int, **attrs: Any) -> dict[str, Any]:
         "allowMultipleAllocations": True,
         "attributes": a,
         "capacity": {
-            "memory": {"value": f"{mem_gi}Gi", "requestPolicy": {"default": f"{mem_gi}Gi", "validRange": {"min": "1Mi", "step": "1Mi"}}},
-            "cores": {"value": "100", "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}}},
+            "memory": {
+                "value": f"{mem_gi}Gi",
+                "requestPolicy": {
+                    "default": f"{mem_gi}Gi",
+                    "validRange": {"min": "1Mi", "step": "1Mi"},
+                },
+            },
+            "cores": {
+                "value": "100",
+                "requestPolicy": {
+                    "default": "0",
+                    "validRange": {"min": "0", "max": "100", "step": "1"},
+                },
+            },
         },
     }
 
 
-def rslice(node: str, devices: list[dict[str, Any]], *, name: str | None = None, count: int = 1) -> dict[str, Any]:
+def rslice(
+    node: str, devices: list[dict[str, Any]], *, name: str | None = None, count: int = 1
+) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {"name": name or f"{node}-gpu.tessera.dev"},
-        "spec": {"driver": "gpu.tessera.dev", "pool": {"name": node, "generation": 1, "resourceSliceCount": count},
-                 "nodeName": node, "devices": devices},
+        "spec": {
+            "driver": "gpu.tessera.dev",
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": count},
+            "nodeName": node,
+            "devices": devices,
+        },
     }
 
 
 def docs(text: str) -> list[Manifest]:
-    return list(expand_workloads(Manifest(d, Source("case.yaml", i + 1)) for i, d in enumerate(yaml.safe_load_all(text)) if d))
+    return list(
+        expand_workloads(
+            Manifest(d, Source("case.yaml", i + 1))
+            for i, d in enumerate(yaml.safe_load_all(text))
+            if d
+        )
+    )
 
 
 def claim_pod(name: str, request: str, constraints: str = "") -> str:
@@ -94,7 +126,10 @@ def test_default_too_big_memory_short_grouped_per_node() -> None:
     assert exp.status == "pending"
     assert [n.verdict for n in exp.nodes] == ["refused"] * 4
     h100 = _node(exp, "h100-node")
-    assert h100.summary == "cannot allocate all claims: claim default/too-big, request gpu: 0 of 8 devices fit (needs 1)"
+    assert (
+        h100.summary
+        == "cannot allocate all claims: claim default/too-big, request gpu: 0 of 8 devices fit (needs 1)"
+    )
     # No GPU is that large: "never fits", not "short now" (which would suggest waiting), on
     # every node, whatever the GPUs hold now.
     assert _groups(h100) == [(8, "memory: needs 100Gi, more than the device has (81559Mi)")]
@@ -102,8 +137,12 @@ def test_default_too_big_memory_short_grouped_per_node() -> None:
         "22 GPUs in the cluster match its selectors: no GPU in the cluster is that large "
         "(memory 100Gi is more than any has: the largest has 81559Mi, h100-node/gpu-0)"
     )
-    assert _groups(_node(exp, "v100s-node")) == [(8, "memory: needs 100Gi, more than the device has (32510Mi)")]
-    assert _groups(_node(exp, "a100-mig-node")) == [(4, "memory: needs 100Gi, more than the device has (19968Mi)")]
+    assert _groups(_node(exp, "v100s-node")) == [
+        (8, "memory: needs 100Gi, more than the device has (32510Mi)")
+    ]
+    assert _groups(_node(exp, "a100-mig-node")) == [
+        (4, "memory: needs 100Gi, more than the device has (19968Mi)")
+    ]
 
 
 def test_default_hami_uuid_pinned_names_the_false_subexpression() -> None:
@@ -124,15 +163,20 @@ def test_default_hami_uuid_pinned_names_the_false_subexpression() -> None:
     )
     # MIG devices have no uuid in this inventory; their GPU's UUID (parentUUID) is not listed either.
     assert _groups(_node(exp, "a100-mig-node")) == [
-        (4, f'request gpu selector #0 is false: {sel} (no attribute gpu.tessera.dev/uuid, '
-            'parentUUID = "GPU-513536b6-7d19-9063-b049-1e69664bb298")')
+        (
+            4,
+            f"request gpu selector #0 is false: {sel} (no attribute gpu.tessera.dev/uuid, "
+            'parentUUID = "GPU-513536b6-7d19-9063-b049-1e69664bb298")',
+        )
     ]
 
 
 def test_default_scheduled_pod_says_where_and_why() -> None:
     exp = _default("trainer-1")
     assert exp.status == "scheduled" and exp.node == "h100-node"
-    assert [n.summary for n in exp.nodes] == ["scheduled here: first node in cluster order where every claim fits"]
+    assert [n.summary for n in exp.nodes] == [
+        "scheduled here: first node in cluster order where every claim fits"
+    ]
     assert exp.placements[0] == (
         "claim default/trainer-1-gpus, request gpus: gpu.tessera.dev/h100-node/gpu-3 "
         "(GPU-afe9f2ed-9dd0-572c-3cd8-b42b58b3bc99, NVIDIA H100 80GB HBM3), shared: memory 40Gi of 81559Mi free, cores 50 of 100 free"
@@ -147,12 +191,17 @@ def test_default_shared_claim_second_pod_and_claim_target() -> None:
     )
     assert exp.nodes[-1].summary == "scheduled here: its claims were already allocated there"
     exp2 = _default("shared-notebook-gpu")
-    assert exp2.target == "ResourceClaim default/shared-notebook-gpu (used by Pod default/notebook-a)"
+    assert (
+        exp2.target == "ResourceClaim default/shared-notebook-gpu (used by Pod default/notebook-a)"
+    )
     assert exp2.node == "a5000-node"
 
 
 def test_unknown_target_is_one_line_error() -> None:
-    with pytest.raises(ExplainError, match=r"^'nope' is neither a pod nor a ResourceClaim of the simulation \(pods: default/inference-0, "):
+    with pytest.raises(
+        ExplainError,
+        match=r"^'nope' is neither a pod nor a ResourceClaim of the simulation \(pods: default/inference-0, ",
+    ):
         _default("nope")
 
 
@@ -163,16 +212,35 @@ def test_hami_percentage_two_gpus_on_one_gpu_node(corpus: Path) -> None:
     from tessera.inventory import build_resource_slices, load_inventory
 
     inv = corpus / "inventories" / "datakit__nvidiasmi_testdata__gtx-1card.V100-PCIE-32GB.xml"
-    cl = Cluster([SimNode("v100", {"kubernetes.io/hostname": "v100"}, build_resource_slices("v100", load_inventory(str(inv))))])
-    exp = explain(cl, load_files([corpus / "hami-pods" / "HAMi__examples_nvidia__use_memory_fraction.yaml"]), "gpu-pod")
+    cl = Cluster(
+        [
+            SimNode(
+                "v100",
+                {"kubernetes.io/hostname": "v100"},
+                build_resource_slices("v100", load_inventory(str(inv))),
+            )
+        ]
+    )
+    exp = explain(
+        cl,
+        load_files([corpus / "hami-pods" / "HAMi__examples_nvidia__use_memory_fraction.yaml"]),
+        "gpu-pod",
+    )
     assert exp.hami == [
         "HAMi request (container ubuntu-container): 2 GPUs × gpumem-percentage 50, gpucores 30 — no node has 2 GPUs "
         "with 50% memory and 30% cores free (most: 1 on v100)"
     ]
     # 2 GPUs: firstAvailable tries one NVLink domain, one NUMA node, then any two GPUs
-    assert [r.request for r in exp.nodes[0].requests] == ["gpu/nvlink-mem-0", "gpu/numa-mem-0", "gpu/any-mem-0"]
+    assert [r.request for r in exp.nodes[0].requests] == [
+        "gpu/nvlink-mem-0",
+        "gpu/numa-mem-0",
+        "gpu/any-mem-0",
+    ]
     r = exp.nodes[0].requests[-1]
-    assert r.request == "gpu/any-mem-0" and r.wants == "2 devices × memory 16255Mi, cores 30 (class gpu.tessera.dev)"
+    assert (
+        r.request == "gpu/any-mem-0"
+        and r.wants == "2 devices × memory 16255Mi, cores 30 (class gpu.tessera.dev)"
+    )
     assert r.notes == ["needs 2 devices, 1 fit on their own"]
 
 
@@ -180,13 +248,29 @@ def test_hami_card_type_selector_shows_device_value(corpus: Path) -> None:
     from tessera.inventory import build_resource_slices, load_inventory
 
     inv = corpus / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.129.03.A10.txt"
-    cl = Cluster([SimNode("a10", {"kubernetes.io/hostname": "a10"}, build_resource_slices("a10", load_inventory(str(inv))))])
-    exp = explain(cl, load_files([corpus / "hami-pods" / "HAMi__examples_nvidia__specify_card_type_to_use.yaml"]), "gpu-pod")
+    cl = Cluster(
+        [
+            SimNode(
+                "a10",
+                {"kubernetes.io/hostname": "a10"},
+                build_resource_slices("a10", load_inventory(str(inv))),
+            )
+        ]
+    )
+    exp = explain(
+        cl,
+        load_files([corpus / "hami-pods" / "HAMi__examples_nvidia__specify_card_type_to_use.yaml"]),
+        "gpu-pod",
+    )
     # 2 GPUs: the same selector on each topology level of the firstAvailable list
-    assert _groups(exp.nodes[0]) == [(1,
-        f'request gpu/{level} selector #0 is false: `device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("a100") || '
-        'device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("v100")` (productName = "NVIDIA A10")')
-        for level in ("nvlink", "numa", "any")]
+    assert _groups(exp.nodes[0]) == [
+        (
+            1,
+            f'request gpu/{level} selector #0 is false: `device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("a100") || '
+            'device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("v100")` (productName = "NVIDIA A10")',
+        )
+        for level in ("nvlink", "numa", "any")
+    ]
     assert exp.nodes[0].hami == [
         "HAMi request (container ubuntu-container): 2 GPUs × gpumem all of each GPU's memory, gpucores 100 — "
         "no GPU on a10 matches the pod's device selectors"
@@ -200,7 +284,10 @@ CAP = "        deviceClassName: gpu.tessera.dev\n"
 
 
 def test_typo_attribute_is_a_cel_runtime_error_that_aborts_scheduling() -> None:
-    req = CAP + '        selectors: [{cel: {expression: \'device.attributes["gpu.tessera.dev"].productname == "H100"\'}}]'
+    req = (
+        CAP
+        + '        selectors: [{cel: {expression: \'device.attributes["gpu.tessera.dev"].productname == "H100"\'}}]'
+    )
     exp = explain(one_node(gpu(0, 80)), docs(claim_pod("typo", req)), "typo")
     ne = exp.nodes[0]
     assert ne.verdict == "error"
@@ -208,9 +295,16 @@ def test_typo_attribute_is_a_cel_runtime_error_that_aborts_scheduling() -> None:
         "allocation error: claim default/typo: selector #0 on device gpu.tessera.dev/n1/gpu-0: CEL runtime error: "
         "no such key: productname (hint: guard the lookup with has(...) so devices without it do not match)"
     )
-    assert _groups(ne) == [(1, "request gpu selector #0: CEL runtime error: no such key: productname (guard the lookup "
-                            "with has(...)); this aborts scheduling of the pod")]
-    assert exp.notes[0].startswith("an allocator error (not 'no room') stops scheduling of the pod on every node")
+    assert _groups(ne) == [
+        (
+            1,
+            "request gpu selector #0: CEL runtime error: no such key: productname (guard the lookup "
+            "with has(...)); this aborts scheduling of the pod",
+        )
+    ]
+    assert exp.notes[0].startswith(
+        "an allocator error (not 'no room') stops scheduling of the pod on every node"
+    )
 
 
 def test_class_selector_that_excludes_everything() -> None:
@@ -224,18 +318,29 @@ spec:
 ---"""
     req = "        deviceClassName: nvidia\n"
     exp = explain(one_node(gpu(0, 80), gpu(1, 80)), docs(cls + claim_pod("c", req)), "c")
-    assert _groups(exp.nodes[0]) == [(2, 'class nvidia selector #0 is false: `device.driver == "gpu.nvidia.com"`')]
+    assert _groups(exp.nodes[0]) == [
+        (2, 'class nvidia selector #0 is false: `device.driver == "gpu.nvidia.com"`')
+    ]
 
 
 def test_capacity_short_by_how_much_after_another_pod() -> None:
     first = claim_pod("big", CAP + "        capacity: {requests: {memory: 60Gi, cores: '50'}}")
     second = claim_pod("next", CAP + "        capacity: {requests: {memory: 30Gi, cores: '60'}}")
     exp = explain(one_node(gpu(0, 80)), docs(first + "---" + second), "next")
-    assert _groups(exp.nodes[0]) == [(1, "memory short by 10Gi (needs 30Gi, 20Gi free of 80Gi); cores short by 10 (needs 60, 50 free of 100)")]
+    assert _groups(exp.nodes[0]) == [
+        (
+            1,
+            "memory short by 10Gi (needs 30Gi, 20Gi free of 80Gi); cores short by 10 (needs 60, 50 free of 100)",
+        )
+    ]
 
 
 def test_policy_violation_cores_over_max() -> None:
-    exp = explain(one_node(gpu(0, 80)), docs(claim_pod("c", CAP + "        capacity: {requests: {cores: '150'}}")), "c")
+    exp = explain(
+        one_node(gpu(0, 80)),
+        docs(claim_pod("c", CAP + "        capacity: {requests: {cores: '150'}}")),
+        "c",
+    )
     assert _groups(exp.nodes[0]) == [(1, "cores: 150 is over the request policy's maximum 100")]
 
 
@@ -244,7 +349,10 @@ def test_taint_without_toleration() -> None:
     d["taints"] = [{"key": "gpu.tessera.dev/maintenance", "value": "true", "effect": "NoSchedule"}]
     exp = explain(one_node(d), docs(claim_pod("c", CAP)), "c")
     assert _groups(exp.nodes[0]) == [
-        (1, "taint gpu.tessera.dev/maintenance=true:NoSchedule not tolerated: add a toleration to request gpu")
+        (
+            1,
+            "taint gpu.tessera.dev/maintenance=true:NoSchedule not tolerated: add a toleration to request gpu",
+        )
     ]
 
 
@@ -256,13 +364,20 @@ def test_incomplete_pool() -> None:
         "pool gpu.tessera.dev/n1 is incomplete: 1 of resourceSliceCount 2 slices published at generation 1; "
         "none of its devices is allocated until all are published"
     ]
-    assert exp.nodes[0].summary == "cannot allocate all claims: claim default/c, request gpu: 0 of 0 devices fit (needs 1)"
+    assert (
+        exp.nodes[0].summary
+        == "cannot allocate all claims: claim default/c, request gpu: 0 of 0 devices fit (needs 1)"
+    )
 
 
 def test_match_attribute_across_two_gpus_without_nvlink() -> None:
     req = CAP + "        count: 2\n        capacity: {requests: {memory: 40Gi}}"
     cons = "    constraints:\n    - matchAttribute: gpu.tessera.dev/nvlinkDomain\n    - distinctAttribute: gpu.tessera.dev/uuid"
-    exp = explain(one_node(gpu(0, 80, nvlinkDomain=0), gpu(1, 80, nvlinkDomain=1)), docs(claim_pod("pair", req, cons)), "pair")
+    exp = explain(
+        one_node(gpu(0, 80, nvlinkDomain=0), gpu(1, 80, nvlinkDomain=1)),
+        docs(claim_pod("pair", req, cons)),
+        "pair",
+    )
     ne = exp.nodes[0]
     assert ne.requests[0].fitting == ["gpu.tessera.dev/n1/gpu-0", "gpu.tessera.dev/n1/gpu-1"]
     # Both fit on their own; the allocator's search refused gpu-1 beside gpu-0.
@@ -275,11 +390,23 @@ def test_match_attribute_across_two_gpus_without_nvlink() -> None:
 def test_constraint_attribute_missing_and_all_devices_table() -> None:
     req = CAP + "        count: 2"
     cons = "    constraints:\n    - matchAttribute: gpu.tessera.dev/nvlinkDomain"
-    exp = explain(one_node(gpu(0, 80), gpu(1, 80, nvlinkDomain=0)), docs(claim_pod("p", req, cons)), "p", all_devices=True)
+    exp = explain(
+        one_node(gpu(0, 80), gpu(1, 80, nvlinkDomain=0)),
+        docs(claim_pod("p", req, cons)),
+        "p",
+        all_devices=True,
+    )
     ne = exp.nodes[0]
-    assert _groups(ne) == [(1, "has no attribute gpu.tessera.dev/nvlinkDomain, which constraint #0 (matchAttribute) needs")]
+    assert _groups(ne) == [
+        (
+            1,
+            "has no attribute gpu.tessera.dev/nvlinkDomain, which constraint #0 (matchAttribute) needs",
+        )
+    ]
     assert [(v.device, v.check) for v in ne.requests[0].devices] == [
-        ("gpu.tessera.dev/n1/gpu-0", "constraint"), ("gpu.tessera.dev/n1/gpu-1", "fits")]
+        ("gpu.tessera.dev/n1/gpu-0", "constraint"),
+        ("gpu.tessera.dev/n1/gpu-1", "fits"),
+    ]
     assert "    gpu  gpu-1  fits: fits on its own" in render_text(exp)
 
 
@@ -343,32 +470,72 @@ def test_default_memory_is_named_as_the_blocker_on_a_1080ti() -> None:
     gpus = parse_inventory(GTX1080TI_CSV, "gtx1080ti.csv")
     cl = Cluster([SimNode("n", {"kubernetes.io/hostname": "n"}, build_resource_slices("n", gpus))])
     res = Simulation(cl, docs(HAMI_ON_1080TI)).run()
-    assert [(p.pod, p.memory, p.cores) for p in res.placements] == [("default/share", "3000Mi", "0")]
+    assert [(p.pod, p.memory, p.cores) for p in res.placements] == [
+        ("default/share", "3000Mi", "0")
+    ]
     whole, half = (
         f"0/1 nodes are available: 1 cannot allocate all claims. claim default/{p}-c-gpu, request gpu: needs 1 device "
         f"with cores {c} and memory 11Gi (all of it: the request names no memory, so the request policy's default "
         "applies); 1 GPU in the cluster matches its selectors, none has room now: memory short on n/gpu-0: 8264Mi free "
-        "of 11Gi, needs 11Gi" for p, c in (("whole", 100), ("half-cores", 50))
+        "of 11Gi, needs 11Gi"
+        for p, c in (("whole", 100), ("half-cores", 50))
     )
-    assert [(p.pod, p.reason) for p in res.pending] == [("default/whole", whole), ("default/half-cores", half)]
+    assert [(p.pod, p.reason) for p in res.pending] == [
+        ("default/whole", whole),
+        ("default/half-cores", half),
+    ]
     exp = explain(cl, docs(HAMI_ON_1080TI), "half-cores")
     assert _groups(exp.nodes[0]) == [
-        (1, "memory short by 3000Mi (needs 11Gi, policy default: the request names no memory, 8264Mi free of 11Gi)")
+        (
+            1,
+            "memory short by 3000Mi (needs 11Gi, policy default: the request names no memory, 8264Mi free of 11Gi)",
+        )
     ]
-    assert exp.nodes[0].requests[0].wants == "1 device × cores 50, memory: all of it (the request policy's default) (class gpu.tessera.dev)"
+    assert (
+        exp.nodes[0].requests[0].wants
+        == "1 device × cores 50, memory: all of it (the request policy's default) (class gpu.tessera.dev)"
+    )
 
 
 def test_device_whose_shared_counters_are_used_up_does_not_fit_on_its_own() -> None:
     # A partitionable GPU: one 8Gi counter set; "full" (8Gi of it) is held by an earlier claim,
     # "half" (4Gi) is free by itself but its counters are used up: it does not fit on its own.
     slices = [
-        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n1-devices"},
-         "spec": {"driver": "gpu.example.com", "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 2}, "nodeName": "n1",
-                  "devices": [{"name": "full", "consumesCounters": [{"counterSet": "gpu-0", "counters": {"mem": {"value": "8Gi"}}}]},
-                              {"name": "half", "consumesCounters": [{"counterSet": "gpu-0", "counters": {"mem": {"value": "4Gi"}}}]}]}},
-        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "n1-counters"},
-         "spec": {"driver": "gpu.example.com", "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 2}, "nodeName": "n1",
-                  "sharedCounters": [{"name": "gpu-0", "counters": {"mem": {"value": "8Gi"}}}]}},
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": "n1-devices"},
+            "spec": {
+                "driver": "gpu.example.com",
+                "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 2},
+                "nodeName": "n1",
+                "devices": [
+                    {
+                        "name": "full",
+                        "consumesCounters": [
+                            {"counterSet": "gpu-0", "counters": {"mem": {"value": "8Gi"}}}
+                        ],
+                    },
+                    {
+                        "name": "half",
+                        "consumesCounters": [
+                            {"counterSet": "gpu-0", "counters": {"mem": {"value": "4Gi"}}}
+                        ],
+                    },
+                ],
+            },
+        },
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": "n1-counters"},
+            "spec": {
+                "driver": "gpu.example.com",
+                "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 2},
+                "nodeName": "n1",
+                "sharedCounters": [{"name": "gpu-0", "counters": {"mem": {"value": "8Gi"}}}],
+            },
+        },
     ]
     cl = Cluster([SimNode("n1", {"kubernetes.io/hostname": "n1"}, slices)])
     text = """
@@ -392,11 +559,15 @@ status:
     exp = explain(cl, docs(text), "want", all_devices=True)
     ne = exp.nodes[0]
     assert [(v.device, v.check) for v in ne.requests[0].devices] == [
-        ("gpu.example.com/n1/full", "in-use"), ("gpu.example.com/n1/half", "counters"),
+        ("gpu.example.com/n1/full", "in-use"),
+        ("gpu.example.com/n1/half", "counters"),
     ]
     assert _groups(ne) == [
         (1, "in use: allocated whole (dedicated) to claim default/earlier"),
-        (1, "shared counter gpu-0/mem used up: the device needs 4Gi, 0 of 8Gi left (8Gi held by earlier allocations)"),
+        (
+            1,
+            "shared counter gpu-0/mem used up: the device needs 4Gi, 0 of 8Gi left (8Gi held by earlier allocations)",
+        ),
     ]
     assert ne.requests[0].fitting == []
     assert exp.reason.endswith(

@@ -24,7 +24,9 @@ from tessera.driver.guard import (
 )
 from tessera.inventory import build_resource_slices, load_inventory
 
-HAMI_ANNOTATIONS_FILE = "inventories/HAMi__docs_develop_protocol__node-register-annotations.2xV100-PCIE-32GB.txt"
+HAMI_ANNOTATIONS_FILE = (
+    "inventories/HAMi__docs_develop_protocol__node-register-annotations.2xV100-PCIE-32GB.txt"
+)
 NVIDIA_FULL_GPU = "dra-manifests/dra-driver-nvidia-gpu__docs_reference_resourceslice-attributes__full-gpu-A100-PCIE-40GB.fragment.yaml"
 NVIDIA_MIG = "dra-manifests/dra-driver-nvidia-gpu__docs_reference_resourceslice-attributes__mig-1g.5gb.fragment.yaml"
 A5000 = "inventories/telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
@@ -39,49 +41,83 @@ def hami_annotations(corpus: Path) -> dict[str, str]:
     return out
 
 
-def node(name: str = "gpu-1", allocatable: dict[str, str] | None = None,
-         annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "annotations": annotations or {}, "labels": labels or {}},
-            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", **(allocatable or {})}}}
+def node(
+    name: str = "gpu-1",
+    allocatable: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "annotations": annotations or {}, "labels": labels or {}},
+        "status": {
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", **(allocatable or {})}
+        },
+    }
 
 
 def nvidia_slice(devices: list[dict[str, Any]], node_name: str = "gpu-1") -> dict[str, Any]:
     """A ResourceSlice of the NVIDIA DRA driver (driver gpu.nvidia.com) with these devices."""
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"{node_name}-gpu.nvidia.com-x7k2p"},
-            "spec": {"driver": "gpu.nvidia.com", "nodeName": node_name,
-                     "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
-                     "devices": devices}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node_name}-gpu.nvidia.com-x7k2p"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
 
 
 # ---- Node objects ------------------------------------------------------------------------
 
+
 def test_device_plugin_resources_in_allocatable() -> None:
     assert node_signs(node(allocatable={"nvidia.com/gpu": "8"})) == [
-        Sign("device-plugin", "Node gpu-1 status.allocatable nvidia.com/gpu: 8")]
+        Sign("device-plugin", "Node gpu-1 status.allocatable nvidia.com/gpu: 8")
+    ]
     # HAMi's device plugin advertises split replicas: 2 GPUs x deviceSplitCount 10.
-    assert [s.detail for s in node_signs(node(allocatable={"nvidia.com/gpu": "20", "nvidia.com/gpumem": "65536"}))] == [
-        "Node gpu-1 status.allocatable nvidia.com/gpu: 20", "Node gpu-1 status.allocatable nvidia.com/gpumem: 65536"]
+    assert [
+        s.detail
+        for s in node_signs(
+            node(allocatable={"nvidia.com/gpu": "20", "nvidia.com/gpumem": "65536"})
+        )
+    ] == [
+        "Node gpu-1 status.allocatable nvidia.com/gpu: 20",
+        "Node gpu-1 status.allocatable nvidia.com/gpumem: 65536",
+    ]
     assert [s.detail for s in node_signs(node(allocatable={"nvidia.com/mig-1g.10gb": "7"}))] == [
-        "Node gpu-1 status.allocatable nvidia.com/mig-1g.10gb: 7"]
+        "Node gpu-1 status.allocatable nvidia.com/mig-1g.10gb: 7"
+    ]
     assert [s.detail for s in node_signs(node(allocatable={"volcano.sh/vgpu-number": "40"}))] == [
-        "Node gpu-1 status.allocatable volcano.sh/vgpu-number: 40"]
+        "Node gpu-1 status.allocatable volcano.sh/vgpu-number: 40"
+    ]
     assert [s.detail for s in node_signs(node(allocatable={"nvidia.com/gpu.shared": "4"}))] == [
-        "Node gpu-1 status.allocatable nvidia.com/gpu.shared: 4"]
+        "Node gpu-1 status.allocatable nvidia.com/gpu.shared: 4"
+    ]
 
 
 def test_a_stopped_device_plugin_leaves_zero_and_other_resources_do_not_count() -> None:
     # The kubelet keeps a resource at 0 after its device plugin went away.
     assert node_signs(node(allocatable={"nvidia.com/gpu": "0"})) == []
-    assert node_signs(node(allocatable={"amd.com/gpu": "8", "example.com/nic": "2", "hugepages-2Mi": "1Gi"})) == []
+    assert (
+        node_signs(
+            node(allocatable={"amd.com/gpu": "8", "example.com/nic": "2", "hugepages-2Mi": "1Gi"})
+        )
+        == []
+    )
 
 
 def test_hami_node_annotations(corpus: Path) -> None:
     ann = hami_annotations(corpus)
     signs = node_signs(node(annotations=ann))
-    assert signs == [Sign("hami", "Node gpu-1 annotation hami.io/node-nvidia-register"),
-                     Sign("hami", "Node gpu-1 annotation hami.io/node-handshake-nvidia")]
+    assert signs == [
+        Sign("hami", "Node gpu-1 annotation hami.io/node-nvidia-register"),
+        Sign("hami", "Node gpu-1 annotation hami.io/node-handshake-nvidia"),
+    ]
     # MLU-only annotations are not a manager of NVIDIA GPUs.
     mlu = {k: v for k, v in ann.items() if "mlu" in k}
     assert mlu and node_signs(node(annotations=mlu)) == []
@@ -89,21 +125,31 @@ def test_hami_node_annotations(corpus: Path) -> None:
 
 # ---- ResourceSlices of other DRA drivers ----------------------------------------------------
 
+
 def test_another_dra_driver_publishing_the_same_gpu(corpus: Path) -> None:
     full = yaml.safe_load((corpus / NVIDIA_FULL_GPU).read_text())
     mig = yaml.safe_load((corpus / NVIDIA_MIG).read_text())
     uuid = full[0]["attributes"]["uuid"]["string"]
     assert uuid == "GPU-2fa81118-5a5f-aa66-7660-471eed407181"
     # This node's GPU is the one NVIDIA's driver published (UUIDs compare without case).
-    assert slice_signs([nvidia_slice(full)], [uuid.lower()]) == [Sign(
-        "dra-driver", "DRA driver gpu.nvidia.com publishes GPU-2fa81118-5a5f-aa66-7660-471eed407181 "
-                      "(ResourceSlice gpu-1-gpu.nvidia.com-x7k2p)")]
+    assert slice_signs([nvidia_slice(full)], [uuid.lower()]) == [
+        Sign(
+            "dra-driver",
+            "DRA driver gpu.nvidia.com publishes GPU-2fa81118-5a5f-aa66-7660-471eed407181 "
+            "(ResourceSlice gpu-1-gpu.nvidia.com-x7k2p)",
+        )
+    ]
     # A MIG device of it names the GPU in parentUUID.
     assert [s.detail for s in slice_signs([nvidia_slice(mig)], [uuid])] == [
-        "DRA driver gpu.nvidia.com publishes GPU-2fa81118-5a5f-aa66-7660-471eed407181 (ResourceSlice gpu-1-gpu.nvidia.com-x7k2p)"]
+        "DRA driver gpu.nvidia.com publishes GPU-2fa81118-5a5f-aa66-7660-471eed407181 (ResourceSlice gpu-1-gpu.nvidia.com-x7k2p)"
+    ]
     # ... or its own MIG UUID, when this node discovered that MIG device.
-    assert [s.detail for s in slice_signs([nvidia_slice(mig)], ["MIG-1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d"])] == [
-        "DRA driver gpu.nvidia.com publishes MIG-1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d (ResourceSlice gpu-1-gpu.nvidia.com-x7k2p)"]
+    assert [
+        s.detail
+        for s in slice_signs([nvidia_slice(mig)], ["MIG-1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d"])
+    ] == [
+        "DRA driver gpu.nvidia.com publishes MIG-1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d (ResourceSlice gpu-1-gpu.nvidia.com-x7k2p)"
+    ]
     # Other GPUs: nothing in common.
     assert slice_signs([nvidia_slice(full)], ["GPU-00000000-0000-0000-0000-000000000000"]) == []
 
@@ -112,15 +158,24 @@ def test_hami_dra_driver_and_qualified_attributes(corpus: Path) -> None:
     gpus = load_inventory(corpus / A5000)
     # HAMi's DRA driver (hami-core-gpu.project-hami.io) publishes one device per GPU with
     # attribute uuid (docs: hami.md section 4); a qualified name counts the same.
-    devices = [{"name": f"hami-gpu-{g.index}",
-                "attributes": {"type": {"string": "hami-gpu"},
-                               "hami-core-gpu.project-hami.io/uuid": {"string": g.uuid}}} for g in gpus]
+    devices = [
+        {
+            "name": f"hami-gpu-{g.index}",
+            "attributes": {
+                "type": {"string": "hami-gpu"},
+                "hami-core-gpu.project-hami.io/uuid": {"string": g.uuid},
+            },
+        }
+        for g in gpus
+    ]
     s = nvidia_slice(devices)
     s["spec"]["driver"] = "hami-core-gpu.project-hami.io"
     found = slice_signs([s], discovered_uuids(gpus))
     assert len(found) == 1 and found[0].kind == "dra-driver"
-    assert found[0].detail == (f"DRA driver hami-core-gpu.project-hami.io publishes {', '.join(sorted(g.uuid for g in gpus))} "
-                               "(ResourceSlice gpu-1-gpu.nvidia.com-x7k2p)")
+    assert found[0].detail == (
+        f"DRA driver hami-core-gpu.project-hami.io publishes {', '.join(sorted(g.uuid for g in gpus))} "
+        "(ResourceSlice gpu-1-gpu.nvidia.com-x7k2p)"
+    )
 
 
 def test_tessera_own_slices_are_not_another_manager(corpus: Path) -> None:
@@ -132,11 +187,13 @@ def test_tessera_own_slices_are_not_another_manager(corpus: Path) -> None:
 
 # ---- device plugin sockets ----------------------------------------------------------------
 
+
 @pytest.fixture
 def plugin_dir() -> Iterator[Path]:
     # Unix socket paths are limited to 107 bytes: a short directory.
     import shutil
     import tempfile
+
     d = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
     yield d
     shutil.rmtree(d, ignore_errors=True)
@@ -155,7 +212,11 @@ def test_served_nvidia_socket_is_a_sign(plugin_dir: Path) -> None:
     other = _listen(plugin_dir / "sriov-nic.sock")
     try:
         assert socket_signs(plugin_dir) == [
-            Sign("device-plugin-socket", f"device plugin socket {plugin_dir / 'nvidia-gpu.sock'} is served")]
+            Sign(
+                "device-plugin-socket",
+                f"device plugin socket {plugin_dir / 'nvidia-gpu.sock'} is served",
+            )
+        ]
     finally:
         for s in (kubelet, plugin, other):
             s.close()
@@ -171,9 +232,16 @@ def test_leftover_socket_file_and_missing_dir_are_not(plugin_dir: Path) -> None:
 
 
 def test_refusal_is_one_line_naming_every_sign_and_the_override() -> None:
-    msg = refusal("gpu-1", [Sign("device-plugin", "Node gpu-1 status.allocatable nvidia.com/gpu: 8"),
-                            Sign("hami", "Node gpu-1 annotation hami.io/node-nvidia-register")])
+    msg = refusal(
+        "gpu-1",
+        [
+            Sign("device-plugin", "Node gpu-1 status.allocatable nvidia.com/gpu: 8"),
+            Sign("hami", "Node gpu-1 annotation hami.io/node-nvidia-register"),
+        ],
+    )
     assert "\n" not in msg
-    assert msg.startswith("node gpu-1 already has another manager of its NVIDIA GPUs: "
-                          "Node gpu-1 status.allocatable nvidia.com/gpu: 8; Node gpu-1 annotation hami.io/node-nvidia-register.")
+    assert msg.startswith(
+        "node gpu-1 already has another manager of its NVIDIA GPUs: "
+        "Node gpu-1 status.allocatable nvidia.com/gpu: 8; Node gpu-1 annotation hami.io/node-nvidia-register."
+    )
     assert f"label it {OVERRIDE_LABEL}=true" in msg and "docs/install.md" in msg

@@ -17,7 +17,10 @@ from tessera.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = str(REPO / "src/tessera/examples/cluster.yaml")
-H100 = REPO / "src/tessera/examples/inventories/gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+H100 = (
+    REPO
+    / "src/tessera/examples/inventories/gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+)
 CLAIM = """apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: c1}
@@ -68,12 +71,38 @@ def write(tmp: Path, name: str, text: str | bytes) -> str:
 @pytest.mark.parametrize(
     ("text", "field", "message"),
     [
-        (POD.replace("  containers:\n  - name: app\n    image: x\n", "  containers: abc\n"), "spec.containers", "must be an array, got a string"),
-        (POD.replace("metadata: {name: p1}", "metadata: [p1]"), "metadata", "must be an object, got an array"),
-        (POD.replace("spec:\n", "spec: 5\n").replace("  containers:\n  - name: app\n    image: x\n", ""), "spec", "must be an object, got an integer"),
-        (POD + "    resources: {limits: [1]}\n", "spec.containers[0].resources.limits", "must be an object, got an array"),
-        (CLAIM + "        selectors: [{cel: 'true'}]\n", "spec.devices.requests[0].exactly.selectors[0].cel", "must be an object, got a string"),
-        (POD + "    resources: {claims: [{name: 5}]}\n", "spec.containers[0].resources.claims[0].name", "must be a string, got an integer"),
+        (
+            POD.replace("  containers:\n  - name: app\n    image: x\n", "  containers: abc\n"),
+            "spec.containers",
+            "must be an array, got a string",
+        ),
+        (
+            POD.replace("metadata: {name: p1}", "metadata: [p1]"),
+            "metadata",
+            "must be an object, got an array",
+        ),
+        (
+            POD.replace("spec:\n", "spec: 5\n").replace(
+                "  containers:\n  - name: app\n    image: x\n", ""
+            ),
+            "spec",
+            "must be an object, got an integer",
+        ),
+        (
+            POD + "    resources: {limits: [1]}\n",
+            "spec.containers[0].resources.limits",
+            "must be an object, got an array",
+        ),
+        (
+            CLAIM + "        selectors: [{cel: 'true'}]\n",
+            "spec.devices.requests[0].exactly.selectors[0].cel",
+            "must be an object, got a string",
+        ),
+        (
+            POD + "    resources: {claims: [{name: 5}]}\n",
+            "spec.containers[0].resources.claims[0].name",
+            "must be a string, got an integer",
+        ),
         (
             "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec: {selector: {}, template: abc}\n",
             "spec.template",
@@ -87,7 +116,9 @@ def write(tmp: Path, name: str, text: str | bytes) -> str:
         ),
     ],
 )
-def test_wrong_type_is_refused_naming_the_field(tmp_path: Path, text: str, field: str, message: str) -> None:
+def test_wrong_type_is_refused_naming_the_field(
+    tmp_path: Path, text: str, field: str, message: str
+) -> None:
     f = write(tmp_path, "m.yaml", text)
     for cmd in (["simulate", "--cluster", CLUSTER, f], ["explain", "p1", "--cluster", CLUSTER, f]):
         line = bad(*cmd)
@@ -97,50 +128,83 @@ def test_wrong_type_is_refused_naming_the_field(tmp_path: Path, text: str, field
 
 
 def test_selector_typed_for_selectors_is_refused_with_the_closest_name(tmp_path: Path) -> None:
-    f = write(tmp_path, "c.yaml", CLAIM + "        selector:\n        - cel: {expression: 'true'}\n")
+    f = write(
+        tmp_path, "c.yaml", CLAIM + "        selector:\n        - cel: {expression: 'true'}\n"
+    )
     line = bad("simulate", "--cluster", CLUSTER, f)
     assert line.endswith(
         "ResourceClaim default/c1: spec.devices.requests[0].exactly.selector: unknown field 'selector': did you mean 'selectors'?"
     )
     code, out, _ = run("lint", f)
     assert code == 1
-    assert out.strip().endswith("spec.devices.requests[0].exactly.selector: unknown field 'selector'. fix: did you mean 'selectors'?")
+    assert out.strip().endswith(
+        "spec.devices.requests[0].exactly.selector: unknown field 'selector'. fix: did you mean 'selectors'?"
+    )
 
 
 @pytest.mark.parametrize(
     ("claim", "message"),
     [
-        ("{name: gpu}", "at least one of `resourceClaimName` or `resourceClaimTemplateName` must be set"),
-        ("{name: gpu, resourceClaimName: c1, resourceClaimTemplateName: t}", "at most one of `resourceClaimName` or `resourceClaimTemplateName` may be set"),
+        (
+            "{name: gpu}",
+            "at least one of `resourceClaimName` or `resourceClaimTemplateName` must be set",
+        ),
+        (
+            "{name: gpu, resourceClaimName: c1, resourceClaimTemplateName: t}",
+            "at most one of `resourceClaimName` or `resourceClaimTemplateName` may be set",
+        ),
     ],
 )
 def test_pod_claim_names_one_source(tmp_path: Path, claim: str, message: str) -> None:
     f = write(tmp_path, "p.yaml", POD.replace("spec:\n", f"spec:\n  resourceClaims: [{claim}]\n"))
-    assert bad("simulate", "--cluster", CLUSTER, f).endswith(f"Pod default/p1: spec.resourceClaims[0]: {message}")
+    assert bad("simulate", "--cluster", CLUSTER, f).endswith(
+        f"Pod default/p1: spec.resourceClaims[0]: {message}"
+    )
 
 
 # ---- 2. numbers and quantities without bounds ---------------------------------------------------
 
 
 def test_huge_integer_literal(tmp_path: Path) -> None:
-    f = write(tmp_path, "d.yaml", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec:\n  replicas: " + "9" * 5000 + "\n")
-    assert f"{f}: line 5, column 13: integer of 5,000 digits: Kubernetes numbers are 64-bit" in bad("simulate", "--cluster", CLUSTER, f)
-    j = write(tmp_path, "d.json", json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}).replace('"p"}', '"p", "x": ' + "9" * 5000 + "}"))
+    f = write(
+        tmp_path,
+        "d.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec:\n  replicas: "
+        + "9" * 5000
+        + "\n",
+    )
+    assert f"{f}: line 5, column 13: integer of 5,000 digits: Kubernetes numbers are 64-bit" in bad(
+        "simulate", "--cluster", CLUSTER, f
+    )
+    j = write(
+        tmp_path,
+        "d.json",
+        json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}).replace(
+            '"p"}', '"p", "x": ' + "9" * 5000 + "}"
+        ),
+    )
     assert "integer of 5,000 digits" in bad("simulate", "--cluster", CLUSTER, j)
 
 
 @pytest.mark.parametrize("value", ["9" * 5000, "1e999999999", "1e2147483648"])
 def test_quantity_out_of_range_is_refused_at_once(tmp_path: Path, value: str) -> None:
-    f = write(tmp_path, "c.yaml", CLAIM + f"        capacity: {{requests: {{memory: '{value}'}}}}\n")
+    f = write(
+        tmp_path, "c.yaml", CLAIM + f"        capacity: {{requests: {{memory: '{value}'}}}}\n"
+    )
     t0 = time.monotonic()
     line = bad("simulate", "--cluster", CLUSTER, f)
     assert time.monotonic() - t0 < 30
-    assert "spec.devices.requests[0].exactly.capacity.requests[memory]: " in line and "out of range" in line
+    assert (
+        "spec.devices.requests[0].exactly.capacity.requests[memory]: " in line
+        and "out of range" in line
+    )
 
 
 def test_quantity_in_a_cel_selector_does_not_hang(tmp_path: Path) -> None:
     expr = 'device.capacity["gpu.tessera.dev"].memory.compareTo(quantity("1e999999999")) >= 0'
-    f = write(tmp_path, "c.yaml", CLAIM + f"        selectors: [{{cel: {{expression: '{expr}'}}}}]\n")
+    f = write(
+        tmp_path, "c.yaml", CLAIM + f"        selectors: [{{cel: {{expression: '{expr}'}}}}]\n"
+    )
     t0 = time.monotonic()
     code, _, _ = run("simulate", "--cluster", CLUSTER, f)
     assert code in (0, 2) and time.monotonic() - t0 < 60
@@ -149,32 +213,62 @@ def test_quantity_in_a_cel_selector_does_not_hang(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "edit"),
     [
-        ("telegraf__nvidia_smi_testdata__dual_a5000-v13.xml", lambda t: t.replace("<total>24564 MiB</total>", "<total>" + "9" * 5000 + " MiB</total>", 1)),
-        ("gpud__nvidia-query_testdata__nvidia-smi-q.535.129.03.A10.txt", lambda t: t.replace("23028 MiB", "9" * 5000 + " MiB", 1)),
+        (
+            "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml",
+            lambda t: t.replace(
+                "<total>24564 MiB</total>", "<total>" + "9" * 5000 + " MiB</total>", 1
+            ),
+        ),
+        (
+            "gpud__nvidia-query_testdata__nvidia-smi-q.535.129.03.A10.txt",
+            lambda t: t.replace("23028 MiB", "9" * 5000 + " MiB", 1),
+        ),
         ("netdata-go.d.plugin__nvidia_smi_testdata__tesla-p100.csv", None),
-        ("HAMi__docs_develop_protocol__node-register-annotations.2xV100-PCIE-32GB.txt", lambda t: t.replace(",32768,", "," + "9" * 5000 + ",", 1)),
+        (
+            "HAMi__docs_develop_protocol__node-register-annotations.2xV100-PCIE-32GB.txt",
+            lambda t: t.replace(",32768,", "," + "9" * 5000 + ",", 1),
+        ),
     ],
 )
-def test_inventory_memory_of_5000_digits(corpus: Path, tmp_path: Path, name: str, edit: object) -> None:
+def test_inventory_memory_of_5000_digits(
+    corpus: Path, tmp_path: Path, name: str, edit: object
+) -> None:
     text = (corpus / "inventories" / name).read_text()
     if edit is None:  # the CSV carries memory.free: write a query with memory.total
-        text = "uuid, name, memory.total [MiB]\nGPU-ef1b2c9b-38d8-2090-2bd1-f567a3eb42a6, Tesla P100-PCIE-16GB, " + "9" * 5000 + "\n"
+        text = (
+            "uuid, name, memory.total [MiB]\nGPU-ef1b2c9b-38d8-2090-2bd1-f567a3eb42a6, Tesla P100-PCIE-16GB, "
+            + "9" * 5000
+            + "\n"
+        )
     else:
         new = edit(text)  # type: ignore[operator]
         assert new != text
         text = new
     inv = write(tmp_path, name, text)
-    line = bad("simulate", "--node", f"n1={inv}", str(REPO / "src/tessera/examples/workloads/dra-native.yaml"))
+    line = bad(
+        "simulate",
+        "--node",
+        f"n1={inv}",
+        str(REPO / "src/tessera/examples/workloads/dra-native.yaml"),
+    )
     assert inv in line and "memory" in line.lower()
 
 
 def test_topology_numa_id_of_5000_digits(tmp_path: Path) -> None:
-    topo = (REPO / "src/tessera/examples/topologies/litgpt__tests_test_utils__topo-m.8xGPU-NV12-10nic.txt").read_text()
+    topo = (
+        REPO
+        / "src/tessera/examples/topologies/litgpt__tests_test_utils__topo-m.8xGPU-NV12-10nic.txt"
+    ).read_text()
     lines = topo.splitlines()
     i = next(k for k, line in enumerate(lines) if line.startswith("GPU0"))
     lines[i] = lines[i].rstrip() + "\t" + "9" * 5000
     f = write(tmp_path, "topo.txt", "\n".join(lines) + "\n")
-    code, _, err = run("simulate", "--node", f"n1={H100}:{f}", str(REPO / "src/tessera/examples/workloads/dra-native.yaml"))
+    code, _, err = run(
+        "simulate",
+        "--node",
+        f"n1={H100}:{f}",
+        str(REPO / "src/tessera/examples/workloads/dra-native.yaml"),
+    )
     assert code in (0, 2), err
     if code == 2:
         assert f in err
@@ -184,8 +278,14 @@ def test_topology_numa_id_of_5000_digits(tmp_path: Path) -> None:
 
 
 def test_alias_bomb_is_refused_before_any_output(tmp_path: Path) -> None:
-    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 12)]
-    doc = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: lol}\ndata:\n" + "\n".join("  " + x for x in lines) + "\n"
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 12)
+    ]
+    doc = (
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: lol}\ndata:\n"
+        + "\n".join("  " + x for x in lines)
+        + "\n"
+    )
     f = write(tmp_path, "bomb.yaml", doc)
     line = bad("simulate", "--cluster", CLUSTER, f, "-o", "json")
     assert f in line and "excessive aliasing" in line
@@ -226,10 +326,21 @@ def test_input_size_limit_is_adjustable(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("depth", [150, 600, 5000])
 def test_deep_nesting(tmp_path: Path, depth: int) -> None:
-    f = write(tmp_path, "deep.yaml", POD.replace("metadata: {name: p1}", "metadata: {name: p1, labels: " + "[" * depth + "]" * depth + "}"))
+    f = write(
+        tmp_path,
+        "deep.yaml",
+        POD.replace(
+            "metadata: {name: p1}",
+            "metadata: {name: p1, labels: " + "[" * depth + "]" * depth + "}",
+        ),
+    )
     line = bad("simulate", "--cluster", CLUSTER, f)
     assert f in line and "nested" in line
-    j = write(tmp_path, "deep.json", '{"apiVersion": "v1", "kind": "Pod", "metadata": {"x": ' + "[" * depth + "]" * depth + "}}")
+    j = write(
+        tmp_path,
+        "deep.json",
+        '{"apiVersion": "v1", "kind": "Pod", "metadata": {"x": ' + "[" * depth + "]" * depth + "}}",
+    )
     assert "nested" in bad("lint", j)
 
 
@@ -237,24 +348,44 @@ def test_deep_nesting(tmp_path: Path, depth: int) -> None:
 
 
 def _cluster(tmp: Path, body: str) -> str:
-    return write(tmp, "cluster.yaml", f"apiVersion: tessera.dev/v1alpha1\nkind: Cluster\nnodes:\n{body}")
+    return write(
+        tmp, "cluster.yaml", f"apiVersion: tessera.dev/v1alpha1\nkind: Cluster\nnodes:\n{body}"
+    )
 
 
 @pytest.mark.parametrize(
     ("body", "field", "message"),
     [
-        (f"- name: n1\n  inventory: {H100}\n  labes: {{a: b}}\n", "nodes[0].labes", "unknown field 'labes': did you mean 'labels'?"),
+        (
+            f"- name: n1\n  inventory: {H100}\n  labes: {{a: b}}\n",
+            "nodes[0].labes",
+            "unknown field 'labes': did you mean 'labels'?",
+        ),
         ("- name: n1\n  inventory: 5\n", "nodes[0].inventory", "must be a string, got an integer"),
-        (f"- name: n1\n  inventory: {H100}\n  labels: [a]\n", "nodes[0].labels", "must be an object, got an array"),
+        (
+            f"- name: n1\n  inventory: {H100}\n  labels: [a]\n",
+            "nodes[0].labels",
+            "must be an object, got an array",
+        ),
         (f"- name: n1\n  inventory: {H100}\n  count: 0\n", "nodes[0].count", ""),
-        (f"- name: n1\n  inventory: {H100}\n  taints: [{{key: k, effect: Never}}]\n", "nodes[0].taints[0].effect", "unsupported value"),
-        ("- name: n1\n  inventory: missing.txt\n", "nodes[0].inventory", "{dir}/missing.txt: file: cannot read the file (No such file or directory)"),
+        (
+            f"- name: n1\n  inventory: {H100}\n  taints: [{{key: k, effect: Never}}]\n",
+            "nodes[0].taints[0].effect",
+            "unsupported value",
+        ),
+        (
+            "- name: n1\n  inventory: missing.txt\n",
+            "nodes[0].inventory",
+            "{dir}/missing.txt: file: cannot read the file (No such file or directory)",
+        ),
     ],
 )
 def test_cluster_file_entries(tmp_path: Path, body: str, field: str, message: str) -> None:
     f = _cluster(tmp_path, body)
     line = bad("simulate", "--cluster", f)
-    assert line.startswith(f"tessera: error: {f}: Cluster: {field}: {message.format(dir=tmp_path)}"), line
+    assert line.startswith(
+        f"tessera: error: {f}: Cluster: {field}: {message.format(dir=tmp_path)}"
+    ), line
 
 
 @pytest.mark.parametrize("kind", ["non-utf8", "loop", "directory", "missing"])
@@ -267,13 +398,19 @@ def test_unreadable_cluster_file(tmp_path: Path, kind: str) -> None:
         os.symlink(p, tmp_path / "c2.yaml")
     elif kind == "directory":
         p.mkdir()
-    for cmd in (["simulate", "--cluster", str(p)], ["lint", "--cluster", str(p), str(H100.parent.parent / "workloads")], ["cluster", "up", "--cluster", str(p)]):
+    for cmd in (
+        ["simulate", "--cluster", str(p)],
+        ["lint", "--cluster", str(p), str(H100.parent.parent / "workloads")],
+        ["cluster", "up", "--cluster", str(p)],
+    ):
         line = bad(*cmd)
         assert str(p) in line, line
 
 
 def test_unreadable_manifest_path_is_one_line(tmp_path: Path) -> None:
-    assert bad("simulate", "--cluster", CLUSTER, str(tmp_path / "nope.yaml")).endswith("nope.yaml: file not found")
+    assert bad("simulate", "--cluster", CLUSTER, str(tmp_path / "nope.yaml")).endswith(
+        "nope.yaml: file not found"
+    )
     assert bad("lint", str(tmp_path / "nope.yaml")).endswith("nope.yaml: file not found")
 
 
@@ -293,35 +430,58 @@ def test_cluster_count_labels_and_taints(tmp_path: Path) -> None:
         f"- name: gpu\n  count: 3\n  inventory: {H100}\n  labels: {{zone: a}}\n"
         f"- name: tainted\n  inventory: {H100}\n  taints: [{{key: dedicated, value: training, effect: NoSchedule}}]\n",
     )
-    pods = "".join(
-        f"---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p{i}}}\nspec:\n  nodeSelector: {{zone: a}}\n"
-        f"  containers: [{{name: c, image: x, resources: {{limits: {{nvidia.com/gpu: 8}}}}}}]\n"
-        for i in range(3)
-    ) + "---\napiVersion: v1\nkind: Pod\nmetadata: {name: untolerated}\nspec:\n  nodeSelector: {kubernetes.io/hostname: tainted}\n  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]\n"
+    pods = (
+        "".join(
+            f"---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p{i}}}\nspec:\n  nodeSelector: {{zone: a}}\n"
+            f"  containers: [{{name: c, image: x, resources: {{limits: {{nvidia.com/gpu: 8}}}}}}]\n"
+            for i in range(3)
+        )
+        + "---\napiVersion: v1\nkind: Pod\nmetadata: {name: untolerated}\nspec:\n  nodeSelector: {kubernetes.io/hostname: tainted}\n  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]\n"
+    )
     m = write(tmp_path, "pods.yaml", pods)
     code, out, _ = run("simulate", "--cluster", f, m, "-o", "json")
     assert code == 0
     items = json.loads(out)["items"]
     placed = {o["metadata"]["name"]: o["spec"].get("nodeName") for o in items if o["kind"] == "Pod"}
     assert placed == {"p0": "gpu-0", "p1": "gpu-1", "p2": "gpu-2", "untolerated": None}
-    pending = next(o for o in items if o["kind"] == "Pod" and o["metadata"]["name"] == "untolerated")
-    assert "had untolerated taint {dedicated: training}" in pending["status"]["conditions"][0]["message"]
+    pending = next(
+        o for o in items if o["kind"] == "Pod" and o["metadata"]["name"] == "untolerated"
+    )
+    assert (
+        "had untolerated taint {dedicated: training}"
+        in pending["status"]["conditions"][0]["message"]
+    )
     slices = {o["spec"]["nodeName"]: o for o in items if o["kind"] == "ResourceSlice"}
     assert sorted(slices) == ["gpu-0", "gpu-1", "gpu-2", "tainted"]
-    uuids = [d["attributes"]["uuid"]["string"] for n in ("gpu-0", "gpu-1") for d in slices[n]["spec"]["devices"]]
+    uuids = [
+        d["attributes"]["uuid"]["string"]
+        for n in ("gpu-0", "gpu-1")
+        for d in slices[n]["spec"]["devices"]
+    ]
     assert len(set(uuids)) == 16  # every copy's GPUs have their own UUID
-    assert all(d["attributes"]["uuidSynthesized"] == {"bool": True} for d in slices["gpu-1"]["spec"]["devices"])
+    assert all(
+        d["attributes"]["uuidSynthesized"] == {"bool": True}
+        for d in slices["gpu-1"]["spec"]["devices"]
+    )
 
 
 # ---- 6. inputs read wrongly without a word ------------------------------------------------------
 
 
 def test_attached_gpus_count_that_differs_is_said(tmp_path: Path) -> None:
-    xml = (REPO / "src/tessera/examples/inventories/datakit__nvidiasmi_testdata__gtx-8card.8xV100S-PCIE-32GB.xml").read_text()
+    xml = (
+        REPO
+        / "src/tessera/examples/inventories/datakit__nvidiasmi_testdata__gtx-8card.8xV100S-PCIE-32GB.xml"
+    ).read_text()
     first, rest = xml.split("<gpu id=", 1)
     gpus = rest.split("<gpu id=")
     inv = write(tmp_path, "seven.xml", first + "<gpu id=" + "<gpu id=".join([*gpus[:6], gpus[7]]))
-    code, _, err = run("simulate", "--node", f"n1={inv}", str(REPO / "src/tessera/examples/workloads/dra-native.yaml"))
+    code, _, err = run(
+        "simulate",
+        "--node",
+        f"n1={inv}",
+        str(REPO / "src/tessera/examples/workloads/dra-native.yaml"),
+    )
     assert code == 0
     assert f"{inv}: attached_gpus: says 8 but 7 <gpu> element(s) follow" in err
 
@@ -329,12 +489,26 @@ def test_attached_gpus_count_that_differs_is_said(tmp_path: Path) -> None:
 def test_bom_in_csv_inventory_and_topology(corpus: Path, tmp_path: Path) -> None:
     csv = "\ufeffuuid, name, memory.total [MiB]\nGPU-ef1b2c9b-38d8-2090-2bd1-f567a3eb42a6, Tesla P100-PCIE-16GB, 16384 MiB\n"
     inv = write(tmp_path, "p100.csv", csv.encode("utf-8"))
-    topo = "\ufeff" + (corpus / "topologies" / "litgpt__tests_test_utils__topo-m.2xGPU-NV1.txt").read_text()
+    topo = (
+        "\ufeff"
+        + (corpus / "topologies" / "litgpt__tests_test_utils__topo-m.2xGPU-NV1.txt").read_text()
+    )
     t = write(tmp_path, "topo.txt", topo.encode("utf-8"))
-    code, out, err = run("simulate", "--node", f"n1={inv}", "--node", f"n2={H100.parent / 'telegraf__nvidia_smi_testdata__dual_a5000-v13.xml'}:{t}", str(REPO / "src/tessera/examples/workloads/dra-native.yaml"), "-o", "json")
+    code, out, err = run(
+        "simulate",
+        "--node",
+        f"n1={inv}",
+        "--node",
+        f"n2={H100.parent / 'telegraf__nvidia_smi_testdata__dual_a5000-v13.xml'}:{t}",
+        str(REPO / "src/tessera/examples/workloads/dra-native.yaml"),
+        "-o",
+        "json",
+    )
     assert code == 0, err
     slices = [o for o in json.loads(out)["items"] if o["kind"] == "ResourceSlice"]
-    assert [d["attributes"]["productName"]["string"] for d in slices[0]["spec"]["devices"]] == ["Tesla P100-PCIE-16GB"]
+    assert [d["attributes"]["productName"]["string"] for d in slices[0]["spec"]["devices"]] == [
+        "Tesla P100-PCIE-16GB"
+    ]
     assert all("nvlinkDomain" in d["attributes"] for d in slices[1]["spec"]["devices"])
 
 
@@ -342,17 +516,40 @@ def test_bom_in_csv_inventory_and_topology(corpus: Path, tmp_path: Path) -> None
 
 
 def test_gpumem_percentage_without_shareable_gpu_is_pending(corpus: Path, tmp_path: Path) -> None:
-    slices = (corpus / "dra-manifests" / "dra-example-driver__README__kubectl-get-resourceslice-8gpu.yaml").read_text().split("\n", 1)[1]
-    s = write(tmp_path, "slices.yaml", slices)  # the example driver's GPUs: no gpu.tessera.dev device
-    pod = write(tmp_path, "pct.yaml", (corpus / "hami-pods" / "HAMi__examples_nvidia__use_memory_fraction.yaml").read_text())
+    slices = (
+        (
+            corpus
+            / "dra-manifests"
+            / "dra-example-driver__README__kubectl-get-resourceslice-8gpu.yaml"
+        )
+        .read_text()
+        .split("\n", 1)[1]
+    )
+    s = write(
+        tmp_path, "slices.yaml", slices
+    )  # the example driver's GPUs: no gpu.tessera.dev device
+    pod = write(
+        tmp_path,
+        "pct.yaml",
+        (corpus / "hami-pods" / "HAMi__examples_nvidia__use_memory_fraction.yaml").read_text(),
+    )
     code, out, err = run("simulate", s, pod, "-o", "json")
     assert code == 0, err
     (p,) = [o for o in json.loads(out)["items"] if o["kind"] == "Pod"]
-    assert p["status"]["conditions"][0]["message"].startswith("0/1 nodes are available: 1 Insufficient nvidia.com/gpu, 1 Insufficient nvidia.com/gpumem-percentage")
+    assert p["status"]["conditions"][0]["message"].startswith(
+        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu, 1 Insufficient nvidia.com/gpumem-percentage"
+    )
 
 
 def test_count_zero_is_defaulted_as_the_api_server_does(tmp_path: Path) -> None:
-    f = write(tmp_path, "c.yaml", CLAIM + "        count: 0\n---\n" + POD.replace("spec:\n", "spec:\n  resourceClaims: [{name: gpu, resourceClaimName: c1}]\n") + "    resources: {claims: [{name: gpu}]}\n")
+    f = write(
+        tmp_path,
+        "c.yaml",
+        CLAIM
+        + "        count: 0\n---\n"
+        + POD.replace("spec:\n", "spec:\n  resourceClaims: [{name: gpu, resourceClaimName: c1}]\n")
+        + "    resources: {claims: [{name: gpu}]}\n",
+    )
     code, out, err = run("simulate", "--cluster", CLUSTER, f, "-o", "json")
     assert code == 0, err
     claim = next(o for o in json.loads(out)["items"] if o["kind"] == "ResourceClaim")
@@ -361,11 +558,25 @@ def test_count_zero_is_defaulted_as_the_api_server_does(tmp_path: Path) -> None:
 
 def test_pending_reason_names_the_incomplete_pool(tmp_path: Path) -> None:
     sl = "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: %s}\nspec:\n  driver: gpu.tessera.dev\n  nodeName: n1\n  pool: {name: n1, generation: 1, resourceSliceCount: %d}\n  devices: [{name: %s, capacity: {memory: {value: 80Gi}}}]\n"
-    f = write(tmp_path, "s.yaml", sl % ("s1", 3, "gpu-0") + "---\n" + sl % ("s2", 2, "gpu-1") + "---\n" + CLAIM + "---\n" + POD.replace("spec:\n", "spec:\n  resourceClaims: [{name: gpu, resourceClaimName: c1}]\n") + "    resources: {claims: [{name: gpu}]}\n")
+    f = write(
+        tmp_path,
+        "s.yaml",
+        sl % ("s1", 3, "gpu-0")
+        + "---\n"
+        + sl % ("s2", 2, "gpu-1")
+        + "---\n"
+        + CLAIM
+        + "---\n"
+        + POD.replace("spec:\n", "spec:\n  resourceClaims: [{name: gpu, resourceClaimName: c1}]\n")
+        + "    resources: {claims: [{name: gpu}]}\n",
+    )
     code, out, _ = run("simulate", f, "-o", "json")
     assert code == 0
     pod = next(o for o in json.loads(out)["items"] if o["kind"] == "Pod")
-    assert "gpu.tessera.dev/n1 (incomplete: 2 of resourceSliceCount 3 slices at generation 1)" in pod["status"]["conditions"][0]["message"]
+    assert (
+        "gpu.tessera.dev/n1 (incomplete: 2 of resourceSliceCount 3 slices at generation 1)"
+        in pod["status"]["conditions"][0]["message"]
+    )
 
 
 # ---- issue 9: lint and simulate agree; real trees and kubectl output -----------------------------
@@ -378,12 +589,20 @@ def test_lint_reports_every_file_and_goes_on(corpus: Path, tmp_path: Path) -> No
     d.mkdir()
     write(d, "a-retired.yaml", retired)
     write(d, "b-gpumem.yaml", hami.replace("nvidia.com/gpumem: 3000", 'nvidia.com/gpumem: "4Gi"'))
-    write(d, "c-negative.yaml", hami.replace("nvidia.com/gpumem: 3000", "nvidia.com/gpumem: -1024").replace("gpu-pod", "gpu-pod-neg"))
+    write(
+        d,
+        "c-negative.yaml",
+        hami.replace("nvidia.com/gpumem: 3000", "nvidia.com/gpumem: -1024").replace(
+            "gpu-pod", "gpu-pod-neg"
+        ),
+    )
     write(d, "d-ok.yaml", CLAIM)
     code, out, err = run("lint", str(d))
     assert code == 1, err
     lines = out.strip().splitlines()
-    assert lines[0].startswith(f"{d}/a-retired.yaml (document 1): ResourceSlice old: apiVersion: 'resource.k8s.io/v1alpha2' is retired")
+    assert lines[0].startswith(
+        f"{d}/a-retired.yaml (document 1): ResourceSlice old: apiVersion: 'resource.k8s.io/v1alpha2' is retired"
+    )
     assert "b-gpumem.yaml" in lines[1] and "nvidia.com/gpumem" in lines[1] and "4Gi" in lines[1]
     assert "c-negative.yaml" in lines[2] and "negative" in lines[2]
     assert len(lines) == 3
@@ -392,30 +611,98 @@ def test_lint_reports_every_file_and_goes_on(corpus: Path, tmp_path: Path) -> No
 
 
 def test_kubectl_get_pods_from_a_hami_cluster_keep_their_node(corpus: Path, tmp_path: Path) -> None:
-    register = (corpus / "inventories" / "HAMi__docs_develop_protocol__node-register-annotations.2xV100-PCIE-32GB.txt").read_text()
-    value = next(line.split(": ", 1)[1] for line in register.splitlines() if line.startswith("hami.io/node-nvidia-register"))
-    nodes = {"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node67-4v100", "labels": {"gpu": "on"}, "annotations": {"hami.io/node-nvidia-register": value}},
-         "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}, "status": {"capacity": {"cpu": "32"}}},
-        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-node"}},
-    ]}
+    register = (
+        corpus
+        / "inventories"
+        / "HAMi__docs_develop_protocol__node-register-annotations.2xV100-PCIE-32GB.txt"
+    ).read_text()
+    value = next(
+        line.split(": ", 1)[1]
+        for line in register.splitlines()
+        if line.startswith("hami.io/node-nvidia-register")
+    )
+    nodes = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": "node67-4v100",
+                    "labels": {"gpu": "on"},
+                    "annotations": {"hami.io/node-nvidia-register": value},
+                },
+                "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
+                "status": {"capacity": {"cpu": "32"}},
+            },
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-node"}},
+        ],
+    }
     # kubectl folds the long annotation value over several lines: read it back whole.
     node_text = yaml.safe_dump(nodes, width=60)
     folded = node_text.split("node-nvidia-register:")[1].split("\n    labels:")[0]
     assert folded.count("\n") >= 2, node_text  # the value spans three lines
     nf = write(tmp_path, "nodes.yaml", node_text)
-    alloc = (corpus / "hami-pods" / "HAMi__docs_develop_protocol__pod-allocation-annotations.txt").read_text()
-    devices = next(line.split(": ", 1)[1] for line in alloc.splitlines() if line.startswith("hami.io/vgpu-devices-to-allocate"))
-    pods = {"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "v1", "kind": "Pod",
-         "metadata": {"name": "bound", "namespace": "default", "uid": "0b7c", "resourceVersion": "1",
-                      "annotations": {"hami.io/vgpu-node": "node67-4v100", "hami.io/vgpu-devices-allocated": devices, "hami.io/bind-phase": "success"}},
-         "spec": {"nodeName": "node67-4v100", "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                  "containers": [{"name": "a", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}}},
-                                 {"name": "b", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 5000}}}]},
-         "status": {"phase": "Running"}},
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "done"}, "spec": {"containers": [{"name": "c", "image": "x"}]}, "status": {"phase": "Succeeded"}},
-    ]}
+    alloc = (
+        corpus / "hami-pods" / "HAMi__docs_develop_protocol__pod-allocation-annotations.txt"
+    ).read_text()
+    devices = next(
+        line.split(": ", 1)[1]
+        for line in alloc.splitlines()
+        if line.startswith("hami.io/vgpu-devices-to-allocate")
+    )
+    pods = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": "bound",
+                    "namespace": "default",
+                    "uid": "0b7c",
+                    "resourceVersion": "1",
+                    "annotations": {
+                        "hami.io/vgpu-node": "node67-4v100",
+                        "hami.io/vgpu-devices-allocated": devices,
+                        "hami.io/bind-phase": "success",
+                    },
+                },
+                "spec": {
+                    "nodeName": "node67-4v100",
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                    "containers": [
+                        {
+                            "name": "a",
+                            "image": "x",
+                            "resources": {
+                                "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}
+                            },
+                        },
+                        {
+                            "name": "b",
+                            "image": "x",
+                            "resources": {
+                                "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 5000}
+                            },
+                        },
+                    ],
+                },
+                "status": {"phase": "Running"},
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "done"},
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+                "status": {"phase": "Succeeded"},
+            },
+        ],
+    }
     pf = write(tmp_path, "pods.json", json.dumps(pods, indent=2))
     code, out, err = run("simulate", nf, pf, "-o", "json")
     assert code == 0, err
@@ -423,23 +710,53 @@ def test_kubectl_get_pods_from_a_hami_cluster_keep_their_node(corpus: Path, tmp_
     (pod,) = [o for o in items if o["kind"] == "Pod"]
     assert pod["metadata"]["name"] == "bound" and pod["spec"]["nodeName"] == "node67-4v100"
     assert "done" in err and "finished pod" in err
-    uuids = {r["device"] for o in items if o["kind"] == "ResourceClaim" for r in o["status"]["allocation"]["devices"]["results"]}
-    slices = {d["name"]: d["attributes"]["uuid"]["string"] for o in items if o["kind"] == "ResourceSlice" for d in o["spec"]["devices"]}
-    assert {slices[u] for u in uuids} == {"GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"}  # the GPU HAMi gave it
+    uuids = {
+        r["device"]
+        for o in items
+        if o["kind"] == "ResourceClaim"
+        for r in o["status"]["allocation"]["devices"]["results"]
+    }
+    slices = {
+        d["name"]: d["attributes"]["uuid"]["string"]
+        for o in items
+        if o["kind"] == "ResourceSlice"
+        for d in o["spec"]["devices"]
+    }
+    assert {slices[u] for u in uuids} == {
+        "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
+    }  # the GPU HAMi gave it
 
 
 def test_real_trees(corpus: Path, tmp_path: Path) -> None:
     d = tmp_path / "repo"
     (d / ".github" / "workflows").mkdir(parents=True)
-    write(d, "kustomization.yaml", "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [pod.yaml]\n")
-    write(d / ".github" / "workflows", "ci.yml", "name: ci\non: [push]\njobs: {test: {runs-on: ubuntu-latest, steps: []}}\n")
-    write(d, "rule.yaml", "apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata: {name: dcgm}\nspec:\n  groups:\n  - name: gpu\n    rules:\n    - alert: GpuHot\n      expr: DCGM_FI_DEV_GPU_TEMP > 85\n      annotations:\n        summary: \"GPU {{ $labels.gpu }} on {{ $labels.Hostname }} is hot\"  # {{ not a template }}\n")
-    write(d, "pod.yaml", (corpus / "hami-pods" / "HAMi__examples_nvidia__default_use.yaml").read_text())
+    write(
+        d,
+        "kustomization.yaml",
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [pod.yaml]\n",
+    )
+    write(
+        d / ".github" / "workflows",
+        "ci.yml",
+        "name: ci\non: [push]\njobs: {test: {runs-on: ubuntu-latest, steps: []}}\n",
+    )
+    write(
+        d,
+        "rule.yaml",
+        'apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata: {name: dcgm}\nspec:\n  groups:\n  - name: gpu\n    rules:\n    - alert: GpuHot\n      expr: DCGM_FI_DEV_GPU_TEMP > 85\n      annotations:\n        summary: "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} is hot"  # {{ not a template }}\n',
+    )
+    write(
+        d,
+        "pod.yaml",
+        (corpus / "hami-pods" / "HAMi__examples_nvidia__default_use.yaml").read_text(),
+    )
     code, out, err = run("simulate", "--cluster", CLUSTER, str(d))
     assert code == 0, err
     assert "1 pod(s) scheduled" in out
     warns = [x for x in err.splitlines() if x.startswith("tessera: warning: ")]
-    assert any("ci.yml: a CI workflow" in w for w in warns) and any("kustomization.yaml: a kustomization" in w for w in warns)
+    assert any("ci.yml: a CI workflow" in w for w in warns) and any(
+        "kustomization.yaml: a kustomization" in w for w in warns
+    )
     assert any("PrometheusRule" in w and "not simulated" in w for w in warns)
 
 
@@ -447,8 +764,20 @@ def test_standard_input_and_json_streams(corpus: Path) -> None:
     text = (corpus / "hami-pods" / "HAMi__examples_nvidia__default_use.yaml").read_text()
     code, out, _ = run("simulate", "--cluster", CLUSTER, "-", stdin=text)
     assert code == 0 and "1 pod(s) scheduled" in out
-    objs = [*yaml.safe_load_all(text), {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "second"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}]
-    stream = "".join(json.dumps(o) for o in objs) + "\n" + json.dumps(objs[0]).replace("gpu-pod", "third")
+    objs = [
+        *yaml.safe_load_all(text),
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "second"},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        },
+    ]
+    stream = (
+        "".join(json.dumps(o) for o in objs)
+        + "\n"
+        + json.dumps(objs[0]).replace("gpu-pod", "third")
+    )
     code, out, err = run("simulate", "--cluster", CLUSTER, "-", stdin=stream)
     assert code == 0, err
     assert "3 pod(s) scheduled" in out
@@ -456,5 +785,9 @@ def test_standard_input_and_json_streams(corpus: Path) -> None:
 
 
 def test_helm_template_still_refused(corpus: Path) -> None:
-    f = corpus / "dra-manifests" / "kubernetes__scheduler_perf_dra_templates__resourceslice-partitionable.yaml"
+    f = (
+        corpus
+        / "dra-manifests"
+        / "kubernetes__scheduler_perf_dra_templates__resourceslice-partitionable.yaml"
+    )
     assert "this is a template ('{{.Index}}')" in bad("lint", str(f))

@@ -32,8 +32,12 @@ def test_archive_is_an_oci_layout_whose_digests_match_its_blobs(tmp_path: Path) 
     program.write_bytes(b"#!/bin/sh\necho hi\n")
     os.chmod(program, 0o750)
     image = images.build_image(
-        "tessera.local/unit:1", {"/usr/bin/prog": program, "/etc/data": b"payload\n"}, tmp_path / "out",
-        env={"A": "1"}, entrypoint=["/usr/bin/prog"], busybox=False,
+        "tessera.local/unit:1",
+        {"/usr/bin/prog": program, "/etc/data": b"payload\n"},
+        tmp_path / "out",
+        env={"A": "1"},
+        entrypoint=["/usr/bin/prog"],
+        busybox=False,
     )
     files = read_archive(image.archive)
     assert json.loads(files["oci-layout"]) == {"imageLayoutVersion": "1.0.0"}
@@ -43,13 +47,22 @@ def test_archive_is_an_oci_layout_whose_digests_match_its_blobs(tmp_path: Path) 
     index = json.loads(files["index.json"])
     entry = index["manifests"][0]
     assert entry["digest"] == image.digest
-    assert entry["annotations"] == {"io.containerd.image.name": "tessera.local/unit:1", "org.opencontainers.image.ref.name": "1"}
+    assert entry["annotations"] == {
+        "io.containerd.image.name": "tessera.local/unit:1",
+        "org.opencontainers.image.ref.name": "1",
+    }
     manifest, config, layer = layer_of(files)
     assert manifest["config"]["digest"] == image.config_digest
     assert config["rootfs"]["diff_ids"] == [manifest["layers"][0]["digest"]]
-    assert config["config"]["Env"][1:] == ["A=1"] and config["config"]["Entrypoint"] == ["/usr/bin/prog"]
+    assert config["config"]["Env"][1:] == ["A=1"] and config["config"]["Entrypoint"] == [
+        "/usr/bin/prog"
+    ]
     members = {m.name: m for m in layer.getmembers()}
-    assert members["usr/bin/prog"].mode == 0o750 and members["usr"].isdir() and members["tmp"].mode == 0o1777
+    assert (
+        members["usr/bin/prog"].mode == 0o750
+        and members["usr"].isdir()
+        and members["tmp"].mode == 0o1777
+    )
     assert layer.extractfile(members["etc/data"]).read() == b"payload\n"  # type: ignore[union-attr]
     assert {m.uid for m in members.values()} == {0}
     assert "bin/busybox" not in members
@@ -63,7 +76,9 @@ def test_same_inputs_give_the_same_digest(tmp_path: Path) -> None:
     assert c.digest != a.digest
 
 
-@pytest.mark.parametrize("ref", ["tessera.local/Upper:1", "tessera.local/x", "x:1", "tessera.local/a b:1"])
+@pytest.mark.parametrize(
+    "ref", ["tessera.local/Upper:1", "tessera.local/x", "x:1", "tessera.local/a b:1"]
+)
 def test_bad_reference_is_refused(tmp_path: Path, ref: str) -> None:
     with pytest.raises(images.ImageError, match="not valid"):
         images.build_image(ref, {}, tmp_path, busybox=False)
@@ -88,7 +103,9 @@ def test_busybox_rootfs_and_host_libraries(tmp_path: Path) -> None:
     """With busybox (Debian busybox-static) the rootfs has /bin/sh and friends as links to
     /bin/busybox; libraries_for copies what the host's loader resolves for a dynamic program."""
     ls = Path("/bin/ls").resolve()
-    image = images.build_image("tessera.local/bb:1", {"/opt/ls": ls}, tmp_path, libraries_for=["/opt/ls"])
+    image = images.build_image(
+        "tessera.local/bb:1", {"/opt/ls": ls}, tmp_path, libraries_for=["/opt/ls"]
+    )
     _manifest, config, layer = layer_of(read_archive(image.archive))
     members = {m.name: m for m in layer.getmembers()}
     assert members["bin/sh"].issym() and members["bin/sh"].linkname == "busybox"

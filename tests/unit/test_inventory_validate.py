@@ -68,7 +68,9 @@ def test_string_attribute_limit_and_names() -> None:
 def test_too_many_attributes_and_devices() -> None:
     s = good()
     dev0(s)["attributes"].update({f"extra{i}": {"int": i} for i in range(25)})
-    assert validate(s) == ["spec.devices[0]: 35 attributes + 2 capacities exceed 32"]  # 10 published (incl. unit) + 25
+    assert validate(s) == [
+        "spec.devices[0]: 35 attributes + 2 capacities exceed 32"
+    ]  # 10 published (incl. unit) + 25
     s = good()
     base = dev0(s)
     s["spec"]["devices"] = [{**copy.deepcopy(base), "name": f"gpu-{i}"} for i in range(129)]
@@ -110,7 +112,11 @@ def test_slice_level_rules() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    sorted(str(p.relative_to(EXAMPLES)) for p in EXAMPLES.glob("*/*") if p.is_file() and p.parent.name in ("inventories", "topologies")),
+    sorted(
+        str(p.relative_to(EXAMPLES))
+        for p in EXAMPLES.glob("*/*")
+        if p.is_file() and p.parent.name in ("inventories", "topologies")
+    ),
 )
 def test_bundled_examples_are_byte_copies_of_the_corpus(name: str) -> None:
     corpus = corpus_path() / name

@@ -150,9 +150,9 @@ def test_query_gpu_csv_exact_values() -> None:
         (0, "GPU-5d2a8e1c-1f0b-7c43-9e1a-3b8f2d6c4a10", "0000:01:00.0", 11264 << 20),
         (1, "GPU-5d2a8e1c-1f0b-7c43-9e1a-3b8f2d6c4a11", "0000:02:00.0", 11264 << 20),
     ]
-    assert {(g.product_name, g.architecture, g.cuda_compute_capability, g.driver_version) for g in gpus} == {
-        ("NVIDIA GeForce GTX 1080 Ti", "Pascal", "6.1", "535.161.08")
-    }
+    assert {
+        (g.product_name, g.architecture, g.cuda_compute_capability, g.driver_version) for g in gpus
+    } == {("NVIDIA GeForce GTX 1080 Ti", "Pascal", "6.1", "535.161.08")}
     devs = devices(build_resource_slices("gtx", gpus))
     assert sorted(devs) == ["gpu-0", "gpu-1"]
     assert attr(devs["gpu-0"], "uuid") == "GPU-5d2a8e1c-1f0b-7c43-9e1a-3b8f2d6c4a10"

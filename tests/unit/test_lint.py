@@ -17,7 +17,9 @@ from tessera.sim.cluster import load_cluster
 
 def _lint(corpus: Path, *names: str) -> list[str]:
     files = [corpus / "dra-manifests" / n for n in names]
-    return [str(f).replace(str(corpus / "dra-manifests") + "/", "") for f in lint(load_files(files))]
+    return [
+        str(f).replace(str(corpus / "dra-manifests") + "/", "") for f in lint(load_files(files))
+    ]
 
 
 def _one(expr: str, *, cluster: bool = False) -> list[str]:
@@ -28,12 +30,22 @@ metadata: {{name: c}}
 spec:
   selectors: [{{cel: {{expression: {expr!r}}}}}]
 """)
-    slices = [s for n in load_cluster(examples_dir() / "cluster.yaml").nodes for s in n.slices] if cluster else []
-    return [f"{f.problem}. fix: {f.fix}" for f in lint([Manifest(obj, Source("x.yaml", 1))], slices)]
+    slices = (
+        [s for n in load_cluster(examples_dir() / "cluster.yaml").nodes for s in n.slices]
+        if cluster
+        else []
+    )
+    return [
+        f"{f.problem}. fix: {f.fix}" for f in lint([Manifest(obj, Source("x.yaml", 1))], slices)
+    ]
 
 
 def test_kubernetes_website_examples(corpus: Path) -> None:
-    assert _lint(corpus, "kubernetes-website__examples_dra__deviceclass.yaml", "kubernetes-website__examples_dra__resourceclaim.yaml") == [
+    assert _lint(
+        corpus,
+        "kubernetes-website__examples_dra__deviceclass.yaml",
+        "kubernetes-website__examples_dra__resourceclaim.yaml",
+    ) == [
         # The DeviceClass is resource.k8s.io/v1beta2, the same shape as v1: accepted.
         # The page's YAML puts `expression` beside `cel`, not under it.
         "kubernetes-website__examples_dra__resourceclaim.yaml (document 1): ResourceClaim default/example-resource-claim: "
@@ -68,9 +80,13 @@ def test_a_prepared_world_gives_the_same_findings(corpus: Path) -> None:
     """``lint(..., world=LintWorld(slices))`` (the webhook's way: the devices indexed once per
     change of the slices) finds what ``lint(..., slices)`` finds, call after call."""
     slices = [s for n in load_cluster(examples_dir() / "cluster.yaml").nodes for s in n.slices]
-    files = [corpus / "dra-manifests" / "k8s-dra-driver-gpu__tests_bats_specs__gpu-cel-nomatch.yaml",
-             examples_dir() / "workloads" / "dra-native.yaml"]
-    manifests = [m for m in load_files(files) if m.kind in ("ResourceClaim", "ResourceClaimTemplate")]
+    files = [
+        corpus / "dra-manifests" / "k8s-dra-driver-gpu__tests_bats_specs__gpu-cel-nomatch.yaml",
+        examples_dir() / "workloads" / "dra-native.yaml",
+    ]
+    manifests = [
+        m for m in load_files(files) if m.kind in ("ResourceClaim", "ResourceClaimTemplate")
+    ]
     expected = lint(manifests, slices)
     assert len(expected) >= 3
     world = LintWorld(slices)
@@ -87,7 +103,9 @@ def test_a_long_lived_world_keeps_its_caches_bounded(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(lint_mod, "FINDINGS_CACHE", 2)
     slices = [s for n in load_cluster(examples_dir() / "cluster.yaml").nodes for s in n.slices]
     world = LintWorld(slices)
-    exprs = [f'device.attributes["gpu.tessera.dev"].uuid == "GPU-{i}"' for i in range(5)] + ["device.attributes.size() >"]
+    exprs = [f'device.attributes["gpu.tessera.dev"].uuid == "GPU-{i}"' for i in range(5)] + [
+        "device.attributes.size() >"
+    ]
     for i, expr in enumerate(exprs):
         obj = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"c{i}"},
                "spec": {"selectors": [{"cel": {"expression": expr}}]}}  # fmt: skip
@@ -98,11 +116,18 @@ def test_a_long_lived_world_keeps_its_caches_bounded(monkeypatch: pytest.MonkeyP
 
 
 def test_helm_template_is_unreadable_input(corpus: Path) -> None:
-    f = corpus / "dra-manifests" / "k8s-dra-driver-gpu__helm_templates__deviceclass-gpu.helm-template.yaml"
+    f = (
+        corpus
+        / "dra-manifests"
+        / "k8s-dra-driver-gpu__helm_templates__deviceclass-gpu.helm-template.yaml"
+    )
     r = CliRunner().invoke(main, ["lint", str(f)])
     assert r.exit_code == 2
     assert r.output.count("\n") == 1
-    assert "this is a template ('{{- if .Values.resources.gpus.enabled }}'), not a manifest" in r.output
+    assert (
+        "this is a template ('{{- if .Values.resources.gpus.enabled }}'), not a manifest"
+        in r.output
+    )
 
 
 def test_memory_as_attribute_domain() -> None:
@@ -116,10 +141,12 @@ def test_memory_as_attribute_domain() -> None:
 def test_quantity_and_semver_ordering() -> None:
     assert _one('device.capacity["gpu.tessera.dev"].memory >= quantity("40Gi")') == [
         '`device.capacity["gpu.tessera.dev"].memory >= quantity("40Gi")` orders Quantity values with >=: Kubernetes CEL '
-        'has no such overload (the API server rejects it). fix: write '
+        "has no such overload (the API server rejects it). fix: write "
         'device.capacity["gpu.tessera.dev"].memory.compareTo(quantity("40Gi")) >= 0'
     ]
-    got = _one('has(device.attributes["gpu.tessera.dev"].driverVersion) && device.attributes["gpu.tessera.dev"].driverVersion < semver("550.0.0")')
+    got = _one(
+        'has(device.attributes["gpu.tessera.dev"].driverVersion) && device.attributes["gpu.tessera.dev"].driverVersion < semver("550.0.0")'
+    )
     assert got == [
         '`device.attributes["gpu.tessera.dev"].driverVersion < semver("550.0.0")` orders semver values with <: '
         "Kubernetes CEL has no such overload (the API server rejects it). fix: write "
@@ -147,7 +174,12 @@ def test_unguarded_optional_attribute() -> None:
         "and reading it on a device without it is a runtime error that aborts scheduling of the pod. "
         'fix: guard it: has(device.attributes["gpu.tessera.dev"].nvlinkDomain) && ...'
     ]
-    assert _one('has(device.attributes["gpu.tessera.dev"].nvlinkDomain) && device.attributes["gpu.tessera.dev"].nvlinkDomain == 0') == []
+    assert (
+        _one(
+            'has(device.attributes["gpu.tessera.dev"].nvlinkDomain) && device.attributes["gpu.tessera.dev"].nvlinkDomain == 0'
+        )
+        == []
+    )
 
 
 def test_with_cluster_runtime_error_counts_and_no_match() -> None:
@@ -156,7 +188,9 @@ def test_with_cluster_runtime_error_counts_and_no_match() -> None:
         "CEL runtime error on 4 of 22 devices (e.g. gpu.tessera.dev/a100-mig-node/gpu-0-mig-3-0: no such key: uuid); "
         "a runtime error aborts scheduling of the pod. fix: guard the read with has(...) so devices without it simply do not match"
     ]
-    assert _one('device.attributes["gpu.tessera.dev"].productName == "NONEXISTENT-GPU-XYZ"', cluster=True) == [
+    assert _one(
+        'device.attributes["gpu.tessera.dev"].productName == "NONEXISTENT-GPU-XYZ"', cluster=True
+    ) == [
         "matches none of the 22 published devices. fix: check the values against the ResourceSlices "
         "(tessera explain shows the false sub-expression)"
     ]
@@ -166,11 +200,17 @@ def test_optional_syntax_and_bind() -> None:
     # Optional reads are guarded reads: no finding without a cluster, none with one (MIG devices
     # have no uuid, and .?uuid.orValue("") reads "" there instead of failing).
     assert _one('device.attributes["gpu.tessera.dev"].?uuid.orValue("") == "x"') == []
-    assert _one('cel.bind(g, device.attributes["gpu.tessera.dev"], g.?uuid.orValue("") != "")', cluster=True) == []
+    assert (
+        _one(
+            'cel.bind(g, device.attributes["gpu.tessera.dev"], g.?uuid.orValue("") != "")',
+            cluster=True,
+        )
+        == []
+    )
     # A misspelt name stays a finding under .?: it is never present.
     assert _one('device.attributes["gpu.tessera.dev"].?uuidd.hasValue()') == [
-        "`device.attributes[\"gpu.tessera.dev\"].?uuidd`: no device publishes attribute gpu.tessera.dev/uuidd; reading it "
-        "is a runtime error (no such key) that aborts scheduling. fix: write device.attributes[\"gpu.tessera.dev\"].uuid"
+        '`device.attributes["gpu.tessera.dev"].?uuidd`: no device publishes attribute gpu.tessera.dev/uuidd; reading it '
+        'is a runtime error (no such key) that aborts scheduling. fix: write device.attributes["gpu.tessera.dev"].uuid'
     ]
 
 
@@ -189,10 +229,16 @@ def test_cost_over_the_limit() -> None:
 @pytest.mark.parametrize(
     ("caps", "expected"),
     [
-        ("{mem: 8Gi}", "no device of class gpu.tessera.dev publishes a capacity 'mem' (published: cores, memory); "
-         "no device can satisfy this request. fix: use 'memory'"),
-        ("{cores: '150'}", "cores 150 is over 100: cores is percent of one GPU's SMs (0-100). fix: ask for at most 100 "
-         "per device, and count: N for several GPUs"),
+        (
+            "{mem: 8Gi}",
+            "no device of class gpu.tessera.dev publishes a capacity 'mem' (published: cores, memory); "
+            "no device can satisfy this request. fix: use 'memory'",
+        ),
+        (
+            "{cores: '150'}",
+            "cores 150 is over 100: cores is percent of one GPU's SMs (0-100). fix: ask for at most 100 "
+            "per device, and count: N for several GPUs",
+        ),
     ],
 )
 def test_capacity_requests(caps: str, expected: str) -> None:
@@ -202,7 +248,9 @@ kind: ResourceClaim
 metadata: {{name: c}}
 spec: {{devices: {{requests: [{{name: gpu, exactly: {{deviceClassName: gpu.tessera.dev, capacity: {{requests: {caps}}}}}}}]}}}}
 """)
-    assert [f"{f.problem}. fix: {f.fix}" for f in lint([Manifest(obj, Source("x.yaml", 1))])] == [expected]
+    assert [f"{f.problem}. fix: {f.fix}" for f in lint([Manifest(obj, Source("x.yaml", 1))])] == [
+        expected
+    ]
 
 
 def test_cli_exit_codes(tmp_path: Path) -> None:
@@ -225,7 +273,9 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
 
 def test_bundled_workloads_too_big_claim_is_found() -> None:
     ex = examples_dir()
-    r = CliRunner().invoke(main, ["lint", "--cluster", str(ex / "cluster.yaml"), str(ex / "workloads")])
+    r = CliRunner().invoke(
+        main, ["lint", "--cluster", str(ex / "cluster.yaml"), str(ex / "workloads")]
+    )
     assert r.exit_code == 1
     assert r.stdout.strip().splitlines() == [
         f"{ex / 'workloads' / 'dra-native.yaml'} (document 8): ResourceClaim default/too-big: "

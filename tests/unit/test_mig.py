@@ -50,9 +50,18 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "mig"
 A100_STATIC = DATA / "a100-pcie-40gb.2g10gb-3x1g5gb.nvidia-smi-q-x.xml"
 A100_UNKNOWN = DATA / "a100-pcie-40gb.instance-in-unknown-state.nvidia-smi-q-x.xml"
 INV = corpus_path() / "inventories"
-H200_MIG = INV / "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h200-mig__590.48.01.capture.txt"
-H100_MIG = INV / "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h100-mig__590.48.01.capture.txt"
-H100_ONE = INV / "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.capture.txt"
+H200_MIG = (
+    INV
+    / "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h200-mig__590.48.01.capture.txt"
+)
+H100_MIG = (
+    INV
+    / "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h100-mig__590.48.01.capture.txt"
+)
+H100_ONE = (
+    INV
+    / "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.capture.txt"
+)
 H100_8 = INV / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
 A100_80_XML = INV / "telegraf__nvidia_smi_testdata__a100-sxm4-v12.xml"
 A5000_XML = INV / "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
@@ -74,25 +83,41 @@ def attr(dev: dict[str, Any], name: str) -> Any:
 
 
 def node(name: str, gpus: list[GPU], dynamic: DynamicMIG | None = None) -> SimNode:
-    return SimNode(name, {"kubernetes.io/hostname": name}, build_resource_slices(name, gpus, dynamic_mig=dynamic), name)
+    return SimNode(
+        name,
+        {"kubernetes.io/hostname": name},
+        build_resource_slices(name, gpus, dynamic_mig=dynamic),
+        name,
+    )
 
 
-def hami_pod(name: str, limits: dict[str, Any], *, mode: str | None = None, on: str | None = None) -> dict[str, Any]:
+def hami_pod(
+    name: str, limits: dict[str, Any], *, mode: str | None = None, on: str | None = None
+) -> dict[str, Any]:
     md: dict[str, Any] = {"name": name, "namespace": "default"}
     if mode:
         md["annotations"] = {"nvidia.com/vgpu-mode": mode}
-    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "x", "resources": {"limits": limits}}]}
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "image": "x", "resources": {"limits": limits}}]
+    }
     if on:
         spec["nodeSelector"] = {"kubernetes.io/hostname": on}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}
 
 
-def dra_pod(name: str, requests: dict[str, str], *, selectors: tuple[str, ...] = (), count: int = 1) -> list[dict[str, Any]]:
-    body: dict[str, Any] = {"deviceClassName": D, "count": count, "capacity": {"requests": requests}}
+def dra_pod(
+    name: str, requests: dict[str, str], *, selectors: tuple[str, ...] = (), count: int = 1
+) -> list[dict[str, Any]]:
+    body: dict[str, Any] = {
+        "deviceClassName": D,
+        "count": count,
+        "capacity": {"requests": requests},
+    }
     if selectors:
         body["selectors"] = [{"cel": {"expression": e}} for e in selectors]
     claim = {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": body}]}},
     }
@@ -138,7 +163,9 @@ def test_static_mig_devices_publish_memory_and_cores_smallest_first() -> None:
     for d in devs.values():
         # `cores` (100 % of the instance's own SMs) beside `memory`: every converted HAMi claim
         # names cores, and a MIG device without it could never take one (issue 14).
-        assert set(d["capacity"]) == {"memory", "cores"} and d["capacity"]["cores"] == {"value": "100"}
+        assert set(d["capacity"]) == {"memory", "cores"} and d["capacity"]["cores"] == {
+            "value": "100"
+        }
         assert "allowMultipleAllocations" not in d and "consumesCounters" not in d
     assert devs["gpu-0-mig-5-0"]["capacity"]["memory"] == {"value": "9856Mi"}
     assert attr(devs["gpu-0-mig-5-0"], "multiprocessors") == 28
@@ -157,7 +184,9 @@ def test_static_mig_devices_publish_memory_and_cores_smallest_first() -> None:
         ({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 30}, None, "gpu-0-mig-7-0", "4864Mi"),
     ],
 )
-def test_hami_pods_land_on_a_mig_instance(limits: dict[str, Any], mode: str | None, device: str, memory: str) -> None:
+def test_hami_pods_land_on_a_mig_instance(
+    limits: dict[str, Any], mode: str | None, device: str, memory: str
+) -> None:
     result = run_sim([node("a100", a100_static())], [hami_pod("p", limits, mode=mode)])
     assert pending(result) == {}
     ((p),) = result.placements
@@ -165,29 +194,45 @@ def test_hami_pods_land_on_a_mig_instance(limits: dict[str, Any], mode: str | No
 
 
 def test_dra_claim_of_the_same_size_lands_where_the_hami_pod_does() -> None:
-    hami = run_sim([node("a100", a100_static())], [hami_pod("p", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 5120}, mode="mig")])
+    hami = run_sim(
+        [node("a100", a100_static())],
+        [hami_pod("p", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 5120}, mode="mig")],
+    )
     dra = run_sim([node("a100", a100_static())], dra_pod("p", {"memory": "5Gi", "cores": "0"}))
     assert placed(hami) == placed(dra) == {"p": ["gpu-0-mig-5-0"]}
 
 
 def test_hami_gpu_two_gets_two_instances_of_one_gpu() -> None:
     result = run_sim(
-        [node("a100", a100_static())], [hami_pod("p", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 4000}, mode="mig")]
+        [node("a100", a100_static())],
+        [hami_pod("p", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 4000}, mode="mig")],
     )
     assert placed(result) == {"p": ["gpu-0-mig-7-0", "gpu-0-mig-8-0"]}
 
 
 def test_a_full_a100_says_why_without_contradicting_itself() -> None:
-    pods = [hami_pod(f"p{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000}, mode="mig") for i in range(5)]
+    pods = [
+        hami_pod(f"p{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000}, mode="mig")
+        for i in range(5)
+    ]
     result = run_sim([node("a100", a100_static())], pods)
-    assert placed(result) == {"p0": ["gpu-0-mig-7-0"], "p1": ["gpu-0-mig-8-0"], "p2": ["gpu-0-mig-13-0"], "p3": ["gpu-0-mig-5-0"]}
+    assert placed(result) == {
+        "p0": ["gpu-0-mig-7-0"],
+        "p1": ["gpu-0-mig-8-0"],
+        "p2": ["gpu-0-mig-13-0"],
+        "p3": ["gpu-0-mig-5-0"],
+    }
     reason = pending(result)["p4"]
     assert reason == (
         "0/1 nodes are available: 1 cannot allocate all claims. claim default/p4-c-gpu, request gpu: "
         "needs 1 device with memory 4000Mi and cores 0; 4 GPUs in the cluster match its selectors, none has room now: "
         "4 GPUs in use (allocated whole to another claim)"
     )  # no "most free memory" on devices that are allocated whole
-    exp = explain(Cluster([node("a100", a100_static())], "test"), [Manifest(p, Source("t", i)) for i, p in enumerate(pods)], "default/p4")
+    exp = explain(
+        Cluster([node("a100", a100_static())], "test"),
+        [Manifest(p, Source("t", i)) for i, p in enumerate(pods)],
+        "default/p4",
+    )
     assert exp.hami == [
         "HAMi request (container c): 1 GPU × gpumem 4000 MiB, gpucores 0 — no node has 1 GPU with 4000 MiB and 0% cores free"
     ]
@@ -198,7 +243,10 @@ def test_a_full_a100_says_why_without_contradicting_itself() -> None:
 
 def test_compute_instances_of_one_gpu_instance_share_its_memory_through_a_counter() -> None:
     (gpu,) = load_inventory(H200_MIG)
-    assert [(m.profile, m.gpu_instance_id, m.compute_instance_id, m.memory_bytes // MIB, m.sm_count) for m in gpu.mig_devices] == [
+    assert [
+        (m.profile, m.gpu_instance_id, m.compute_instance_id, m.memory_bytes // MIB, m.sm_count)
+        for m in gpu.mig_devices
+    ] == [
         ("1c.3g.71gb", 2, 0, 71424, 16),
         ("2c.3g.71gb", 2, 1, 71424, 32),
         ("2g.35gb", 3, 0, 33280, 32),
@@ -206,13 +254,26 @@ def test_compute_instances_of_one_gpu_instance_share_its_memory_through_a_counte
         ("1g.18gb", 10, 0, 16384, 16),
     ]
     slices = build_resource_slices("h200", [gpu])
-    assert [s["metadata"]["name"] for s in slices] == ["h200-gpu.tessera.dev", "h200-gpu.tessera.dev-counters"]
+    assert [s["metadata"]["name"] for s in slices] == [
+        "h200-gpu.tessera.dev",
+        "h200-gpu.tessera.dev-counters",
+    ]
     assert all(validate_resource_slice(s) == [] for s in slices)
-    assert slices[1]["spec"]["sharedCounters"] == [{"name": "gpu-0", "counters": {"gi-2-memory": {"value": "71424Mi"}}}]
+    assert slices[1]["spec"]["sharedCounters"] == [
+        {"name": "gpu-0", "counters": {"gi-2-memory": {"value": "71424Mi"}}}
+    ]
     devs = devices(slices)
-    assert list(devs) == ["gpu-0-mig-9-0", "gpu-0-mig-10-0", "gpu-0-mig-3-0", "gpu-0-mig-2-0", "gpu-0-mig-2-1"]
+    assert list(devs) == [
+        "gpu-0-mig-9-0",
+        "gpu-0-mig-10-0",
+        "gpu-0-mig-3-0",
+        "gpu-0-mig-2-0",
+        "gpu-0-mig-2-1",
+    ]
     for name in ("gpu-0-mig-2-0", "gpu-0-mig-2-1"):
-        assert devs[name]["consumesCounters"] == [{"counterSet": "gpu-0", "counters": {"gi-2-memory": {"value": "71424Mi"}}}]
+        assert devs[name]["consumesCounters"] == [
+            {"counterSet": "gpu-0", "counters": {"gi-2-memory": {"value": "71424Mi"}}}
+        ]
     assert "consumesCounters" not in devs["gpu-0-mig-3-0"]
 
 
@@ -232,7 +293,11 @@ def test_two_60gib_claims_are_not_both_promised_the_71gib_gpu_instance() -> None
     shared = "memory of GPU instance 2 of gpu-0 (shared by its compute instances): 71424Mi of 71424Mi in use"
     assert usage["gpu-0-mig-2-0"].counters == [shared] and usage["gpu-0-mig-2-0"].dedicated
     assert usage["gpu-0-mig-2-1"].counters == [shared] and not usage["gpu-0-mig-2-1"].dedicated
-    exp = explain(Cluster([h200], "test"), [Manifest(o, Source("t", i)) for i, o in enumerate(objs)], "default/b")
+    exp = explain(
+        Cluster([h200], "test"),
+        [Manifest(o, Source("t", i)) for i, o in enumerate(objs)],
+        "default/b",
+    )
     groups = [(g.count, g.reason) for r in exp.nodes[0].requests for g in r.groups]
     assert (1, f"shared counters: {shared}") in groups
 
@@ -243,25 +308,33 @@ def test_h200_table_holds_the_corpus_capture() -> None:
     assert mig_model_for(gpu.product_name, gpu.memory_bytes) is H200_141GB
     for m in gpu.mig_devices:
         assert m.profile is not None
-        gi_profile = m.profile.split(".", 1)[1] if m.profile.count(".") == 2 else m.profile  # 1c.3g.71gb -> 3g.71gb
+        gi_profile = (
+            m.profile.split(".", 1)[1] if m.profile.count(".") == 2 else m.profile
+        )  # 1c.3g.71gb -> 3g.71gb
         p = H200_141GB.profile(gi_profile)
         assert p is not None and p.memory_bytes <= m.memory_bytes, m
         if gi_profile == m.profile:  # one compute instance: the instance's SMs are the profile's
             assert p.multiprocessors == m.sm_count
     # the 3g.71gb GPU instance split into 1c + 2c compute instances: 16 + 32 of its 60 SMs
-    assert sum(m.sm_count or 0 for m in gpu.mig_devices if m.gpu_instance_id == 2) <= (H200_141GB.profile("3g.71gb").multiprocessors or 0)  # type: ignore[union-attr]
+    assert sum(m.sm_count or 0 for m in gpu.mig_devices if m.gpu_instance_id == 2) <= (
+        H200_141GB.profile("3g.71gb").multiprocessors or 0
+    )  # type: ignore[union-attr]
 
 
 def test_h100_and_a100_tables_hold_the_corpus_captures() -> None:
     (h100,) = load_inventory(H100_MIG)
     for m in h100.mig_devices:
         p = H100_80GB.profile(str(m.profile))
-        assert p is not None and p.memory_bytes <= m.memory_bytes and p.multiprocessors == m.sm_count
+        assert (
+            p is not None and p.memory_bytes <= m.memory_bytes and p.multiprocessors == m.sm_count
+        )
     (a100,) = load_inventory(A100_80_XML)
     assert mig_model_for(a100.product_name, a100.memory_bytes) is A100_80GB
     p = A100_80GB.profile("1g.20gb")
     assert p is not None
-    assert {(m.memory_bytes, m.sm_count) for m in a100.mig_devices} == {(p.memory_bytes, p.multiprocessors)}
+    assert {(m.memory_bytes, m.sm_count) for m in a100.mig_devices} == {
+        (p.memory_bytes, p.multiprocessors)
+    }
 
 
 # ---- the profile tables ---------------------------------------------------------------------------
@@ -277,7 +350,11 @@ def test_profile_tables_are_consistent(model: Any) -> None:
         assert p.compute_slices <= model.compute_slices
         assert p.media_extensions == p.name.endswith("+me")
     full = model.full
-    assert (full.compute_slices, full.memory_slices, full.starts) == (model.compute_slices, model.memory_slices, (0,))
+    assert (full.compute_slices, full.memory_slices, full.starts) == (
+        model.compute_slices,
+        model.memory_slices,
+        (0,),
+    )
     assert max(p.memory_mib for p in model.profiles) == full.memory_mib
 
 
@@ -346,9 +423,18 @@ def test_dynamic_gpu_publishes_one_device_per_placement_and_the_whole_gpu(model:
         for start in p.starts:
             name = f"gpu-0-mig-{p.name.replace('.', '').replace('+', '-')}-{start}"
             d = devs[name]
-            assert attr(d, "type") == "mig" and attr(d, "profile") == p.name and attr(d, "placementStart") == start
-            assert d["capacity"] == {"memory": {"value": _q(p.memory_bytes)}, "cores": {"value": "100"}}
-            want = {f"memory-slice-{k}": {"value": "1"} for k in range(start, start + p.memory_slices)}
+            assert (
+                attr(d, "type") == "mig"
+                and attr(d, "profile") == p.name
+                and attr(d, "placementStart") == start
+            )
+            assert d["capacity"] == {
+                "memory": {"value": _q(p.memory_bytes)},
+                "cores": {"value": "100"},
+            }
+            want = {
+                f"memory-slice-{k}": {"value": "1"} for k in range(start, start + p.memory_slices)
+            }
             want["compute-slices"] = {"value": str(p.compute_slices)}
             if p.media_extensions:
                 want["media-extensions"] = {"value": "1"}
@@ -377,7 +463,13 @@ def test_eight_dynamic_h100s_fill_slices_of_64_devices_and_one_counter_slice() -
     ]  # fmt: skip
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {5}
     # dynamic for two GPUs only, and only the profiles HAMi's chart allows on H100
-    only = build_resource_slices("h100", gpus, dynamic_mig=parse_dynamic_mig({"gpus": [0, gpus[1].uuid], "profiles": ["1g.10gb", "3g.40gb"]}, "t"))
+    only = build_resource_slices(
+        "h100",
+        gpus,
+        dynamic_mig=parse_dynamic_mig(
+            {"gpus": [0, gpus[1].uuid], "profiles": ["1g.10gb", "3g.40gb"]}, "t"
+        ),
+    )
     devs = devices(only)
     assert [n for n in devs if n.startswith("gpu-0")] == [
         "gpu-0-mig-1g10gb-6", "gpu-0-mig-1g10gb-5", "gpu-0-mig-1g10gb-4", "gpu-0-mig-1g10gb-3",
@@ -398,13 +490,18 @@ def test_mig_placement_is_what_the_driver_creates() -> None:
     me = mig_placement(device_in_slices(slices, "gpu-0-mig-1g5gb-me-2") or {})
     assert me is not None and me.gpu_instance_profile == "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1"
     two = mig_placement(device_in_slices(slices, "gpu-0-mig-1g10gb-6") or {})
-    assert two is not None and (two.size, two.gpu_instance_profile) == (2, "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2")
+    assert two is not None and (two.size, two.gpu_instance_profile) == (
+        2,
+        "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2",
+    )
     whole = mig_placement(device_in_slices(slices, "gpu-0") or {})
     assert whole is not None
     assert (whole.profile, whole.start, whole.size, whole.shared, whole.gpu_instance_profile) == (
         "7g.40gb", 0, 8, True, "NVML_GPU_INSTANCE_PROFILE_7_SLICE",
     )  # fmt: skip
-    assert mig_placement(devices(build_resource_slices("s", a100_static()))["gpu-0-mig-5-0"]) is None  # exists already
+    assert (
+        mig_placement(devices(build_resource_slices("s", a100_static()))["gpu-0-mig-5-0"]) is None
+    )  # exists already
 
 
 # ---- dynamic MIG: scheduling ----------------------------------------------------------------------
@@ -412,7 +509,10 @@ def test_mig_placement_is_what_the_driver_creates() -> None:
 
 def test_seven_1g_instances_then_the_counter_is_named() -> None:
     n = node("h100", load_inventory(H100_ONE), DynamicMIG())
-    pods = [hami_pod(f"p{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 9000}, mode="mig") for i in range(8)]
+    pods = [
+        hami_pod(f"p{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 9000}, mode="mig")
+        for i in range(8)
+    ]
     result = run_sim([n], pods)
     # 1g profiles from the highest placement down (HAMi's order): 6, 5, ... 0
     assert placed(result) == {f"p{i}": [f"gpu-0-mig-1g10gb-{6 - i}"] for i in range(7)}
@@ -420,14 +520,25 @@ def test_seven_1g_instances_then_the_counter_is_named() -> None:
         "none has room now: 7 GPUs in use (allocated whole to another claim); "
         "18 GPUs with shared counters used up (h100/gpu-0: memory slices of gpu-0: 7 of 8 used; compute slices of gpu-0: 7 of 7 used)"
     )
-    exp = explain(Cluster([n], "test"), [Manifest(p, Source("t", i)) for i, p in enumerate(pods)], "default/p7")
+    exp = explain(
+        Cluster([n], "test"),
+        [Manifest(p, Source("t", i)) for i, p in enumerate(pods)],
+        "default/p7",
+    )
     reasons = {g.reason for r in exp.nodes[0].requests for g in r.groups}
     # the exhausted counters in words (issue 14), then the counter each placement cannot have
-    assert "shared counters: memory slices of gpu-0: 7 of 8 used; compute slices of gpu-0: 7 of 7 used " \
-        "(gpu-0/memory-slice-6; gpu-0/memory-slice-5; gpu-0/memory-slice-4; ...)" in reasons, reasons
+    assert (
+        "shared counters: memory slices of gpu-0: 7 of 8 used; compute slices of gpu-0: 7 of 7 used "
+        "(gpu-0/memory-slice-6; gpu-0/memory-slice-5; gpu-0/memory-slice-4; ...)" in reasons
+    ), reasons
     (gpu_row,) = [u for u in result.gpus if u.device == "gpu-0"]
-    assert gpu_row.counters == ["memory slices of gpu-0: 7 of 8 used", "compute slices of gpu-0: 7 of 7 used"]
-    assert sum(1 for u in result.gpus if u.potential) == 26 - 1 - 7  # free placements, hidden in the table
+    assert gpu_row.counters == [
+        "memory slices of gpu-0: 7 of 8 used",
+        "compute slices of gpu-0: 7 of 7 used",
+    ]
+    assert (
+        sum(1 for u in result.gpus if u.potential) == 26 - 1 - 7
+    )  # free placements, hidden in the table
 
 
 def test_hami_dynamic_mig_example_on_an_a100_40gb() -> None:
@@ -436,10 +547,16 @@ def test_hami_dynamic_mig_example_on_an_a100_40gb() -> None:
     2g.10gb of one GPU; with every profile the smaller 1g.10gb twice."""
     (gpu,) = a100_static()
     fresh = GPU(**{**{f: getattr(gpu, f) for f in GPU.__slots__}, "mig_devices": ()})  # type: ignore[attr-defined]
-    pod = yaml.safe_load((HAMI_PODS / "HAMi__examples_nvidia__dynamic_mig_example.yaml").read_text())
+    pod = yaml.safe_load(
+        (HAMI_PODS / "HAMi__examples_nvidia__dynamic_mig_example.yaml").read_text()
+    )
     allow = parse_dynamic_mig({"profiles": ["1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"]}, "t")
-    assert placed(run_sim([node("a100", [fresh], allow)], [pod])) == {"gpu-pod": ["gpu-0-mig-2g10gb-0", "gpu-0-mig-2g10gb-2"]}
-    assert placed(run_sim([node("a100", [fresh], DynamicMIG())], [pod])) == {"gpu-pod": ["gpu-0-mig-1g10gb-6", "gpu-0-mig-1g10gb-4"]}
+    assert placed(run_sim([node("a100", [fresh], allow)], [pod])) == {
+        "gpu-pod": ["gpu-0-mig-2g10gb-0", "gpu-0-mig-2g10gb-2"]
+    }
+    assert placed(run_sim([node("a100", [fresh], DynamicMIG())], [pod])) == {
+        "gpu-pod": ["gpu-0-mig-1g10gb-6", "gpu-0-mig-1g10gb-4"]
+    }
 
 
 def test_the_whole_gpu_and_its_placements_exclude_each_other() -> None:
@@ -470,7 +587,9 @@ def test_hami_register_annotation_in_mig_mode_is_dynamic_with_nvml_profiles() ->
     assert [(p.name, p.memory_mib, p.starts) for p in gpu.mig_model.profiles] == [
         ("1g.5gb", 4864, (0, 1, 2, 3, 4, 5, 6)), ("2g.10gb", 9984, (0, 2, 4)), ("7g.40gb", 40448, (0,)),
     ]  # fmt: skip
-    devs = devices(build_resource_slices("hami", [gpu]))  # no dynamic_mig given: the inventory's word
+    devs = devices(
+        build_resource_slices("hami", [gpu])
+    )  # no dynamic_mig given: the inventory's word
     assert len(devs) == 7 + 3 + 1 + 1
     assert devs["gpu-0-mig-2g10gb-0"]["capacity"]["memory"] == {"value": "9984Mi"}
     assert publication_warnings([gpu], "hami.txt") == []
@@ -530,11 +649,18 @@ def test_bad_input_mig_instance_in_unknown_state() -> None:
 
 
 def test_bad_input_other_dynamic_mig_settings() -> None:
-    with pytest.raises(ValueError, match=r"^nodes\[0\].dynamicMIG: 'some' is not a dynamic-MIG setting"):
+    with pytest.raises(
+        ValueError, match=r"^nodes\[0\].dynamicMIG: 'some' is not a dynamic-MIG setting"
+    ):
         parse_dynamic_mig("some", "nodes[0].dynamicMIG")
-    with pytest.raises(SliceBuildError, match=r"^node 'n': dynamicMIG: no GPU 3 on this node \(its GPUs: 0, or their UUIDs\)$"):
+    with pytest.raises(
+        SliceBuildError,
+        match=r"^node 'n': dynamicMIG: no GPU 3 on this node \(its GPUs: 0, or their UUIDs\)$",
+    ):
         build_resource_slices("n", load_inventory(H100_ONE), dynamic_mig=DynamicMIG(gpus=(3,)))
-    with pytest.raises(SliceBuildError, match=r"already holds 5 MIG instance\(s\) the node driver did not make"):
+    with pytest.raises(
+        SliceBuildError, match=r"already holds 5 MIG instance\(s\) the node driver did not make"
+    ):
         build_resource_slices("n", load_inventory(H200_MIG), dynamic_mig=DynamicMIG())
 
 
@@ -584,7 +710,10 @@ def test_counter_usage_subtracts_allocated_devices_once() -> None:
     u = counter_usage(SliceIndex(slices), state)[(D, "h100", "gpu-0")]
     assert u.available["compute-slices"] == Fraction(4) and u.holders == ["gpu-0-mig-3g40gb-4"]
     assert [k for k in range(8) if u.available[f"memory-slice-{k}"] == 0] == [4, 5, 6, 7]
-    assert u.lines() == ["memory slices of gpu-0: 4 of 8 used", "compute slices of gpu-0: 3 of 7 used"]
+    assert u.lines() == [
+        "memory slices of gpu-0: 4 of 8 used",
+        "compute slices of gpu-0: 3 of 7 used",
+    ]
 
 
 # ---- conversion ------------------------------------------------------------------------------------
@@ -602,20 +731,36 @@ def test_hami_mig_allocations_annotation_keeps_the_profile_hami_chose() -> None:
     from tessera.convert import convert_pod
 
     conv = convert_pod(pod)
-    sels = [s["cel"]["expression"] for s in conv.templates[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]]
-    assert sels[-1] == f'has(device.attributes["{D}"].profile) && device.attributes["{D}"].profile in ["2g.10gb"]'
+    sels = [
+        s["cel"]["expression"]
+        for s in conv.templates[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    ]
+    assert (
+        sels[-1]
+        == f'has(device.attributes["{D}"].profile) && device.attributes["{D}"].profile in ["2g.10gb"]'
+    )
     assert conv.warnings == [
         "pod default/p, container c: hami.io/vgpu-mig-allocations (written by HAMi's scheduler) recorded MIG profile(s) "
         "2g.10gb: the claim asks for that profile; GPU and placement are chosen again"
     ]
     (gpu,) = load_inventory(H100_ONE)
-    a100 = GPU(**{**{f: getattr(gpu, f) for f in GPU.__slots__}, "product_name": "NVIDIA A100-PCIE-40GB", "memory_bytes": 40960 * MIB})  # type: ignore[attr-defined]
+    a100 = GPU(
+        **{
+            **{f: getattr(gpu, f) for f in GPU.__slots__},
+            "product_name": "NVIDIA A100-PCIE-40GB",
+            "memory_bytes": 40960 * MIB,
+        }
+    )  # type: ignore[attr-defined]
     result = run_sim([node("a100", [a100], DynamicMIG())], [pod])
-    assert placed(result) == {"p": ["gpu-0-mig-2g10gb-0"]}  # not the 1g.5gb that 3000 MiB alone would pick
+    assert placed(result) == {
+        "p": ["gpu-0-mig-2g10gb-0"]
+    }  # not the 1g.5gb that 3000 MiB alone would pick
     bad = copy.deepcopy(pod)
     bad["metadata"]["annotations"]["hami.io/vgpu-mig-allocations"] = "not json"
     conv = convert_pod(bad)
-    assert conv.warnings[0].startswith("pod default/p: annotation hami.io/vgpu-mig-allocations is not JSON")
+    assert conv.warnings[0].startswith(
+        "pod default/p: annotation hami.io/vgpu-mig-allocations is not JSON"
+    )
     assert len(conv.templates) == 1
 
 
@@ -623,5 +768,7 @@ def test_percentages_resolve_against_gpus_not_mig_placements() -> None:
     from tessera.convert import gpu_memory_sizes
 
     slices = build_resource_slices("h100", load_inventory(H100_ONE), dynamic_mig=DynamicMIG())
-    assert gpu_memory_sizes(slices) == [81152 * MIB]  # the whole GPU; its 25 placements are not GPUs
+    assert gpu_memory_sizes(slices) == [
+        81152 * MIB
+    ]  # the whole GPU; its 25 placements are not GPUs
     assert gpu_memory_sizes(build_resource_slices("s", a100_static())) == [9856 * MIB, 4864 * MIB]

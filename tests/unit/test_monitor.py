@@ -34,25 +34,49 @@ H100 = "inventories/gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-
 
 
 def test_claim_json_full_and_defaults() -> None:
-    meta = parse_claim_json(json.dumps({
-        "version": 1, "uid": "u-1", "namespace": "team-a", "name": "c", "driver": "gpu.tessera.dev", "pool": "n1",
-        "devices": [{"uuid": "GPU-AAAA", "device": "gpu-3"}],
-        "pods": [{"namespace": "team-a", "name": "p", "uid": "pu", "containers": ["main", "side"]}],
-    }), "x/claim.json", "dir-uid")
+    meta = parse_claim_json(
+        json.dumps(
+            {
+                "version": 1,
+                "uid": "u-1",
+                "namespace": "team-a",
+                "name": "c",
+                "driver": "gpu.tessera.dev",
+                "pool": "n1",
+                "devices": [{"uuid": "GPU-AAAA", "device": "gpu-3"}],
+                "pods": [
+                    {
+                        "namespace": "team-a",
+                        "name": "p",
+                        "uid": "pu",
+                        "containers": ["main", "side"],
+                    }
+                ],
+            }
+        ),
+        "x/claim.json",
+        "dir-uid",
+    )
     assert (meta.uid, meta.namespace, meta.name, meta.pool) == ("u-1", "team-a", "c", "n1")
     assert meta.devices == {"gpu-aaaa": "gpu-3"}
     assert meta.pods[0].containers == ("main", "side")
     assert parse_claim_json("{}", "x", "dir-uid").uid == "dir-uid"
 
 
-@pytest.mark.parametrize("text, msg", [
-    ("{", "x/claim.json: not JSON"),
-    ("[]", "x/claim.json: expected a JSON object"),
-    ('{"version": 2}', "x/claim.json: version 2 is not supported"),
-    ('{"devices": ["gpu-0"]}', "x/claim.json: devices[0]: expected an object"),
-    ('{"pods": [{"name": "p", "containers": "main"}]}', "x/claim.json: pods[0].containers: expected a list"),
-    ('{"namespace": 3}', "x/claim.json: namespace: expected a string, got int"),
-])
+@pytest.mark.parametrize(
+    "text, msg",
+    [
+        ("{", "x/claim.json: not JSON"),
+        ("[]", "x/claim.json: expected a JSON object"),
+        ('{"version": 2}', "x/claim.json: version 2 is not supported"),
+        ('{"devices": ["gpu-0"]}', "x/claim.json: devices[0]: expected an object"),
+        (
+            '{"pods": [{"name": "p", "containers": "main"}]}',
+            "x/claim.json: pods[0].containers: expected a list",
+        ),
+        ('{"namespace": 3}', "x/claim.json: namespace: expected a string, got int"),
+    ],
+)
 def test_claim_json_errors_name_file_and_field(text: str, msg: str) -> None:
     with pytest.raises(MetadataError, match=re.escape(msg)):
         parse_claim_json(text, "x/claim.json", "u")
@@ -61,13 +85,22 @@ def test_claim_json_errors_name_file_and_field(text: str, msg: str) -> None:
 # ---- the region directory ------------------------------------------------------------------
 
 
-def _claim_dir(root: Path, uid: str, gpus: list[tuple[str, int, int]], claim: str | None = None) -> Path:
+def _claim_dir(
+    root: Path, uid: str, gpus: list[tuple[str, int, int]], claim: str | None = None
+) -> Path:
     d = root / uid
     d.mkdir()
     R.create_region(str(d / "usage"), gpus)
     if claim:
-        write_limits(str(d / "limits"), Limits(region="/run/tessera/usage", claim=claim, claim_uid=uid,
-                                               gpus=tuple(GpuLimit(u, m, c) for u, m, c in gpus)))
+        write_limits(
+            str(d / "limits"),
+            Limits(
+                region="/run/tessera/usage",
+                claim=claim,
+                claim_uid=uid,
+                gpus=tuple(GpuLimit(u, m, c) for u, m, c in gpus),
+            ),
+        )
     return d
 
 
@@ -78,7 +111,9 @@ U1 = "GPU-11111111-2222-3333-4444-555555555555"
 def test_region_dir_reads_each_claim_on_its_own(tmp_path: Path) -> None:
     _claim_dir(tmp_path, "uid-a", [(U0, 8 * GiB, 30)], claim="team-a/a")
     d = _claim_dir(tmp_path, "uid-b", [(U1, GiB, 0)])
-    (d / "claim.json").write_text('{"namespace": "team-b", "name": "b", "pods": [{"namespace": "team-b", "name": "nb"}]}')
+    (d / "claim.json").write_text(
+        '{"namespace": "team-b", "name": "b", "pods": [{"namespace": "team-b", "name": "nb"}]}'
+    )
     bad = _claim_dir(tmp_path, "uid-c", [(U1, GiB, 0)], claim="team-c/c")
     (bad / "usage").write_bytes(b"TSSREGN1" + bytes(100))  # truncated
     (bad / "claim.json").write_text("{not json")
@@ -88,10 +123,20 @@ def test_region_dir_reads_each_claim_on_its_own(tmp_path: Path) -> None:
     assert sorted(got) == ["uid-a", "uid-b", "uid-c"]
     a, b, c = got["uid-a"], got["uid-b"], got["uid-c"]
     assert (a.meta.namespace, a.meta.name, a.error) == ("team-a", "a", None)
-    assert a.snapshot is not None and a.snapshot.gpus[0].memory_limit == 8 * GiB and a.snapshot.gpus[0].cores == 30
+    assert (
+        a.snapshot is not None
+        and a.snapshot.gpus[0].memory_limit == 8 * GiB
+        and a.snapshot.gpus[0].cores == 30
+    )
     assert (b.meta.namespace, b.meta.name, [p.name for p in b.meta.pods]) == ("team-b", "b", ["nb"])
-    assert c.snapshot is None and c.error is not None and "region is 108 bytes, expected 230976" in c.error
-    assert c.meta.name == "c" and c.meta_error is not None and "claim.json: not JSON" in c.meta_error
+    assert (
+        c.snapshot is None
+        and c.error is not None
+        and "region is 108 bytes, expected 230976" in c.error
+    )
+    assert (
+        c.meta.name == "c" and c.meta_error is not None and "claim.json: not JSON" in c.meta_error
+    )
 
 
 # ---- the allocation view -------------------------------------------------------------------------
@@ -102,23 +147,43 @@ def _claim_template(name: str, memory: str | None, cores: str | None) -> dict:
     exactly: dict = {"deviceClassName": "gpu.tessera.dev"}
     if caps:
         exactly["capacity"] = {"requests": caps}
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name, "namespace": "ml"},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
 
 
 def _pod(name: str, template: str, containers: tuple[str, ...] = ("main",)) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ml"},
-            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-                     "containers": [{"name": c, "image": "x", "resources": {"claims": [{"name": "gpu"}]}} for c in containers]
-                     + [{"name": "sidecar", "image": "x"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [
+                {"name": c, "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
+                for c in containers
+            ]
+            + [{"name": "sidecar", "image": "x"}],
+        },
+    }
 
 
 @pytest.fixture
 def simulated(corpus: Path) -> tuple[list[dict], list[dict], list[dict]]:
     """8x H100 node 'gpu-1' with three pods allocated by the simulation: (slices, claims, pods)."""
     slices = build_resource_slices("gpu-1", load_inventory(corpus / H100))
-    objs = [_claim_template("half", "40Gi", "50"), _claim_template("small", "10Gi", "20"), _claim_template("whole", None, None),
-            _pod("a", "half", ("main", "worker")), _pod("b", "small"), _pod("c", "half"), _pod("d", "whole")]
+    objs = [
+        _claim_template("half", "40Gi", "50"),
+        _claim_template("small", "10Gi", "20"),
+        _claim_template("whole", None, None),
+        _pod("a", "half", ("main", "worker")),
+        _pod("b", "small"),
+        _pod("c", "half"),
+        _pod("d", "whole"),
+    ]
     ms = [Manifest(o, Source("test", i)) for i, o in enumerate(objs)]
     res = Simulation(Cluster([SimNode("gpu-1", {}, slices)]), ms).run()
     assert not res.pending
@@ -127,7 +192,9 @@ def simulated(corpus: Path) -> tuple[list[dict], list[dict], list[dict]]:
     return slices, claims, pods
 
 
-def test_allocation_view_matches_the_allocations(simulated: tuple[list[dict], list[dict], list[dict]]) -> None:
+def test_allocation_view_matches_the_allocations(
+    simulated: tuple[list[dict], list[dict], list[dict]],
+) -> None:
     slices, claims, pods = simulated
     view = allocation_view("gpu-1", slices, claims, pods)
     assert len(view.gpus) == 8
@@ -135,21 +202,41 @@ def test_allocation_view_matches_the_allocations(simulated: tuple[list[dict], li
     # First fit: a (40Gi/50) and b (10Gi/20) share gpu-0; c (40Gi/50) does not fit beside them
     # (81559Mi < 90Gi), so it goes to gpu-1; d asks for no capacity: the request policy's
     # defaults book all of gpu-2's memory and no cores (a share, not a dedicated device).
-    assert g["gpu-0"].memory_allocated == 50 * GiB and g["gpu-0"].cores_allocated == 70 and g["gpu-0"].shares == 2
+    assert (
+        g["gpu-0"].memory_allocated == 50 * GiB
+        and g["gpu-0"].cores_allocated == 70
+        and g["gpu-0"].shares == 2
+    )
     assert g["gpu-1"].memory_allocated == 40 * GiB and g["gpu-1"].shares == 1
     assert g["gpu-2"].memory_allocated == g["gpu-2"].memory_capacity == 81559 * MiB
     assert g["gpu-2"].cores_allocated == 0 and not g["gpu-2"].dedicated
-    assert g["gpu-7"].memory_allocated == 0 and g["gpu-7"].index == "7" and g["gpu-7"].model == "NVIDIA H100 80GB HBM3"
+    assert (
+        g["gpu-7"].memory_allocated == 0
+        and g["gpu-7"].index == "7"
+        and g["gpu-7"].model == "NVIDIA H100 80GB HBM3"
+    )
     by_claim = {s.claim_name: s for s in view.shares}
-    assert by_claim["a-gpu"].memory == 40 * GiB and by_claim["a-gpu"].cores == 50 and by_claim["a-gpu"].device == "gpu-0"
-    assert by_claim["d-gpu"].memory == 81559 * MiB and by_claim["d-gpu"].cores == 0 and by_claim["d-gpu"].shared
+    assert (
+        by_claim["a-gpu"].memory == 40 * GiB
+        and by_claim["a-gpu"].cores == 50
+        and by_claim["a-gpu"].device == "gpu-0"
+    )
+    assert (
+        by_claim["d-gpu"].memory == 81559 * MiB
+        and by_claim["d-gpu"].cores == 0
+        and by_claim["d-gpu"].shared
+    )
     info = {i.name: i for i in view.claims.values()}
-    assert [(p.name, p.containers, p.container_indexes) for p in info["a-gpu"].pods] == [("a", ("main", "worker"), (0, 1))]
+    assert [(p.name, p.containers, p.container_indexes) for p in info["a-gpu"].pods] == [
+        ("a", ("main", "worker"), (0, 1))
+    ]
     # Another node's view sees none of it.
     assert allocation_view("gpu-2", slices, claims, pods).gpus == ()
 
 
-def test_collector_joins_regions_nvml_free_and_api(tmp_path: Path, simulated: tuple[list[dict], list[dict], list[dict]]) -> None:
+def test_collector_joins_regions_nvml_free_and_api(
+    tmp_path: Path, simulated: tuple[list[dict], list[dict], list[dict]]
+) -> None:
     slices, claims, pods = simulated
     view = allocation_view("gpu-1", slices, claims, pods, fetched_at=1700000000.0)
     a = next(c for c in claims if c["metadata"]["name"] == "a-gpu")
@@ -169,17 +256,36 @@ def test_collector_joins_regions_nvml_free_and_api(tmp_path: Path, simulated: tu
     labels = used[0].labels
     # Identity from the API (claim by UID, pod and containers by reservedFor), device from the slice.
     assert labels == {
-        "node": "gpu-1", "UUID": uuid0, "dra_driver_name": "gpu.tessera.dev", "dra_pool_name": "gpu-1",
-        "dra_device_name": "gpu-0", "dra_claim_namespace": "ml", "dra_claim_name": "a-gpu",
-        "dra_claim_uid": a["metadata"]["uid"], "namespace": "ml", "pod": "a", "container": "main,worker",
+        "node": "gpu-1",
+        "UUID": uuid0,
+        "dra_driver_name": "gpu.tessera.dev",
+        "dra_pool_name": "gpu-1",
+        "dra_device_name": "gpu-0",
+        "dra_claim_namespace": "ml",
+        "dra_claim_name": "a-gpu",
+        "dra_claim_uid": a["metadata"]["uid"],
+        "namespace": "ml",
+        "pod": "a",
+        "container": "main,worker",
     }
-    alloc = {tuple(sorted(s.labels.items())): s.value for s in fams["tessera_share_memory_allocated_bytes"].samples}
+    alloc = {
+        tuple(sorted(s.labels.items())): s.value
+        for s in fams["tessera_share_memory_allocated_bytes"].samples
+    }
     assert alloc[tuple(sorted(labels.items()))] == 40 * GiB  # same labels on both sides
-    gpu0 = [s for s in fams["tessera_gpu_memory_allocated_bytes"].samples if s.labels["dra_device_name"] == "gpu-0"]
+    gpu0 = [
+        s
+        for s in fams["tessera_gpu_memory_allocated_bytes"].samples
+        if s.labels["dra_device_name"] == "gpu-0"
+    ]
     assert gpu0[0].value == 50 * GiB and gpu0[0].labels["gpu"] == "0"
     hami = [s for s in fams["hami_vgpu_memory_allocated_bytes"].samples if s.labels["pod"] == "a"]
     assert hami[0].labels["container_index"] == "0,1" and hami[0].labels["zone"] == "vGPU"
-    assert {s.value for s in fams["hami_gpu_core_allocated_ratio"].samples if s.labels["device_index"] == "0"} == {70}
+    assert {
+        s.value
+        for s in fams["hami_gpu_core_allocated_ratio"].samples
+        if s.labels["device_index"] == "0"
+    } == {70}
     assert fams["tessera_monitor_api_up"].samples[0].value == 1
     assert "tessera_monitor_nvml_up" not in fams and "tessera_gpu_memory_used_bytes" not in fams
     assert logs == []
@@ -190,7 +296,7 @@ def test_every_metric_is_documented_with_labels_unit_and_hami_name() -> None:
     named = {SHARE_LABELS: "*share*", CLAIM_LABELS: "*claim*", GPU_LABELS: "*GPU*"}
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z_]+)` \|.*$", doc, re.M)}
     documented = {n for n in rows if n.startswith(("tessera_", "hami_"))}
-    assert documented == set(BY_NAME), (documented ^ set(BY_NAME))
+    assert documented == set(BY_NAME), documented ^ set(BY_NAME)
     for m in METRICS:
         cells = [c.strip() for c in rows[m.name].strip("|").split("|")]
         assert cells[1] == m.kind, m.name
@@ -207,8 +313,13 @@ def test_dashboard_and_alerts_use_only_exported_metrics() -> None:
     used = {n for e in exprs for n in re.findall(r"\b((?:tessera|hami)_[a-z_]+)\b", e)}
     assert used and used <= set(BY_NAME), used - set(BY_NAME)
     # The share panel draws the limit beside the usage.
-    share = next(p for p in dash["panels"] if p["title"].startswith("Share memory used, with its limit"))
-    assert [t["expr"].split("{")[0] for t in share["targets"]] == ["tessera_share_memory_used_bytes", "tessera_share_memory_limit_bytes"]
+    share = next(
+        p for p in dash["panels"] if p["title"].startswith("Share memory used, with its limit")
+    )
+    assert [t["expr"].split("{")[0] for t in share["targets"]] == [
+        "tessera_share_memory_used_bytes",
+        "tessera_share_memory_limit_bytes",
+    ]
 
 
 # ---- CLI ---------------------------------------------------------------------------------------
@@ -223,28 +334,46 @@ def _one_line_exit_2(args: list[str]) -> str:
 
 
 def test_monitor_start_up_errors(tmp_path: Path) -> None:
-    assert "--region-dir" in _one_line_exit_2(["monitor", "--region-dir", str(tmp_path / "nope"), "--no-api", "--no-nvml"])
+    assert "--region-dir" in _one_line_exit_2(
+        ["monitor", "--region-dir", str(tmp_path / "nope"), "--no-api", "--no-nvml"]
+    )
     # No libnvidia-ml.so.1 on this machine: NVML missing is one line naming --no-nvml.
-    assert "pass --no-nvml" in _one_line_exit_2(["monitor", "--region-dir", str(tmp_path), "--no-api"])
+    assert "pass --no-nvml" in _one_line_exit_2(
+        ["monitor", "--region-dir", str(tmp_path), "--no-api"]
+    )
     kc = tmp_path / "kubeconfig"
-    kc.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-    }))
-    line = _one_line_exit_2(["monitor", "--region-dir", str(tmp_path), "--no-nvml", "--kubeconfig", str(kc)])
+    kc.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+            }
+        )
+    )
+    line = _one_line_exit_2(
+        ["monitor", "--region-dir", str(tmp_path), "--no-nvml", "--kubeconfig", str(kc)]
+    )
     assert "cannot reach the API server https://127.0.0.1:1" in line
     line = _one_line_exit_2(["explain", "ml/x", "--kubeconfig", str(kc)])
     assert "cannot reach the API server https://127.0.0.1:1" in line
     exec_kc = tmp_path / "exec-kubeconfig"
     exec_kc.write_text(kc.read_text().replace("token: t", "exec: {command: aws}"))
-    assert "users[u].exec is not supported" in _one_line_exit_2(["simulate", "--kubeconfig", str(exec_kc)])
+    assert "users[u].exec is not supported" in _one_line_exit_2(
+        ["simulate", "--kubeconfig", str(exec_kc)]
+    )
 
 
 def test_node_objects_in_files_define_nodes_with_their_labels(tmp_path: Path, corpus: Path) -> None:
     slices = build_resource_slices("gpu-b", load_inventory(corpus / H100))
-    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-b", "labels": {"zone": "b"}}}
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "gpu-b", "labels": {"zone": "b"}},
+    }
     pod = _pod("z", "small")
     pod["spec"]["nodeSelector"] = {"zone": "b"}
     f = tmp_path / "world.yaml"
@@ -258,17 +387,31 @@ def test_node_objects_in_files_define_nodes_with_their_labels(tmp_path: Path, co
     # Without the Node (so without its label) the selector matches no node.
     f.write_text(yaml.safe_dump_all([*slices, _claim_template("small", "10Gi", "20"), pod]))
     r = CliRunner().invoke(main, ["simulate", str(f), "-o", "json"])
-    assert "nodeName" not in next(o for o in json.loads(r.output)["items"] if o["kind"] == "Pod")["spec"]
+    assert (
+        "nodeName"
+        not in next(o for o in json.loads(r.output)["items"] if o["kind"] == "Pod")["spec"]
+    )
 
 
 def test_add_node_reports_who_lands_there(corpus: Path) -> None:
     ex = REPO / "src" / "tessera" / "examples"
     a10 = corpus / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.129.03.A10.txt"
-    r = CliRunner().invoke(main, ["simulate", "--cluster", str(ex / "cluster.yaml"), str(ex / "workloads"),
-                                  "--add-node", f"spare={a10}"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "simulate",
+            "--cluster",
+            str(ex / "cluster.yaml"),
+            str(ex / "workloads"),
+            "--add-node",
+            f"spare={a10}",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "with spare added: 0 pod(s) scheduled there" in r.output
-    line = _one_line_exit_2(["simulate", "--cluster", str(ex / "cluster.yaml"), "--add-node", f"h100-node={a10}"])
+    line = _one_line_exit_2(
+        ["simulate", "--cluster", str(ex / "cluster.yaml"), "--add-node", f"h100-node={a10}"]
+    )
     assert "--add-node" in line and "'h100-node' is already defined" in line
 
 
@@ -276,8 +419,14 @@ def test_live_selection_keeps_allocations_and_queues_pending_oldest_first() -> N
     from tessera.api.loader import load_objects
     from tessera.kube.live import pending_outcome, select_objects
 
-    def pod(name: str, ts: str, node: str | None = None, claims: bool = True, phase: str = "Pending",
-            hami: bool = False) -> dict:
+    def pod(
+        name: str,
+        ts: str,
+        node: str | None = None,
+        claims: bool = True,
+        phase: str = "Pending",
+        hami: bool = False,
+    ) -> dict:
         spec: dict = {"containers": [{"name": "c", "image": "x"}]}
         if claims:
             spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
@@ -285,17 +434,36 @@ def test_live_selection_keeps_allocations_and_queues_pending_oldest_first() -> N
             spec["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 1}}
         if node:
             spec["nodeName"] = node
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ml", "creationTimestamp": ts,
-                                                                 "managedFields": [{"manager": "kubectl"}]},
-                "spec": spec, "status": {"phase": phase}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": "ml",
+                "creationTimestamp": ts,
+                "managedFields": [{"manager": "kubectl"}],
+            },
+            "spec": spec,
+            "status": {"phase": phase},
+        }
 
-    objs = [pod("late", "2026-01-02T00:00:00Z"), pod("bound", "2026-01-03T00:00:00Z", node="n1"),
-            pod("early", "2026-01-01T00:00:00Z"), pod("done", "2026-01-01T00:00:00Z", node="n1", phase="Succeeded"),
-            pod("web", "2026-01-01T00:00:00Z", node="n1", claims=False), pod("hami", "2026-01-05T00:00:00Z", claims=False, hami=True),
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}]
+    objs = [
+        pod("late", "2026-01-02T00:00:00Z"),
+        pod("bound", "2026-01-03T00:00:00Z", node="n1"),
+        pod("early", "2026-01-01T00:00:00Z"),
+        pod("done", "2026-01-01T00:00:00Z", node="n1", phase="Succeeded"),
+        pod("web", "2026-01-01T00:00:00Z", node="n1", claims=False),
+        pod("hami", "2026-01-05T00:00:00Z", claims=False, hami=True),
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}},
+    ]
     out, states = select_objects(objs)
     assert [(o["kind"], o["metadata"]["name"]) for o in out] == [
-        ("Node", "n1"), ("Pod", "bound"), ("Pod", "early"), ("Pod", "late"), ("Pod", "hami")]
+        ("Node", "n1"),
+        ("Pod", "bound"),
+        ("Pod", "early"),
+        ("Pod", "late"),
+        ("Pod", "hami"),
+    ]
     assert [states[i] for i in sorted(states)] == ["bound", "pending", "pending", "pending"]
     assert all("managedFields" not in o["metadata"] for o in out)
     ms = load_objects(out, "API server https://x")
@@ -305,11 +473,20 @@ def test_live_selection_keeps_allocations_and_queues_pending_oldest_first() -> N
     sim_out = [dict(o) for o in out]
     sim_out[2] = {**out[2], "spec": {**out[2]["spec"], "nodeName": "extra"}}
     lines = pending_outcome(ms, sim_out, ["extra"])
-    assert lines[0] == "3 pod(s) pending in the cluster; with extra added: 1 would be scheduled there, 2 would stay pending"
-    assert lines[1:] == ["  ml/early: scheduled on extra (added)", "  ml/late: stays pending", "  ml/hami: stays pending"]
+    assert (
+        lines[0]
+        == "3 pod(s) pending in the cluster; with extra added: 1 would be scheduled there, 2 would stay pending"
+    )
+    assert lines[1:] == [
+        "  ml/early: scheduled on extra (added)",
+        "  ml/late: stays pending",
+        "  ml/hami: stays pending",
+    ]
 
 
-def test_exposition_matches_prometheus_client_byte_for_byte(tmp_path: Path, simulated: tuple[list[dict], list[dict], list[dict]]) -> None:
+def test_exposition_matches_prometheus_client_byte_for_byte(
+    tmp_path: Path, simulated: tuple[list[dict], list[dict], list[dict]]
+) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from tessera.monitor.exposition import Exposition
@@ -320,7 +497,9 @@ def test_exposition_matches_prometheus_client_byte_for_byte(tmp_path: Path, simu
         uuid = next(x.uuid for x in view.shares if x.claim_uid == c["metadata"]["uid"])
         _claim_dir(tmp_path, c["metadata"]["uid"], [(uuid, GiB, 10)])
     d = _claim_dir(tmp_path, "odd", [(U0, GiB, 10)])
-    (d / "claim.json").write_text(json.dumps({"name": 'we"ird\\name\nx', "pods": [{"name": "p", "containers": ["a"]}]}))
+    (d / "claim.json").write_text(
+        json.dumps({"name": 'we"ird\\name\nx', "pods": [{"name": "p", "containers": ["a"]}]})
+    )
 
     class Api:
         def snapshot(self) -> tuple[AllocationView | None, bool, float]:
@@ -332,7 +511,11 @@ def test_exposition_matches_prometheus_client_byte_for_byte(tmp_path: Path, simu
     expo = Exposition()
 
     def lines(b: bytes) -> list[str]:
-        return [x for x in b.decode().splitlines() if not x.startswith("tessera_monitor_collect_duration_seconds")]
+        return [
+            x
+            for x in b.decode().splitlines()
+            if not x.startswith("tessera_monitor_collect_duration_seconds")
+        ]
 
     ours = expo.render(col.collect())
     theirs = generate_latest(reg)
@@ -341,7 +524,9 @@ def test_exposition_matches_prometheus_client_byte_for_byte(tmp_path: Path, simu
     assert 'dra_claim_name="we\\"ird\\\\name\\nx"' in ours.decode()
 
 
-def test_in_cluster_client_reads_the_service_account(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_in_cluster_client_reads_the_service_account(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tessera.kube.client import KubeClient, KubeconfigError
 
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)

@@ -13,7 +13,10 @@ MiB = 2**20
 
 
 def gpu_slice(
-    node: str, mem_mib: list[int], product: str = "NVIDIA H100 80GB HBM3", nvlink: list[int] | None = None
+    node: str,
+    mem_mib: list[int],
+    product: str = "NVIDIA H100 80GB HBM3",
+    nvlink: list[int] | None = None,
 ) -> dict[str, Any]:
     """A slice shaped exactly like tessera.inventory publishes (one device per GPU)."""
     devices: list[dict[str, Any]] = []
@@ -31,11 +34,17 @@ def gpu_slice(
                 "capacity": {
                     "memory": {
                         "value": f"{m}Mi",
-                        "requestPolicy": {"default": f"{m}Mi", "validRange": {"min": "1Mi", "step": "1Mi"}},
+                        "requestPolicy": {
+                            "default": f"{m}Mi",
+                            "validRange": {"min": "1Mi", "step": "1Mi"},
+                        },
                     },
                     "cores": {
                         "value": "100",
-                        "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}},
+                        "requestPolicy": {
+                            "default": "0",
+                            "validRange": {"min": "0", "max": "100", "step": "1"},
+                        },
                     },
                 },
             }
@@ -56,11 +65,17 @@ def gpu_slice(
 
 
 def cluster(*nodes: tuple[str, list[int]]) -> Cluster:
-    return Cluster([SimNode(n, {"kubernetes.io/hostname": n}, [gpu_slice(n, mem)]) for n, mem in nodes])
+    return Cluster(
+        [SimNode(n, {"kubernetes.io/hostname": n}, [gpu_slice(n, mem)]) for n, mem in nodes]
+    )
 
 
 def manifests(text: str) -> list[Manifest]:
-    return list(expand_workloads(Manifest(o, Source("test.yaml", d)) for d, o in parse_documents(text, "test.yaml")))
+    return list(
+        expand_workloads(
+            Manifest(o, Source("test.yaml", d)) for d, o in parse_documents(text, "test.yaml")
+        )
+    )
 
 
 TEMPLATE_30G = """
@@ -118,7 +133,9 @@ def test_second_node_used_when_first_is_full() -> None:
         ("default/web-2", "b"),
     ]
     assert [p.pod for p in res.pending] == ["default/web-3", "default/web-4"]
-    assert res.pending[0].reason.startswith("0/2 nodes are available: 2 cannot allocate all claims.")
+    assert res.pending[0].reason.startswith(
+        "0/2 nodes are available: 2 cannot allocate all claims."
+    )
 
 
 def test_claim_status_in_upstream_shape() -> None:
@@ -136,13 +153,19 @@ def test_claim_status_in_upstream_shape() -> None:
     }
     assert len(result["shareID"]) == 36 and result["shareID"] == result["shareID"].lower()
     assert c["status"]["allocation"]["nodeSelector"] == {
-        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+        ]
     }
     assert [r["name"] for r in c["status"]["reservedFor"]] == ["web-0"]
     pods = {o["metadata"]["name"]: o for o in res.objects if o["kind"] == "Pod"}
     assert pods["web-0"]["spec"]["nodeName"] == "n1"
     cond = pods["web-2"]["status"]["conditions"][0]
-    assert (cond["type"], cond["status"], cond["reason"]) == ("PodScheduled", "False", "Unschedulable")
+    assert (cond["type"], cond["status"], cond["reason"]) == (
+        "PodScheduled",
+        "False",
+        "Unschedulable",
+    )
 
 
 SHARED = """
@@ -183,7 +206,11 @@ def test_shared_claim_allocated_once_reserved_twice() -> None:
 
 
 def test_hami_pods_from_corpus(corpus: Path) -> None:
-    ms = list(expand_workloads(load_file(corpus / "hami-pods" / "HAMi__examples_nvidia__default_use.yaml")))
+    ms = list(
+        expand_workloads(
+            load_file(corpus / "hami-pods" / "HAMi__examples_nvidia__default_use.yaml")
+        )
+    )
     res = Simulation(cluster(("h100", [81559, 81559])), ms).run()
     assert [(p.pod, p.container, p.device, p.memory, p.cores) for p in res.placements] == [
         ("default/gpu-pod", "ubuntu-container", "gpu.tessera.dev/h100/gpu-0", "3000Mi", "30"),
@@ -231,9 +258,21 @@ def test_foreign_device_classes_leave_only_their_pods_pending(corpus: Path) -> N
     # (net.example.com) and a HAMi pod, in one run: kube-scheduler leaves the first two pending
     # (PreFilter: "request r: device class c does not exist") and schedules the HAMi pod.
     dra = corpus / "dra-manifests"
-    ms = list(expand_workloads(load_file(dra / "k8s-dra-driver-gpu__demo_specs_quickstart_v1__gpu-test1.yaml")))
-    ms += list(expand_workloads(load_file(dra / "dra-example-driver__demo_examples__net-consumable-capacity.yaml")))
-    ms += list(expand_workloads(load_file(corpus / "hami-pods" / "HAMi__examples_nvidia__default_use.yaml")))
+    ms = list(
+        expand_workloads(
+            load_file(dra / "k8s-dra-driver-gpu__demo_specs_quickstart_v1__gpu-test1.yaml")
+        )
+    )
+    ms += list(
+        expand_workloads(
+            load_file(dra / "dra-example-driver__demo_examples__net-consumable-capacity.yaml")
+        )
+    )
+    ms += list(
+        expand_workloads(
+            load_file(corpus / "hami-pods" / "HAMi__examples_nvidia__default_use.yaml")
+        )
+    )
     sim = Simulation(_bundled(), ms)
     res = sim.run()
     assert [(p.pod, p.node, p.memory, p.cores) for p in res.placements] == [
@@ -254,8 +293,20 @@ def test_foreign_device_classes_leave_only_their_pods_pending(corpus: Path) -> N
         ("net-consumable-capacity/pod0", nic),
         ("net-consumable-capacity/pod1", nic),
     ]
-    assert sum("DeviceClass 'gpu.nvidia.com' does not exist: pods using it stay pending" in w for w in res.warnings) == 1
-    assert sum("DeviceClass 'net.example.com' does not exist: pods using it stay pending" in w for w in res.warnings) == 2
+    assert (
+        sum(
+            "DeviceClass 'gpu.nvidia.com' does not exist: pods using it stay pending" in w
+            for w in res.warnings
+        )
+        == 1
+    )
+    assert (
+        sum(
+            "DeviceClass 'net.example.com' does not exist: pods using it stay pending" in w
+            for w in res.warnings
+        )
+        == 2
+    )
 
 
 def test_class_map_runs_nvidia_driver_claims_on_tessera_gpus(corpus: Path) -> None:
@@ -269,10 +320,18 @@ def test_class_map_runs_nvidia_driver_claims_on_tessera_gpus(corpus: Path) -> No
         ("gpu-test1/pod2", "gpu.tessera.dev/h100-node/gpu-1", "81559Mi", "0"),
     ]
     assert res.pending == []
-    assert any(w.endswith("ResourceClaimTemplate gpu-test1/single-gpu: --class-map: gpu.nvidia.com -> gpu.tessera.dev") for w in res.warnings)
+    assert any(
+        w.endswith(
+            "ResourceClaimTemplate gpu-test1/single-gpu: --class-map: gpu.nvidia.com -> gpu.tessera.dev"
+        )
+        for w in res.warnings
+    )
     # The input manifests are untouched.
     tmpl = next(m for m in ms if m.kind == "ResourceClaimTemplate")
-    assert tmpl.obj["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "gpu.nvidia.com"
+    assert (
+        tmpl.obj["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
+        == "gpu.nvidia.com"
+    )
 
 
 def test_class_map_rewrites_the_driver_domain_in_selectors() -> None:
@@ -296,9 +355,17 @@ spec:
     exactly = out[0].obj["spec"]["devices"]["requests"][0]["exactly"]
     assert exactly == {
         "deviceClassName": "gpu.tessera.dev",
-        "selectors": [{"cel": {"expression": 'device.attributes["gpu.tessera.dev"].productName == "NVIDIA A100-SXM4-80GB"'}}],
+        "selectors": [
+            {
+                "cel": {
+                    "expression": 'device.attributes["gpu.tessera.dev"].productName == "NVIDIA A100-SXM4-80GB"'
+                }
+            }
+        ],
     }
-    assert notes == ["test.yaml (document 1): ResourceClaim default/a100: --class-map: gpu.nvidia.com -> gpu.tessera.dev"]
+    assert notes == [
+        "test.yaml (document 1): ResourceClaim default/a100: --class-map: gpu.nvidia.com -> gpu.tessera.dev"
+    ]
 
 
 def test_typo_in_device_class_suggests_the_known_one() -> None:
@@ -321,7 +388,10 @@ spec:
 """
     res = Simulation(cluster(("n", [1024])), manifests(text)).run()
     assert [(p.pod, p.reason) for p in res.pending] == [
-        ("default/p", "0/1 nodes are available: request gpu: device class gpu.tesera.dev does not exist. (did you mean gpu.tessera.dev?)")
+        (
+            "default/p",
+            "0/1 nodes are available: request gpu: device class gpu.tesera.dev does not exist. (did you mean gpu.tessera.dev?)",
+        )
     ]
     assert res.warnings == [
         "test.yaml (document 1): ResourceClaim default/c: spec.devices.requests[0].exactly.deviceClassName: "
@@ -332,7 +402,12 @@ spec:
 def test_v1beta2_is_read_as_v1_with_a_note(corpus: Path) -> None:
     dra = corpus / "dra-manifests"
     ms = list(load_file(dra / "kubernetes-website__examples_dra__deviceclass.yaml"))
-    ms += list(load_file(dra / "kubernetes__scheduler_perf_dra_templates__resourceclaimtemplate-consumablecapacity.yaml"))
+    ms += list(
+        load_file(
+            dra
+            / "kubernetes__scheduler_perf_dra_templates__resourceclaimtemplate-consumablecapacity.yaml"
+        )
+    )
     sim = Simulation(cluster(("n", [1024])), ms)
     assert sorted(sim.classes) == ["example-device-class", "gpu.tessera.dev"]
     assert sim.warnings[:2] == [
@@ -380,18 +455,38 @@ def test_gpu_policies_first_fit_binpack_spread() -> None:
     c = cluster(("n", [81920, 81920, 81920]))
     ms = manifests(GPU_POLICY_PODS)
     # first-fit: p3 goes to the first GPU with room (gpu-0: 40Gi used).
-    assert placed(Simulation(c, ms).run()) == [("p1", "n/gpu-0"), ("p2", "n/gpu-1"), ("p3", "n/gpu-0")]
+    assert placed(Simulation(c, ms).run()) == [
+        ("p1", "n/gpu-0"),
+        ("p2", "n/gpu-1"),
+        ("p3", "n/gpu-0"),
+    ]
     # binpack: the most booked GPU that fits (gpu-1: 60 of 80Gi).
-    assert placed(Simulation(c, ms, policy="binpack").run()) == [("p1", "n/gpu-0"), ("p2", "n/gpu-1"), ("p3", "n/gpu-1")]
+    assert placed(Simulation(c, ms, policy="binpack").run()) == [
+        ("p1", "n/gpu-0"),
+        ("p2", "n/gpu-1"),
+        ("p3", "n/gpu-1"),
+    ]
     # spread: the least booked GPU (gpu-2, empty); p2 also avoids gpu-0.
-    assert placed(Simulation(c, ms, policy="spread").run()) == [("p1", "n/gpu-0"), ("p2", "n/gpu-1"), ("p3", "n/gpu-2")]
+    assert placed(Simulation(c, ms, policy="spread").run()) == [
+        ("p1", "n/gpu-0"),
+        ("p2", "n/gpu-1"),
+        ("p3", "n/gpu-2"),
+    ]
 
 
 def test_node_policies() -> None:
     c = cluster(("a", [81920]), ("b", [81920]))
     ms = manifests(pods(("p1", "10Gi", "1"), ("p2", "10Gi", "1"), ("p3", "10Gi", "1")))
-    assert placed(Simulation(c, ms).run()) == [("p1", "a/gpu-0"), ("p2", "a/gpu-0"), ("p3", "a/gpu-0")]
-    assert placed(Simulation(c, ms, policy="spread").run()) == [("p1", "a/gpu-0"), ("p2", "b/gpu-0"), ("p3", "a/gpu-0")]
+    assert placed(Simulation(c, ms).run()) == [
+        ("p1", "a/gpu-0"),
+        ("p2", "a/gpu-0"),
+        ("p3", "a/gpu-0"),
+    ]
+    assert placed(Simulation(c, ms, policy="spread").run()) == [
+        ("p1", "a/gpu-0"),
+        ("p2", "b/gpu-0"),
+        ("p3", "a/gpu-0"),
+    ]
 
 
 def test_hami_annotations_choose_the_policy_per_pod() -> None:
@@ -406,12 +501,22 @@ def test_topology_keeps_a_pair_in_one_nvlink_domain() -> None:
     c = Cluster([SimNode("n", {}, [gpu_slice("n", [81920] * 4, nvlink=[0, 0, 2, 2])])])
     ms = manifests(pods(("filler", "75Gi", "1"), ("pair", "20Gi", "2")))
     first_fit = placed(Simulation(c, ms).run())
-    assert first_fit == [("filler", "n/gpu-0"), ("pair", "n/gpu-1"), ("pair", "n/gpu-2")]  # crosses domains
+    assert first_fit == [
+        ("filler", "n/gpu-0"),
+        ("pair", "n/gpu-1"),
+        ("pair", "n/gpu-2"),
+    ]  # crosses domains
     topo = placed(Simulation(c, ms, policy="topology").run())
     assert topo == [("filler", "n/gpu-0"), ("pair", "n/gpu-2"), ("pair", "n/gpu-3")]
     res = Simulation(c, ms, policy="topology").run()
-    claim = next(o for o in res.objects if o["kind"] == "ResourceClaim" and o["metadata"]["name"] == "pair-gpu")
-    assert claim["spec"]["devices"]["constraints"] == [{"distinctAttribute": "gpu.tessera.dev/uuid"}]  # spec untouched
+    claim = next(
+        o
+        for o in res.objects
+        if o["kind"] == "ResourceClaim" and o["metadata"]["name"] == "pair-gpu"
+    )
+    assert claim["spec"]["devices"]["constraints"] == [
+        {"distinctAttribute": "gpu.tessera.dev/uuid"}
+    ]  # spec untouched
 
 
 def test_whole_gpus_mode_books_every_device_whole() -> None:
@@ -488,25 +593,56 @@ spec:
 """
 
 
-def generic_slice(node: str, devices: list[dict[str, Any]], counters: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def generic_slice(
+    node: str, devices: list[dict[str, Any]], counters: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """A pool of ``gpu.example.com`` devices on ``node`` (and its counter set, if any)."""
     n = 2 if counters else 1
-    out = [{
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-devices"},
-        "spec": {"driver": "gpu.example.com", "pool": {"name": node, "generation": 1, "resourceSliceCount": n},
-                 "nodeName": node, "devices": devices},
-    }]
+    out = [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-devices"},
+            "spec": {
+                "driver": "gpu.example.com",
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": n},
+                "nodeName": node,
+                "devices": devices,
+            },
+        }
+    ]
     if counters:
-        out.append({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-counters"},
-            "spec": {"driver": "gpu.example.com", "pool": {"name": node, "generation": 1, "resourceSliceCount": n},
-                     "nodeName": node, "sharedCounters": [{"name": "cs", "counters": {k: {"value": v} for k, v in counters.items()}}]},
-        })
+        out.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{node}-counters"},
+                "spec": {
+                    "driver": "gpu.example.com",
+                    "pool": {"name": node, "generation": 1, "resourceSliceCount": n},
+                    "nodeName": node,
+                    "sharedCounters": [
+                        {"name": "cs", "counters": {k: {"value": v} for k, v in counters.items()}}
+                    ],
+                },
+            }
+        )
     return out
 
 
-def gdev(name: str, numa: int, *, mem: str | None = None, counter: str | None = None, multi: bool = True, kind: str = "gpu") -> dict[str, Any]:
-    d: dict[str, Any] = {"name": name, "attributes": {"numa": {"int": numa}, "kind": {"string": kind}}}
+def gdev(
+    name: str,
+    numa: int,
+    *,
+    mem: str | None = None,
+    counter: str | None = None,
+    multi: bool = True,
+    kind: str = "gpu",
+) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "name": name,
+        "attributes": {"numa": {"int": numa}, "kind": {"string": kind}},
+    }
     if multi:
         d["allowMultipleAllocations"] = True
     if mem:
@@ -521,11 +657,19 @@ def test_all_mode_constraint_error_keeps_the_pod_off_every_node() -> None:
     # The second pod wants all GPUs of a node with 2Gi each, on one numa node. On node a,
     # Kubernetes v1.37.2 checks the constraint before gpu-2's remaining capacity: an error, which
     # aborts the pod's scheduling attempt on every node. It stays pending; it does not go to b.
-    c = Cluster([
-        SimNode("a", {}, generic_slice("a", [gdev("gpu-1", 1, mem="4Gi"), gdev("gpu-2", 2, mem="4Gi")])),
-        SimNode("b", {}, generic_slice("b", [gdev("gpu-1", 1, mem="4Gi")])),
-    ])
-    text = GENERIC_CLASS + """---
+    c = Cluster(
+        [
+            SimNode(
+                "a",
+                {},
+                generic_slice("a", [gdev("gpu-1", 1, mem="4Gi"), gdev("gpu-2", 2, mem="4Gi")]),
+            ),
+            SimNode("b", {}, generic_slice("b", [gdev("gpu-1", 1, mem="4Gi")])),
+        ]
+    )
+    text = (
+        GENERIC_CLASS
+        + """---
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: filler}
@@ -547,21 +691,30 @@ spec:
     - name: g
       exactly: {deviceClassName: gpu, allocationMode: All, capacity: {requests: {memory: 2Gi}}}
     constraints: [{matchAttribute: gpu.example.com/numa}]
-""" + "".join(f"""---
+"""
+        + "".join(
+            f"""---
 apiVersion: v1
 kind: Pod
 metadata: {{name: {n}}}
 spec:
   resourceClaims: [{{name: g, resourceClaimName: {n}}}]
   containers: [{{name: c, image: x, resources: {{claims: [{{name: g}}]}}}}]
-""" for n in ("filler", "all"))
+"""
+            for n in ("filler", "all")
+        )
+    )
     res = Simulation(c, manifests(text)).run()
-    assert [(p.pod, p.device) for p in res.placements] == [("default/filler", "gpu.example.com/a/gpu-2")]
-    assert [(p.pod, p.reason) for p in res.pending] == [(
-        "default/all",
-        "allocation error: claim default/all, request g: cannot add device gpu.example.com/a/gpu-2 because a claim "
-        "constraint would not be satisfied",
-    )]
+    assert [(p.pod, p.device) for p in res.placements] == [
+        ("default/filler", "gpu.example.com/a/gpu-2")
+    ]
+    assert [(p.pod, p.reason) for p in res.pending] == [
+        (
+            "default/all",
+            "allocation error: claim default/all, request g: cannot add device gpu.example.com/a/gpu-2 because a claim "
+            "constraint would not be satisfied",
+        )
+    ]
 
 
 def test_backtracking_releases_a_shared_devices_counters() -> None:
@@ -570,12 +723,28 @@ def test_backtracking_releases_a_shared_devices_counters() -> None:
     # NIC on one numa node: the search first takes gpu-1, finds the NIC on the other numa node,
     # and backtracks. Kubernetes v1.37.2 gives gpu-1's counters back, so gpu-2 + nic-3 fit in
     # 8Gi; the second pod then shares gpu-2 (its counters are already paid).
-    c = Cluster([SimNode("n", {}, generic_slice("n", [
-        gdev("gpu-1", 0, counter="4Gi"), gdev("gpu-2", 1, counter="4Gi"), gdev("nic-3", 1, counter="4Gi", multi=False, kind="nic"),
-    ], counters={"mem": "8Gi"}))])
+    c = Cluster(
+        [
+            SimNode(
+                "n",
+                {},
+                generic_slice(
+                    "n",
+                    [
+                        gdev("gpu-1", 0, counter="4Gi"),
+                        gdev("gpu-2", 1, counter="4Gi"),
+                        gdev("nic-3", 1, counter="4Gi", multi=False, kind="nic"),
+                    ],
+                    counters={"mem": "8Gi"},
+                ),
+            )
+        ]
+    )
     nic = 'device.attributes["gpu.example.com"].kind == "nic"'
     gpu = 'device.attributes["gpu.example.com"].kind == "gpu"'
-    text = GENERIC_CLASS + f"""---
+    text = (
+        GENERIC_CLASS
+        + f"""---
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {{name: pair}}
@@ -596,14 +765,19 @@ spec:
     requests:
     - name: gpu
       exactly: {{deviceClassName: gpu, selectors: [{{cel: {{expression: '{gpu} && device.attributes["gpu.example.com"].numa == 1'}}}}]}}
-""" + "".join(f"""---
+"""
+        + "".join(
+            f"""---
 apiVersion: v1
 kind: Pod
 metadata: {{name: {n}}}
 spec:
   resourceClaims: [{{name: g, resourceClaimName: {n}}}]
   containers: [{{name: c, image: x, resources: {{claims: [{{name: g}}]}}}}]
-""" for n in ("pair", "numa1"))
+"""
+            for n in ("pair", "numa1")
+        )
+    )
     res = Simulation(c, manifests(text)).run()
     assert [(p.pod, p.request, p.device, p.share_id is not None) for p in res.placements] == [
         ("default/pair", "gpu", "gpu.example.com/n/gpu-2", True),
@@ -617,15 +791,40 @@ def test_binpack_node_order_is_most_booked_first() -> None:
     # a and c get 10Gi each, b (pinned by node selector) 40Gi: binpack then tries b first (half
     # booked), spread the least booked node that fits (a and c tie at 1/8: cluster order), and
     # first fit cluster order.
-    c = Cluster([SimNode(n, {"kubernetes.io/hostname": n}, [gpu_slice(n, [81920])]) for n in ("a", "b", "c")])
-    pinned = pods(("pin", "40Gi", "1")).replace("spec:\n  resourceClaims", "spec:\n  nodeSelector: {kubernetes.io/hostname: b}\n  resourceClaims")
-    ms = manifests(pods(("p1", "10Gi", "1")) + "---" + pinned + "---" + pods(("p3", "10Gi", "1"), ("p4", "10Gi", "1")))
-    assert placed(Simulation(c, ms).run()) == [("p1", "a/gpu-0"), ("pin", "b/gpu-0"), ("p3", "a/gpu-0"), ("p4", "a/gpu-0")]
+    c = Cluster(
+        [
+            SimNode(n, {"kubernetes.io/hostname": n}, [gpu_slice(n, [81920])])
+            for n in ("a", "b", "c")
+        ]
+    )
+    pinned = pods(("pin", "40Gi", "1")).replace(
+        "spec:\n  resourceClaims",
+        "spec:\n  nodeSelector: {kubernetes.io/hostname: b}\n  resourceClaims",
+    )
+    ms = manifests(
+        pods(("p1", "10Gi", "1"))
+        + "---"
+        + pinned
+        + "---"
+        + pods(("p3", "10Gi", "1"), ("p4", "10Gi", "1"))
+    )
+    assert placed(Simulation(c, ms).run()) == [
+        ("p1", "a/gpu-0"),
+        ("pin", "b/gpu-0"),
+        ("p3", "a/gpu-0"),
+        ("p4", "a/gpu-0"),
+    ]
     assert placed(Simulation(c, ms, policy="binpack").run()) == [
-        ("p1", "a/gpu-0"), ("pin", "b/gpu-0"), ("p3", "b/gpu-0"), ("p4", "b/gpu-0"),
+        ("p1", "a/gpu-0"),
+        ("pin", "b/gpu-0"),
+        ("p3", "b/gpu-0"),
+        ("p4", "b/gpu-0"),
     ]
     assert placed(Simulation(c, ms, policy="spread").run()) == [
-        ("p1", "a/gpu-0"), ("pin", "b/gpu-0"), ("p3", "c/gpu-0"), ("p4", "a/gpu-0"),
+        ("p1", "a/gpu-0"),
+        ("pin", "b/gpu-0"),
+        ("p3", "c/gpu-0"),
+        ("p4", "a/gpu-0"),
     ]
 
 
@@ -638,21 +837,47 @@ def test_mig_devices_under_binpack_and_spread() -> None:
     from tessera.inventory import build_resource_slices, load_inventory
 
     inv = examples_dir() / "inventories"
-    c = Cluster([
-        SimNode("mig", {}, build_resource_slices("mig", load_inventory(inv / "telegraf__nvidia_smi_testdata__a100-sxm4-v12.xml"))),
-        SimNode("a5000", {}, build_resource_slices("a5000", load_inventory(inv / "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"))),
-    ])
+    c = Cluster(
+        [
+            SimNode(
+                "mig",
+                {},
+                build_resource_slices(
+                    "mig", load_inventory(inv / "telegraf__nvidia_smi_testdata__a100-sxm4-v12.xml")
+                ),
+            ),
+            SimNode(
+                "a5000",
+                {},
+                build_resource_slices(
+                    "a5000",
+                    load_inventory(inv / "telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"),
+                ),
+            ),
+        ]
+    )
     # One GPU each (no distinctAttribute on uuid: these MIG devices publish none).
     text = pods(("p1", "16Gi", "1"), ("p2", "16Gi", "1"), ("p3", "16Gi", "1"), ("p4", "4Gi", "1"))
-    ms = manifests(text.replace("      constraints: [{distinctAttribute: gpu.tessera.dev/uuid}]\n", ""))
+    ms = manifests(
+        text.replace("      constraints: [{distinctAttribute: gpu.tessera.dev/uuid}]\n", "")
+    )
     assert placed(Simulation(c, ms).run()) == [
-        ("p1", "mig/gpu-0-mig-3-0"), ("p2", "mig/gpu-0-mig-4-0"), ("p3", "mig/gpu-0-mig-5-0"), ("p4", "mig/gpu-0-mig-6-0"),
+        ("p1", "mig/gpu-0-mig-3-0"),
+        ("p2", "mig/gpu-0-mig-4-0"),
+        ("p3", "mig/gpu-0-mig-5-0"),
+        ("p4", "mig/gpu-0-mig-6-0"),
     ]
     assert placed(Simulation(c, ms, policy="binpack").run()) == [
-        ("p1", "mig/gpu-0-mig-3-0"), ("p2", "mig/gpu-0-mig-4-0"), ("p3", "mig/gpu-0-mig-5-0"), ("p4", "mig/gpu-0-mig-6-0"),
+        ("p1", "mig/gpu-0-mig-3-0"),
+        ("p2", "mig/gpu-0-mig-4-0"),
+        ("p3", "mig/gpu-0-mig-5-0"),
+        ("p4", "mig/gpu-0-mig-6-0"),
     ]
     assert placed(Simulation(c, ms, policy="spread").run()) == [
-        ("p1", "mig/gpu-0-mig-3-0"), ("p2", "a5000/gpu-0"), ("p3", "a5000/gpu-1"), ("p4", "a5000/gpu-0"),
+        ("p1", "mig/gpu-0-mig-3-0"),
+        ("p2", "a5000/gpu-0"),
+        ("p3", "a5000/gpu-1"),
+        ("p4", "a5000/gpu-0"),
     ]
 
 
@@ -679,11 +904,16 @@ spec:
   resourceClaims: [{name: g, resourceClaimName: two}]
   containers: [{name: c, image: x, resources: {claims: [{name: g}]}}]
 """
-    text = TEMPLATE_30G.replace("memory: 30Gi", "memory: 60Gi").replace("replicas: 5", "replicas: 1") + "---" + pods(
-        ("big", "30Gi", "1"), ("pair", "10Gi", "3")
-    ) + two
+    text = (
+        TEMPLATE_30G.replace("memory: 30Gi", "memory: 60Gi").replace("replicas: 5", "replicas: 1")
+        + "---"
+        + pods(("big", "30Gi", "1"), ("pair", "10Gi", "3"))
+        + two
+    )
     res = Simulation(c, manifests(text)).run()
-    assert [(p.pod, p.device) for p in res.placements] == [("default/web-0", "gpu.tessera.dev/n1/gpu-0")]
+    assert [(p.pod, p.device) for p in res.placements] == [
+        ("default/web-0", "gpu.tessera.dev/n1/gpu-0")
+    ]
     reasons = {p.pod: p.reason.split(". ", 1)[1] for p in res.pending}
     assert reasons == {
         "default/big": (
@@ -739,7 +969,10 @@ def _bundled_workload(copies: int) -> list[Manifest]:
     for k in range(copies):
         for m in loaded:
             if m.kind == "Pod":
-                obj = {**m.obj, "metadata": {**m.obj["metadata"], "name": f"{m.obj['metadata']['name']}-{k}"}}
+                obj = {
+                    **m.obj,
+                    "metadata": {**m.obj["metadata"], "name": f"{m.obj['metadata']['name']}-{k}"},
+                }
                 out.append(Manifest(obj, m.source))
     return out
 
@@ -752,12 +985,16 @@ def test_memoised_preparations_give_the_same_answers(monkeypatch: Any) -> None:
     from tessera.sim import simulate as sim_mod
     from tessera.sim.cluster import load_cluster
 
-    bundled = load_cluster(Path(__file__).resolve().parents[2] / "src" / "tessera" / "examples" / "cluster.yaml")
+    bundled = load_cluster(
+        Path(__file__).resolve().parents[2] / "src" / "tessera" / "examples" / "cluster.yaml"
+    )
 
     def answers(policy: str) -> list[Any]:
         res = Simulation(bundled, _bundled_workload(6), seed=3, policy=policy).run()
-        return [[(p.pod, p.container, p.device, p.memory, p.cores, p.share_id) for p in res.placements],
-                [(p.pod, p.reason) for p in res.pending]]
+        return [
+            [(p.pod, p.container, p.device, p.memory, p.cores, p.share_id) for p in res.placements],
+            [(p.pod, p.reason) for p in res.pending],
+        ]
 
     memoised = {p: answers(p) for p in ("first-fit", "binpack", "topology")}
     assert memoised["first-fit"][0] and memoised["first-fit"][1]  # some placed, some pending

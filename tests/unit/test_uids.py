@@ -16,6 +16,8 @@ def test_uuid_texts_are_the_uuid_modules() -> None:
         name = f"tessera-sim/pod/ns-{i}/pód-{n:x}"
         assert uuid5_url(name) == str(uuid.uuid5(uuid.NAMESPACE_URL, name))
     # Known values: the simulation's UIDs of pod default/a and a shareID drawn with seed 0.
-    assert uuid5_url("tessera-sim/pod/default/a") == str(uuid.uuid5(uuid.NAMESPACE_URL, "tessera-sim/pod/default/a"))
+    assert uuid5_url("tessera-sim/pod/default/a") == str(
+        uuid.uuid5(uuid.NAMESPACE_URL, "tessera-sim/pod/default/a")
+    )
     assert uuid_text(0, 4) == "00000000-0000-4000-8000-000000000000"
     assert uuid_text(2**128 - 1, 5) == "ffffffff-ffff-5fff-bfff-ffffffffffff"

@@ -31,7 +31,11 @@ MiB = 2**20
 
 
 def h100_slices() -> list[dict[str, Any]]:
-    inv = CORPUS / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+    inv = (
+        CORPUS
+        / "inventories"
+        / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+    )
     topo = CORPUS / "topologies" / "litgpt__tests_test_utils__topo-m.8xGPU-NV12-10nic.txt"
     return build_resource_slices("h100-node", load_inventory(str(inv)), load_topology(str(topo)))
 
@@ -50,11 +54,17 @@ def corpus_pod(file: str, doc: int = 0) -> dict[str, Any]:
 
 def review(obj: Any, *, uid: str = "0001", namespace: str = "team-a", **extra: Any) -> bytes:
     req = {
-        "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
-        "namespace": namespace, "object": obj, **extra,
+        "uid": uid,
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "operation": "CREATE",
+        "namespace": namespace,
+        "object": obj,
+        **extra,
     }
-    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}).encode()
+    return json.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
+    ).encode()
 
 
 def applied(pod: dict[str, Any], decision_review: dict[str, Any]) -> dict[str, Any]:
@@ -72,37 +82,57 @@ def test_corpus_pod_is_patched_into_what_convert_gives_with_hashed_template_name
     assert out["apiVersion"] == "admission.k8s.io/v1" and out["response"]["uid"] == "0001"
     assert out["response"]["patchType"] == "JSONPatch"
     mutated = applied(pod, out)
-    conv = convert_pod({**pod, "metadata": {**pod["metadata"], "namespace": "team-a"}}, memory_sizes=VIEW.memory_sizes())
+    conv = convert_pod(
+        {**pod, "metadata": {**pod["metadata"], "namespace": "team-a"}},
+        memory_sizes=VIEW.memory_sizes(),
+    )
     (template,) = d.templates
     assert template == hashed_template(conv.templates[0], "team-a")
     assert template["metadata"]["name"] == f"tessera-gpu-{spec_hash(conv.templates[0]['spec'])}"
-    assert template["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "tessera", HASH_LABEL: spec_hash(conv.templates[0]["spec"])}
+    assert template["metadata"]["labels"] == {
+        "app.kubernetes.io/managed-by": "tessera",
+        HASH_LABEL: spec_hash(conv.templates[0]["spec"]),
+    }
     expected = copy.deepcopy(conv.pod)
     expected["metadata"] = pod["metadata"]
-    expected["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = template["metadata"]["name"]
+    expected["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = template["metadata"][
+        "name"
+    ]
     assert mutated == expected
     # 50% of the H100's 81559 MiB and of the A5000's 24564 MiB, 2 GPUs: topology levels per size
     subs = template["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
     assert [(s["name"], s["capacity"]["requests"]["memory"]) for s in subs] == [
-        (f"{level}-mem-{i}", mem) for level in ("nvlink", "numa", "any") for i, mem in enumerate(("40779Mi", "12282Mi"))
+        (f"{level}-mem-{i}", mem)
+        for level in ("nvlink", "numa", "any")
+        for i, mem in enumerate(("40779Mi", "12282Mi"))
     ]
 
 
 def test_pods_of_one_shape_share_one_template_and_replicas_have_no_name() -> None:
     a = corpus_pod("HAMi__examples_nvidia__default_use.yaml")
     b = copy.deepcopy(a)
-    b["metadata"] = {"generateName": "web-7d9c-", "ownerReferences": [{"kind": "ReplicaSet", "name": "web-7d9c", "controller": True}]}
+    b["metadata"] = {
+        "generateName": "web-7d9c-",
+        "ownerReferences": [{"kind": "ReplicaSet", "name": "web-7d9c", "controller": True}],
+    }
     b["spec"]["containers"][0]["name"] = "other"
     ta, tb = decide(review(a), VIEW).templates, decide(review(b, uid="2"), VIEW).templates
     assert ta == tb and len(ta) == 1
-    assert decide(review(a, namespace="team-b"), VIEW).templates[0]["metadata"]["namespace"] == "team-b"
+    assert (
+        decide(review(a, namespace="team-b"), VIEW).templates[0]["metadata"]["namespace"]
+        == "team-b"
+    )
 
 
 def test_api_server_canonical_quantities_convert_like_the_manifest() -> None:
     """The API server sends ``gpumem: 3000`` as the Quantity ``3k``: same claim."""
     pod = corpus_pod("HAMi__examples_nvidia__default_use.yaml")
     canon = copy.deepcopy(pod)
-    canon["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3k", "nvidia.com/gpucores": "30"}
+    canon["spec"]["containers"][0]["resources"]["limits"] = {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": "3k",
+        "nvidia.com/gpucores": "30",
+    }
     assert decide(review(pod), VIEW).templates == decide(review(canon), VIEW).templates
 
 
@@ -115,23 +145,41 @@ def test_dry_run_patches_but_ensures_no_template() -> None:
 @pytest.mark.parametrize(
     ("limits", "message"),
     [
-        ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"},
-         "pod team-a/p, container c: nvidia.com/gpucores 101 is over 100: gpucores is a percentage 0-100 of each "
-         "GPU's compute (HAMi clamps it silently); write 100 or less"),
-        ({"nvidia.com/gpumem": "-3k"},
-         "pod team-a/p, container c: nvidia.com/gpumem '-3k' is negative; write a whole number of MiB such as 3000"),
+        (
+            {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"},
+            "pod team-a/p, container c: nvidia.com/gpucores 101 is over 100: gpucores is a percentage 0-100 of each "
+            "GPU's compute (HAMi clamps it silently); write 100 or less",
+        ),
+        (
+            {"nvidia.com/gpumem": "-3k"},
+            "pod team-a/p, container c: nvidia.com/gpumem '-3k' is negative; write a whole number of MiB such as 3000",
+        ),
     ],
 )
-def test_values_convert_rejects_are_denied_with_container_and_field(limits: dict[str, str], message: str) -> None:
-    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+def test_values_convert_rejects_are_denied_with_container_and_field(
+    limits: dict[str, str], message: str
+) -> None:
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
+    }
     out = decide(review(pod), VIEW).review()["response"]
     assert out["allowed"] is False
     assert out["status"] == {"code": 422, "reason": "Invalid", "message": message}
 
 
 def test_requests_no_gpu_can_hold_are_admitted_with_warnings() -> None:
-    pod = {"metadata": {"name": "p", "annotations": {"nvidia.com/use-gpuuuid": "GPU-not-here"}},
-           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "9", "nvidia.com/gpumem": "200k"}}}]}}
+    pod = {
+        "metadata": {"name": "p", "annotations": {"nvidia.com/use-gpuuuid": "GPU-not-here"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "resources": {"limits": {"nvidia.com/gpu": "9", "nvidia.com/gpumem": "200k"}},
+                }
+            ]
+        },
+    }
     d = decide(review(pod), VIEW)
     assert d.allowed and d.templates
     assert d.warnings == [
@@ -167,9 +215,13 @@ class Slices:
         self.generation += 1
 
 
-SHAPES = ["HAMi__examples_nvidia__default_use.yaml", "HAMi__examples_nvidia__use_memory_fraction.yaml",
-          "HAMi__examples_nvidia__use_exclusive_card.yaml", "HAMi__examples_nvidia__specify_card_type_to_use.yaml",
-          "HAMi__examples_nvidia__specify_uuid_to_use.yaml"]
+SHAPES = [
+    "HAMi__examples_nvidia__default_use.yaml",
+    "HAMi__examples_nvidia__use_memory_fraction.yaml",
+    "HAMi__examples_nvidia__use_exclusive_card.yaml",
+    "HAMi__examples_nvidia__specify_card_type_to_use.yaml",
+    "HAMi__examples_nvidia__specify_uuid_to_use.yaml",
+]
 
 
 def test_what_the_slices_give_is_derived_once_per_change_not_per_request() -> None:
@@ -203,18 +255,30 @@ def test_the_background_thread_rebuilds_and_requests_never_wait_for_it() -> None
     stop = view.start(interval=3600)  # no tick during the test: refresh() by hand
     try:
         pct = review(corpus_pod("HAMi__examples_nvidia__use_memory_fraction.yaml"))
-        assert decide(pct, view).allowed is False  # no sizes yet: "needs the cluster's GPU memory sizes"
+        assert (
+            decide(pct, view).allowed is False
+        )  # no sizes yet: "needs the cluster's GPU memory sizes"
         source.change(h100_slices())  # the informer's first list
-        assert decide(pct, view).allowed is True and view.builds == 2  # unsynced: looked again at once
+        assert (
+            decide(pct, view).allowed is True and view.builds == 2
+        )  # unsynced: looked again at once
         builds = view.builds
         source.change(h100_slices() + a5000_slices())
         old = decide(pct, view)
-        assert view.builds == builds and len(old.templates[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]) == 3
+        assert (
+            view.builds == builds
+            and len(old.templates[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"])
+            == 3
+        )
         assert view.refresh() is True and view.refresh() is False
         snap = view.snapshot()
-        assert snap.generation == source.generation and snap._world is not None  # built off the request path
+        assert (
+            snap.generation == source.generation and snap._world is not None
+        )  # built off the request path
         new = decide(pct, view)
-        assert len(new.templates[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]) == 6
+        assert (
+            len(new.templates[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]) == 6
+        )
     finally:
         stop.set()
 
@@ -256,7 +320,9 @@ def test_the_thread_rebuilds_by_itself_and_stops_when_told() -> None:
     assert not thread.is_alive()
 
 
-def test_a_failing_rebuild_hands_the_work_back_to_requests(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_rebuild_hands_the_work_back_to_requests(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The thread meets an unexpected error while deriving (an informer that breaks): it logs it
     and stops, and from then on each request derives a changed generation itself, so answers
     never stay on old slices."""
@@ -318,10 +384,14 @@ def test_concurrent_requests_derive_a_generation_once() -> None:
         answers = list(pool.map(requests, range(8)))
     assert answers == [fresh * 5] * 8
     assert (view.builds, source.reads) == (1, 1)
-    assert len(view.snapshot().notes) == len({t["metadata"]["name"] for b in bodies for t in decide(b, VIEW).templates})
+    assert len(view.snapshot().notes) == len(
+        {t["metadata"]["name"] for b in bodies for t in decide(b, VIEW).templates}
+    )
 
 
-def test_notes_are_bounded_and_an_unreadable_slice_only_drops_them(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_notes_are_bounded_and_an_unreadable_slice_only_drops_them(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """At most MAX_NOTES shapes keep their lint notes; a slice the lint index cannot read
     (another driver's bad capacity) costs the warnings, never the admission."""
     import tessera.webhook.admission as admission
@@ -329,10 +399,22 @@ def test_notes_are_bounded_and_an_unreadable_slice_only_drops_them(monkeypatch: 
     monkeypatch.setattr(admission, "MAX_NOTES", 3)
     view = ClusterView.static(h100_slices())
     for mib in range(1000, 6000, 1000):
-        pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": str(mib)}}}]}}
+        pod = {
+            "metadata": {"name": "p"},
+            "spec": {
+                "containers": [
+                    {"name": "c", "resources": {"limits": {"nvidia.com/gpumem": str(mib)}}}
+                ]
+            },
+        }
         assert decide(review(pod), view).allowed
     assert len(view.snapshot().notes) == 3
-    big = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": "200k"}}}]}}
+    big = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": "200k"}}}]
+        },
+    }
     assert "is more than any device has" in decide(review(big), view).warnings[0]
     bad = copy.deepcopy(a5000_slices()[0])
     bad["spec"]["driver"] = "other.example.com"
@@ -352,10 +434,17 @@ def test_the_server_lints_a_new_shape_in_a_thread() -> None:
 
     from tessera.webhook.server import Webhook
 
-    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": "200k"}}}]}}
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": "200k"}}}]
+        },
+    }
     view = ClusterView.static(h100_slices())
     quick = decide(review(pod), view, lint_new=False)
-    assert [t["metadata"]["name"] for t in quick.unlinted] == [t["metadata"]["name"] for t in quick.templates]
+    assert [t["metadata"]["name"] for t in quick.unlinted] == [
+        t["metadata"]["name"] for t in quick.templates
+    ]
     assert quick.warnings == [] and quick.patch
     threads = []
     lint_shapes = view.lint_shapes
@@ -380,7 +469,10 @@ def test_the_server_lints_a_new_shape_in_a_thread() -> None:
     [
         {"operation": "UPDATE"},
         {"operation": "CREATE", "subResource": "binding"},
-        {"kind": {"group": "", "version": "v1", "kind": "ConfigMap"}, "resource": {"group": "", "version": "v1", "resource": "configmaps"}},
+        {
+            "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+        },
     ],
 )
 def test_not_a_pod_create_passes_untouched(request_fields: dict[str, Any]) -> None:
@@ -390,7 +482,10 @@ def test_not_a_pod_create_passes_untouched(request_fields: dict[str, Any]) -> No
 
 
 def test_pod_without_gpu_passes_untouched() -> None:
-    pod = {"metadata": {"name": "web"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1"}}}]}}
+    pod = {
+        "metadata": {"name": "web"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1"}}}]},
+    }
     assert decide(review(pod), VIEW).review()["response"] == {"uid": "0001", "allowed": True}
 
 
@@ -399,8 +494,14 @@ def test_pod_without_gpu_passes_untouched() -> None:
     [
         (b"{", "body is not JSON"),
         (b"[]", "body is not a JSON object"),
-        (b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}', "expected admission.k8s.io/v1 AdmissionReview"),
-        (b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}}', "request.uid is missing"),
+        (
+            b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}',
+            "expected admission.k8s.io/v1 AdmissionReview",
+        ),
+        (
+            b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}}',
+            "request.uid is missing",
+        ),
     ],
 )
 def test_bodies_that_are_not_reviews_are_bad_requests(body: bytes, message: str) -> None:
@@ -418,8 +519,17 @@ def test_warnings_are_single_lines_and_bounded() -> None:
 
 # ---- templates -----------------------------------------------------------------------------------
 def test_referenced_templates() -> None:
-    pods = [{"spec": {"resourceClaims": [{"name": "a", "resourceClaimTemplateName": "t1"}, {"name": "b", "resourceClaimName": "c"}]}},
-            {"spec": {}}]
+    pods = [
+        {
+            "spec": {
+                "resourceClaims": [
+                    {"name": "a", "resourceClaimTemplateName": "t1"},
+                    {"name": "b", "resourceClaimName": "c"},
+                ]
+            }
+        },
+        {"spec": {}},
+    ]
     assert referenced_templates(pods) == {"t1"}
 
 
@@ -434,7 +544,9 @@ def test_shipped_deviceclass_is_the_one_definition() -> None:
     assert DEVICE_CLASS == default_device_class() == device_class()
 
 
-def _class(name: str, created: str | None, resource: str | None = "nvidia.com/gpu") -> dict[str, Any]:
+def _class(
+    name: str, created: str | None, resource: str | None = "nvidia.com/gpu"
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if created:
         meta["creationTimestamp"] = created
@@ -448,17 +560,30 @@ def test_extended_resource_owner_follows_kube_scheduler() -> None:
     """Upstream (extendedresourcecache): the class created last wins; equal times: lowest name."""
     tessera = _class("gpu.tessera.dev", "2026-11-01T10:00:00Z")
     nvidia = _class("gpu.nvidia.com", "2026-11-02T10:00:00Z")
-    owner = extended_resource_owner([tessera, nvidia, _class("other", "2026-12-01T00:00:00Z", None)])
-    assert (owner.winner, owner.contenders) == ("gpu.nvidia.com", ("gpu.nvidia.com", "gpu.tessera.dev"))
+    owner = extended_resource_owner(
+        [tessera, nvidia, _class("other", "2026-12-01T00:00:00Z", None)]
+    )
+    assert (owner.winner, owner.contenders) == (
+        "gpu.nvidia.com",
+        ("gpu.nvidia.com", "gpu.tessera.dev"),
+    )
     assert owner.message() == (
         "nvidia.com/gpu is mapped by 2 DeviceClasses (gpu.nvidia.com, gpu.tessera.dev); kube-scheduler uses "
         "gpu.nvidia.com (the most recently created; equal times: the lowest name) and ignores the others for it"
     )
     same = _class("gpu.nvidia.com", "2026-11-01T10:00:00Z")
     assert extended_resource_owner([tessera, same]).winner == "gpu.nvidia.com"  # "gpu.n" < "gpu.t"
-    assert extended_resource_owner([tessera]).message() == "nvidia.com/gpu is served by DeviceClass gpu.tessera.dev"
+    assert (
+        extended_resource_owner([tessera]).message()
+        == "nvidia.com/gpu is served by DeviceClass gpu.tessera.dev"
+    )
     assert extended_resource_owner([]).winner is None
-    assert extended_resource_owner([tessera], "deviceclass.resource.kubernetes.io/gpu.tessera.dev").winner == "gpu.tessera.dev"
+    assert (
+        extended_resource_owner(
+            [tessera], "deviceclass.resource.kubernetes.io/gpu.tessera.dev"
+        ).winner
+        == "gpu.tessera.dev"
+    )
 
 
 # ---- scheduling: the firstAvailable score and the extender -------------------------------------------
@@ -470,15 +595,32 @@ def test_prioritized_list_score_is_kube_schedulers() -> None:
     for sub, score in (("nvlink", 8), ("numa", 7), ("any", 6)):
         results = {"devices": {"results": [{"request": f"gpu/{sub}"}, {"request": f"gpu/{sub}"}]}}
         assert prioritized_list_score([claim], [results]) == score
-    plain = {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}}}
+    plain = {
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}}
+    }
     assert max_prioritized_list_score([plain]) == 0
     assert prioritized_list_score([plain], [{"devices": {"results": [{"request": "gpu"}]}}]) == 0
 
 
 def _allocated(pool: str, device: str, memory: str, cores: str) -> dict[str, Any]:
-    return {"status": {"allocation": {"devices": {"results": [
-        {"request": "gpu", "driver": "gpu.tessera.dev", "pool": pool, "device": device, "shareID": "s",
-         "consumedCapacity": {"memory": memory, "cores": cores}}]}}}}
+    return {
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": "gpu.tessera.dev",
+                            "pool": pool,
+                            "device": device,
+                            "shareID": "s",
+                            "consumedCapacity": {"memory": memory, "cores": cores},
+                        }
+                    ]
+                }
+            }
+        }
+    }
 
 
 def test_extender_ranks_nodes_by_simulates_node_usage() -> None:
@@ -486,14 +628,34 @@ def test_extender_ranks_nodes_by_simulates_node_usage() -> None:
     claims = [_allocated("a5000-node", "gpu-0", "4000Mi", "0"), {"status": {}}]
     view = UsageView.static(slices, claims)
     assert view.usage() == {"h100-node": Fraction(0), "a5000-node": Fraction(4000, 24564)}
-    args = {"Pod": {"metadata": {"annotations": {"hami.io/node-scheduler-policy": "binpack"}}}, "NodeNames": ["h100-node", "a5000-node"]}
-    assert prioritize(args, view) == [{"Host": "h100-node", "Score": 5}, {"Host": "a5000-node", "Score": 10}]
+    args = {
+        "Pod": {"metadata": {"annotations": {"hami.io/node-scheduler-policy": "binpack"}}},
+        "NodeNames": ["h100-node", "a5000-node"],
+    }
+    assert prioritize(args, view) == [
+        {"Host": "h100-node", "Score": 5},
+        {"Host": "a5000-node", "Score": 10},
+    ]
     args["Pod"]["metadata"]["annotations"]["hami.io/node-scheduler-policy"] = "spread"
-    assert prioritize(args, view) == [{"Host": "h100-node", "Score": 10}, {"Host": "a5000-node", "Score": 5}]
+    assert prioritize(args, view) == [
+        {"Host": "h100-node", "Score": 10},
+        {"Host": "a5000-node", "Score": 5},
+    ]
     # Full Node objects (nodeCacheCapable: false), and a pod without policy: no opinion.
-    nodes = {"Pod": {"metadata": {}}, "Nodes": {"items": [{"metadata": {"name": "h100-node"}}, {"metadata": {"name": "a5000-node"}}]}}
-    assert prioritize(nodes, view) == [{"Host": "h100-node", "Score": 0}, {"Host": "a5000-node", "Score": 0}]
-    assert prioritize(nodes, view, default_policy="binpack")[1] == {"Host": "a5000-node", "Score": 10}
+    nodes = {
+        "Pod": {"metadata": {}},
+        "Nodes": {
+            "items": [{"metadata": {"name": "h100-node"}}, {"metadata": {"name": "a5000-node"}}]
+        },
+    }
+    assert prioritize(nodes, view) == [
+        {"Host": "h100-node", "Score": 0},
+        {"Host": "a5000-node", "Score": 0},
+    ]
+    assert prioritize(nodes, view, default_policy="binpack")[1] == {
+        "Host": "a5000-node",
+        "Score": 10,
+    }
     with pytest.raises(BadArgs):
         prioritize({"Pod": {}}, view)
 
@@ -501,7 +663,10 @@ def test_extender_ranks_nodes_by_simulates_node_usage() -> None:
 def test_extender_scores_ties_equally_and_grades_the_rest() -> None:
     usage = {"a": Fraction(1), "b": Fraction(1), "c": Fraction(1, 2), "d": Fraction(0)}
     assert scores("binpack", usage, ["d", "c", "b", "a", "new"]) == [
-        {"Host": "d", "Score": 4}, {"Host": "c", "Score": 5}, {"Host": "b", "Score": 10}, {"Host": "a", "Score": 10},
+        {"Host": "d", "Score": 4},
+        {"Host": "c", "Score": 5},
+        {"Host": "b", "Score": 10},
+        {"Host": "a", "Score": 10},
         {"Host": "new", "Score": 4},
     ]
 
@@ -509,16 +674,30 @@ def test_extender_scores_ties_equally_and_grades_the_rest() -> None:
 def test_shipped_scheduler_config_names_the_extender() -> None:
     cfg = yaml.safe_load((REPO / "deploy" / "webhook" / "scheduler-config.yaml").read_text())
     (ext,) = cfg["extenders"]
-    assert (ext["prioritizeVerb"], ext["nodeCacheCapable"], ext["ignorable"]) == ("prioritize", True, True)
+    assert (ext["prioritizeVerb"], ext["nodeCacheCapable"], ext["ignorable"]) == (
+        "prioritize",
+        True,
+        True,
+    )
     # the preferred node must gain more than DynamicResources' firstAvailable score can give another
     assert ext["weight"] * (10 - 5) * 10 > 2 * 100
 
 
 def test_shipped_webhook_configuration() -> None:
-    cfg = yaml.safe_load((REPO / "deploy" / "webhook" / "mutatingwebhookconfiguration.yaml").read_text())
+    cfg = yaml.safe_load(
+        (REPO / "deploy" / "webhook" / "mutatingwebhookconfiguration.yaml").read_text()
+    )
     (w,) = cfg["webhooks"]
-    assert (w["failurePolicy"], w["sideEffects"], w["admissionReviewVersions"]) == ("Fail", "NoneOnDryRun", ["v1"])
+    assert (w["failurePolicy"], w["sideEffects"], w["admissionReviewVersions"]) == (
+        "Fail",
+        "NoneOnDryRun",
+        ["v1"],
+    )
     assert w["namespaceSelector"]["matchExpressions"] == [
-        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "tessera-system"]}
+        {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "NotIn",
+            "values": ["kube-system", "tessera-system"],
+        }
     ]
     assert w["clientConfig"]["service"]["path"] == "/mutate-pods"

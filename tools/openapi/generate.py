@@ -61,10 +61,20 @@ def _rewrite(schema: Any, refs: set[str]) -> Any:
         return schema
     out: dict[str, Any] = {}
     for k, v in schema.items():
-        if k in ("description", "example", "x-kubernetes-group-version-kind", "x-kubernetes-list-map-keys",
-                 "x-kubernetes-list-type", "x-kubernetes-patch-merge-key", "x-kubernetes-patch-strategy",
-                 "x-kubernetes-map-type", "x-kubernetes-unions", "x-kubernetes-validations", "default",
-                 "required"):
+        if k in (
+            "description",
+            "example",
+            "x-kubernetes-group-version-kind",
+            "x-kubernetes-list-map-keys",
+            "x-kubernetes-list-type",
+            "x-kubernetes-patch-merge-key",
+            "x-kubernetes-patch-strategy",
+            "x-kubernetes-map-type",
+            "x-kubernetes-unions",
+            "x-kubernetes-validations",
+            "default",
+            "required",
+        ):
             continue
         if k == "$ref":
             name = v.rsplit("/", 1)[1]
@@ -82,11 +92,19 @@ def _rewrite(schema: Any, refs: set[str]) -> Any:
         lo, hi = INT_BOUNDS[out.pop("format")]
         out.setdefault("minimum", lo)
         out.setdefault("maximum", hi)
-    if "properties" in out and "additionalProperties" not in out and not out.pop("x-kubernetes-preserve-unknown-fields", False):
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.pop("x-kubernetes-preserve-unknown-fields", False)
+    ):
         out["additionalProperties"] = False
     out.pop("x-kubernetes-preserve-unknown-fields", None)
     items = out.get("items")
-    if out.get("type") == "array" and isinstance(items, dict) and items.get("type") in ("string", "integer", "boolean", "number"):
+    if (
+        out.get("type") == "array"
+        and isinstance(items, dict)
+        and items.get("type") in ("string", "integer", "boolean", "number")
+    ):
         # Go decodes a null list element into the zero value ("" / 0 / false): accepted.
         out["items"] = {**items, "type": [items["type"], "null"]}
     if "allOf" in out and len(out["allOf"]) == 1 and set(out) == {"allOf"}:
@@ -136,20 +154,34 @@ def fetch() -> tuple[dict[str, dict[str, Any]], str]:
             cluster.up(Inventory(), build_binaries=False, die_with_parent=True)
             client = cluster.client()
             version = client.raw_get("/version")["gitVersion"]
-            docs = {path: client.raw_get(f"/openapi/v3/{path}") for path in sorted({p for p, _ in ROOTS.values()})}
+            docs = {
+                path: client.raw_get(f"/openapi/v3/{path}")
+                for path in sorted({p for p, _ in ROOTS.values()})
+            }
         finally:
             cluster.down()
     return docs, version
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from-dir", type=Path, help="read saved OpenAPI v3 documents (<path with / as __>.json) instead of starting a control plane")
-    ap.add_argument("--version", default=None, help="Kubernetes version to record (with --from-dir)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--from-dir",
+        type=Path,
+        help="read saved OpenAPI v3 documents (<path with / as __>.json) instead of starting a control plane",
+    )
+    ap.add_argument(
+        "--version", default=None, help="Kubernetes version to record (with --from-dir)"
+    )
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     if a.from_dir:
-        docs = {p: json.loads((a.from_dir / (p.replace("/", "__") + ".json")).read_text()) for p, _ in ROOTS.values()}
+        docs = {
+            p: json.loads((a.from_dir / (p.replace("/", "__") + ".json")).read_text())
+            for p, _ in ROOTS.values()
+        }
         version = a.version or "unknown"
     else:
         docs, version = fetch()
@@ -158,7 +190,10 @@ def main() -> None:
     tmp = a.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=1, sort_keys=False) + "\n")
     tmp.replace(a.out)
-    print(f"{a.out}: {len(out['roots'])} kinds, {len(out['definitions'])} types, Kubernetes {version}", file=sys.stderr)
+    print(
+        f"{a.out}: {len(out['roots'])} kinds, {len(out['definitions'])} types, Kubernetes {version}",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -99,7 +99,9 @@ class SelectorError(AllocationError):
         hint = ""
         if "no such key" in error:
             hint = " (hint: guard the lookup with has(...) so devices without it do not match)"
-        super().__init__(f"{owner}: selector #{index} on device {device}: CEL runtime error: {error}{hint}")
+        super().__init__(
+            f"{owner}: selector #{index} on device {device}: CEL runtime error: {error}{hint}"
+        )
         self.owner = owner
         self.index = index
         self.expression = expression
@@ -177,7 +179,9 @@ class SliceIndex:
 
     def __init__(self, slices: Iterable[Slice | Mapping[str, Any]]) -> None:
         shared = Descriptions()  # devices publishing the same capacities and values share them
-        self.slices: list[Slice] = [s if isinstance(s, Slice) else slice_from_dict(dict(s), shared) for s in slices]
+        self.slices: list[Slice] = [
+            s if isinstance(s, Slice) else slice_from_dict(dict(s), shared) for s in slices
+        ]
         self.by_node: dict[str, list[Slice]] = {}
         self.unpinned: list[Slice] = []
         self.by_pool: dict[tuple[str, str], list[Slice]] = {}
@@ -212,7 +216,9 @@ def gather_pools(index: SliceIndex, node: Node, features: Features) -> list[Pool
     (dra-spec.md 4.2), Kubernetes v1.37.2's incubating variant."""
     relevant: dict[tuple[str, str], list[Slice]] = {}
     for s in index.by_node.get(node.name, []) + index.unpinned:
-        if not features.partitionable_devices and (s.per_device_node_selection or s.shared_counters):
+        if not features.partitionable_devices and (
+            s.per_device_node_selection or s.shared_counters
+        ):
             continue
         if not slice_on_node(s, node):
             continue
@@ -244,7 +250,9 @@ def gather_pools(index: SliceIndex, node: Node, features: Features) -> list[Pool
     return plain + binding
 
 
-def _build_pool(key: tuple[str, str], slices: list[Slice], features: Features, all_slices: list[Slice] | None) -> Pool:
+def _build_pool(
+    key: tuple[str, str], slices: list[Slice], features: Features, all_slices: list[Slice] | None
+) -> Pool:
     """buildPool: the node's device slices (by name), counter sets, validity."""
     pd = features.partitionable_devices
     device_slices: list[Slice] = []
@@ -335,7 +343,9 @@ def violates_policy(cap: Capacity, amount: Quantity) -> bool:
     return False
 
 
-def consumption(requests: Mapping[str, Quantity], d: Device) -> tuple[tuple[str, Exact, Exact, str], ...] | Refusal:
+def consumption(
+    requests: Mapping[str, Quantity], d: Device
+) -> tuple[tuple[str, Exact, Exact, str], ...] | Refusal:
     """What a request naming ``requests`` consumes of each capacity of ``d`` (dra-spec.md 2.2,
     2.3): (name, amount, published value, amount as a result string) per capacity, amounts
     exact (:data:`~tessera.allocator.model.Exact`); or why the
@@ -352,7 +362,14 @@ def consumption(requests: Mapping[str, Quantity], d: Device) -> tuple[tuple[str,
         if violates_policy(cap, amount):
             assert cap.policy is not None
             return PolicyViolation(k, amount.value, cap.value.format, cap.policy)
-        items.append((k, exact(amount.value), exact(cap.value.value), Quantity(amount.value, cap.value.format).canonical()))
+        items.append(
+            (
+                k,
+                exact(amount.value),
+                exact(cap.value.value),
+                Quantity(amount.value, cap.value.format).canonical(),
+            )
+        )
     return tuple(items)
 
 
@@ -413,7 +430,9 @@ class _Constraint:
 
     __slots__ = ("attribute", "distinct", "index", "lists", "scope", "stack")
 
-    def __init__(self, index: int, attribute: str, requests: Sequence[str], distinct: bool, lists: bool) -> None:
+    def __init__(
+        self, index: int, attribute: str, requests: Sequence[str], distinct: bool, lists: bool
+    ) -> None:
         self.index = index
         self.attribute = attribute
         self.scope = frozenset(requests)
@@ -541,15 +560,21 @@ class Allocator:
     ) -> None:
         self.frozen_specs = frozen_specs
         # (id(spec), claim index) -> (spec, requests, constraint arguments), with frozen_specs.
-        self._prepared: dict[tuple[int, int], tuple[Any, list[list[RequestData]], list[tuple[Any, ...]]]] = {}
+        self._prepared: dict[
+            tuple[int, int], tuple[Any, list[list[RequestData]], list[tuple[Any, ...]]]
+        ] = {}
         self.index = slices if isinstance(slices, SliceIndex) else SliceIndex(slices)
         self.classes = classes
         self.state = state or AllocatedState()
         self.features = features or Features()
         self.rng = rng or random.Random()
         self._pools_cache: dict[tuple[str, tuple[tuple[str, str], ...]], list[Pool]] = {}
-        self._by_node_object: dict[int, tuple[Node, list[Pool], tuple[str, tuple[tuple[str, str], ...]]]] = {}
-        self._order_cache: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[Pool, Device]]] = {}
+        self._by_node_object: dict[
+            int, tuple[Node, list[Pool], tuple[str, tuple[tuple[str, str], ...]]]
+        ] = {}
+        self._order_cache: dict[
+            tuple[str, tuple[tuple[str, str], ...]], list[tuple[Pool, Device]]
+        ] = {}
         # With frozen_specs: per (kept request, node's search order), whether each candidate is
         # selectable (None: not evaluated yet, or it raised, which is not kept).
         self._selectable_memo: dict[tuple[int, int], tuple[RequestData, list[bool | None]]] = {}
@@ -667,8 +692,14 @@ class Allocator:
             for alts in cd.requests:
                 for rd in alts:
                     rr = RequestRecord(
-                        claim_index=rd.claim_index, claim=cd.ref, name=rd.name, parent=rd.parent,
-                        class_name=rd.class_name, count=rd.count, all_mode=rd.all_mode, admin=rd.admin,
+                        claim_index=rd.claim_index,
+                        claim=cd.ref,
+                        name=rd.name,
+                        parent=rd.parent,
+                        class_name=rd.class_name,
+                        count=rd.count,
+                        all_mode=rd.all_mode,
+                        admin=rd.admin,
                         capacity=dict(rd.capacity),
                     )
                     for pool, d in alone.order:
@@ -683,11 +714,15 @@ class Allocator:
         return rec
 
     # ---- selectors ----------------------------------------------------------------------------
-    def matches(self, sels: Sequence[CompiledSelector | _BadSelector], d: Device, owner: str) -> bool:
+    def matches(
+        self, sels: Sequence[CompiledSelector | _BadSelector], d: Device, owner: str
+    ) -> bool:
         """Whether ``d`` passes every selector; a CEL runtime error raises AllocationError."""
         return self.first_false(sels, d, owner) < 0
 
-    def first_false(self, sels: Sequence[CompiledSelector | _BadSelector], d: Device, owner: str) -> int:
+    def first_false(
+        self, sels: Sequence[CompiledSelector | _BadSelector], d: Device, owner: str
+    ) -> int:
         """The index of the first selector that is false on ``d``, or -1 when all are true;
         a CEL runtime error raises AllocationError (upstream's message, ``owner`` first).
 
@@ -771,7 +806,9 @@ def _selector_key(expression: str, d: Device) -> tuple[Any, ...] | None:
     def named(k: str) -> bool:
         return k in words or k.rpartition("/")[2] in words
 
-    attrs = tuple(sorted((k, f"{type(v).__name__}:{v!r}") for k, v in d.attributes.items() if named(k)))
+    attrs = tuple(
+        sorted((k, f"{type(v).__name__}:{v!r}") for k, v in d.attributes.items() if named(k))
+    )
     caps = tuple(sorted((k, c.value.value) for k, c in d.capacity.items() if named(k)))
     return (expression, d.driver, d.allow_multiple, attrs, caps)
 
@@ -837,14 +874,18 @@ class _Search:
             self.order = sorted(alloc.search_order(node), key=lambda pd: device_rank(pd[1]))
 
     # ---- preparation (dra-spec.md 4.3) ------------------------------------------------------
-    def _request(self, ci: int, ref: str, name: str, parent: str, r: Mapping[str, Any], admin_ok: bool) -> RequestData:
+    def _request(
+        self, ci: int, ref: str, name: str, parent: str, r: Mapping[str, Any], admin_ok: bool
+    ) -> RequestData:
         """validateDeviceRequest, in upstream's order (messages name a subrequest by its own
         name, as upstream's ``request.name()`` does)."""
         own = name.rpartition("/")[2]
         what = f"claim {ref}, request {own}"
         for i, sel in enumerate(r.get("selectors") or []):
             if (sel or {}).get("cel") is None:
-                raise AllocationError(f"{what}, selector #{i}: CEL expression empty (unsupported selector type?)")
+                raise AllocationError(
+                    f"{what}, selector #{i}: CEL expression empty (unsupported selector type?)"
+                )
         admin = bool(r.get("adminAccess")) if admin_ok else False
         if admin_ok and r.get("adminAccess") is not None and not self.f.admin_access:
             raise AllocationError(f"{what}: admin access is requested, but the feature is disabled")
@@ -854,10 +895,13 @@ class _Search:
         cls = self.a.classes.get(cls_name)
         if cls is None:
             raise AllocationError(
-                f"{what}: could not retrieve device class {cls_name}: deviceclass.resource.k8s.io \"{cls_name}\" not found"
+                f'{what}: could not retrieve device class {cls_name}: deviceclass.resource.k8s.io "{cls_name}" not found'
             )
         mode = r.get("allocationMode") or "ExactCount"
-        caps = {k: _parse_quantity(v) for k, v in ((r.get("capacity") or {}).get("requests") or {}).items()}
+        caps = {
+            k: _parse_quantity(v)
+            for k, v in ((r.get("capacity") or {}).get("requests") or {}).items()
+        }
         cap_key = ";".join(f"{k}={caps[k].value}" for k in sorted(caps))
         rd = RequestData(
             claim_index=ci,
@@ -892,7 +936,9 @@ class _Search:
                         # Kubernetes v1.37.2 (checked with tools/kube's harness): the All set
                         # drops devices the request can never fit, not those that earlier
                         # allocations filled; those make the request fail (dra-spec.md 2.7).
-                        if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=False, existing=False):
+                        if self.f.consumable_capacity and not self._capacity_fits(
+                            rd, d, in_call=False, existing=False
+                        ):
                             continue
                         rd.all_devices.append(d)
             rd.count = len(rd.all_devices)
@@ -912,7 +958,9 @@ class _Search:
             if self.memoise:
                 hit = self.a._prepared.get((id(spec), ci))
                 if hit is not None and hit[0] is spec:  # prepared before, without an error
-                    cons = [_Constraint(*args) for args in hit[2]]  # fresh: their stacks are per search
+                    cons = [
+                        _Constraint(*args) for args in hit[2]
+                    ]  # fresh: their stacks are per search
                     self.claims.append(ClaimData(claim, ref, hit[1], cons))
                     continue
             devices = (spec or {}).get("devices") or {}
@@ -926,7 +974,10 @@ class _Search:
                         f"claim {ref}, request {name}: has subrequests, but the DRAPrioritizedList feature is disabled"
                     )
                 if not self.f.consumable_capacity:
-                    if r.get("exactly") is not None and (r.get("exactly") or {}).get("capacity") is not None:
+                    if (
+                        r.get("exactly") is not None
+                        and (r.get("exactly") or {}).get("capacity") is not None
+                    ):
                         raise AllocationError(
                             f"claim {ref}, request {name}: has capacity requests, but the DRAConsumableCapacity feature is disabled"
                         )
@@ -938,7 +989,9 @@ class _Search:
                             )
                 if subs_in:
                     subs = [
-                        self._request(ci, ref, f"{name}/{s.get('name', '')}", name, s, admin_ok=False)
+                        self._request(
+                            ci, ref, f"{name}/{s.get('name', '')}", name, s, admin_ok=False
+                        )
                         for s in subs_in
                     ]
                     for j, s in enumerate(subs):
@@ -959,12 +1012,32 @@ class _Search:
             con_args: list[tuple[Any, ...]] = []
             for i, c in enumerate(devices.get("constraints") or []):
                 if c.get("matchAttribute"):
-                    con_args.append((i, c["matchAttribute"], c.get("requests") or [], False, self.f.list_type_attributes))
+                    con_args.append(
+                        (
+                            i,
+                            c["matchAttribute"],
+                            c.get("requests") or [],
+                            False,
+                            self.f.list_type_attributes,
+                        )
+                    )
                 elif c.get("distinctAttribute") and self.f.consumable_capacity:
-                    con_args.append((i, c["distinctAttribute"], c.get("requests") or [], True, self.f.list_type_attributes))
+                    con_args.append(
+                        (
+                            i,
+                            c["distinctAttribute"],
+                            c.get("requests") or [],
+                            True,
+                            self.f.list_type_attributes,
+                        )
+                    )
                 else:
-                    raise AllocationError(f"claim {ref}, constraint #{i}: empty constraint (unsupported constraint type?)")
-            self.claims.append(ClaimData(claim, ref, reqs, [_Constraint(*args) for args in con_args]))
+                    raise AllocationError(
+                        f"claim {ref}, constraint #{i}: empty constraint (unsupported constraint type?)"
+                    )
+            self.claims.append(
+                ClaimData(claim, ref, reqs, [_Constraint(*args) for args in con_args])
+            )
             if self.memoise and not any(rd.all_mode for alts in reqs for rd in alts):
                 if len(self.a._prepared) >= _PREPARED_MAX:
                     # Bounded (claims with specs of their own are each prepared for one pod);
@@ -991,7 +1064,11 @@ class _Search:
         i = self.a.first_false(rd.class_selectors, d, f"class {rd.class_name}")
         if i >= 0:
             if rec is not None:
-                rec.refuse(rd, d, SelectorFalse("class", rd.class_name, i, rd.class_selectors[i].expression))
+                rec.refuse(
+                    rd,
+                    d,
+                    SelectorFalse("class", rd.class_name, i, rd.class_selectors[i].expression),
+                )
             return False
         i = self.a.first_false(rd.selectors, d, f"claim {ref}")
         if i >= 0:
@@ -1015,11 +1092,19 @@ class _Search:
         elif did not in self.st.dedicated and (self._multi(d) or did not in self.allocating):
             return False
         if self.rec is not None:
-            by = "same-claim" if rd.admin else "allocated" if did in self.st.dedicated else "allocating"
+            by = (
+                "same-claim"
+                if rd.admin
+                else "allocated"
+                if did in self.st.dedicated
+                else "allocating"
+            )
             self.rec.refuse(rd, d, InUse(by))
         return True
 
-    def _consumption(self, rd: RequestData, d: Device) -> tuple[tuple[str, Exact, Exact, str], ...] | None:
+    def _consumption(
+        self, rd: RequestData, d: Device
+    ) -> tuple[tuple[str, Exact, Exact, str], ...] | None:
         """What ``rd`` would consume of each capacity of ``d``: (name, amount, published value,
         amount as a result string); None if ``d`` lacks a requested capacity or an amount
         violates its policy (dra-spec.md 2.2, 2.3). Depends only on the request's capacity
@@ -1035,7 +1120,9 @@ class _Search:
         memo[key] = out
         return out
 
-    def _capacity_fits(self, rd: RequestData, d: Device, *, in_call: bool, existing: bool = True) -> bool:
+    def _capacity_fits(
+        self, rd: RequestData, d: Device, *, in_call: bool, existing: bool = True
+    ) -> bool:
         """CmpRequestOverCapacity: earlier shares (``existing``) plus this call's picks
         (``in_call``) plus what ``rd`` consumes must stay within every capacity."""
         use = self._consumption(rd, d)
@@ -1077,20 +1164,33 @@ class _Search:
         """The record's :class:`CapacityUse` per capacity (diagnose only). The same for every
         device with the same capacities and the same amounts in use, so memoised on those
         (the records of a whole fleet repeat a few fill levels)."""
-        key = (id(d.capacity), rd.requested_key, tuple(prior.items()) if prior else (),
-               tuple(pending.items()) if pending else ())
+        key = (
+            id(d.capacity),
+            rd.requested_key,
+            tuple(prior.items()) if prior else (),
+            tuple(pending.items()) if pending else (),
+        )
         memo = self.a._uses_memo
         got = memo.get(key)
         if got is None:
             got = tuple(
-                CapacityUse(n, rd.capacity.get(n), Fraction(a), Fraction(t), Fraction((prior or {}).get(n, 0)),
-                            Fraction((pending or {}).get(n, 0)), d.capacity[n].value.format)
+                CapacityUse(
+                    n,
+                    rd.capacity.get(n),
+                    Fraction(a),
+                    Fraction(t),
+                    Fraction((prior or {}).get(n, 0)),
+                    Fraction((pending or {}).get(n, 0)),
+                    d.capacity[n].value.format,
+                )
                 for n, a, t, _ in use
             )
             memo[key] = got
         return got
 
-    def _available_counters(self, pool_key: tuple[str, str], counters: dict[str, dict[str, Fraction]]) -> dict[str, dict[str, Fraction]]:
+    def _available_counters(
+        self, pool_key: tuple[str, str], counters: dict[str, dict[str, Fraction]]
+    ) -> dict[str, dict[str, Fraction]]:
         """Published counters of the pool minus what already-allocated devices consume (may go
         negative: then nothing is available)."""
         av = self._available.get(pool_key)
@@ -1107,7 +1207,9 @@ class _Search:
             self._available[pool_key] = av
         return av
 
-    def _charge_counters(self, rd: RequestData, d: Device, pool: Pool) -> list[tuple[str, str, Fraction]] | None:
+    def _charge_counters(
+        self, rd: RequestData, d: Device, pool: Pool
+    ) -> list[tuple[str, str, Fraction]] | None:
         """checkAvailableCounters: add ``d``'s consumption to this call's per-pool totals; if
         any counter of the pool then exceeds what is available, take it back and refuse."""
         avail = self._available_counters(pool.key, pool.counters)
@@ -1126,11 +1228,32 @@ class _Search:
                     if self.rec is not None:
                         own = sum((v for s2, c2, v in charge if (s2, c2) == (cs, c)), Fraction(0))
                         in_call = used.get(cs, {}).get(c, Fraction(0))  # after taking ours back
-                        left = tuple((c2, a2 - used.get(cs, {}).get(c2, Fraction(0))) for c2, a2 in sorted(cvals.items()))
-                        needs = tuple(sorted(next((dict(v2) for s2, v2 in d.consumes_counters if s2 == cs), {}).items()))
-                        self.rec.refuse(rd, d, CountersShort(
-                            cs, c, own, have, in_call, pool.counters[cs][c],
-                            tuple(sorted(pool.counters[cs].items())), left, needs))
+                        left = tuple(
+                            (c2, a2 - used.get(cs, {}).get(c2, Fraction(0)))
+                            for c2, a2 in sorted(cvals.items())
+                        )
+                        needs = tuple(
+                            sorted(
+                                next(
+                                    (dict(v2) for s2, v2 in d.consumes_counters if s2 == cs), {}
+                                ).items()
+                            )
+                        )
+                        self.rec.refuse(
+                            rd,
+                            d,
+                            CountersShort(
+                                cs,
+                                c,
+                                own,
+                                have,
+                                in_call,
+                                pool.counters[cs][c],
+                                tuple(sorted(pool.counters[cs].items())),
+                                left,
+                                needs,
+                            ),
+                        )
                     return None
         return charge
 
@@ -1141,7 +1264,13 @@ class _Search:
 
     # ---- allocateDevice (dra-spec.md 4.4 steps 1-6) -----------------------------------------
     def _allocate_device(
-        self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool, must: bool, capacity_checked: bool = False
+        self,
+        cd: ClaimData,
+        rd: RequestData,
+        d: Device,
+        pool: Pool,
+        must: bool,
+        capacity_checked: bool = False,
     ) -> Callable[[], None] | None:
         """Try to add ``d`` for ``rd``; return an undo callable, or None if it cannot be added.
 
@@ -1171,7 +1300,9 @@ class _Search:
                 counter_charge = charged
         if self.f.device_taints:
             for t in d.taints:
-                if t.effect in ("NoSchedule", "NoExecute") and not tolerates(rd.tolerations, t.key, t.value, t.effect):
+                if t.effect in ("NoSchedule", "NoExecute") and not tolerates(
+                    rd.tolerations, t.key, t.value, t.effect
+                ):
                     self._uncharge(pool, counter_charge)
                     if rec is not None:
                         rec.refuse(rd, d, Tainted(t.key, t.value, t.effect, rd.name))
@@ -1190,12 +1321,21 @@ class _Search:
                     )
                 return None
             added.append(con)
-        if self.f.consumable_capacity and not capacity_checked and not self._capacity_fits(rd, d, in_call=True):
+        if (
+            self.f.consumable_capacity
+            and not capacity_checked
+            and not self._capacity_fits(rd, d, in_call=True)
+        ):
             for a in reversed(added):
                 a.remove(rd.name, d)
             self._uncharge(pool, counter_charge)
             return None
-        result: dict[str, Any] = {"request": rd.name, "driver": d.driver, "pool": d.pool, "device": d.name}
+        result: dict[str, Any] = {
+            "request": rd.name,
+            "driver": d.driver,
+            "pool": d.pool,
+            "device": d.name,
+        }
         if rd.admin:
             result["adminAccess"] = True
         if rd.tolerations:
@@ -1262,7 +1402,9 @@ class _Search:
         )
         return ConstraintFailed(con.index, con.kind, con.attribute, v, chosen)
 
-    def _candidate(self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool) -> Callable[[], None] | None:
+    def _candidate(
+        self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool
+    ) -> Callable[[], None] | None:
         """One candidate of the device loop (allocateOne): in use, selectable, capacity, then
         allocateDevice. Returns the undo of a successful pick, else None. ``_slot`` inlines the
         same sequence; tests/conformance/test_record.py holds the two to the same answers."""
@@ -1272,7 +1414,9 @@ class _Search:
             return None
         if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=True):
             return None
-        return self._allocate_device(cd, rd, d, pool, must=False, capacity_checked=self.f.consumable_capacity)
+        return self._allocate_device(
+            cd, rd, d, pool, must=False, capacity_checked=self.f.consumable_capacity
+        )
 
     def alone(self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool) -> Refusal | None:
         """The first check that refuses ``d`` for ``rd`` with nothing else picked (diagnose
@@ -1284,7 +1428,14 @@ class _Search:
         except (SelectorError, SelectorCompileError) as e:
             owner = "class" if e.owner.startswith("class ") else "request"
             kind = "compile" if isinstance(e, SelectorCompileError) else "runtime"
-            return CelError(owner, rd.class_name if owner == "class" else rd.name, e.index, e.expression, e.error, kind)
+            return CelError(
+                owner,
+                rd.class_name if owner == "class" else rd.name,
+                e.index,
+                e.expression,
+                e.error,
+                kind,
+            )
         if undo is not None:
             undo()
             return None
@@ -1407,7 +1558,15 @@ class _Search:
             if d.node_name or (d.binds_to_node and self.f.device_binding_and_status):
                 return {
                     "nodeSelectorTerms": [
-                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [self.node.name]}]}
+                        {
+                            "matchFields": [
+                                {
+                                    "key": "metadata.name",
+                                    "operator": "In",
+                                    "values": [self.node.name],
+                                }
+                            ]
+                        }
                     ]
                 }
         exprs: list[dict[str, Any]] = []
@@ -1445,7 +1604,9 @@ class _Search:
         for cls, reqs in by_class.items():
             for c in (self.a.classes[cls].get("spec") or {}).get("config") or []:
                 if c.get("opaque"):
-                    out.append({"source": "FromClass", "requests": list(reqs), "opaque": c["opaque"]})
+                    out.append(
+                        {"source": "FromClass", "requests": list(reqs), "opaque": c["opaque"]}
+                    )
         names = {r["request"] for r in cd.results}  # "req" or the chosen "req/sub"
         parents = {n.split("/")[0] for n in names}
         for c in ((cd.claim.get("spec") or {}).get("devices") or {}).get("config") or []:

@@ -223,7 +223,9 @@ def _attr_value(a: Any, where: str, ref: str) -> Any:
             return []
         inner = kind[:-1]
         return [_attr_value({inner: x}, where, ref) for x in v]
-    raise ManifestError(f"{kind}: {v!r} is not a valid {kind} attribute value", obj=ref, field=where)
+    raise ManifestError(
+        f"{kind}: {v!r} is not a valid {kind} attribute value", obj=ref, field=where
+    )
 
 
 def _policy(p: Any, where: str, ref: str) -> RequestPolicy | None:
@@ -233,9 +235,15 @@ def _policy(p: Any, where: str, ref: str) -> RequestPolicy | None:
     return RequestPolicy(
         default=_q(p["default"], f"{where}.default", ref) if p.get("default") is not None else None,
         valid_values=tuple(_q(x, f"{where}.validValues", ref) for x in p.get("validValues") or ()),
-        range_min=_q(rng["min"], f"{where}.validRange.min", ref) if rng.get("min") is not None else None,
-        range_max=_q(rng["max"], f"{where}.validRange.max", ref) if rng.get("max") is not None else None,
-        range_step=_q(rng["step"], f"{where}.validRange.step", ref) if rng.get("step") is not None else None,
+        range_min=_q(rng["min"], f"{where}.validRange.min", ref)
+        if rng.get("min") is not None
+        else None,
+        range_max=_q(rng["max"], f"{where}.validRange.max", ref)
+        if rng.get("max") is not None
+        else None,
+        range_step=_q(rng["step"], f"{where}.validRange.step", ref)
+        if rng.get("step") is not None
+        else None,
     )
 
 
@@ -297,7 +305,9 @@ def slice_from_dict(obj: dict[str, Any], shared: Descriptions | None = None) -> 
         obj=obj,
     )
     for cs in spec.get("sharedCounters") or []:
-        sl.shared_counters[cs.get("name", "")] = _counters(cs.get("counters"), f"spec.sharedCounters[{cs.get('name')}]", ref)
+        sl.shared_counters[cs.get("name", "")] = _counters(
+            cs.get("counters"), f"spec.sharedCounters[{cs.get('name')}]", ref
+        )
     shared = shared if shared is not None else Descriptions()
     known_attrs, known_caps, by_id = shared.attributes, shared.capacities, shared.by_id
     for i, d in enumerate(spec.get("devices") or []):
@@ -331,7 +341,11 @@ def slice_from_dict(obj: dict[str, Any], shared: Descriptions | None = None) -> 
                 caps = {
                     k: Capacity(
                         _q((v or {}).get("value", 0), f"{where}.capacity[{k}].value", ref),
-                        _policy((v or {}).get("requestPolicy"), f"{where}.capacity[{k}].requestPolicy", ref),
+                        _policy(
+                            (v or {}).get("requestPolicy"),
+                            f"{where}.capacity[{k}].requestPolicy",
+                            ref,
+                        ),
                     )
                     for k, v in raw_caps.items()
                 }
@@ -345,11 +359,15 @@ def slice_from_dict(obj: dict[str, Any], shared: Descriptions | None = None) -> 
             capacity=caps,
             allow_multiple=bool(d.get("allowMultipleAllocations")),
             consumes_counters=tuple(
-                (c.get("counterSet", ""), _counters(c.get("counters"), f"{where}.consumesCounters", ref))
+                (
+                    c.get("counterSet", ""),
+                    _counters(c.get("counters"), f"{where}.consumesCounters", ref),
+                )
                 for c in d.get("consumesCounters") or []
             ),
             taints=tuple(
-                Taint(t.get("key", ""), t.get("value", "") or "", t.get("effect", "")) for t in d.get("taints") or []
+                Taint(t.get("key", ""), t.get("value", "") or "", t.get("effect", ""))
+                for t in d.get("taints") or []
             ),
             binding_conditions=tuple(d.get("bindingConditions") or ()),
             binding_failure_conditions=tuple(d.get("bindingFailureConditions") or ()),
@@ -483,7 +501,9 @@ class AllocatedState:
         return did in self.dedicated or did in self.aggregated
 
     @classmethod
-    def from_claims(cls, claims: Iterable[Mapping[str, Any]], consumable_capacity: bool = True) -> AllocatedState:
+    def from_claims(
+        cls, claims: Iterable[Mapping[str, Any]], consumable_capacity: bool = True
+    ) -> AllocatedState:
         st = cls(consumable_capacity=consumable_capacity)
         for c in claims:
             st.add_claim(c)

@@ -55,7 +55,11 @@ class CapacityUse:
     never: bool = field(init=False)  # needs more than the device has even when nothing else uses it
 
     def __post_init__(self) -> None:
-        free = self.total - self.allocated - self.in_call if (self.allocated or self.in_call) else self.total
+        free = (
+            self.total - self.allocated - self.in_call
+            if (self.allocated or self.in_call)
+            else self.total
+        )
         object.__setattr__(self, "free", free)
         object.__setattr__(self, "short", self.needs > free)
         object.__setattr__(self, "never", self.needs > self.total)
@@ -211,13 +215,17 @@ class CapacityShort(Refusal):
         parts = []
         for u in self.short:
             if u.never:
-                parts.append(f"{u.name}: needs {u.amount(u.needs)}, more than the device has ({u.amount(u.total)})"
-                             + _how(u))
+                parts.append(
+                    f"{u.name}: needs {u.amount(u.needs)}, more than the device has ({u.amount(u.total)})"
+                    + _how(u)
+                )
                 continue
             held = f"{u.amount(u.free)} free of {u.amount(u.total)}"
             if u.in_call:
                 held += f", {u.amount(u.in_call)} of it picked by this pod's other requests"
-            parts.append(f"{u.name} short by {u.amount(u.needs - u.free)} (needs {u.amount(u.needs)}{_how(u, inside=True)}, {held})")
+            parts.append(
+                f"{u.name} short by {u.amount(u.needs - u.free)} (needs {u.amount(u.needs)}{_how(u, inside=True)}, {held})"
+            )
         return "; ".join(parts)
 
     def key(self) -> str:
@@ -278,7 +286,10 @@ class CountersShort(Refusal):
         from tessera.inventory.mig import describe_counters
 
         lines = describe_counters(
-            self.counter_set, dict(self.set_published), dict(self.set_left), dict(self.set_needs) if needed else None
+            self.counter_set,
+            dict(self.set_published),
+            dict(self.set_left),
+            dict(self.set_needs) if needed else None,
         )
         # Another driver's counters have no words of their own: the one-counter text says more.
         return [] if all(line.startswith("counter ") for line in lines) else lines
@@ -288,11 +299,18 @@ class CountersShort(Refusal):
         if lines:
             return f"shared counters: {'; '.join(lines)}"
         free = max(self.available - self.in_call, Fraction(0))
-        held = [f"{fmt_counter(self.published - self.available)} held by earlier allocations"] if self.published != self.available else []
+        held = (
+            [f"{fmt_counter(self.published - self.available)} held by earlier allocations"]
+            if self.published != self.available
+            else []
+        )
         if self.in_call:
             held.append(f"{fmt_counter(self.in_call)} by this pod's other picks")
-        return (f"shared counter {self.counter_set}/{self.counter} used up: the device needs {fmt_counter(self.needs)}, "
-                f"{fmt_counter(free)} of {fmt_counter(self.published)} left" + (f" ({', '.join(held)})" if held else ""))
+        return (
+            f"shared counter {self.counter_set}/{self.counter} used up: the device needs {fmt_counter(self.needs)}, "
+            f"{fmt_counter(free)} of {fmt_counter(self.published)} left"
+            + (f" ({', '.join(held)})" if held else "")
+        )
 
     def key(self) -> str:
         lines = self.set_lines(needed=False)
@@ -316,7 +334,11 @@ class Tainted(Refusal):
     request: str
 
     def text(self) -> str:
-        taint = f"{self.key_}={self.value}:{self.effect}" if self.value else f"{self.key_}:{self.effect}"
+        taint = (
+            f"{self.key_}={self.value}:{self.effect}"
+            if self.value
+            else f"{self.key_}:{self.effect}"
+        )
         return f"taint {taint} not tolerated: add a toleration to request {self.request}"
 
 
@@ -341,8 +363,10 @@ class ConstraintFailed(Refusal):
             return f"constraint #{self.index} {self.kind} {self.attribute} refused it ({short} = {fmt_value(self.value)})"
         others = ", ".join(f"{n}: {fmt_value(v)}" for n, v in self.chosen)
         how = "differs from" if self.kind == "matchAttribute" else "repeats a value of"
-        return (f"constraint #{self.index} {self.kind} {self.attribute}: {short} = {fmt_value(self.value)} "
-                f"{how} the devices picked before it ({others})")
+        return (
+            f"constraint #{self.index} {self.kind} {self.attribute}: {short} = {fmt_value(self.value)} "
+            f"{how} the devices picked before it ({others})"
+        )
 
 
 def fmt_value(v: Any) -> str:
@@ -417,7 +441,9 @@ class RequestRecord:
 
 
 # Checks that decide whether a device is one the request may use at all (isSelectable).
-SELECTION_CHECKS = frozenset({"class-selector", "selector", "node", "binding-conditions", "cel-error"})
+SELECTION_CHECKS = frozenset(
+    {"class-selector", "selector", "node", "binding-conditions", "cel-error"}
+)
 
 
 @dataclass

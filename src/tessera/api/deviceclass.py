@@ -49,9 +49,16 @@ def mig_device_class(name: str = MIG_DEVICE_CLASS_NAME) -> dict[str, Any]:
         "kind": "DeviceClass",
         "metadata": {"name": name},
         "spec": {
-            "selectors": [{"cel": {"expression": (
-                f'device.driver == "{DRIVER_NAME}" && has(device.attributes["{DRIVER_NAME}"].type) && '
-                f'device.attributes["{DRIVER_NAME}"].type == "mig"')}}],
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": (
+                            f'device.driver == "{DRIVER_NAME}" && has(device.attributes["{DRIVER_NAME}"].type) && '
+                            f'device.attributes["{DRIVER_NAME}"].type == "mig"'
+                        )
+                    }
+                }
+            ],
         },
     }
 
@@ -139,7 +146,9 @@ def extended_resource_owner(
         found = any((c.get("metadata") or {}).get("name") == name for c in classes)
         return ExtendedResourceOwner(resource, name if found else None, (name,) if found else ())
     mapping = [
-        c for c in classes if isinstance(c.get("spec"), Mapping) and c["spec"].get("extendedResourceName") == resource
+        c
+        for c in classes
+        if isinstance(c.get("spec"), Mapping) and c["spec"].get("extendedResourceName") == resource
     ]
     # Newest first; among equal times the lowest name first.
     ordered = sorted(mapping, key=lambda c: str((c.get("metadata") or {}).get("name") or ""))

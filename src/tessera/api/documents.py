@@ -122,7 +122,10 @@ class _Builder(SafeConstructor):
 
     def _alias(self, node: Node, value: Any) -> Any:
         if value is _IN_PROGRESS:
-            raise self.fail(node, "an alias refers to a node that contains it (a recursive structure): JSON cannot hold it")
+            raise self.fail(
+                node,
+                "an alias refers to a node that contains it (a recursive structure): JSON cannot hold it",
+            )
         size = self._expanded_size(node)
         self._decoded += size
         self._aliased += size
@@ -130,7 +133,7 @@ class _Builder(SafeConstructor):
             raise self.fail(
                 node,
                 f"excessive aliasing: aliases expand to {self._aliased:,} of {self._decoded:,} "
-                "nodes (a \"billion laughs\" document?); kubectl refuses it too: write the objects out",
+                'nodes (a "billion laughs" document?); kubectl refuses it too: write the objects out',
             )
         return value
 
@@ -145,7 +148,9 @@ class _Builder(SafeConstructor):
                 return self._strings.setdefault(v, v) if len(v) <= 40 else v
             return self._scalar(node)
         if depth > MAX_DEPTH:
-            raise self.fail(node, f"nested more than {MAX_DEPTH} levels deep: not a Kubernetes object")
+            raise self.fail(
+                node, f"nested more than {MAX_DEPTH} levels deep: not a Kubernetes object"
+            )
         built = self._built.get(node)
         if built is not None:
             return self._alias(node, built)
@@ -177,7 +182,10 @@ class _Builder(SafeConstructor):
             else:
                 key = self._key(key_node, depth)
             if key in out or key in nulls:
-                raise self.fail(key_node, f"mapping key {key[:60]!r} is given twice: keep one (kubectl refuses duplicate keys)")
+                raise self.fail(
+                    key_node,
+                    f"mapping key {key[:60]!r} is given twice: keep one (kubectl refuses duplicate keys)",
+                )
             value = self.build(value_node, depth + 1)
             if value is None:  # null is "not set", as the API server decodes it
                 nulls.add(key)
@@ -220,12 +228,15 @@ class _Builder(SafeConstructor):
             digits = text.lstrip("+-").lstrip("0")
             if len(digits) > MAX_INT_DIGITS + 2:  # 0x/0b prefixes included
                 raise self.fail(
-                    node, f"integer of {len(digits):,} digits: Kubernetes numbers are 64-bit (quote it if it is a string)"
+                    node,
+                    f"integer of {len(digits):,} digits: Kubernetes numbers are 64-bit (quote it if it is a string)",
                 )
             return int(self.construct_yaml_int(node))
         if tag == "tag:yaml.org,2002:float":
             if len(str(node.value)) > 400:
-                raise self.fail(node, f"number of {len(node.value):,} characters: quote it if it is a string")
+                raise self.fail(
+                    node, f"number of {len(node.value):,} characters: quote it if it is a string"
+                )
             return float(self.construct_yaml_float(node))
         if tag == _STR:
             return node.value
@@ -278,7 +289,9 @@ def _yaml_error(e: yaml.YAMLError, file: str) -> ManifestError:
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
     if problem == "exceeded maximum nesting depth":
         problem = f"nested more than libyaml's 1000 levels (Tessera reads at most {MAX_DEPTH})"
-    return ManifestError(f"{where}not valid YAML or JSON ({problem}): pass Kubernetes manifests", file=file)
+    return ManifestError(
+        f"{where}not valid YAML or JSON ({problem}): pass Kubernetes manifests", file=file
+    )
 
 
 def yaml_documents(text: str, file: str) -> Iterator[Any]:
@@ -327,7 +340,9 @@ class _JsonBound(ValueError):
     pass
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_json_object, parse_int=_json_int, parse_float=_json_float)
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_json_object, parse_int=_json_int, parse_float=_json_float
+)
 _WS = re.compile(r"[ \t\r\n]*")
 
 
@@ -360,11 +375,15 @@ def _json_rest(text: str, file: str, first: Any, end: int) -> Iterator[Any]:
         try:
             value, end = _DECODER.raw_decode(text, pos)
         except json.JSONDecodeError as e:
-            raise ManifestError(f"{_line_col(text, e.pos)}: not valid JSON ({e.msg})", file=file) from None
+            raise ManifestError(
+                f"{_line_col(text, e.pos)}: not valid JSON ({e.msg})", file=file
+            ) from None
         except _JsonBound as e:
             raise ManifestError(f"near {_line_col(text, pos)}: {e}", file=file) from None
         except RecursionError:
-            raise ManifestError(f"nested too deeply (at most {MAX_DEPTH} levels)", file=file) from None
+            raise ManifestError(
+                f"nested too deeply (at most {MAX_DEPTH} levels)", file=file
+            ) from None
         yield value
         pos = _WS.match(text, end).end()  # type: ignore[union-attr]
 
@@ -374,9 +393,13 @@ def without_nulls(value: Any, file: str = "", doc: int = 0, depth: int = 1) -> A
     it), for objects that did not come through :func:`documents` (read from an API server).
     Refuses nesting deeper than :data:`MAX_DEPTH`."""
     if depth > MAX_DEPTH:
-        raise ManifestError(f"nested more than {MAX_DEPTH} levels deep: not a Kubernetes object", file=file, doc=doc)
+        raise ManifestError(
+            f"nested more than {MAX_DEPTH} levels deep: not a Kubernetes object", file=file, doc=doc
+        )
     if isinstance(value, dict):
-        return {k: without_nulls(v, file, doc, depth + 1) for k, v in value.items() if v is not None}
+        return {
+            k: without_nulls(v, file, doc, depth + 1) for k, v in value.items() if v is not None
+        }
     if isinstance(value, list):
         return [without_nulls(v, file, doc, depth + 1) for v in value]
     return value
@@ -388,7 +411,11 @@ def check_depth(value: Any, file: str, doc: int) -> None:
     while stack:
         v, d = stack.pop()
         if d > MAX_DEPTH:
-            raise ManifestError(f"nested more than {MAX_DEPTH} levels deep: not a Kubernetes object", file=file, doc=doc)
+            raise ManifestError(
+                f"nested more than {MAX_DEPTH} levels deep: not a Kubernetes object",
+                file=file,
+                doc=doc,
+            )
         if isinstance(v, dict):
             stack.extend((c, d + 1) for c in v.values() if isinstance(c, (dict, list)))
         elif isinstance(v, list):
@@ -435,7 +462,9 @@ def template_action(text: str) -> tuple[int, str] | None:
             continue  # in a comment
         line = text.count("\n", 0, start) + 1
         stripped = before.strip()
-        if stripped in ("", "-", "- -") or (re.search(r"(^|\s|-)(:|-)$", stripped) and not re.search(r"[\"']", before)):
+        if stripped in ("", "-", "- -") or (
+            re.search(r"(^|\s|-)(:|-)$", stripped) and not re.search(r"[\"']", before)
+        ):
             return line, m.group(0)
         if _TEMPLATE_WORDS.match(m.group(1)):
             return line, m.group(0)

@@ -92,11 +92,15 @@ def _kind_of_list_items(doc: dict[str, Any]) -> tuple[str | None, str | None]:
     kind = str(doc.get("kind", ""))
     if kind == "List" or not kind.endswith("List"):
         return None, None
-    return kind[: -len("List")], doc.get("apiVersion") if isinstance(doc.get("apiVersion"), str) else None
+    return kind[: -len("List")], doc.get("apiVersion") if isinstance(
+        doc.get("apiVersion"), str
+    ) else None
 
 
 def _is_list(doc: dict[str, Any]) -> bool:
-    return (str(doc.get("kind", "")).endswith("List") and "items" in doc) or doc.get("kind") == "List"
+    return (str(doc.get("kind", "")).endswith("List") and "items" in doc) or doc.get(
+        "kind"
+    ) == "List"
 
 
 def parse_documents(
@@ -124,7 +128,11 @@ def parse_documents(
     for i, doc in enumerate(documents(text, file), start=1):
         if doc is None:
             continue
-        if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str) or not isinstance(doc.get("apiVersion"), str):
+        if (
+            not isinstance(doc, dict)
+            or not isinstance(doc.get("kind"), str)
+            or not isinstance(doc.get("apiVersion"), str)
+        ):
             why = _foreign(doc)
             if skip_foreign is not None:
                 skip_foreign.append(f"{file}: {why}; skipped")
@@ -144,7 +152,11 @@ def parse_documents(
             for j, item in enumerate(items):
                 if isinstance(item, dict) and item_kind and "kind" not in item:
                     item = {"apiVersion": item_version, "kind": item_kind, **item}
-                if not isinstance(item, dict) or not isinstance(item.get("kind"), str) or not isinstance(item.get("apiVersion"), str):
+                if (
+                    not isinstance(item, dict)
+                    or not isinstance(item.get("kind"), str)
+                    or not isinstance(item.get("apiVersion"), str)
+                ):
                     raise ManifestError(
                         "List item is not a Kubernetes object (needs apiVersion and kind)",
                         file=file,
@@ -211,7 +223,9 @@ def read_text(path: str | Path, budget: ReadBudget | None = None) -> str:
         else:
             p = Path(path)
             if p.is_dir():
-                raise ManifestError("is a directory: pass it on its own to read its manifests", file=name)
+                raise ManifestError(
+                    "is a directory: pass it on its own to read its manifests", file=name
+                )
             with p.open("rb") as f:
                 data = f.read(limit + 1)
     except FileNotFoundError:
@@ -227,7 +241,8 @@ def read_text(path: str | Path, budget: ReadBudget | None = None) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ManifestError(
-            f"not UTF-8 text (byte {e.start}): a binary file? pass YAML or JSON manifests", file=name
+            f"not UTF-8 text (byte {e.start}): a binary file? pass YAML or JSON manifests",
+            file=name,
         ) from None
     return text[1:] if text.startswith("\ufeff") else text
 
@@ -242,7 +257,10 @@ def load_file(
     unreadable or not manifests (see :func:`parse_documents` for ``skip_foreign``)."""
     text = read_text(path, budget)
     name = "<stdin>" if str(path) == STDIN else str(path)
-    return [Manifest(obj, Source(name, doc)) for doc, obj in parse_documents(text, name, skip_foreign=skip_foreign)]
+    return [
+        Manifest(obj, Source(name, doc))
+        for doc, obj in parse_documents(text, name, skip_foreign=skip_foreign)
+    ]
 
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
@@ -290,7 +308,8 @@ def load_files(
             files = manifest_files(p, notes)
             if not files:
                 raise ManifestError(
-                    "no *.yaml, *.yml or *.json file in this directory: nothing to read", file=str(path)
+                    "no *.yaml, *.yml or *.json file in this directory: nothing to read",
+                    file=str(path),
                 )
             for f in files:
                 out.extend(load_file(f, budget=budget, skip_foreign=notes))
@@ -306,7 +325,9 @@ def load_objects(objects: Iterable[dict[str, Any]], origin: str) -> list[Manifes
     out: list[Manifest] = []
     for i, obj in enumerate(objects, start=1):
         if not isinstance(obj, dict) or "kind" not in obj:
-            raise ManifestError("not a Kubernetes object (needs apiVersion and kind)", file=origin, doc=i)
+            raise ManifestError(
+                "not a Kubernetes object (needs apiVersion and kind)", file=origin, doc=i
+            )
         out.append(Manifest(without_nulls(obj, origin, i), Source(origin, i)))
     return out
 
@@ -330,7 +351,9 @@ def _int_field(obj: dict[str, Any], path: str, default: int, m: Manifest) -> int
     return cur
 
 
-def expand_workloads(manifests: Iterable[Manifest], *, max_pods: int = DEFAULT_LIMITS.max_pods) -> Iterator[Manifest]:
+def expand_workloads(
+    manifests: Iterable[Manifest], *, max_pods: int = DEFAULT_LIMITS.max_pods
+) -> Iterator[Manifest]:
     """Yield every manifest, replacing workloads by the Pods their controllers would create.
 
     Deployment/ReplicaSet/StatefulSet: ``spec.replicas`` (default 1) pods named ``<name>-<i>``;
@@ -348,7 +371,9 @@ def expand_workloads(manifests: Iterable[Manifest], *, max_pods: int = DEFAULT_L
                 if pods > max_pods:
                     raise ManifestError(
                         f"more than {max_pods:,} pods in the input: raise the limit with --max-pods",
-                        file=m.source.file, doc=m.source.doc, obj=m.ref(),
+                        file=m.source.file,
+                        doc=m.source.doc,
+                        obj=m.ref(),
                     )
             yield m
             continue
@@ -374,11 +399,20 @@ def expand_workloads(manifests: Iterable[Manifest], *, max_pods: int = DEFAULT_L
                 replicas = _int_field(obj, "spec.replicas", 1, m)
             tpath = "spec.template"
         if pods + replicas > max_pods:
-            field = "spec.jobTemplate.spec.parallelism" if kind == "CronJob" else "spec.parallelism" if kind == "Job" else "spec.replicas"
+            field = (
+                "spec.jobTemplate.spec.parallelism"
+                if kind == "CronJob"
+                else "spec.parallelism"
+                if kind == "Job"
+                else "spec.replicas"
+            )
             raise ManifestError(
                 f"{replicas:,} pods would bring the input to {pods + replicas:,}, over the limit of {max_pods:,}: "
                 "lower it, or raise the limit with --max-pods",
-                file=m.source.file, doc=m.source.doc, obj=m.ref(), field=field,
+                file=m.source.file,
+                doc=m.source.doc,
+                obj=m.ref(),
+                field=field,
             )
         pods += replicas
         if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
@@ -403,4 +437,9 @@ def expand_workloads(manifests: Iterable[Manifest], *, max_pods: int = DEFAULT_L
                 "metadata": tmd,
                 "spec": copy.deepcopy(template["spec"]),
             }
-            yield Manifest(pod, m.source, owner=m.ref(), extra={"template": tpath, "validated": m.extra.get("validated", False)})
+            yield Manifest(
+                pod,
+                m.source,
+                owner=m.ref(),
+                extra={"template": tpath, "validated": m.extra.get("validated", False)},
+            )

@@ -64,7 +64,7 @@ def _exact_value(num: str, exp10: int, exp2: int) -> Fraction | None:
     keep = top + (_GUARD_DIGITS if exp2 else 9)
     sticky = False
     if keep < len(digits):
-        rest = digits[max(keep, 0):]
+        rest = digits[max(keep, 0) :]
         digits = digits[: max(keep, 0)]
         sticky = rest.strip("0") != ""
         scale = -(_GUARD_DIGITS if exp2 else 9)
@@ -114,10 +114,14 @@ class Quantity:
         if isinstance(text, float):
             # A JSON/YAML number: the API server parses its decimal text (1.5 -> 1500m).
             if not math.isfinite(text):
-                raise QuantityError(f"{text!r} is not a quantity: write a number such as '1.5' or '1500m'")
+                raise QuantityError(
+                    f"{text!r} is not a quantity: write a number such as '1.5' or '1500m'"
+                )
             return cls.parse(repr(text).replace("e+", "e"))
         if not isinstance(text, str):
-            raise QuantityError(f"{_shown(repr(text))} is not a quantity (expected a string such as '8Gi')")
+            raise QuantityError(
+                f"{_shown(repr(text))} is not a quantity (expected a string such as '8Gi')"
+            )
         if len(text) <= 64:  # the same few quantities come back thousands of times in a manifest
             return _parse_text(text)
         return cls._parse_text(text)
@@ -150,11 +154,15 @@ class Quantity:
             exp10, fmt = int(suffix[1:]), "DecimalExponent"
         value = _exact_value(m.group("num"), exp10, exp2)
         if value is None:
-            raise QuantityError(f"{_shown(text)} is out of range for a Kubernetes quantity (max 2^63-1)")
+            raise QuantityError(
+                f"{_shown(text)} is out of range for a Kubernetes quantity (max 2^63-1)"
+            )
         if m.group("sign") == "-":
             value = -value
         if abs(value) > _MAX:
-            raise QuantityError(f"{_shown(text)} is out of range for a Kubernetes quantity (max 2^63-1)")
+            raise QuantityError(
+                f"{_shown(text)} is out of range for a Kubernetes quantity (max 2^63-1)"
+            )
         return cls(value, fmt)
 
     @classmethod

@@ -25,7 +25,14 @@ from typing import Any
 
 import jsonschema_rs
 
-_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number"}
+_JSON_TYPES = {
+    dict: "object",
+    list: "array",
+    str: "string",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+}
 
 
 def json_type(value: Any) -> str:
@@ -65,7 +72,11 @@ class SchemaSet:
     def validator(self, name: str) -> Any:
         v = self._validators.get(name)
         if v is None:
-            schema = {"$schema": "http://json-schema.org/draft-07/schema#", **self.roots[name], "definitions": self.definitions}
+            schema = {
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                **self.roots[name],
+                "definitions": self.definitions,
+            }
             v = jsonschema_rs.validator_for(schema)
             self._validators[name] = v
         return v
@@ -114,7 +125,11 @@ class SchemaSet:
                 s = self._resolve(items) if isinstance(items, Mapping) else None
                 continue
             props = (s.get("properties") or {}) if s is not None else {}
-            if s is not None and step not in props and isinstance(s.get("additionalProperties"), Mapping):
+            if (
+                s is not None
+                and step not in props
+                and isinstance(s.get("additionalProperties"), Mapping)
+            ):
                 out += f"[{step}]"
                 s = self._resolve(s["additionalProperties"])
             else:
@@ -147,30 +162,70 @@ class SchemaSet:
             out = []
             for key in kind.unexpected:
                 near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-                under = [k for k in known if str(key) in ((self._resolve((sub.get("properties") or {})[k]).get("properties")) or {})]
+                under = [
+                    k
+                    for k in known
+                    if str(key)
+                    in ((self._resolve((sub.get("properties") or {})[k]).get("properties")) or {})
+                ]
                 if near:
                     hint = f": did you mean {near[0]!r}?"
                 elif under:
                     hint = f": it belongs under {under[0]!r} (indent it one level)"
                 else:
                     hint = f" (known fields: {', '.join(known[:12])}{', ...' if len(known) > 12 else ''})"
-                out.append(SchemaProblem(self.field_path(name, [*path, key]), f"unknown field {str(key)[:60]!r}{hint}"))
+                out.append(
+                    SchemaProblem(
+                        self.field_path(name, [*path, key]),
+                        f"unknown field {str(key)[:60]!r}{hint}",
+                    )
+                )
             return out
         field = self.field_path(name, path) or "(the object)"
         if kname == "Type":
             want = kind.types if isinstance(kind.types, (list, tuple)) else [kind.types]
             want_s = " or ".join(str(w) for w in want)
-            return [SchemaProblem(field, f"must be {_article(want_s)}, got {_article(json_type(value))}{_preview(value)}")]
+            return [
+                SchemaProblem(
+                    field,
+                    f"must be {_article(want_s)}, got {_article(json_type(value))}{_preview(value)}",
+                )
+            ]
         if kname == "Required":
-            return [SchemaProblem(self.field_path(name, [*path, kind.property]), "required: this field must be set")]
+            return [
+                SchemaProblem(
+                    self.field_path(name, [*path, kind.property]),
+                    "required: this field must be set",
+                )
+            ]
         if kname == "Enum":
-            opts = ", ".join(json.dumps(o) for o in kind.options) if hasattr(kind, "options") else ""
-            return [SchemaProblem(field, f"unsupported value {_short(value)}{': supported values: ' + opts if opts else ''}")]
+            opts = (
+                ", ".join(json.dumps(o) for o in kind.options) if hasattr(kind, "options") else ""
+            )
+            return [
+                SchemaProblem(
+                    field,
+                    f"unsupported value {_short(value)}{': supported values: ' + opts if opts else ''}",
+                )
+            ]
         if kname in ("Maximum", "Minimum", "ExclusiveMaximum", "ExclusiveMinimum"):
-            return [SchemaProblem(field, f"{_short(value)} is out of range for this field (a {_int_bits(err)} integer)")]
+            return [
+                SchemaProblem(
+                    field,
+                    f"{_short(value)} is out of range for this field (a {_int_bits(err)} integer)",
+                )
+            ]
         if kname == "FalseSchema":
             return [SchemaProblem(field, "this field is not allowed here")]
-        if kname in ("MaxLength", "MinLength", "MaxItems", "MinItems", "Pattern", "Format", "UniqueItems"):
+        if kname in (
+            "MaxLength",
+            "MinLength",
+            "MaxItems",
+            "MinItems",
+            "Pattern",
+            "Format",
+            "UniqueItems",
+        ):
             return [SchemaProblem(field, _shorten(err.message))]
         return [SchemaProblem(field, _shorten(err.message))]
 
@@ -198,7 +253,11 @@ def _article(s: str) -> str:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value) if isinstance(value, (str, int, float, bool)) or value is None else json_type(value)
+    text = (
+        json.dumps(value)
+        if isinstance(value, (str, int, float, bool)) or value is None
+        else json_type(value)
+    )
     return text if len(text) <= 40 else text[:40] + "..."
 
 
@@ -226,11 +285,19 @@ def _dedupe(problems: list[SchemaProblem]) -> list[SchemaProblem]:
 @cache
 def kubernetes() -> SchemaSet:
     """The Kubernetes schemas Tessera reads (``schemas/kubernetes.json``)."""
-    text = resources.files("tessera.api").joinpath("schemas/kubernetes.json").read_text(encoding="utf-8")
+    text = (
+        resources.files("tessera.api")
+        .joinpath("schemas/kubernetes.json")
+        .read_text(encoding="utf-8")
+    )
     return SchemaSet(json.loads(text))
 
 
 def kubernetes_version() -> str:
     """The Kubernetes version the schemas were generated from (e.g. ``v1.37.2``)."""
-    text = resources.files("tessera.api").joinpath("schemas/kubernetes.json").read_text(encoding="utf-8")
+    text = (
+        resources.files("tessera.api")
+        .joinpath("schemas/kubernetes.json")
+        .read_text(encoding="utf-8")
+    )
     return str(json.loads(text).get("kubernetesVersion", "unknown"))

@@ -78,7 +78,9 @@ def _selectors(sels: Any, path: str, out: list[FieldProblem]) -> None:
             hint = ""
             if isinstance(s, dict) and "expression" in s:
                 hint = " (found 'expression' beside 'cel': indent it under 'cel')"
-            out.append(FieldProblem(f"{p}.cel.expression", f"required: a CEL expression string{hint}"))
+            out.append(
+                FieldProblem(f"{p}.cel.expression", f"required: a CEL expression string{hint}")
+            )
         elif len(expr) > MAX_CEL_LENGTH:
             out.append(FieldProblem(f"{p}.cel.expression", "longer than 10 KiB"))
 
@@ -105,7 +107,9 @@ def _tolerations(tols: Any, path: str, out: list[FieldProblem]) -> None:
             out.append(FieldProblem(f"{p}.value", "must be empty with operator Exists"))
         eff = t.get("effect")
         if eff not in (None, "", "NoSchedule", "NoExecute", "None"):
-            out.append(FieldProblem(f"{p}.effect", f"must be NoSchedule, NoExecute or None, got {eff!r}"))
+            out.append(
+                FieldProblem(f"{p}.effect", f"must be NoSchedule, NoExecute or None, got {eff!r}")
+            )
 
 
 def _exact_fields(req: dict[str, Any], path: str, out: list[FieldProblem], *, sub: bool) -> None:
@@ -113,27 +117,39 @@ def _exact_fields(req: dict[str, Any], path: str, out: list[FieldProblem], *, su
     if not cls:
         out.append(FieldProblem(f"{path}.deviceClassName", "required: name the DeviceClass"))
     elif not is_dns_subdomain(cls):
-        out.append(FieldProblem(f"{path}.deviceClassName", f"{cls!r} is not a valid DeviceClass name"))
+        out.append(
+            FieldProblem(f"{path}.deviceClassName", f"{cls!r} is not a valid DeviceClass name")
+        )
     mode = req.get("allocationMode", "ExactCount") or "ExactCount"
     count = req.get("count")
     if mode == "ExactCount":
         # 0 (or absent) is defaulted to 1 by the API server (SetDefaults_ExactDeviceRequest).
-        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+        if count is not None and (
+            isinstance(count, bool) or not isinstance(count, int) or count < 0
+        ):
             out.append(FieldProblem(f"{path}.count", f"must be greater than zero, got {count!r}"))
     elif mode == "All":
         if count not in (None, 0):
             out.append(FieldProblem(f"{path}.count", "must not be set with allocationMode All"))
     else:
-        out.append(FieldProblem(f"{path}.allocationMode", f"must be ExactCount or All, got {mode!r}"))
+        out.append(
+            FieldProblem(f"{path}.allocationMode", f"must be ExactCount or All, got {mode!r}")
+        )
     if sub and "adminAccess" in req:
-        out.append(FieldProblem(f"{path}.adminAccess", "not allowed in a firstAvailable subrequest"))
+        out.append(
+            FieldProblem(f"{path}.adminAccess", "not allowed in a firstAvailable subrequest")
+        )
     _selectors(req.get("selectors"), f"{path}.selectors", out)
     _tolerations(req.get("tolerations"), f"{path}.tolerations", out)
     cap = req.get("capacity")
     if cap is not None:
         reqs = cap.get("requests", {}) if isinstance(cap, dict) else None
         if not isinstance(reqs, dict):
-            out.append(FieldProblem(f"{path}.capacity.requests", "must be a map of capacity name to quantity"))
+            out.append(
+                FieldProblem(
+                    f"{path}.capacity.requests", "must be a map of capacity name to quantity"
+                )
+            )
         else:
             for k, v in reqs.items():
                 prob = qualified_name_problem(k, fully=False)
@@ -168,7 +184,9 @@ def claim_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
             continue
         name = r.get("name")
         if not is_dns_label(name):
-            out.append(FieldProblem(f"{p}.name", f"{name!r} must be a DNS label (lower case, digits, '-')"))
+            out.append(
+                FieldProblem(f"{p}.name", f"{name!r} must be a DNS label (lower case, digits, '-')")
+            )
         elif name in names:
             out.append(FieldProblem(f"{p}.name", f"duplicate request name {name!r}"))
         subs: set[str] = set()
@@ -181,10 +199,16 @@ def claim_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
         else:
             fa = r["firstAvailable"]
             if not isinstance(fa, list) or not fa:
-                out.append(FieldProblem(f"{p}.firstAvailable", "must be a non-empty list of subrequests"))
+                out.append(
+                    FieldProblem(f"{p}.firstAvailable", "must be a non-empty list of subrequests")
+                )
             else:
                 if len(fa) > MAX_SUBREQUESTS:
-                    out.append(FieldProblem(f"{p}.firstAvailable", f"at most {MAX_SUBREQUESTS} subrequests"))
+                    out.append(
+                        FieldProblem(
+                            f"{p}.firstAvailable", f"at most {MAX_SUBREQUESTS} subrequests"
+                        )
+                    )
                 for j, s in enumerate(fa):
                     sp = f"{p}.firstAvailable[{j}]"
                     if not isinstance(s, dict):
@@ -205,7 +229,9 @@ def claim_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
         out.append(FieldProblem(f"{path}.devices.constraints", "must be a list"))
         cons = []
     if len(cons) > MAX_CONSTRAINTS:
-        out.append(FieldProblem(f"{path}.devices.constraints", f"at most {MAX_CONSTRAINTS} constraints"))
+        out.append(
+            FieldProblem(f"{path}.devices.constraints", f"at most {MAX_CONSTRAINTS} constraints")
+        )
     for i, c in enumerate(cons):
         p = f"{path}.devices.constraints[{i}]"
         if not isinstance(c, dict):
@@ -213,7 +239,9 @@ def claim_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
             continue
         kinds = [k for k in ("matchAttribute", "distinctAttribute") if c.get(k)]
         if len(kinds) != 1:
-            out.append(FieldProblem(p, "exactly one of matchAttribute or distinctAttribute is required"))
+            out.append(
+                FieldProblem(p, "exactly one of matchAttribute or distinctAttribute is required")
+            )
         for k in kinds:
             prob = qualified_name_problem(c[k], fully=True)
             if prob:
@@ -227,7 +255,10 @@ def claim_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
             )
             if not ok:
                 out.append(
-                    FieldProblem(f"{p}.requests[{j}]", f"{ref!r} names no request (or req/subrequest) of this claim")
+                    FieldProblem(
+                        f"{p}.requests[{j}]",
+                        f"{ref!r} names no request (or req/subrequest) of this claim",
+                    )
                 )
     return out
 
@@ -289,7 +320,9 @@ def _api_version_problem(kind: str, av: Any) -> FieldProblem | None:
     if isinstance(av, str) and kubernetes().has(f"{av}/{kind}"):
         return None
     why = _RETIRED.get(av, "not served") if isinstance(av, str) else "missing or not a string"
-    return FieldProblem("apiVersion", f"{av!r} is {why}: write {want} (Kubernetes {_k8s()} serves {kind} there)")
+    return FieldProblem(
+        "apiVersion", f"{av!r} is {why}: write {want} (Kubernetes {_k8s()} serves {kind} there)"
+    )
 
 
 def _k8s() -> str:
@@ -325,25 +358,43 @@ def pod_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
         spec = {}
     ctrs = spec.get("containers")
     if not ctrs:
-        out.append(FieldProblem(f"{path}.containers", "required: a Pod needs at least one container"))
+        out.append(
+            FieldProblem(f"{path}.containers", "required: a Pod needs at least one container")
+        )
     declared: set[str] = set()
     for i, pc in enumerate(spec.get("resourceClaims") or []):
         p = f"{path}.resourceClaims[{i}]"
         name = pc.get("name")
         if not is_dns_label(name):
-            out.append(FieldProblem(f"{p}.name", f"{name!r} must be a DNS label (lower case, digits, '-')"))
+            out.append(
+                FieldProblem(f"{p}.name", f"{name!r} must be a DNS label (lower case, digits, '-')")
+            )
         elif name in declared:
             out.append(FieldProblem(f"{p}.name", f"duplicate pod claim name {name!r}"))
         declared.add(str(name))
         has = [k for k in ("resourceClaimName", "resourceClaimTemplateName") if pc.get(k)]
         if not has:
-            out.append(FieldProblem(p, "at least one of `resourceClaimName` or `resourceClaimTemplateName` must be set"))
+            out.append(
+                FieldProblem(
+                    p,
+                    "at least one of `resourceClaimName` or `resourceClaimTemplateName` must be set",
+                )
+            )
         elif len(has) == 2:
-            out.append(FieldProblem(p, "at most one of `resourceClaimName` or `resourceClaimTemplateName` may be set"))
+            out.append(
+                FieldProblem(
+                    p,
+                    "at most one of `resourceClaimName` or `resourceClaimTemplateName` may be set",
+                )
+            )
     for part in ("initContainers", "containers"):
         for i, c in enumerate(spec.get(part) or []):
             if not c.get("name"):
-                out.append(FieldProblem(f"{path}.{part}[{i}].name", "required: every container needs a name"))
+                out.append(
+                    FieldProblem(
+                        f"{path}.{part}[{i}].name", "required: every container needs a name"
+                    )
+                )
             for j, rc in enumerate((c.get("resources") or {}).get("claims") or []):
                 if rc.get("name") not in declared:
                     out.append(
@@ -392,7 +443,11 @@ def manifest_problems(m: Manifest) -> list[FieldProblem]:
         probs = []
         for text in validate_resource_slice(obj):
             field, sep, message = text.partition(": ")
-            probs.append(FieldProblem(field, message) if sep and " " not in field else FieldProblem("spec", text))
+            probs.append(
+                FieldProblem(field, message)
+                if sep and " " not in field
+                else FieldProblem("spec", text)
+            )
         return probs
     if kind == "Pod":
         return pod_spec_problems(obj.get("spec"), "spec")
@@ -411,7 +466,9 @@ def problem_error(m: Manifest, probs: list[FieldProblem]) -> ManifestError:
     """One :class:`ManifestError` for the first of ``probs`` (the count of the others said)."""
     first = probs[0]
     more = f" (and {len(probs) - 1} more problem(s))" if len(probs) > 1 else ""
-    return ManifestError(first.message + more, file=m.source.file, doc=m.source.doc, obj=m.ref(), field=first.field)
+    return ManifestError(
+        first.message + more, file=m.source.file, doc=m.source.doc, obj=m.ref(), field=first.field
+    )
 
 
 VALIDATED = "validated"

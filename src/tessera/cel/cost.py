@@ -42,7 +42,9 @@ DOMAIN_MAX = 63  # DeviceMaxDomainLength
 ID_MAX = 32  # DeviceMaxIDLength
 DRIVER_MAX = 63  # DriverNameMaxLength
 ATTRS_PER_DEVICE = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
-ATTR_VALUE_MAX = 64  # max(DeviceAttributeMaxValueLength 64, ResourceSliceMaxAttributeValuesPerDevice 48)
+ATTR_VALUE_MAX = (
+    64  # max(DeviceAttributeMaxValueLength 64, ResourceSliceMaxAttributeValuesPerDevice 48)
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,7 +71,9 @@ class T:
 
 
 DYN, ANY = T("dyn"), T("any")
-INT, UINT, DOUBLE, BOOL, STRING, BYTES, NULL, TYPE = (T(k) for k in ("int", "uint", "double", "bool", "string", "bytes", "null", "type"))
+INT, UINT, DOUBLE, BOOL, STRING, BYTES, NULL, TYPE = (
+    T(k) for k in ("int", "uint", "double", "bool", "string", "bytes", "null", "type")
+)
 QUANTITY = T("struct", name="kubernetes.Quantity")
 SEMVER = T("struct", name="kubernetes.Semver")
 DEVICE = T("struct", name="kubernetes.DRADevice")
@@ -95,7 +99,9 @@ DEVICE_FIELDS = {
     "capacity": map_of(STRING, map_of(STRING, QUANTITY)),
 }
 
-TYPE_IDENTS = frozenset({"int", "uint", "double", "bool", "string", "bytes", "list", "map", "type", "null_type", "dyn"})
+TYPE_IDENTS = frozenset(
+    {"int", "uint", "double", "bool", "string", "bytes", "list", "map", "type", "null_type", "dyn"}
+)
 
 
 @dataclass
@@ -114,8 +120,16 @@ _DEVICE_DECL = _Decl(
     fields={
         "driver": _Decl(DRIVER_MAX),
         "allowMultipleAllocations": _Decl(1),
-        "attributes": _Decl(ATTRS_PER_DEVICE, key=_Decl(DOMAIN_MAX), elem=_Decl(ATTRS_PER_DEVICE, key=_Decl(ID_MAX), elem=_ATTR_DECL)),
-        "capacity": _Decl(ATTRS_PER_DEVICE, key=_Decl(DOMAIN_MAX), elem=_Decl(ATTRS_PER_DEVICE, key=_Decl(ID_MAX), elem=_Decl(0))),
+        "attributes": _Decl(
+            ATTRS_PER_DEVICE,
+            key=_Decl(DOMAIN_MAX),
+            elem=_Decl(ATTRS_PER_DEVICE, key=_Decl(ID_MAX), elem=_ATTR_DECL),
+        ),
+        "capacity": _Decl(
+            ATTRS_PER_DEVICE,
+            key=_Decl(DOMAIN_MAX),
+            elem=_Decl(ATTRS_PER_DEVICE, key=_Decl(ID_MAX), elem=_Decl(0)),
+        ),
     },
 )
 
@@ -186,19 +200,67 @@ def _join(ts: list[T]) -> T:
 
 
 _RESULT: dict[str, T] = {
-    "size": INT, "contains": BOOL, "startsWith": BOOL, "endsWith": BOOL, "matches": BOOL,
-    "int": INT, "uint": UINT, "double": DOUBLE, "string": STRING, "bytes": BYTES, "bool": BOOL,
-    "type": TYPE, "charAt": STRING, "indexOf": INT, "lastIndexOf": INT, "lowerAscii": STRING,
-    "upperAscii": STRING, "replace": STRING, "split": list_of(STRING), "substring": STRING,
-    "trim": STRING, "join": STRING, "strings.quote": STRING, "format": STRING,
-    "lists.range": list_of(INT), "isSorted": BOOL, "includes": BOOL, "sets.contains": BOOL,
-    "sets.equivalent": BOOL, "sets.intersects": BOOL, "find": STRING, "findAll": list_of(STRING),
-    "quantity": QUANTITY, "isQuantity": BOOL, "compareTo": INT, "isGreaterThan": BOOL,
-    "isLessThan": BOOL, "add": QUANTITY, "sub": QUANTITY, "sign": INT, "isInteger": BOOL,
-    "asInteger": INT, "asApproximateFloat": DOUBLE, "semver": SEMVER, "isSemver": BOOL,
-    "major": INT, "minor": INT, "patch": INT, "hasValue": BOOL, "_==_": BOOL, "_!=_": BOOL,
-    "_<_": BOOL, "_<=_": BOOL, "_>_": BOOL, "_>=_": BOOL, "@in": BOOL, "_&&_": BOOL, "_||_": BOOL,
-    "!_": BOOL, "@not_strictly_false": BOOL, "optional.none": opt_of(DYN),
+    "size": INT,
+    "contains": BOOL,
+    "startsWith": BOOL,
+    "endsWith": BOOL,
+    "matches": BOOL,
+    "int": INT,
+    "uint": UINT,
+    "double": DOUBLE,
+    "string": STRING,
+    "bytes": BYTES,
+    "bool": BOOL,
+    "type": TYPE,
+    "charAt": STRING,
+    "indexOf": INT,
+    "lastIndexOf": INT,
+    "lowerAscii": STRING,
+    "upperAscii": STRING,
+    "replace": STRING,
+    "split": list_of(STRING),
+    "substring": STRING,
+    "trim": STRING,
+    "join": STRING,
+    "strings.quote": STRING,
+    "format": STRING,
+    "lists.range": list_of(INT),
+    "isSorted": BOOL,
+    "includes": BOOL,
+    "sets.contains": BOOL,
+    "sets.equivalent": BOOL,
+    "sets.intersects": BOOL,
+    "find": STRING,
+    "findAll": list_of(STRING),
+    "quantity": QUANTITY,
+    "isQuantity": BOOL,
+    "compareTo": INT,
+    "isGreaterThan": BOOL,
+    "isLessThan": BOOL,
+    "add": QUANTITY,
+    "sub": QUANTITY,
+    "sign": INT,
+    "isInteger": BOOL,
+    "asInteger": INT,
+    "asApproximateFloat": DOUBLE,
+    "semver": SEMVER,
+    "isSemver": BOOL,
+    "major": INT,
+    "minor": INT,
+    "patch": INT,
+    "hasValue": BOOL,
+    "_==_": BOOL,
+    "_!=_": BOOL,
+    "_<_": BOOL,
+    "_<=_": BOOL,
+    "_>_": BOOL,
+    "_>=_": BOOL,
+    "@in": BOOL,
+    "_&&_": BOOL,
+    "_||_": BOOL,
+    "!_": BOOL,
+    "@not_strictly_false": BOOL,
+    "optional.none": opt_of(DYN),
 }
 
 
@@ -275,7 +337,8 @@ class _Checker:
         else:
             scope[e.iter_var], scope[e.iter_var2] = k, v
         empty_init = (isinstance(e.accu_init, ListLit) and not e.accu_init.elems) or (
-            isinstance(e.accu_init, MapLit) and not e.accu_init.entries)
+            isinstance(e.accu_init, MapLit) and not e.accu_init.entries
+        )
         self.scopes.append({e.accu_var: it})
         self.scopes.append(scope)
         self.check(e.loop_cond)
@@ -309,9 +372,16 @@ class _Checker:
             ordered = ("int", "uint", "double", "string", "bytes", "bool", "dyn", "any")
             a, b = ats
             numeric = ("int", "uint", "double")
-            if (a.kind not in ordered or b.kind not in ordered or (
-                    a.kind not in ("dyn", "any") and b.kind not in ("dyn", "any") and a.kind != b.kind
-                    and not (a.kind in numeric and b.kind in numeric))):
+            if (
+                a.kind not in ordered
+                or b.kind not in ordered
+                or (
+                    a.kind not in ("dyn", "any")
+                    and b.kind not in ("dyn", "any")
+                    and a.kind != b.kind
+                    and not (a.kind in numeric and b.kind in numeric)
+                )
+            ):
                 raise CheckError(f"found no matching overload for '{fn}' applied to '({a}, {b})'")
             return BOOL
         if fn in ("_+_", "_-_", "_*_", "_/_", "_%_"):
@@ -561,8 +631,13 @@ class _Coster:
         return self._call(e)
 
     def _is_bind(self, e: Comprehension) -> bool:
-        return (isinstance(e.iter_range, ListLit) and not e.iter_range.elems and isinstance(e.loop_cond, Const)
-                and e.loop_cond.value is False and e.accu_var != ACCU)
+        return (
+            isinstance(e.iter_range, ListLit)
+            and not e.iter_range.elems
+            and isinstance(e.loop_cond, Const)
+            and e.loop_cond.value is False
+            and e.accu_var != ACCU
+        )
 
     def _push_local(self, name: str, e: Expr) -> None:
         self.push(name, _Local(self.path(e), self.size(e), self.entry(e)))
@@ -662,7 +737,9 @@ class _Coster:
             argsum = argsum.add(c)
 
         # cel-go ext.Lists v3 overload estimators.
-        if (target is not None and fn in ("slice", "reverse", "flatten", "distinct", "sort")) or fn in ("lists.range", "@sortByAssociatedKeys"):
+        if (
+            target is not None and fn in ("slice", "reverse", "flatten", "distinct", "sort")
+        ) or fn in ("lists.range", "@sortByAssociatedKeys"):
             est = self._lists_estimate(e)
             if est is not None:
                 return est[0].add(argsum), est[1]
@@ -682,7 +759,9 @@ class _Coster:
             return sz.factor(STRING_FACTOR).add(argsum), Size(sz.min // 4, sz.max)
         if fn == "strings.quote" and len(args) == 1:
             sz = self.node_size(args[0])
-            return sz.factor(STRING_FACTOR).add(argsum), Size(sz.min + 2, _addu(_mulu(sz.max, 2), 2))
+            return sz.factor(STRING_FACTOR).add(argsum), Size(
+                sz.min + 2, _addu(_mulu(sz.max, 2), 2)
+            )
         if fn in ("startsWith", "endsWith") and len(args) == 1:
             return self.node_size(args[0]).factor(STRING_FACTOR).add(argsum), None
         if fn == "@in" and len(args) == 2:
@@ -703,7 +782,13 @@ class _Coster:
                 sc = self.node_size(strn).add(Size(1, 1)).factor(STRING_FACTOR)
                 rc = self.node_size(rx).factor(REGEX_FACTOR)
                 return sc.mul(rc).add(argsum), None
-        if fn == "contains" and target is not None and len(args) == 1 and tt is not None and tt.kind in ("string", "dyn", "any"):
+        if (
+            fn == "contains"
+            and target is not None
+            and len(args) == 1
+            and tt is not None
+            and tt.kind in ("string", "dyn", "any")
+        ):
             sc = self.node_size(target).factor(STRING_FACTOR)
             subc = self.node_size(args[0]).factor(STRING_FACTOR)
             return sc.mul(subc).add(argsum), None
@@ -729,18 +814,23 @@ class _Coster:
                 return result.factor(STRING_FACTOR).add(argsum), result
             if k0 in ("dyn", "any") and k1 in ("dyn", "any"):
                 return result.factor(STRING_FACTOR).add(argsum).union(ONE.add(argsum)), result
-        if fn in ("_==_", "_!=_") or (fn in ("_<_", "_<=_", "_>_", "_>=_") and self._stringish(args)):
+        if fn in ("_==_", "_!=_") or (
+            fn in ("_<_", "_<=_", "_>_", "_>=_") and self._stringish(args)
+        ):
             lsz, rsz = self.node_size(args[0]), self.node_size(args[1])
             smallest = min(lsz.max, rsz.max)
             cmp_cost = Size(1 if smallest > 0 else 0, smallest).factor(STRING_FACTOR).add(argsum)
-            if fn not in ("_==_", "_!=_") and not all(self.t(a).kind in ("string", "bytes") for a in args):
+            if fn not in ("_==_", "_!=_") and not all(
+                self.t(a).kind in ("string", "bytes") for a in args
+            ):
                 cmp_cost = cmp_cost.union(ONE.add(argsum))
             return cmp_cost, None
         return ONE.add(argsum), None
 
     def _stringish(self, args: list[Expr]) -> bool:
         return any(self.t(a).kind in ("string", "bytes", "dyn", "any") for a in args) and not any(
-            self.t(a).kind in ("int", "uint", "double", "bool") for a in args)
+            self.t(a).kind in ("int", "uint", "double", "bool") for a in args
+        )
 
     def _list_elem(self, target: Expr) -> tuple[T, list[str] | None] | None:
         t = self.t(target)
@@ -793,7 +883,10 @@ class _Coster:
 
     def _k8s_estimate(self, e: Call) -> tuple[Cost, Size | None] | None:
         fn, args, target = e.fn, e.args, e.target
-        if fn in ("isSorted", "sum", "max", "min", "indexOf", "lastIndexOf", "includes") and target is not None:
+        if (
+            fn in ("isSorted", "sum", "max", "min", "indexOf", "lastIndexOf", "includes")
+            and target is not None
+        ):
             el = self._list_elem(target)
             if el is not None:
                 elt, elpath = el
@@ -852,8 +945,20 @@ class _Coster:
             return sc.mul(rc), Size(0, sz.max)
         if fn in ("quantity", "isQuantity", "semver", "isSemver") and args:
             return self.node_size(args[0]).factor(STRING_FACTOR), None
-        if fn in ("sign", "asInteger", "isInteger", "asApproximateFloat", "isGreaterThan", "isLessThan",
-                  "compareTo", "add", "sub", "major", "minor", "patch"):
+        if fn in (
+            "sign",
+            "asInteger",
+            "isInteger",
+            "asApproximateFloat",
+            "isGreaterThan",
+            "isLessThan",
+            "compareTo",
+            "add",
+            "sub",
+            "major",
+            "minor",
+            "patch",
+        ):
             return ONE, None
         if fn == "_==_" and len(args) == 2:
             lt, rt = self.t(args[0]), self.t(args[1])

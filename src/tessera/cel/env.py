@@ -50,13 +50,37 @@ class CelRuntimeError(ValueError):
 
 # Functions of the Kubernetes CEL environment that Tessera does not implement (compile errors
 # that say so, rather than "undeclared reference"). None of them is useful on a device.
-NOT_IMPLEMENTED = frozenset({
-    "ip", "cidr", "isIP", "isCIDR", "url", "isURL", "timestamp", "duration", "getDate",
-    "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getFullYear", "getHours",
-    "getMilliseconds", "getMinutes", "getMonth", "getSeconds", "format.named", "validate",
-    "authorizer", "jsonpatch.escapeKey", "math.greatest", "math.least", "base64.encode",
-    "base64.decode", "strings.reverse",
-})
+NOT_IMPLEMENTED = frozenset(
+    {
+        "ip",
+        "cidr",
+        "isIP",
+        "isCIDR",
+        "url",
+        "isURL",
+        "timestamp",
+        "duration",
+        "getDate",
+        "getDayOfMonth",
+        "getDayOfWeek",
+        "getDayOfYear",
+        "getFullYear",
+        "getHours",
+        "getMilliseconds",
+        "getMinutes",
+        "getMonth",
+        "getSeconds",
+        "format.named",
+        "validate",
+        "authorizer",
+        "jsonpatch.escapeKey",
+        "math.greatest",
+        "math.least",
+        "base64.encode",
+        "base64.decode",
+        "strings.reverse",
+    }
+)
 
 
 def _known(name: str, member: bool) -> bool:
@@ -142,7 +166,9 @@ class CompiledSelector:
         evaluation stops with ``operation cancelled: actual cost limit exceeded``."""
         return self.evaluate_cost(activation, cost_limit)[0]
 
-    def evaluate_cost(self, activation: dict[str, Any], cost_limit: int | None = MAX_COST) -> tuple[bool, int]:
+    def evaluate_cost(
+        self, activation: dict[str, Any], cost_limit: int | None = MAX_COST
+    ) -> tuple[bool, int]:
         """Like :meth:`evaluate`, and the actual cost of the evaluation (cel-go's
         ``EvalDetails.ActualCost``)."""
         st = CostState(cost_limit)
@@ -153,7 +179,9 @@ class CompiledSelector:
         except RecursionError:
             raise CelRuntimeError("expression too deeply nested") from None
         if not isinstance(result, bool):
-            raise CelRuntimeError(f"CEL result of type {type_name(result)} could not be converted to bool")
+            raise CelRuntimeError(
+                f"CEL result of type {type_name(result)} could not be converted to bool"
+            )
         return result, st.cost
 
 

@@ -114,13 +114,23 @@ def type_name(v: Any) -> str:
 
 
 TYPE_NAMES = {
-    "int": "int", "uint": "uint", "double": "double", "bool": "bool", "string": "string",
-    "bytes": "bytes", "list": "list", "map": "map", "null_type": "null_type", "type": "type",
+    "int": "int",
+    "uint": "uint",
+    "double": "double",
+    "bool": "bool",
+    "string": "string",
+    "bytes": "bytes",
+    "list": "list",
+    "map": "map",
+    "null_type": "null_type",
+    "type": "type",
 }
 
 
 def _no_overload(fn: str, *args: Any) -> CelError:
-    return CelError(f"no matching overload for '{fn}' applied to '({', '.join(type_name(a) for a in args)})'")
+    return CelError(
+        f"no matching overload for '{fn}' applied to '({', '.join(type_name(a) for a in args)})'"
+    )
 
 
 def _is_int(v: Any) -> bool:
@@ -180,7 +190,9 @@ def cel_equal(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
     if type(a) is not type(b):
-        if (isinstance(a, dict) and isinstance(b, dict)) or (isinstance(a, list) and isinstance(b, list)):
+        if (isinstance(a, dict) and isinstance(b, dict)) or (
+            isinstance(a, list) and isinstance(b, list)
+        ):
             pass
         else:
             return False
@@ -649,8 +661,19 @@ def _quote(s: Any) -> str:
     s = _s(s, "strings.quote")
     out = ['"']
     for c in s:
-        out.append({"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
-                    "\v": "\\v", "\\": "\\\\", '"': '\\"'}.get(c, c))
+        out.append(
+            {
+                "\a": "\\a",
+                "\b": "\\b",
+                "\f": "\\f",
+                "\n": "\\n",
+                "\r": "\\r",
+                "\t": "\\t",
+                "\v": "\\v",
+                "\\": "\\\\",
+                '"': '\\"',
+            }.get(c, c)
+        )
     out.append('"')
     return "".join(out)
 
@@ -672,7 +695,9 @@ def _format(fmt: Any, args: Any) -> str:
             continue
         m = re.match(r"(\.\d+)?([sdfeboxX])", fmt[i:])
         if not m:
-            raise CelError(f'could not parse formatting clause: unrecognized formatting clause "{fmt[i:i+1]}"')
+            raise CelError(
+                f'could not parse formatting clause: unrecognized formatting clause "{fmt[i : i + 1]}"'
+            )
         if ai >= len(args):
             raise CelError(f"index {ai} out of range")
         v = args[ai]
@@ -698,7 +723,9 @@ def _format_one(verb: str, prec: int | None, v: Any) -> str:
             return "null"
         if isinstance(v, TypeValue):
             return v.name
-        raise CelError(f"string clause can only be used on strings, bools, bytes, ints, doubles, maps, lists, types, durations, and timestamps, was given {type_name(v)}")
+        raise CelError(
+            f"string clause can only be used on strings, bools, bytes, ints, doubles, maps, lists, types, durations, and timestamps, was given {type_name(v)}"
+        )
     if verb == "d":
         if isinstance(v, int) and not isinstance(v, bool):
             return str(int(v))
@@ -707,7 +734,9 @@ def _format_one(verb: str, prec: int | None, v: Any) -> str:
         raise CelError(f"decimal clause can only be used on integers, was given {type_name(v)}")
     if verb in "fe":
         if not _is_num(v):
-            raise CelError(f"{'fixed-point' if verb == 'f' else 'scientific'} clause can only be used on doubles, was given {type_name(v)}")
+            raise CelError(
+                f"{'fixed-point' if verb == 'f' else 'scientific'} clause can only be used on doubles, was given {type_name(v)}"
+            )
         p = 6 if prec is None else prec
         fv = float(v)
         if math.isnan(fv) or math.isinf(fv):
@@ -734,7 +763,9 @@ def _slice(lst: Any, start: Any, end: Any) -> list[Any]:
     if start < 0 or end < 0:
         raise CelError(f"cannot slice({start}, {end}), negative indexes not supported")
     if start > end:
-        raise CelError(f"cannot slice({start}, {end}), start index must be less than or equal to end index")
+        raise CelError(
+            f"cannot slice({start}, {end}), start index must be less than or equal to end index"
+        )
     if end > len(lst):
         raise CelError(f"cannot slice({start}, {end}), list is length {len(lst)}")
     return lst[start:end]
@@ -765,7 +796,9 @@ def _sort_key_check(lst: list[Any], fn: str) -> None:
     if not lst:
         return
     t = type_name(lst[0])
-    if t not in ("int", "uint", "double", "string", "bytes", "bool") or any(type_name(x) != t for x in lst):
+    if t not in ("int", "uint", "double", "string", "bytes", "bool") or any(
+        type_name(x) != t for x in lst
+    ):
         raise CelError(f"list elements must have the same type: {fn}")
 
 
@@ -951,7 +984,10 @@ def _as_integer(x: Any) -> int:
 
 
 def _as_float(x: Any) -> float:
-    return float(Decimal(_q(x, "asApproximateFloat").value.numerator) / Decimal(_q(x, "asApproximateFloat").value.denominator))
+    return float(
+        Decimal(_q(x, "asApproximateFloat").value.numerator)
+        / Decimal(_q(x, "asApproximateFloat").value.denominator)
+    )
 
 
 def _semver_part(part: str) -> Callable[[Any], int]:
@@ -1108,14 +1144,26 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], CostFn]] = {
     # standard library
     "size": (_size, _ONE),
     "contains": (_contains, _contains_cost),
-    "startsWith": (lambda s, p: _s(s, "startsWith").startswith(_s(p, "startsWith")), lambda a, _r: _ceil(size_of(a[1]) * STRING_FACTOR)),
-    "endsWith": (lambda s, p: _s(s, "endsWith").endswith(_s(p, "endsWith")), lambda a, _r: _ceil(size_of(a[1]) * STRING_FACTOR)),
+    "startsWith": (
+        lambda s, p: _s(s, "startsWith").startswith(_s(p, "startsWith")),
+        lambda a, _r: _ceil(size_of(a[1]) * STRING_FACTOR),
+    ),
+    "endsWith": (
+        lambda s, p: _s(s, "endsWith").endswith(_s(p, "endsWith")),
+        lambda a, _r: _ceil(size_of(a[1]) * STRING_FACTOR),
+    ),
     "matches": (_matches, _regex_cost),
     "int": (_to_int, _ONE),
     "uint": (_to_uint, _ONE),
     "double": (_to_double, _ONE),
-    "string": (_to_string, lambda a, _r: _ceil(size_of(a[0]) * STRING_FACTOR) if isinstance(a[0], bytes) else 1),
-    "bytes": (_to_bytes, lambda a, _r: _ceil(size_of(a[0]) * STRING_FACTOR) if isinstance(a[0], str) else 1),
+    "string": (
+        _to_string,
+        lambda a, _r: _ceil(size_of(a[0]) * STRING_FACTOR) if isinstance(a[0], bytes) else 1,
+    ),
+    "bytes": (
+        _to_bytes,
+        lambda a, _r: _ceil(size_of(a[0]) * STRING_FACTOR) if isinstance(a[0], str) else 1,
+    ),
     "bool": (_to_bool, _ONE),
     "type": (_type_of, _ONE),
     "dyn": (lambda v: v, _ONE),
@@ -1182,18 +1230,84 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], CostFn]] = {
 
 # Functions called as members (x.f(...)) and as globals (f(...)); others are global only.
 MEMBER = {
-    "contains", "startsWith", "endsWith", "matches", "size", "charAt", "indexOf", "lastIndexOf",
-    "lowerAscii", "upperAscii", "replace", "split", "substring", "trim", "join", "format", "slice",
-    "flatten", "reverse", "sort", "distinct", "isSorted", "sum", "min", "max", "includes", "find",
-    "findAll", "compareTo", "isGreaterThan", "isLessThan", "add", "sub", "sign", "isInteger",
-    "asInteger", "asApproximateFloat", "major", "minor", "patch", "hasValue", "value", "or",
-    "orValue", "@sortByAssociatedKeys",
+    "contains",
+    "startsWith",
+    "endsWith",
+    "matches",
+    "size",
+    "charAt",
+    "indexOf",
+    "lastIndexOf",
+    "lowerAscii",
+    "upperAscii",
+    "replace",
+    "split",
+    "substring",
+    "trim",
+    "join",
+    "format",
+    "slice",
+    "flatten",
+    "reverse",
+    "sort",
+    "distinct",
+    "isSorted",
+    "sum",
+    "min",
+    "max",
+    "includes",
+    "find",
+    "findAll",
+    "compareTo",
+    "isGreaterThan",
+    "isLessThan",
+    "add",
+    "sub",
+    "sign",
+    "isInteger",
+    "asInteger",
+    "asApproximateFloat",
+    "major",
+    "minor",
+    "patch",
+    "hasValue",
+    "value",
+    "or",
+    "orValue",
+    "@sortByAssociatedKeys",
 }
 GLOBAL = {
-    "_+_", "_-_", "_*_", "_/_", "_%_", "-_", "!_", "@in", "cel.@mapInsert", "size", "matches",
-    "int", "uint", "double", "string", "bytes", "bool", "type", "dyn", "strings.quote",
-    "lists.range", "sets.contains", "sets.equivalent", "sets.intersects", "quantity", "isQuantity",
-    "semver", "isSemver", "optional.of", "optional.none", "optional.ofNonZeroValue",
+    "_+_",
+    "_-_",
+    "_*_",
+    "_/_",
+    "_%_",
+    "-_",
+    "!_",
+    "@in",
+    "cel.@mapInsert",
+    "size",
+    "matches",
+    "int",
+    "uint",
+    "double",
+    "string",
+    "bytes",
+    "bool",
+    "type",
+    "dyn",
+    "strings.quote",
+    "lists.range",
+    "sets.contains",
+    "sets.equivalent",
+    "sets.intersects",
+    "quantity",
+    "isQuantity",
+    "semver",
+    "isSemver",
+    "optional.of",
+    "optional.none",
+    "optional.ofNonZeroValue",
 }
 
 
@@ -1426,7 +1540,12 @@ class _Compiler:
             return eq
         if fn in ("_<_", "_<=_", "_>_", "_>=_"):
             lf, rf = (self.comp(x) for x in e.args)
-            test = {"_<_": lambda c: c < 0, "_<=_": lambda c: c <= 0, "_>_": lambda c: c > 0, "_>=_": lambda c: c >= 0}[fn]
+            test = {
+                "_<_": lambda c: c < 0,
+                "_<=_": lambda c: c <= 0,
+                "_>_": lambda c: c > 0,
+                "_>=_": lambda c: c >= 0,
+            }[fn]
 
             def rel(a: dict[str, Any], st: CostState) -> Any:
                 x, y = lf(a, st), rf(a, st)
@@ -1473,7 +1592,9 @@ class _Compiler:
 
             return opt_index
         impl, cost = FUNCTIONS[fn]
-        argf = ([self.comp(e.target)] if e.target is not None else []) + [self.comp(x) for x in e.args]
+        argf = ([self.comp(e.target)] if e.target is not None else []) + [
+            self.comp(x) for x in e.args
+        ]
         if len(argf) == 1:
             f0 = argf[0]
 

@@ -133,7 +133,9 @@ def parse_tree(text: str) -> lark.Tree:
             what = "end of input" if tok.type == "$END" else f"{tok.value!r}"
             raise CelSyntaxError(f"<input>:{where}: Syntax error: unexpected {what}") from None
         if isinstance(e, UnexpectedCharacters):
-            raise CelSyntaxError(f"<input>:{where}: Syntax error: token recognition error at: {e.char!r}") from None
+            raise CelSyntaxError(
+                f"<input>:{where}: Syntax error: token recognition error at: {e.char!r}"
+            ) from None
         raise CelSyntaxError(f"<input>:{where}: Syntax error") from None
     except LarkError as e:
         raise CelSyntaxError(f"Syntax error: {str(e).splitlines()[0]}") from None
@@ -143,8 +145,13 @@ def parse_tree(text: str) -> lark.Tree:
 # Parse tree -> expression tree.
 
 _REL = {
-    "relation_lt": "_<_", "relation_le": "_<=_", "relation_gt": "_>_", "relation_ge": "_>=_",
-    "relation_eq": "_==_", "relation_ne": "_!=_", "relation_in": "@in",
+    "relation_lt": "_<_",
+    "relation_le": "_<=_",
+    "relation_gt": "_>_",
+    "relation_ge": "_>=_",
+    "relation_eq": "_==_",
+    "relation_ne": "_!=_",
+    "relation_in": "@in",
 }
 _ADD = {"addition_add": "_+_", "addition_sub": "_-_"}
 _MUL = {"multiplication_mul": "_*_", "multiplication_div": "_/_", "multiplication_mod": "_%_"}
@@ -249,7 +256,11 @@ class _Builder:
         inner = self.build(operand)
         if op.data == "unary_not":
             return Call("!_", [inner])
-        if isinstance(inner, Const) and type(inner.value) in (int, float) and not isinstance(inner.value, bool):
+        if (
+            isinstance(inner, Const)
+            and type(inner.value) in (int, float)
+            and not isinstance(inner.value, bool)
+        ):
             # cel-go folds -<number literal> into the literal (so -9223372036854775808 is valid).
             v = -inner.value
             if isinstance(v, int) and not INT64_MIN <= v <= INT64_MAX:
@@ -284,7 +295,9 @@ class _Builder:
         return Call("_[?_]", [self.build(obj), self.build(key)])
 
     def _member_object(self, n: lark.Tree) -> Expr:
-        raise CelSyntaxError("message construction (Type{field: ...}) is not available: device selectors have no message types")
+        raise CelSyntaxError(
+            "message construction (Type{field: ...}) is not available: device selectors have no message types"
+        )
 
     def _args(self, exprlist: Any) -> list[lark.Tree]:
         if exprlist is None:
@@ -374,7 +387,16 @@ class _Builder:
         n = len(raw)
         if name == "bind" and n == 3 and _qualified_name(target) == "cel":
             var = self._var(raw[0], "cel.bind() variable names must be simple identifiers")
-            return Comprehension(ListLit([]), "#unused", None, var, self.build(raw[1]), Const(False), Ident(var), self.build(raw[2]))
+            return Comprehension(
+                ListLit([]),
+                "#unused",
+                None,
+                var,
+                self.build(raw[1]),
+                Const(False),
+                Ident(var),
+                self.build(raw[2]),
+            )
         if name in ("all", "exists", "exists_one", "existsOne") and n == 2:
             return self._quantifier(name, target, self._var(raw[0]), None, raw[1])
         if name in ("all", "exists", "existsOne") and n == 3:
@@ -388,18 +410,31 @@ class _Builder:
             step: Expr = Call("_+_", [self._accu(), ListLit([fn])])
             if n == 3:
                 step = Call("_?_:_", [self.build(raw[1]), step, self._accu()])
-            return Comprehension(target, v, None, self.accu, ListLit([]), Const(True), step, self._accu())
+            return Comprehension(
+                target, v, None, self.accu, ListLit([]), Const(True), step, self._accu()
+            )
         if name == "filter" and n == 2:
             v = self._var(raw[0], "argument is not an identifier")
-            step = Call("_?_:_", [self.build(raw[1]), Call("_+_", [self._accu(), ListLit([Ident(v)])]), self._accu()])
-            return Comprehension(target, v, None, self.accu, ListLit([]), Const(True), step, self._accu())
+            step = Call(
+                "_?_:_",
+                [
+                    self.build(raw[1]),
+                    Call("_+_", [self._accu(), ListLit([Ident(v)])]),
+                    self._accu(),
+                ],
+            )
+            return Comprehension(
+                target, v, None, self.accu, ListLit([]), Const(True), step, self._accu()
+            )
         if name == "transformList" and n in (3, 4):
             v1, v2 = self._var(raw[0]), self._var(raw[1])
             fn = self.build(raw[-1])
             step = Call("_+_", [self._accu(), ListLit([fn])])
             if n == 4:
                 step = Call("_?_:_", [self.build(raw[2]), step, self._accu()])
-            return Comprehension(target, v1, v2, self.accu, ListLit([]), Const(True), step, self._accu())
+            return Comprehension(
+                target, v1, v2, self.accu, ListLit([]), Const(True), step, self._accu()
+            )
         if name in ("transformMap", "transformMapEntry") and n in (3, 4):
             v1, v2 = self._var(raw[0]), self._var(raw[1])
             fn = self.build(raw[-1])
@@ -409,24 +444,54 @@ class _Builder:
                 step = Call("cel.@mapInsert", [self._accu(), fn])
             if n == 4:
                 step = Call("_?_:_", [self.build(raw[2]), step, self._accu()])
-            return Comprehension(target, v1, v2, self.accu, MapLit([]), Const(True), step, self._accu())
+            return Comprehension(
+                target, v1, v2, self.accu, MapLit([]), Const(True), step, self._accu()
+            )
         if name in ("optMap", "optFlatMap") and n == 2:
             v = self._var(raw[0], "optMap() variable name must be a simple identifier")
             fn = self.build(raw[1])
             inner: Expr = Call("optional.of", [fn]) if name == "optMap" else fn
-            body = Call("_?_:_", [
-                Call("hasValue", [], target),
-                Comprehension(ListLit([]), "#unused", None, v, Call("value", [], target), Const(False), Ident(v), inner),
-                Call("optional.none", []),
-            ])
+            body = Call(
+                "_?_:_",
+                [
+                    Call("hasValue", [], target),
+                    Comprehension(
+                        ListLit([]),
+                        "#unused",
+                        None,
+                        v,
+                        Call("value", [], target),
+                        Const(False),
+                        Ident(v),
+                        inner,
+                    ),
+                    Call("optional.none", []),
+                ],
+            )
             return body
         if name == "sortBy" and n == 2:
             # ext.Lists v2: list.sortBy(e, key) -> @sortByAssociatedKeys(list, list.map(e, key))
             v = self._var(raw[0])
-            keys = Comprehension(Ident("@__sortBy_input__"), v, None, self.accu, ListLit([]), Const(True),
-                                 Call("_+_", [self._accu(), ListLit([self.build(raw[1])])]), self._accu())
-            return Comprehension(ListLit([]), "#unused", None, "@__sortBy_input__", target, Const(False),
-                                 Ident("@__sortBy_input__"), Call("@sortByAssociatedKeys", [keys], Ident("@__sortBy_input__")))
+            keys = Comprehension(
+                Ident("@__sortBy_input__"),
+                v,
+                None,
+                self.accu,
+                ListLit([]),
+                Const(True),
+                Call("_+_", [self._accu(), ListLit([self.build(raw[1])])]),
+                self._accu(),
+            )
+            return Comprehension(
+                ListLit([]),
+                "#unused",
+                None,
+                "@__sortBy_input__",
+                target,
+                Const(False),
+                Ident("@__sortBy_input__"),
+                Call("@sortByAssociatedKeys", [keys], Ident("@__sortBy_input__")),
+            )
         if _qualified_name(target) == "optional" and name in ("of", "none", "ofNonZeroValue"):
             return Call(f"optional.{name}", [self.build(a) for a in raw])
         qual = _qualified_name(target)
@@ -434,18 +499,43 @@ class _Builder:
             return Call(f"{qual}.{name}", [self.build(a) for a in raw])
         return None
 
-    def _quantifier(self, name: str, target: Expr, v1: str, v2: str | None, raw_pred: lark.Tree) -> Expr:
+    def _quantifier(
+        self, name: str, target: Expr, v1: str, v2: str | None, raw_pred: lark.Tree
+    ) -> Expr:
         pred = self.build(raw_pred)
         accu = self._accu
         if name == "all":
-            return Comprehension(target, v1, v2, self.accu, Const(True), Call("@not_strictly_false", [accu()]),
-                                 Call("_&&_", [accu(), pred]), accu())
+            return Comprehension(
+                target,
+                v1,
+                v2,
+                self.accu,
+                Const(True),
+                Call("@not_strictly_false", [accu()]),
+                Call("_&&_", [accu(), pred]),
+                accu(),
+            )
         if name == "exists":
-            return Comprehension(target, v1, v2, self.accu, Const(False),
-                                 Call("@not_strictly_false", [Call("!_", [accu()])]), Call("_||_", [accu(), pred]), accu())
-        return Comprehension(target, v1, v2, self.accu, Const(0), Const(True),
-                             Call("_?_:_", [pred, Call("_+_", [accu(), Const(1)]), accu()]),
-                             Call("_==_", [accu(), Const(1)]))
+            return Comprehension(
+                target,
+                v1,
+                v2,
+                self.accu,
+                Const(False),
+                Call("@not_strictly_false", [Call("!_", [accu()])]),
+                Call("_||_", [accu(), pred]),
+                accu(),
+            )
+        return Comprehension(
+            target,
+            v1,
+            v2,
+            self.accu,
+            Const(0),
+            Const(True),
+            Call("_?_:_", [pred, Call("_+_", [accu(), Const(1)]), accu()]),
+            Call("_==_", [accu(), Const(1)]),
+        )
 
 
 def build(tree: lark.Tree) -> Expr:

@@ -127,7 +127,9 @@ class SemverValue:
 
     def _key(self) -> tuple[Any, ...]:
         # Pre-release sorts before release; numeric identifiers before alphanumeric.
-        pre: tuple[Any, ...] = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in self.pre)
+        pre: tuple[Any, ...] = tuple(
+            (0, int(p), "") if p.isdigit() else (1, 0, p) for p in self.pre
+        )
         return (self.major, self.minor, self.patch, 0 if self.pre else 1, pre)
 
     def cmp(self, other: SemverValue) -> int:

@@ -111,7 +111,7 @@ def cluster_inputs(f: F) -> F:
         multiple=True,
         metavar="FROM=TO",
         help="Run requests for DeviceClass FROM with class TO, e.g. the NVIDIA DRA driver's "
-        "--class-map gpu.nvidia.com=gpu.tessera.dev (selectors' \"FROM\" domain becomes \"TO\"). Repeatable.",
+        '--class-map gpu.nvidia.com=gpu.tessera.dev (selectors\' "FROM" domain becomes "TO"). Repeatable.',
     )(f)
     f = click.option(
         "--add-node",
@@ -135,7 +135,9 @@ def class_map(specs: tuple[str, ...]) -> dict[str, str]:
     for spec in specs:
         src, sep, dst = spec.partition("=")
         if not sep or not src.strip() or not dst.strip():
-            raise TesseraError(f"--class-map {spec!r}: expected FROM=TO, e.g. gpu.nvidia.com=gpu.tessera.dev")
+            raise TesseraError(
+                f"--class-map {spec!r}: expected FROM=TO, e.g. gpu.nvidia.com=gpu.tessera.dev"
+            )
         out[src.strip()] = dst.strip()
     return out
 
@@ -171,7 +173,9 @@ def _inventory_node(spec: str, option: str, cluster: Cluster) -> SimNode:
 
     name, sep, rest = spec.partition("=")
     if not sep or not name or not rest:
-        raise TesseraError(f"{option} {spec!r}: expected NAME=INVENTORY[:TOPOLOGY], e.g. gpu-1=nvidia-smi-q.xml")
+        raise TesseraError(
+            f"{option} {spec!r}: expected NAME=INVENTORY[:TOPOLOGY], e.g. gpu-1=nvidia-smi-q.xml"
+        )
     inv, _, topo = rest.partition(":")
     gpus = load_inventory(inv, cluster.warnings)
     topology = load_topology(topo) if topo else None
@@ -189,7 +193,9 @@ def _inventory_node(spec: str, option: str, cluster: Cluster) -> SimNode:
     return SimNode(name, {"kubernetes.io/hostname": name}, slices, source)
 
 
-def load_nodes(cluster_file: str | None, node_specs: tuple[str, ...], budget: ReadBudget | None = None) -> Cluster:
+def load_nodes(
+    cluster_file: str | None, node_specs: tuple[str, ...], budget: ReadBudget | None = None
+) -> Cluster:
     """The nodes of ``--cluster FILE`` then of each ``--node NAME=INVENTORY[:TOPOLOGY]``, with
     every inventory's publication warnings in ``Cluster.warnings``. Raises
     :class:`~tessera.api.errors.TesseraError` for bad input."""
@@ -246,7 +252,9 @@ def load_inputs(
         live = read_cluster(kubeconfig, progress=True)
     loaded = load_files(manifests, limits=limits, warnings=notes, budget=budget)
     if manifests and not loaded:
-        raise TesseraError(f"no Kubernetes objects in {', '.join(manifests)}: pass YAML or JSON manifests (files or directories)")
+        raise TesseraError(
+            f"no Kubernetes objects in {', '.join(manifests)}: pass YAML or JSON manifests (files or directories)"
+        )
     loaded = live + loaded
     check_all(loaded)
     for m in loaded:
@@ -255,10 +263,14 @@ def load_inputs(
     loaded = unbind_hami_pods([m for m in loaded if m.kind != "Node"], nodes, notes)
     loaded = list(expand_workloads(loaded, max_pods=limits.max_pods))
     if not nodes and not add_nodes and not any(m.kind == "ResourceSlice" for m in loaded):
-        raise TesseraError("no nodes to schedule on: give --cluster FILE, --node NAME=INVENTORY, --kubeconfig FILE, or ResourceSlices")
-    slice_nodes = {
-        (m.obj.get("spec") or {}).get("nodeName") for m in loaded if m.kind == "ResourceSlice"
-    } - {None} - {n.name for n in nodes}
+        raise TesseraError(
+            "no nodes to schedule on: give --cluster FILE, --node NAME=INVENTORY, --kubeconfig FILE, or ResourceSlices"
+        )
+    slice_nodes = (
+        {(m.obj.get("spec") or {}).get("nodeName") for m in loaded if m.kind == "ResourceSlice"}
+        - {None}
+        - {n.name for n in nodes}
+    )
     for extra in sorted(str(x) for x in slice_nodes):
         nodes.append(SimNode(extra, {"kubernetes.io/hostname": extra}, [], "ResourceSlices"))
     for spec in add_nodes:
@@ -272,7 +284,9 @@ def load_inputs(
     return cluster, loaded
 
 
-def live_outcome(cluster: Cluster, loaded: list[Manifest], objects: list[dict[str, Any]]) -> list[str]:
+def live_outcome(
+    cluster: Cluster, loaded: list[Manifest], objects: list[dict[str, Any]]
+) -> list[str]:
     """For ``--kubeconfig``/``--add-node`` runs: what became of the pods pending in the
     cluster, or who landed on the added nodes (see :func:`tessera.kube.live.pending_outcome`);
     empty for other runs."""

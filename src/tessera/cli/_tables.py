@@ -103,7 +103,8 @@ class FitTable:
     def _cell_widths(self) -> list[list[int]]:
         """Per column: the header's longest word, then every cell's width."""
         return [
-            [max((cell_len(w) for w in header.split()), default=1)] + [cell_len(r[i]) for r in self.rows]
+            [max((cell_len(w) for w in header.split()), default=1)]
+            + [cell_len(r[i]) for r in self.rows]
             for i, (header, _) in enumerate(self.columns)
         ]
 
@@ -117,7 +118,9 @@ class FitTable:
         if width is not None:
             idents = [ident for _, ident in self.columns]
             widths = _fit(widths, self.typical_widths(), idents, width - self.overhead())
-        t = Table(title=self.title, title_justify="left", caption=self.caption, caption_justify="left")
+        t = Table(
+            title=self.title, title_justify="left", caption=self.caption, caption_justify="left"
+        )
         for (header, _), w in zip(self.columns, widths, strict=True):
             t.add_column(header, width=w, overflow="fold")
         for r in self.rows:

@@ -51,23 +51,41 @@ def cluster() -> None:
 @cluster.command()
 @_state_dir_option
 @click.option(
-    "--slices", "slice_files", multiple=True,
+    "--slices",
+    "slice_files",
+    multiple=True,
     type=click.Path(path_type=Path),
     help="YAML file of resource.k8s.io/v1 ResourceSlices; a Node is registered for each distinct spec.nodeName. Repeatable.",
 )
 @click.option(
-    "--cluster", "cluster_file", type=click.Path(path_type=Path), default=None,
+    "--cluster",
+    "cluster_file",
+    type=click.Path(path_type=Path),
+    default=None,
     help="Cluster description (tessera.sim.cluster format): nodes with labels and slices.",
 )
-@click.option("--no-build", is_flag=True, help="Do not run tools/kube/build.sh; use the binaries as they are.")
-@click.option("--timeout", type=float, default=180.0, show_default=True, help="Seconds to wait for each component.")
 @click.option(
-    "--kubelet", is_flag=True,
+    "--no-build", is_flag=True, help="Do not run tools/kube/build.sh; use the binaries as they are."
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=180.0,
+    show_default=True,
+    help="Seconds to wait for each component.",
+)
+@click.option(
+    "--kubelet",
+    is_flag=True,
     help="Also run this machine as a real node: containerd and a kubelet (root; one per machine; "
-         "`down` restores the host). Simulated nodes only with --cluster/--slices.",
+    "`down` restores the host). Simulated nodes only with --cluster/--slices.",
 )
 def up(
-    state_dir: Path | None, slice_files: tuple[Path, ...], cluster_file: Path | None, no_build: bool, timeout: float,
+    state_dir: Path | None,
+    slice_files: tuple[Path, ...],
+    cluster_file: Path | None,
+    no_build: bool,
+    timeout: float,
     kubelet: bool,
 ) -> None:
     """Start a fresh control plane and register nodes, ResourceSlices and the DeviceClass gpu.tessera.dev.
@@ -92,12 +110,18 @@ def up(
         fail(str(e), 2)
     except (ClusterError, BuildError) as e:
         fail(str(e), 1)
-    click.echo(f"control plane running at {c.server} ({len(inv.nodes)} simulated nodes, {len(inv.slices)} ResourceSlices)")
+    click.echo(
+        f"control plane running at {c.server} ({len(inv.nodes)} simulated nodes, {len(inv.slices)} ResourceSlices)"
+    )
     node = c.node
     if node is not None:
-        click.echo(f"node {node.name} Ready: kubelet root {node.kubelet_root_dir}, CDI spec dir {node.cdi_spec_dir}, "
-                   f"containerd {node.containerd_socket}")
-    click.echo(f"state: {c.state_dir}   stop: tessera cluster down --state-dir {shlex.quote(str(c.state_dir))}")
+        click.echo(
+            f"node {node.name} Ready: kubelet root {node.kubelet_root_dir}, CDI spec dir {node.cdi_spec_dir}, "
+            f"containerd {node.containerd_socket}"
+        )
+    click.echo(
+        f"state: {c.state_dir}   stop: tessera cluster down --state-dir {shlex.quote(str(c.state_dir))}"
+    )
     click.echo(f"export KUBECONFIG={shlex.quote(str(c.kubeconfig))}")
 
 
@@ -114,7 +138,9 @@ def down(state_dir: Path | None) -> None:
     left = c.running_components()
     if left:
         fail(f"still running after down: {', '.join(left)} (state {c.state_dir})", 1)
-    click.echo(f"stopped: {', '.join(stopped)}" if stopped else f"nothing was running ({c.state_dir})")
+    click.echo(
+        f"stopped: {', '.join(stopped)}" if stopped else f"nothing was running ({c.state_dir})"
+    )
 
 
 @cluster.command()

@@ -47,7 +47,9 @@ def _out_path(arg: str, file: str, out_dir: Path) -> Path:
 @click.command()
 @click.argument("manifests", nargs=-1, required=True, type=click.Path(allow_dash=True))
 @node_inputs
-@click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+@click.option(
+    "-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True
+)
 @click.option(
     "--out-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -78,20 +80,26 @@ def convert(
 
     try:
         if out_dir is not None and "-" in manifests:
-            raise UserError("--out-dir writes one file per input file: give files or directories, not - (stdin)")
+            raise UserError(
+                "--out-dir writes one file per input file: give files or directories, not - (stdin)"
+            )
         cluster = load_nodes(cluster_file, node_specs)
         for w in cluster.warnings:
             warn(w)
         read = [(arg, _read(arg)) for arg in manifests]
         if not any(ms for _, ms in read):
-            raise UserError(f"no Kubernetes objects in {', '.join(manifests)}: pass YAML or JSON manifests (files or directories)")
+            raise UserError(
+                f"no Kubernetes objects in {', '.join(manifests)}: pass YAML or JSON manifests (files or directories)"
+            )
         slices = [s for n in cluster.nodes for s in n.slices]
         for _, ms in read:
             for m in ms:
                 if m.kind == "ResourceSlice":
                     problems = validate_resource_slice(m.obj)
                     if problems:
-                        raise ManifestError(problems[0], file=m.source.file, doc=m.source.doc, obj=m.ref())
+                        raise ManifestError(
+                            problems[0], file=m.source.file, doc=m.source.doc, obj=m.ref()
+                        )
                     slices.append(m.obj)
         sizes = gpu_memory_sizes(slices)
         files: dict[str, list[dict[str, Any]]] = {}  # source file -> converted documents
@@ -106,7 +114,9 @@ def convert(
                 if out_dir is not None and len(docs) == 0:
                     target = _out_path(arg, m.source.file, out_dir)
                     if target in targets and targets[target] != m.source.file:
-                        raise UserError(f"{m.source.file} and {targets[target]} would both be written to {target}: convert them separately")
+                        raise UserError(
+                            f"{m.source.file} and {targets[target]} would both be written to {target}: convert them separately"
+                        )
                     targets[target] = m.source.file
                 for t in res.templates:
                     md = t["metadata"]

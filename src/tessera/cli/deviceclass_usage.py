@@ -25,13 +25,28 @@ HELM_OWNER_ANNOTATIONS = ("meta.helm.sh/release-name", "meta.helm.sh/release-nam
 
 @click.command("deviceclass-usage")
 @click.argument("classes", nargs=-1, required=True)
-@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None,
-              help="Kubeconfig; in-cluster config (the pod's ServiceAccount) when absent.")
-@click.option("--keep-used", "release", default=None, metavar="RELEASE",
-              help="Detach each used class from Helm release RELEASE, so that `helm uninstall` keeps it.")
-@click.option("--release-namespace", default=None, help="The release's namespace (with --keep-used).")
-def deviceclass_usage(classes: tuple[str, ...], kubeconfig: str | None, release: str | None,
-                      release_namespace: str | None) -> None:
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Kubeconfig; in-cluster config (the pod's ServiceAccount) when absent.",
+)
+@click.option(
+    "--keep-used",
+    "release",
+    default=None,
+    metavar="RELEASE",
+    help="Detach each used class from Helm release RELEASE, so that `helm uninstall` keeps it.",
+)
+@click.option(
+    "--release-namespace", default=None, help="The release's namespace (with --keep-used)."
+)
+def deviceclass_usage(
+    classes: tuple[str, ...],
+    kubeconfig: str | None,
+    release: str | None,
+    release_namespace: str | None,
+) -> None:
     """Print, for each DeviceClass, the ResourceClaims and ResourceClaimTemplates naming it.
 
     One line per class. Exit 0; 2 when the cluster cannot be read or written.
@@ -43,12 +58,15 @@ def deviceclass_usage(classes: tuple[str, ...], kubeconfig: str | None, release:
     if release and not release_namespace:
         fail("--keep-used needs --release-namespace (the namespace the release was installed in)")
     try:
-        client = KubeClient.from_kubeconfig(Path(kubeconfig)) if kubeconfig else KubeClient.in_cluster()
+        client = (
+            KubeClient.from_kubeconfig(Path(kubeconfig)) if kubeconfig else KubeClient.in_cluster()
+        )
     except TesseraError as e:
         fail(str(e))
     try:
-        objects = (client.list("resource.k8s.io/v1", "ResourceClaim")
-                   + client.list("resource.k8s.io/v1", "ResourceClaimTemplate"))
+        objects = client.list("resource.k8s.io/v1", "ResourceClaim") + client.list(
+            "resource.k8s.io/v1", "ResourceClaimTemplate"
+        )
         for name in classes:
             users = class_users(objects, name)
             try:
@@ -65,18 +83,34 @@ def deviceclass_usage(classes: tuple[str, ...], kubeconfig: str | None, release:
             line = f"DeviceClass {name}: used by {len(users)} object(s): {shown}"
             if release:
                 annotations = (current.get("metadata") or {}).get("annotations") or {}
-                if annotations.get(HELM_OWNER_ANNOTATIONS[0]) == release and \
-                        annotations.get(HELM_OWNER_ANNOTATIONS[1]) == release_namespace:
-                    why = (f"kept by helm uninstall of {release_namespace}/{release}: used by {len(users)} object(s) "
-                           f"({shown}); delete it with `kubectl delete deviceclass {name}` once they are gone")
+                if (
+                    annotations.get(HELM_OWNER_ANNOTATIONS[0]) == release
+                    and annotations.get(HELM_OWNER_ANNOTATIONS[1]) == release_namespace
+                ):
+                    why = (
+                        f"kept by helm uninstall of {release_namespace}/{release}: used by {len(users)} object(s) "
+                        f"({shown}); delete it with `kubectl delete deviceclass {name}` once they are gone"
+                    )
                     client.request(
-                        "PATCH", client.collection_path("resource.k8s.io/v1", "DeviceClass", None) + f"/{name}",
-                        body={"metadata": {"annotations": {HELM_OWNER_ANNOTATIONS[0]: None,
-                                                           HELM_OWNER_ANNOTATIONS[1]: None,
-                                                           KEPT_ANNOTATION: why}}},
-                        content_type="application/merge-patch+json", what=f"DeviceClass {name}")
+                        "PATCH",
+                        client.collection_path("resource.k8s.io/v1", "DeviceClass", None)
+                        + f"/{name}",
+                        body={
+                            "metadata": {
+                                "annotations": {
+                                    HELM_OWNER_ANNOTATIONS[0]: None,
+                                    HELM_OWNER_ANNOTATIONS[1]: None,
+                                    KEPT_ANNOTATION: why,
+                                }
+                            }
+                        },
+                        content_type="application/merge-patch+json",
+                        what=f"DeviceClass {name}",
+                    )
                     line += f"; kept (detached from release {release_namespace}/{release})"
             click.echo(line)
     except ApiError as e:
-        fail(f"API server {client.server}: {e} (this needs list on resourceclaims and resourceclaimtemplates, "
-             "get and patch on deviceclasses: the chart's uninstall hook ClusterRole)")
+        fail(
+            f"API server {client.server}: {e} (this needs list on resourceclaims and resourceclaimtemplates, "
+            "get and patch on deviceclasses: the chart's uninstall hook ClusterRole)"
+        )

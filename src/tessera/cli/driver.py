@@ -18,54 +18,158 @@ from tessera.cli._common import fail, wait_for_termination
 
 
 @click.command("driver")
-@click.option("--node-name", envvar="NODE_NAME", default=None,
-              help="This node's name (default: $NODE_NAME, else the host name).")
-@click.option("--kubeconfig", type=click.Path(), envvar="KUBECONFIG", default=None,
-              help="Kubeconfig of the API server (default: $KUBECONFIG, else in-cluster).")
-@click.option("--kubelet-root-dir", type=click.Path(), default="/var/lib/kubelet", show_default=True,
-              help="The kubelet's --root-dir (plugin sockets go under plugins/ and plugins_registry/).")
-@click.option("--cdi-dir", type=click.Path(), default="/var/run/cdi", show_default=True,
-              help="CDI spec directory the container runtime reads.")
-@click.option("--state-dir", type=click.Path(), default="/var/lib/tessera/driver", show_default=True,
-              help="Checkpoint, GPU registry, limits files and usage regions.")
-@click.option("--dev-root", type=click.Path(), default="/", show_default=True,
-              help="Host directory holding dev/nvidia* (the device nodes handed to containers).")
-@click.option("--library", type=click.Path(), default=None,
-              help="Host path of libtessera-enforce.so (default: the one installed with Tessera).")
-@click.option("--nvml-library", type=click.Path(), default=None,
-              help="Path of libnvidia-ml.so.1 to use (default: the loader's search).")
-@click.option("--nvidia-smi", default="nvidia-smi", show_default=True,
-              help="nvidia-smi for the fallback discovery when NVML cannot be loaded.")
-@click.option("--enforcement-backend", type=click.Choice(["auto", "library", "driver-native"]),
-              default="auto", show_default=True,
-              help="How memory limits are enforced; auto detects the NVIDIA driver's own (r615+).")
-@click.option("--nvidia-cdi-hook", default=None,
-              help="Path of NVIDIA's nvidia-cdi-hook (driver-native backend; default: from PATH).")
-@click.option("--driver-root", default="/", show_default=True,
-              help="NVIDIA driver root passed to nvidia-cdi-hook.")
-@click.option("--nvidia-cdi-kind", default=None,
-              help="Also hand out <KIND>=<GPU UUID> (e.g. nvidia.com/gpu) so NVIDIA's CDI spec injects driver libraries.")
-@click.option("--health-address", default="127.0.0.1:51515", show_default=True,
-              help="HOST:PORT of /healthz and /readyz ('' to disable).")
-@click.option("--rescan-seconds", type=float, default=10.0, show_default=True,
-              help="How often GPUs and their health are read again.")
-@click.option("--xid-recovery-seconds", type=float, default=60.0, show_default=True,
-              help="How long a GPU stays tainted after its last critical XID.")
-@click.option("--cgroup-root", default="/sys/fs/cgroup", show_default=True,
-              help="The cgroup mount whose version decides whether driver-native limits can work.")
-@click.option("--device-plugin-dir", type=click.Path(), default="/var/lib/kubelet/device-plugins", show_default=True,
-              help="The kubelet's device-plugin directory, checked for another GPU manager's plugin at start.")
-@click.option("--dynamic-mig", envvar="TESSERA_DYNAMIC_MIG", default=None, metavar="YAML",
-              help="GPUs partitioned on demand (MIG instances made at prepare): true, a list of GPU "
-                   "indices/UUIDs, or {gpus: [...], profiles: [...]} (docs/mig.md). Default: none.")
-@click.option("--mig-minors", type=click.Path(), default="/proc/driver/nvidia-caps/mig-minors", show_default=True,
-              help="The NVIDIA driver's MIG capability device list (the /dev/nvidia-caps nodes of MIG devices).")
-def driver(node_name: str | None, kubeconfig: str | None, kubelet_root_dir: str, cdi_dir: str,
-           state_dir: str, dev_root: str, library: str | None, nvml_library: str | None,
-           nvidia_smi: str, enforcement_backend: str, nvidia_cdi_hook: str | None,
-           driver_root: str, nvidia_cdi_kind: str | None, health_address: str,
-           rescan_seconds: float, xid_recovery_seconds: float, cgroup_root: str,
-           device_plugin_dir: str, dynamic_mig: str | None, mig_minors: str) -> None:
+@click.option(
+    "--node-name",
+    envvar="NODE_NAME",
+    default=None,
+    help="This node's name (default: $NODE_NAME, else the host name).",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(),
+    envvar="KUBECONFIG",
+    default=None,
+    help="Kubeconfig of the API server (default: $KUBECONFIG, else in-cluster).",
+)
+@click.option(
+    "--kubelet-root-dir",
+    type=click.Path(),
+    default="/var/lib/kubelet",
+    show_default=True,
+    help="The kubelet's --root-dir (plugin sockets go under plugins/ and plugins_registry/).",
+)
+@click.option(
+    "--cdi-dir",
+    type=click.Path(),
+    default="/var/run/cdi",
+    show_default=True,
+    help="CDI spec directory the container runtime reads.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(),
+    default="/var/lib/tessera/driver",
+    show_default=True,
+    help="Checkpoint, GPU registry, limits files and usage regions.",
+)
+@click.option(
+    "--dev-root",
+    type=click.Path(),
+    default="/",
+    show_default=True,
+    help="Host directory holding dev/nvidia* (the device nodes handed to containers).",
+)
+@click.option(
+    "--library",
+    type=click.Path(),
+    default=None,
+    help="Host path of libtessera-enforce.so (default: the one installed with Tessera).",
+)
+@click.option(
+    "--nvml-library",
+    type=click.Path(),
+    default=None,
+    help="Path of libnvidia-ml.so.1 to use (default: the loader's search).",
+)
+@click.option(
+    "--nvidia-smi",
+    default="nvidia-smi",
+    show_default=True,
+    help="nvidia-smi for the fallback discovery when NVML cannot be loaded.",
+)
+@click.option(
+    "--enforcement-backend",
+    type=click.Choice(["auto", "library", "driver-native"]),
+    default="auto",
+    show_default=True,
+    help="How memory limits are enforced; auto detects the NVIDIA driver's own (r615+).",
+)
+@click.option(
+    "--nvidia-cdi-hook",
+    default=None,
+    help="Path of NVIDIA's nvidia-cdi-hook (driver-native backend; default: from PATH).",
+)
+@click.option(
+    "--driver-root",
+    default="/",
+    show_default=True,
+    help="NVIDIA driver root passed to nvidia-cdi-hook.",
+)
+@click.option(
+    "--nvidia-cdi-kind",
+    default=None,
+    help="Also hand out <KIND>=<GPU UUID> (e.g. nvidia.com/gpu) so NVIDIA's CDI spec injects driver libraries.",
+)
+@click.option(
+    "--health-address",
+    default="127.0.0.1:51515",
+    show_default=True,
+    help="HOST:PORT of /healthz and /readyz ('' to disable).",
+)
+@click.option(
+    "--rescan-seconds",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="How often GPUs and their health are read again.",
+)
+@click.option(
+    "--xid-recovery-seconds",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="How long a GPU stays tainted after its last critical XID.",
+)
+@click.option(
+    "--cgroup-root",
+    default="/sys/fs/cgroup",
+    show_default=True,
+    help="The cgroup mount whose version decides whether driver-native limits can work.",
+)
+@click.option(
+    "--device-plugin-dir",
+    type=click.Path(),
+    default="/var/lib/kubelet/device-plugins",
+    show_default=True,
+    help="The kubelet's device-plugin directory, checked for another GPU manager's plugin at start.",
+)
+@click.option(
+    "--dynamic-mig",
+    envvar="TESSERA_DYNAMIC_MIG",
+    default=None,
+    metavar="YAML",
+    help="GPUs partitioned on demand (MIG instances made at prepare): true, a list of GPU "
+    "indices/UUIDs, or {gpus: [...], profiles: [...]} (docs/mig.md). Default: none.",
+)
+@click.option(
+    "--mig-minors",
+    type=click.Path(),
+    default="/proc/driver/nvidia-caps/mig-minors",
+    show_default=True,
+    help="The NVIDIA driver's MIG capability device list (the /dev/nvidia-caps nodes of MIG devices).",
+)
+def driver(
+    node_name: str | None,
+    kubeconfig: str | None,
+    kubelet_root_dir: str,
+    cdi_dir: str,
+    state_dir: str,
+    dev_root: str,
+    library: str | None,
+    nvml_library: str | None,
+    nvidia_smi: str,
+    enforcement_backend: str,
+    nvidia_cdi_hook: str | None,
+    driver_root: str,
+    nvidia_cdi_kind: str | None,
+    health_address: str,
+    rescan_seconds: float,
+    xid_recovery_seconds: float,
+    cgroup_root: str,
+    device_plugin_dir: str,
+    dynamic_mig: str | None,
+    mig_minors: str,
+) -> None:
     """Run the DRA node driver gpu.tessera.dev on this node (until SIGTERM).
 
     Publishes the node's GPUs as ResourceSlices, registers with the kubelet, and prepares
@@ -86,24 +190,42 @@ def driver(node_name: str | None, kubeconfig: str | None, kubelet_root_dir: str,
         try:
             dynamic = parse_dynamic_mig(yaml.safe_load(dynamic_mig), "--dynamic-mig")
         except yaml.YAMLError as e:
-            fail(f"--dynamic-mig: {' '.join(str(e).split())}; write YAML such as true, [0, 1] or "
-                 "{gpus: [0], profiles: [1g.10gb]}")
+            fail(
+                f"--dynamic-mig: {' '.join(str(e).split())}; write YAML such as true, [0, 1] or "
+                "{gpus: [0], profiles: [1g.10gb]}"
+            )
         except ValueError as e:
             fail(str(e))
     cfg = DriverConfig(
         node_name=node_name or socket.gethostname().lower(),
-        kubelet_root=Path(kubelet_root_dir), cdi_dir=Path(cdi_dir), state_dir=Path(state_dir),
-        dev_root=Path(dev_root), library=Path(lib) if lib else None, nvml_library=nvml_library,
-        nvidia_smi=nvidia_smi, enforcement_backend=enforcement_backend, cdi_hook=nvidia_cdi_hook,
-        driver_root=driver_root, nvidia_cdi_kind=nvidia_cdi_kind, driver=DRIVER_NAME,
-        health_address=health_address or None, rescan_seconds=rescan_seconds,
-        xid_recovery_seconds=xid_recovery_seconds, cgroup_root=cgroup_root,
-        device_plugin_dir=Path(device_plugin_dir), dynamic_mig=dynamic, mig_minors=Path(mig_minors),
+        kubelet_root=Path(kubelet_root_dir),
+        cdi_dir=Path(cdi_dir),
+        state_dir=Path(state_dir),
+        dev_root=Path(dev_root),
+        library=Path(lib) if lib else None,
+        nvml_library=nvml_library,
+        nvidia_smi=nvidia_smi,
+        enforcement_backend=enforcement_backend,
+        cdi_hook=nvidia_cdi_hook,
+        driver_root=driver_root,
+        nvidia_cdi_kind=nvidia_cdi_kind,
+        driver=DRIVER_NAME,
+        health_address=health_address or None,
+        rescan_seconds=rescan_seconds,
+        xid_recovery_seconds=xid_recovery_seconds,
+        cgroup_root=cgroup_root,
+        device_plugin_dir=Path(device_plugin_dir),
+        dynamic_mig=dynamic,
+        mig_minors=Path(mig_minors),
     )
     if lib is None or not os.path.isfile(lib):
-        fail(f"--library: enforcement library {lib or 'libtessera-enforce.so'} not found; build it with `make native`")
+        fail(
+            f"--library: enforcement library {lib or 'libtessera-enforce.so'} not found; build it with `make native`"
+        )
     try:
-        client = KubeClient.from_kubeconfig(Path(kubeconfig)) if kubeconfig else KubeClient.in_cluster()
+        client = (
+            KubeClient.from_kubeconfig(Path(kubeconfig)) if kubeconfig else KubeClient.in_cluster()
+        )
         node = NodeDriver(cfg, client)
         node.start()
     except TesseraError as e:

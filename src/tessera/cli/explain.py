@@ -24,9 +24,17 @@ from tessera.cli._common import (
 @click.argument("target", metavar="POD_OR_CLAIM")
 @click.argument("manifests", nargs=-1, type=click.Path())
 @cluster_inputs
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--all-devices", is_flag=True, help="Also list every device's verdict, not only grouped reasons.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for shareIDs, as in simulate.")
+@click.option(
+    "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+@click.option(
+    "--all-devices",
+    is_flag=True,
+    help="Also list every device's verdict, not only grouped reasons.",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed for shareIDs, as in simulate."
+)
 @input_limits
 def explain(
     target: str,
@@ -56,8 +64,17 @@ def explain(
     try:
         notes: list[str] = []
         limits = limits_from(max_input_size, max_pods)
-        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes, limits, notes)
-        exp = run_explain(cluster, loaded, target, seed=seed, all_devices=all_devices, class_map=class_map(class_maps))
+        cluster, loaded = load_inputs(
+            manifests, cluster_file, node_specs, kubeconfig, add_nodes, limits, notes
+        )
+        exp = run_explain(
+            cluster,
+            loaded,
+            target,
+            seed=seed,
+            all_devices=all_devices,
+            class_map=class_map(class_maps),
+        )
         for w in notes:
             warn(w)
     except UserError as e:
@@ -71,9 +88,19 @@ def explain(
 
 @click.command()
 @click.argument("manifests", nargs=-1, required=True, type=click.Path())
-@click.option("--cluster", "cluster_file", type=click.Path(), help="Check names against the devices this cluster publishes.")
+@click.option(
+    "--cluster",
+    "cluster_file",
+    type=click.Path(),
+    help="Check names against the devices this cluster publishes.",
+)
 @input_limits
-def lint(manifests: tuple[str, ...], cluster_file: str | None, max_input_size: int | None, max_pods: int | None) -> None:
+def lint(
+    manifests: tuple[str, ...],
+    cluster_file: str | None,
+    max_input_size: int | None,
+    max_pods: int | None,
+) -> None:
     """Lint MANIFESTS (files, directories or `-` for standard input) before they are applied:
     what the API server would refuse in any object (unknown fields, wrong types, API rules), and
     in DeviceClasses, ResourceClaims, ResourceClaimTemplates and (HAMi-style) pods the mistakes
@@ -94,7 +121,11 @@ def lint(manifests: tuple[str, ...], cluster_file: str | None, max_input_size: i
     unreadable: list[str] = []
     loaded = []
     try:
-        slices = [s for n in load_cluster(cluster_file, budget=budget).nodes for s in n.slices] if cluster_file else []
+        slices = (
+            [s for n in load_cluster(cluster_file, budget=budget).nodes for s in n.slices]
+            if cluster_file
+            else []
+        )
     except UserError as e:
         fail(str(e))
         return
@@ -104,7 +135,9 @@ def lint(manifests: tuple[str, ...], cluster_file: str | None, max_input_size: i
         except UserError as e:
             unreadable.append(str(e))
     if not loaded and not unreadable:
-        fail(f"no Kubernetes objects in {', '.join(manifests)}: nothing was checked (pass YAML or JSON manifests)")
+        fail(
+            f"no Kubernetes objects in {', '.join(manifests)}: nothing was checked (pass YAML or JSON manifests)"
+        )
         return
     findings = run_lint(loaded, slices)
     for f in findings:

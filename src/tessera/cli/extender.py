@@ -14,14 +14,47 @@ from tessera.cli.webhook import kube_client
 
 
 @click.command()
-@click.option("--port", type=click.IntRange(0, 65535), default=8888, show_default=True, help="Port (0: any free port).")
-@click.option("--bind-address", default="127.0.0.1", show_default=True, help="Address to listen on (kube-scheduler's sidecar: loopback).")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, help="Kubeconfig; in-cluster config when absent.")
-@click.option("--default-node-policy", type=click.Choice(["first-fit", "binpack", "spread"]), default="first-fit", show_default=True,
-              help="Policy for pods without hami.io/node-scheduler-policy (first-fit: no opinion, the scheduler decides).")
-@click.option("--tls-cert-file", type=click.Path(dir_okay=False), default=None, help="Serve HTTPS with this certificate (reloaded when it changes).")
-@click.option("--tls-private-key-file", type=click.Path(dir_okay=False), default=None, help="Its private key.")
-@click.option("--port-file", type=click.Path(dir_okay=False), default=None, help="Write the port listened on to this file once serving.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8888,
+    show_default=True,
+    help="Port (0: any free port).",
+)
+@click.option(
+    "--bind-address",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (kube-scheduler's sidecar: loopback).",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Kubeconfig; in-cluster config when absent.",
+)
+@click.option(
+    "--default-node-policy",
+    type=click.Choice(["first-fit", "binpack", "spread"]),
+    default="first-fit",
+    show_default=True,
+    help="Policy for pods without hami.io/node-scheduler-policy (first-fit: no opinion, the scheduler decides).",
+)
+@click.option(
+    "--tls-cert-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Serve HTTPS with this certificate (reloaded when it changes).",
+)
+@click.option(
+    "--tls-private-key-file", type=click.Path(dir_okay=False), default=None, help="Its private key."
+)
+@click.option(
+    "--port-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the port listened on to this file once serving.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log every prioritize call and its scores.")
 def extender(
     port: int,
@@ -51,7 +84,11 @@ def extender(
     from tessera.kube.watch import Informer
     from tessera.webhook.server import CertReloader, serve
 
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     certs = None
     if (tls_cert_file is None) != (tls_private_key_file is None):
         fail("--tls-cert-file and --tls-private-key-file go together")
@@ -77,7 +114,9 @@ def extender(
 
     def on_ready(bound: int) -> None:
         scheme = "https" if certs else "http"
-        click.echo(f"tessera extender: serving {scheme}://{bind_address}:{bound}/prioritize", err=True)
+        click.echo(
+            f"tessera extender: serving {scheme}://{bind_address}:{bound}/prioritize", err=True
+        )
         if port_file:
             tmp = Path(port_file + ".tmp")
             tmp.write_text(f"{bound}\n")

@@ -25,23 +25,63 @@ def _log(msg: str) -> None:
 
 
 @click.command()
-@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
-              help="Port of the /metrics endpoint (HAMi's vGPU monitor port; 0 = any free port).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="Port of the /metrics endpoint (HAMi's vGPU monitor port; 0 = any free port).",
+)
 @click.option("--address", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option("--region-dir", type=click.Path(path_type=Path), default=DEFAULT_REGION_DIR, show_default=True,
-              help="Where the node driver keeps one directory per claim (usage region, limits, claim.json).")
-@click.option("--node-name", default=None,
-              help="This node's name (as in its ResourceSlices) [default: $NODE_NAME, else the host name].")
-@click.option("--nvml/--no-nvml", "use_nvml", default=True, show_default=True,
-              help="Read device-level figures from NVML (nvidia-ml-py, libnvidia-ml.so.1).")
-@click.option("--kubeconfig", type=click.Path(path_type=Path), default=None,
-              help="Read allocations from this cluster [default: in-cluster ServiceAccount when run in a pod].")
-@click.option("--api/--no-api", "use_api", default=True, show_default=True,
-              help="Export allocation figures from the API server (ResourceSlices, ResourceClaims, Pods).")
-@click.option("--api-interval", type=click.FloatRange(min=1), default=30.0, show_default=True,
-              help="Seconds between reads of the API server.")
-def monitor(port: int, address: str, region_dir: Path, node_name: str | None, use_nvml: bool,
-            kubeconfig: Path | None, use_api: bool, api_interval: float) -> None:
+@click.option(
+    "--region-dir",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_REGION_DIR,
+    show_default=True,
+    help="Where the node driver keeps one directory per claim (usage region, limits, claim.json).",
+)
+@click.option(
+    "--node-name",
+    default=None,
+    help="This node's name (as in its ResourceSlices) [default: $NODE_NAME, else the host name].",
+)
+@click.option(
+    "--nvml/--no-nvml",
+    "use_nvml",
+    default=True,
+    show_default=True,
+    help="Read device-level figures from NVML (nvidia-ml-py, libnvidia-ml.so.1).",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Read allocations from this cluster [default: in-cluster ServiceAccount when run in a pod].",
+)
+@click.option(
+    "--api/--no-api",
+    "use_api",
+    default=True,
+    show_default=True,
+    help="Export allocation figures from the API server (ResourceSlices, ResourceClaims, Pods).",
+)
+@click.option(
+    "--api-interval",
+    type=click.FloatRange(min=1),
+    default=30.0,
+    show_default=True,
+    help="Seconds between reads of the API server.",
+)
+def monitor(
+    port: int,
+    address: str,
+    region_dir: Path,
+    node_name: str | None,
+    use_nvml: bool,
+    kubeconfig: Path | None,
+    use_api: bool,
+    api_interval: float,
+) -> None:
     """Export per-share and per-GPU metrics of this node for Prometheus on PORT.
 
     Per share (claim x GPU): memory used and limit, cores share, pacing, live processes, read
@@ -58,15 +98,29 @@ def monitor(port: int, address: str, region_dir: Path, node_name: str | None, us
     api = None
     try:
         if not region_dir.is_dir():
-            raise UserError(f"--region-dir {region_dir}: no such directory: give the directory where the "
-                            "Tessera driver keeps the claims' usage regions")
+            raise UserError(
+                f"--region-dir {region_dir}: no such directory: give the directory where the "
+                "Tessera driver keeps the claims' usage regions"
+            )
         if use_nvml:
             nvml = Nvml()
         if use_api:
-            client = KubeClient.from_kubeconfig(kubeconfig) if kubeconfig is not None else KubeClient.in_cluster()
+            client = (
+                KubeClient.from_kubeconfig(kubeconfig)
+                if kubeconfig is not None
+                else KubeClient.in_cluster()
+            )
             api = ApiRefresher(client, node, api_interval, _log)
             api.refresh()
-        running = start(node=node, region_dir=str(region_dir), port=port, address=address, nvml=nvml, api=api, log=_log)
+        running = start(
+            node=node,
+            region_dir=str(region_dir),
+            port=port,
+            address=address,
+            nvml=nvml,
+            api=api,
+            log=_log,
+        )
     except UserError as e:
         if nvml is not None:
             nvml.close()
@@ -74,8 +128,11 @@ def monitor(port: int, address: str, region_dir: Path, node_name: str | None, us
             fail(f"{e}, or pass --no-api")
         fail(str(e))
         return
-    sources = [f"regions {region_dir}", f"NVML {nvml.count} GPU(s)" if nvml else "no NVML",
-               f"API {api.client.server}" if api else "no API"]
+    sources = [
+        f"regions {region_dir}",
+        f"NVML {nvml.count} GPU(s)" if nvml else "no NVML",
+        f"API {api.client.server}" if api else "no API",
+    ]
     _log(f"tessera monitor: node {node}: serving {running.url} ({', '.join(sources)})")
     sys.stderr.flush()
     wait_for_termination()

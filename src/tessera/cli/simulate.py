@@ -64,7 +64,13 @@ def _fmt_num(v: Fraction | None) -> str:
     show_default=True,
     help="table fits the terminal (UUIDs and shareIDs as unique prefixes); wide shows every column in full.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for shareIDs (upstream draws them at random).")
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed for shareIDs (upstream draws them at random).",
+)
 @click.option(
     "--policy",
     type=click.Choice(["first-fit", "binpack", "spread", "topology"]),
@@ -72,7 +78,11 @@ def _fmt_num(v: Fraction | None) -> str:
     show_default=True,
     help="Placement policy. first-fit is what kube-scheduler does; the others are Tessera's planning policies.",
 )
-@click.option("--compare", is_flag=True, help="Run the workload under every policy and as whole GPUs; print GPUs used and pods pending.")
+@click.option(
+    "--compare",
+    is_flag=True,
+    help="Run the workload under every policy and as whole GPUs; print GPUs used and pods pending.",
+)
 @click.option(
     "-n",
     "--namespace",
@@ -128,14 +138,18 @@ def simulate(
     try:
         notes: list[str] = []
         limits = limits_from(max_input_size, max_pods)
-        cluster, loaded = load_inputs(manifests, cluster_file, node_specs, kubeconfig, add_nodes, limits, notes)
+        cluster, loaded = load_inputs(
+            manifests, cluster_file, node_specs, kubeconfig, add_nodes, limits, notes
+        )
         cmap = class_map(class_maps)
         if compare:
             pending = _compare(cluster, loaded, output, seed, policy, namespaces, cmap)
             for w in notes:
                 warn(w)
         else:
-            pending = _simulate(cluster, loaded, output, seed, policy, namespaces, cmap, notes, progress)
+            pending = _simulate(
+                cluster, loaded, output, seed, policy, namespaces, cmap, notes, progress
+            )
     except UserError as e:
         fail(str(e))
     if fail_on_pending and pending:
@@ -148,16 +162,25 @@ def _in_namespaces(ref: str, namespaces: tuple[str, ...]) -> bool:
 
 
 def _compare(
-    cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str, namespaces: tuple[str, ...],
+    cluster: Cluster,
+    loaded: list[Manifest],
+    output: str,
+    seed: int,
+    policy: str,
+    namespaces: tuple[str, ...],
     cmap: dict[str, str],
 ) -> int:
     """Print the comparison; return how many pods stay pending under ``policy``."""
     from tessera.sim.simulate import Simulation
 
     rows = []
-    runs = [(p, p, False) for p in ("first-fit", "binpack", "spread", "topology")] + [("whole GPUs", "first-fit", True)]
+    runs = [(p, p, False) for p in ("first-fit", "binpack", "spread", "topology")] + [
+        ("whole GPUs", "first-fit", True)
+    ]
     for label, pol, whole in runs:
-        res = Simulation(cluster, loaded, seed=seed, policy=pol, whole_gpus=whole, class_map=cmap).run()
+        res = Simulation(
+            cluster, loaded, seed=seed, policy=pol, whole_gpus=whole, class_map=cmap
+        ).run()
         used = [u for u in res.gpus if u.shares or u.dedicated]
         mem_used = sum((u.memory_allocated for u in used), Fraction(0))
         mem_cap = sum((u.memory_capacity or Fraction(0) for u in used), Fraction(0))
@@ -169,7 +192,9 @@ def _compare(
                 "podsScheduled": len([p for p in res.scheduled if _in_namespaces(p, namespaces)]),
                 "podsPending": len(pending),
                 "pending": pending,
-                "memoryBookedOnUsedGPUs": f"{float(100 * mem_used / mem_cap):.1f}%" if mem_cap else "-",
+                "memoryBookedOnUsedGPUs": f"{float(100 * mem_used / mem_cap):.1f}%"
+                if mem_cap
+                else "-",
             }
         )
     if output == "json":
@@ -223,7 +248,11 @@ def _run_with_progress(sim: Simulation, progress: bool | None = None) -> SimResu
                 now = time.monotonic()
                 if now - last >= 5 or done == total:
                     last = now
-                    print(f"tessera simulate: {done:,}/{total:,} pods, {rate()}", file=sys.stderr, flush=True)
+                    print(
+                        f"tessera simulate: {done:,}/{total:,} pods, {rate()}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
 
         return sim.run(on_pod=line)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -259,7 +288,12 @@ def _object_in_namespaces(obj: dict[str, Any], namespaces: tuple[str, ...]) -> b
 
 
 def _simulate(
-    cluster: Cluster, loaded: list[Manifest], output: str, seed: int, policy: str, namespaces: tuple[str, ...],
+    cluster: Cluster,
+    loaded: list[Manifest],
+    output: str,
+    seed: int,
+    policy: str,
+    namespaces: tuple[str, ...],
     cmap: dict[str, str],
     notes: Sequence[str] = (),
     progress: bool | None = None,
@@ -292,7 +326,9 @@ def _simulate(
         for pend in pending:
             pt.add_row(pend.pod, pend.reason)
         tables.append(pt)
-    print_tables(tables, wide=wide, footer=f"{len(scheduled)} pod(s) scheduled, {len(pending)} pending.")
+    print_tables(
+        tables, wide=wide, footer=f"{len(scheduled)} pod(s) scheduled, {len(pending)} pending."
+    )
     for line in live_outcome(cluster, loaded, result.objects):
         click.echo(line)
     return len(pending)
@@ -325,7 +361,19 @@ def _placement_table(result: SimResult, placements: list[Placement], wide: bool)
         share = shares[p.share_id] if p.share_id else "(dedicated)"
         key = device_key_of(p.device)
         if wide:
-            t.add_row(p.pod, p.container, p.claim, p.request, p.node, key, gpu, p.model or "-", p.memory or "-", p.cores or "-", share)
+            t.add_row(
+                p.pod,
+                p.container,
+                p.claim,
+                p.request,
+                p.node,
+                key,
+                gpu,
+                p.model or "-",
+                p.memory or "-",
+                p.cores or "-",
+                share,
+            )
         else:
             t.add_row(p.pod, p.container, key, p.memory or "-", p.cores or "-", share)
     return t
@@ -343,7 +391,11 @@ def _gpu_table(result: SimResult, wide: bool) -> FitTable:
         cols.append(("shared counters", False))
     if wide:
         cols.insert(0, ("node", True))
-    g = FitTable("GPUs", cols, caption=None if wide else "UUIDs and shareIDs as unique prefixes; -o wide shows them whole")
+    g = FitTable(
+        "GPUs",
+        cols,
+        caption=None if wide else "UUIDs and shareIDs as unique prefixes; -o wide shows them whole",
+    )
     for u in rows:
         row = [
             device_key(u.driver, u.pool, u.device),
@@ -359,7 +411,9 @@ def _gpu_table(result: SimResult, wide: bool) -> FitTable:
     return g
 
 
-def _usage(allocated: Fraction, capacity: Fraction | None, fmt: Callable[[Fraction | None], str]) -> str:
+def _usage(
+    allocated: Fraction, capacity: Fraction | None, fmt: Callable[[Fraction | None], str]
+) -> str:
     """``allocated / capacity``; ``-`` alone for a capacity the device does not publish."""
     if capacity is None:
         return "-"

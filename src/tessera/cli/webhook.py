@@ -51,17 +51,57 @@ def check_extended_resource(client: KubeClient) -> str:
 
 
 @click.command()
-@click.option("--tls-cert-file", type=click.Path(dir_okay=False), required=True, help="Serving certificate (PEM); reloaded when the file changes.")
-@click.option("--tls-private-key-file", type=click.Path(dir_okay=False), required=True, help="Its private key (PEM); reloaded with it.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8443, show_default=True, help="HTTPS port (0: any free port).")
+@click.option(
+    "--tls-cert-file",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Serving certificate (PEM); reloaded when the file changes.",
+)
+@click.option(
+    "--tls-private-key-file",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Its private key (PEM); reloaded with it.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8443,
+    show_default=True,
+    help="HTTPS port (0: any free port).",
+)
 @click.option("--bind-address", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, help="Kubeconfig; in-cluster config (the pod's ServiceAccount) when absent.")
-@click.option("--template-grace", type=click.FloatRange(min=1), default=600.0, show_default=True,
-              help="Seconds an unused ResourceClaimTemplate of the webhook is kept after its last admission.")
-@click.option("--collect-interval", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
-              help="Seconds between two passes of the template collector.")
-@click.option("--no-collector", is_flag=True, help="Do not run the template collector in this process (run it elsewhere).")
-@click.option("--port-file", type=click.Path(dir_okay=False), default=None, help="Write the port listened on to this file once serving (tests, --port 0).")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Kubeconfig; in-cluster config (the pod's ServiceAccount) when absent.",
+)
+@click.option(
+    "--template-grace",
+    type=click.FloatRange(min=1),
+    default=600.0,
+    show_default=True,
+    help="Seconds an unused ResourceClaimTemplate of the webhook is kept after its last admission.",
+)
+@click.option(
+    "--collect-interval",
+    type=click.FloatRange(min=0.1),
+    default=60.0,
+    show_default=True,
+    help="Seconds between two passes of the template collector.",
+)
+@click.option(
+    "--no-collector",
+    is_flag=True,
+    help="Do not run the template collector in this process (run it elsewhere).",
+)
+@click.option(
+    "--port-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the port listened on to this file once serving (tests, --port 0).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log each denial and collection.")
 def webhook(
     tls_cert_file: str,
@@ -96,14 +136,17 @@ def webhook(
     from tessera.webhook.templates import Collector, TemplateStore
 
     logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+        level=logging.INFO if verbose else logging.WARNING,
+        stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
         certs = CertReloader(Path(tls_cert_file), Path(tls_private_key_file))
     except (OSError, ssl.SSLError) as e:
-        fail(f"--tls-cert-file {tls_cert_file} / --tls-private-key-file {tls_private_key_file}: cannot load ({e}); "
-             "give a PEM certificate and its matching key")
+        fail(
+            f"--tls-cert-file {tls_cert_file} / --tls-private-key-file {tls_private_key_file}: cannot load ({e}); "
+            "give a PEM certificate and its matching key"
+        )
     try:
         client = kube_client(kubeconfig)
     except UserError as e:

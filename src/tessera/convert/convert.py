@@ -329,7 +329,13 @@ def _mig_allocations(raw: str | None, ctx: _Ctx) -> dict[int, list[str]]:
     for i, it in enumerate(items):
         c = it.get("containerIndex") if isinstance(it, dict) else None
         prof = it.get("profile") if isinstance(it, dict) else None
-        if not isinstance(c, int) or isinstance(c, bool) or c < 0 or not isinstance(prof, str) or not prof:
+        if (
+            not isinstance(c, int)
+            or isinstance(c, bool)
+            or c < 0
+            or not isinstance(prof, str)
+            or not prof
+        ):
             ctx.warn("", f"annotation {key}: entry {i} has no containerIndex and profile; ignored")
             return {}
         names = out.setdefault(c, [])
@@ -679,7 +685,9 @@ def _claim_spec(
     ctx: _Ctx,
     mig_profiles: Sequence[str] = (),
 ) -> dict[str, Any]:
-    selectors = [*hints.selectors, cel.profile_in(mig_profiles)] if mig_profiles else hints.selectors
+    selectors = (
+        [*hints.selectors, cel.profile_in(mig_profiles)] if mig_profiles else hints.selectors
+    )
     subs = _subrequests(req, sizes, hints.numa_bind, ctx)
     devices: dict[str, Any] = {"requests": [_device_request(req, selectors, subs)]}
     constraints: list[dict[str, Any]] = []

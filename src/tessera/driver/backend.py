@@ -80,8 +80,14 @@ def nvml_memory_limits(nvml: object | None, uuids: Sequence[str]) -> tuple[bool,
     return True, "nvmlDeviceGetMemoryLimits_v1 answers"
 
 
-def detect(requested: str, nvml: object | None, driver_version: str | None,
-           uuids: Sequence[str], cdi_hook: str | None, cgroup_root: str = "/sys/fs/cgroup") -> BackendChoice:
+def detect(
+    requested: str,
+    nvml: object | None,
+    driver_version: str | None,
+    uuids: Sequence[str],
+    cdi_hook: str | None,
+    cgroup_root: str = "/sys/fs/cgroup",
+) -> BackendChoice:
     """Choose the backend (see module doc). ``requested``: ``auto`` or a backend name (kept as
     given: an operator override)."""
     if requested in BACKENDS:
@@ -91,12 +97,18 @@ def detect(requested: str, nvml: object | None, driver_version: str | None,
     except ValueError:
         major = 0
     if major < MIN_DRIVER_MAJOR:
-        return BackendChoice(LIBRARY, f"driver {driver_version or 'unknown'} is older than r{MIN_DRIVER_MAJOR}")
+        return BackendChoice(
+            LIBRARY, f"driver {driver_version or 'unknown'} is older than r{MIN_DRIVER_MAJOR}"
+        )
     ok, why = nvml_memory_limits(nvml, uuids)
     if not ok:
         return BackendChoice(LIBRARY, why)
     if not cgroup_v2(cgroup_root):
-        return BackendChoice(LIBRARY, f"{cgroup_root} is not cgroup v2 (driver memory limits need it)")
+        return BackendChoice(
+            LIBRARY, f"{cgroup_root} is not cgroup v2 (driver memory limits need it)"
+        )
     if cdi_hook is None:
-        return BackendChoice(LIBRARY, "nvidia-cdi-hook (NVIDIA container toolkit >= v1.20.1) not found")
+        return BackendChoice(
+            LIBRARY, "nvidia-cdi-hook (NVIDIA container toolkit >= v1.20.1) not found"
+        )
     return BackendChoice(DRIVER_NATIVE, f"driver {driver_version}: {why}; cgroup v2; {cdi_hook}")

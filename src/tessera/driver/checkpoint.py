@@ -66,11 +66,22 @@ class Checkpoint:
             try:
                 doc = json.loads(self.path.read_text())
             except (OSError, ValueError) as e:
-                raise CheckpointError(f"{self.path}: not valid JSON ({e}); move it away to start with an empty state") from e
-            if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("claims"), dict):
-                raise CheckpointError(f"{self.path}: not a version {VERSION} Tessera driver checkpoint")
+                raise CheckpointError(
+                    f"{self.path}: not valid JSON ({e}); move it away to start with an empty state"
+                ) from e
+            if (
+                not isinstance(doc, dict)
+                or doc.get("version") != VERSION
+                or not isinstance(doc.get("claims"), dict)
+            ):
+                raise CheckpointError(
+                    f"{self.path}: not a version {VERSION} Tessera driver checkpoint"
+                )
             self.claims = doc["claims"]
-            self._encoded = {u: json.dumps(e, sort_keys=True, separators=(",", ":")) for u, e in self.claims.items()}
+            self._encoded = {
+                u: json.dumps(e, sort_keys=True, separators=(",", ":"))
+                for u, e in self.claims.items()
+            }
 
     def get(self, uid: str) -> dict[str, Any] | None:
         with self._lock:
@@ -86,7 +97,9 @@ class Checkpoint:
         with self._lock:
             return dict(self.claims)
 
-    def update(self, put: dict[str, dict[str, Any]] | None = None, drop: list[str] | None = None) -> None:
+    def update(
+        self, put: dict[str, dict[str, Any]] | None = None, drop: list[str] | None = None
+    ) -> None:
         """Set entries ``put`` and remove ``drop``; return once that is on disk.
 
         Callers that arrive while a write is in progress are committed together by the next
@@ -132,7 +145,9 @@ class Checkpoint:
             else:
                 for t, _, _ in batch:
                     self._failed[t] = error
-            self._done = max(self._done, max(t for t, _, _ in batch)) if error is None else self._done
+            self._done = (
+                max(self._done, max(t for t, _, _ in batch)) if error is None else self._done
+            )
             self._cond.notify_all()
             if ticket in self._failed:
                 raise self._failed.pop(ticket)

@@ -157,7 +157,8 @@ def _gpu_instances(n: Any, h: Any) -> tuple[list[GpuInstance], dict[tuple[int, i
             for cconst in range(int(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
                 try:
                     cinfo = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                        gi, cconst, n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                        gi, cconst, n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                    )
                 except n.NVMLError:
                     continue
                 if cinfo.id in ci_seen:
@@ -175,8 +176,15 @@ def _gpu_instances(n: Any, h: Any) -> tuple[list[GpuInstance], dict[tuple[int, i
                     name = _s(getattr(cinfo, "name", b"")).removeprefix("MIG ").strip()
                     if name:
                         names[(int(gii.id), int(cii.id))] = name
-            out.append(GpuInstance(int(gii.id), int(gii.profileId), int(gii.placement.start),
-                                   int(gii.placement.size), tuple(sorted(cis))))
+            out.append(
+                GpuInstance(
+                    int(gii.id),
+                    int(gii.profileId),
+                    int(gii.placement.start),
+                    int(gii.placement.size),
+                    tuple(sorted(cis)),
+                )
+            )
     return sorted(out, key=lambda g: g.id), names
 
 
@@ -196,19 +204,32 @@ def _mig_devices(n: Any, h: Any, names: dict[tuple[int, int], str]) -> list[MigD
             sms: int | None = int(n.nvmlDeviceGetAttributes(m).multiprocessorCount)
         except n.NVMLError:
             sms = None
-        out.append(MigDevice(
-            index=i, uuid=_s(n.nvmlDeviceGetUUID(m)), profile=names.get((gi, ci)),
-            memory_bytes=int(n.nvmlDeviceGetMemoryInfo(m).total), sm_count=sms,
-            gpu_instance_id=gi, compute_instance_id=ci,
-        ))
+        out.append(
+            MigDevice(
+                index=i,
+                uuid=_s(n.nvmlDeviceGetUUID(m)),
+                profile=names.get((gi, ci)),
+                memory_bytes=int(n.nvmlDeviceGetMemoryInfo(m).total),
+                sm_count=sms,
+                gpu_instance_id=gi,
+                compute_instance_id=ci,
+            )
+        )
     return out
 
 
 def _with_uuids(instances: list[GpuInstance], migs: list[MigDevice]) -> tuple[GpuInstance, ...]:
     by_ids = {(m.gpu_instance_id, m.compute_instance_id): m.uuid or "" for m in migs}
-    return tuple(GpuInstance(g.id, g.profile_id, g.start, g.size,
-                             tuple((c, p, by_ids.get((g.id, c), "")) for c, p, _ in g.compute_instances))
-                 for g in instances)
+    return tuple(
+        GpuInstance(
+            g.id,
+            g.profile_id,
+            g.start,
+            g.size,
+            tuple((c, p, by_ids.get((g.id, c), "")) for c, p, _ in g.compute_instances),
+        )
+        for g in instances
+    )
 
 
 def discover_nvml(nvml: object) -> Inventory:
@@ -266,10 +287,18 @@ def discover_nvml(nvml: object) -> Inventory:
                 continue
             raise DiscoveryError(f"NVML: GPU {i}: {e}") from e
         gpu = GPU(
-            index=i, uuid=uuid, product_name=name,
-            architecture=derive_architecture(None, cc, name), cuda_compute_capability=cc,
-            driver_version=driver, cuda_version=cuda_str, pcie_bus_id=bus, numa_node=numa,
-            memory_bytes=mem, mig_enabled=mig, mig_devices=tuple(migs),
+            index=i,
+            uuid=uuid,
+            product_name=name,
+            architecture=derive_architecture(None, cc, name),
+            cuda_compute_capability=cc,
+            driver_version=driver,
+            cuda_version=cuda_str,
+            pcie_bus_id=bus,
+            numa_node=numa,
+            memory_bytes=mem,
+            mig_enabled=mig,
+            mig_devices=tuple(migs),
         )
         gpus.append(NodeGPU(gpu, minor, instances=instances))
         handles.append(h)
@@ -277,7 +306,10 @@ def discover_nvml(nvml: object) -> Inventory:
     for a in range(len(gpus)):
         for b in range(a + 1, len(gpus)):
             try:
-                linked = n.nvmlDeviceGetP2PStatus(handles[a], handles[b], n.NVML_P2P_CAPS_INDEX_NVLINK) == n.NVML_P2P_STATUS_OK
+                linked = (
+                    n.nvmlDeviceGetP2PStatus(handles[a], handles[b], n.NVML_P2P_CAPS_INDEX_NVLINK)
+                    == n.NVML_P2P_STATUS_OK
+                )
             except n.NVMLError:
                 linked = False
             if linked:
@@ -287,16 +319,21 @@ def discover_nvml(nvml: object) -> Inventory:
     return Inventory(gpus, "nvml", driver, cuda)
 
 
-def discover_smi(nvidia_smi: str = "nvidia-smi", run: Callable[[list[str]], str] | None = None) -> Inventory:
+def discover_smi(
+    nvidia_smi: str = "nvidia-smi", run: Callable[[list[str]], str] | None = None
+) -> Inventory:
     """List the GPUs from ``nvidia-smi -q -x`` with the inventory parser (minor numbers from
     ``<minor_number>``). Raises :class:`DiscoveryError`."""
+
     def _run(argv: list[str]) -> str:
         exe = shutil.which(argv[0])
         if exe is None:
             raise DiscoveryError(f"{argv[0]} not found on PATH")
         proc = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:
-            raise DiscoveryError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()[:300]}")
+            raise DiscoveryError(
+                f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()[:300]}"
+            )
         return proc.stdout
 
     text = (run or _run)([nvidia_smi, "-q", "-x"])
@@ -339,8 +376,12 @@ class XidWatcher(threading.Thread):
     calls ``on_xid(uuid, xid)`` for each one that is not an application error
     (:data:`APPLICATION_XIDS`). Stops when :meth:`stop` is called."""
 
-    def __init__(self, uuids: list[str], on_xid: Callable[[str, int], None],
-                 log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        uuids: list[str],
+        on_xid: Callable[[str, int], None],
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         super().__init__(name="tessera-xid", daemon=True)
         self.uuids = uuids
         self.on_xid = on_xid

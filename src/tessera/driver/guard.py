@@ -130,8 +130,9 @@ def _uuid_values(device: Mapping[str, Any]) -> list[str]:
     return values
 
 
-def slice_signs(slices: Iterable[Mapping[str, Any]], uuids: Iterable[str],
-                driver: str = DRIVER_NAME) -> list[Sign]:
+def slice_signs(
+    slices: Iterable[Mapping[str, Any]], uuids: Iterable[str], driver: str = DRIVER_NAME
+) -> list[Sign]:
     """Signs in ResourceSlices (dicts, ``resource.k8s.io/v1``): a device of another driver
     than ``driver`` whose ``uuid``/``parentUUID`` attribute (plain or domain-qualified) is one
     of ``uuids`` (compared without case). One sign per slice, listing the UUIDs."""
@@ -142,10 +143,17 @@ def slice_signs(slices: Iterable[Mapping[str, Any]], uuids: Iterable[str],
         other = str(spec.get("driver") or "")
         if other == driver:
             continue
-        hits = sorted({v for d in spec.get("devices") or [] for v in _uuid_values(d) if v.lower() in mine})
+        hits = sorted(
+            {v for d in spec.get("devices") or [] for v in _uuid_values(d) if v.lower() in mine}
+        )
         if hits:
             name = str((s.get("metadata") or {}).get("name") or "")
-            out.append(Sign("dra-driver", f"DRA driver {other} publishes {', '.join(hits)} (ResourceSlice {name})"))
+            out.append(
+                Sign(
+                    "dra-driver",
+                    f"DRA driver {other} publishes {', '.join(hits)} (ResourceSlice {name})",
+                )
+            )
     return out
 
 
@@ -171,7 +179,8 @@ def socket_signs(device_plugin_dir: Path = DEVICE_PLUGIN_DIR) -> list[Sign]:
     except OSError as e:
         raise SecondManagerError(
             f"cannot read the device plugin directory {device_plugin_dir}: {e.strerror}; mount the "
-            "host's /var/lib/kubelet/device-plugins there, or pass --device-plugin-dir") from e
+            "host's /var/lib/kubelet/device-plugins there, or pass --device-plugin-dir"
+        ) from e
     for p in entries:
         if not (p.name.startswith("nvidia-") and p.name.endswith(".sock")):
             continue
@@ -202,9 +211,15 @@ def refusal(node_name: str, signs: Sequence[Sign]) -> str:
     )
 
 
-def check_node(client: KubeClient, node_name: str, uuids: Sequence[str], *,
-               device_plugin_dir: Path = DEVICE_PLUGIN_DIR, driver: str = DRIVER_NAME,
-               log: Callable[[str], None] | None = None) -> list[Sign]:
+def check_node(
+    client: KubeClient,
+    node_name: str,
+    uuids: Sequence[str],
+    *,
+    device_plugin_dir: Path = DEVICE_PLUGIN_DIR,
+    driver: str = DRIVER_NAME,
+    log: Callable[[str], None] | None = None,
+) -> list[Sign]:
     """Look for another manager of this node's GPUs (``uuids``: GPU and MIG UUIDs discovered).
 
     Reads the Node ``node_name`` and the ResourceSlices with ``spec.nodeName=node_name``, and
@@ -221,20 +236,31 @@ def check_node(client: KubeClient, node_name: str, uuids: Sequence[str], *,
         if e.status != 404:
             raise SecondManagerError(
                 f"checking node {node_name} for another GPU manager: get Node {node_name}: {e}; "
-                "grant the driver's ServiceAccount get on nodes (the chart's node ClusterRole)") from e
+                "grant the driver's ServiceAccount get on nodes (the chart's node ClusterRole)"
+            ) from e
         node = None
-        say(f"Node {node_name} does not exist: its allocatable and annotations were not checked for another GPU manager")
+        say(
+            f"Node {node_name} does not exist: its allocatable and annotations were not checked for another GPU manager"
+        )
     try:
-        slices = client.list("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={node_name}")
+        slices = client.list(
+            "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={node_name}"
+        )
     except ApiError as e:
         raise SecondManagerError(
             f"checking node {node_name} for another GPU manager: list ResourceSlices: {e}; "
-            "grant the driver's ServiceAccount list on resourceslices") from e
-    signs = (node_signs(node) if node is not None else []) + socket_signs(device_plugin_dir) \
+            "grant the driver's ServiceAccount list on resourceslices"
+        ) from e
+    signs = (
+        (node_signs(node) if node is not None else [])
+        + socket_signs(device_plugin_dir)
         + slice_signs(slices, uuids, driver)
+    )
     if signs and _override(node):
-        say(f"another manager of this node's GPUs is present, started anyway (label {OVERRIDE_LABEL}=true): "
-            + "; ".join(s.detail for s in signs))
+        say(
+            f"another manager of this node's GPUs is present, started anyway (label {OVERRIDE_LABEL}=true): "
+            + "; ".join(s.detail for s in signs)
+        )
     elif signs:
         raise SecondManagerError(refusal(node_name, signs))
     return signs

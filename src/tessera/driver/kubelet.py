@@ -116,7 +116,9 @@ def _claim_refs(claims: Any) -> tuple[list[ClaimRef], dict[str, str]]:
         missing = [f for f in ("namespace", "uid", "name") if not getattr(c, f)]
         if missing:
             key = c.uid or f"{c.namespace}/{c.name}"
-            bad[key] = f"claim {c.namespace}/{c.name} (uid {c.uid!r}): {', '.join(missing)} missing; the kubelet must send namespace, uid and name"
+            bad[key] = (
+                f"claim {c.namespace}/{c.name} (uid {c.uid!r}): {', '.join(missing)} missing; the kubelet must send namespace, uid and name"
+            )
             continue
         refs.append(ClaimRef(c.namespace, c.name, c.uid))
     return refs, bad
@@ -131,8 +133,15 @@ class PluginServers:
     kubelet reports a successful registration (``registration_error`` holds a refusal).
     """
 
-    def __init__(self, root_dir: Path, driver: str, plugin: Plugin, *, max_workers: int = 8,
-                 log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        root_dir: Path,
+        driver: str,
+        plugin: Plugin,
+        *,
+        max_workers: int = 8,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         self.root_dir = Path(root_dir)
         self.driver = driver
         self.plugin = plugin
@@ -155,7 +164,9 @@ class PluginServers:
         class Registration(reg_grpc.RegistrationServicer):  # type: ignore[name-defined]
             def GetInfo(self, request: Any, context: Any) -> Any:
                 return reg_pb2.PluginInfo(
-                    type=PLUGIN_TYPE, name=outer.driver, endpoint=str(outer.dra_path),
+                    type=PLUGIN_TYPE,
+                    name=outer.driver,
+                    endpoint=str(outer.dra_path),
                     supported_versions=[DRA_SERVICE_V1],
                 )
 
@@ -178,15 +189,19 @@ class PluginServers:
                 for key, err in bad.items():
                     resp.claims[key].error = err
                 for ref in refs:
-                    res = results.get(ref.uid) or PrepareResult(error=f"claim {ref.namespace}/{ref.name}: not prepared (internal error)")
+                    res = results.get(ref.uid) or PrepareResult(
+                        error=f"claim {ref.namespace}/{ref.name}: not prepared (internal error)"
+                    )
                     entry = resp.claims[ref.uid]
                     if res.error:
                         entry.error = res.error
                         continue
                     for d in res.devices:
                         dev = entry.devices.add(
-                            request_names=list(d.request_names), pool_name=d.pool,
-                            device_name=d.device, cdi_device_ids=list(d.cdi_device_ids),
+                            request_names=list(d.request_names),
+                            pool_name=d.pool,
+                            device_name=d.device,
+                            cdi_device_ids=list(d.cdi_device_ids),
                         )
                         if d.share_id:
                             dev.share_id = d.share_id
@@ -204,8 +219,10 @@ class PluginServers:
 
         for path in (self.dra_path, self.registration_path):
             if len(str(path)) > MAX_SOCKET_PATH:
-                raise OSError(f"socket path {path} has {len(str(path))} characters, more than a unix "
-                              f"socket allows ({MAX_SOCKET_PATH}); use a shorter --kubelet-root-dir")
+                raise OSError(
+                    f"socket path {path} has {len(str(path))} characters, more than a unix "
+                    f"socket allows ({MAX_SOCKET_PATH}); use a shorter --kubelet-root-dir"
+                )
             path.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()  # a stale socket of an earlier run

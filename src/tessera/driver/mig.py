@@ -75,8 +75,17 @@ class MigSlot:
 
     @classmethod
     def of(cls, device: str, p: MigPlacement) -> MigSlot:
-        return cls(device, p.gpu_uuid, p.gpu_index, p.profile, p.start, p.size,
-                   p.gpu_instance_profile, p.compute_instance_profile, p.shared)
+        return cls(
+            device,
+            p.gpu_uuid,
+            p.gpu_index,
+            p.profile,
+            p.start,
+            p.size,
+            p.gpu_instance_profile,
+            p.compute_instance_profile,
+            p.shared,
+        )
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -88,16 +97,39 @@ class MigSlot:
         return self.uuid is not None
 
     def to_json(self) -> dict[str, Any]:
-        return {"device": self.device, "gpuUUID": self.gpu_uuid, "gpuIndex": self.gpu_index,
-                "profile": self.profile, "start": self.start, "size": self.size,
-                "giProfile": self.gi_profile, "ciProfile": self.ci_profile, "shared": self.shared,
-                "profileID": self.profile_id, "gi": self.gi, "ci": self.ci, "uuid": self.uuid}
+        return {
+            "device": self.device,
+            "gpuUUID": self.gpu_uuid,
+            "gpuIndex": self.gpu_index,
+            "profile": self.profile,
+            "start": self.start,
+            "size": self.size,
+            "giProfile": self.gi_profile,
+            "ciProfile": self.ci_profile,
+            "shared": self.shared,
+            "profileID": self.profile_id,
+            "gi": self.gi,
+            "ci": self.ci,
+            "uuid": self.uuid,
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> MigSlot:
-        return cls(d["device"], d["gpuUUID"], int(d["gpuIndex"]), d["profile"], int(d["start"]),
-                   int(d["size"]), d["giProfile"], d["ciProfile"], bool(d.get("shared")),
-                   d.get("profileID"), d.get("gi"), d.get("ci"), d.get("uuid"))
+        return cls(
+            d["device"],
+            d["gpuUUID"],
+            int(d["gpuIndex"]),
+            d["profile"],
+            int(d["start"]),
+            int(d["size"]),
+            d["giProfile"],
+            d["ciProfile"],
+            bool(d.get("shared")),
+            d.get("profileID"),
+            d.get("gi"),
+            d.get("ci"),
+            d.get("uuid"),
+        )
 
 
 def entry_slots(entry: Mapping[str, Any]) -> list[MigSlot]:
@@ -118,7 +150,9 @@ def owned(entries: Iterable[Mapping[str, Any]]) -> dict[str, set[tuple[int | Non
     return out
 
 
-def is_owned(gpu_uuid: str, gi: GpuInstance, mine: Mapping[str, set[tuple[int | None, int, int]]]) -> bool:
+def is_owned(
+    gpu_uuid: str, gi: GpuInstance, mine: Mapping[str, set[tuple[int | None, int, int]]]
+) -> bool:
     places = mine.get(gpu_uuid) or set()
     return (gi.profile_id, gi.start, gi.size) in places
 
@@ -129,7 +163,9 @@ def without_owned(ng: NodeGPU, mine: Mapping[str, set[tuple[int | None, int, int
     ours = {gi.id for gi in ng.instances if is_owned(ng.gpu.uuid, gi, mine)}
     if not ours:
         return ng
-    gpu = replace(ng.gpu, mig_devices=tuple(m for m in ng.gpu.mig_devices if m.gpu_instance_id not in ours))
+    gpu = replace(
+        ng.gpu, mig_devices=tuple(m for m in ng.gpu.mig_devices if m.gpu_instance_id not in ours)
+    )
     return replace(ng, gpu=gpu)
 
 
@@ -148,7 +184,9 @@ def read_mig_minors(path: Path = MIG_MINORS) -> dict[str, int]:
     return out
 
 
-def mig_cap_nodes(minors: Mapping[str, int], parent_minor: int, gi: int, ci: int) -> tuple[str, str]:
+def mig_cap_nodes(
+    minors: Mapping[str, int], parent_minor: int, gi: int, ci: int
+) -> tuple[str, str]:
     """The two capability device nodes of MIG device ``(gi, ci)`` of the GPU with device minor
     ``parent_minor``, relative to ``/dev``: ``nvidia-caps/nvidia-cap<N>`` for the GPU instance and
     for the compute instance. Raises ``KeyError`` naming the capability ``minors`` lacks."""
@@ -204,8 +242,11 @@ class MigOps:
 
     def occupied(self, s: MigSlot) -> list[GpuInstance]:
         """GPU instances whose memory slices overlap ``s``'s placement."""
-        return [gi for gi in self.instances(s.gpu_uuid)
-                if gi.start < s.start + s.size and s.start < gi.start + gi.size]
+        return [
+            gi
+            for gi in self.instances(s.gpu_uuid)
+            if gi.start < s.start + s.size and s.start < gi.start + gi.size
+        ]
 
     def _mig_uuid(self, h: Any, gi: int, ci: int) -> str:
         n = self.nvml
@@ -214,7 +255,10 @@ class MigOps:
                 m = n.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
             except n.NVMLError:
                 continue
-            if (int(n.nvmlDeviceGetGpuInstanceId(m)), int(n.nvmlDeviceGetComputeInstanceId(m))) == (gi, ci):
+            if (int(n.nvmlDeviceGetGpuInstanceId(m)), int(n.nvmlDeviceGetComputeInstanceId(m))) == (
+                gi,
+                ci,
+            ):
                 return _s(n.nvmlDeviceGetUUID(m))
         raise MigError(f"GPU instance {gi} compute instance {ci}: NVML lists no MIG device for it")
 
@@ -240,7 +284,8 @@ class MigOps:
                 ci_id = found.compute_instances[0][0]
             else:
                 cinfo = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gi, getattr(n, s.ci_profile), n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                    gi, getattr(n, s.ci_profile), n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                )
                 ci = n.nvmlGpuInstanceCreateComputeInstance(gi, cinfo.id)
                 ci_id = int(n.nvmlComputeInstanceGetInfo(ci).id)
             return replace(s, gi=gi_id, ci=ci_id, uuid=self._mig_uuid(h, gi_id, ci_id))

@@ -151,15 +151,22 @@ class NodeDriver:
     ``client``: API client; ``log``: one line per event (stderr by default).
     """
 
-    def __init__(self, cfg: DriverConfig, client: KubeClient,
-                 log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, cfg: DriverConfig, client: KubeClient, log: Callable[[str], None] | None = None
+    ) -> None:
         self.cfg = cfg
         self.client = client
         self.log = log or (lambda m: print(f"tessera driver: {m}", flush=True))
         self.layout = Layout(
-            state_dir=cfg.state_dir, cdi_dir=cfg.cdi_dir, dev_root=cfg.dev_root,
-            library=cfg.library, driver=cfg.driver, driver_root=cfg.driver_root,
-            cdi_hook=cfg.cdi_hook, nvidia_cdi_kind=cfg.nvidia_cdi_kind, mig_minors=cfg.mig_minors,
+            state_dir=cfg.state_dir,
+            cdi_dir=cfg.cdi_dir,
+            dev_root=cfg.dev_root,
+            library=cfg.library,
+            driver=cfg.driver,
+            driver_root=cfg.driver_root,
+            cdi_hook=cfg.cdi_hook,
+            nvidia_cdi_kind=cfg.nvidia_cdi_kind,
+            mig_minors=cfg.mig_minors,
         )
         self.registry = GpuRegistry(cfg.state_dir / "gpus.json")
         self.checkpoint: Checkpoint | None = None
@@ -191,7 +198,8 @@ class NodeDriver:
         if not cfg.kubelet_root.is_dir():
             raise DriverStartError(
                 f"kubelet directory {cfg.kubelet_root} does not exist: run the driver on a node "
-                "whose kubelet uses it, or pass the kubelet's --root-dir as --kubelet-root-dir")
+                "whose kubelet uses it, or pass the kubelet's --root-dir as --kubelet-root-dir"
+            )
         # Bound first (served once ready): a port that is taken refuses the start before
         # anything is written, published or made.
         if cfg.health_address:
@@ -214,28 +222,51 @@ class NodeDriver:
         inv = self._discover()
         # The guard before anything is made or destroyed: another manager of these GPUs on the
         # node refuses the start.
-        guard.check_node(self.client, cfg.node_name, guard.discovered_uuids(g.gpu for g in inv.gpus),
-                         device_plugin_dir=cfg.device_plugin_dir, driver=cfg.driver, log=self.log)
+        guard.check_node(
+            self.client,
+            cfg.node_name,
+            guard.discovered_uuids(g.gpu for g in inv.gpus),
+            device_plugin_dir=cfg.device_plugin_dir,
+            driver=cfg.driver,
+            log=self.log,
+        )
         if self.nvml is not None:
             self.mig = MigOps(self.nvml)
         elif cfg.dynamic_mig is not None:
             raise DriverStartError(
                 f"{DYNAMIC_MIG_OPTION}: making MIG instances needs NVML, which could not be loaded "
                 "(GPUs were read from nvidia-smi); install the NVIDIA driver's libnvidia-ml.so.1 or "
-                f"pass --nvml-library PATH, or drop {DYNAMIC_MIG_OPTION}")
+                f"pass --nvml-library PATH, or drop {DYNAMIC_MIG_OPTION}"
+            )
         if self.mig is not None and self.recover_mig():
             inv = self._discover()
         self.registry.update(self._foreign_only(inv), {})
         self.backend = backends.detect(
-            cfg.enforcement_backend, self.nvml, inv.driver_version,
-            [g.gpu.uuid for g in inv.gpus], backends.find_cdi_hook(cfg.cdi_hook), cfg.cgroup_root)
-        self.layout = Layout(**{**self.layout.__dict__, "cdi_hook": backends.find_cdi_hook(cfg.cdi_hook)})
-        self.log(f"{len(inv.gpus)} GPU(s) from {inv.source} (driver {inv.driver_version}); "
-                 f"enforcement backend {self.backend.backend}: {self.backend.reason}")
-        self.publisher = Publisher(self.client, cfg.node_name, cfg.driver, self.registry,
-                                   self.backend.backend, xid_recovery=cfg.xid_recovery_seconds,
-                                   dynamic_mig=cfg.dynamic_mig, dynamic_where=DYNAMIC_MIG_OPTION,
-                                   log=self.log)
+            cfg.enforcement_backend,
+            self.nvml,
+            inv.driver_version,
+            [g.gpu.uuid for g in inv.gpus],
+            backends.find_cdi_hook(cfg.cdi_hook),
+            cfg.cgroup_root,
+        )
+        self.layout = Layout(
+            **{**self.layout.__dict__, "cdi_hook": backends.find_cdi_hook(cfg.cdi_hook)}
+        )
+        self.log(
+            f"{len(inv.gpus)} GPU(s) from {inv.source} (driver {inv.driver_version}); "
+            f"enforcement backend {self.backend.backend}: {self.backend.reason}"
+        )
+        self.publisher = Publisher(
+            self.client,
+            cfg.node_name,
+            cfg.driver,
+            self.registry,
+            self.backend.backend,
+            xid_recovery=cfg.xid_recovery_seconds,
+            dynamic_mig=cfg.dynamic_mig,
+            dynamic_where=DYNAMIC_MIG_OPTION,
+            log=self.log,
+        )
         try:
             self.publisher.sync()
         except ApiError as e:
@@ -255,13 +286,17 @@ class NodeDriver:
         if cfg.write_claim_status:
             self._spawn(self._status_loop, "tessera-status")
         if self.nvml is not None:
-            self._xid = XidWatcher([r.gpu.uuid for r in self.registry.snapshot()], self._on_xid, self.log)
+            self._xid = XidWatcher(
+                [r.gpu.uuid for r in self.registry.snapshot()], self._on_xid, self.log
+            )
             self._xid.start()
         if self._http is not None:
             self._spawn(self._http.serve_forever, "tessera-health")
         self.ready.set()
-        self.log(f"serving {self.servers.dra_path} (registration {self.servers.registration_path}); "
-                 f"slices published {self.stats.first_publish:.3f} s after start")
+        self.log(
+            f"serving {self.servers.dra_path} (registration {self.servers.registration_path}); "
+            f"slices published {self.stats.first_publish:.3f} s after start"
+        )
 
     def stop(self) -> None:
         """Stop serving (sockets removed); prepared claims stay prepared (checkpoint)."""
@@ -295,12 +330,16 @@ class NodeDriver:
                 answers = list(pool.map(ask, REQUIRED_ACCESS))
         except ApiError as e:
             raise DriverStartError(f"API server {self.client.server}: {e}") from e
-        denied = [f"{verb} {resource}{'/' + sub if sub else ''}"
-                  for (verb, _g, resource, sub), ok in zip(REQUIRED_ACCESS, answers, strict=True) if not ok]
+        denied = [
+            f"{verb} {resource}{'/' + sub if sub else ''}"
+            for (verb, _g, resource, sub), ok in zip(REQUIRED_ACCESS, answers, strict=True)
+            if not ok
+        ]
         if denied:
             raise DriverStartError(
                 f"the API server denies this identity: {', '.join(denied)} (group resource.k8s.io); "
-                "grant the driver's ServiceAccount the ClusterRole in docs/driver.md")
+                "grant the driver's ServiceAccount the ClusterRole in docs/driver.md"
+            )
 
     def _discover(self) -> Inventory:
         try:
@@ -314,7 +353,8 @@ class NodeDriver:
             except DiscoveryError as smi_err:
                 raise DriverStartError(
                     f"no GPU inventory: NVML: {nvml_err}; nvidia-smi fallback: {smi_err} "
-                    "(install the NVIDIA driver, or pass --nvml-library PATH)") from smi_err
+                    "(install the NVIDIA driver, or pass --nvml-library PATH)"
+                ) from smi_err
 
     def _foreign_only(self, inv: Inventory) -> list[NodeGPU]:
         """The discovered GPUs without the MIG devices of the driver's own instances."""
@@ -324,8 +364,11 @@ class NodeDriver:
 
     def _warn_publication(self) -> None:
         """Log, once each, what the slices leave out (a MIG-mode GPU without instances...)."""
-        for line in publication_warnings([r.gpu for r in self.registry.snapshot()], f"node {self.cfg.node_name}",
-                                         self.cfg.dynamic_mig):
+        for line in publication_warnings(
+            [r.gpu for r in self.registry.snapshot()],
+            f"node {self.cfg.node_name}",
+            self.cfg.dynamic_mig,
+        ):
             if line not in self._warned:
                 self._warned.add(line)
                 self.log(f"warning: {line}")
@@ -340,8 +383,13 @@ class NodeDriver:
             return "deleted" if e.status == 404 else None
         if (claim.get("metadata") or {}).get("uid") != ref.uid:
             return "replaced by another claim of that name"
-        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-        if not any(r.get("driver") == self.cfg.driver and r.get("pool") == self.cfg.node_name for r in results):
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        ) or []
+        if not any(
+            r.get("driver") == self.cfg.driver and r.get("pool") == self.cfg.node_name
+            for r in results
+        ):
             return "no longer allocated on this node"
         return None
 
@@ -350,8 +398,12 @@ class NodeDriver:
         claim still uses (the whole dynamic GPU is shared). Call with ``_mig_lock`` held.
         Returns what was destroyed; raises :class:`MigError`."""
         assert self.checkpoint is not None and self.mig is not None
-        others = {s.key for u, e in self.checkpoint.entries().items()
-                  if u != uid and e.get("state") in (PREPARING, PREPARED) for s in entry_slots(e)}
+        others = {
+            s.key
+            for u, e in self.checkpoint.entries().items()
+            if u != uid and e.get("state") in (PREPARING, PREPARED)
+            for s in entry_slots(e)
+        }
         gone = []
         for s in slots:
             if s.key in others:
@@ -378,20 +430,26 @@ class NodeDriver:
             why = "its unprepare was interrupted" if state == UNPREPARING else self._claim_gone(ref)
             if why is None:
                 have = [s for s in slots if self.mig.find(s) is not None]
-                self.log(f"ResourceClaim {ref.namespace}/{ref.name}: prepare was interrupted; adopted "
-                         f"{len(have)} of its {len(slots)} MIG instance(s) for the kubelet's retry")
+                self.log(
+                    f"ResourceClaim {ref.namespace}/{ref.name}: prepare was interrupted; adopted "
+                    f"{len(have)} of its {len(slots)} MIG instance(s) for the kubelet's retry"
+                )
                 continue
             try:
                 with self._mig_lock:
                     gone = self._release(uid, slots)
             except MigError as e:
-                self.log(f"ResourceClaim {ref.namespace}/{ref.name}: {why}; its MIG instances stay: {e}")
+                self.log(
+                    f"ResourceClaim {ref.namespace}/{ref.name}: {why}; its MIG instances stay: {e}"
+                )
                 continue
             remove_files(uid, self.layout)
             self.checkpoint.update(drop=[uid])
             changed = changed or bool(gone)
-            self.log(f"ResourceClaim {ref.namespace}/{ref.name}: {why}; destroyed its MIG instance(s): "
-                     f"{', '.join(gone) or 'none left'}")
+            self.log(
+                f"ResourceClaim {ref.namespace}/{ref.name}: {why}; destroyed its MIG instance(s): "
+                f"{', '.join(gone) or 'none left'}"
+            )
         return changed
 
     def _cleanup_stale(self) -> None:
@@ -402,7 +460,10 @@ class NodeDriver:
             return
         now = time.time()
         for uid, entry in self.checkpoint.entries().items():
-            if entry.get("state") != PREPARING or now - float(entry.get("since", now)) < STALE_PREPARE_SECONDS:
+            if (
+                entry.get("state") != PREPARING
+                or now - float(entry.get("since", now)) < STALE_PREPARE_SECONDS
+            ):
                 continue
             lk = self._lock_for(uid)
             if not lk.acquire(blocking=False):
@@ -419,12 +480,16 @@ class NodeDriver:
                     with self._mig_lock:
                         gone = self._release(uid, entry_slots(entry2))
                 except MigError as e:
-                    self.log(f"ResourceClaim {ref.namespace}/{ref.name}: {why}; its MIG instances stay: {e}")
+                    self.log(
+                        f"ResourceClaim {ref.namespace}/{ref.name}: {why}; its MIG instances stay: {e}"
+                    )
                     continue
                 remove_files(uid, self.layout)
                 self.checkpoint.update(drop=[uid])
-                self.log(f"ResourceClaim {ref.namespace}/{ref.name}: {why} before its prepare finished; "
-                         f"destroyed its MIG instance(s): {', '.join(gone) or 'none left'}")
+                self.log(
+                    f"ResourceClaim {ref.namespace}/{ref.name}: {why} before its prepare finished; "
+                    f"destroyed its MIG instance(s): {', '.join(gone) or 'none left'}"
+                )
             finally:
                 lk.release()
 
@@ -437,8 +502,11 @@ class NodeDriver:
         prefix = f"{self.cfg.driver}-claim_"
         if self.cfg.cdi_dir.is_dir():
             for p in self.cfg.cdi_dir.iterdir():
-                if p.name.startswith(".tessera-cdi.") or (p.name.startswith(prefix) and p.name.endswith(".json")
-                      and p.name[len(prefix):-5] not in known):
+                if p.name.startswith(".tessera-cdi.") or (
+                    p.name.startswith(prefix)
+                    and p.name.endswith(".json")
+                    and p.name[len(prefix) : -5] not in known
+                ):
                     p.unlink(missing_ok=True)
                     removed.append(p.name)
         claims = self.cfg.state_dir / "claims"
@@ -459,8 +527,11 @@ class NodeDriver:
         repaired = []
         for uid in known:
             entry = self.checkpoint.get(uid)
-            if entry is not None and entry.get("state") == PREPARED and materialize(
-                    ClaimPlan.from_json(entry["plan"]), self.layout):
+            if (
+                entry is not None
+                and entry.get("state") == PREPARED
+                and materialize(ClaimPlan.from_json(entry["plan"]), self.layout)
+            ):
                 repaired.append(uid)
         if repaired:
             self.log(f"rewrote the files of recorded claims: {', '.join(sorted(repaired))}")
@@ -502,7 +573,9 @@ class NodeDriver:
         return c[1]
 
     def _claim_error(self, ref: ClaimRef, e: ApiError) -> PrepareResult:
-        return PrepareResult(error=f"ResourceClaim {ref.namespace}/{ref.name}: {e.reason or 'error'}: {e.message}")
+        return PrepareResult(
+            error=f"ResourceClaim {ref.namespace}/{ref.name}: {e.reason or 'error'}: {e.message}"
+        )
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """NodePrepareResources for a batch of claims; one result per claim UID.
@@ -533,7 +606,9 @@ class NodeDriver:
         try:
             t0 = time.perf_counter()
             devices = self._devices()
-            minors = self._mig_minors() if any(d.mig or d.placement for d in devices.values()) else {}
+            minors = (
+                self._mig_minors() if any(d.mig or d.placement for d in devices.values()) else {}
+            )
             pending: dict[str, ClaimPlan] = {}
             for ref in todo:
                 entry = self.checkpoint.get(ref.uid)
@@ -552,8 +627,15 @@ class NodeDriver:
                         out[ref.uid] = self._claim_error(ref, e)
                         continue
                 try:
-                    plan = plan_claim(fetched[ref.uid], ref, self.cfg.node_name, devices,
-                                      self.backend.backend, self.layout, mig_minors=minors)
+                    plan = plan_claim(
+                        fetched[ref.uid],
+                        ref,
+                        self.cfg.node_name,
+                        devices,
+                        self.backend.backend,
+                        self.layout,
+                        mig_minors=minors,
+                    )
                 except ClaimError as e:
                     out[ref.uid] = PrepareResult(error=str(e))
                     continue
@@ -563,14 +645,18 @@ class NodeDriver:
                 plans[ref.uid] = plan
                 new[ref.uid] = {"state": PREPARED, "plan": plan.to_json()}
             if pending:
-                for uid, plan in self._make_instances(pending, fetched, devices, minors, out).items():
+                for uid, plan in self._make_instances(
+                    pending, fetched, devices, minors, out
+                ).items():
                     plans[uid] = plan
                     new[uid] = {"state": PREPARED, "plan": plan.to_json()}
             for uid, plan in list(plans.items()):
                 try:
                     materialize(plan, self.layout)
                 except OSError as e:
-                    out[uid] = PrepareResult(error=f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: writing its files: {e}")
+                    out[uid] = PrepareResult(
+                        error=f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: writing its files: {e}"
+                    )
                     new.pop(uid, None)
                     plans.pop(uid)
             t1 = time.perf_counter()
@@ -581,8 +667,10 @@ class NodeDriver:
                     for uid in new:
                         remove_files(uid, self.layout)
                         plans.pop(uid, None)
-                        out[uid] = PrepareResult(error=f"ResourceClaim {fetched[uid]['metadata'].get('namespace')}/"
-                                                       f"{fetched[uid]['metadata'].get('name')}: checkpoint: {e}")
+                        out[uid] = PrepareResult(
+                            error=f"ResourceClaim {fetched[uid]['metadata'].get('namespace')}/"
+                            f"{fetched[uid]['metadata'].get('name')}: checkpoint: {e}"
+                        )
             for uid, plan in plans.items():
                 out[uid] = PrepareResult(devices=plan.devices)
             t2 = time.perf_counter()
@@ -604,23 +692,38 @@ class NodeDriver:
         assert self.checkpoint is not None and self.mig is not None
         entries = {u: e for u, e in self.checkpoint.entries().items() if u != uid}
         mine = owned(entries.values())
-        shared_users = {s.key for e in entries.values() if e.get("state") in (PREPARING, PREPARED)
-                        for s in entry_slots(e) if s.shared}
+        shared_users = {
+            s.key
+            for e in entries.values()
+            if e.get("state") in (PREPARING, PREPARED)
+            for s in entry_slots(e)
+            if s.shared
+        }
         for s in slots:
             for gi in self.mig.occupied(s):
                 exact = (gi.profile_id, gi.start, gi.size) == (s.profile_id, s.start, s.size)
                 if s.shared and exact and s.key in shared_users:
                     continue  # the whole GPU's instance, shared with claims prepared before
-                whose = "another claim's" if (gi.profile_id, gi.start, gi.size) in (mine.get(s.gpu_uuid) or set()) \
+                whose = (
+                    "another claim's"
+                    if (gi.profile_id, gi.start, gi.size) in (mine.get(s.gpu_uuid) or set())
                     else "one the driver did not make"
-                return (f"{s.device}: GPU {s.gpu_index} ({s.gpu_uuid}) memory slices {s.start}-{s.start + s.size - 1} "
-                        f"are held by GPU instance {gi.id} ({whose}); destroy it or leave the GPU out of "
-                        f"{DYNAMIC_MIG_OPTION}")
+                )
+                return (
+                    f"{s.device}: GPU {s.gpu_index} ({s.gpu_uuid}) memory slices {s.start}-{s.start + s.size - 1} "
+                    f"are held by GPU instance {gi.id} ({whose}); destroy it or leave the GPU out of "
+                    f"{DYNAMIC_MIG_OPTION}"
+                )
         return None
 
-    def _make_instances(self, pending: dict[str, ClaimPlan], fetched: dict[str, dict[str, Any]],
-                        devices: dict[str, NodeDevice], minors: dict[str, int],
-                        out: dict[str, PrepareResult]) -> dict[str, ClaimPlan]:
+    def _make_instances(
+        self,
+        pending: dict[str, ClaimPlan],
+        fetched: dict[str, dict[str, Any]],
+        devices: dict[str, NodeDevice],
+        minors: dict[str, int],
+        out: dict[str, PrepareResult],
+    ) -> dict[str, ClaimPlan]:
         """Make the dynamic-MIG instances of ``pending`` plans and plan those claims again
         with them; errors go to ``out``. Order, for crash safety: the claim's slots are
         recorded (``preparing``: one checkpoint write for all), then the instances are made -
@@ -630,8 +733,10 @@ class NodeDriver:
         done: dict[str, ClaimPlan] = {}
         if self.mig is None:
             for uid, plan in pending.items():
-                out[uid] = PrepareResult(error=f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: its dynamic-MIG "
-                                               "devices need NVML, which this driver could not load")
+                out[uid] = PrepareResult(
+                    error=f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: its dynamic-MIG "
+                    "devices need NVML, which this driver could not load"
+                )
             return done
         intents: dict[str, dict[str, Any]] = {}
         resolved: dict[str, list[MigSlot]] = {}
@@ -644,7 +749,11 @@ class NodeDriver:
                 out[uid] = PrepareResult(error=f"{what}: {e}")
                 continue
             entry = self.checkpoint.get(uid)
-            prior = entry_slots(entry) if entry is not None and entry.get("state") == PREPARING else None
+            prior = (
+                entry_slots(entry)
+                if entry is not None and entry.get("state") == PREPARING
+                else None
+            )
             if prior is not None and {s.key for s in prior} != {s.key for s in slots}:
                 # Allocated again since the interrupted attempt: undo that attempt first.
                 try:
@@ -660,15 +769,20 @@ class NodeDriver:
                     out[uid] = PrepareResult(error=f"{what}: {problem}")
                     continue
             resolved[uid] = slots
-            intents[uid] = {"state": PREPARING, "since": time.time(),
-                            "claim": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
-                            "slots": [s.to_json() for s in slots]}
+            intents[uid] = {
+                "state": PREPARING,
+                "since": time.time(),
+                "claim": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
+                "slots": [s.to_json() for s in slots],
+            }
         if intents:
             try:
                 self.checkpoint.update(put=intents)
             except OSError as e:
                 for uid in intents:
-                    out[uid] = PrepareResult(error=f"ResourceClaim {pending[uid].ref.namespace}/{pending[uid].ref.name}: checkpoint: {e}")
+                    out[uid] = PrepareResult(
+                        error=f"ResourceClaim {pending[uid].ref.namespace}/{pending[uid].ref.name}: checkpoint: {e}"
+                    )
                 return done
         failed: list[str] = []
         for uid, slots in resolved.items():
@@ -687,11 +801,21 @@ class NodeDriver:
                         self._release(uid, slots)
                     failed.append(uid)
                 except MigError as e2:
-                    self.log(f"{what}: undoing a failed prepare: {e2} (retried with the kubelet's next call)")
+                    self.log(
+                        f"{what}: undoing a failed prepare: {e2} (retried with the kubelet's next call)"
+                    )
                 continue
             try:
-                done[uid] = plan_claim(fetched[uid], ref, self.cfg.node_name, devices, self.backend.backend,
-                                       self.layout, mig_minors=minors, instances=made)
+                done[uid] = plan_claim(
+                    fetched[uid],
+                    ref,
+                    self.cfg.node_name,
+                    devices,
+                    self.backend.backend,
+                    self.layout,
+                    mig_minors=minors,
+                    instances=made,
+                )
             except ClaimError as e:
                 out[uid] = PrepareResult(error=str(e))
         if failed:
@@ -705,9 +829,15 @@ class NodeDriver:
         assert self.checkpoint is not None
         slots = entry_slots(entry)
         if slots and entry.get("state") != UNPREPARING:
-            self.checkpoint.update(put={ref.uid: {
-                "state": UNPREPARING, "claim": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
-                "slots": [s.to_json() for s in slots]}})
+            self.checkpoint.update(
+                put={
+                    ref.uid: {
+                        "state": UNPREPARING,
+                        "claim": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
+                        "slots": [s.to_json() for s in slots],
+                    }
+                }
+            )
         remove_files(ref.uid, self.layout)
         if slots:
             if self.mig is None:
@@ -739,7 +869,9 @@ class NodeDriver:
                 try:
                     remove_files(ref.uid, self.layout)
                 except OSError as e:
-                    out[ref.uid] = f"ResourceClaim {ref.namespace}/{ref.name}: removing its files: {e}"
+                    out[ref.uid] = (
+                        f"ResourceClaim {ref.namespace}/{ref.name}: removing its files: {e}"
+                    )
                     continue
                 gone.append(ref.uid)
                 out[ref.uid] = ""
@@ -761,14 +893,21 @@ class NodeDriver:
         assert self.publisher is not None
         try:
             with self._mig_lock:  # no instance made or destroyed while NVML is read
-                inv = discover_nvml(self.nvml) if self.nvml is not None else discover_smi(self.cfg.nvidia_smi)
+                inv = (
+                    discover_nvml(self.nvml)
+                    if self.nvml is not None
+                    else discover_smi(self.cfg.nvidia_smi)
+                )
                 gpus = self._foreign_only(inv)
         except DiscoveryError as e:
             self.log(f"rescan: {e}")
             return
         seen = {g.gpu.uuid for g in inv.gpus}
-        health = {r.gpu.uuid: (probe(self.nvml, r.gpu.uuid) if self.nvml is not None else "missing")
-                  for r in self.registry.snapshot() if r.gpu.uuid not in seen}
+        health = {
+            r.gpu.uuid: (probe(self.nvml, r.gpu.uuid) if self.nvml is not None else "missing")
+            for r in self.registry.snapshot()
+            if r.gpu.uuid not in seen
+        }
         self.registry.update(gpus, health)
         try:
             self.publisher.sync()
@@ -804,29 +943,51 @@ class NodeDriver:
                 return
             if not plan.status:
                 continue
-            obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                   "metadata": {"name": plan.ref.name, "namespace": plan.ref.namespace, "uid": plan.ref.uid},
-                   "status": {"devices": [dict(e, data=e["data"]) for e in plan.status]}}
+            obj = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {
+                    "name": plan.ref.name,
+                    "namespace": plan.ref.namespace,
+                    "uid": plan.ref.uid,
+                },
+                "status": {"devices": [dict(e, data=e["data"]) for e in plan.status]},
+            }
             try:
-                self.client.apply_status(obj, field_manager=f"{self.cfg.driver}-{self.cfg.node_name}")
+                self.client.apply_status(
+                    obj, field_manager=f"{self.cfg.driver}-{self.cfg.node_name}"
+                )
             except ApiError as e:
                 self.stats.status_errors += 1
-                self.log(f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: status.devices not written: {e}")
+                self.log(
+                    f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: status.devices not written: {e}"
+                )
 
     # ---- health endpoints -----------------------------------------------------------------
     def health(self) -> tuple[bool, bool, dict[str, Any]]:
         """``(live, ready, details)``: live while the gRPC servers and threads run; ready once
         started, slices published and (when a kubelet is there) registered."""
         alive = all(t.is_alive() for t in self._threads) and self.servers is not None
-        ready = self.ready.is_set() and alive and self.publisher is not None and self.publisher.generation is not None
+        ready = (
+            self.ready.is_set()
+            and alive
+            and self.publisher is not None
+            and self.publisher.generation is not None
+        )
         details = {
-            "node": self.cfg.node_name, "backend": self.backend.backend, "backendReason": self.backend.reason,
-            "gpus": len(self.registry.records), "generation": self.publisher.generation if self.publisher else None,
+            "node": self.cfg.node_name,
+            "backend": self.backend.backend,
+            "backendReason": self.backend.reason,
+            "gpus": len(self.registry.records),
+            "generation": self.publisher.generation if self.publisher else None,
             "registered": self.servers.registered.is_set() if self.servers else False,
             "registrationError": self.servers.registration_error if self.servers else "",
             "firstPublishSeconds": self.stats.first_publish,
-            "preparedClaims": sum(1 for e in self.checkpoint.entries().values() if e.get("state") == PREPARED)
-            if self.checkpoint else 0,
+            "preparedClaims": sum(
+                1 for e in self.checkpoint.entries().values() if e.get("state") == PREPARED
+            )
+            if self.checkpoint
+            else 0,
             "statusErrors": self.stats.status_errors,
         }
         return alive, ready, details
@@ -851,8 +1012,11 @@ class NodeDriver:
                 else:
                     status = "200 OK" if ok else "503 Service Unavailable"
                     body = (json.dumps({"ok": ok, **details}) + "\n").encode()
-                self.wfile.write(f"HTTP/1.0 {status}\r\nContent-Type: application/json\r\n"
-                                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                self.wfile.write(
+                    f"HTTP/1.0 {status}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
 
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
@@ -866,4 +1030,3 @@ class NodeDriver:
     @property
     def health_port(self) -> int | None:
         return self._http.server_address[1] if self._http is not None else None
-

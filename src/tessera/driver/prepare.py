@@ -142,25 +142,48 @@ class ClaimPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "namespace": self.ref.namespace, "name": self.ref.name, "uid": self.ref.uid,
+            "namespace": self.ref.namespace,
+            "name": self.ref.name,
+            "uid": self.ref.uid,
             "backend": self.backend,
-            "devices": [{"requestNames": list(d.request_names), "pool": d.pool, "device": d.device,
-                         "cdiDeviceIDs": list(d.cdi_device_ids), "shareID": d.share_id}
-                        for d in self.devices],
-            "limits": self.limits_text, "regionGPUs": [list(g) for g in self.region_gpus],
-            "cdiSpec": self.cdi_spec, "status": list(self.status), "digest": self.digest,
+            "devices": [
+                {
+                    "requestNames": list(d.request_names),
+                    "pool": d.pool,
+                    "device": d.device,
+                    "cdiDeviceIDs": list(d.cdi_device_ids),
+                    "shareID": d.share_id,
+                }
+                for d in self.devices
+            ],
+            "limits": self.limits_text,
+            "regionGPUs": [list(g) for g in self.region_gpus],
+            "cdiSpec": self.cdi_spec,
+            "status": list(self.status),
+            "digest": self.digest,
             **({"mig": [m.to_json() for m in self.mig]} if self.mig else {}),
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ClaimPlan:
         return cls(
-            ref=ClaimRef(d["namespace"], d["name"], d["uid"]), backend=d["backend"],
-            devices=tuple(PreparedDevice(tuple(x["requestNames"]), x["pool"], x["device"],
-                                         tuple(x["cdiDeviceIDs"]), x.get("shareID"))
-                          for x in d["devices"]),
-            limits_text=d["limits"], region_gpus=tuple((str(g[0]), int(g[1]), int(g[2])) for g in d["regionGPUs"]),
-            cdi_spec=d["cdiSpec"], status=tuple(d.get("status") or ()), digest=d["digest"],
+            ref=ClaimRef(d["namespace"], d["name"], d["uid"]),
+            backend=d["backend"],
+            devices=tuple(
+                PreparedDevice(
+                    tuple(x["requestNames"]),
+                    x["pool"],
+                    x["device"],
+                    tuple(x["cdiDeviceIDs"]),
+                    x.get("shareID"),
+                )
+                for x in d["devices"]
+            ),
+            limits_text=d["limits"],
+            region_gpus=tuple((str(g[0]), int(g[1]), int(g[2])) for g in d["regionGPUs"]),
+            cdi_spec=d["cdiSpec"],
+            status=tuple(d.get("status") or ()),
+            digest=d["digest"],
             mig=tuple(MigSlot.from_json(m) for m in d.get("mig") or ()),
         )
 
@@ -168,7 +191,9 @@ class ClaimPlan:
 def _digest(plan: ClaimPlan) -> str:
     body = plan.to_json()
     body.pop("digest")
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
 
 
 def _bytes(value: Any, where: str) -> int:
@@ -195,7 +220,9 @@ class NodeDevice:
     placement: MigPlacement | None = None
 
 
-def node_devices(records: Sequence[GpuRecord], slices: Iterable[Mapping[str, Any]]) -> dict[str, NodeDevice]:
+def node_devices(
+    records: Sequence[GpuRecord], slices: Iterable[Mapping[str, Any]]
+) -> dict[str, NodeDevice]:
     """``{device name: NodeDevice}`` for the devices of ``slices`` (as the node publishes them)
     whose GPU is one of ``records``."""
     by_uuid = {r.gpu.uuid: r for r in records}
@@ -210,17 +237,34 @@ def node_devices(records: Sequence[GpuRecord], slices: Iterable[Mapping[str, Any
             cap = ((d.get("capacity") or {}).get("memory") or {}).get("value")
             memory = Quantity.parse(cap).value_int() if cap is not None else None
             mig: MigDevice | None = None
-            gi, ci = (attrs.get("gpuInstanceID") or {}).get("int"), (attrs.get("computeInstanceID") or {}).get("int")
+            gi, ci = (
+                (attrs.get("gpuInstanceID") or {}).get("int"),
+                (attrs.get("computeInstanceID") or {}).get("int"),
+            )
             if gi is not None and ci is not None:
-                mig = next((m for m in rec.gpu.mig_devices
-                            if (m.gpu_instance_id, m.compute_instance_id) == (gi, ci)), None)
+                mig = next(
+                    (
+                        m
+                        for m in rec.gpu.mig_devices
+                        if (m.gpu_instance_id, m.compute_instance_id) == (gi, ci)
+                    ),
+                    None,
+                )
             out[d["name"]] = NodeDevice(d["name"], rec, memory, mig, mig_placement(d))
     return out
 
 
-def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapping[str, NodeDevice],
-               backend: str, layout: Layout, *, mig_minors: Mapping[str, int] | None = None,
-               instances: Mapping[tuple[str, str, int], MigSlot] | None = None) -> ClaimPlan:
+def plan_claim(
+    claim: Mapping[str, Any],
+    ref: ClaimRef,
+    node: str,
+    devices: Mapping[str, NodeDevice],
+    backend: str,
+    layout: Layout,
+    *,
+    mig_minors: Mapping[str, int] | None = None,
+    instances: Mapping[tuple[str, str, int], MigSlot] | None = None,
+) -> ClaimPlan:
     """The plan for ``claim`` (a ``resource.k8s.io/v1`` ResourceClaim dict as the API server
     returned it) on ``node``, whose published devices are ``devices`` (:func:`node_devices`).
 
@@ -236,7 +280,9 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
     what = f"ResourceClaim {ref.namespace}/{ref.name}"
     meta = claim.get("metadata") or {}
     if meta.get("uid") != ref.uid:
-        raise ClaimError(f"{what}: uid is {meta.get('uid')!r}, the kubelet asked for {ref.uid!r}: the claim was replaced")
+        raise ClaimError(
+            f"{what}: uid is {meta.get('uid')!r}, the kubelet asked for {ref.uid!r}: the claim was replaced"
+        )
     alloc = (claim.get("status") or {}).get("allocation")
     if not alloc:
         raise ClaimError(f"{what}: status.allocation is empty: the claim is not allocated")
@@ -245,11 +291,15 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
     ours = [(i, r) for i, r in enumerate(results) if r.get("driver") == driver]
     if not ours:
         drivers = sorted({str(r.get("driver")) for r in results})
-        raise ClaimError(f"{what}: status.allocation.devices.results has no result of driver {driver} (drivers: {', '.join(drivers) or 'none'})")
+        raise ClaimError(
+            f"{what}: status.allocation.devices.results has no result of driver {driver} (drivers: {', '.join(drivers) or 'none'})"
+        )
     here = [(i, r) for i, r in ours if r.get("pool") == node]
     if not here:
         pools = sorted({str(r.get("pool")) for _, r in ours})
-        raise ClaimError(f"{what}: allocated to pool(s) {', '.join(pools)}, not to this node {node!r}")
+        raise ClaimError(
+            f"{what}: allocated to pool(s) {', '.join(pools)}, not to this node {node!r}"
+        )
 
     prepared: list[PreparedDevice] = []
     limits: dict[str, GpuLimit] = {}
@@ -263,10 +313,14 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
         name = str(r.get("device"))
         dev = devices.get(name)
         if dev is None:
-            raise ClaimError(f"{field_path}.device: {name!r} is not a device of node {node} (devices: {', '.join(sorted(devices)) or 'none'})")
+            raise ClaimError(
+                f"{field_path}.device: {name!r} is not a device of node {node} (devices: {', '.join(sorted(devices)) or 'none'})"
+            )
         rec = dev.record
         if rec.health == "missing":
-            raise ClaimError(f"{field_path}.device: GPU {rec.gpu.uuid} ({name}) is gone from this node")
+            raise ClaimError(
+                f"{field_path}.device: GPU {rec.gpu.uuid} ({name}) is gone from this node"
+            )
         gpu = rec.gpu
         is_mig = dev.mig is not None or dev.placement is not None
         thing = f"MIG device {name} of GPU {gpu.uuid}" if is_mig else f"GPU {gpu.uuid}"
@@ -278,17 +332,23 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
         for cap, value in consumed.items():
             key = cap.split("/", 1)[1] if cap.startswith(driver + "/") else cap
             if key == "memory" and full is None:
-                raise ClaimError(f"{field_path}.consumedCapacity: 'memory' is not a capacity of GPU {gpu.uuid} (unified memory: it is published whole)")
+                raise ClaimError(
+                    f"{field_path}.consumedCapacity: 'memory' is not a capacity of GPU {gpu.uuid} (unified memory: it is published whole)"
+                )
             if key == "memory":
                 mem = _bytes(value, f"{field_path}.consumedCapacity.memory")
                 if mem < 1 or mem > (full or 0):
-                    raise ClaimError(f"{field_path}.consumedCapacity.memory: {value} is outside 1..{full} bytes, the memory of {thing}")
+                    raise ClaimError(
+                        f"{field_path}.consumedCapacity.memory: {value} is outside 1..{full} bytes, the memory of {thing}"
+                    )
             elif key == "cores":
                 cores = _bytes(value, f"{field_path}.consumedCapacity.cores")
                 if cores > 100:
                     raise ClaimError(f"{field_path}.consumedCapacity.cores: {value} is above 100")
             else:
-                raise ClaimError(f"{field_path}.consumedCapacity: {cap!r} is not a capacity of {thing} (it has memory and cores)")
+                raise ClaimError(
+                    f"{field_path}.consumedCapacity: {cap!r} is not a capacity of {thing} (it has memory and cores)"
+                )
         # Which device the container sees: the GPU, an existing MIG device, or the instance
         # made for this placement (None until it is made).
         visible: str | None = gpu.uuid
@@ -313,11 +373,18 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
         if layout.nvidia_cdi_kind:
             # NVIDIA's spec (nvidia-ctk cdi generate) names existing MIG devices by their UUID;
             # an instance made now is not in it: its parent GPU's entry brings the libraries.
-            ids.append(f"{layout.nvidia_cdi_kind}={gpu.uuid if dev.placement is not None else visible}")
-        prepared.append(PreparedDevice(
-            request_names=(request.split("/", 1)[0],), pool=node, device=name,
-            cdi_device_ids=tuple(ids), share_id=share,
-        ))
+            ids.append(
+                f"{layout.nvidia_cdi_kind}={gpu.uuid if dev.placement is not None else visible}"
+            )
+        prepared.append(
+            PreparedDevice(
+                request_names=(request.split("/", 1)[0],),
+                pool=node,
+                device=name,
+                cdi_device_ids=tuple(ids),
+                share_id=share,
+            )
+        )
         if visible is None:
             continue  # planned again once the instance exists
         nodes: list[str] = [f"nvidia{rec.minor}"] if rec.minor is not None else []
@@ -325,8 +392,10 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
             try:
                 nodes += list(mig_cap_nodes(mig_minors or {}, rec.minor, *gi_ci))
             except KeyError as e:
-                raise ClaimError(f"{field_path}.device: {name}: {layout.mig_minors} has no {e.args[0]} (the NVIDIA "
-                                 "driver's MIG capability devices: is its nvidia-caps support loaded?)") from None
+                raise ClaimError(
+                    f"{field_path}.device: {name}: {layout.mig_minors} has no {e.args[0]} (the NVIDIA "
+                    "driver's MIG capability devices: is its nvidia-caps support loaded?)"
+                ) from None
         per_device_nodes.append((cdi_name, nodes))
         if visible not in visible_order:
             visible_order.append(visible)
@@ -334,8 +403,11 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
         if limited:
             prev = limits.get(visible)
             # Two shares of one device in one claim: the container may use both.
-            limits[visible] = GpuLimit(visible, mem + (prev.memory if prev else 0),
-                                       min(100, cores + (prev.cores if prev else 0)))
+            limits[visible] = GpuLimit(
+                visible,
+                mem + (prev.memory if prev else 0),
+                min(100, cores + (prev.cores if prev else 0)),
+            )
             mig_limited = mig_limited or is_mig
         claim_backend = backend if limited else "none"
         data: dict[str, Any] = {"enforcementBackend": claim_backend, "uuid": visible}
@@ -350,8 +422,15 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
 
     mig = tuple(slots.values())
     if any(not s.made for s in mig):
-        return ClaimPlan(ref=ref, backend=backend, devices=tuple(prepared), limits_text=None,
-                         region_gpus=(), cdi_spec={}, mig=mig)
+        return ClaimPlan(
+            ref=ref,
+            backend=backend,
+            devices=tuple(prepared),
+            limits_text=None,
+            region_gpus=(),
+            cdi_spec={},
+            mig=mig,
+        )
     gpu_limits = tuple(limits.values())
     claim_backend = backend
     if backend == DRIVER_NATIVE and (len({g.memory for g in gpu_limits}) > 1 or mig_limited):
@@ -363,49 +442,90 @@ def plan_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str, devices: Mapp
                 st["data"]["enforcementBackend"] = LIBRARY
     limits_text = None
     if gpu_limits:
-        limits_text = format_limits(Limits(region=CONTAINER_REGION, gpus=gpu_limits,
-                                           claim=f"{ref.namespace}/{ref.name}", claim_uid=ref.uid))
+        limits_text = format_limits(
+            Limits(
+                region=CONTAINER_REGION,
+                gpus=gpu_limits,
+                claim=f"{ref.namespace}/{ref.name}",
+                claim_uid=ref.uid,
+            )
+        )
     spec = _cdi_spec(ref, layout, visible_order, per_device_nodes, gpu_limits, claim_backend)
-    plan = ClaimPlan(ref=ref, backend=claim_backend if gpu_limits else "none",
-                     devices=tuple(prepared), limits_text=limits_text,
-                     region_gpus=tuple((g.uuid, g.memory, g.cores) for g in gpu_limits),
-                     cdi_spec=spec, status=tuple(status), mig=mig)
+    plan = ClaimPlan(
+        ref=ref,
+        backend=claim_backend if gpu_limits else "none",
+        devices=tuple(prepared),
+        limits_text=limits_text,
+        region_gpus=tuple((g.uuid, g.memory, g.cores) for g in gpu_limits),
+        cdi_spec=spec,
+        status=tuple(status),
+        mig=mig,
+    )
     return ClaimPlan(**{**plan.__dict__, "digest": _digest(plan)})
 
 
-def _cdi_spec(ref: ClaimRef, layout: Layout, visible: Sequence[str],
-              device_nodes: Sequence[tuple[str, list[str]]], limits: Sequence[GpuLimit],
-              backend: str) -> dict[str, Any]:
+def _cdi_spec(
+    ref: ClaimRef,
+    layout: Layout,
+    visible: Sequence[str],
+    device_nodes: Sequence[tuple[str, list[str]]],
+    limits: Sequence[GpuLimit],
+    backend: str,
+) -> dict[str, Any]:
     uuids = ",".join(visible)
     edits: dict[str, Any] = {
         "env": [f"NVIDIA_VISIBLE_DEVICES={uuids}", f"CUDA_VISIBLE_DEVICES={uuids}"],
     }
-    ctl = [{"path": f"/dev/{n}", "hostPath": str(layout.dev_root / "dev" / n)}
-           for n in CONTROL_DEVICES if (layout.dev_root / "dev" / n).exists()]
+    ctl = [
+        {"path": f"/dev/{n}", "hostPath": str(layout.dev_root / "dev" / n)}
+        for n in CONTROL_DEVICES
+        if (layout.dev_root / "dev" / n).exists()
+    ]
     if ctl:
         edits["deviceNodes"] = ctl
     if limits:
         cdir = layout.claim_dir(ref.uid)
         mounts = [
-            {"hostPath": str(cdir / "limits"), "containerPath": LIMITS_PATH,
-             "type": "bind", "options": ["ro", "nosuid", "nodev", "bind"]},
-            {"hostPath": str(cdir / "region"), "containerPath": CONTAINER_REGION,
-             "type": "bind", "options": ["rw", "nosuid", "nodev", "bind"]},
+            {
+                "hostPath": str(cdir / "limits"),
+                "containerPath": LIMITS_PATH,
+                "type": "bind",
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            },
+            {
+                "hostPath": str(cdir / "region"),
+                "containerPath": CONTAINER_REGION,
+                "type": "bind",
+                "options": ["rw", "nosuid", "nodev", "bind"],
+            },
         ]
         if layout.library is not None:
             lib_in = f"{CONTAINER_LIBRARY_DIR}/{layout.library.name}"
             mounts += [
-                {"hostPath": str(layout.library), "containerPath": lib_in,
-                 "type": "bind", "options": ["ro", "nosuid", "nodev", "bind"]},
-                {"hostPath": str(layout.preload_file), "containerPath": LD_SO_PRELOAD,
-                 "type": "bind", "options": ["ro", "nosuid", "nodev", "bind"]},
+                {
+                    "hostPath": str(layout.library),
+                    "containerPath": lib_in,
+                    "type": "bind",
+                    "options": ["ro", "nosuid", "nodev", "bind"],
+                },
+                {
+                    "hostPath": str(layout.preload_file),
+                    "containerPath": LD_SO_PRELOAD,
+                    "type": "bind",
+                    "options": ["ro", "nosuid", "nodev", "bind"],
+                },
             ]
         edits["mounts"] = mounts
         edits["env"].append(f"TESSERA_ENFORCEMENT_BACKEND={backend}")
         if backend == DRIVER_NATIVE and layout.cdi_hook:
             mib = max(1, limits[0].memory // MIB)
             edits["env"] += [f"NVIDIA_GPU_MEMORY_REQUEST={mib}", f"NVIDIA_GPU_MEMORY_LIMIT={mib}"]
-            args = ["nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", layout.driver_root]
+            args = [
+                "nvidia-cdi-hook",
+                "apply-cuda-memory-limits",
+                "--driver-root",
+                layout.driver_root,
+            ]
             for g in limits:
                 args += ["--gpu-id", g.uuid]
             edits["hooks"] = [{"hookName": "createRuntime", "path": layout.cdi_hook, "args": args}]
@@ -413,15 +533,19 @@ def _cdi_spec(ref: ClaimRef, layout: Layout, visible: Sequence[str],
     for name, nodes in device_nodes:
         dev_edits: dict[str, Any] = {}
         if nodes:
-            dev_edits["deviceNodes"] = [{"path": f"/dev/{n}", "hostPath": str(layout.dev_root / "dev" / n)}
-                                        for n in nodes]
+            dev_edits["deviceNodes"] = [
+                {"path": f"/dev/{n}", "hostPath": str(layout.dev_root / "dev" / n)} for n in nodes
+            ]
         else:
             dev_edits["env"] = [f"TESSERA_DEVICE={name}"]  # CDI needs at least one edit
         devices.append({"name": name, "containerEdits": dev_edits})
     return {
         "cdiVersion": CDI_VERSION,
         "kind": layout.cdi_kind,
-        "annotations": {"tessera.dev/claim": f"{ref.namespace}/{ref.name}", "tessera.dev/claim-uid": ref.uid},
+        "annotations": {
+            "tessera.dev/claim": f"{ref.namespace}/{ref.name}",
+            "tessera.dev/claim-uid": ref.uid,
+        },
         "devices": devices,
         "containerEdits": edits,
     }
@@ -431,7 +555,11 @@ def _region_ok(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
             head = f.read(8)
-        return len(head) == 8 and int.from_bytes(head, "little") == MAGIC and path.stat().st_size == FILE_SIZE
+        return (
+            len(head) == 8
+            and int.from_bytes(head, "little") == MAGIC
+            and path.stat().st_size == FILE_SIZE
+        )
     except OSError:
         return False
 

@@ -89,7 +89,10 @@ def module_zip(version: str) -> Path:
         # Outside any module: `go mod download` of a path@version needs no go.mod.
         proc = subprocess.run(
             [go, "mod", "download", "-json", f"{MODULE}@{version}"],
-            cwd=d, capture_output=True, text=True, env={**os.environ, "GOFLAGS": "-mod=mod"},
+            cwd=d,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GOFLAGS": "-mod=mod"},
         )
     try:
         info = json.loads(proc.stdout or "{}")
@@ -152,8 +155,10 @@ def generate(version: str | None = None, out_dir: Path = GENERATED, *, quiet: bo
     protos = _read_protos(zip_path, version)
     stamp = _stamp(version, protos)
     stamp_file = out_dir / STAMP
-    if stamp_file.is_file() and stamp_file.read_text() == stamp and all(
-        (out_dir / f"{n}_pb2_grpc.py").is_file() for n in protos
+    if (
+        stamp_file.is_file()
+        and stamp_file.read_text() == stamp
+        and all((out_dir / f"{n}_pb2_grpc.py").is_file() for n in protos)
     ):
         return False
     from grpc_tools import protoc
@@ -170,8 +175,12 @@ def generate(version: str | None = None, out_dir: Path = GENERATED, *, quiet: bo
         include = str(Path(protoc.__file__).parent / "_proto")
         for name in protos:
             args = [
-                "grpc_tools.protoc", f"-I{stage}", f"-I{include}",
-                f"--python_out={build}", f"--pyi_out={build}", f"--grpc_python_out={build}",
+                "grpc_tools.protoc",
+                f"-I{stage}",
+                f"-I{include}",
+                f"--python_out={build}",
+                f"--pyi_out={build}",
+                f"--grpc_python_out={build}",
                 str(rel / f"{name}.proto"),
             ]
             if protoc.main(args) != 0:

@@ -64,8 +64,11 @@ class GpuRecord:
         """The taint value this GPU should carry now, or ``None`` when healthy."""
         if self.health != "ok":
             return self.health
-        if (self.xid is not None and self.xid_at is not None
-                and now - max(self.xid_at, self.ok_since) < xid_recovery):
+        if (
+            self.xid is not None
+            and self.xid_at is not None
+            and now - max(self.xid_at, self.ok_since) < xid_recovery
+        ):
             return f"xid-{self.xid}"
         return None
 
@@ -83,22 +86,37 @@ class GpuRegistry:
                 g = {k: v for k, v in d["gpu"].items() if k in _GPU_FIELDS}
                 g["mig_devices"] = tuple(MigDevice(**m) for m in g.get("mig_devices") or ())
                 self.records[g["uuid"]] = GpuRecord(
-                    gpu=GPU(**g), minor=d.get("minor"), health=d.get("health", "ok"),
-                    xid=d.get("xid"), xid_at=d.get("xid_at"), ok_since=d.get("ok_since", time.time()),
+                    gpu=GPU(**g),
+                    minor=d.get("minor"),
+                    health=d.get("health", "ok"),
+                    xid=d.get("xid"),
+                    xid_at=d.get("xid_at"),
+                    ok_since=d.get("ok_since", time.time()),
                     nvlink=tuple(d.get("nvlink") or ()),
                 )
 
     def save(self) -> None:
-        doc = {"version": 1, "gpus": [
-            {"gpu": {k: v for k, v in asdict(r.gpu).items() if k not in _NOT_SAVED},
-             "minor": r.minor, "health": r.health, "xid": r.xid, "xid_at": r.xid_at,
-             "ok_since": r.ok_since, "nvlink": list(r.nvlink)}
-            for r in sorted(self.records.values(), key=lambda r: r.gpu.index)
-        ]}
+        doc = {
+            "version": 1,
+            "gpus": [
+                {
+                    "gpu": {k: v for k, v in asdict(r.gpu).items() if k not in _NOT_SAVED},
+                    "minor": r.minor,
+                    "health": r.health,
+                    "xid": r.xid,
+                    "xid_at": r.xid_at,
+                    "ok_since": r.ok_since,
+                    "nvlink": list(r.nvlink),
+                }
+                for r in sorted(self.records.values(), key=lambda r: r.gpu.index)
+            ],
+        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(str(self.path), (json.dumps(doc, indent=1) + "\n").encode(), 0o644, ".gpus.")
 
-    def update(self, seen: list[NodeGPU], health: Mapping[str, str], now: float | None = None) -> bool:
+    def update(
+        self, seen: list[NodeGPU], health: Mapping[str, str], now: float | None = None
+    ) -> bool:
         """Merge a discovery pass: ``seen`` GPUs (NVML order) and the ``health`` of known UUIDs
         that were not seen (``lost``/``missing``). Returns True when anything changed."""
         now = time.time() if now is None else now
@@ -112,8 +130,9 @@ class GpuRegistry:
                     while index in used:
                         index += 1
                     used.add(index)
-                    self.records[ng.gpu.uuid] = GpuRecord(replace(ng.gpu, index=index), ng.minor, ok_since=now,
-                                                          nvlink=ng.nvlink)
+                    self.records[ng.gpu.uuid] = GpuRecord(
+                        replace(ng.gpu, index=index), ng.minor, ok_since=now, nvlink=ng.nvlink
+                    )
                     changed = True
                     continue
                 fresh = replace(ng.gpu, index=rec.gpu.index)
@@ -189,12 +208,22 @@ def check_dynamic_mig(gpus: list[GPU], dynamic: DynamicMIG | None, where: str) -
                 f"GPU {g.index} ({g.uuid}, {g.product_name}) is set for dynamic MIG but its MIG mode "
                 f"is disabled: enable it (nvidia-smi -i {g.index} -mig 1; on Ampere GPUs this takes "
                 "effect after a GPU reset) and restart the driver, or leave the GPU out of dynamicMIG",
-                source=where, field="dynamicMIG")
+                source=where,
+                field="dynamicMIG",
+            )
 
 
-def desired_slices(node: str, driver: str, records: list[GpuRecord], backend: str,
-                   generation: int, now: float, xid_recovery: float,
-                   dynamic_mig: DynamicMIG | None = None, where: str | None = None) -> list[dict[str, Any]]:
+def desired_slices(
+    node: str,
+    driver: str,
+    records: list[GpuRecord],
+    backend: str,
+    generation: int,
+    now: float,
+    xid_recovery: float,
+    dynamic_mig: DynamicMIG | None = None,
+    where: str | None = None,
+) -> list[dict[str, Any]]:
     """The slices for ``records`` (through :func:`build_resource_slices`, with the operator's
     ``dynamic_mig`` setting and the GPUs' NVLink peers) with taints for unhealthy GPUs and the
     ``enforcementBackend`` attribute on every device. Raises
@@ -208,8 +237,14 @@ def desired_slices(node: str, driver: str, records: list[GpuRecord], backend: st
     if dynamic_mig is not None:
         check_dynamic_mig([r.gpu for r in records], dynamic_mig, where or f"node {node!r}")
     return build_resource_slices(
-        node, [r.gpu for r in records], nvlink_topology(records), driver=driver, generation=generation,
-        taints=taints, attributes={BACKEND_ATTRIBUTE: {"string": backend}}, dynamic_mig=dynamic_mig,
+        node,
+        [r.gpu for r in records],
+        nvlink_topology(records),
+        driver=driver,
+        generation=generation,
+        taints=taints,
+        attributes={BACKEND_ATTRIBUTE: {"string": backend}},
+        dynamic_mig=dynamic_mig,
         where=where,
     )
 
@@ -231,9 +266,19 @@ class Publisher:
     each write with the time it took. :meth:`sync` is safe to call from several threads.
     """
 
-    def __init__(self, client: KubeClient, node: str, driver: str, registry: GpuRegistry,
-                 backend: str, *, xid_recovery: float = 60.0, dynamic_mig: DynamicMIG | None = None,
-                 dynamic_where: str | None = None, log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        node: str,
+        driver: str,
+        registry: GpuRegistry,
+        backend: str,
+        *,
+        xid_recovery: float = 60.0,
+        dynamic_mig: DynamicMIG | None = None,
+        dynamic_where: str | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         self.client = client
         self.node = node
         self.driver = driver
@@ -249,11 +294,16 @@ class Publisher:
 
     def _ours(self) -> list[dict[str, Any]]:
         items = self.client.list(
-            "resource.k8s.io/v1", "ResourceSlice",
+            "resource.k8s.io/v1",
+            "ResourceSlice",
             field_selector=f"spec.nodeName={self.node},spec.driver={self.driver}",
         )
-        return [s for s in items if s.get("spec", {}).get("nodeName") == self.node
-                and s.get("spec", {}).get("driver") == self.driver]
+        return [
+            s
+            for s in items
+            if s.get("spec", {}).get("nodeName") == self.node
+            and s.get("spec", {}).get("driver") == self.driver
+        ]
 
     def sync(self, now: float | None = None) -> bool:
         """Publish if what should be published differs from what is; return True if it wrote.
@@ -265,9 +315,20 @@ class Publisher:
         now = time.time() if now is None else now
         with self._lock:
             existing = self._ours()
-            current_gen = max((int(s["spec"]["pool"].get("generation", 0)) for s in existing), default=0)
-            want = desired_slices(self.node, self.driver, self.registry.snapshot(), self.backend,
-                                  current_gen, now, self.xid_recovery, self.dynamic_mig, self.dynamic_where)
+            current_gen = max(
+                (int(s["spec"]["pool"].get("generation", 0)) for s in existing), default=0
+            )
+            want = desired_slices(
+                self.node,
+                self.driver,
+                self.registry.snapshot(),
+                self.backend,
+                current_gen,
+                now,
+                self.xid_recovery,
+                self.dynamic_mig,
+                self.dynamic_where,
+            )
             have = {s["metadata"]["name"]: _comparable(s["spec"]) for s in existing}
             wanted = {s["metadata"]["name"]: _comparable(s["spec"]) for s in want}
             if have == wanted:
@@ -275,8 +336,17 @@ class Publisher:
                 self.published = want
                 return False
             gen = current_gen + 1
-            want = desired_slices(self.node, self.driver, self.registry.snapshot(), self.backend,
-                                  gen, now, self.xid_recovery, self.dynamic_mig, self.dynamic_where)
+            want = desired_slices(
+                self.node,
+                self.driver,
+                self.registry.snapshot(),
+                self.backend,
+                gen,
+                now,
+                self.xid_recovery,
+                self.dynamic_mig,
+                self.dynamic_where,
+            )
             for s in want:
                 self.client.apply(s, field_manager=FIELD_MANAGER)
             names = {s["metadata"]["name"] for s in want}
@@ -289,15 +359,23 @@ class Publisher:
                         self._log(f"deleting stale ResourceSlice {name}: {e}")
             self.generation = gen
             self.published = want
-            tainted = sorted(r.gpu.uuid for r in self.registry.snapshot()
-                             if r.taint_value(now, self.xid_recovery))
-            self._log(f"published {len(want)} ResourceSlice(s), generation {gen}"
-                      + (f", tainted: {', '.join(tainted)}" if tainted else ""))
+            tainted = sorted(
+                r.gpu.uuid
+                for r in self.registry.snapshot()
+                if r.taint_value(now, self.xid_recovery)
+            )
+            self._log(
+                f"published {len(want)} ResourceSlice(s), generation {gen}"
+                + (f", tainted: {', '.join(tainted)}" if tainted else "")
+            )
             return True
 
     def next_change(self, now: float | None = None) -> float | None:
         """Seconds until an XID taint expires (so the caller re-syncs then), or ``None``."""
         now = time.time() if now is None else now
-        waits = [r.xid_at + self.xid_recovery - now for r in self.registry.snapshot()
-                 if r.health == "ok" and r.xid_at is not None and r.taint_value(now, self.xid_recovery)]
+        waits = [
+            r.xid_at + self.xid_recovery - now
+            for r in self.registry.snapshot()
+            if r.health == "ok" and r.xid_at is not None and r.taint_value(now, self.xid_recovery)
+        ]
         return max(0.0, min(waits)) if waits else None

@@ -6,8 +6,9 @@ import os
 import tempfile
 
 
-def write_atomic(path: str, data: bytes, mode: int, prefix: str, *, sync: bool = True,
-                 size: int | None = None) -> None:
+def write_atomic(
+    path: str, data: bytes, mode: int, prefix: str, *, sync: bool = True, size: int | None = None
+) -> None:
     """Write ``data`` to ``path`` with permissions ``mode``: all of it or, on error, nothing.
 
     The bytes go to a temporary file beside ``path`` (named ``prefix`` + random), are synced

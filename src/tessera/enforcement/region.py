@@ -179,12 +179,17 @@ def parse_region(data: bytes, alive: Sequence[bool | None] | None = None) -> Reg
     """
     if len(data) != FILE_SIZE:
         raise RegionError(f"region is {len(data)} bytes, expected {FILE_SIZE}")
-    (magic, version, header_size, slot_size, slot_count, gpu_count, hw, generation,
-     overhead) = _HEADER.unpack_from(data, 0)
+    (magic, version, header_size, slot_size, slot_count, gpu_count, hw, generation, overhead) = (
+        _HEADER.unpack_from(data, 0)
+    )
     if magic != MAGIC:
         raise RegionError(f"bad magic {magic:#x}")
-    if (version, header_size, slot_size, slot_count) != (VERSION, HEADER_SIZE, SLOT_SIZE,
-                                                         MAX_SLOTS):
+    if (version, header_size, slot_size, slot_count) != (
+        VERSION,
+        HEADER_SIZE,
+        SLOT_SIZE,
+        MAX_SLOTS,
+    ):
         raise RegionError(f"unsupported region layout (version {version})")
     gpu_count = min(gpu_count, MAX_GPUS)
     hw = min(hw, MAX_SLOTS)
@@ -196,21 +201,42 @@ def parse_region(data: bytes, alive: Sequence[bool | None] | None = None) -> Reg
         a = alive[i] if alive is not None and i < len(alive) else None
         if a is False:
             continue
-        slots.append(RegionSlot(
-            index=i, pid=vals[1], pid_ns=vals[2], start_time=vals[3], generation=vals[4],
-            used=tuple(vals[5:5 + MAX_GPUS]), contexts=tuple(vals[5 + MAX_GPUS:]), alive=a,
-        ))
+        slots.append(
+            RegionSlot(
+                index=i,
+                pid=vals[1],
+                pid_ns=vals[2],
+                start_time=vals[3],
+                generation=vals[4],
+                used=tuple(vals[5 : 5 + MAX_GPUS]),
+                contexts=tuple(vals[5 + MAX_GPUS :]),
+                alive=a,
+            )
+        )
     gpus: list[RegionGpu] = []
     for g in range(gpu_count):
         (uuid, limit, cores, _flags, _tat, launches, paced, _r) = _GPU.unpack_from(
-            data, GPUS_OFFSET + g * GPU_SIZE)
-        gpus.append(RegionGpu(
-            index=g, uuid=uuid.split(b"\0", 1)[0].decode("ascii", "replace"),
-            memory_limit=limit, cores=cores, used=sum(s.used[g] for s in slots),
-            launches=launches, paced_ns=paced,
-        ))
-    return RegionSnapshot(version=version, generation=generation, context_overhead=overhead,
-                          slot_high_water=hw, gpus=tuple(gpus), slots=tuple(slots))
+            data, GPUS_OFFSET + g * GPU_SIZE
+        )
+        gpus.append(
+            RegionGpu(
+                index=g,
+                uuid=uuid.split(b"\0", 1)[0].decode("ascii", "replace"),
+                memory_limit=limit,
+                cores=cores,
+                used=sum(s.used[g] for s in slots),
+                launches=launches,
+                paced_ns=paced,
+            )
+        )
+    return RegionSnapshot(
+        version=version,
+        generation=generation,
+        context_overhead=overhead,
+        slot_high_water=hw,
+        gpus=tuple(gpus),
+        slots=tuple(slots),
+    )
 
 
 def read_region(path: str, check_liveness: bool = True) -> RegionSnapshot:
@@ -237,8 +263,14 @@ def read_region(path: str, check_liveness: bool = True) -> RegionSnapshot:
         os.close(fd)
 
 
-def create_region(path: str, gpus: Sequence[tuple[str, int, int]],
-                  context_overhead: int = 0, mode: int = 0o666, *, sync: bool = True) -> None:
+def create_region(
+    path: str,
+    gpus: Sequence[tuple[str, int, int]],
+    context_overhead: int = 0,
+    mode: int = 0o666,
+    *,
+    sync: bool = True,
+) -> None:
     """Create an empty region at ``path`` (what the driver does at NodePrepareResources).
 
     ``gpus``: up to 16 ``(uuid, memory_limit_bytes, cores_percent)``. Written to a temporary
@@ -249,8 +281,9 @@ def create_region(path: str, gpus: Sequence[tuple[str, int, int]],
     if len(gpus) > MAX_GPUS:
         raise ValueError(f"at most {MAX_GPUS} GPUs per region")
     buf = bytearray(FILE_SIZE)
-    _HEADER.pack_into(buf, 0, MAGIC, VERSION, HEADER_SIZE, SLOT_SIZE, MAX_SLOTS, len(gpus), 0,
-                      0, context_overhead)
+    _HEADER.pack_into(
+        buf, 0, MAGIC, VERSION, HEADER_SIZE, SLOT_SIZE, MAX_SLOTS, len(gpus), 0, 0, context_overhead
+    )
     for i, (uuid, limit, cores) in enumerate(gpus):
         raw = uuid.encode("ascii")
         if len(raw) >= UUID_LEN:

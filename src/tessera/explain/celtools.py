@@ -54,7 +54,11 @@ def _unwrap(node: lark.Tree) -> lark.Tree:
         if node.data == "paren_expr" and kids:
             node = kids[0]
             continue
-        if len(node.children) == 1 and len(kids) == 1 and node.data not in ("ident_arg", "member_dot"):
+        if (
+            len(node.children) == 1
+            and len(kids) == 1
+            and node.data not in ("ident_arg", "member_dot")
+        ):
             node = kids[0]
             continue
         return node
@@ -130,7 +134,11 @@ def _device_map(node: lark.Tree) -> str | None:
     if not isinstance(obj, lark.Tree):
         return None
     obj = _unwrap(obj)
-    if obj.data == "ident" and str(obj.children[0]) == "device" and str(field) in ("attributes", "capacity"):
+    if (
+        obj.data == "ident"
+        and str(obj.children[0]) == "device"
+        and str(field) in ("attributes", "capacity")
+    ):
         return str(field)
     return None
 
@@ -167,10 +175,18 @@ def reads(expression: str) -> list[Read]:
         kind_domain: tuple[str, str | None] | None = None
         name: str | None = None
         optional = node.data in ("member_dot_opt", "member_index_opt")
-        if node.data in ("member_dot", "member_dot_opt") and len(node.children) == 2 and isinstance(node.children[0], lark.Tree):
+        if (
+            node.data in ("member_dot", "member_dot_opt")
+            and len(node.children) == 2
+            and isinstance(node.children[0], lark.Tree)
+        ):
             kind_domain = _domain_index(node.children[0])
             name = str(node.children[1])
-        elif node.data in ("member_index", "member_index_opt") and len(node.children) == 2 and isinstance(node.children[0], lark.Tree):
+        elif (
+            node.data in ("member_index", "member_index_opt")
+            and len(node.children) == 2
+            and isinstance(node.children[0], lark.Tree)
+        ):
             kind_domain = _domain_index(node.children[0])
             if kind_domain is not None:
                 name = string_literal(node.children[1])
@@ -183,7 +199,16 @@ def reads(expression: str) -> list[Read]:
             continue
         for sub in node.iter_subtrees():
             claimed.add(id(sub))
-        found.append(Read(kind_domain[0], kind_domain[1], name, optional or id(node) in has_args, text_of(node, expression), node))
+        found.append(
+            Read(
+                kind_domain[0],
+                kind_domain[1],
+                name,
+                optional or id(node) in has_args,
+                text_of(node, expression),
+                node,
+            )
+        )
     found.sort(key=lambda r: r.node.meta.start_pos if not r.node.meta.empty else 0)
     return found
 
@@ -207,9 +232,17 @@ def comparisons(expression: str) -> Iterator[Comparison]:
         if node.data != "relation" or len(node.children) != 2:
             continue
         first, rhs = node.children
-        if not isinstance(first, lark.Tree) or first.data not in RELATIONS or not isinstance(rhs, lark.Tree):
+        if (
+            not isinstance(first, lark.Tree)
+            or first.data not in RELATIONS
+            or not isinstance(rhs, lark.Tree)
+        ):
             continue
-        lhs = first.children[0] if first.children and isinstance(first.children[0], lark.Tree) else None
+        lhs = (
+            first.children[0]
+            if first.children and isinstance(first.children[0], lark.Tree)
+            else None
+        )
         if lhs is None:
             continue
         yield Comparison(RELATIONS[first.data], lhs, rhs, text_of(node, expression))

@@ -234,7 +234,9 @@ def _values(part: str, d: Device) -> str:
     return ", ".join(out)
 
 
-def verdict(dr: DeviceRecord, lists: bool, owners: Mapping[tuple[str, str, str], str]) -> DeviceVerdict:
+def verdict(
+    dr: DeviceRecord, lists: bool, owners: Mapping[tuple[str, str, str], str]
+) -> DeviceVerdict:
     """The record's refusal of one device, in words: selectors name their false (or failing)
     top-level conjunct and the device's values; a dedicated device in use names its claim."""
     d = dr.device
@@ -312,7 +314,11 @@ def _least_short(vs: Sequence[DeviceVerdict]) -> str:
 
 
 def request_on_node(
-    rr: RequestRecord, claim: str, lists: bool, owners: Mapping[tuple[str, str, str], str], all_devices: bool
+    rr: RequestRecord,
+    claim: str,
+    lists: bool,
+    owners: Mapping[tuple[str, str, str], str],
+    all_devices: bool,
 ) -> RequestOnNode:
     """One request's account on one node, read from the allocator's record. ``claim``: the
     claim's ``namespace/name``."""
@@ -332,7 +338,9 @@ def request_on_node(
         if dr.alone is None and dr.in_search is not None:
             together.setdefault(dr.in_search.text(), []).append(dr.device.name)
     for text, names in list(together.items())[:3]:
-        ron.notes.append(f"{', '.join(names)}: fits on its own, refused beside the other picks: {text}")
+        ron.notes.append(
+            f"{', '.join(names)}: fits on its own, refused beside the other picks: {text}"
+        )
     return ron
 
 
@@ -348,7 +356,9 @@ def _claim_ref(c: Mapping[str, Any]) -> str:
 def _owners(claims: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], str]:
     owners: dict[tuple[str, str, str], str] = {}
     for c in claims:
-        for r in ((((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []):
+        for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        ) or []:
             if not r.get("shareID") and not r.get("adminAccess"):
                 owners[(r["driver"], r["pool"], r["device"])] = _claim_ref(c)
     return owners
@@ -376,7 +386,9 @@ def pool_problems(alloc: Allocator, rec: NodeRecord, node: Node) -> list[str]:
             continue
         visible = [s for s in sl if slice_on_node(s, node)]
         if visible and any(s.generation > max(v.generation for v in visible) for s in sl):
-            out.append(f"pool {key[0]}/{key[1]} is obsolete on this node: a newer generation is being published")
+            out.append(
+                f"pool {key[0]}/{key[1]} is obsolete on this node: a newer generation is being published"
+            )
     return out
 
 
@@ -396,7 +408,11 @@ def explain_node(
     ne.pools = pool_problems(alloc, rec, node)
     lists = alloc.features.list_type_attributes
     for rr in rec.requests:
-        ne.requests.append(request_on_node(rr, _claim_ref(claims[rr.claim_index]), lists, owners or {}, all_devices))
+        ne.requests.append(
+            request_on_node(
+                rr, _claim_ref(claims[rr.claim_index]), lists, owners or {}, all_devices
+            )
+        )
     if rec.error is not None:
         ne.verdict = "refused" if rec.node_only else "error"
         ne.summary = rec.error if rec.node_only else f"allocation error: {rec.error}"
@@ -408,9 +424,17 @@ def explain_node(
     parts = []
     for r in ne.requests:
         need = "all" if "All" in r.wants or r.wants.startswith("all ") else r.wants.split(" ", 1)[0]
-        parts.append(f"claim {r.claim}, request {r.request}: {len(r.fitting)} of {_plural(r.considered, 'device')} fit (needs {need})")
-    ne.summary = "cannot allocate all claims: " + "; ".join(parts) if parts else "cannot allocate all claims"
-    if ne.requests and all(r.fitting for r in ne.requests) and not any(r.notes for r in ne.requests):
+        parts.append(
+            f"claim {r.claim}, request {r.request}: {len(r.fitting)} of {_plural(r.considered, 'device')} fit (needs {need})"
+        )
+    ne.summary = (
+        "cannot allocate all claims: " + "; ".join(parts) if parts else "cannot allocate all claims"
+    )
+    if (
+        ne.requests
+        and all(r.fitting for r in ne.requests)
+        and not any(r.notes for r in ne.requests)
+    ):
         ne.notes.append(
             "every request has devices that fit on their own, but no combination of them fits together "
             "(the search tried every combination of the devices that fit on their own)"
@@ -423,7 +447,8 @@ def explain_node(
 
 
 def _hami_lines(
-    conv_requests: Sequence[Any], claims_by_pc: Mapping[str, Mapping[str, Any]],
+    conv_requests: Sequence[Any],
+    claims_by_pc: Mapping[str, Mapping[str, Any]],
     per_node: Sequence[tuple[NodeExplanation, NodeRecord | None, Sequence[Mapping[str, Any]]]],
 ) -> list[str]:
     """Per converted container: the request in HAMi words, and which node comes closest: the
@@ -460,14 +485,22 @@ def _hami_lines(
                 ne.hami.append(f"{head} — no GPU on {ne.node} matches the pod's device selectors")
             else:
                 verb = "has" if len(ok) == 1 else "have"
-                ne.hami.append(f"{head} — {_plural(len(ok), 'GPU')} on {ne.node} {verb} {_hami_need(hr)} free")
+                ne.hami.append(
+                    f"{head} — {_plural(len(ok), 'GPU')} on {ne.node} {verb} {_hami_need(hr)} free"
+                )
         if not any_selectable:
-            out.append(f"{head} — no GPU on any node matches the pod's device selectors (HAMi annotations such as nvidia.com/use-gputype or nvidia.com/use-gpuuuid)")
+            out.append(
+                f"{head} — no GPU on any node matches the pod's device selectors (HAMi annotations such as nvidia.com/use-gputype or nvidia.com/use-gpuuuid)"
+            )
         elif best[0] < hr.gpus:
             most = f" (most: {best[0]} on {best[1]})" if best[0] > 0 else ""
-            out.append(f"{head} — no node has {_plural(hr.gpus, 'GPU')} with {_hami_need(hr)} free{most}")
+            out.append(
+                f"{head} — no node has {_plural(hr.gpus, 'GPU')} with {_hami_need(hr)} free{most}"
+            )
         else:
-            out.append(f"{head} — {best[1]} has {_plural(best[0], 'GPU')} with {_hami_need(hr)} free")
+            out.append(
+                f"{head} — {best[1]} has {_plural(best[0], 'GPU')} with {_hami_need(hr)} free"
+            )
     return out
 
 
@@ -505,7 +538,10 @@ def _pod_claims(pod: Mapping[str, Any], sim: Simulation) -> list[tuple[str, dict
             key = (ns, pc["resourceClaimName"])
         else:
             generated = generated_claim_name(dict(pod), str(pc.get("name", "")))
-            key = (ns, generated or f"{md.get('name') or md.get('generateName')}-{pc.get('name', '')}")
+            key = (
+                ns,
+                generated or f"{md.get('name') or md.get('generateName')}-{pc.get('name', '')}",
+            )
         c = sim.claims.get(key)
         if c is not None:
             out.append((str(pc.get("name", "")), c))
@@ -529,9 +565,13 @@ def explain(
     ``--class-map`` (:func:`tessera.sim.simulate.map_device_classes`). Raises :class:`ExplainError` when the
     target is unknown or ambiguous, and whatever :class:`Simulation` raises for bad input.
     """
-    sim, result, snaps = _run(cluster, manifests, lambda ref: _matches(ref, target), seed, class_map)
+    sim, result, snaps = _run(
+        cluster, manifests, lambda ref: _matches(ref, target), seed, class_map
+    )
     if len(snaps) > 1:
-        raise ExplainError(f"{target!r} names several pods ({', '.join(sorted(snaps))}): write namespace/name")
+        raise ExplainError(
+            f"{target!r} names several pods ({', '.join(sorted(snaps))}): write namespace/name"
+        )
     if snaps:
         ref, state = next(iter(snaps.items()))
         return _explain_pod(sim, result, manifests, ref, state, None, all_devices)
@@ -551,8 +591,12 @@ def explain(
             continue
         if any(c is sim.claims[key] for _, c in _pod_claims(obj, sim)):
             pref = _claim_ref(obj)
-            sim2, result2, snaps2 = _run(cluster, manifests, lambda ref, pref=pref: ref == pref, seed, class_map)
-            exp = _explain_pod(sim2, result2, manifests, pref, snaps2[pref], f"{key[0]}/{key[1]}", all_devices)
+            sim2, result2, snaps2 = _run(
+                cluster, manifests, lambda ref, pref=pref: ref == pref, seed, class_map
+            )
+            exp = _explain_pod(
+                sim2, result2, manifests, pref, snaps2[pref], f"{key[0]}/{key[1]}", all_devices
+            )
             exp.target = f"ResourceClaim {key[0]}/{key[1]} (used by Pod {pref})"
             return exp
     claim = sim.claims[key]
@@ -562,7 +606,9 @@ def explain(
         exp.status = "allocated"
         exp.placements = _placements(sim, [claim], None)
         return exp
-    exp.notes.append("no pod uses this claim: the scheduler allocates a claim only when it schedules a pod that uses it")
+    exp.notes.append(
+        "no pod uses this claim: the scheduler allocates a claim only when it schedules a pod that uses it"
+    )
     ex = _Explainer(sim, sim.state)
     for node in sim.nodes:
         exp.nodes.append(ex.node(node, None, [claim], [], all_devices)[0])
@@ -570,7 +616,11 @@ def explain(
 
 
 def _run(
-    cluster: Cluster, manifests: Sequence[Manifest], want: Any, seed: int, class_map: Mapping[str, str] | None = None
+    cluster: Cluster,
+    manifests: Sequence[Manifest],
+    want: Any,
+    seed: int,
+    class_map: Mapping[str, str] | None = None,
 ) -> tuple[Simulation, SimResult, dict[str, AllocatedState]]:
     sim = Simulation(cluster, manifests, seed=seed, class_map=class_map)
     snaps: dict[str, AllocatedState] = {}
@@ -583,11 +633,15 @@ def _run(
     return sim, result, snaps
 
 
-def _placements(sim: Simulation, claims: Sequence[Mapping[str, Any]], before: AllocatedState | None) -> list[str]:
+def _placements(
+    sim: Simulation, claims: Sequence[Mapping[str, Any]], before: AllocatedState | None
+) -> list[str]:
     out = []
     devs = {"/".join(d.id): d for d in sim.index.devices()}
     for c in claims:
-        for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []:
+        for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        ) or []:
             did = f"{r['driver']}/{r['pool']}/{r['device']}"
             d = devs.get(did)
             parts = []
@@ -595,7 +649,11 @@ def _placements(sim: Simulation, claims: Sequence[Mapping[str, Any]], before: Al
             for k, v in cc.items():
                 cap = d.capacity.get(k) if d else None
                 if cap is not None and before is not None:
-                    free = cap.value.value - before.aggregated.get(d.id, {}).get(k, Fraction(0)) if d else Fraction(0)
+                    free = (
+                        cap.value.value - before.aggregated.get(d.id, {}).get(k, Fraction(0))
+                        if d
+                        else Fraction(0)
+                    )
                     parts.append(f"{k} {v} of {fmt_quantity(free, cap.value)} free")
                 else:
                     parts.append(f"{k} {v}")
@@ -663,11 +721,17 @@ def _explain_pod(
             if node.name == node_name:
                 why = "first node in cluster order where every claim fits"
                 if not own:
-                    why = "its claims were already allocated there" if done else "it has no claims to allocate"
+                    why = (
+                        "its claims were already allocated there"
+                        if done
+                        else "it has no claims to allocate"
+                    )
                 exp.nodes.append(NodeExplanation(node.name, "fits", f"scheduled here: {why}"))
                 break
             exp.nodes.append(ex.node(node, pod, own, done, all_devices)[0])
-        exp.notes.append("kube-scheduler picks any node where the pod fits (ties broken at random); the simulation takes the first")
+        exp.notes.append(
+            "kube-scheduler picks any node where the pod fits (ties broken at random); the simulation takes the first"
+        )
         return exp
     todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
     if (not claims and exp.reason) or sim.missing_class(todo):
@@ -705,21 +769,35 @@ class _Explainer:
         self.owners = _owners(list(sim.claims.values()))
 
     def node(
-        self, node: Node, pod: Mapping[str, Any] | None, todo: Sequence[dict[str, Any]],
-        done: Sequence[Mapping[str, Any]], all_devices: bool,
+        self,
+        node: Node,
+        pod: Mapping[str, Any] | None,
+        todo: Sequence[dict[str, Any]],
+        done: Sequence[Mapping[str, Any]],
+        all_devices: bool,
     ) -> tuple[NodeExplanation, NodeRecord | None]:
         """Pod-level refusals first (node affinity, untolerated node taints, claims allocated for
         another node), then the allocator's record for the claims still to allocate."""
         if pod is not None and not pod_fits_node(_unbound(pod), node):
-            return NodeExplanation(node.name, "refused", "didn't match Pod's node affinity/selector"), None
-        taint = untolerated_taint(pod, self.sim.taints.get(node.name, ())) if pod is not None else None
+            return NodeExplanation(
+                node.name, "refused", "didn't match Pod's node affinity/selector"
+            ), None
+        taint = (
+            untolerated_taint(pod, self.sim.taints.get(node.name, ())) if pod is not None else None
+        )
         if taint is not None:
-            return NodeExplanation(node.name, "refused", f"had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"), None
+            return NodeExplanation(
+                node.name,
+                "refused",
+                f"had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}",
+            ), None
         for c in done:
             sel = ((c.get("status") or {}).get("allocation") or {}).get("nodeSelector")
             if sel is not None and not node_selector_matches(sel, node):
                 return NodeExplanation(
-                    node.name, "refused", f"resourceclaim not available on the node: claim {_claim_ref(c)} is allocated for another node"
+                    node.name,
+                    "refused",
+                    f"resourceclaim not available on the node: claim {_claim_ref(c)} is allocated for another node",
                 ), None
         return explain_node(self.alloc, node, todo, owners=self.owners, all_devices=all_devices)
 
@@ -757,11 +835,19 @@ def render_text(exp: Explanation) -> str:
             lines.append(f"  {p}")
         rows: list[tuple[str, str, str]] = []
         for r in ne.requests:
-            req = r.request if len({x.claim for x in ne.requests}) == 1 else f"{r.claim}:{r.request}"
+            req = (
+                r.request if len({x.claim for x in ne.requests}) == 1 else f"{r.claim}:{r.request}"
+            )
             for g in r.groups:
                 rows.append((req, f"{_plural(g.count, 'device')} ({_shown(g.devices)})", g.reason))
             if r.fitting:
-                rows.append((req, f"{_plural(len(r.fitting), 'device')} ({_shown(r.fitting)})", "fit on their own"))
+                rows.append(
+                    (
+                        req,
+                        f"{_plural(len(r.fitting), 'device')} ({_shown(r.fitting)})",
+                        "fit on their own",
+                    )
+                )
             for note in r.notes:
                 rows.append((req, "", note))
         if rows:

@@ -57,13 +57,33 @@ MIG_ONLY_ATTRIBUTES = {"parentUUID", "parentIndex", "profile", "parentUUIDSynthe
 # Existing MIG instances only (static MIG): a dynamic-MIG placement has no instance yet.
 STATIC_MIG_ATTRIBUTES = {"gpuInstanceID", "computeInstanceID"}
 # Devices of dynamic-MIG GPUs only (docs/mig.md): placements, and the whole GPU's migDynamic.
-DYNAMIC_MIG_ATTRIBUTES = {"placementStart", "memorySlices", "computeSlices", "mediaExtensions", "migDynamic", "migProfile"}
+DYNAMIC_MIG_ATTRIBUTES = {
+    "placementStart",
+    "memorySlices",
+    "computeSlices",
+    "mediaExtensions",
+    "migDynamic",
+    "migProfile",
+}
 # Published only when the inventory reports them (a MIG device's uuid and SM count included).
-OPTIONAL_ATTRIBUTES = {"uuid", "architecture", "cudaComputeCapability", "driverVersion", "cudaDriverVersion", "pcieBusID", "numaNode", "multiprocessors"}
+OPTIONAL_ATTRIBUTES = {
+    "uuid",
+    "architecture",
+    "cudaComputeCapability",
+    "driverVersion",
+    "cudaDriverVersion",
+    "pcieBusID",
+    "numaNode",
+    "multiprocessors",
+}
 VERSION_ATTRIBUTES = {"cudaComputeCapability", "driverVersion", "cudaDriverVersion"}
 CAPACITIES = {"memory", "cores"}
 ALL_ATTRIBUTES = (
-    ALWAYS_ATTRIBUTES | GPU_ONLY_ATTRIBUTES | MIG_ONLY_ATTRIBUTES | STATIC_MIG_ATTRIBUTES | DYNAMIC_MIG_ATTRIBUTES
+    ALWAYS_ATTRIBUTES
+    | GPU_ONLY_ATTRIBUTES
+    | MIG_ONLY_ATTRIBUTES
+    | STATIC_MIG_ATTRIBUTES
+    | DYNAMIC_MIG_ATTRIBUTES
     | OPTIONAL_ATTRIBUTES
 )
 
@@ -98,7 +118,9 @@ FINDINGS_CACHE = 4096
 class _World:
     """What devices exist: from ResourceSlices when given, else Tessera's schema."""
 
-    def __init__(self, slices: Sequence[Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]]) -> None:
+    def __init__(
+        self, slices: Sequence[Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]]
+    ) -> None:
         self.index = SliceIndex(slices) if slices else None
         self.devices: list[Device] = list(self.index.devices()) if self.index else []
         self.published = bool(self.devices)
@@ -121,7 +143,8 @@ class _World:
                 self.caps.setdefault(dom, {}).setdefault(name, []).append(d)
         for dom in set(self.attrs) | set(self.caps):
             self.by_domain[dom] = [
-                d for d in self.devices
+                d
+                for d in self.devices
                 if any(k.rpartition("/")[0] == dom for k in d.attributes) or d.driver == dom
             ]
         if not self.published:
@@ -188,14 +211,21 @@ class LintWorld(_World):
     class's devices, each selector's findings) fill as it is used: not thread-safe, one
     :func:`lint` at a time."""
 
-    def __init__(self, slices: Sequence[Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        slices: Sequence[Mapping[str, Any]],
+        classes: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         known = dict(classes or {})
         known.setdefault(DEVICE_CLASS_NAME, device_class())
         super().__init__(slices, known)
 
 
 def lint(
-    manifests: Sequence[Manifest], slices: Sequence[Mapping[str, Any]] = (), *, world: LintWorld | None = None
+    manifests: Sequence[Manifest],
+    slices: Sequence[Mapping[str, Any]] = (),
+    *,
+    world: LintWorld | None = None,
 ) -> list[Finding]:
     """Findings for every object in ``manifests``, in input order: first what the API server
     would refuse in any object (:func:`tessera.api.validation.manifest_problems`, the judgement
@@ -209,8 +239,12 @@ def lint(
     problems = {id(m): manifest_problems(m) for m in manifests}
     valid = [m for m in manifests if not problems[id(m)]]
     if world is None:
-        classes: dict[str, Mapping[str, Any]] = {m.name: m.obj for m in valid if m.kind == "DeviceClass"}
-        world = LintWorld(list(slices) + [m.obj for m in valid if m.kind == "ResourceSlice"], classes)
+        classes: dict[str, Mapping[str, Any]] = {
+            m.name: m.obj for m in valid if m.kind == "DeviceClass"
+        }
+        world = LintWorld(
+            list(slices) + [m.obj for m in valid if m.kind == "ResourceSlice"], classes
+        )
     out: list[Finding] = []
     for m in manifests:
 
@@ -233,9 +267,13 @@ def lint(
                 _check_request(add, path, body, world)
                 _check_counters(add, path, body, world)
             for i, s in enumerate(body.get("selectors") or []):
-                expr = ((s or {}).get("cel") or {}).get("expression") if isinstance(s, dict) else None
+                expr = (
+                    ((s or {}).get("cel") or {}).get("expression") if isinstance(s, dict) else None
+                )
                 if isinstance(expr, str) and expr.strip():
-                    _check_selector(add, f"{path}.selectors[{i}].cel.expression", expr, world, cls_name)
+                    _check_selector(
+                        add, f"{path}.selectors[{i}].cel.expression", expr, world, cls_name
+                    )
     return out
 
 
@@ -254,11 +292,23 @@ def _check_hami(add: Any, m: Manifest, world: _World) -> None:
         for step in path:
             cur = cur[step]
         base = ".".join((*path, "spec"))
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**(cur.get("metadata") or {}), "name": m.name or "workload"},
-               "spec": cur["spec"]}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {**(cur.get("metadata") or {}), "name": m.name or "workload"},
+            "spec": cur["spec"],
+        }
     spec = pod.get("spec") or {}
     # Pods that differ only in name convert alike: convert each shape once.
-    key = json.dumps([spec, (pod.get("metadata") or {}).get("annotations"), (pod.get("metadata") or {}).get("labels")], sort_keys=True, default=str)
+    key = json.dumps(
+        [
+            spec,
+            (pod.get("metadata") or {}).get("annotations"),
+            (pod.get("metadata") or {}).get("labels"),
+        ],
+        sort_keys=True,
+        default=str,
+    )
     cached = world.hami_findings.get(key)
     if cached is not None:
         for f in cached:
@@ -268,7 +318,10 @@ def _check_hami(add: Any, m: Manifest, world: _World) -> None:
     if len(world.hami_findings) >= FINDINGS_CACHE:
         world.hami_findings.clear()
     world.hami_findings[key] = found
-    sizes = sorted({int(d.capacity["memory"].value.value) for d in world.devices if "memory" in d.capacity}, reverse=True)
+    sizes = sorted(
+        {int(d.capacity["memory"].value.value) for d in world.devices if "memory" in d.capacity},
+        reverse=True,
+    )
     try:
         convert_pod(pod, memory_sizes=sizes or [80 * 2**30])
     except ConversionError as e:
@@ -310,9 +363,15 @@ def _check_request(add: Any, path: str, body: Mapping[str, Any], world: _World) 
         add(
             f"{path}.deviceClassName",
             f"DeviceClass {cls!r} does not exist (known: {known})",
-            f"use {near!r}" if near else "name an existing DeviceClass or add its manifest to the input",
+            f"use {near!r}"
+            if near
+            else "name an existing DeviceClass or add its manifest to the input",
         )
-    reqs = (body.get("capacity") or {}).get("requests") if isinstance(body.get("capacity"), dict) else None
+    reqs = (
+        (body.get("capacity") or {}).get("requests")
+        if isinstance(body.get("capacity"), dict)
+        else None
+    )
     if not isinstance(reqs, dict):
         return
     published: set[str] = set()
@@ -415,7 +474,9 @@ def _check_counters(add: Any, path: str, body: Mapping[str, Any], world: _World)
         )
 
 
-def _most_together(devs: Sequence[Device], usage: Mapping[tuple[str, str, str], Any]) -> tuple[int, list[str]]:
+def _most_together(
+    devs: Sequence[Device], usage: Mapping[tuple[str, str, str], Any]
+) -> tuple[int, list[str]]:
     """How many of ``devs`` (one pool) can be allocated at once given the counters they consume,
     and the counter sets that limit them. Devices of different counter sets are independent; per
     set an exact search over what is left (a set holds a few dozen MIG placements at most)."""
@@ -441,7 +502,12 @@ def _most_together(devs: Sequence[Device], usage: Mapping[tuple[str, str, str], 
         vecs = [tuple(n.get(c, 0) for c in names) for n in needs]
         memo: dict[tuple[int, tuple[Any, ...]], int] = {}
 
-        def most(i: int, left: tuple[Any, ...], vecs: list[tuple[Any, ...]] = vecs, memo: dict[tuple[int, tuple[Any, ...]], int] = memo) -> int:
+        def most(
+            i: int,
+            left: tuple[Any, ...],
+            vecs: list[tuple[Any, ...]] = vecs,
+            memo: dict[tuple[int, tuple[Any, ...]], int] = memo,
+        ) -> int:
             if i == len(vecs):
                 return 0
             key = (i, left)
@@ -517,14 +583,24 @@ def _static(add: Any, field: str, expr: str, world: _World) -> None:
         )
     except CelCompileError as e:
         msg = str(e)
-        if not msg.startswith("found no matching overload for '_<") and not msg.startswith("found no matching overload for '_>"):
-            add(field, f"does not compile: {msg}", "correct the expression (Kubernetes CEL syntax, one variable: device)")
+        if not msg.startswith("found no matching overload for '_<") and not msg.startswith(
+            "found no matching overload for '_>"
+        ):
+            add(
+                field,
+                f"does not compile: {msg}",
+                "correct the expression (Kubernetes CEL syntax, one variable: device)",
+            )
         else:
             # Ordering Quantity/semver values: the checks below say which and how to write it.
             generic: list[tuple[str, str, str]] = []
             _static_reads(lambda f, p, x: generic.append((f, p, x)), field, expr, world)
             if not generic:
-                add(field, f"does not compile: {msg}", "correct the expression (Kubernetes CEL syntax, one variable: device)")
+                add(
+                    field,
+                    f"does not compile: {msg}",
+                    "correct the expression (Kubernetes CEL syntax, one variable: device)",
+                )
             for g in generic:
                 add(*g)
             return
@@ -551,31 +627,49 @@ def _static_reads(add: Any, field: str, expr: str, world: _World) -> None:
                     field,
                     f"`{r.text}`: no device publishes domain {r.domain!r}; an unknown domain reads as an empty map, "
                     f"so {'`.' + r.name + '` is a runtime error (no such key) that aborts scheduling' if r.name else 'nothing is found'}",
-                    f"write device.{r.kind}[{_q(near)}]" if near else f"use a published domain ({', '.join(sorted(world.domains))})",
+                    f"write device.{r.kind}[{_q(near)}]"
+                    if near
+                    else f"use a published domain ({', '.join(sorted(world.domains))})",
                 )
             continue
         if r.name is None:
             continue
-        names = world.attrs.get(r.domain, {}) if r.kind == "attributes" else world.caps.get(r.domain, {})
-        other = world.caps.get(r.domain, {}) if r.kind == "attributes" else world.attrs.get(r.domain, {})
+        names = (
+            world.attrs.get(r.domain, {})
+            if r.kind == "attributes"
+            else world.caps.get(r.domain, {})
+        )
+        other = (
+            world.caps.get(r.domain, {})
+            if r.kind == "attributes"
+            else world.attrs.get(r.domain, {})
+        )
         known = r.kind == "attributes" and r.domain == DRIVER_NAME and r.name in ALL_ATTRIBUTES
         if known and (r.in_has or (r.kind, r.domain, r.name) in guarded):
             continue  # a Tessera attribute these devices lack (MIG's parentUUID...), read guarded
         if names and r.name not in names:
             if r.name in other:
                 if r.kind == "attributes":
-                    add(field, f"`{r.text}`: {r.name} is a capacity, not an attribute (a Quantity under device.capacity)",
-                        _capacity_fix(r, expr, r.domain))
+                    add(
+                        field,
+                        f"`{r.text}`: {r.name} is a capacity, not an attribute (a Quantity under device.capacity)",
+                        _capacity_fix(r, expr, r.domain),
+                    )
                 else:
-                    add(field, f"`{r.text}`: {r.name} is an attribute, not a capacity",
-                        f"write device.attributes[{_q(r.domain)}].{r.name}")
+                    add(
+                        field,
+                        f"`{r.text}`: {r.name} is an attribute, not a capacity",
+                        f"write device.attributes[{_q(r.domain)}].{r.name}",
+                    )
             else:
                 near = _closest(r.name, set(names))
                 add(
                     field,
                     f"`{r.text}`: no device publishes {r.kind[:-1] if r.kind == 'attributes' else 'capacity'} "
                     f"{r.domain}/{r.name}; reading it is a runtime error (no such key) that aborts scheduling",
-                    f"write device.{r.kind}[{_q(r.domain)}].{near}" if near else f"use one of: {', '.join(sorted(names))}",
+                    f"write device.{r.kind}[{_q(r.domain)}].{near}"
+                    if near
+                    else f"use one of: {', '.join(sorted(names))}",
                 )
             continue
         if r.in_has or (r.kind, r.domain, r.name) in guarded or world.published:
@@ -626,10 +720,16 @@ def _capacity_fix(r: celtools.Read, expr: str, domain: str) -> str:
         for side, other in ((c.left, c.right), (c.right, c.left)):
             sr = celtools.read_of(side, expr)
             if sr is not None and sr.node is r.node:
-                rhs = re.sub(r"quantity\('([^'\"]*)'\)", r'quantity("\1")', celtools.text_of(other, expr))
+                rhs = re.sub(
+                    r"quantity\('([^'\"]*)'\)", r'quantity("\1")', celtools.text_of(other, expr)
+                )
                 if not rhs.startswith("quantity("):
                     rhs = f"quantity({_q(rhs)})" if rhs.isdigit() else rhs
-                op = c.op if side is c.left else {"<": ">", "<=": ">=", ">": "<", ">=": "<="}.get(c.op, c.op)
+                op = (
+                    c.op
+                    if side is c.left
+                    else {"<": ">", "<=": ">=", ">": "<", ">=": "<="}.get(c.op, c.op)
+                )
                 if op in ("==", "!="):
                     return f"write {target} {op} {rhs}"
                 return f"write {target}.compareTo({rhs}) {op} 0"
@@ -692,7 +792,11 @@ def _evaluate(add: Any, field: str, expr: str, world: _World, cls: str | None) -
             errors.append((d, str(e)))
     if errors:
         d, msg = errors[0]
-        hint = "guard the read with has(...) so devices without it simply do not match" if "no such key" in msg else "fix the expression"
+        hint = (
+            "guard the read with has(...) so devices without it simply do not match"
+            if "no such key" in msg
+            else "fix the expression"
+        )
         add(
             field,
             f"CEL runtime error on {len(errors)} of {len(devices)} devices (e.g. {'/'.join(d.id)}: {msg}); "
@@ -700,5 +804,13 @@ def _evaluate(add: Any, field: str, expr: str, world: _World, cls: str | None) -
             hint,
         )
     elif devices and matched == 0:
-        scope = f"of the {len(devices)} devices of class {cls}" if cls else f"of the {len(devices)} published devices"
-        add(field, f"matches none {scope}", "check the values against the ResourceSlices (tessera explain shows the false sub-expression)")
+        scope = (
+            f"of the {len(devices)} devices of class {cls}"
+            if cls
+            else f"of the {len(devices)} published devices"
+        )
+        add(
+            field,
+            f"matches none {scope}",
+            "check the values against the ResourceSlices (tessera explain shows the false sub-expression)",
+        )

@@ -36,14 +36,19 @@ class UsageView:
     ResourceSlices and allocated ResourceClaims. ``source`` returns ``(generation, slices,
     claims)``; usage is recomputed only when the generation changes."""
 
-    def __init__(self, source: Callable[[], tuple[Any, Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]]]) -> None:
+    def __init__(
+        self,
+        source: Callable[[], tuple[Any, Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]]],
+    ) -> None:
         self.source = source
         self._lock = threading.Lock()
         self._generation: Any = None
         self._usage: dict[str, Fraction] = {}
 
     @classmethod
-    def static(cls, slices: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any]]) -> UsageView:
+    def static(
+        cls, slices: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any]]
+    ) -> UsageView:
         return cls(lambda: (0, slices, claims))
 
     def usage(self) -> dict[str, Fraction]:
@@ -52,8 +57,12 @@ class UsageView:
             gen, slices, claims = self.source()
             if gen != self._generation or self._generation is None:
                 index = SliceIndex(list(slices))
-                state = AllocatedState.from_claims(c for c in claims if (c.get("status") or {}).get("allocation"))
-                self._usage = {node: node_usage(state, sl) for node, sl in index.by_node.items() if node}
+                state = AllocatedState.from_claims(
+                    c for c in claims if (c.get("status") or {}).get("allocation")
+                )
+                self._usage = {
+                    node: node_usage(state, sl) for node, sl in index.by_node.items() if node
+                }
                 self._generation = gen
             return dict(self._usage)
 
@@ -65,11 +74,17 @@ def node_names(args: Mapping[str, Any]) -> list[str]:
         return [str(n) for n in names]
     nodes = args.get("Nodes")
     if isinstance(nodes, Mapping):
-        return [str((n.get("metadata") or {}).get("name")) for n in nodes.get("items") or [] if isinstance(n, Mapping)]
+        return [
+            str((n.get("metadata") or {}).get("name"))
+            for n in nodes.get("items") or []
+            if isinstance(n, Mapping)
+        ]
     raise BadArgs("ExtenderArgs has neither NodeNames nor Nodes.items")
 
 
-def scores(policy: str, usage: Mapping[str, Fraction], names: Sequence[str]) -> list[dict[str, Any]]:
+def scores(
+    policy: str, usage: Mapping[str, Fraction], names: Sequence[str]
+) -> list[dict[str, Any]]:
     """``HostPriorityList`` for ``names`` under ``policy`` (``first-fit``/``binpack``/``spread``)."""
     if policy not in ("binpack", "spread"):
         return [{"Host": n, "Score": 0} for n in names]
@@ -85,7 +100,9 @@ def scores(policy: str, usage: Mapping[str, Fraction], names: Sequence[str]) -> 
     return out
 
 
-def prioritize(args: Any, view: UsageView, default_policy: str = "first-fit") -> list[dict[str, Any]]:
+def prioritize(
+    args: Any, view: UsageView, default_policy: str = "first-fit"
+) -> list[dict[str, Any]]:
     """The reply to one ``prioritize`` call. Raises :class:`BadArgs` for a malformed body."""
     if not isinstance(args, Mapping):
         raise BadArgs("ExtenderArgs must be a JSON object")

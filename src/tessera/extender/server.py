@@ -19,10 +19,14 @@ from starlette.routing import Route
 from tessera.extender.prioritize import BadArgs, UsageView, prioritize
 
 MAX_BODY = 16 * 2**20
-log = logging.getLogger("tessera.extender")  # ExtenderArgs with full Node objects of a large cluster
+log = logging.getLogger(
+    "tessera.extender"
+)  # ExtenderArgs with full Node objects of a large cluster
 
 
-def make_app(view: UsageView, default_policy: str = "first-fit", ready: Callable[[], bool] = lambda: True) -> Starlette:
+def make_app(
+    view: UsageView, default_policy: str = "first-fit", ready: Callable[[], bool] = lambda: True
+) -> Starlette:
     """The Starlette app of ``tessera extender``."""
 
     async def prioritize_route(request: Request) -> Response:
@@ -40,18 +44,28 @@ def make_app(view: UsageView, default_policy: str = "first-fit", ready: Callable
             return PlainTextResponse(f"not an ExtenderArgs: {e}", status_code=400)
         if log.isEnabledFor(logging.INFO):
             meta = (args.get("Pod") or {}).get("metadata") or {}
-            log.info("prioritize %s/%s: %s", meta.get("namespace"), meta.get("name"),
-                     ", ".join(f"{r['Host']}={r['Score']}" for r in result))
+            log.info(
+                "prioritize %s/%s: %s",
+                meta.get("namespace"),
+                meta.get("name"),
+                ", ".join(f"{r['Host']}={r['Score']}" for r in result),
+            )
         return JSONResponse(result)
 
     async def healthz(_: Request) -> Response:
         return PlainTextResponse("ok")
 
     async def readyz(_: Request) -> Response:
-        return PlainTextResponse("ok") if ready() else PlainTextResponse("caches not synced", status_code=503)
+        return (
+            PlainTextResponse("ok")
+            if ready()
+            else PlainTextResponse("caches not synced", status_code=503)
+        )
 
-    return Starlette(routes=[
-        Route("/prioritize", prioritize_route, methods=["POST"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/prioritize", prioritize_route, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+        ]
+    )

@@ -70,7 +70,11 @@ def raw_gpus_from_hami(text: str, source: str) -> list[RawGPU]:
         try:
             items = json.loads(value)
         except ValueError as err:  # JSONDecodeError, or a number past Python's digit limit
-            msg = f"{err.msg} at character {err.pos}" if isinstance(err, json.JSONDecodeError) else "a number too long"
+            msg = (
+                f"{err.msg} at character {err.pos}"
+                if isinstance(err, json.JSONDecodeError)
+                else "a number too long"
+            )
             raise MalformedInputError(
                 f"annotation value is not valid JSON ({msg})",
                 source=source,

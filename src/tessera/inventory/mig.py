@@ -58,9 +58,7 @@ from .model import GPU, MIB, MigModel, MigProfile
 # ---- the profile tables ------------------------------------------------------------------------
 
 
-def _p(
-    name: str, c: int, m: int, starts: Sequence[int], mib: int, sms: int | None
-) -> MigProfile:
+def _p(name: str, c: int, m: int, starts: Sequence[int], mib: int, sms: int | None) -> MigProfile:
     return MigProfile(name, c, m, tuple(starts), mib, sms, name.endswith("+me"))
 
 
@@ -159,7 +157,14 @@ B200_180GB = MigModel(
 )
 
 #: Every model Tessera has a table for, in lookup order.
-MIG_MODELS: tuple[MigModel, ...] = (A100_40GB, A100_80GB, A30_24GB, H100_80GB, H200_141GB, B200_180GB)
+MIG_MODELS: tuple[MigModel, ...] = (
+    A100_40GB,
+    A100_80GB,
+    A30_24GB,
+    H100_80GB,
+    H200_141GB,
+    B200_180GB,
+)
 
 _A100 = re.compile(r"\bA100\b", re.IGNORECASE)
 _80GB = re.compile(r"80\s*GB", re.IGNORECASE)
@@ -184,7 +189,9 @@ def mig_model_for(product_name: str, memory_bytes: int | None = None) -> MigMode
     GH200, GB200, RTX PRO Blackwell; :func:`is_mig_capable` tells them apart)."""
     name = product_name
     if _A100.search(name):
-        big = bool(_80GB.search(name)) or (memory_bytes is not None and memory_bytes > 60 * 1024 * MIB)
+        big = bool(_80GB.search(name)) or (
+            memory_bytes is not None and memory_bytes > 60 * 1024 * MIB
+        )
         return A100_80GB if big else A100_40GB
     if _A30.search(name):
         return A30_24GB
@@ -254,14 +261,24 @@ def model_from_profiles(name: str, profiles: Iterable[Mapping[str, Any]], where:
         if len(sizes) != 1:
             raise ValueError(f"{where}: migProfiles[{k}] ({pname}) has placements of several sizes")
         out.append(
-            MigProfile(str(pname), int(m.group("c")), sizes.pop(), tuple(sorted(starts)), mem, None, bool(m.group("me")))
+            MigProfile(
+                str(pname),
+                int(m.group("c")),
+                sizes.pop(),
+                tuple(sorted(starts)),
+                mem,
+                None,
+                bool(m.group("me")),
+            )
         )
     if not out:
         raise ValueError(f"{where}: migProfiles is empty")
     mem_slices = max(s + p.memory_slices for p in out for s in p.starts)
     compute = max(p.compute_slices for p in out)
     out.sort(key=_profile_order)
-    return MigModel(name, mem_slices, compute, tuple(out), "NVML, as HAMi's register annotation reports it")
+    return MigModel(
+        name, mem_slices, compute, tuple(out), "NVML, as HAMi's register annotation reports it"
+    )
 
 
 def _profile_order(p: MigProfile) -> tuple[int, int, int, bool, str]:
@@ -351,14 +368,20 @@ def describe_counters(
                 f"instances): {_fmt(pub - have, True)} of {_fmt(pub, True)} in use"
             )
         elif c == COMPUTE_SLICES:
-            out.append(f"compute slices of {counter_set}: {_fmt(pub - have, False)} of {_fmt(pub, False)} used")
+            out.append(
+                f"compute slices of {counter_set}: {_fmt(pub - have, False)} of {_fmt(pub, False)} used"
+            )
         elif c == MEDIA_EXTENSIONS:
             if have < pub:
-                out.append(f"media extensions of {counter_set}: in use (a +me instance or the whole GPU)")
+                out.append(
+                    f"media extensions of {counter_set}: in use (a +me instance or the whole GPU)"
+                )
         else:
             # Another driver's counter: no unit known; binary suffixes read best for memory-like
             # amounts (8Gi) and leave plain counts as they are (1000, 3).
-            out.append(f"counter {c} of {counter_set}: {_fmt(pub - have, True)} of {_fmt(pub, True)} used")
+            out.append(
+                f"counter {c} of {counter_set}: {_fmt(pub - have, True)} of {_fmt(pub, True)} used"
+            )
     return out
 
 
@@ -420,14 +443,22 @@ def parse_dynamic_mig(value: Any, where: str) -> DynamicMIG | None:
     if isinstance(value, dict):
         unknown = sorted(set(value) - {"gpus", "profiles"})
         if unknown:
-            raise ValueError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; use gpus and profiles")
+            raise ValueError(
+                f"{where}: unknown key(s) {', '.join(map(str, unknown))}; use gpus and profiles"
+            )
         gpus_v = value.get("gpus", "all")
         gpus = None if gpus_v in ("all", True) else _gpu_list(gpus_v, f"{where}.gpus")
         prof_v = value.get("profiles")
         profiles: tuple[str, ...] | None = None
         if prof_v is not None:
-            if not isinstance(prof_v, list) or not prof_v or not all(isinstance(p, str) for p in prof_v):
-                raise ValueError(f"{where}.profiles: give a list of MIG profile names such as [1g.5gb, 3g.20gb]")
+            if (
+                not isinstance(prof_v, list)
+                or not prof_v
+                or not all(isinstance(p, str) for p in prof_v)
+            ):
+                raise ValueError(
+                    f"{where}.profiles: give a list of MIG profile names such as [1g.5gb, 3g.20gb]"
+                )
             profiles = tuple(dict.fromkeys(p.strip() for p in prof_v))
         return DynamicMIG(gpus=gpus, profiles=profiles)
     raise ValueError(
@@ -531,7 +562,9 @@ def dynamic_mig_models(
         allowed = set(dynamic.profiles)
         for i, m in list(out.items()):
             kept = tuple(p for p in m.profiles if p.name in allowed)
-            out[i] = MigModel(m.name, m.memory_slices, m.compute_slices, kept or m.profiles[-1:], m.source)
+            out[i] = MigModel(
+                m.name, m.memory_slices, m.compute_slices, kept or m.profiles[-1:], m.source
+            )
     return out
 
 
@@ -587,7 +620,15 @@ def mig_placement(device: Mapping[str, Any]) -> MigPlacement | None:
     start = _attr(attrs, "placementStart")
     if start is not None:
         c, m = _attr(attrs, "computeSlices"), _attr(attrs, "memorySlices")
-        p = MigProfile(str(_attr(attrs, "profile")), int(c), int(m), (int(start),), 0, None, bool(_attr(attrs, "mediaExtensions")))
+        p = MigProfile(
+            str(_attr(attrs, "profile")),
+            int(c),
+            int(m),
+            (int(start),),
+            0,
+            None,
+            bool(_attr(attrs, "mediaExtensions")),
+        )
         return MigPlacement(
             int(_attr(attrs, "parentIndex")),
             str(_attr(attrs, "parentUUID")),

@@ -138,7 +138,9 @@ def _from_capture(text: str, source: str) -> list[GPU]:
     return build_gpus(enriched, source, masked=capture.is_masked(text))
 
 
-def parse_inventory(text: str, source: str = "<input>", warnings: list[str] | None = None) -> list[GPU]:
+def parse_inventory(
+    text: str, source: str = "<input>", warnings: list[str] | None = None
+) -> list[GPU]:
     """Parse a GPU inventory, detecting its format from the content.
 
     Formats: ``nvidia-smi -q -x`` XML; ``nvidia-smi -q`` text; nvidia_gpu_exporter multi-section

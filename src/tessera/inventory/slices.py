@@ -227,7 +227,9 @@ def _dynamic_gpu(
     every counter once its first share is placed."""
     cs = counter_set_name(gpu.index)
     has_me = any(p.media_extensions for p in model.profiles)
-    counters: dict[str, Attr] = {memory_slice_counter(k): {"value": "1"} for k in range(model.memory_slices)}
+    counters: dict[str, Attr] = {
+        memory_slice_counter(k): {"value": "1"} for k in range(model.memory_slices)
+    }
     counters[COMPUTE_SLICES] = {"value": str(model.compute_slices)}
     if has_me:
         counters[MEDIA_EXTENSIONS] = {"value": "1"}
@@ -236,7 +238,8 @@ def _dynamic_gpu(
     for p in model.profiles:
         for start in _placement_order(p):
             use: dict[str, Attr] = {
-                memory_slice_counter(k): {"value": "1"} for k in range(start, start + p.memory_slices)
+                memory_slice_counter(k): {"value": "1"}
+                for k in range(start, start + p.memory_slices)
             }
             use[COMPUTE_SLICES] = {"value": str(p.compute_slices)}
             if p.media_extensions:
@@ -267,7 +270,9 @@ def _dynamic_gpu(
             )
     full = model.full
     whole = _gpu_device(gpu, numa, nvlink, pcie_roots)
-    memory = full.memory_bytes if gpu.memory_bytes is None else min(full.memory_bytes, gpu.memory_bytes)
+    memory = (
+        full.memory_bytes if gpu.memory_bytes is None else min(full.memory_bytes, gpu.memory_bytes)
+    )
     whole["allowMultipleAllocations"] = True
     whole["capacity"] = _shareable_capacity(memory)
     whole["attributes"].update(
@@ -278,7 +283,9 @@ def _dynamic_gpu(
             "computeSlices": {"int": model.compute_slices},
         }
     )
-    whole["consumesCounters"] = [{"counterSet": cs, "counters": {k: dict(v) for k, v in counters.items()}}]
+    whole["consumesCounters"] = [
+        {"counterSet": cs, "counters": {k: dict(v) for k, v in counters.items()}}
+    ]
     devices.append(whole)
     return [{"name": cs, "counters": counters}], devices
 
@@ -453,7 +460,9 @@ def build_resource_slices(
         if numa is None and topology is not None:
             numa = topology.numa.get(gpu.index)
         if gpu.index in dynamic:
-            sets, devs = _dynamic_gpu(gpu, dynamic[gpu.index], numa, domains.get(gpu.index), pcie_roots)
+            sets, devs = _dynamic_gpu(
+                gpu, dynamic[gpu.index], numa, domains.get(gpu.index), pcie_roots
+            )
         elif gpu.mig_enabled:
             sets, devs = _static_mig(gpu, numa, pcie_roots)
         else:
@@ -478,7 +487,10 @@ def build_resource_slices(
             else:
                 chunks.append(list(part))
     chunks = chunks or [[]]
-    set_chunks = [counter_sets[i : i + MAX_COUNTER_SETS] for i in range(0, len(counter_sets), MAX_COUNTER_SETS)]
+    set_chunks = [
+        counter_sets[i : i + MAX_COUNTER_SETS]
+        for i in range(0, len(counter_sets), MAX_COUNTER_SETS)
+    ]
     total = len(chunks) + len(set_chunks)
     base = f"{node_name}-{driver}"
     width = len(str(len(chunks) - 1))

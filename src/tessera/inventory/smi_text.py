@@ -112,7 +112,11 @@ def raw_gpus_from_smi_text(text: str, source: str, line_offset: int = 0) -> list
                     mig_problem(
                         index,
                         k,
-                        {"GPU Instance ID": gi, "Compute Instance ID": ci, "FB Memory Usage/Total": mem},
+                        {
+                            "GPU Instance ID": gi,
+                            "Compute Instance ID": ci,
+                            "FB Memory Usage/Total": mem,
+                        },
                     ),
                     source=source,
                     field="MIG Device",

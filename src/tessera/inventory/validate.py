@@ -218,7 +218,9 @@ def _device(dev: Any, path: str, out: list[str]) -> bool:
         unknown = set(cap) - {"value", "requestPolicy"}
         if unknown:
             out.append(f"{cp}: unknown field(s) {sorted(unknown)}")
-        value = _quantity(cap.get("value", 0), f"{cp}.value", out)  # unset: 0, as the API server decodes it
+        value = _quantity(
+            cap.get("value", 0), f"{cp}.value", out
+        )  # unset: 0, as the API server decodes it
         if "requestPolicy" in cap:
             if shared is not True:
                 out.append(f"{cp}.requestPolicy: forbidden unless allowMultipleAllocations is true")
@@ -259,7 +261,9 @@ def _consumes_counters(entries: Any, path: str, out: list[str]) -> None:
             out.append(f"{path}[{i}].counterSet: duplicate counter set {cs!r}")
         else:
             seen.add(str(cs))
-        _counter_map(e.get("counters") if isinstance(e, dict) else None, f"{path}[{i}].counters", out)
+        _counter_map(
+            e.get("counters") if isinstance(e, dict) else None, f"{path}[{i}].counters", out
+        )
 
 
 def validate_resource_slice(obj: Any) -> list[str]:
@@ -323,7 +327,9 @@ def validate_resource_slice(obj: Any) -> list[str]:
         out.append("spec: a slice carries devices or sharedCounters, not both")
     if shared is not None:
         if not isinstance(shared, list) or len(shared) > MAX_COUNTER_SETS:
-            out.append(f"spec.sharedCounters: must be a list of at most {MAX_COUNTER_SETS} counter sets")
+            out.append(
+                f"spec.sharedCounters: must be a list of at most {MAX_COUNTER_SETS} counter sets"
+            )
         else:
             set_names: set[str] = set()
             for i, cs in enumerate(shared):

@@ -95,7 +95,9 @@ def ensure_built(*, force: bool = False, output: TextIO | None = None, node: boo
     script = tools / "build.sh"
     out = output if output is not None else sys.stderr
     cmd = ["bash", str(script), *(["--force"] if force else [])]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+    proc = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
+    )
     out.write(proc.stdout)
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.strip().splitlines()[-20:])

@@ -180,7 +180,9 @@ class KubeClient:
             return None if v is None else base64.b64decode(v)
 
         if "server" not in cluster:
-            raise KubeconfigError(f"kubeconfig {path}: clusters[{context.get('cluster')}].server is missing")
+            raise KubeconfigError(
+                f"kubeconfig {path}: clusters[{context.get('cluster')}].server is missing"
+            )
         for unsupported in ("exec", "auth-provider"):
             if user.get(unsupported):
                 raise KubeconfigError(
@@ -201,7 +203,9 @@ class KubeClient:
                 timeout=timeout,
             )
         except (OSError, ssl.SSLError, binascii.Error) as e:
-            raise KubeconfigError(f"kubeconfig {path}: cannot load its certificates or key: {e}") from e
+            raise KubeconfigError(
+                f"kubeconfig {path}: cannot load its certificates or key: {e}"
+            ) from e
 
     @classmethod
     def in_cluster(cls, *, timeout: float = 30.0, sa_dir: Path = SERVICE_ACCOUNT_DIR) -> KubeClient:
@@ -218,7 +222,12 @@ class KubeClient:
             )
         if ":" in host:
             host = f"[{host}]"
-        return cls(f"https://{host}:{port}", ca_file=sa_dir / "ca.crt", token_file=token_file, timeout=timeout)
+        return cls(
+            f"https://{host}:{port}",
+            ca_file=sa_dir / "ca.crt",
+            token_file=token_file,
+            timeout=timeout,
+        )
 
     # ---- raw requests -----------------------------------------------------------------
     def request(
@@ -266,7 +275,13 @@ class KubeClient:
             payload = text
         if resp.status >= 400:
             if isinstance(payload, dict) and payload.get("kind") == "Status":
-                raise ApiError(verb, what or path, resp.status, payload.get("reason", ""), payload.get("message", ""))
+                raise ApiError(
+                    verb,
+                    what or path,
+                    resp.status,
+                    payload.get("reason", ""),
+                    payload.get("message", ""),
+                )
             raise ApiError(verb, what or path, resp.status, resp.reason, text.strip()[:2000])
         return payload
 
@@ -275,7 +290,13 @@ class KubeClient:
             try:
                 return self._token_file.read_text().strip()
             except OSError as e:
-                raise ApiError("read", str(self._token_file), 0, "Unauthorized", f"cannot read the token file: {e}") from e
+                raise ApiError(
+                    "read",
+                    str(self._token_file),
+                    0,
+                    "Unauthorized",
+                    f"cannot read the token file: {e}",
+                ) from e
         return self._token
 
     # ---- discovery --------------------------------------------------------------------
@@ -293,12 +314,17 @@ class KubeClient:
             for r in doc.get("resources", []):
                 if "/" in r["name"]:
                     continue  # subresource
-                table[r["kind"]] = Resource(api_version, r["kind"], r["name"], bool(r["namespaced"]))
+                table[r["kind"]] = Resource(
+                    api_version, r["kind"], r["name"], bool(r["namespaced"])
+                )
             with self._lock:
                 self._discovery[api_version] = table
         if kind not in table:
             raise ApiError(
-                "discover", f"{kind} in {api_version}", 404, "NotFound",
+                "discover",
+                f"{kind} in {api_version}",
+                404,
+                "NotFound",
                 f"the API server does not serve kind {kind} in {api_version}; served kinds: {', '.join(sorted(table))}",
             )
         return table[kind]
@@ -330,7 +356,11 @@ class KubeClient:
         """GET one object. Raises :class:`ApiError` (status 404) if it does not exist."""
         res = self.resource(api_version, kind)
         ns = namespace or ("default" if res.namespaced else None)
-        return self.request("GET", self._path(res, ns, name), what=f"{kind} {ns + '/' if ns and res.namespaced else ''}{name}")
+        return self.request(
+            "GET",
+            self._path(res, ns, name),
+            what=f"{kind} {ns + '/' if ns and res.namespaced else ''}{name}",
+        )
 
     def list(
         self,
@@ -346,7 +376,11 @@ class KubeClient:
         following ``continue`` tokens in pages of ``page_size`` (None: one request)."""
         res = self.resource(api_version, kind)
         base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-        path = f"{base}/namespaces/{namespace}/{res.plural}" if res.namespaced and namespace else f"{base}/{res.plural}"
+        path = (
+            f"{base}/namespaces/{namespace}/{res.plural}"
+            if res.namespaced and namespace
+            else f"{base}/{res.plural}"
+        )
         query = {}
         if label_selector:
             query["labelSelector"] = label_selector
@@ -381,7 +415,11 @@ class KubeClient:
         apiVersion/kind set). An expired continue token raises :class:`ApiError` (410)."""
         res = self.resource(api_version, kind)
         base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-        path = f"{base}/namespaces/{namespace}/{res.plural}" if res.namespaced and namespace else f"{base}/{res.plural}"
+        path = (
+            f"{base}/namespaces/{namespace}/{res.plural}"
+            if res.namespaced and namespace
+            else f"{base}/{res.plural}"
+        )
         cont = ""
         while True:
             query = {"limit": str(limit)}
@@ -416,8 +454,16 @@ class KubeClient:
         (list again, then watch from the list's resourceVersion)."""
         res = self.resource(api_version, kind)
         base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-        path = f"{base}/namespaces/{namespace}/{res.plural}" if res.namespaced and namespace else f"{base}/{res.plural}"
-        query = {"watch": "1", "timeoutSeconds": str(timeout_seconds), "allowWatchBookmarks": "true"}
+        path = (
+            f"{base}/namespaces/{namespace}/{res.plural}"
+            if res.namespaced and namespace
+            else f"{base}/{res.plural}"
+        )
+        query = {
+            "watch": "1",
+            "timeoutSeconds": str(timeout_seconds),
+            "allowWatchBookmarks": "true",
+        }
         if resource_version:
             query["resourceVersion"] = resource_version
         if field_selector:
@@ -428,20 +474,34 @@ class KubeClient:
         bearer = self._bearer_token()
         if bearer:
             headers["Authorization"] = f"Bearer {bearer}"
-        conn = http.client.HTTPSConnection(self._host, self._port, context=self._ssl, timeout=timeout_seconds + 30)
+        conn = http.client.HTTPSConnection(
+            self._host, self._port, context=self._ssl, timeout=timeout_seconds + 30
+        )
         try:
             try:
-                conn.request("GET", self._prefix + path + "?" + urllib.parse.urlencode(query), headers=headers)
+                conn.request(
+                    "GET",
+                    self._prefix + path + "?" + urllib.parse.urlencode(query),
+                    headers=headers,
+                )
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as e:
-                raise ApiError("WATCH", f"{kind} list", 0, "Unreachable", f"{self.server}: {e}") from e
+                raise ApiError(
+                    "WATCH", f"{kind} list", 0, "Unreachable", f"{self.server}: {e}"
+                ) from e
             if resp.status >= 400:
                 text = resp.read().decode(errors="replace")
                 try:
                     st = json.loads(text)
                 except json.JSONDecodeError:
                     st = {}
-                raise ApiError("WATCH", f"{kind} list", resp.status, st.get("reason", resp.reason), st.get("message", text[:500]))
+                raise ApiError(
+                    "WATCH",
+                    f"{kind} list",
+                    resp.status,
+                    st.get("reason", resp.reason),
+                    st.get("message", text[:500]),
+                )
             while True:
                 try:
                     line = resp.readline()
@@ -454,7 +514,13 @@ class KubeClient:
                 ev = json.loads(line)
                 obj = ev.get("object") or {}
                 if ev.get("type") == "ERROR":
-                    raise ApiError("WATCH", f"{kind} list", int(obj.get("code", 500)), obj.get("reason", ""), obj.get("message", ""))
+                    raise ApiError(
+                        "WATCH",
+                        f"{kind} list",
+                        int(obj.get("code", 500)),
+                        obj.get("reason", ""),
+                        obj.get("message", ""),
+                    )
                 obj.setdefault("apiVersion", api_version)
                 obj.setdefault("kind", kind)
                 yield ev.get("type", ""), obj
@@ -466,17 +532,26 @@ class KubeClient:
         path = self._obj_path(obj, with_name=False)
         return self.request("POST", path, body=obj, what=describe(obj))
 
-    def apply(self, obj: Mapping[str, Any], *, field_manager: str = "tessera", force: bool = True) -> Obj:
+    def apply(
+        self, obj: Mapping[str, Any], *, field_manager: str = "tessera", force: bool = True
+    ) -> Obj:
         """Server-side apply ``obj`` (create or update); return the stored object."""
         path = self._obj_path(obj)
         query = {"fieldManager": field_manager}
         if force:
             query["force"] = "true"
         return self.request(
-            "PATCH", path, body=obj, content_type="application/apply-patch+yaml", query=query, what=describe(obj)
+            "PATCH",
+            path,
+            body=obj,
+            content_type="application/apply-patch+yaml",
+            query=query,
+            what=describe(obj),
         )
 
-    def apply_status(self, obj: Mapping[str, Any], *, field_manager: str = "tessera", force: bool = True) -> Obj:
+    def apply_status(
+        self, obj: Mapping[str, Any], *, field_manager: str = "tessera", force: bool = True
+    ) -> Obj:
         """Server-side apply ``obj`` to the ``status`` subresource (list-map entries of other
         field managers are kept, e.g. other drivers' ``ResourceClaim.status.devices``)."""
         path = self._obj_path(obj)
@@ -484,12 +559,24 @@ class KubeClient:
         if force:
             query["force"] = "true"
         return self.request(
-            "PATCH", path + "/status", body=obj, content_type="application/apply-patch+yaml",
-            query=query, what=describe(obj) + " status",
+            "PATCH",
+            path + "/status",
+            body=obj,
+            content_type="application/apply-patch+yaml",
+            query=query,
+            what=describe(obj) + " status",
         )
 
-    def allowed(self, verb: str, resource: str, *, group: str = "", subresource: str = "",
-                namespace: str = "", name: str = "") -> tuple[bool, str]:
+    def allowed(
+        self,
+        verb: str,
+        resource: str,
+        *,
+        group: str = "",
+        subresource: str = "",
+        namespace: str = "",
+        name: str = "",
+    ) -> tuple[bool, str]:
         """Ask the API server whether this client may ``verb`` the ``resource``
         (SelfSubjectAccessReview). Returns ``(allowed, reason)``."""
         attrs = {"verb": verb, "resource": resource, "group": group}
@@ -500,9 +587,13 @@ class KubeClient:
         if name:
             attrs["name"] = name
         review = self.request(
-            "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
-            body={"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-                  "spec": {"resourceAttributes": attrs}},
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            body={
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": attrs},
+            },
             what=f"access review {verb} {resource}",
         )
         st = review.get("status") or {}
@@ -517,11 +608,22 @@ class KubeClient:
         """JSON-merge-patch the ``status`` subresource of ``obj`` (identified by kind/name)."""
         path = self._obj_path(obj)
         return self.request(
-            "PATCH", path + "/status", body=patch, content_type="application/merge-patch+json",
+            "PATCH",
+            path + "/status",
+            body=patch,
+            content_type="application/merge-patch+json",
             what=describe(obj) + " status",
         )
 
-    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None, *, missing_ok: bool = True) -> None:
+    def delete(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        missing_ok: bool = True,
+    ) -> None:
         """DELETE one object; a missing object is fine unless ``missing_ok`` is False."""
         res = self.resource(api_version, kind)
         ns = namespace or ("default" if res.namespaced else None)
@@ -532,7 +634,9 @@ class KubeClient:
                 raise
 
     @contextmanager
-    def stream(self, path: str, *, query: Mapping[str, str] | None = None, timeout: float | None = None) -> Iterator[http.client.HTTPResponse]:
+    def stream(
+        self, path: str, *, query: Mapping[str, str] | None = None, timeout: float | None = None
+    ) -> Iterator[http.client.HTTPResponse]:
         """GET ``path`` and yield the open response, for a watch (``?watch=1``): read it line
         by line (one JSON event per line). Raises :class:`ApiError` for status >= 400 or an
         unreachable server; the connection is closed on exit."""
@@ -541,7 +645,9 @@ class KubeClient:
         token = self._bearer_token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        conn = http.client.HTTPSConnection(self._host, self._port, context=self._ssl, timeout=timeout or self.timeout)
+        conn = http.client.HTTPSConnection(
+            self._host, self._port, context=self._ssl, timeout=timeout or self.timeout
+        )
         try:
             try:
                 conn.request("GET", url, headers=headers)
@@ -555,7 +661,13 @@ class KubeClient:
                 except json.JSONDecodeError:
                     payload = None
                 if isinstance(payload, dict) and payload.get("kind") == "Status":
-                    raise ApiError("GET", path, resp.status, payload.get("reason", ""), payload.get("message", ""))
+                    raise ApiError(
+                        "GET",
+                        path,
+                        resp.status,
+                        payload.get("reason", ""),
+                        payload.get("message", ""),
+                    )
                 raise ApiError("GET", path, resp.status, resp.reason, text.strip()[:2000])
             yield resp
         finally:
@@ -565,7 +677,11 @@ class KubeClient:
         """The URL path of a kind's collection (all namespaces when ``namespace`` is None)."""
         res = self.resource(api_version, kind)
         base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-        return f"{base}/namespaces/{namespace}/{res.plural}" if res.namespaced and namespace else f"{base}/{res.plural}"
+        return (
+            f"{base}/namespaces/{namespace}/{res.plural}"
+            if res.namespaced and namespace
+            else f"{base}/{res.plural}"
+        )
 
     def raw_get(self, path: str, *, timeout: float | None = None) -> Any:
         """GET an arbitrary path (``/readyz``, ``/version``); JSON decoded or text."""

@@ -126,7 +126,10 @@ class Inventory:
     slices: list[dict[str, Any]] = field(default_factory=list)
 
     def add_node(
-        self, name: str, labels: Mapping[str, str] | None = None, taints: Sequence[Mapping[str, str]] = ()
+        self,
+        name: str,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, str]] = (),
     ) -> None:
         for n in self.nodes:
             if n.name == name:
@@ -146,7 +149,9 @@ class Inventory:
 
 def _check_slice(obj: Any, where: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
-        raise ClusterInputError(f"{where}: expected a ResourceSlice mapping, got {type(obj).__name__}")
+        raise ClusterInputError(
+            f"{where}: expected a ResourceSlice mapping, got {type(obj).__name__}"
+        )
     if obj.get("apiVersion") != "resource.k8s.io/v1" or obj.get("kind") != "ResourceSlice":
         raise ClusterInputError(
             f"{where}: apiVersion/kind is {obj.get('apiVersion')!r}/{obj.get('kind')!r}; "
@@ -166,7 +171,13 @@ def _check_slice(obj: Any, where: str) -> dict[str, Any]:
         raise ClusterInputError(f"{where}: {describe(obj)}: spec.nodeName must be a string")
     out = json.loads(json.dumps(obj))  # deep copy, JSON types only
     meta = out.setdefault("metadata", {})
-    for server_field in ("uid", "resourceVersion", "creationTimestamp", "managedFields", "generation"):
+    for server_field in (
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "managedFields",
+        "generation",
+    ):
         meta.pop(server_field, None)
     out.pop("status", None)
     return out
@@ -200,7 +211,9 @@ def load_slice_files(paths: Iterable[Path], inventory: Inventory | None = None) 
             else:
                 items = [doc]
             for j, item in enumerate(items):
-                inv.add_slice(item, where if len(items) == 1 and items[0] is doc else f"{where}, item {j}")
+                inv.add_slice(
+                    item, where if len(items) == 1 and items[0] is doc else f"{where}, item {j}"
+                )
     return inv
 
 
@@ -225,14 +238,18 @@ def load_cluster_file(path: Path, inventory: Inventory | None = None) -> Invento
     inv = inventory if inventory is not None else Inventory()
     for node in described.nodes:
         inv.add_node(
-            str(node.name), {str(k): str(v) for k, v in dict(node.labels).items()}, getattr(node, "taints", [])
+            str(node.name),
+            {str(k): str(v) for k, v in dict(node.labels).items()},
+            getattr(node, "taints", []),
         )
         for j, s in enumerate(node.slices):
             inv.add_slice(s, f"{path}: node {node.name}, slice {j}")
     return inv
 
 
-def node_object(spec: NodeSpec, capacity: Mapping[str, str] = DEFAULT_NODE_CAPACITY) -> dict[str, Any]:
+def node_object(
+    spec: NodeSpec, capacity: Mapping[str, str] = DEFAULT_NODE_CAPACITY
+) -> dict[str, Any]:
     """The ``v1`` Node registered for a simulated node: Ready, no taints, given capacity."""
     now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     labels = {
@@ -305,8 +322,11 @@ def register_inventory(
         # Ready. Do it here, keeping the taints the cluster description gives.
         if created.get("spec", {}).get("taints") != (spec.taints or None):
             client.request(
-                "PATCH", f"/api/v1/nodes/{spec.name}", body={"spec": {"taints": [dict(t) for t in spec.taints] or None}},
-                content_type="application/merge-patch+json", what=f"Node {spec.name}",
+                "PATCH",
+                f"/api/v1/nodes/{spec.name}",
+                body={"spec": {"taints": [dict(t) for t in spec.taints] or None}},
+                content_type="application/merge-patch+json",
+                what=f"Node {spec.name}",
             )
     for i, s in enumerate(inv.slices):
         obj = json.loads(json.dumps(s))
@@ -407,7 +427,9 @@ def _stop_group(pid: int, binary: str | None, grace: float = 10.0) -> bool:
         else:
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (pid_alive(pid) or (pgid is not None and _group_alive(pgid))):
+    while time.monotonic() < deadline and (
+        pid_alive(pid) or (pgid is not None and _group_alive(pgid))
+    ):
         time.sleep(0.05)
     return True
 
@@ -519,7 +541,9 @@ class Cluster:
     def client(self, timeout: float = 30.0) -> KubeClient:
         """A :class:`KubeClient` authenticated as the admin user of this cluster."""
         if not self.kubeconfig.is_file():
-            raise ClusterError(f"{self.kubeconfig} does not exist; start the cluster with `tessera cluster up`")
+            raise ClusterError(
+                f"{self.kubeconfig} does not exist; start the cluster with `tessera cluster up`"
+            )
         return KubeClient.from_kubeconfig(self.kubeconfig, timeout=timeout)
 
     # ---- up -------------------------------------------------------------------------
@@ -576,9 +600,13 @@ class Cluster:
             bins = build.ensure_built(node=kubelet) if build_binaries else build.bin_dir()
         except build.BuildError as e:
             raise ClusterError(str(e)) from e
-        missing = build.missing_binaries(build.BINARIES if kubelet else build.CONTROL_PLANE_BINARIES)
+        missing = build.missing_binaries(
+            build.BINARIES if kubelet else build.CONTROL_PLANE_BINARIES
+        )
         if missing:
-            raise ClusterError(f"missing binaries in {bins}: {', '.join(missing)}; run tools/kube/build.sh")
+            raise ClusterError(
+                f"missing binaries in {bins}: {', '.join(missing)}; run tools/kube/build.sh"
+            )
         paths = realnode.NodePaths(self.state_dir)
         try:
             name = realnode.node_name() if kubelet else ""
@@ -587,7 +615,9 @@ class Cluster:
             # the running check above would have refused): restore the host first.
             problems = realnode.release_host(self.state_dir, None, say)
             if problems:
-                raise ClusterError(f"could not restore the host after this state dir's earlier node: {'; '.join(problems)}")
+                raise ClusterError(
+                    f"could not restore the host after this state dir's earlier node: {'; '.join(problems)}"
+                )
             if kubelet:
                 realnode.process_path(bins)  # raises early when the kubelet would find iptables
                 realnode.claim_host(self.state_dir, paths, bins, wait=node_lock_wait, progress=say)
@@ -595,8 +625,18 @@ class Cluster:
             raise ClusterError(str(e)) from e
         try:
             self._up(
-                inv, bins, paths, name, address, node_capacity, timeout, say, die_with_parent, kubelet,
-                extra_args, scheduler_config,
+                inv,
+                bins,
+                paths,
+                name,
+                address,
+                node_capacity,
+                timeout,
+                say,
+                die_with_parent,
+                kubelet,
+                extra_args,
+                scheduler_config,
             )
         except BaseException:
             with contextlib.suppress(ClusterError):
@@ -604,9 +644,18 @@ class Cluster:
             raise
 
     def _up(
-        self, inv: Inventory, bins: Path, paths: realnode.NodePaths, name: str, address: str,
-        node_capacity: Mapping[str, str], timeout: float, say: Callable[[str], None], die_with_parent: bool,
-        kubelet: bool, extra_args: Mapping[str, Sequence[str]] | None = None,
+        self,
+        inv: Inventory,
+        bins: Path,
+        paths: realnode.NodePaths,
+        name: str,
+        address: str,
+        node_capacity: Mapping[str, str],
+        timeout: float,
+        say: Callable[[str], None],
+        die_with_parent: bool,
+        kubelet: bool,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
         scheduler_config: Mapping[str, Any] | None = None,
     ) -> None:
         # Fresh state directory (keep nothing from an earlier cluster).
@@ -641,23 +690,43 @@ class Cluster:
         say("registering DeviceClass, nodes and ResourceSlices")
         self._register(inv, node_capacity, timeout)
         if kubelet:
-            self._start_node(state, pki, server, bins, paths, name, address, timeout, say, die_with_parent)
+            self._start_node(
+                state, pki, server, bins, paths, name, address, timeout, say, die_with_parent
+            )
 
     def _start_control_plane(
-        self, inv: Inventory, bins: Path, pki: Pki, timeout: float, say: Callable[[str], None], die_with_parent: bool,
-        extra_args: Mapping[str, Sequence[str]] | None, scheduler_config: Mapping[str, Any] | None,
+        self,
+        inv: Inventory,
+        bins: Path,
+        pki: Pki,
+        timeout: float,
+        say: Callable[[str], None],
+        die_with_parent: bool,
+        extra_args: Mapping[str, Sequence[str]] | None,
+        scheduler_config: Mapping[str, Any] | None,
     ) -> tuple[dict[str, Any], str]:
         """etcd, kube-apiserver, kube-controller-manager, kube-scheduler on free loopback
         ports, each healthy before the next; returns the state (written to state.json) and
         the API server URL. Raises :class:`_PortTaken` when a port was taken meanwhile."""
         etcd_port, etcd_peer, api_port, kcm_port, sched_port = _free_ports(5)
         server = f"https://127.0.0.1:{api_port}"
-        self._write_kubeconfig(self.kubeconfig, server, pki, pki.admin.cert, pki.admin.key, "tessera-admin", embed=True)
+        self._write_kubeconfig(
+            self.kubeconfig, server, pki, pki.admin.cert, pki.admin.key, "tessera-admin", embed=True
+        )
         kc_dir = self.state_dir / "kubeconfigs"
         sched_kc = kc_dir / "kube-scheduler.kubeconfig"
         kcm_kc = kc_dir / "kube-controller-manager.kubeconfig"
-        self._write_kubeconfig(sched_kc, server, pki, pki.scheduler.cert, pki.scheduler.key, "system:kube-scheduler")
-        self._write_kubeconfig(kcm_kc, server, pki, pki.controller_manager.cert, pki.controller_manager.key, "system:kube-controller-manager")
+        self._write_kubeconfig(
+            sched_kc, server, pki, pki.scheduler.cert, pki.scheduler.key, "system:kube-scheduler"
+        )
+        self._write_kubeconfig(
+            kcm_kc,
+            server,
+            pki,
+            pki.controller_manager.cert,
+            pki.controller_manager.key,
+            "system:kube-controller-manager",
+        )
 
         gates = ",".join(f"{k}={str(v).lower()}" for k, v in FEATURE_GATES.items())
         gen_dir = self.state_dir / "certs-generated"
@@ -767,7 +836,9 @@ class Cluster:
             argv["kube-scheduler"].append(f"--config={cfg_path}")
         for component, flags in (extra_args or {}).items():
             if component not in argv:
-                raise ClusterError(f"extra_args: unknown component {component!r} (one of {', '.join(argv)})")
+                raise ClusterError(
+                    f"extra_args: unknown component {component!r} (one of {', '.join(argv)})"
+                )
             argv[component].extend(flags)
         health = {
             "etcd": f"https://127.0.0.1:{etcd_port}/health",
@@ -782,11 +853,19 @@ class Cluster:
             "startedAt": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "featureGates": dict(FEATURE_GATES),
             "ports": {
-                "etcd": etcd_port, "etcdPeer": etcd_peer, "kube-apiserver": api_port,
-                "kube-controller-manager": kcm_port, "kube-scheduler": sched_port,
+                "etcd": etcd_port,
+                "etcdPeer": etcd_peer,
+                "kube-apiserver": api_port,
+                "kube-controller-manager": kcm_port,
+                "kube-scheduler": sched_port,
             },
-            "pki": {"ca": str(pki.ca.cert), "clientCert": str(pki.admin.cert), "clientKey": str(pki.admin.key),
-                    "etcdClientCert": str(pki.etcd_client.cert), "etcdClientKey": str(pki.etcd_client.key)},
+            "pki": {
+                "ca": str(pki.ca.cert),
+                "clientCert": str(pki.admin.cert),
+                "clientKey": str(pki.admin.key),
+                "etcdClientCert": str(pki.etcd_client.cert),
+                "etcdClientKey": str(pki.etcd_client.key),
+            },
             "components": {},
             "nodes": [n.name for n in inv.nodes],
         }
@@ -805,12 +884,21 @@ class Cluster:
                 _CHILDREN.pop(int(comp["pid"]), None)
 
     def _start_component(
-        self, state: dict[str, Any], name: str, argv: Sequence[str], health: str, timeout: float,
-        die_with_parent: bool, env: Mapping[str, str] | None = None,
+        self,
+        state: dict[str, Any],
+        name: str,
+        argv: Sequence[str],
+        health: str,
+        timeout: float,
+        die_with_parent: bool,
+        env: Mapping[str, str] | None = None,
     ) -> int:
         pid = self._spawn(name, argv, die_with_parent, env)
         state["components"][name] = {
-            "pid": pid, "binary": argv[0], "log": str(self.log_dir / f"{name}.log"), "health": health,
+            "pid": pid,
+            "binary": argv[0],
+            "log": str(self.log_dir / f"{name}.log"),
+            "health": health,
         }
         self._write_state(state)
         if name in NODE_COMPONENTS:
@@ -819,22 +907,53 @@ class Cluster:
         return pid
 
     def _start_node(
-        self, state: dict[str, Any], pki: Pki, server: str, bins: Path, paths: realnode.NodePaths, name: str,
-        address: str, timeout: float, say: Callable[[str], None], die_with_parent: bool,
+        self,
+        state: dict[str, Any],
+        pki: Pki,
+        server: str,
+        bins: Path,
+        paths: realnode.NodePaths,
+        name: str,
+        address: str,
+        timeout: float,
+        say: Callable[[str], None],
+        die_with_parent: bool,
     ) -> None:
         """containerd, the pause image, the kubelet; then wait for a Ready Node and untaint it."""
         runc, cni_bin = realnode.runc_binary(), realnode.cni_bin_dir()
         assert runc is not None and cni_bin is not None  # realnode.check_host() passed
-        for d in (paths.plugins_dir, paths.plugins_registry_dir, paths.cdi_spec_dir, paths.containerd_dir,
-                  paths.cni_conf_dir, paths.cni_ipam_dir, paths.pod_logs_dir, paths.images_dir):
+        for d in (
+            paths.plugins_dir,
+            paths.plugins_registry_dir,
+            paths.cdi_spec_dir,
+            paths.containerd_dir,
+            paths.cni_conf_dir,
+            paths.cni_ipam_dir,
+            paths.pod_logs_dir,
+            paths.images_dir,
+        ):
             d.mkdir(parents=True, exist_ok=True)
         certs = issue_node_certs(pki.dir, name, tuple(dict.fromkeys((address, "127.0.0.1"))))
-        self._write_kubeconfig(paths.kubelet_kubeconfig, server, pki, certs.client.cert, certs.client.key, f"system:node:{name}")
+        self._write_kubeconfig(
+            paths.kubelet_kubeconfig,
+            server,
+            pki,
+            certs.client.cert,
+            certs.client.key,
+            f"system:node:{name}",
+        )
         _write_text(paths.containerd_config, realnode.containerd_config(paths, bins, runc, cni_bin))
-        _write_text(paths.cni_conf_dir / f"10-{realnode.CNI_NETWORK}.conflist", json.dumps(realnode.cni_config(paths), indent=2) + "\n")
+        _write_text(
+            paths.cni_conf_dir / f"10-{realnode.CNI_NETWORK}.conflist",
+            json.dumps(realnode.cni_config(paths), indent=2) + "\n",
+        )
         kcfg = realnode.kubelet_config(
-            paths, address=address, ca_file=pki.ca.cert, serving_cert=certs.serving.cert,
-            serving_key=certs.serving.key, feature_gates=FEATURE_GATES,
+            paths,
+            address=address,
+            ca_file=pki.ca.cert,
+            serving_cert=certs.serving.cert,
+            serving_key=certs.serving.key,
+            feature_gates=FEATURE_GATES,
         )
         _write_text(paths.kubelet_config, yaml.safe_dump(kcfg, sort_keys=False))
         pause = images.pause_image(paths.images_dir)
@@ -842,22 +961,34 @@ class Cluster:
         say("starting containerd")
         env = {"PATH": realnode.process_path(bins)}
         self._start_component(
-            state, "containerd", [str(bins / "containerd"), f"--config={paths.containerd_config}"],
-            f"unix://{paths.containerd_socket}", timeout, die_with_parent, env,
+            state,
+            "containerd",
+            [str(bins / "containerd"), f"--config={paths.containerd_config}"],
+            f"unix://{paths.containerd_socket}",
+            timeout,
+            die_with_parent,
+            env,
         )
         images.import_image(bins / "ctr", paths.containerd_socket, pause)
         info = realnode.NodeInfo(
-            name=name, kubelet_root_dir=paths.kubelet_root_dir, plugins_dir=paths.plugins_dir,
-            plugins_registry_dir=paths.plugins_registry_dir, cdi_spec_dir=paths.cdi_spec_dir,
-            containerd_socket=paths.containerd_socket, ctr=bins / "ctr", images_dir=paths.images_dir,
-            pod_logs_dir=paths.pod_logs_dir, sandbox_image=pause.ref,
+            name=name,
+            kubelet_root_dir=paths.kubelet_root_dir,
+            plugins_dir=paths.plugins_dir,
+            plugins_registry_dir=paths.plugins_registry_dir,
+            cdi_spec_dir=paths.cdi_spec_dir,
+            containerd_socket=paths.containerd_socket,
+            ctr=bins / "ctr",
+            images_dir=paths.images_dir,
+            pod_logs_dir=paths.pod_logs_dir,
+            sandbox_image=pause.ref,
             kubelet_url=f"https://{address}:{realnode.KUBELET_PORT}",
         )
         state["node"] = info.to_json()
 
         say(f"starting kubelet (node {name})")
         self._start_component(
-            state, "kubelet",
+            state,
+            "kubelet",
             [
                 str(bins / "kubelet"),
                 f"--config={paths.kubelet_config}",
@@ -866,7 +997,10 @@ class Cluster:
                 f"--cert-dir={paths.kubelet_root_dir / 'pki'}",
                 f"--hostname-override={name}",
             ],
-            f"http://127.0.0.1:{realnode.KUBELET_HEALTHZ_PORT}/healthz", timeout, die_with_parent, env,
+            f"http://127.0.0.1:{realnode.KUBELET_HEALTHZ_PORT}/healthz",
+            timeout,
+            die_with_parent,
+            env,
         )
         say(f"waiting for node {name} to be Ready")
         self._wait_node_ready(name, timeout)
@@ -883,20 +1017,32 @@ class Cluster:
                     raise ClusterError(f"reading Node {name}: {e}") from e
                 obj = None
             if obj is not None:
-                ready = next((c for c in obj["status"].get("conditions") or [] if c.get("type") == "Ready"), None)
-                last = f"Ready={ready.get('status')} ({ready.get('reason')}: {ready.get('message')})" if ready else "no Ready condition"
+                ready = next(
+                    (c for c in obj["status"].get("conditions") or [] if c.get("type") == "Ready"),
+                    None,
+                )
+                last = (
+                    f"Ready={ready.get('status')} ({ready.get('reason')}: {ready.get('message')})"
+                    if ready
+                    else "no Ready condition"
+                )
                 if ready and ready.get("status") == "True":
                     # The node-lifecycle controller is off (simulated nodes send no
                     # heartbeats): remove the not-ready taint that admission added.
                     if obj["spec"].get("taints"):
                         client.request(
-                            "PATCH", f"/api/v1/nodes/{name}", body={"spec": {"taints": None}},
-                            content_type="application/merge-patch+json", what=f"Node {name}",
+                            "PATCH",
+                            f"/api/v1/nodes/{name}",
+                            body={"spec": {"taints": None}},
+                            content_type="application/merge-patch+json",
+                            what=f"Node {name}",
                         )
                     return
             kubelet_pid = int((self._read_state() or {})["components"]["kubelet"]["pid"])
             if not pid_alive(kubelet_pid):
-                raise ClusterError(f"kubelet exited; last lines of {self.log_dir / 'kubelet.log'}:\n{_tail(self.log_dir / 'kubelet.log')}")
+                raise ClusterError(
+                    f"kubelet exited; last lines of {self.log_dir / 'kubelet.log'}:\n{_tail(self.log_dir / 'kubelet.log')}"
+                )
             if time.monotonic() > deadline:
                 raise ClusterError(
                     f"Node {name} not Ready after {timeout:.0f}s ({last}); last lines of "
@@ -905,10 +1051,21 @@ class Cluster:
             time.sleep(0.25)
 
     def _write_kubeconfig(
-        self, path: Path, server: str, pki: Pki, cert: Path, key: Path, user: str, *, embed: bool = False
+        self,
+        path: Path,
+        server: str,
+        pki: Pki,
+        cert: Path,
+        key: Path,
+        user: str,
+        *,
+        embed: bool = False,
     ) -> None:
         if embed:
-            cluster = {"server": server, "certificate-authority-data": base64.b64encode(pki.ca.cert.read_bytes()).decode()}
+            cluster = {
+                "server": server,
+                "certificate-authority-data": base64.b64encode(pki.ca.cert.read_bytes()).decode(),
+            }
             creds = {
                 "client-certificate-data": base64.b64encode(cert.read_bytes()).decode(),
                 "client-key-data": base64.b64encode(key.read_bytes()).decode(),
@@ -930,13 +1087,22 @@ class Cluster:
             yaml.safe_dump(cfg, f, sort_keys=False)
 
     def _spawn(
-        self, name: str, argv: Sequence[str], die_with_parent: bool = False, env: Mapping[str, str] | None = None,
+        self,
+        name: str,
+        argv: Sequence[str],
+        die_with_parent: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> int:
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.state_dir, start_new_session=True, close_fds=True,
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.state_dir,
+                start_new_session=True,
+                close_fds=True,
                 env=None if env is None else {**os.environ, **env},
                 preexec_fn=_set_parent_death_signal if die_with_parent else None,
             )
@@ -967,7 +1133,13 @@ class Cluster:
         key = Path(p["etcdClientKey"] if is_etcd else p["clientKey"])
         base, _, path = url.partition("://")[2].partition("/")
         try:
-            c = KubeClient(f"https://{base}", ca_file=Path(p["ca"]), cert_file=cert, key_file=key, timeout=timeout)
+            c = KubeClient(
+                f"https://{base}",
+                ca_file=Path(p["ca"]),
+                cert_file=cert,
+                key_file=key,
+                timeout=timeout,
+            )
             body = c.raw_get("/" + path)
         except ApiError as e:
             return False, e.message.strip() or e.reason
@@ -985,8 +1157,12 @@ class Cluster:
             if not pid_alive(pid):
                 tail = _tail(self.log_dir / (name + ".log"))
                 if name in COMPONENTS and "address already in use" in tail:
-                    raise _PortTaken(f"{name} could not bind its port (taken by another process meanwhile)")
-                raise ClusterError(f"{name} exited during startup; last lines of {self.log_dir / (name + '.log')}:\n{tail}")
+                    raise _PortTaken(
+                        f"{name} could not bind its port (taken by another process meanwhile)"
+                    )
+                raise ClusterError(
+                    f"{name} exited during startup; last lines of {self.log_dir / (name + '.log')}:\n{tail}"
+                )
             ok, detail = self._probe(url)
             if ok:
                 return
@@ -1037,7 +1213,9 @@ class Cluster:
         stopped = []
         problems: list[str] = []
         if realnode.holder_of(self.state_dir) is not None:
-            was_running = [n for n in NODE_COMPONENTS if n in comps and pid_alive(comps[n][0], comps[n][1])]
+            was_running = [
+                n for n in NODE_COMPONENTS if n in comps and pid_alive(comps[n][0], comps[n][1])
+            ]
             client = None
             api = comps.get("kube-apiserver")
             if api is not None and pid_alive(*api) and self.kubeconfig.is_file():
@@ -1046,7 +1224,11 @@ class Cluster:
                 problems = realnode.release_host(self.state_dir, client, progress)
             except OSError as e:
                 problems = [f"restoring the host: {e}"]
-            stopped += [n for n in reversed(NODE_COMPONENTS) if n in was_running and not pid_alive(comps[n][0], comps[n][1])]
+            stopped += [
+                n
+                for n in reversed(NODE_COMPONENTS)
+                if n in was_running and not pid_alive(comps[n][0], comps[n][1])
+            ]
         for name in reversed(COMPONENTS + NODE_COMPONENTS):
             if name not in comps:
                 continue
@@ -1062,7 +1244,9 @@ class Cluster:
             (self.run_dir / f"{name}.pid").unlink(missing_ok=True)
             _CHILDREN.pop(pid, None)
         if problems:
-            raise ClusterError(f"stopped {', '.join(stopped) or 'nothing'}, but the host is not restored: {'; '.join(problems)}")
+            raise ClusterError(
+                f"stopped {', '.join(stopped) or 'nothing'}, but the host is not restored: {'; '.join(problems)}"
+            )
         return stopped
 
     def kubelet_client(self, timeout: float = 30.0) -> KubeClient:
@@ -1072,10 +1256,17 @@ class Cluster:
         st = self._read_state() or {}
         info = self.node
         if info is None:
-            raise ClusterError(f"no real node runs from {self.state_dir}; start one with `tessera cluster up --kubelet`")
+            raise ClusterError(
+                f"no real node runs from {self.state_dir}; start one with `tessera cluster up --kubelet`"
+            )
         p = st["pki"]
-        return KubeClient(info.kubelet_url, ca_file=Path(p["ca"]), cert_file=Path(p["clientCert"]),
-                          key_file=Path(p["clientKey"]), timeout=timeout)
+        return KubeClient(
+            info.kubelet_url,
+            ca_file=Path(p["ca"]),
+            cert_file=Path(p["clientCert"]),
+            key_file=Path(p["clientKey"]),
+            timeout=timeout,
+        )
 
     @property
     def node(self) -> realnode.NodeInfo | None:
@@ -1087,9 +1278,16 @@ class Cluster:
         """Per component: process running and health endpoint answer; overall state."""
         st = self._read_state()
         if st is None:
-            return ClusterStatus(self.state_dir, "stopped", None, None, tuple(
-                ComponentStatus(n, None, False, False, "not started") for n in COMPONENTS))
-        names = COMPONENTS + (NODE_COMPONENTS if st.get("node") or "kubelet" in (st.get("components") or {}) else ())
+            return ClusterStatus(
+                self.state_dir,
+                "stopped",
+                None,
+                None,
+                tuple(ComponentStatus(n, None, False, False, "not started") for n in COMPONENTS),
+            )
+        names = COMPONENTS + (
+            NODE_COMPONENTS if st.get("node") or "kubelet" in (st.get("components") or {}) else ()
+        )
         comps = []
         for name in names:
             comp = (st.get("components") or {}).get(name)

@@ -38,7 +38,9 @@ def _json_default(value: Any) -> Any:
         return value.astimezone(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     if isinstance(value, _dt.date):
         return value.isoformat()
-    raise TypeError(f"scenario value {value!r} of type {type(value).__name__} is not JSON-serialisable")
+    raise TypeError(
+        f"scenario value {value!r} of type {type(value).__name__} is not JSON-serialisable"
+    )
 
 
 def run_scenario(
@@ -67,18 +69,27 @@ def run_scenario(
             raise HarnessError(f"{exe} is missing; run tools/kube/build.sh")
         build.ensure_built()
     if isinstance(scenario, Path):
-        args, stdin = [str(exe), "-mode", mode, f"-defaults={str(defaults).lower()}", str(scenario)], None
+        args, stdin = (
+            [str(exe), "-mode", mode, f"-defaults={str(defaults).lower()}", str(scenario)],
+            None,
+        )
     else:
         args = [str(exe), "-mode", mode, f"-defaults={str(defaults).lower()}", "-"]
         stdin = json.dumps(scenario, default=_json_default)
     try:
-        proc = subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(
+            args, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired as e:
         raise HarnessError(f"allocator-harness did not finish within {timeout:.0f}s") from e
     if proc.returncode != 0:
-        raise HarnessError(proc.stderr.strip() or f"allocator-harness exited with status {proc.returncode}")
+        raise HarnessError(
+            proc.stderr.strip() or f"allocator-harness exited with status {proc.returncode}"
+        )
     try:
         out: dict[str, Any] = json.loads(proc.stdout)
     except json.JSONDecodeError as e:
-        raise HarnessError(f"allocator-harness printed invalid JSON: {e}: {proc.stdout[:500]!r}") from e
+        raise HarnessError(
+            f"allocator-harness printed invalid JSON: {e}: {proc.stdout[:500]!r}"
+        ) from e
     return out

@@ -49,7 +49,9 @@ _MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 _MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
 _MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar"
 _MTIME = 1  # fixed mtime of every layer entry (seconds since the epoch), for reproducible digests
-_REF = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:\.[a-z0-9-]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_REF = re.compile(
+    r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:\.[a-z0-9-]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+)
 _ASSETS = Path(__file__).parent / "node_assets"
 
 
@@ -102,7 +104,9 @@ def image_ref(name: str, tag: str) -> str:
     """``tessera.local/<name>:<tag>``; raises ImageError if the result is not a valid reference."""
     ref = f"{LOCAL_REGISTRY}/{name}:{tag}"
     if not _REF.match(ref):
-        raise ImageError(f"image reference {ref!r} is not valid: use lower-case name components [a-z0-9._-] and a tag [A-Za-z0-9_.-]")
+        raise ImageError(
+            f"image reference {ref!r} is not valid: use lower-case name components [a-z0-9._-] and a tag [A-Za-z0-9_.-]"
+        )
     return ref
 
 
@@ -136,10 +140,14 @@ def find_busybox() -> Path:
     """The host's static busybox (Debian ``busybox-static``). Raises ImageError if absent or dynamic."""
     found = shutil.which("busybox")
     if found is None:
-        raise ImageError("busybox not found on PATH: install Debian's busybox-static (tools/kube/node-deps.sh)")
+        raise ImageError(
+            "busybox not found on PATH: install Debian's busybox-static (tools/kube/node-deps.sh)"
+        )
     path = Path(found).resolve()
     if not is_static_elf(path):
-        raise ImageError(f"{path} is dynamically linked: install Debian's busybox-static (tools/kube/node-deps.sh)")
+        raise ImageError(
+            f"{path} is dynamically linked: install Debian's busybox-static (tools/kube/node-deps.sh)"
+        )
     return path
 
 
@@ -159,7 +167,9 @@ def host_libraries(programs: Iterable[Path]) -> dict[str, Path]:
             raise ImageError(f"ldd {prog} failed: {(proc.stderr or proc.stdout).strip()}")
         for line in proc.stdout.splitlines():
             line = line.strip()
-            m = re.match(r"^\S+ => (/\S+) \(0x[0-9a-f]+\)$", line) or re.match(r"^(/\S+) \(0x[0-9a-f]+\)$", line)
+            m = re.match(r"^\S+ => (/\S+) \(0x[0-9a-f]+\)$", line) or re.match(
+                r"^(/\S+) \(0x[0-9a-f]+\)$", line
+            )
             if m:
                 out[m.group(1)] = Path(m.group(1)).resolve()
     return out
@@ -248,7 +258,9 @@ def build_image(
     path or a bad reference.
     """
     if not _REF.match(ref):
-        raise ImageError(f"image reference {ref!r} is not valid (expected e.g. {LOCAL_REGISTRY}/name:tag)")
+        raise ImageError(
+            f"image reference {ref!r} is not valid (expected e.g. {LOCAL_REGISTRY}/name:tag)"
+        )
     layer = _Layer()
     for d in ("/dev", "/proc", "/sys", "/etc", "/var", "/root", "/run"):
         layer.dir(d)
@@ -258,7 +270,11 @@ def build_image(
         layer.file("/bin/busybox", bb.read_bytes(), 0o755)
         for applet in _busybox_applets(bb):
             layer.symlink(f"/bin/{applet}", "busybox")
-        layer.file("/etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n", 0o644)
+        layer.file(
+            "/etc/passwd",
+            b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
+            0o644,
+        )
         layer.file("/etc/group", b"root:x:0:\nnogroup:x:65534:\n", 0o644)
     given = {path: _as_file(v) for path, v in files.items()}
     for path in libraries_for:
@@ -270,7 +286,9 @@ def build_image(
                 layer.file(lib_path, host.read_bytes(), stat.S_IMODE(host.stat().st_mode))
     for path, f in sorted(given.items()):
         if not path.startswith("/"):
-            raise ImageError(f"image file path {path!r} must be absolute (e.g. /usr/bin/test-program)")
+            raise ImageError(
+                f"image file path {path!r} must be absolute (e.g. /usr/bin/test-program)"
+            )
         layer.file(path, f.content(), f.file_mode())
 
     layer_bytes = layer.tar()
@@ -290,7 +308,9 @@ def build_image(
         "os": "linux",
         "config": image_config,
         "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        "history": [{"created": "1970-01-01T00:00:01Z", "created_by": "tessera.kube.images.build_image"}],
+        "history": [
+            {"created": "1970-01-01T00:00:01Z", "created_by": "tessera.kube.images.build_image"}
+        ],
     }
     config_bytes = _json(config)
     config_digest = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
@@ -321,10 +341,17 @@ def build_image(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     archive = out_dir / (re.sub(r"[^A-Za-z0-9_.-]", "_", ref) + ".oci.tar")
-    blobs = {layer_digest: layer_bytes, config_digest: config_bytes, manifest_digest: manifest_bytes}
+    blobs = {
+        layer_digest: layer_bytes,
+        config_digest: config_bytes,
+        manifest_digest: manifest_bytes,
+    }
     fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=".image-", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as t:
+        with (
+            os.fdopen(fd, "wb") as raw,
+            tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as t,
+        ):
             _add(t, "oci-layout", _json({"imageLayoutVersion": "1.0.0"}))
             _add(t, "index.json", _json(index))
             for digest in sorted(blobs):
@@ -350,7 +377,18 @@ def compile_pause(out: Path) -> Path:
     """Compile ``node_assets/pause.c`` with ``gcc -static -Os -s`` into ``out``; return it.
     Raises ImageError when gcc (or the static C library, Debian ``libc6-dev``) is missing."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["gcc", "-static", "-Os", "-s", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(_ASSETS / "pause.c")]
+    cmd = [
+        "gcc",
+        "-static",
+        "-Os",
+        "-s",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-o",
+        str(out),
+        str(_ASSETS / "pause.c"),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     except OSError as e:
@@ -364,7 +402,11 @@ def pause_image(out_dir: Path) -> Image:
     """The sandbox image :data:`PAUSE_IMAGE`: only ``/pause`` (static), entrypoint ``/pause``."""
     binary = compile_pause(Path(out_dir) / "pause")
     return build_image(
-        PAUSE_IMAGE, {"/pause": ImageFile(source=binary, mode=0o755)}, out_dir, entrypoint=["/pause"], busybox=False,
+        PAUSE_IMAGE,
+        {"/pause": ImageFile(source=binary, mode=0o755)},
+        out_dir,
+        entrypoint=["/pause"],
+        busybox=False,
     )
 
 
@@ -372,11 +414,22 @@ def import_image(ctr: Path, address: Path, image: Image, *, timeout: float = 120
     """``ctr --address ADDRESS -n k8s.io images import ARCHIVE``: store and unpack ``image``
     (into the default snapshotter) where the kubelet's CRI finds it. Raises ImageError with
     ctr's output when it fails."""
-    cmd = [str(ctr), "--address", str(address), "--namespace", K8S_NAMESPACE, "images", "import",
-           "--local", str(image.archive)]
+    cmd = [
+        str(ctr),
+        "--address",
+        str(address),
+        "--namespace",
+        K8S_NAMESPACE,
+        "images",
+        "import",
+        "--local",
+        str(image.archive),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ImageError(f"{' '.join(cmd)}: {e}") from e
     if proc.returncode != 0:
-        raise ImageError(f"importing {image.ref}: {' '.join(cmd)} failed: {(proc.stderr or proc.stdout).strip()}")
+        raise ImageError(
+            f"importing {image.ref}: {' '.join(cmd)} failed: {(proc.stderr or proc.stdout).strip()}"
+        )

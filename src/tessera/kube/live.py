@@ -86,8 +86,13 @@ def select_objects(objects: Iterable[Obj]) -> tuple[list[Obj], dict[int, str]]:
                 bound.append(p)
         elif claims or unserved_extended_resources(p):
             pending.append(p)
-    pending.sort(key=lambda p: (str(_meta(p).get("creationTimestamp") or ""), str(_meta(p).get("namespace") or ""),
-                                str(_meta(p).get("name") or "")))
+    pending.sort(
+        key=lambda p: (
+            str(_meta(p).get("creationTimestamp") or ""),
+            str(_meta(p).get("namespace") or ""),
+            str(_meta(p).get("name") or ""),
+        )
+    )
     states: dict[int, str] = {}
     for state, pods in (("bound", bound), ("pending", pending)):
         for p in pods:
@@ -96,7 +101,9 @@ def select_objects(objects: Iterable[Obj]) -> tuple[list[Obj], dict[int, str]]:
     return out, states
 
 
-def read_objects(client: KubeClient, *, page_size: int = 500, on_page: OnPage | None = None) -> list[Obj]:
+def read_objects(
+    client: KubeClient, *, page_size: int = 500, on_page: OnPage | None = None
+) -> list[Obj]:
     """Every object of :data:`LIVE_KINDS`, all namespaces, page by page (``on_page(kind,
     items)`` after each page). Raises :class:`LiveClusterError` with one line."""
     out: list[Obj] = []
@@ -111,7 +118,9 @@ def read_objects(client: KubeClient, *, page_size: int = 500, on_page: OnPage | 
     return out
 
 
-def live_manifests(client: KubeClient, *, page_size: int = 500, on_page: OnPage | None = None) -> list[Manifest]:
+def live_manifests(
+    client: KubeClient, *, page_size: int = 500, on_page: OnPage | None = None
+) -> list[Manifest]:
     """The cluster's objects as Manifests (origin ``API server <url>``); pods carry
     ``extra["live"]`` = ``bound`` or ``pending``."""
     objects, states = select_objects(read_objects(client, page_size=page_size, on_page=on_page))
@@ -159,8 +168,13 @@ class _DelayedProgress:
             from rich.console import Console
             from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                      console=Console(stderr=True), transient=True)
+            self._progress = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
             self._progress.start()
             self._task = self._progress.add_task("reading the cluster")
         done = ", ".join(f"{n} {k}s" for k, n in self._counts.items())
@@ -171,8 +185,9 @@ class _DelayedProgress:
             self._progress.stop()
 
 
-def pending_outcome(manifests: Sequence[Manifest], objects: Sequence[Mapping[str, Any]],
-                    added_nodes: Sequence[str]) -> list[str]:
+def pending_outcome(
+    manifests: Sequence[Manifest], objects: Sequence[Mapping[str, Any]], added_nodes: Sequence[str]
+) -> list[str]:
     """What became of the pods that were pending in the cluster, after a simulation whose
     output objects are ``objects``: one line per pod (``ns/name: node`` or ``stays
     pending``) after a summary line naming ``added_nodes`` (the ``--add-node`` ones).
@@ -181,14 +196,22 @@ def pending_outcome(manifests: Sequence[Manifest], objects: Sequence[Mapping[str
     node_of: dict[str, str] = {}
     for o in objects:
         if o.get("kind") == "Pod" and (o.get("spec") or {}).get("nodeName"):
-            node_of[f"{_meta(o).get('namespace') or 'default'}/{_meta(o).get('name')}"] = str(o["spec"]["nodeName"])
+            node_of[f"{_meta(o).get('namespace') or 'default'}/{_meta(o).get('name')}"] = str(
+                o["spec"]["nodeName"]
+            )
     added = set(added_nodes)
-    if not any(LIVE_STATE in m.extra for m in manifests):  # no live cluster: who landed on the added nodes
+    if not any(
+        LIVE_STATE in m.extra for m in manifests
+    ):  # no live cluster: who landed on the added nodes
         there = [p for p, n in node_of.items() if n in added]
         return [f"with {', '.join(added_nodes)} added: {len(there)} pod(s) scheduled there"] + [
             f"  {p}: scheduled on {node_of[p]} (added)" for p in there
         ]
-    pending = [f"{m.namespace}/{m.name}" for m in manifests if m.kind == "Pod" and m.extra.get(LIVE_STATE) == "pending"]
+    pending = [
+        f"{m.namespace}/{m.name}"
+        for m in manifests
+        if m.kind == "Pod" and m.extra.get(LIVE_STATE) == "pending"
+    ]
     if not pending:
         return ["no pod is pending in the cluster"]
     on_added = [p for p in pending if node_of.get(p) in added]
@@ -201,6 +224,10 @@ def pending_outcome(manifests: Sequence[Manifest], objects: Sequence[Mapping[str
         head += f", {len(elsewhere)} on existing nodes"
     head += f", {len(stays)} would stay pending"
     lines = [head]
-    lines += [f"  {p}: scheduled on {node_of[p]}{' (added)' if node_of[p] in added else ''}" for p in pending if p in node_of]
+    lines += [
+        f"  {p}: scheduled on {node_of[p]}{' (added)' if node_of[p] in added else ''}"
+        for p in pending
+        if p in node_of
+    ]
     lines += [f"  {p}: stays pending" for p in stays]
     return lines

@@ -194,7 +194,10 @@ def find_shims(shim_binary: Path, containerd_socket: Path) -> list[ProcessId]:
         if _proc_exe(pid) != want:
             continue
         argv = _proc_cmdline(pid)
-        if any(a == "-address" and i + 1 < len(argv) and argv[i + 1] == str(containerd_socket) for i, a in enumerate(argv)):
+        if any(
+            a == "-address" and i + 1 < len(argv) and argv[i + 1] == str(containerd_socket)
+            for i, a in enumerate(argv)
+        ):
             p = ProcessId.of(pid)
             if p is not None:
                 out.append(p)
@@ -277,7 +280,11 @@ def _mountinfo() -> list[_Mount]:
 def mounts_under(roots: Sequence[Path]) -> list[str]:
     """Mount points at or below any of ``roots``, deepest first."""
     prefixes = [str(Path(r)) for r in roots]
-    found = {m.mount_point for m in _mountinfo() if any(m.mount_point == p or m.mount_point.startswith(p + "/") for p in prefixes)}
+    found = {
+        m.mount_point
+        for m in _mountinfo()
+        if any(m.mount_point == p or m.mount_point.startswith(p + "/") for p in prefixes)
+    }
     return sorted(found, key=lambda p: (-p.count("/"), p))
 
 
@@ -326,13 +333,21 @@ class HostSnapshot:
         return cls(read_sysctls(), tuple(sorted(absent)), cgroups, not _link_exists(BRIDGE))
 
     def to_json(self) -> dict[str, Any]:
-        return {"sysctls": self.sysctls, "absentPaths": list(self.absent_paths),
-                "absentCgroups": list(self.absent_cgroups), "bridgeAbsent": self.bridge_absent}
+        return {
+            "sysctls": self.sysctls,
+            "absentPaths": list(self.absent_paths),
+            "absentCgroups": list(self.absent_cgroups),
+            "bridgeAbsent": self.bridge_absent,
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> HostSnapshot:
-        return cls(dict(d.get("sysctls") or {}), tuple(d.get("absentPaths") or ()),
-                   tuple(d.get("absentCgroups") or ()), bool(d.get("bridgeAbsent")))
+        return cls(
+            dict(d.get("sysctls") or {}),
+            tuple(d.get("absentPaths") or ()),
+            tuple(d.get("absentCgroups") or ()),
+            bool(d.get("bridgeAbsent")),
+        )
 
 
 def check_host() -> list[str]:
@@ -346,16 +361,22 @@ def check_host() -> list[str]:
     if runc_binary() is None:
         problems.append("runc not found: apt-get install runc (tools/kube/node-deps.sh)")
     if cni_bin_dir() is None:
-        problems.append("CNI plugins (bridge, host-local, loopback) not found in /usr/lib/cni or /opt/cni/bin: "
-                        "apt-get install containernetworking-plugins (tools/kube/node-deps.sh)")
+        problems.append(
+            "CNI plugins (bridge, host-local, loopback) not found in /usr/lib/cni or /opt/cni/bin: "
+            "apt-get install containernetworking-plugins (tools/kube/node-deps.sh)"
+        )
     try:
         images.find_busybox()
     except images.ImageError as e:
         problems.append(str(e))
     if shutil.which("gcc") is None:
-        problems.append("gcc not found (it compiles the static pause program): apt-get install gcc libc6-dev")
+        problems.append(
+            "gcc not found (it compiles the static pause program): apt-get install gcc libc6-dev"
+        )
     if shutil.which("ip") is None and shutil.which("ip", path="/usr/sbin:/sbin") is None:
-        problems.append("ip not found (down deletes the pod bridge with it): apt-get install iproute2 (tools/kube/node-deps.sh)")
+        problems.append(
+            "ip not found (down deletes the pod bridge with it): apt-get install iproute2 (tools/kube/node-deps.sh)"
+        )
     return problems
 
 
@@ -367,7 +388,11 @@ def process_path(bins: Path) -> str:
     components" (kube-proxy, which does not run here), and never removes them. Everything
     the node calls by name (``mount``, ``umount``, ``du``, ``find``) must stay reachable:
     raises NodeError when ``mount`` lives beside iptables."""
-    keep = [d for d in SYSTEM_PATH if Path(d).is_dir() and not any(os.access(Path(d, t), os.X_OK) for t in IPTABLES)]
+    keep = [
+        d
+        for d in SYSTEM_PATH
+        if Path(d).is_dir() and not any(os.access(Path(d, t), os.X_OK) for t in IPTABLES)
+    ]
     path = ":".join([str(bins), *keep])
     for tool in ("mount", "umount"):
         if shutil.which(tool, path=path) is None:
@@ -457,8 +482,14 @@ class NodePaths:
 
     def fresh_dirs(self) -> tuple[Path, ...]:
         """Directories emptied by every ``up`` (after unmounting anything below them)."""
-        return (self.kubelet_root_dir, self.cdi_spec_dir, self.containerd_dir, self.state_dir / "cni",
-                self.pod_logs_dir, self.images_dir)
+        return (
+            self.kubelet_root_dir,
+            self.cdi_spec_dir,
+            self.containerd_dir,
+            self.state_dir / "cni",
+            self.pod_logs_dir,
+            self.images_dir,
+        )
 
 
 def safe_rmtree(path: Path) -> None:
@@ -551,14 +582,23 @@ def cni_config(paths: NodePaths) -> dict[str, Any]:
                 "isGateway": False,
                 "ipMasq": False,
                 "hairpinMode": False,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]], "dataDir": str(paths.cni_ipam_dir)},
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_SUBNET}]],
+                    "dataDir": str(paths.cni_ipam_dir),
+                },
             }
         ],
     }
 
 
 def kubelet_config(
-    paths: NodePaths, *, address: str, ca_file: Path, serving_cert: Path, serving_key: Path,
+    paths: NodePaths,
+    *,
+    address: str,
+    ca_file: Path,
+    serving_cert: Path,
+    serving_key: Path,
     feature_gates: Mapping[str, bool],
 ) -> dict[str, Any]:
     """The ``KubeletConfiguration`` (kubelet.config.k8s.io/v1beta1).
@@ -651,7 +691,12 @@ def describe_holder(record: Mapping[str, Any], alive: Sequence[str]) -> str:
 
 
 def claim_host(
-    state_dir: Path, paths: NodePaths, bins: Path, *, wait: float = 0.0, progress: Callable[[str], None] | None = None,
+    state_dir: Path,
+    paths: NodePaths,
+    bins: Path,
+    *,
+    wait: float = 0.0,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Take this machine's node for ``state_dir``; return the holder record.
 
@@ -669,10 +714,14 @@ def claim_host(
             if record is not None:
                 alive = holder_alive(record)
                 if not alive:
-                    say(f"restoring the host after a node that was not stopped ({record.get('stateDir')})")
+                    say(
+                        f"restoring the host after a node that was not stopped ({record.get('stateDir')})"
+                    )
                     problems = teardown(record, client=None, progress=say)
                     if problems:
-                        raise NodeError(f"could not restore the host after the node of {record.get('stateDir')}: {'; '.join(problems)}")
+                        raise NodeError(
+                            f"could not restore the host after the node of {record.get('stateDir')}: {'; '.join(problems)}"
+                        )
                     record = None
             if record is None:
                 owner = ProcessId.of(os.getpid())
@@ -703,7 +752,9 @@ def record_process(state_dir: Path, name: str, pid: int) -> None:
     with _locked():
         record = _read_holder()
         if record is None or record.get("stateDir") != str(state_dir):
-            raise NodeError(f"{HOLDER_FILE} does not name {state_dir} any more; was the node torn down meanwhile?")
+            raise NodeError(
+                f"{HOLDER_FILE} does not name {state_dir} any more; was the node torn down meanwhile?"
+            )
         record.setdefault("processes", {})[name] = p.to_json()
         _write_holder(record)
 
@@ -722,7 +773,9 @@ def holder_of(state_dir: Path) -> dict[str, Any] | None:
     return None
 
 
-def release_host(state_dir: Path, client: KubeClient | None, progress: Callable[[str], None] | None = None) -> list[str]:
+def release_host(
+    state_dir: Path, client: KubeClient | None, progress: Callable[[str], None] | None = None
+) -> list[str]:
     """:func:`teardown` the node of ``state_dir`` (if it holds the machine) and drop the
     record; return the problems (empty when the host is as it was)."""
     if holder_of(state_dir) is None:  # also when /run/tessera-node is not readable (not root)
@@ -737,7 +790,9 @@ def release_host(state_dir: Path, client: KubeClient | None, progress: Callable[
 # ---- teardown -------------------------------------------------------------------------
 
 
-def _ctr(record: Mapping[str, Any], *args: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str] | None:
+def _ctr(
+    record: Mapping[str, Any], *args: str, timeout: float = 20.0
+) -> subprocess.CompletedProcess[str] | None:
     sock = Path(record["containerdSocket"])
     if not sock.exists():
         return None
@@ -763,8 +818,12 @@ def delete_all_pods(client: KubeClient, *, timeout: float = 60.0) -> list[str]:
     for pod in pods:
         meta = pod["metadata"]
         with contextlib.suppress(ApiError):
-            client.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                           body={"gracePeriodSeconds": 1}, what=f"Pod {meta['namespace']}/{meta['name']}")
+            client.request(
+                "DELETE",
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                body={"gracePeriodSeconds": 1},
+                what=f"Pod {meta['namespace']}/{meta['name']}",
+            )
     deadline = time.monotonic() + timeout
     left = pods
     while left and time.monotonic() < deadline:
@@ -774,8 +833,12 @@ def delete_all_pods(client: KubeClient, *, timeout: float = 60.0) -> list[str]:
     for pod in left:
         meta = pod["metadata"]
         with contextlib.suppress(ApiError):
-            client.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                           body={"gracePeriodSeconds": 0}, what=f"Pod {meta['namespace']}/{meta['name']}")
+            client.request(
+                "DELETE",
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                body={"gracePeriodSeconds": 0},
+                what=f"Pod {meta['namespace']}/{meta['name']}",
+            )
             forced.append(f"{meta['namespace']}/{meta['name']}")
     return forced
 
@@ -787,7 +850,9 @@ def _kill_cgroup_tree(root: Path) -> None:
         for dirpath, _dirs, files in os.walk(root):
             if "cgroup.procs" in files:
                 with contextlib.suppress(OSError):
-                    pids.update(int(x) for x in (Path(dirpath) / "cgroup.procs").read_text().split())
+                    pids.update(
+                        int(x) for x in (Path(dirpath) / "cgroup.procs").read_text().split()
+                    )
         if not pids:
             return
         for pid in pids:
@@ -816,7 +881,12 @@ def _remove_cgroup_tree(root: Path) -> list[str]:
     return problems
 
 
-def teardown(record: Mapping[str, Any], *, client: KubeClient | None, progress: Callable[[str], None] | None = None) -> list[str]:
+def teardown(
+    record: Mapping[str, Any],
+    *,
+    client: KubeClient | None,
+    progress: Callable[[str], None] | None = None,
+) -> list[str]:
     """Stop a node and restore the host from its holder ``record``; return what could not be
     restored (one line each; empty when the host is as it was, and then the holder record is
     removed; otherwise it stays, so that the next ``down`` or ``up`` retries). Every step
@@ -846,7 +916,9 @@ def teardown(record: Mapping[str, Any], *, client: KubeClient | None, progress: 
         try:
             forced = delete_all_pods(client)
             if forced:
-                say(f"pods not confirmed by the kubelet within 60 s, force-deleted: {', '.join(forced)}")
+                say(
+                    f"pods not confirmed by the kubelet within 60 s, force-deleted: {', '.join(forced)}"
+                )
         except ApiError as e:
             say(f"could not delete pods: {e}")
     containerd = procs.get("containerd")
@@ -864,7 +936,11 @@ def teardown(record: Mapping[str, Any], *, client: KubeClient | None, progress: 
                 if done is None or done.returncode == 0 or "not found" in done.stderr:
                     break
                 time.sleep(0.25)
-    shims = find_shims(Path(record["shimBinary"]), Path(record["containerdSocket"])) if record.get("shimBinary") else []
+    shims = (
+        find_shims(Path(record["shimBinary"]), Path(record["containerdSocket"]))
+        if record.get("shimBinary")
+        else []
+    )
 
     for name in ("kubelet", "containerd"):
         p = procs.get(name)
@@ -902,7 +978,9 @@ def teardown(record: Mapping[str, Any], *, client: KubeClient | None, progress: 
 
     if host.bridge_absent and _link_exists(BRIDGE):
         ip = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin") or "ip"
-        proc = subprocess.run([ip, "link", "delete", BRIDGE], capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [ip, "link", "delete", BRIDGE], capture_output=True, text=True, check=False
+        )
         if proc.returncode != 0:
             problems.append(f"ip link delete {BRIDGE}: {proc.stderr.strip()}")
 
@@ -961,23 +1039,44 @@ class NodeInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name, "kubeletRootDir": str(self.kubelet_root_dir), "pluginsDir": str(self.plugins_dir),
-            "pluginsRegistryDir": str(self.plugins_registry_dir), "cdiSpecDir": str(self.cdi_spec_dir),
-            "containerdSocket": str(self.containerd_socket), "containerdNamespace": images.K8S_NAMESPACE,
-            "ctr": str(self.ctr), "imagesDir": str(self.images_dir), "podLogsDir": str(self.pod_logs_dir),
-            "sandboxImage": self.sandbox_image, "kubeletURL": self.kubelet_url, "hostRecord": str(HOLDER_FILE),
+            "name": self.name,
+            "kubeletRootDir": str(self.kubelet_root_dir),
+            "pluginsDir": str(self.plugins_dir),
+            "pluginsRegistryDir": str(self.plugins_registry_dir),
+            "cdiSpecDir": str(self.cdi_spec_dir),
+            "containerdSocket": str(self.containerd_socket),
+            "containerdNamespace": images.K8S_NAMESPACE,
+            "ctr": str(self.ctr),
+            "imagesDir": str(self.images_dir),
+            "podLogsDir": str(self.pod_logs_dir),
+            "sandboxImage": self.sandbox_image,
+            "kubeletURL": self.kubelet_url,
+            "hostRecord": str(HOLDER_FILE),
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NodeInfo:
         return cls(
-            d["name"], Path(d["kubeletRootDir"]), Path(d["pluginsDir"]), Path(d["pluginsRegistryDir"]),
-            Path(d["cdiSpecDir"]), Path(d["containerdSocket"]), Path(d["ctr"]), Path(d["imagesDir"]),
-            Path(d["podLogsDir"]), d["sandboxImage"], d["kubeletURL"],
+            d["name"],
+            Path(d["kubeletRootDir"]),
+            Path(d["pluginsDir"]),
+            Path(d["pluginsRegistryDir"]),
+            Path(d["cdiSpecDir"]),
+            Path(d["containerdSocket"]),
+            Path(d["ctr"]),
+            Path(d["imagesDir"]),
+            Path(d["podLogsDir"]),
+            d["sandboxImage"],
+            d["kubeletURL"],
         )
 
     def build_image(
-        self, name: str, files: Mapping[str, images.FileLike], *, tag: str = "latest", **kwargs: Any,
+        self,
+        name: str,
+        files: Mapping[str, images.FileLike],
+        *,
+        tag: str = "latest",
+        **kwargs: Any,
     ) -> images.Image:
         """Build ``tessera.local/<name>:<tag>`` from ``files`` (see :func:`images.build_image`
         for the files and keyword arguments) and import it into this node's containerd.
@@ -991,7 +1090,11 @@ def kubelet_metric_lines(kubelet: KubeClient, metric: str) -> list[str]:
     """Lines of the kubelet's ``/metrics`` for ``metric`` (``kubelet``: a client of
     :attr:`NodeInfo.kubelet_url`, e.g. ``Cluster.kubelet_client()``)."""
     text = kubelet.raw_get("/metrics")
-    return [ln for ln in str(text).splitlines() if ln.startswith(metric + "{") or ln.startswith(metric + " ")]
+    return [
+        ln
+        for ln in str(text).splitlines()
+        if ln.startswith(metric + "{") or ln.startswith(metric + " ")
+    ]
 
 
 def plugin_registered(kubelet: KubeClient, info: NodeInfo, driver: str) -> bool:

@@ -108,13 +108,21 @@ class _CA:
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=True, content_commitment=False, key_encipherment=False,
-                    data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                    crl_sign=True, encipher_only=False, decipher_only=False,
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
             )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+            )
             .sign(key, hashes.SHA256())
         )
         return cls(cert, key)
@@ -147,9 +155,15 @@ class _CA:
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=True, content_commitment=False, key_encipherment=False,
-                    data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                    crl_sign=False, encipher_only=False, decipher_only=False,
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
             )
@@ -212,7 +226,9 @@ def make_pki(directory: Path) -> Pki:
     loopback = ("127.0.0.1",)
     local_dns = ("localhost",)
     ca_pair = save("ca", ca.cert, ca.key)
-    etcd_server = save("etcd-server", *ca.issue("etcd", server=True, client=True, dns=local_dns, ips=loopback))
+    etcd_server = save(
+        "etcd-server", *ca.issue("etcd", server=True, client=True, dns=local_dns, ips=loopback)
+    )
     etcd_client = save("etcd-client", *ca.issue("kube-apiserver-etcd-client", client=True))
     apiserver = save(
         "apiserver",
@@ -220,7 +236,10 @@ def make_pki(directory: Path) -> Pki:
             "kube-apiserver",
             server=True,
             dns=(
-                "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
             ips=(*loopback, KUBERNETES_SERVICE_IP),
@@ -228,7 +247,8 @@ def make_pki(directory: Path) -> Pki:
     )
     admin = save("admin", *ca.issue("tessera-admin", orgs=("system:masters",), client=True))
     apiserver_kubelet_client = save(
-        "apiserver-kubelet-client", *ca.issue(APISERVER_KUBELET_CLIENT, orgs=("system:masters",), client=True)
+        "apiserver-kubelet-client",
+        *ca.issue(APISERVER_KUBELET_CLIENT, orgs=("system:masters",), client=True),
     )
     scheduler = save("kube-scheduler", *ca.issue("system:kube-scheduler", client=True))
     kcm = save("kube-controller-manager", *ca.issue("system:kube-controller-manager", client=True))
@@ -254,10 +274,21 @@ def make_pki(directory: Path) -> Pki:
         private=False,
     )
     return Pki(
-        dir=directory, ca=ca_pair, etcd_server=etcd_server, etcd_client=etcd_client,
-        apiserver=apiserver, admin=admin, apiserver_kubelet_client=apiserver_kubelet_client, scheduler=scheduler, controller_manager=kcm,
-        scheduler_serving=sched_serving, controller_manager_serving=kcm_serving,
-        front_proxy_ca=fp_ca_pair, front_proxy_client=fp_client, sa_key=sa_key, sa_pub=sa_pub,
+        dir=directory,
+        ca=ca_pair,
+        etcd_server=etcd_server,
+        etcd_client=etcd_client,
+        apiserver=apiserver,
+        admin=admin,
+        apiserver_kubelet_client=apiserver_kubelet_client,
+        scheduler=scheduler,
+        controller_manager=kcm,
+        scheduler_serving=sched_serving,
+        controller_manager_serving=kcm_serving,
+        front_proxy_ca=fp_ca_pair,
+        front_proxy_client=fp_client,
+        sa_key=sa_key,
+        sa_pub=sa_pub,
     )
 
 
@@ -286,6 +317,8 @@ def make_serving_certificate(
     _write(serving.cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
     _write(serving.key, _key_pem(key), private=True)
     return ca, serving
+
+
 @dataclass(frozen=True)
 class NodeCerts:
     """A real node's certificates: ``client`` (kubelet -> API server) and ``serving`` (port 10250)."""
@@ -303,7 +336,10 @@ def issue_node_certs(directory: Path, node_name: str, addresses: tuple[str, ...]
     ca = _CA.load(directory / "ca.crt", directory / "ca.key")
     out = []
     for name, (cert, key) in (
-        ("kubelet-client", ca.issue(f"system:node:{node_name}", orgs=("system:nodes",), client=True)),
+        (
+            "kubelet-client",
+            ca.issue(f"system:node:{node_name}", orgs=("system:nodes",), client=True),
+        ),
         ("kubelet-serving", ca.issue(node_name, server=True, dns=(node_name,), ips=addresses)),
     ):
         pair = CertPair(directory / f"{name}.crt", directory / f"{name}.key")

@@ -149,7 +149,13 @@ class Informer:
         etype = str(event.get("type") or "")
         obj = event.get("object") or {}
         if etype == "ERROR":
-            raise ApiError("WATCH", self.kind, int(obj.get("code") or 0), str(obj.get("reason") or ""), str(obj.get("message") or ""))
+            raise ApiError(
+                "WATCH",
+                self.kind,
+                int(obj.get("code") or 0),
+                str(obj.get("reason") or ""),
+                str(obj.get("message") or ""),
+            )
         rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         with self._lock:
             if rv:

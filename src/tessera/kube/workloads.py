@@ -40,7 +40,9 @@ def load_objects(source: str | Path) -> list[Obj]:
     return out
 
 
-def apply_objects(client: KubeClient, objects: Iterable[Mapping[str, Any]], *, namespace: str | None = None) -> list[Obj]:
+def apply_objects(
+    client: KubeClient, objects: Iterable[Mapping[str, Any]], *, namespace: str | None = None
+) -> list[Obj]:
     """Server-side apply each object (``namespace`` fills in a missing metadata.namespace)."""
     applied = []
     for obj in objects:
@@ -55,7 +57,14 @@ def apply_objects(client: KubeClient, objects: Iterable[Mapping[str, Any]], *, n
     return applied
 
 
-def wait_for(check: Callable[[], T | None], *, timeout: float, interval: float = 0.2, what: str, last: Callable[[], str] | None = None) -> T:
+def wait_for(
+    check: Callable[[], T | None],
+    *,
+    timeout: float,
+    interval: float = 0.2,
+    what: str,
+    last: Callable[[], str] | None = None,
+) -> T:
     """Call ``check`` until it returns something other than None; return that value."""
     deadline = time.monotonic() + timeout
     while True:
@@ -84,7 +93,9 @@ def _describe_pod(pod: Mapping[str, Any] | None) -> str:
     return f"nodeName={node!r}, PodScheduled={cond!r}"
 
 
-def wait_pod_scheduled(client: KubeClient, name: str, namespace: str = "default", *, timeout: float = 60.0) -> Obj:
+def wait_pod_scheduled(
+    client: KubeClient, name: str, namespace: str = "default", *, timeout: float = 60.0
+) -> Obj:
     """Wait until the scheduler bound the pod (``spec.nodeName`` set); return the pod."""
     seen: list[Obj | None] = [None]
 
@@ -93,7 +104,12 @@ def wait_pod_scheduled(client: KubeClient, name: str, namespace: str = "default"
         seen[0] = pod
         return pod if pod.get("spec", {}).get("nodeName") else None
 
-    return wait_for(check, timeout=timeout, what=f"pod {namespace}/{name} to be scheduled", last=lambda: _describe_pod(seen[0]))
+    return wait_for(
+        check,
+        timeout=timeout,
+        what=f"pod {namespace}/{name} to be scheduled",
+        last=lambda: _describe_pod(seen[0]),
+    )
 
 
 def _describe_containers(pod: Mapping[str, Any] | None) -> str:
@@ -104,14 +120,18 @@ def _describe_containers(pod: Mapping[str, Any] | None) -> str:
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         for key, detail in state.items():
-            parts.append(f"{cs.get('name')}: {key} {detail.get('reason', '')} {detail.get('message', '')}".rstrip())
+            parts.append(
+                f"{cs.get('name')}: {key} {detail.get('reason', '')} {detail.get('message', '')}".rstrip()
+            )
     for c in status.get("conditions") or []:
         if c.get("status") != "True" and c.get("message"):
             parts.append(f"{c.get('type')}={c.get('status')}: {c.get('message')}")
     return "; ".join(parts)
 
 
-def wait_pod_running(client: KubeClient, name: str, namespace: str = "default", *, timeout: float = 120.0) -> Obj:
+def wait_pod_running(
+    client: KubeClient, name: str, namespace: str = "default", *, timeout: float = 120.0
+) -> Obj:
     """Wait until a pod on a real node is ``Running`` with every container ready; return it.
 
     Raises :class:`AssertionError` when the pod fails (phase ``Failed``/``Succeeded``, or a
@@ -119,7 +139,13 @@ def wait_pod_running(client: KubeClient, name: str, namespace: str = "default", 
     :class:`WaitTimeout` with the container states otherwise.
     """
     seen: list[Obj | None] = [None]
-    fatal = {"ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError", "InvalidImageName", "RunContainerError"}
+    fatal = {
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "InvalidImageName",
+        "RunContainerError",
+    }
 
     def check() -> Obj | None:
         pod = client.get("v1", "Pod", name, namespace)
@@ -130,16 +156,25 @@ def wait_pod_running(client: KubeClient, name: str, namespace: str = "default", 
         for cs in status.get("containerStatuses") or []:
             reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
             if reason in fatal:
-                raise AssertionError(f"pod {namespace}/{name} cannot start: {_describe_containers(pod)}")
+                raise AssertionError(
+                    f"pod {namespace}/{name} cannot start: {_describe_containers(pod)}"
+                )
         ready = status.get("containerStatuses") or []
         if status.get("phase") == "Running" and ready and all(cs.get("ready") for cs in ready):
             return pod
         return None
 
-    return wait_for(check, timeout=timeout, what=f"pod {namespace}/{name} to run", last=lambda: _describe_containers(seen[0]))
+    return wait_for(
+        check,
+        timeout=timeout,
+        what=f"pod {namespace}/{name} to run",
+        last=lambda: _describe_containers(seen[0]),
+    )
 
 
-def wait_pod_unschedulable(client: KubeClient, name: str, namespace: str = "default", *, timeout: float = 60.0) -> str:
+def wait_pod_unschedulable(
+    client: KubeClient, name: str, namespace: str = "default", *, timeout: float = 60.0
+) -> str:
     """Wait for ``PodScheduled=False`` with reason ``Unschedulable``; return its message.
 
     Raises :class:`AssertionError` if the pod gets scheduled instead.
@@ -150,20 +185,30 @@ def wait_pod_unschedulable(client: KubeClient, name: str, namespace: str = "defa
         pod = client.get("v1", "Pod", name, namespace)
         seen[0] = pod
         if pod.get("spec", {}).get("nodeName"):
-            raise AssertionError(f"pod {namespace}/{name} was scheduled to {pod['spec']['nodeName']}, expected it to stay pending")
+            raise AssertionError(
+                f"pod {namespace}/{name} was scheduled to {pod['spec']['nodeName']}, expected it to stay pending"
+            )
         cond = pod_condition(pod)
         if cond and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
             return str(cond.get("message", ""))
         return None
 
-    return wait_for(check, timeout=timeout, what=f"pod {namespace}/{name} to be unschedulable", last=lambda: _describe_pod(seen[0]))
+    return wait_for(
+        check,
+        timeout=timeout,
+        what=f"pod {namespace}/{name} to be unschedulable",
+        last=lambda: _describe_pod(seen[0]),
+    )
 
 
 def pod_claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
     """Map each ``spec.resourceClaims[].name`` to the ResourceClaim's name (generated ones
     from ``status.resourceClaimStatuses``; missing until the claim controller made it)."""
     out: dict[str, str] = {}
-    generated = {s["name"]: s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+    generated = {
+        s["name"]: s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
     for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
         claim_name = ref.get("resourceClaimName") or generated.get(ref["name"])
         if claim_name:
@@ -174,16 +219,29 @@ def pod_claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
 def pod_claims(client: KubeClient, name: str, namespace: str = "default") -> dict[str, Obj]:
     """The pod's ResourceClaims keyed by the pod's claim reference name."""
     pod = client.get("v1", "Pod", name, namespace)
-    return {ref: client.get("resource.k8s.io/v1", "ResourceClaim", claim, namespace) for ref, claim in pod_claim_names(pod).items()}
+    return {
+        ref: client.get("resource.k8s.io/v1", "ResourceClaim", claim, namespace)
+        for ref, claim in pod_claim_names(pod).items()
+    }
 
 
-def pod_allocations(client: KubeClient, name: str, namespace: str = "default") -> dict[str, Obj | None]:
+def pod_allocations(
+    client: KubeClient, name: str, namespace: str = "default"
+) -> dict[str, Obj | None]:
     """``status.allocation`` of each of the pod's claims (None while unallocated)."""
-    return {ref: (c.get("status") or {}).get("allocation") for ref, c in pod_claims(client, name, namespace).items()}
+    return {
+        ref: (c.get("status") or {}).get("allocation")
+        for ref, c in pod_claims(client, name, namespace).items()
+    }
 
 
 def delete_pod(
-    client: KubeClient, name: str, namespace: str = "default", *, wait: float = 30.0, grace_period: int = 0,
+    client: KubeClient,
+    name: str,
+    namespace: str = "default",
+    *,
+    wait: float = 30.0,
+    grace_period: int = 0,
 ) -> None:
     """Delete a pod and wait until the API object is gone.
 
@@ -193,7 +251,9 @@ def delete_pod(
     """
     try:
         client.request(
-            "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body={"gracePeriodSeconds": grace_period},
+            "DELETE",
+            f"/api/v1/namespaces/{namespace}/pods/{name}",
+            body={"gracePeriodSeconds": grace_period},
             what=f"Pod {namespace}/{name}",
         )
     except ApiError as e:
@@ -261,8 +321,15 @@ def gpu_pod(
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 0,
         "resourceClaims": [ref],
-        "containers": [{"name": "main", "image": image, "resources": {"claims": [{"name": "gpu"}]}}],
+        "containers": [
+            {"name": "main", "image": image, "resources": {"claims": [{"name": "gpu"}]}}
+        ],
     }
     if node_selector:
         spec["nodeSelector"] = dict(node_selector)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }

@@ -101,12 +101,23 @@ def _claim_users(claim: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) ->
     name the claim (``resources.claims``), containers of all kinds in spec order."""
     md = _meta(claim)
     ns, name = md.get("namespace") or "default", md.get("name") or ""
-    reserved = [r for r in (claim.get("status") or {}).get("reservedFor") or [] if r.get("resource") == "pods"]
+    reserved = [
+        r
+        for r in (claim.get("status") or {}).get("reservedFor") or []
+        if r.get("resource") == "pods"
+    ]
     out: list[PodRef] = []
     for r in reserved:
         pod = next(
-            (p for p in pods if _meta(p).get("namespace") == ns
-             and (_meta(p).get("uid") == r.get("uid") or (not r.get("uid") and _meta(p).get("name") == r.get("name")))),
+            (
+                p
+                for p in pods
+                if _meta(p).get("namespace") == ns
+                and (
+                    _meta(p).get("uid") == r.get("uid")
+                    or (not r.get("uid") and _meta(p).get("name") == r.get("name"))
+                )
+            ),
             None,
         )
         if pod is None:
@@ -118,12 +129,22 @@ def _claim_users(claim: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) ->
         indexes: list[int] = []
         for part in ("initContainers", "containers"):
             for i, c in enumerate(spec.get(part) or []):
-                if any(rc.get("name") in refs for rc in ((c.get("resources") or {}).get("claims") or [])):
+                if any(
+                    rc.get("name") in refs
+                    for rc in ((c.get("resources") or {}).get("claims") or [])
+                ):
                     ctrs.append(str(c.get("name", "")))
                     if part == "containers":
                         indexes.append(i)
-        out.append(PodRef(ns, str(_meta(pod).get("name") or ""), str(_meta(pod).get("uid") or ""),
-                          tuple(ctrs), tuple(indexes)))
+        out.append(
+            PodRef(
+                ns,
+                str(_meta(pod).get("name") or ""),
+                str(_meta(pod).get("uid") or ""),
+                tuple(ctrs),
+                tuple(indexes),
+            )
+        )
     return tuple(out)
 
 
@@ -139,26 +160,41 @@ def allocation_view(
     drivers' slices are ignored), all ResourceClaims (those with results on the node's pools
     count) and the pods bound to the node. Per-GPU totals come from
     :func:`tessera.sim.simulate.gpu_usage`, the same judgement ``tessera simulate`` prints."""
-    mine = [dict(s) for s in slices if (s.get("spec") or {}).get("driver") == DRIVER_NAME
-            and (s.get("spec") or {}).get("nodeName") == node]
+    mine = [
+        dict(s)
+        for s in slices
+        if (s.get("spec") or {}).get("driver") == DRIVER_NAME
+        and (s.get("spec") or {}).get("nodeName") == node
+    ]
     index = SliceIndex(mine)
     pools = {(s.driver, s.pool) for s in index.slices}
     devices = {d.id: d for d in index.devices()}
     on_node = []
     for c in claims:
-        results = ((((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")) or []
+        results = (
+            (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+        ) or []
         if any((r.get("driver"), r.get("pool")) in pools for r in results):
             on_node.append(c)
     state = AllocatedState.from_claims(on_node)
     gpus = []
     for u, d in zip(gpu_usage(index, state, {node}), index.devices(), strict=True):
-        gpus.append(GpuAllocation(
-            driver=d.driver, pool=d.pool, device=d.name, uuid=str(u.uuid or ""),
-            index=str(d.attributes.get(f"{d.driver}/index", "")), model=str(u.model or ""),
-            memory_capacity=u.memory_capacity, memory_allocated=u.memory_allocated,
-            cores_capacity=u.cores_capacity, cores_allocated=u.cores_allocated,
-            shares=u.shares, dedicated=u.dedicated,
-        ))
+        gpus.append(
+            GpuAllocation(
+                driver=d.driver,
+                pool=d.pool,
+                device=d.name,
+                uuid=str(u.uuid or ""),
+                index=str(d.attributes.get(f"{d.driver}/index", "")),
+                model=str(u.model or ""),
+                memory_capacity=u.memory_capacity,
+                memory_allocated=u.memory_allocated,
+                cores_capacity=u.cores_capacity,
+                cores_allocated=u.cores_allocated,
+                shares=u.shares,
+                dedicated=u.dedicated,
+            )
+        )
     shares: list[ShareAllocation] = []
     infos: dict[str, ClaimInfo] = {}
     for c in on_node:
@@ -172,7 +208,12 @@ def allocation_view(
                 continue
             cc = r.get("consumedCapacity") or {}
 
-            def amount(key: str, cc: Mapping[str, Any] = cc, d: Any = dev, shared: bool = bool(r.get("shareID"))) -> Fraction | None:
+            def amount(
+                key: str,
+                cc: Mapping[str, Any] = cc,
+                d: Any = dev,
+                shared: bool = bool(r.get("shareID")),
+            ) -> Fraction | None:
                 if shared and key in cc:
                     return Quantity.parse(cc[key]).value
                 cap = d.capacity.get(key)
@@ -180,11 +221,20 @@ def allocation_view(
                     return None
                 return Fraction(0) if shared else cap.value.value
 
-            shares.append(ShareAllocation(
-                claim_uid=uid, claim_namespace=ns, claim_name=name, driver=dev.driver, pool=dev.pool, device=dev.name,
-                uuid=str(dev.attributes.get(f"{dev.driver}/uuid", "")), memory=amount("memory"), cores=amount("cores"),
-                shared=bool(r.get("shareID")),
-            ))
+            shares.append(
+                ShareAllocation(
+                    claim_uid=uid,
+                    claim_namespace=ns,
+                    claim_name=name,
+                    driver=dev.driver,
+                    pool=dev.pool,
+                    device=dev.name,
+                    uuid=str(dev.attributes.get(f"{dev.driver}/uuid", "")),
+                    memory=amount("memory"),
+                    cores=amount("cores"),
+                    shared=bool(r.get("shareID")),
+                )
+            )
     return AllocationView(node, tuple(gpus), tuple(shares), infos, fetched_at)
 
 
@@ -192,9 +242,23 @@ def fetch_allocation_view(client: KubeClient, node: str, *, page_size: int = 500
     """Read the node's ResourceSlices, every ResourceClaim and the node's pods (paginated
     lists; read-only: ``get``/``list`` on resourceslices, resourceclaims, pods) and build the
     view. Raises :class:`~tessera.kube.client.ApiError`."""
-    slices = [s for page in client.list_pages(RESOURCE_API, "ResourceSlice", limit=page_size,
-                                              field_selector=f"spec.nodeName={node}") for s in page]
-    claims = [c for page in client.list_pages(RESOURCE_API, "ResourceClaim", limit=page_size) for c in page]
-    pods = [p for page in client.list_pages("v1", "Pod", limit=page_size,
-                                            field_selector=f"spec.nodeName={node}") for p in page]
+    slices = [
+        s
+        for page in client.list_pages(
+            RESOURCE_API, "ResourceSlice", limit=page_size, field_selector=f"spec.nodeName={node}"
+        )
+        for s in page
+    ]
+    claims = [
+        c
+        for page in client.list_pages(RESOURCE_API, "ResourceClaim", limit=page_size)
+        for c in page
+    ]
+    pods = [
+        p
+        for page in client.list_pages(
+            "v1", "Pod", limit=page_size, field_selector=f"spec.nodeName={node}"
+        )
+        for p in page
+    ]
     return allocation_view(node, slices, claims, pods, fetched_at=time.time())

@@ -71,7 +71,9 @@ def _claim(uid: str, meta: ShareMeta | None, info: ClaimInfo | None) -> _Claim:
     name = (meta.name if meta else "") or (info.name if info else "")
     pods: Sequence[PodRef] = (meta.pods if meta else ()) or (info.pods if info else ())
     return _Claim(
-        uid=uid, namespace=ns, name=name,
+        uid=uid,
+        namespace=ns,
+        name=name,
         pod_namespace=_join([p.namespace for p in pods]) or (ns if pods else ""),
         pods=_join([p.name for p in pods]),
         containers=_join([c for p in pods for c in p.containers]),
@@ -146,7 +148,10 @@ class TesseraCollector(Collector):
             self._report("region-dir", None)
         except OSError as e:
             readings = []
-            self._report("region-dir", f"tessera monitor: cannot list --region-dir {self.regions.path}: {e.strerror or e}")
+            self._report(
+                "region-dir",
+                f"tessera monitor: cannot list --region-dir {self.regions.path}: {e.strerror or e}",
+            )
 
         # ---- identities -----------------------------------------------------------------
         gpus: dict[str, _Gpu] = {}
@@ -156,8 +161,13 @@ class TesseraCollector(Collector):
                     gpus[va.uuid.lower()] = _Gpu(va.uuid, va.index, va.model, va.pool, va.device)
         for s in samples:
             prior = gpus.get(s.uuid.lower())
-            gpus[s.uuid.lower()] = _Gpu(s.uuid, str(s.index), s.name or (prior.model if prior else ""),
-                                        prior.pool if prior else "", prior.device if prior else "")
+            gpus[s.uuid.lower()] = _Gpu(
+                s.uuid,
+                str(s.index),
+                s.name or (prior.model if prior else ""),
+                prior.pool if prior else "",
+                prior.device if prior else "",
+            )
         metas = {r.meta.uid: r.meta for r in readings}
         infos: Mapping[str, ClaimInfo] = view.claims if view is not None else {}
         claims: dict[str, _Claim] = {}
@@ -175,11 +185,29 @@ class TesseraCollector(Collector):
             meta = c.meta
             dev = meta.devices.get(uuid.lower(), "") if meta else ""
             base = g or _Gpu(uuid)
-            return _Gpu(base.uuid, base.index, base.model, base.pool or (meta.pool if meta else ""), base.device or dev)
+            return _Gpu(
+                base.uuid,
+                base.index,
+                base.model,
+                base.pool or (meta.pool if meta else ""),
+                base.device or dev,
+            )
 
         def share_labels(c: _Claim, g: _Gpu) -> list[str]:
-            driver = (c.meta.driver if c.meta and c.meta.driver else DRIVER_NAME)
-            return [node, g.uuid, driver, g.pool, g.device, c.namespace, c.name, c.uid, c.pod_namespace, c.pods, c.containers]
+            driver = c.meta.driver if c.meta and c.meta.driver else DRIVER_NAME
+            return [
+                node,
+                g.uuid,
+                driver,
+                g.pool,
+                g.device,
+                c.namespace,
+                c.name,
+                c.uid,
+                c.pod_namespace,
+                c.pods,
+                c.containers,
+            ]
 
         def claim_labels(c: _Claim) -> list[str]:
             return [node, c.namespace, c.name, c.uid, c.pod_namespace, c.pods, c.containers]
@@ -237,7 +265,9 @@ class TesseraCollector(Collector):
                     add("tessera_share_cores_allocated_ratio", sl, float(a.cores) / 100)
                     add("hami_vgpu_core_allocated_ratio", hl, float(a.cores))
             for ga in view.gpus:
-                g = gpus.get(ga.uuid.lower()) or _Gpu(ga.uuid, ga.index, ga.model, ga.pool, ga.device)
+                g = gpus.get(ga.uuid.lower()) or _Gpu(
+                    ga.uuid, ga.index, ga.model, ga.pool, ga.device
+                )
                 gl = gpu_labels(g)
                 hl = [node, g.uuid, g.index, g.model, HAMI_ZONE]
                 cores_cap = "" if ga.cores_capacity is None else str(int(ga.cores_capacity))
@@ -245,12 +275,30 @@ class TesseraCollector(Collector):
                     add("tessera_gpu_memory_capacity_bytes", gl, float(ga.memory_capacity))
                     add("hami_gpu_memory_limit_bytes", hl, float(ga.memory_capacity))
                     if ga.memory_capacity:
-                        add("hami_node_gpu_memory_allocated_ratio", hl, float(ga.memory_allocated / ga.memory_capacity))
-                    add("hami_node_gpu_overview", [node, g.uuid, g.index, g.model, cores_cap,
-                                                   str(int(ga.memory_capacity)), HAMI_ZONE], float(ga.memory_allocated))
+                        add(
+                            "hami_node_gpu_memory_allocated_ratio",
+                            hl,
+                            float(ga.memory_allocated / ga.memory_capacity),
+                        )
+                    add(
+                        "hami_node_gpu_overview",
+                        [
+                            node,
+                            g.uuid,
+                            g.index,
+                            g.model,
+                            cores_cap,
+                            str(int(ga.memory_capacity)),
+                            HAMI_ZONE,
+                        ],
+                        float(ga.memory_allocated),
+                    )
                 add("tessera_gpu_memory_allocated_bytes", gl, float(ga.memory_allocated))
-                add("hami_gpu_memory_allocated_bytes", [node, g.uuid, g.index, g.model, cores_cap, HAMI_ZONE],
-                    float(ga.memory_allocated))
+                add(
+                    "hami_gpu_memory_allocated_bytes",
+                    [node, g.uuid, g.index, g.model, cores_cap, HAMI_ZONE],
+                    float(ga.memory_allocated),
+                )
                 if ga.cores_capacity is not None:
                     add("tessera_gpu_cores_allocated_ratio", gl, float(ga.cores_allocated) / 100)
                     add("hami_gpu_core_allocated_ratio", hl, float(ga.cores_allocated))
@@ -265,14 +313,25 @@ class TesseraCollector(Collector):
             gl = gpu_labels(g)
             add("tessera_gpu_memory_total_bytes", gl, s.memory_total)
             add("tessera_gpu_memory_used_bytes", gl, s.memory_used)
-            add("hami_host_gpu_memory_used_bytes", [node, g.index, g.uuid, g.model, HAMI_ZONE], s.memory_used)
+            add(
+                "hami_host_gpu_memory_used_bytes",
+                [node, g.index, g.uuid, g.model, HAMI_ZONE],
+                s.memory_used,
+            )
             if s.utilization_gpu is not None:
                 add("tessera_gpu_utilization_ratio", gl, s.utilization_gpu / 100)
-                add("hami_host_gpu_utilization_ratio", [node, g.index, g.uuid, g.model, HAMI_ZONE], s.utilization_gpu)
+                add(
+                    "hami_host_gpu_utilization_ratio",
+                    [node, g.index, g.uuid, g.model, HAMI_ZONE],
+                    s.utilization_gpu,
+                )
             if s.utilization_memory is not None:
                 add("tessera_gpu_memory_utilization_ratio", gl, s.utilization_memory / 100)
-                add("hami_host_gpu_memory_controller_utilization_ratio", [g.index, g.uuid, g.model, HAMI_ZONE],
-                    s.utilization_memory)
+                add(
+                    "hami_host_gpu_memory_controller_utilization_ratio",
+                    [g.index, g.uuid, g.model, HAMI_ZONE],
+                    s.utilization_memory,
+                )
 
         add("tessera_monitor_collect_duration_seconds", [node], time.perf_counter() - t0)
         for f in fams.values():

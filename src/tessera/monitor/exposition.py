@@ -43,7 +43,11 @@ class Exposition:
         key = tuple(labels.items())  # a family's samples keep its label order: sort on a miss only
         s = self._labels.get(key)
         if s is None:
-            s = "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(key)) + "}" if key else ""
+            s = (
+                "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(key)) + "}"
+                if key
+                else ""
+            )
             with self._lock:
                 if len(self._labels) >= _MAX_CACHED:
                     self._labels.clear()
@@ -88,7 +92,9 @@ class _Handler(BaseHTTPRequestHandler):
         return  # no access log
 
 
-def serve(address: str, port: int, render: Callable[[], bytes]) -> tuple[ThreadingHTTPServer, threading.Thread]:
+def serve(
+    address: str, port: int, render: Callable[[], bytes]
+) -> tuple[ThreadingHTTPServer, threading.Thread]:
     """Serve ``render()`` on ``http://address:port/metrics`` from a daemon thread (one thread
     per request). Raises ``OSError`` when the address cannot be bound."""
     handler = type("TesseraMetricsHandler", (_Handler,), {"render": staticmethod(render)})

@@ -50,7 +50,9 @@ class Nvml:
         try:
             import pynvml
         except ImportError as e:  # pragma: no cover - a dependency of the package
-            raise NvmlUnavailable(f"nvidia-ml-py is not installed ({e}): install it, or pass --no-nvml") from e
+            raise NvmlUnavailable(
+                f"nvidia-ml-py is not installed ({e}): install it, or pass --no-nvml"
+            ) from e
         self._nv = pynvml
         try:
             pynvml.nvmlInit()
@@ -65,9 +67,13 @@ class Nvml:
         try:
             for i in range(pynvml.nvmlDeviceGetCount()):
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                self._handles.append((i, h, _text(pynvml.nvmlDeviceGetUUID(h)), _text(pynvml.nvmlDeviceGetName(h))))
+                self._handles.append(
+                    (i, h, _text(pynvml.nvmlDeviceGetUUID(h)), _text(pynvml.nvmlDeviceGetName(h)))
+                )
         except pynvml.NVMLError as e:
-            raise NvmlUnavailable(f"NVML could not enumerate the GPUs ({e}): check the driver, or pass --no-nvml") from e
+            raise NvmlUnavailable(
+                f"NVML could not enumerate the GPUs ({e}): check the driver, or pass --no-nvml"
+            ) from e
 
     @property
     def count(self) -> int:

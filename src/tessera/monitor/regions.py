@@ -100,7 +100,9 @@ def parse_claim_json(data: str, where: str, uid: str) -> ShareMeta:
         raise MetadataError(f"{where}: expected a JSON object")
     version = doc.get("version", META_VERSION)
     if version != META_VERSION:
-        raise MetadataError(f"{where}: version {version!r} is not supported (this monitor reads version {META_VERSION})")
+        raise MetadataError(
+            f"{where}: version {version!r} is not supported (this monitor reads version {META_VERSION})"
+        )
 
     def text(obj: Mapping[str, Any], key: str, at: str) -> str:
         v = obj.get(key, "")
@@ -116,12 +118,22 @@ def parse_claim_json(data: str, where: str, uid: str) -> ShareMeta:
     pods: list[PodRef] = []
     for i, p in enumerate(doc.get("pods") or []):
         if not isinstance(p, dict):
-            raise MetadataError(f"{where}: pods[{i}]: expected an object with namespace, name, uid, containers")
+            raise MetadataError(
+                f"{where}: pods[{i}]: expected an object with namespace, name, uid, containers"
+            )
         ctrs = p.get("containers") or []
         if not isinstance(ctrs, list) or not all(isinstance(c, str) for c in ctrs):
-            raise MetadataError(f"{where}: pods[{i}].containers: expected a list of container names")
-        pods.append(PodRef(text(p, "namespace", f"pods[{i}]."), text(p, "name", f"pods[{i}]."),
-                           text(p, "uid", f"pods[{i}]."), tuple(ctrs)))
+            raise MetadataError(
+                f"{where}: pods[{i}].containers: expected a list of container names"
+            )
+        pods.append(
+            PodRef(
+                text(p, "namespace", f"pods[{i}]."),
+                text(p, "name", f"pods[{i}]."),
+                text(p, "uid", f"pods[{i}]."),
+                tuple(ctrs),
+            )
+        )
     return ShareMeta(
         uid=text(doc, "uid", "") or uid,
         namespace=text(doc, "namespace", ""),
@@ -157,10 +169,18 @@ class RegionDir:
             try:
                 snap = read_region(region, check_liveness=check_liveness)
             except RegionError as e:
-                out.append(ShareReading(d, meta, None, f"{region}: not a usable usage region: {e}", meta_error))
+                out.append(
+                    ShareReading(
+                        d, meta, None, f"{region}: not a usable usage region: {e}", meta_error
+                    )
+                )
                 continue
             except OSError as e:
-                out.append(ShareReading(d, meta, None, f"{region}: cannot read: {e.strerror or e}", meta_error))
+                out.append(
+                    ShareReading(
+                        d, meta, None, f"{region}: cannot read: {e.strerror or e}", meta_error
+                    )
+                )
                 continue
             out.append(ShareReading(d, meta, snap, None, meta_error))
         with self._lock:

@@ -31,7 +31,9 @@ class ApiRefresher:
     :class:`MonitorError`); :meth:`run_forever` re-reads every ``interval`` seconds in a
     daemon thread, logging failures and keeping the last good view (``up`` turns 0)."""
 
-    def __init__(self, client: KubeClient, node: str, interval: float, log: Callable[[str], None]) -> None:
+    def __init__(
+        self, client: KubeClient, node: str, interval: float, log: Callable[[str], None]
+    ) -> None:
         self.client = client
         self.node = node
         self.interval = interval
@@ -57,7 +59,9 @@ class ApiRefresher:
         except (ValueError, KeyError, TypeError) as e:
             with self._lock:
                 self._up = False
-            raise MonitorError(f"the API server {self.client.server} returned objects this monitor cannot read: {e}") from e
+            raise MonitorError(
+                f"the API server {self.client.server} returned objects this monitor cannot read: {e}"
+            ) from e
         with self._lock:
             self._view, self._up, self._last = view, True, view.fetched_at
 
@@ -71,7 +75,9 @@ class ApiRefresher:
                     self._failing = False
                 except MonitorError as e:
                     if not self._failing:
-                        self.log(f"tessera monitor: {e} (keeping the last figures; tessera_monitor_api_up is 0)")
+                        self.log(
+                            f"tessera monitor: {e} (keeping the last figures; tessera_monitor_api_up is 0)"
+                        )
                     self._failing = True
 
         t = threading.Thread(target=loop, name="tessera-monitor-api", daemon=True)
@@ -119,7 +125,9 @@ def start(
     try:
         httpd, _thread = serve(address, port, lambda: expo.render(collector.collect()))
     except OSError as e:
-        raise MonitorError(f"cannot listen on {address}:{port}: {e.strerror or e}: choose another --port or --address") from e
+        raise MonitorError(
+            f"cannot listen on {address}:{port}: {e.strerror or e}: choose another --port or --address"
+        ) from e
     bound = int(httpd.server_port)
     host = "127.0.0.1" if address in ("0.0.0.0", "") else address
     closers: list[Callable[[], None]] = []
@@ -129,4 +137,3 @@ def start(
     if nvml is not None:
         closers.append(nvml.close)
     return Running(f"http://{host}:{bound}/metrics", bound, collector, httpd, closers)
-

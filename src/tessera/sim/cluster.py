@@ -45,7 +45,11 @@ CLUSTER_API_VERSION = "tessera.dev/v1alpha1"
 #: At most this many nodes from one cluster file (``count`` included).
 MAX_NODES = 100_000
 
-_LABEL_VALUE = {"type": "string", "maxLength": 63, "pattern": r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"}
+_LABEL_VALUE = {
+    "type": "string",
+    "maxLength": 63,
+    "pattern": r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$",
+}
 _TAINT = {
     "type": "object",
     "properties": {
@@ -66,7 +70,9 @@ _NODE = {
         "slices": {"type": "string", "minLength": 1},
         "labels": {"type": "object", "additionalProperties": _LABEL_VALUE},
         "taints": {"type": "array", "items": _TAINT, "maxItems": 64},
-        "dynamicMIG": {"type": ["boolean", "string", "array", "object"]},  # parse_dynamic_mig checks it
+        "dynamicMIG": {
+            "type": ["boolean", "string", "array", "object"]
+        },  # parse_dynamic_mig checks it
     },
     "required": ["name"],
     "additionalProperties": False,
@@ -78,7 +84,11 @@ SCHEMA: dict[str, Any] = {
         "kind": {"enum": ["Cluster"]},
         "metadata": {
             "type": "object",
-            "properties": {"name": {"type": "string"}, "labels": {"type": "object"}, "annotations": {"type": "object"}},
+            "properties": {
+                "name": {"type": "string"},
+                "labels": {"type": "object"},
+                "annotations": {"type": "object"},
+            },
             "additionalProperties": False,
         },
         "nodes": {"type": "array", "items": _NODE, "minItems": 1},
@@ -116,7 +126,11 @@ class Cluster:
 
 
 def is_cluster_doc(obj: Any) -> bool:
-    return isinstance(obj, dict) and obj.get("kind") == "Cluster" and str(obj.get("apiVersion", "")).startswith("tessera.dev/")
+    return (
+        isinstance(obj, dict)
+        and obj.get("kind") == "Cluster"
+        and str(obj.get("apiVersion", "")).startswith("tessera.dev/")
+    )
 
 
 def _copy_uuid(original: str, node: str) -> str:
@@ -144,14 +158,19 @@ class _Copier:
     memory grows with what differs. Shared objects are never modified (readers copy what they
     change: the API apply path, ``-o yaml``'s dumper writes no aliases)."""
 
-    def __init__(self, gpus: list[Any], topo: Any, dynamic: Any = None, where: str | None = None) -> None:
+    def __init__(
+        self, gpus: list[Any], topo: Any, dynamic: Any = None, where: str | None = None
+    ) -> None:
         from tessera.inventory import build_resource_slices
 
         self.uuids = [g.uuid for g in gpus]
         if dynamic is not None and dynamic.gpus:  # GPUs named by UUID: name the placeholders
             by_uuid = {u.lower(): _PLACEHOLDER_UUID.format(k) for k, u in enumerate(self.uuids)}
             dynamic = dataclasses.replace(
-                dynamic, gpus=tuple(by_uuid.get(g.lower(), g) if isinstance(g, str) else g for g in dynamic.gpus)
+                dynamic,
+                gpus=tuple(
+                    by_uuid.get(g.lower(), g) if isinstance(g, str) else g for g in dynamic.gpus
+                ),
             )
         placeholders = [
             dataclasses.replace(
@@ -164,7 +183,11 @@ class _Copier:
         ]
         # Through JSON once: plain dicts, lists and scalars, as a slices file would give.
         self.template: list[dict[str, Any]] = json.loads(
-            json.dumps(build_resource_slices(_PLACEHOLDER, placeholders, topo, dynamic_mig=dynamic, where=where))
+            json.dumps(
+                build_resource_slices(
+                    _PLACEHOLDER, placeholders, topo, dynamic_mig=dynamic, where=where
+                )
+            )
         )
         self.dirty: set[int] = set()  # ids of the template's containers that hold a name
         self._mark(self.template)
@@ -219,7 +242,9 @@ def _err(file: str, field: str, message: str) -> ManifestError:
     return ManifestError(message, file=file, obj="Cluster", field=field)
 
 
-def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | None = None) -> Cluster:
+def cluster_from_dict(
+    doc: Any, base: Path, file: str, *, budget: ReadBudget | None = None
+) -> Cluster:
     """Build a :class:`Cluster` from a parsed ``kind: Cluster`` document.
 
     Raises :class:`ManifestError` naming the file, node and field for a bad entry (unknown key,
@@ -253,7 +278,11 @@ def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | N
         names = [base_name] if "count" not in n else [f"{base_name}-{k}" for k in range(count)]
         for name in (names[0], names[-1]):
             if not is_dns_subdomain(name):
-                raise _err(file, f"{where}.name", f"{name!r} is not a valid node name (lower-case DNS subdomain)")
+                raise _err(
+                    file,
+                    f"{where}.name",
+                    f"{name!r} is not a valid node name (lower-case DNS subdomain)",
+                )
         labels = {str(k): str(v) for k, v in (n.get("labels") or {}).items()}
         taints = [dict(t) for t in n.get("taints") or []]
         try:
@@ -273,10 +302,13 @@ def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | N
                 file,
                 where,
                 "needs one of 'inventory' (an nvidia-smi output file) or 'slices' (ResourceSlice YAML)"
-                if not sources else "give 'inventory' or 'slices', not both",
+                if not sources
+                else "give 'inventory' or 'slices', not both",
             )
         if "topology" in n and "slices" in n:
-            raise _err(file, f"{where}.topology", "a topology goes with an inventory, not with slices")
+            raise _err(
+                file, f"{where}.topology", "a topology goes with an inventory, not with slices"
+            )
 
         def located(e: TesseraError, key: str, where: str = where) -> TesseraError:
             if str(e).startswith(f"{file}: "):  # already names this file and node
@@ -297,7 +329,15 @@ def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | N
             notes.extend(publication_warnings(gpus, built_where, dynamic))
             if len(names) == 1 or len(base_name) > 200:  # long names: slice names get hashed
                 try:
-                    built = [(nm, build_resource_slices(nm, gpus, topo, dynamic_mig=dynamic, where=built_where)) for nm in names]
+                    built = [
+                        (
+                            nm,
+                            build_resource_slices(
+                                nm, gpus, topo, dynamic_mig=dynamic, where=built_where
+                            ),
+                        )
+                        for nm in names
+                    ]
                 except TesseraError as e:
                     raise located(e, "inventory") from None
             else:
@@ -308,7 +348,11 @@ def cluster_from_dict(doc: Any, base: Path, file: str, *, budget: ReadBudget | N
                 built = [(nm, copier.slices(nm)) for nm in names]
         else:
             if len(names) > 1:
-                raise _err(file, f"{where}.count", "count needs an inventory: ResourceSlices name their node")
+                raise _err(
+                    file,
+                    f"{where}.count",
+                    "count needs an inventory: ResourceSlices name their node",
+                )
             try:
                 loaded = load_file(base / n["slices"], budget=budget)
             except TesseraError as e:

@@ -66,12 +66,18 @@ def _allocated_uuids(value: str) -> list[str]:
     for container in value.split(";"):
         for dev in container.split(":"):
             parts = dev.split(",")
-            if len(parts) >= 4 and parts[0].strip().startswith("GPU-") and parts[0].strip() not in out:
+            if (
+                len(parts) >= 4
+                and parts[0].strip().startswith("GPU-")
+                and parts[0].strip() not in out
+            ):
                 out.append(parts[0].strip())
     return out
 
 
-def unbind_hami_pods(manifests: Sequence[Manifest], nodes: Sequence[SimNode], warnings: list[str]) -> list[Manifest]:
+def unbind_hami_pods(
+    manifests: Sequence[Manifest], nodes: Sequence[SimNode], warnings: list[str]
+) -> list[Manifest]:
     """``manifests`` with HAMi-bound pods turned into pods pinned to their node (and GPUs), and
     finished pods left out (see the module docstring). Other manifests are returned as they are."""
     uuids_of: dict[str, set[str]] = {}
@@ -90,7 +96,9 @@ def unbind_hami_pods(manifests: Sequence[Manifest], nodes: Sequence[SimNode], wa
             continue
         phase = (m.obj.get("status") or {}).get("phase")
         if phase in ("Succeeded", "Failed"):
-            warnings.append(f"{m.source}: {m.ref()}: status.phase {phase}: a finished pod holds no GPU; left out")
+            warnings.append(
+                f"{m.source}: {m.ref()}: status.phase {phase}: a finished pod holds no GPU; left out"
+            )
             continue
         md = m.obj.get("metadata") or {}
         ann = md.get("annotations") or {}
@@ -102,10 +110,19 @@ def unbind_hami_pods(manifests: Sequence[Manifest], nodes: Sequence[SimNode], wa
         obj = copy.deepcopy(m.obj)
         ospec = obj["spec"]
         del ospec["nodeName"]
-        ospec["nodeSelector"] = {**(ospec.get("nodeSelector") or {}), "kubernetes.io/hostname": str(node)}
+        ospec["nodeSelector"] = {
+            **(ospec.get("nodeSelector") or {}),
+            "kubernetes.io/hostname": str(node),
+        }
         uuids = _allocated_uuids(str(ann.get(HAMI_ALLOCATED) or ""))
-        if uuids and HAMI_USE_UUID not in ann and {u.lower() for u in uuids} <= uuids_of.get(str(node), set()):
+        if (
+            uuids
+            and HAMI_USE_UUID not in ann
+            and {u.lower() for u in uuids} <= uuids_of.get(str(node), set())
+        ):
             obj["metadata"].setdefault("annotations", {})[HAMI_USE_UUID] = ",".join(uuids)
         obj.pop("status", None)
-        out.append(Manifest(obj, m.source, m.owner, {**m.extra, "boundBy": "HAMi", "boundTo": str(node)}))
+        out.append(
+            Manifest(obj, m.source, m.owner, {**m.extra, "boundBy": "HAMi", "boundTo": str(node)})
+        )
     return out

@@ -55,7 +55,9 @@ def pod_policy(default: str, annotations: Mapping[str, Any]) -> PodPolicy:
     node = str(annotations.get(NODE_POLICY_ANNOTATION, "")).strip()
     gpu = str(annotations.get(GPU_POLICY_ANNOTATION, "")).strip().split(",")[0].strip()
     nodes = node if node in ("binpack", "spread") else base.nodes
-    gpus = {"binpack": "binpack", "spread": "spread", "topology-aware": "topology"}.get(gpu, base.gpus)
+    gpus = {"binpack": "binpack", "spread": "spread", "topology-aware": "topology"}.get(
+        gpu, base.gpus
+    )
     return PodPolicy(nodes, gpus)
 
 
@@ -90,7 +92,9 @@ def node_usage(state: AllocatedState, slices: Iterable[Any]) -> Fraction:
     return sum((device_usage(state, d) for sl in slices for d in sl.devices), Fraction(0))
 
 
-def prioritized_list_score(claims: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]]) -> int:
+def prioritized_list_score(
+    claims: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]]
+) -> int:
     """kube-scheduler's DynamicResources node score (v1.37 ``computeScore``): for each claim and
     each of its ``firstAvailable`` requests, ``8 - i`` where i is the index of the subrequest
     its allocation ``results`` (one ``AllocationResult`` per claim) chose. Claims without

@@ -87,7 +87,9 @@ def needs_text(rr: RequestRecord, devs: Sequence[_Seen]) -> str:
         elif all(whole for whole, _, _ in vals):
             named.append(f"all of the device's {k}{some} ({why})")
         else:
-            named.append(f"{k} at each device's request policy default{some} (the request names no {k})")
+            named.append(
+                f"{k} at each device's request policy default{some} (the request names no {k})"
+            )
     count = "all matching devices" if rr.all_mode else _plural(rr.count, "device")
     if not named:
         return count
@@ -101,10 +103,14 @@ def _join(parts: Sequence[str]) -> str:
 
 
 def _never(r: Refusal | None) -> bool:
-    return isinstance(r, (CapacityMissing, PolicyViolation)) or (isinstance(r, CapacityShort) and r.never)
+    return isinstance(r, (CapacityMissing, PolicyViolation)) or (
+        isinstance(r, CapacityShort) and r.never
+    )
 
 
-def request_clause(rr: RequestRecord, seen: Sequence[_Seen], per_node_fit: Mapping[str, int], scope: str) -> str:
+def request_clause(
+    rr: RequestRecord, seen: Sequence[_Seen], per_node_fit: Mapping[str, int], scope: str
+) -> str:
     """One request's clause over the nodes in ``seen`` (its devices, node by node)."""
     matching = [s for s in seen if s.dr.matches]
     noun = _noun(matching or seen)
@@ -135,7 +141,9 @@ def request_clause(rr: RequestRecord, seen: Sequence[_Seen], per_node_fit: Mappi
                 parts.append(f"{fit}, {want} needed")
         else:
             together = next((s.dr.in_search for s in fitting if s.dr.in_search is not None), None)
-            why = f": {together.text()}" if together is not None else " (no combination of them fits)"
+            why = (
+                f": {together.text()}" if together is not None else " (no combination of them fits)"
+            )
             parts.append(f"{fit}, but not together with the rest of the pod{why}")
     matches = f"{_plural(len(matching), noun)} {scope} {'matches' if len(matching) == 1 else 'match'} its selectors"
     if not fitting and not never:
@@ -161,7 +169,11 @@ def _largest(never: Sequence[_Seen], every: bool) -> str:
         f"{u.amount(u.total)}, {s.node}/{s.dr.device.name}"
         for u, s in by_cap.values()
     ]
-    kinds = {s.dr.alone.text() for s in never if not isinstance(s.dr.alone, CapacityShort) and s.dr.alone is not None}
+    kinds = {
+        s.dr.alone.text()
+        for s in never
+        if not isinstance(s.dr.alone, CapacityShort) and s.dr.alone is not None
+    }
     if other:
         parts.append("; ".join(sorted(kinds)[:2]))
     return f" ({'; '.join(parts)})" if parts else ""
@@ -171,20 +183,28 @@ def _now(now: Sequence[_Seen], noun: str) -> str:
     """Devices that could hold the request but are taken now: what is short where."""
     short: dict[str, list[tuple[CapacityUse, _Seen]]] = {}
     others: dict[str, int] = {}
-    sets: dict[str, dict[str, CountersShort]] = {}  # counter set (pool/name) -> counter -> a refusal
+    sets: dict[
+        str, dict[str, CountersShort]
+    ] = {}  # counter set (pool/name) -> counter -> a refusal
     for s in now:
         r = s.dr.alone
         if isinstance(r, CapacityShort):
             for u in r.short:
                 short.setdefault(u.name, []).append((u, s))
         elif isinstance(r, InUse):
-            others["in use (allocated whole to another claim)"] = others.get("in use (allocated whole to another claim)", 0) + 1
+            others["in use (allocated whole to another claim)"] = (
+                others.get("in use (allocated whole to another claim)", 0) + 1
+            )
         elif isinstance(r, (CountersShort, CountersOff)):
             others[_COUNTERS] = others.get(_COUNTERS, 0) + 1
             if isinstance(r, CountersShort):
                 sets.setdefault(f"{s.dr.device.pool}/{r.counter_set}", {})[r.counter] = r
         elif isinstance(r, Tainted):
-            key = f"tainted {r.key_}={r.value}:{r.effect} (not tolerated)" if r.value else f"tainted {r.key_}:{r.effect} (not tolerated)"
+            key = (
+                f"tainted {r.key_}={r.value}:{r.effect} (not tolerated)"
+                if r.value
+                else f"tainted {r.key_}:{r.effect} (not tolerated)"
+            )
             others[key] = others.get(key, 0) + 1
         elif isinstance(r, ConstraintFailed):
             key = f"without attribute {r.attribute} (constraint #{r.index})"
@@ -196,7 +216,9 @@ def _now(now: Sequence[_Seen], noun: str) -> str:
         u, s = max(items, key=lambda it: it[0].free)
         where = f"{s.node}/{s.dr.device.name}"
         if len(items) == 1:
-            parts.append(f"{name} short on {where}: {u.amount(u.free)} free of {u.amount(u.total)}, needs {u.amount(u.needs)}")
+            parts.append(
+                f"{name} short on {where}: {u.amount(u.free)} free of {u.amount(u.total)}, needs {u.amount(u.needs)}"
+            )
         else:
             parts.append(
                 f"{name} short on {_plural(len(items), noun)} (most free: {u.amount(u.free)} of {u.amount(u.total)}, "
@@ -232,7 +254,11 @@ def request_clauses(records: Sequence[NodeRecord], n_nodes: int) -> list[tuple[i
     """(claim index, request name, clause) for each request of the claims whose ``records``
     are given: one record per node the pod may use. ``n_nodes``: nodes in the cluster (to say
     "in the cluster" or "on the N nodes it may use")."""
-    scope = "in the cluster" if len(records) == n_nodes else f"on the {_plural(len(records), 'node')} it may use"
+    scope = (
+        "in the cluster"
+        if len(records) == n_nodes
+        else f"on the {_plural(len(records), 'node')} it may use"
+    )
     keys: list[tuple[int, str]] = []
     seen: dict[tuple[int, str], list[_Seen]] = {}
     per_node: dict[tuple[int, str], dict[str, int]] = {}

@@ -62,7 +62,9 @@ BETA2 = DRA_V1BETA2
 NVIDIA_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
 
 
-def map_device_classes(manifests: Sequence[Manifest], class_map: Mapping[str, str], notes: list[str]) -> list[Manifest]:
+def map_device_classes(
+    manifests: Sequence[Manifest], class_map: Mapping[str, str], notes: list[str]
+) -> list[Manifest]:
     """``--class-map FROM=TO``: ResourceClaims and ResourceClaimTemplates whose requests name
     DeviceClass FROM get TO instead, and in those requests' selectors the string literal
     ``"FROM"`` becomes ``"TO"`` (the NVIDIA DRA driver's attribute and capacity domain is its
@@ -80,7 +82,9 @@ def map_device_classes(manifests: Sequence[Manifest], class_map: Mapping[str, st
             spec = spec.get("spec") or {}
         changed: list[str] = []
         for r in (spec.get("devices") or {}).get("requests") or []:
-            for sub in ([r["exactly"]] if r.get("exactly") else []) + list(r.get("firstAvailable") or []):
+            for sub in ([r["exactly"]] if r.get("exactly") else []) + list(
+                r.get("firstAvailable") or []
+            ):
                 src = sub.get("deviceClassName")
                 if src not in class_map:
                     continue
@@ -89,7 +93,11 @@ def map_device_classes(manifests: Sequence[Manifest], class_map: Mapping[str, st
                 for sel in sub.get("selectors") or []:
                     cel = (sel or {}).get("cel") or {}
                     if isinstance(cel.get("expression"), str):
-                        cel["expression"] = cel["expression"].replace(f'"{src}"', f'"{dst}"').replace(f"'{src}'", f"'{dst}'")
+                        cel["expression"] = (
+                            cel["expression"]
+                            .replace(f'"{src}"', f'"{dst}"')
+                            .replace(f"'{src}'", f"'{dst}'")
+                        )
                 changed.append(f"{src} -> {dst}")
         if changed:
             notes.append(f"{m.source}: {m.ref()}: --class-map: {', '.join(sorted(set(changed)))}")
@@ -174,7 +182,11 @@ def generated_claim_name(pod: dict[str, Any], pod_claim_name: str) -> str | None
     claim entry ``pod_claim_name`` (``status.resourceClaimStatuses``), or None when the pod
     carries none (files written by hand; the simulation then makes ``<pod>-<name>``)."""
     for st in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
-        if isinstance(st, dict) and st.get("name") == pod_claim_name and st.get("resourceClaimName"):
+        if (
+            isinstance(st, dict)
+            and st.get("name") == pod_claim_name
+            and st.get("resourceClaimName")
+        ):
             return str(st["resourceClaimName"])
     return None
 
@@ -197,7 +209,9 @@ def _name(obj: dict[str, Any]) -> str:
 
 
 def _dup(m: Manifest, message: str) -> ManifestError:
-    return ManifestError(message, file=m.source.file, doc=m.source.doc, obj=m.ref(), field="metadata.name")
+    return ManifestError(
+        message, file=m.source.file, doc=m.source.doc, obj=m.ref(), field="metadata.name"
+    )
 
 
 def _check_slice(m: Manifest) -> None:
@@ -223,9 +237,19 @@ def _check_selectors(m: Manifest) -> None:
         cspec = (spec.get("spec") or {}) if m.kind == "ResourceClaimTemplate" else spec
         for i, r in enumerate(((cspec.get("devices") or {}).get("requests")) or []):
             if r.get("exactly"):
-                places.append((f"{base}.devices.requests[{i}].exactly.selectors", r["exactly"].get("selectors")))
+                places.append(
+                    (
+                        f"{base}.devices.requests[{i}].exactly.selectors",
+                        r["exactly"].get("selectors"),
+                    )
+                )
             for j, sub in enumerate(r.get("firstAvailable") or []):
-                places.append((f"{base}.devices.requests[{i}].firstAvailable[{j}].selectors", sub.get("selectors")))
+                places.append(
+                    (
+                        f"{base}.devices.requests[{i}].firstAvailable[{j}].selectors",
+                        sub.get("selectors"),
+                    )
+                )
     for where, sels in places:
         for k, sel in enumerate(sels or []):
             expr = ((sel or {}).get("cel") or {}).get("expression")
@@ -236,11 +260,18 @@ def _check_selectors(m: Manifest) -> None:
             except CelCostError as e:
                 raise ManifestError(
                     f"Forbidden: {e} ({e.detail}): bound the iterations (fewer or smaller lists)",
-                    file=m.source.file, doc=m.source.doc, obj=m.ref(), field=f"{where}[{k}].cel.expression",
+                    file=m.source.file,
+                    doc=m.source.doc,
+                    obj=m.ref(),
+                    field=f"{where}[{k}].cel.expression",
                 ) from None
             except CelCompileError as e:
                 raise ManifestError(
-                    f"CEL compile error: {e}", file=m.source.file, doc=m.source.doc, obj=m.ref(), field=f"{where}[{k}].cel.expression"
+                    f"CEL compile error: {e}",
+                    file=m.source.file,
+                    doc=m.source.doc,
+                    obj=m.ref(),
+                    field=f"{where}[{k}].cel.expression",
                 ) from None
 
 
@@ -250,7 +281,11 @@ def _check_pod(m: Manifest) -> None:
     ctrs = spec.get("containers")
     if not isinstance(ctrs, list) or not ctrs:
         raise ManifestError(
-            "a Pod needs at least one container", file=m.source.file, doc=m.source.doc, obj=m.ref(), field="spec.containers"
+            "a Pod needs at least one container",
+            file=m.source.file,
+            doc=m.source.doc,
+            obj=m.ref(),
+            field="spec.containers",
         )
     declared = {pc.get("name") for pc in spec.get("resourceClaims") or [] if isinstance(pc, dict)}
     for part in ("initContainers", "containers"):
@@ -304,7 +339,7 @@ def unserved_extended_resources(pod: dict[str, Any]) -> list[str]:
     for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
         res = (c or {}).get("resources") or {}
         for part in ("requests", "limits"):
-            for name in (res.get(part) or {}):
+            for name in res.get(part) or {}:
                 if name in _NATIVE_RESOURCES or str(name).startswith("hugepages-") or name in out:
                     continue
                 out.append(str(name))
@@ -320,7 +355,9 @@ def whole_gpu_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """
     out = copy.deepcopy(spec)
     for r in (out.get("devices") or {}).get("requests") or []:
-        for sub in ([r["exactly"]] if r.get("exactly") else []) + list(r.get("firstAvailable") or []):
+        for sub in ([r["exactly"]] if r.get("exactly") else []) + list(
+            r.get("firstAvailable") or []
+        ):
             mem = ((sub.get("capacity") or {}).get("requests") or {}).get("memory")
             if mem is not None:
                 cap = f'device.capacity["{DRIVER_NAME}"].memory'
@@ -348,7 +385,9 @@ _SETTLE_EVERY = 2000
 _NO_NODE_CONSTRAINTS = json.dumps([None, None, None])
 
 
-def untolerated_taint(pod: Mapping[str, Any], taints: Sequence[dict[str, str]]) -> dict[str, str] | None:
+def untolerated_taint(
+    pod: Mapping[str, Any], taints: Sequence[dict[str, str]]
+) -> dict[str, str] | None:
     """The first NoSchedule/NoExecute node taint the pod does not tolerate (kube-scheduler's
     TaintToleration filter), or None."""
     if not taints:
@@ -357,7 +396,9 @@ def untolerated_taint(pod: Mapping[str, Any], taints: Sequence[dict[str, str]]) 
 
     tols = (pod.get("spec") or {}).get("tolerations") or []
     for t in taints:
-        if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tols, t.get("key", ""), t.get("value", ""), t["effect"]):
+        if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(
+            tols, t.get("key", ""), t.get("value", ""), t["effect"]
+        ):
             return t
     return None
 
@@ -369,7 +410,9 @@ def pod_fits_node(pod: dict[str, Any], node: Node) -> bool:
     for k, v in (spec.get("nodeSelector") or {}).items():
         if node.labels.get(k) != str(v):
             return False
-    req = (((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution"))
+    req = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
     return not (req and not node_selector_matches(req, node))
 
 
@@ -388,7 +431,9 @@ class Simulation:
         class_map: Mapping[str, str] | None = None,
     ) -> None:
         if policy not in POLICIES:
-            raise ValueError(f"unknown placement policy {policy!r}: use one of {', '.join(POLICIES)}")
+            raise ValueError(
+                f"unknown placement policy {policy!r}: use one of {', '.join(POLICIES)}"
+            )
         self.warnings: list[str] = []
         if class_map:
             manifests = map_device_classes(manifests, class_map, self.warnings)
@@ -408,7 +453,9 @@ class Simulation:
             check(m)
             kind = m.kind
             if m.obj.get("apiVersion") == BETA2:
-                self.warnings.append(f"{m.source}: {m.ref()}: {BETA2} is read as resource.k8s.io/v1 (the same shape)")
+                self.warnings.append(
+                    f"{m.source}: {m.ref()}: {BETA2} is read as resource.k8s.io/v1 (the same shape)"
+                )
             if kind == "ResourceSlice":
                 # Identical slices (e.g. simulate's own -o yaml fed back beside --cluster) are
                 # the same object; a different slice under a published name is an error.
@@ -416,17 +463,27 @@ class Simulation:
                 if prior is not None and prior.get("spec") == m.obj.get("spec"):
                     continue
                 if prior is not None:
-                    raise _dup(m, "a ResourceSlice of this name is already published (by a cluster node or an earlier file)")
+                    raise _dup(
+                        m,
+                        "a ResourceSlice of this name is already published (by a cluster node or an earlier file)",
+                    )
                 _check_slice(m)
                 slice_names[m.name] = m.obj
                 slices.append(m.obj)
                 continue
-            if kind == "DeviceClass" and m.name == DEVICE_CLASS_NAME and m.obj.get("spec") == default_device_class()["spec"]:
+            if (
+                kind == "DeviceClass"
+                and m.name == DEVICE_CLASS_NAME
+                and m.obj.get("spec") == default_device_class()["spec"]
+            ):
                 continue
             key = (kind, m.namespace if kind != "DeviceClass" else "", m.name)
             if kind in ("DeviceClass", "ResourceClaimTemplate", "ResourceClaim", "Pod"):
                 if key in seen:
-                    raise _dup(m, f"duplicate {kind} name (first in {seen[key].source}): names must be unique")
+                    raise _dup(
+                        m,
+                        f"duplicate {kind} name (first in {seen[key].source}): names must be unique",
+                    )
                 seen[key] = m
                 if kind != "Pod":  # a Pod has no selectors (its schema has no place for them)
                     _check_selectors(m)
@@ -445,12 +502,16 @@ class Simulation:
                 _check_pod(m)
                 self.pods.append(m)
             else:
-                self.warnings.append(f"{m.source}: {m.ref()}: kind {kind} is not simulated; ignored")
+                self.warnings.append(
+                    f"{m.source}: {m.ref()}: kind {kind} is not simulated; ignored"
+                )
         self.classes.setdefault(DEVICE_CLASS_NAME, default_device_class())
         self.slices = slices
         self.index = SliceIndex(slices)
         # Without DRAConsumableCapacity kube-scheduler counts every result as dedicated.
-        self.state = AllocatedState(consumable_capacity=(features or Features()).consumable_capacity)
+        self.state = AllocatedState(
+            consumable_capacity=(features or Features()).consumable_capacity
+        )
         for c in self.claims.values():
             self.state.add_claim(c)
         # Allocations are only ever added here, never released, so a node that cannot satisfy
@@ -464,13 +525,17 @@ class Simulation:
         self.claims_seen = 0
         # Pending pods whose claims fit on no node: explained once the run is over (against
         # the final state, which is what a user asks about), once per distinct claim shape.
-        self._to_explain: dict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        self._to_explain: dict[
+            str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]
+        ] = {}
         self._reasons: dict[str, tuple[list[tuple[int, str, str]], list[str]]] = {}
         self._facts: dict[tuple[int, ...], _SpecFacts] = {}
         self._devices: dict[tuple[str, str, str], Device] | None = None  # by id, built on first use
         self._spec_texts: dict[tuple[int, ...], tuple[list[Any], str]] = {}
         # Specs are never modified once a claim exists (template claims share the template's).
-        self.allocator = Allocator(self.index, self.classes, self.state, features, random.Random(seed), frozen_specs=True)
+        self.allocator = Allocator(
+            self.index, self.classes, self.state, features, random.Random(seed), frozen_specs=True
+        )
         # GPU memory sizes for HAMi's gpumem-percentage (the same function as `tessera convert`).
         self.memory_sizes = gpu_memory_sizes(self.slices)
         self._check_classes(manifests)
@@ -487,9 +552,14 @@ class Simulation:
                 spec = spec.get("spec") or {}
             base = "spec.spec" if m.kind == "ResourceClaimTemplate" else "spec"
             for i, r in enumerate((spec.get("devices") or {}).get("requests") or []):
-                alts = [("exactly", r["exactly"])] if r.get("exactly") else [
-                    (f"firstAvailable[{j}]", s) for j, s in enumerate(r.get("firstAvailable") or [])
-                ]
+                alts = (
+                    [("exactly", r["exactly"])]
+                    if r.get("exactly")
+                    else [
+                        (f"firstAvailable[{j}]", s)
+                        for j, s in enumerate(r.get("firstAvailable") or [])
+                    ]
+                )
                 for where, sub in alts:
                     cls = sub.get("deviceClassName")
                     if cls and cls not in self.classes:
@@ -516,9 +586,11 @@ class Simulation:
         for c in claims:
             for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or []:
                 name = r.get("name", "")
-                alts = [(name, r["exactly"])] if r.get("exactly") else [
-                    (f"{name}/{s.get('name', '')}", s) for s in r.get("firstAvailable") or []
-                ]
+                alts = (
+                    [(name, r["exactly"])]
+                    if r.get("exactly")
+                    else [(f"{name}/{s.get('name', '')}", s) for s in r.get("firstAvailable") or []]
+                )
                 for req, sub in alts:
                     cls = sub.get("deviceClassName") or ""
                     if cls and cls not in self.classes:
@@ -549,16 +621,24 @@ class Simulation:
                     gc.freeze()
                 try:
                     if _mentions_hami(m.obj):
-                        conv = convert_pod(m.obj, memory_sizes=self.memory_sizes, source=str(m.source))
+                        conv = convert_pod(
+                            m.obj, memory_sizes=self.memory_sizes, source=str(m.source)
+                        )
                     else:  # nothing to convert: a copy of the levels the run writes to
-                        conv = Conversion(pod=_fresh_pod(m.obj), templates=[], warnings=[], requests=[])
+                        conv = Conversion(
+                            pod=_fresh_pod(m.obj), templates=[], warnings=[], requests=[]
+                        )
                 except ConversionError as e:
                     if self.memory_sizes or e.field not in _PERCENTAGES:
                         raise
                     # No device of the cluster publishes memory, so a percentage is of nothing: the pod
                     # stays as written and pending for its unserved HAMi resources, as without Tessera.
-                    self.warnings.append(f"{m.source}: {m.ref()}: {e.field}: no GPU of the cluster publishes memory; left unconverted")
-                    conv = Conversion(pod=copy.deepcopy(m.obj), templates=[], warnings=[], requests=[])
+                    self.warnings.append(
+                        f"{m.source}: {m.ref()}: {e.field}: no GPU of the cluster publishes memory; left unconverted"
+                    )
+                    conv = Conversion(
+                        pod=copy.deepcopy(m.obj), templates=[], warnings=[], requests=[]
+                    )
                 pod = conv.pod  # a new dict: convert_pod never returns its input
                 self.warnings.extend(conv.warnings)  # convert_pod already names the source
                 for t in conv.templates:
@@ -579,12 +659,20 @@ class Simulation:
                     pod["status"] = {
                         "phase": "Pending",
                         "conditions": [
-                            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": reason}
+                            {
+                                "type": "PodScheduled",
+                                "status": "False",
+                                "reason": "Unschedulable",
+                                "message": reason,
+                            }
                         ],
                     }
                 else:
                     pod.setdefault("spec", {})["nodeName"] = node
-                    pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+                    pod["status"] = {
+                        "phase": "Pending",
+                        "conditions": [{"type": "PodScheduled", "status": "True"}],
+                    }
                     scheduled.append(ref)
                     placements.extend(self._placements(pod, ref, node, claims))
                 if generated:
@@ -613,12 +701,17 @@ class Simulation:
         for pc in (pod.get("spec") or {}).get("resourceClaims") or []:
             if not pc.get("resourceClaimTemplateName"):
                 continue
-            name = generated_claim_name(pod, str(pc.get("name", ""))) or f"{_name(pod)}-{pc.get('name', '')}"
+            name = (
+                generated_claim_name(pod, str(pc.get("name", "")))
+                or f"{_name(pod)}-{pc.get('name', '')}"
+            )
             if (ns, name) in self.claims:
                 out.append({"name": str(pc.get("name", "")), "resourceClaimName": name})
         return out
 
-    def _resolve_claims(self, pod: dict[str, Any], ref: str) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+    def _resolve_claims(
+        self, pod: dict[str, Any], ref: str
+    ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
         """``[(pod claim name, claim)]`` for the pod, creating template claims; or a reason."""
         out: list[tuple[str, dict[str, Any]]] = []
         ns = _ns(pod)
@@ -646,7 +739,9 @@ class Simulation:
                 claim = self.claims.get(key)
                 if claim is None:
                     tspec = tmpl.get("spec") or {}
-                    tmd = tspec.get("metadata") or {}  # only its labels and annotations are read, copied
+                    tmd = (
+                        tspec.get("metadata") or {}
+                    )  # only its labels and annotations are read, copied
                     annotations = dict(tmd.get("annotations") or {})
                     annotations[POD_CLAIM_NAME_ANNOTATION] = pcname
                     claim = {
@@ -659,12 +754,20 @@ class Simulation:
                             "labels": dict(tmd.get("labels") or {}),
                             "annotations": annotations,
                             "ownerReferences": [
-                                {"apiVersion": "v1", "kind": "Pod", "name": _name(pod), "uid": pod["metadata"]["uid"],
-                                 "controller": True, "blockOwnerDeletion": True}
+                                {
+                                    "apiVersion": "v1",
+                                    "kind": "Pod",
+                                    "name": _name(pod),
+                                    "uid": pod["metadata"]["uid"],
+                                    "controller": True,
+                                    "blockOwnerDeletion": True,
+                                }
                             ],
                         },
                         # Shared with the template and never mutated (specs are immutable).
-                        "spec": whole_gpu_spec(tspec.get("spec") or {}) if self.whole_gpus else tspec.get("spec") or {},
+                        "spec": whole_gpu_spec(tspec.get("spec") or {})
+                        if self.whole_gpus
+                        else tspec.get("spec") or {},
                     }
                     if not claim["metadata"]["labels"]:
                         del claim["metadata"]["labels"]
@@ -690,7 +793,11 @@ class Simulation:
         missing = specs.missing_class
         if missing:
             cls = missing.rpartition("device class ")[2].removesuffix(" does not exist")
-            return None, f"0/{len(self.nodes)} nodes are available: {missing}.{self.class_hint(cls)}", claims
+            return (
+                None,
+                f"0/{len(self.nodes)} nodes are available: {missing}.{self.class_hint(cls)}",
+                claims,
+            )
         for c in done:
             rf = (c.get("status") or {}).get("reservedFor") or []
             if len(rf) >= 256 and not any(r.get("name") == _name(pod) for r in rf):
@@ -705,15 +812,25 @@ class Simulation:
         if sig is not None and not done and policy.nodes == "first-fit":
             spec = pod.get("spec") or {}
             where = (spec.get("nodeName"), spec.get("nodeSelector"), spec.get("affinity"))
-            key = sig + (_NO_NODE_CONSTRAINTS if where == (None, None, None) else json.dumps(list(where), sort_keys=True))
+            key = sig + (
+                _NO_NODE_CONSTRAINTS
+                if where == (None, None, None)
+                else json.dumps(list(where), sort_keys=True)
+            )
         start, counts = self._cursor.get(key, (0, {})) if key else (0, {})
         counts = dict(counts)
         prefix = key is not None
         if policy.nodes != "first-fit":
             for j in self._usage_stale:
-                self._node_usage[j] = node_usage(self.state, self.index.by_node.get(self.nodes[j].name, []))
+                self._node_usage[j] = node_usage(
+                    self.state, self.index.by_node.get(self.nodes[j].name, [])
+                )
             self._usage_stale.clear()
-        order = range(start, n_total) if policy.nodes == "first-fit" else order_nodes(policy.nodes, self._node_usage)
+        order = (
+            range(start, n_total)
+            if policy.nodes == "first-fit"
+            else order_nodes(policy.nodes, self._node_usage)
+        )
         # kube-scheduler scores the nodes that fit; its DynamicResources plugin prefers nodes where
         # an earlier firstAvailable subrequest fits (prioritized_list_score), which decides among
         # otherwise equal nodes. With first-fit, the scan goes on past the first fit only while a
@@ -773,8 +890,14 @@ class Simulation:
             return node.name, "", claims
         # kube-scheduler's FitError: "N reason" strings, sorted as strings.
         parts = ", ".join(sorted(f"{v} {k}" for k, v in counts.items()))
-        msg = f"0/{n_total} nodes are available: {parts}." if parts else f"0/{n_total} nodes are available."
-        if counts.get("cannot allocate all claims") or counts.get("invalid resource pools were encountered"):
+        msg = (
+            f"0/{n_total} nodes are available: {parts}."
+            if parts
+            else f"0/{n_total} nodes are available."
+        )
+        if counts.get("cannot allocate all claims") or counts.get(
+            "invalid resource pools were encountered"
+        ):
             self._to_explain[ref] = (pod, todo, done)
         return None, msg, claims
 
@@ -785,7 +908,11 @@ class Simulation:
         ids = tuple(id(c.get("spec")) for c in claims)
         got = self._facts.get(ids)
         if got is None:
-            got = _SpecFacts([c.get("spec") for c in claims], self.missing_class(claims), max_prioritized_list_score(claims))
+            got = _SpecFacts(
+                [c.get("spec") for c in claims],
+                self.missing_class(claims),
+                max_prioritized_list_score(claims),
+            )
             self._facts[ids] = got
         return got
 
@@ -837,7 +964,10 @@ class Simulation:
 
     # ------------------------------------------------------------------------------------------
     def node_records(
-        self, pod: dict[str, Any], claims: Sequence[dict[str, Any]], done: Sequence[dict[str, Any]] = ()
+        self,
+        pod: dict[str, Any],
+        claims: Sequence[dict[str, Any]],
+        done: Sequence[dict[str, Any]] = (),
     ) -> list[NodeRecord]:
         """The allocator's record (:meth:`Allocator.diagnose`) for ``claims`` on every node the
         pod may use (node affinity, and where its already-allocated claims are available),
@@ -847,7 +977,8 @@ class Simulation:
             if not pod_fits_node(pod, node):
                 continue
             if any(
-                (sel := c["status"]["allocation"].get("nodeSelector")) is not None and not node_selector_matches(sel, node)
+                (sel := c["status"]["allocation"].get("nodeSelector")) is not None
+                and not node_selector_matches(sel, node)
                 for c in done
             ):
                 continue
@@ -855,14 +986,18 @@ class Simulation:
             # account only where every request has enough devices that fit on their own.
             rec = self.allocator.diagnose(node, claims, search=False)
             if rec.requests and all(
-                any(len(rr.fitting) >= max(rr.count, 1) for rr in alts) for alts in alternatives(rec.requests).values()
+                any(len(rr.fitting) >= max(rr.count, 1) for rr in alts)
+                for alts in alternatives(rec.requests).values()
             ):
                 rec = self.allocator.diagnose(node, claims)
             out.append(rec)
         return out
 
     def explain_claims(
-        self, pod: dict[str, Any], claims: Sequence[dict[str, Any]], done: Sequence[dict[str, Any]] = ()
+        self,
+        pod: dict[str, Any],
+        claims: Sequence[dict[str, Any]],
+        done: Sequence[dict[str, Any]] = (),
     ) -> str:
         """Why ``claims`` fit on none of the nodes the pod may use, per request: read from the
         allocator's record of each such node (:mod:`tessera.sim.reasons`). Memoised per claim
@@ -878,8 +1013,14 @@ class Simulation:
                 json.dumps([c.get("spec") for c in claims], sort_keys=True, default=str),
             )
         key = specs[1] + json.dumps(
-            [[c.get("status") for c in done], spec.get("nodeName"), spec.get("nodeSelector"), spec.get("affinity")],
-            sort_keys=True, default=str,
+            [
+                [c.get("status") for c in done],
+                spec.get("nodeName"),
+                spec.get("nodeSelector"),
+                spec.get("affinity"),
+            ],
+            sort_keys=True,
+            default=str,
         )
         entry = self._reasons.get(key)
         if entry is None:
@@ -887,7 +1028,10 @@ class Simulation:
             entry = (request_clauses(records, len(self.nodes)), self._incomplete_pools(records))
             self._reasons[key] = entry
         clauses, pools = entry
-        text = "; ".join(f"claim {_ns(claims[ci])}/{_name(claims[ci])}, request {req}: {text}" for ci, req, text in clauses)
+        text = "; ".join(
+            f"claim {_ns(claims[ci])}/{_name(claims[ci])}, request {req}: {text}"
+            for ci, req, text in clauses
+        )
         if pools:
             text += f"; devices of incomplete pools are never allocated: {', '.join(pools)}"
         return text
@@ -903,7 +1047,9 @@ class Simulation:
             gen = max((s.generation for s in sl), default=0)
             have = len([s for s in sl if s.generation == gen])
             want = max((s.slice_count for s in sl if s.generation == gen), default=0)
-            out.append(f"{name} (incomplete: {have} of resourceSliceCount {want} slices at generation {gen})")
+            out.append(
+                f"{name} (incomplete: {have} of resourceSliceCount {want} slices at generation {gen})"
+            )
         return out
 
     # ------------------------------------------------------------------------------------------
@@ -915,7 +1061,9 @@ class Simulation:
                 self._devices.setdefault(d.id, d)
         return self._devices.get((driver, pool, name))
 
-    def _placements(self, pod: dict[str, Any], ref: str, node: str, claims: list[tuple[str, dict[str, Any]]]) -> list[Placement]:
+    def _placements(
+        self, pod: dict[str, Any], ref: str, node: str, claims: list[tuple[str, dict[str, Any]]]
+    ) -> list[Placement]:
         by_pc = dict(claims)
         out: list[Placement] = []
         spec = pod.get("spec") or {}
@@ -941,8 +1089,16 @@ class Simulation:
                             device=f"{r['driver']}/{r['pool']}/{r['device']}",
                             uuid=attrs.get(f"{r['driver']}/uuid"),
                             model=attrs.get(f"{r['driver']}/productName"),
-                            memory=cc.get("memory") if cc else (d.capacity["memory"].value.canonical() if d and "memory" in d.capacity else None),
-                            cores=cc.get("cores") if cc else ("100" if d and "cores" in d.capacity else None),
+                            memory=cc.get("memory")
+                            if cc
+                            else (
+                                d.capacity["memory"].value.canonical()
+                                if d and "memory" in d.capacity
+                                else None
+                            ),
+                            cores=cc.get("cores")
+                            if cc
+                            else ("100" if d and "cores" in d.capacity else None),
                             share_id=r.get("shareID"),
                         )
                     )
@@ -965,14 +1121,20 @@ class CounterSetUsage:
     available: dict[str, Fraction]
     holders: list[str] = field(default_factory=list)
 
-    def lines(self, needed: dict[str, Fraction] | None = None, *, all_counters: bool = False) -> list[str]:
+    def lines(
+        self, needed: dict[str, Fraction] | None = None, *, all_counters: bool = False
+    ) -> list[str]:
         """``describe_counters`` of this set (see there)."""
         from tessera.inventory.mig import describe_counters
 
-        return describe_counters(self.name, self.published, self.available, needed, all_counters=all_counters)
+        return describe_counters(
+            self.name, self.published, self.available, needed, all_counters=all_counters
+        )
 
 
-def counter_usage(index: SliceIndex, state: AllocatedState) -> dict[tuple[str, str, str], CounterSetUsage]:
+def counter_usage(
+    index: SliceIndex, state: AllocatedState
+) -> dict[tuple[str, str, str], CounterSetUsage]:
     """``{(driver, pool, counter set): usage}`` for every counter set published in ``index``
     (the highest generation of each pool), against the allocations in ``state``. The one place
     ``simulate``, ``explain`` and ``lint`` read counter availability from."""
@@ -985,7 +1147,9 @@ def counter_usage(index: SliceIndex, state: AllocatedState) -> dict[tuple[str, s
         if sl.generation != newest[(sl.driver, sl.pool)]:
             continue
         for cs, vals in sl.shared_counters.items():
-            out[(sl.driver, sl.pool, cs)] = CounterSetUsage(sl.driver, sl.pool, cs, dict(vals), dict(vals))
+            out[(sl.driver, sl.pool, cs)] = CounterSetUsage(
+                sl.driver, sl.pool, cs, dict(vals), dict(vals)
+            )
     for d in index.devices():
         if not d.consumes_counters or not state.is_allocated(d.id):
             continue
@@ -1013,12 +1177,16 @@ def counters_short(
     out: list[tuple[CounterSetUsage, list[str]]] = []
     for cs, vals in d.consumes_counters:
         u = usage.get((d.driver, d.pool, cs))
-        if u is not None and any(max(u.available.get(c, Fraction(0)), Fraction(0)) < v for c, v in vals.items()):
+        if u is not None and any(
+            max(u.available.get(c, Fraction(0)), Fraction(0)) < v for c, v in vals.items()
+        ):
             out.append((u, u.lines(dict(vals))))
     return out
 
 
-def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | frozenset[str] = frozenset()) -> list[GPUUsage]:
+def gpu_usage(
+    index: SliceIndex, state: AllocatedState, node_names: set[str] | frozenset[str] = frozenset()
+) -> list[GPUUsage]:
     """Memory and cores allocated on every device of ``index`` against its capacity.
 
     A device allocated without a shareID (dedicated) counts its whole capacity; a shared one
@@ -1043,9 +1211,13 @@ def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | f
                 device=d.name,
                 uuid=d.attributes.get(f"{d.driver}/uuid"),
                 model=d.attributes.get(f"{d.driver}/productName"),
-                memory_allocated=(mem.value.value if dedicated and mem else Fraction(agg.get("memory", 0))),
+                memory_allocated=(
+                    mem.value.value if dedicated and mem else Fraction(agg.get("memory", 0))
+                ),
                 memory_capacity=mem.value.value if mem else None,
-                cores_allocated=(cores.value.value if dedicated and cores else Fraction(agg.get("cores", 0))),
+                cores_allocated=(
+                    cores.value.value if dedicated and cores else Fraction(agg.get("cores", 0))
+                ),
                 cores_capacity=cores.value.value if cores else None,
                 shares=shares,
                 dedicated=dedicated,
@@ -1057,7 +1229,8 @@ def gpu_usage(index: SliceIndex, state: AllocatedState, node_names: set[str] | f
                     if (u := usage.get((d.driver, d.pool, cs))) is not None
                     for line in u.lines(all_counters=True)
                 ],
-                potential=f"{d.driver}/placementStart" in d.attributes and not state.is_allocated(d.id),
+                potential=f"{d.driver}/placementStart" in d.attributes
+                and not state.is_allocated(d.id),
             )
         )
     return out

@@ -91,8 +91,11 @@ class _Snapshot:
                 self._world = LintWorld(self.slices)
             except Exception as e:  # another driver's odd slice must not deny pods: no notes then
                 self._world_error = f"{type(e).__name__}: {e}"
-                log.warning("cannot index the ResourceSlices (%s); admitting without the checks of what no GPU "
-                            "can hold", self._world_error)
+                log.warning(
+                    "cannot index the ResourceSlices (%s); admitting without the checks of what no GPU "
+                    "can hold",
+                    self._world_error,
+                )
         return self._world
 
 
@@ -142,7 +145,9 @@ class ClusterView:
         """The derived state of the current slices (the previous synced generation's while the
         background thread rebuilds)."""
         snap = self._snap
-        if snap is not None and ((self._background and snap.synced) or snap.generation == self.generation()):
+        if snap is not None and (
+            (self._background and snap.synced) or snap.generation == self.generation()
+        ):
             return snap
         with self._lock:
             snap = self._snap
@@ -160,7 +165,9 @@ class ClusterView:
         if new.max_gpus:
             new.world()
         with self._lock:
-            if self._snap is None or self._snap.generation <= new.generation:  # not over a newer one
+            if (
+                self._snap is None or self._snap.generation <= new.generation
+            ):  # not over a newer one
                 self._snap = new
         return True
 
@@ -202,7 +209,11 @@ class ClusterView:
                 if key in snap.notes:
                     continue
                 notes: list[tuple[str, str]] = []
-                for f in lint([Manifest(dict(template), Source("admission", 1))], world=world) if world else ():
+                for f in (
+                    lint([Manifest(dict(template), Source("admission", 1))], world=world)
+                    if world
+                    else ()
+                ):
                     what = _finding_field(f.field)
                     if what and (what, f.problem) not in notes:
                         notes.append((what, f.problem))
@@ -210,7 +221,9 @@ class ClusterView:
                 if len(snap.notes) > MAX_NOTES:
                     snap.notes.popitem(last=False)
 
-    def unholdable(self, template: Mapping[str, Any], request: ContainerRequest, *, lint_new: bool = True) -> list[str] | None:
+    def unholdable(
+        self, template: Mapping[str, Any], request: ContainerRequest, *, lint_new: bool = True
+    ) -> list[str] | None:
         """Why no GPU of the cluster can hold ``template`` (a :func:`hashed_template`, container
         ``request``), in HAMi's terms: ``["nvidia.com/gpumem: 100000Mi is more than any device
         has: ..."]``; [] when one can, or when no Tessera GPU is published yet. A shape not seen
@@ -230,12 +243,21 @@ class ClusterView:
         fam = hami.VOLCANO if request.family == "volcano" else hami.NVIDIA
         out = []
         for what, problem in notes or ():
-            name = {"memory": fam.memory if request.memory_mib is not None else fam.percentage, "cores": fam.cores}.get(what)
+            name = {
+                "memory": fam.memory if request.memory_mib is not None else fam.percentage,
+                "cores": fam.cores,
+            }.get(what)
             if name is None:
-                name = "the pod's GPU selection annotations (" + ", ".join(hami.SELECTOR_ANNOTATIONS[:4]) + ")"
+                name = (
+                    "the pod's GPU selection annotations ("
+                    + ", ".join(hami.SELECTOR_ANNOTATIONS[:4])
+                    + ")"
+                )
             out.append(f"{name}: {problem}")
         if snap.max_gpus and request.gpus > snap.max_gpus:
-            out.append(f"{fam.count}: {request.gpus} GPUs on one node, but the most any node publishes is {snap.max_gpus}")
+            out.append(
+                f"{fam.count}: {request.gpus} GPUs on one node, but the most any node publishes is {snap.max_gpus}"
+            )
         return out
 
 
@@ -280,7 +302,9 @@ class Decision:
         response: dict[str, Any] = {"uid": self.uid, "allowed": self.allowed}
         if self.allowed and self.patch:
             response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(json.dumps(self.patch, separators=(",", ":")).encode()).decode()
+            response["patch"] = base64.b64encode(
+                json.dumps(self.patch, separators=(",", ":")).encode()
+            ).decode()
         if not self.allowed:
             response["status"] = {"code": self.code, "reason": self.reason, "message": self.message}
         if self.warnings:
@@ -302,7 +326,9 @@ def _clean_warnings(warnings: Sequence[str]) -> list[str]:
 def parse_review(body: bytes) -> dict[str, Any]:
     """The ``request`` of an AdmissionReview body. Raises :class:`BadReview` naming what is wrong."""
     if len(body) > MAX_BODY:
-        raise BadReview(f"AdmissionReview body is {len(body)} bytes, over the {MAX_BODY}-byte limit")
+        raise BadReview(
+            f"AdmissionReview body is {len(body)} bytes, over the {MAX_BODY}-byte limit"
+        )
     try:
         doc = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
@@ -330,7 +356,11 @@ def _is_pod_create(request: Mapping[str, Any]) -> bool:
         return False
     if isinstance(kind, Mapping):
         return kind.get("group", "") == "" and kind.get("kind") == "Pod"
-    return isinstance(resource, Mapping) and resource.get("group", "") == "" and resource.get("resource") == "pods"
+    return (
+        isinstance(resource, Mapping)
+        and resource.get("group", "") == ""
+        and resource.get("resource") == "pods"
+    )
 
 
 def decide(body: bytes, view: ClusterView, *, lint_new: bool = True) -> Decision:
@@ -345,7 +375,11 @@ def decide(body: bytes, view: ClusterView, *, lint_new: bool = True) -> Decision
     if not _is_pod_create(request):
         return d
     pod = request.get("object")
-    if not isinstance(pod, dict) or not isinstance(pod.get("metadata", {}), dict) or not isinstance(pod.get("spec"), dict):
+    if (
+        not isinstance(pod, dict)
+        or not isinstance(pod.get("metadata", {}), dict)
+        or not isinstance(pod.get("spec"), dict)
+    ):
         return d.deny(400, "BadRequest", "request.object is not a Pod with metadata and spec")
     try:
         return _convert(d, request, pod, view, lint_new)
@@ -355,13 +389,16 @@ def decide(body: bytes, view: ClusterView, *, lint_new: bool = True) -> Decision
         return d.deny(400, "BadRequest", "the pod is nested too deeply to be read")
     except Exception as e:  # never a 500 for a user's pod: say what broke, deny it
         return d.deny(
-            500, "InternalError",
+            500,
+            "InternalError",
             f"tessera webhook could not convert the pod ({type(e).__name__}: {e}); the pod is not admitted; "
             "please report this",
         )
 
 
-def _convert(d: Decision, request: Mapping[str, Any], pod: dict[str, Any], view: ClusterView, lint_new: bool) -> Decision:
+def _convert(
+    d: Decision, request: Mapping[str, Any], pod: dict[str, Any], view: ClusterView, lint_new: bool
+) -> Decision:
     meta = pod.get("metadata") or {}
     namespace = request.get("namespace") or meta.get("namespace") or "default"
     if not isinstance(namespace, str):
@@ -396,7 +433,8 @@ def _convert(d: Decision, request: Mapping[str, Any], pod: dict[str, Any], view:
     spec = new_pod["spec"]
     spec["resourceClaims"] = [
         {**rc, "resourceClaimTemplateName": renamed[rc["resourceClaimTemplateName"]]}
-        if isinstance(rc, dict) and rc.get("resourceClaimTemplateName") in renamed else rc
+        if isinstance(rc, dict) and rc.get("resourceClaimTemplateName") in renamed
+        else rc
         for rc in spec.get("resourceClaims") or []
     ]
     d.patch = _patch(pod, new_pod)
@@ -419,7 +457,8 @@ def _has_hami_names(pod: Mapping[str, Any]) -> bool:
                 continue
             for block in (res.get("limits"), res.get("requests")):
                 if isinstance(block, dict) and any(
-                    isinstance(k, str) and k.startswith(("nvidia.com/", "volcano.sh/")) for k in block
+                    isinstance(k, str) and k.startswith(("nvidia.com/", "volcano.sh/"))
+                    for k in block
                 ):
                     return True
     return False
@@ -429,7 +468,9 @@ def _esc(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def _diff_keys(old: Mapping[str, Any], new: Mapping[str, Any], base: str, ops: list[dict[str, Any]]) -> None:
+def _diff_keys(
+    old: Mapping[str, Any], new: Mapping[str, Any], base: str, ops: list[dict[str, Any]]
+) -> None:
     for key in sorted(set(old) | set(new), key=str):
         if key in old and key in new and old[key] == new[key]:
             continue
@@ -451,8 +492,13 @@ def _patch(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
         o, n = ospec.get(key), nspec.get(key)
         if key in ospec and key in nspec and o == n:
             continue
-        if (key in ("initContainers", "containers") and isinstance(o, list) and isinstance(n, list)
-                and len(o) == len(n) and all(isinstance(x, dict) for x in (*o, *n))):
+        if (
+            key in ("initContainers", "containers")
+            and isinstance(o, list)
+            and isinstance(n, list)
+            and len(o) == len(n)
+            and all(isinstance(x, dict) for x in (*o, *n))
+        ):
             for i, (oc, nc) in enumerate(zip(o, n, strict=True)):
                 if oc != nc:
                     _diff_keys(oc, nc, f"/spec/{key}/{i}", ops)

@@ -86,7 +86,9 @@ class CertReloader:
         try:
             self._load_into(self.context)
         except (OSError, ssl.SSLError, ValueError) as e:
-            log.warning("TLS files changed but cannot be loaded (%s); keeping the current certificate", e)
+            log.warning(
+                "TLS files changed but cannot be loaded (%s); keeping the current certificate", e
+            )
             return False
         self._seen = stamp
         log.info("reloaded the serving certificate from %s", self.cert_file)
@@ -109,7 +111,12 @@ class Webhook:
     server; None only when nothing may be created, e.g. a benchmark of the decision alone),
     ``ready`` (whether the slice cache is synced)."""
 
-    def __init__(self, view: ClusterView, store: TemplateStore | None, ready: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self,
+        view: ClusterView,
+        store: TemplateStore | None,
+        ready: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.view = view
         self.store = store
         self.ready = ready
@@ -156,7 +163,8 @@ class Webhook:
         except ApiError as e:
             code = e.status if 400 <= e.status < 500 else 503
             d.deny(
-                code, e.reason or "ServiceUnavailable",
+                code,
+                e.reason or "ServiceUnavailable",
                 f"tessera webhook could not create the pod's ResourceClaimTemplate: {e.message or e}",
             )
 
@@ -180,15 +188,23 @@ class Webhook:
                 return PlainTextResponse("ResourceSlice cache not synced yet", status_code=503)
             if "verbose" in request.query_params:
                 c = self.counters
-                return JSONResponse({"reviews": c.reviews, "converted": c.converted, "denied": c.denied,
-                                     "badRequests": c.bad_requests})
+                return JSONResponse(
+                    {
+                        "reviews": c.reviews,
+                        "converted": c.converted,
+                        "denied": c.denied,
+                        "badRequests": c.bad_requests,
+                    }
+                )
             return PlainTextResponse("ok")
 
-        return Starlette(routes=[
-            Route("/mutate-pods", mutate, methods=["POST"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", readyz, methods=["GET"]),
-        ])
+        return Starlette(
+            routes=[
+                Route("/mutate-pods", mutate, methods=["POST"]),
+                Route("/healthz", healthz, methods=["GET"]),
+                Route("/readyz", readyz, methods=["GET"]),
+            ]
+        )
 
 
 async def serve(
@@ -209,8 +225,17 @@ async def serve(
     if certs is not None:
         tls = {"ssl_certfile": str(certs.cert_file), "ssl_keyfile": str(certs.key_file)}
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", access_log=False, loop="uvloop", http="httptools",
-        lifespan="off", timeout_keep_alive=30, timeout_graceful_shutdown=5, **tls,
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        lifespan="off",
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=5,
+        **tls,
     )  # graceful shutdown bounded: an idle client that never answers TLS close_notify holds it 30 s
     config.load()
     if certs is not None:

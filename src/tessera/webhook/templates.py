@@ -103,7 +103,9 @@ class TemplateStore:
     this process. ``clock``: wall-clock seconds (tests pass a fake). Thread-safe.
     """
 
-    def __init__(self, client: KubeClient, *, refresh: float = 60.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, client: KubeClient, *, refresh: float = 60.0, clock: Callable[[], float] = time.time
+    ) -> None:
         self.client = client
         self.refresh = refresh
         self.clock = clock
@@ -146,7 +148,11 @@ class TemplateStore:
                     raise
             try:
                 self.client.request(
-                    "PATCH", path, body=patch, content_type="application/merge-patch+json", what=f"{KIND} {ns}/{name}"
+                    "PATCH",
+                    path,
+                    body=patch,
+                    content_type="application/merge-patch+json",
+                    what=f"{KIND} {ns}/{name}",
                 )
                 self.stats.refreshed += 1
                 break
@@ -232,7 +238,9 @@ class Collector:
                 path = self.client.collection_path(RESOURCE, KIND, ns) + f"/{meta['name']}"
                 body = {"preconditions": {"resourceVersion": meta.get("resourceVersion")}}
                 try:
-                    self.client.request("DELETE", path, body=body, what=f"{KIND} {ns}/{meta['name']}")
+                    self.client.request(
+                        "DELETE", path, body=body, what=f"{KIND} {ns}/{meta['name']}"
+                    )
                 except ApiError as e:
                     if e.status in (404, 409):
                         continue
@@ -251,8 +259,11 @@ class Collector:
                 try:
                     r = self.collect()
                     if r.deleted:
-                        log.info("collected %d unused ResourceClaimTemplate(s): %s", len(r.deleted),
-                                 ", ".join(f"{ns}/{n}" for ns, n in r.deleted))
+                        log.info(
+                            "collected %d unused ResourceClaimTemplate(s): %s",
+                            len(r.deleted),
+                            ", ".join(f"{ns}/{n}" for ns, n in r.deleted),
+                        )
                 except ApiError as e:
                     log.warning("template collection failed: %s", e)
 
