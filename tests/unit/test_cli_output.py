@@ -148,8 +148,13 @@ def test_namespace_filter_and_fail_on_pending(tmp_path: Path) -> None:
     assert code == 1 and "16 pod(s) scheduled, 2 pending." in out
     code, out, _ = run("simulate", "-n", "default", "--fail-on-pending")
     assert code == 1
-    code, out, _ = run("simulate", "-n", "team-b", "--fail-on-pending")
+    code, out, err = run("simulate", "-n", "team-b", "--fail-on-pending")
     assert code == 0 and "0 pod(s) scheduled, 0 pending." in out
+    # a namespace no pod is in (a typo) is said, so a CI gate does not pass unnoticed
+    assert (
+        "tessera: warning: -n team-b: no pod of the input is in namespace 'team-b' "
+        "(namespaces with pods: default)"
+    ) in err
     # A second namespace: its pods are reported alone, yet they compete with every other pod.
     f = tmp_path / "b.yaml"
     f.write_text(

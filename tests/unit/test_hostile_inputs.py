@@ -465,6 +465,16 @@ def test_cluster_count_labels_and_taints(tmp_path: Path) -> None:
     )
 
 
+def test_cluster_count_out_of_range_names_the_bound(tmp_path: Path) -> None:
+    """A count outside 1..100,000 names that bound (not an integer width it is within)."""
+    for count, bound in (("200000", "the maximum is 100000"), ("0", "the minimum is 1")):
+        f = _cluster(tmp_path, f"- name: gpu\n  count: {count}\n  inventory: {H100}\n")
+        err = bad("simulate", "--cluster", f)
+        assert err.endswith(
+            f"Cluster: nodes[0].count: {count} is out of range for this field ({bound})"
+        ), err
+
+
 # ---- 6. inputs read wrongly without a word ------------------------------------------------------
 
 
@@ -580,6 +590,28 @@ def test_pending_reason_names_the_incomplete_pool(tmp_path: Path) -> None:
 
 
 # ---- issue 9: lint and simulate agree; real trees and kubectl output -----------------------------
+
+
+def test_lint_of_a_directory_goes_on_past_an_unreadable_file(corpus: Path, tmp_path: Path) -> None:
+    """A directory is linted file by file: a Helm template in it is one error line, and the
+    findings of the other files are still printed (exit 2: an input could not be read)."""
+    d = tmp_path / "tree"
+    d.mkdir()
+    write(
+        d,
+        "a-template.yaml",
+        (
+            corpus / "dra-manifests" / "HAMi-DRA__charts_templates__deviceclass.helm-template.yaml"
+        ).read_text(),
+    )
+    hami = (corpus / "hami-pods" / "HAMi__examples_nvidia__default_use.yaml").read_text()
+    write(d, "b-negative.yaml", hami.replace("nvidia.com/gpumem: 3000", "nvidia.com/gpumem: -1024"))
+    code, out, err = run("lint", str(d))
+    assert code == 2
+    (finding,) = out.strip().splitlines()
+    assert "b-negative.yaml" in finding and "negative" in finding
+    (error,) = err.strip().splitlines()
+    assert error.startswith(f"tessera: error: {d}/a-template.yaml: line 1: this is a template")
 
 
 def test_lint_reports_every_file_and_goes_on(corpus: Path, tmp_path: Path) -> None:

@@ -212,7 +212,7 @@ class SchemaSet:
             return [
                 SchemaProblem(
                     field,
-                    f"{_short(value)} is out of range for this field (a {_int_bits(err)} integer)",
+                    f"{_short(value)} is out of range for this field ({_range(kname, err)})",
                 )
             ]
         if kname == "FalseSchema":
@@ -230,12 +230,24 @@ class SchemaSet:
         return [SchemaProblem(field, _shorten(err.message))]
 
 
-def _int_bits(err: Any) -> str:
+def _range(kname: str, err: Any) -> str:
+    """The bound a value broke: the integer width where the schema's bound is one (int32 and
+    int64 fields), else the bound itself (``the maximum is 100000``)."""
     limit = getattr(err.kind, "limit", None)
     try:
-        return "32-bit" if limit is not None and abs(int(limit)) <= 2**31 else "64-bit"
+        bound = int(limit)
     except (TypeError, ValueError):
         return "bounded"
+    if bound in (2**31 - 1, -(2**31)):
+        return "a 32-bit integer"
+    if bound in (2**63 - 1, -(2**63)):
+        return "a 64-bit integer"
+    side = "maximum" if "Maximum" in kname else "minimum"
+    return (
+        f"the {side} is {bound}"
+        if "Exclusive" not in kname
+        else f"it must stay {'below' if side == 'maximum' else 'above'} {bound}"
+    )
 
 
 def _at(instance: Any, path: Sequence[str | int]) -> Any:

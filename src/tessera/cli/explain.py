@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -111,7 +112,7 @@ def lint(
     Exit status: 0 clean, 1 findings, 2 an input that could not be read at all (e.g. a Helm
     template; one line each on stderr, after the findings of the others).
     """
-    from tessera.api.loader import ReadBudget, load_files
+    from tessera.api.loader import STDIN, ReadBudget, load_file, load_files, manifest_files
     from tessera.explain.lint import lint as run_lint
     from tessera.sim.cluster import load_cluster
 
@@ -130,18 +131,29 @@ def lint(
         fail(str(e))
         return
     for path in manifests:
-        try:
-            loaded.extend(load_files([path], limits=limits, warnings=notes, budget=budget))
-        except UserError as e:
-            unreadable.append(str(e))
+        # A directory is read file by file, so that one unreadable file (a Helm template)
+        # is reported beside the findings of the others instead of stopping the lint.
+        p = Path(path)
+        files = manifest_files(p, notes) if path != STDIN and p.is_dir() else []
+        if not files:
+            try:
+                loaded.extend(load_files([path], limits=limits, warnings=notes, budget=budget))
+            except UserError as e:
+                unreadable.append(str(e))
+            continue
+        for f in files:
+            try:
+                loaded.extend(load_file(f, budget=budget, skip_foreign=notes))
+            except UserError as e:
+                unreadable.append(str(e))
     if not loaded and not unreadable:
         fail(
             f"no Kubernetes objects in {', '.join(manifests)}: nothing was checked (pass YAML or JSON manifests)"
         )
         return
     findings = run_lint(loaded, slices)
-    for f in findings:
-        click.echo(str(f))
+    for finding in findings:
+        click.echo(str(finding))
     if not unreadable:  # exit 2: the error lines only
         for w in notes:
             warn(w)

@@ -156,6 +156,18 @@ def simulate(
         sys.exit(1)
 
 
+def _warn_empty_namespaces(pod_refs: Sequence[str], namespaces: tuple[str, ...]) -> None:
+    """Warn about each ``-n`` namespace no pod of the input is in (a typo would otherwise
+    report nothing, and ``--fail-on-pending`` pass)."""
+    have = sorted({ref.split("/", 1)[0] for ref in pod_refs})
+    for ns in namespaces:
+        if ns not in have:
+            warn(
+                f"-n {ns}: no pod of the input is in namespace {ns!r} "
+                f"(namespaces with pods: {', '.join(have) if have else 'none'})"
+            )
+
+
 def _in_namespaces(ref: str, namespaces: tuple[str, ...]) -> bool:
     """``ref`` (``namespace/name``) is in one of ``namespaces``; everything is with none given."""
     return not namespaces or ref.split("/", 1)[0] in namespaces
@@ -173,7 +185,7 @@ def _compare(
     """Print the comparison; return how many pods stay pending under ``policy``."""
     from tessera.sim.simulate import Simulation
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     runs = [(p, p, False) for p in ("first-fit", "binpack", "spread", "topology")] + [
         ("whole GPUs", "first-fit", True)
     ]
@@ -184,6 +196,8 @@ def _compare(
         used = [u for u in res.gpus if u.shares or u.dedicated]
         mem_used = sum((u.memory_allocated for u in used), Fraction(0))
         mem_cap = sum((u.memory_capacity or Fraction(0) for u in used), Fraction(0))
+        if not rows:
+            _warn_empty_namespaces([*res.scheduled, *(p.pod for p in res.pending)], namespaces)
         pending = [p.pod for p in res.pending if _in_namespaces(p.pod, namespaces)]
         rows.append(
             {
@@ -214,10 +228,10 @@ def _compare(
                 str(r["podsScheduled"]),
                 str(r["podsPending"]),
                 str(r["memoryBookedOnUsedGPUs"]),
-                ", ".join(r["pending"]) or "-",  # type: ignore[arg-type]
+                ", ".join(r["pending"]) or "-",
             )
         print_tables([t], wide=output == "wide")
-    return next(int(r["podsPending"]) for r in rows if r["allocation"] == policy)  # type: ignore[call-overload]
+    return next(int(r["podsPending"]) for r in rows if r["allocation"] == policy)
 
 
 def _run_with_progress(sim: Simulation, progress: bool | None = None) -> SimResult:
@@ -307,6 +321,7 @@ def _simulate(
     # so that bad input prints its one error line and nothing else.
     for w in [*notes, *result.warnings]:
         warn(w)
+    _warn_empty_namespaces([*result.scheduled, *(p.pod for p in result.pending)], namespaces)
     placements = [p for p in result.placements if _in_namespaces(p.pod, namespaces)]
     pending = [p for p in result.pending if _in_namespaces(p.pod, namespaces)]
     scheduled = [p for p in result.scheduled if _in_namespaces(p, namespaces)]

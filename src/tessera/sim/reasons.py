@@ -67,6 +67,7 @@ def needs_text(rr: RequestRecord, devs: Sequence[_Seen]) -> str:
     named = [f"{k} {v.canonical()}" for k, v in rr.capacity.items()]
     defaults: dict[str, dict[tuple[bool, int, int], tuple[Fraction, Format]]] = {}
     having: dict[str, int] = {}
+    zero: dict[str, int] = {}  # devices whose default for it is 0 (they consume none)
     counted = 0
     for s in devs:
         if s.dr.uses is None:
@@ -77,8 +78,15 @@ def needs_text(rr: RequestRecord, devs: Sequence[_Seen]) -> str:
                 key = (u.needs == u.total, u.needs.numerator, u.needs.denominator)  # ints hash fast
                 defaults.setdefault(u.name, {})[key] = (u.needs, u.format)
                 having[u.name] = having.get(u.name, 0) + 1
+            elif u.requested is None:
+                zero[u.name] = zero.get(u.name, 0) + 1
     for k, vals in defaults.items():
-        some = " on the devices that have it" if having[k] < counted else ""
+        if zero.get(k):
+            some = f" on {having[k]} of the {having[k] + zero[k]} devices that have it, 0 on the others"
+        elif having[k] < counted:
+            some = " on the devices that have it"
+        else:
+            some = ""
         why = f"the request names no {k}, so the request policy's default applies"
         if len(vals) == 1:
             (whole, _, _), (needs, fmt) = next(iter(vals.items()))
