@@ -234,6 +234,8 @@ def _range(kname: str, err: Any) -> str:
     """The bound a value broke: the integer width where the schema's bound is one (int32 and
     int64 fields), else the bound itself (``the maximum is 100000``)."""
     limit = getattr(err.kind, "limit", None)
+    if limit is None:
+        return "bounded"
     try:
         bound = int(limit)
     except (TypeError, ValueError):
