@@ -515,8 +515,7 @@ def test_percentage_without_memory_sizes_is_an_error() -> None:
     assert str(e.value) == (
         "pod ns/p, container c: nvidia.com/gpumem-percentage 50 needs the cluster's GPU memory "
         "sizes to become a byte request: give the cluster's nodes (`tessera convert --cluster "
-        "FILE` or --node; memory_sizes from the ResourceSlices for callers of convert_pod), or "
-        "write nvidia.com/gpumem in MiB instead"
+        "FILE` or --node NAME=INVENTORY), or write nvidia.com/gpumem in MiB instead"
     )
     assert (e.value.pod, e.value.container, e.value.field) == (
         "ns/p",

@@ -330,8 +330,8 @@ def test_topology_given_as_inventory() -> None:
     with pytest.raises(UnsupportedFormatError) as err:
         parse_inventory(text, "t.txt")
     assert str(err.value) == (
-        "t.txt: format: this is an `nvidia-smi topo -m` matrix, not an inventory; read it with "
-        "parse_topology/load_topology"
+        "t.txt: format: this is an `nvidia-smi topo -m` matrix, not an inventory; give it as the "
+        "node's topology: --node NAME=INVENTORY:TOPOLOGY (or `topology:` in a cluster file)"
     )
 
 

@@ -620,8 +620,8 @@ def _subrequests(
                 req.container,
                 fam.percentage,
                 f"{fam.percentage} {pct} needs the cluster's GPU memory sizes to become a byte "
-                "request: give the cluster's nodes (`tessera convert --cluster FILE` or --node; "
-                "memory_sizes from the ResourceSlices for callers of convert_pod), or write "
+                "request: give the cluster's nodes (`tessera convert --cluster FILE` or "
+                "--node NAME=INVENTORY), or write "
                 f"{fam.memory} in MiB instead",
             )
         variants = [

@@ -352,7 +352,7 @@ def _split_fix(message: str) -> tuple[str, str]:
         if marker in message:
             head, _, fix = message.partition(marker)
             return head, marker[2:] + fix
-    return message, "correct the field as the message says (resource.k8s.io/v1 API rules)"
+    return message, "correct the field as the message says (the Kubernetes API's rules for it)"
 
 
 def _check_request(add: Any, path: str, body: Mapping[str, Any], world: _World) -> None:

@@ -77,8 +77,8 @@ def _unsupported(text: str, source: str) -> InventoryError:
         )
     if is_topo_matrix(text):
         return UnsupportedFormatError(
-            "this is an `nvidia-smi topo -m` matrix, not an inventory; read it with "
-            "parse_topology/load_topology",
+            "this is an `nvidia-smi topo -m` matrix, not an inventory; give it as the "
+            "node's topology: --node NAME=INVENTORY:TOPOLOGY (or `topology:` in a cluster file)",
             source=source,
             field="format",
         )
