@@ -196,6 +196,15 @@ class SliceIndex:
         for s in self.slices:
             yield from s.devices
 
+    def pool_publication(self, driver: str, pool: str) -> tuple[int, int, int]:
+        """``(published, resourceSliceCount, generation)`` of the pool's newest generation: how
+        many of its slices are published against how many it announces (an incomplete pool,
+        dra-spec, publishes fewer). ``(0, 0, 0)`` for a pool with no slice."""
+        sl = self.by_pool.get((driver, pool), [])
+        gen = max((s.generation for s in sl), default=0)
+        newest = [s for s in sl if s.generation == gen]
+        return len(newest), max((s.slice_count for s in newest), default=0), gen
+
 
 def slice_on_node(s: Slice, node: Node) -> bool:
     """Whether a slice targets ``node`` (dra-spec.md 4.2 step 2)."""

@@ -371,10 +371,7 @@ def pool_problems(alloc: Allocator, rec: NodeRecord, node: Node) -> list[str]:
     seen = {p.key for p in pools}
     for name in rec.incomplete_pools:
         driver, _, pool = name.partition("/")
-        sl = alloc.index.by_pool.get((driver, pool), [])
-        gen = max((s.generation for s in sl), default=0)
-        have = len([s for s in sl if s.generation == gen])
-        want = sl[0].slice_count if sl else 0
+        have, want, gen = alloc.index.pool_publication(driver, pool)
         out.append(
             f"pool {name} is incomplete: {have} of resourceSliceCount {want} slices published "
             f"at generation {gen}; none of its devices is allocated until all are published"

@@ -1043,10 +1043,7 @@ class Simulation:
         out = []
         for name in sorted({p for r in records for p in r.incomplete_pools}):
             driver, pool = name.split("/", 1)
-            sl = self.index.by_pool.get((driver, pool), [])
-            gen = max((s.generation for s in sl), default=0)
-            have = len([s for s in sl if s.generation == gen])
-            want = max((s.slice_count for s in sl if s.generation == gen), default=0)
+            have, want, gen = self.index.pool_publication(driver, pool)
             out.append(
                 f"{name} (incomplete: {have} of resourceSliceCount {want} slices at generation {gen})"
             )
