@@ -11,6 +11,7 @@ mutated by the webhook, scheduled by the real kube-scheduler; their claims are c
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import copy
@@ -23,6 +24,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -44,6 +46,9 @@ from tessera.kube.watch import Informer
 from tessera.kube.workloads import wait_for
 from tessera.sim.cluster import SimNode
 from tessera.sim.simulate import SimResult, Simulation
+from tessera.webhook.admission import ClusterView
+from tessera.webhook.server import Webhook
+from tessera.webhook.templates import STAMP_ANNOTATION, TemplateStore
 
 from .conftest import (
     A5000_INVENTORY,
@@ -687,6 +692,106 @@ def test_dry_run_creates_nothing_and_a_rejected_pod_leaves_nothing(hooked: Hooke
         )
     finally:
         inf.stop()
+
+
+class GatedClient(KubeClient):
+    """The real client to the test's API server, whose requests wait while ``gate`` is closed and
+    are counted by verb."""
+
+    def __init__(self, base: KubeClient) -> None:
+        self.__dict__.update(base.__dict__)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.waiting = 0
+        self.verbs: Counter[str] = Counter()
+        self._count = threading.Lock()
+
+    def request(self, verb: str, path: str, **kw: Any) -> Any:
+        with self._count:
+            self.verbs[verb] += 1
+            self.waiting += 1
+        try:
+            assert self.gate.wait(30), "the test never opened the gate"
+            return super().request(verb, path, **kw)
+        finally:
+            with self._count:
+                self.waiting -= 1
+
+
+def test_concurrent_admissions_write_a_template_once_and_a_due_stamp_does_not_delay_them(
+    hooked: Hooked,
+) -> None:
+    """Forty admissions of one shape at once: one create, not forty. When the template's stamp
+    falls due (older than ``refresh``, younger than ``trusted``) the admissions are answered
+    while the API server has not yet answered the one stamp write; once the stamp is older than
+    ``trusted`` they wait for it. A template deleted behind the webhook's back is created again
+    by the background write. In-process webhook, real API server, a fake clock one hour ahead
+    (so the module's collector, on real time, leaves these templates alone)."""
+    h = hooked
+    ns = h.namespace()
+    client = GatedClient(h.client)
+    now = [time.time() + 3600.0]
+    store = TemplateStore(client, refresh=10, trusted=20, clock=lambda: now[0])
+    view = ClusterView.static(h.client.list(RESOURCE, "ResourceSlice"))
+    hook = Webhook(view, store)
+    pod = _pod("p", {"nvidia.com/gpumem": 3000})
+    bodies = [json.dumps(_review(pod, uid=f"u-{i}", namespace=ns)).encode() for i in range(40)]
+
+    def stamp() -> str:
+        (t,) = h.client.list(RESOURCE, "ResourceClaimTemplate", ns)
+        return str(t["metadata"]["annotations"][STAMP_ANNOTATION])
+
+    def text(t: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(t)))
+
+    async def admit_all() -> list[tuple[int, Any]]:
+        return list(await asyncio.gather(*(hook.admit(b) for b in bodies)))
+
+    async def scenario() -> None:
+        answers = await admit_all()
+        assert all(s == 200 and a["response"]["allowed"] for s, a in answers)
+        assert {a["response"]["patchType"] for _, a in answers} == {"JSONPatch"}
+        assert (store.stats.created, store.stats.refreshed) == (1, 0)
+        assert client.verbs == {"POST": 1}
+        assert stamp() == text(now[0])
+
+        now[0] += 15  # due: answered without waiting for the API server
+        client.gate.clear()
+        answers = await asyncio.wait_for(admit_all(), 10)
+        assert all(a["response"]["allowed"] for _, a in answers)
+        for _ in range(500):
+            if client.waiting:
+                break
+            await asyncio.sleep(0.01)
+        assert client.waiting == 1  # the one stamp write, still held at the gate
+        client.gate.set()
+        while hook._writes:
+            await asyncio.sleep(0.01)
+        assert (store.stats.created, store.stats.refreshed) == (1, 1)
+        assert client.verbs == {"POST": 2, "PATCH": 1}  # create refused (409), then stamped
+        assert stamp() == text(now[0])
+
+        now[0] += 25  # older than trusted: the answer waits for the write
+        client.gate.clear()
+        pending = asyncio.ensure_future(admit_all())
+        await asyncio.sleep(0.5)
+        assert not pending.done() and client.waiting == 1
+        client.gate.set()
+        answers = await asyncio.wait_for(pending, 10)
+        assert all(a["response"]["allowed"] for _, a in answers)
+        assert (store.stats.created, store.stats.refreshed) == (1, 2)
+        assert stamp() == text(now[0])
+
+        (t,) = h.client.list(RESOURCE, "ResourceClaimTemplate", ns)
+        h.client.delete(RESOURCE, "ResourceClaimTemplate", t["metadata"]["name"], ns)
+        now[0] += 15  # due again: the background write finds it gone and creates it
+        await admit_all()
+        while hook._writes:
+            await asyncio.sleep(0.01)
+        assert (store.stats.created, store.stats.refreshed) == (2, 2)
+        assert stamp() == text(now[0])
+
+    asyncio.run(scenario())
 
 
 # ---- bad input at admission -------------------------------------------------------------------------

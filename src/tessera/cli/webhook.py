@@ -155,7 +155,9 @@ def webhook(
     slices = Informer(client, "resource.k8s.io/v1", "ResourceSlice").start()
     view = ClusterView(slices.items, lambda: slices.generation, lambda: slices.synced)
     view_stop = view.start()  # derived state rebuilt off the request path when slices change
-    store = TemplateStore(client, refresh=min(60.0, template_grace / 4))
+    # a stamp younger than grace / 2 leaves the template safe from every collector for
+    # grace / 2 more: admissions do not wait for its refresh
+    store = TemplateStore(client, refresh=min(60.0, template_grace / 4), trusted=template_grace / 2)
     collector = None
     if not no_collector:
         collector = Collector(client, grace=template_grace, interval=collect_interval, store=store)

@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from tessera.kube.client import ApiError
 from tessera.webhook.admission import MAX_BODY, BadReview, ClusterView, Decision, decide
-from tessera.webhook.templates import TemplateStore
+from tessera.webhook.templates import FRESH, NEEDED, TemplateStore, template_key
 
 log = logging.getLogger("tessera.webhook")
 
@@ -121,6 +121,7 @@ class Webhook:
         self.store = store
         self.ready = ready
         self.counters = Counters()
+        self._writes: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     async def admit(self, body: bytes) -> tuple[int, dict[str, Any] | str]:
         """HTTP status and AdmissionReview (or the text of a 400) for one request body."""
@@ -139,10 +140,15 @@ class Webhook:
             self.counters.bad_requests += 1
             return 400, str(e)
         if d.templates and self.store is not None:
-            store = self.store
-            pending = [t for t in d.templates if not store.fresh(t)]
-            if pending:
-                await self._ensure(d, pending)
+            waits = []
+            for t in d.templates:
+                state = self.store.state(t)
+                if state != FRESH:
+                    write = self._write(t)
+                    if state == NEEDED:  # DUE: the stamp is refreshed while the answer goes out
+                        waits.append(write)
+            if waits:
+                await self._ensure(d, waits)
         if d.allowed and d.patch:
             self.counters.converted += 1
         if not d.allowed:
@@ -150,16 +156,34 @@ class Webhook:
             log.info("denied pod %s: %s", d.pod or d.uid, d.message)
         return 200, d.review()
 
-    async def _ensure(self, d: Decision, templates: list[dict[str, Any]]) -> None:
+    def _write(self, template: dict[str, Any]) -> asyncio.Task[None]:
+        """The one write (create or stamp, in a worker thread) of ``template`` in flight, started
+        if none is: concurrent admissions of one shape share it instead of each writing."""
         assert self.store is not None
-        store = self.store
+        key = template_key(template)
+        task = self._writes.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(
+                asyncio.to_thread(self.store.ensure, template)
+            )
+            self._writes[key] = task
 
-        def run() -> None:
-            for t in templates:
-                store.ensure(t)
+            def done(t: asyncio.Task[None]) -> None:
+                self._writes.pop(key, None)
+                if not t.cancelled() and t.exception() is not None:
+                    log.warning(
+                        "ResourceClaimTemplate %s/%s: create or stamp failed: %s",
+                        *key,
+                        t.exception(),
+                    )
 
+            task.add_done_callback(done)
+        return task
+
+    async def _ensure(self, d: Decision, writes: list[asyncio.Task[None]]) -> None:
         try:
-            await asyncio.to_thread(run)
+            # shielded: a client that goes away must not cancel a write other admissions share
+            await asyncio.shield(asyncio.gather(*writes))
         except ApiError as e:
             code = e.status if 400 <= e.status < 500 else 503
             d.deny(

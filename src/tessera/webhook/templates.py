@@ -12,7 +12,12 @@ Life cycle (``docs/webhook.md``):
 * At admission (not for ``dryRun``), :meth:`TemplateStore.ensure` creates the template, or, if
   it exists, refreshes its annotation ``gpu.tessera.dev/last-admitted`` (RFC 3339, UTC); each
   replica does that at most once per ``refresh`` seconds per template, so a busy shape costs
-  one write every few minutes.
+  one write every few minutes. :meth:`TemplateStore.state` says whether an admission must wait
+  for that write: not while this process's stamp is younger than ``refresh`` (nothing to do),
+  nor while it is younger than ``trusted`` (the template exists and cannot be collected for at
+  least ``grace - trusted`` seconds, so the write goes on in the background); only a template
+  this process never stamped, or stamped longer than ``trusted`` ago, is written before the
+  answer. The server runs one write per template at a time, however many admissions ask.
 * :meth:`Collector.collect` deletes a template of the webhook (label
   ``gpu.tessera.dev/template-hash``) when no pod of its namespace references it and its
   ``last-admitted`` time is older than ``grace`` seconds, with a ``resourceVersion``
@@ -96,32 +101,68 @@ class StoreStats:
     cached: int = 0
 
 
+FRESH = "fresh"
+""":meth:`TemplateStore.state`: stamped less than ``refresh`` seconds ago; nothing to write."""
+DUE = "due"
+"""Stamped less than ``trusted`` seconds ago: refresh the stamp, but the answer need not wait."""
+NEEDED = "needed"
+"""Never stamped by this process, or longer than ``trusted`` ago: create or stamp it first."""
+
+
+def template_key(template: Mapping[str, Any]) -> tuple[str, str]:
+    """``(namespace, name)`` of a hashed template."""
+    meta = template["metadata"]
+    return str(meta["namespace"]), str(meta["name"])
+
+
 class TemplateStore:
     """Ensures hashed templates exist on the API server (see the module docstring).
 
     ``refresh``: seconds between two refreshes of one template's ``last-admitted`` stamp by
-    this process. ``clock``: wall-clock seconds (tests pass a fake). Thread-safe.
+    this process. ``trusted``: seconds after this process's last stamp during which the
+    template is known to exist and to be safe from the collector, so a refresh need not delay
+    an admission (at most the collector's grace / 2; ``None``: ``refresh``, every due refresh
+    waits). ``clock``: wall-clock seconds (tests pass a fake). Thread-safe.
+
+    Raises :class:`ValueError` when ``trusted < refresh``.
     """
 
     def __init__(
-        self, client: KubeClient, *, refresh: float = 60.0, clock: Callable[[], float] = time.time
+        self,
+        client: KubeClient,
+        *,
+        refresh: float = 60.0,
+        trusted: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        if trusted is None:
+            trusted = refresh
+        if trusted < refresh:
+            raise ValueError(f"trusted ({trusted} s) must be at least refresh ({refresh} s)")
         self.client = client
         self.refresh = refresh
+        self.trusted = trusted
         self.clock = clock
         self.stats = StoreStats()
         self._stamped: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
 
+    def state(self, template: Mapping[str, Any]) -> str:
+        """:data:`FRESH`, :data:`DUE` or :data:`NEEDED`: what admitting a pod with ``template``
+        must do about it, from this process's last stamp (no API call)."""
+        with self._lock:
+            stamp = self._stamped.get(template_key(template))
+        if stamp is None:
+            return NEEDED
+        age = self.clock() - stamp
+        if age < self.refresh:
+            self.stats.cached += 1
+            return FRESH
+        return DUE if age < self.trusted else NEEDED
+
     def fresh(self, template: Mapping[str, Any]) -> bool:
         """This process stamped ``template`` less than ``refresh`` seconds ago (no API call needed)."""
-        key = (template["metadata"]["namespace"], template["metadata"]["name"])
-        with self._lock:
-            stamp = self._stamped.get(key)
-        ok = stamp is not None and self.clock() - stamp < self.refresh
-        if ok:
-            self.stats.cached += 1
-        return ok
+        return self.state(template) == FRESH
 
     def ensure(self, template: Mapping[str, Any]) -> None:
         """Create ``template`` or refresh its stamp (a no-op while :meth:`fresh`).
@@ -131,8 +172,7 @@ class TemplateStore:
         """
         if self.fresh(template):
             return
-        meta = template["metadata"]
-        ns, name = meta["namespace"], meta["name"]
+        ns, name = template_key(template)
         now = self.clock()
         stamped = copy.deepcopy(dict(template))
         stamped["metadata"].setdefault("annotations", {})[STAMP_ANNOTATION] = _now_text(now)
