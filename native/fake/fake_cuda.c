@@ -14,7 +14,9 @@
  * The fake models what the real driver does with memory, independently of the library's own
  * accounting: contexts own their allocations and free them when destroyed or reset; device
  * limits (stack, heap, printf FIFO) take memory; see fake_mem.c and fake_vmm.c for the rest.
- * FAKE_FAIL_FREE (fake_int.h) makes the entry points that give memory back fail.
+ * FAKE_FAIL_FREE (fake_int.h) makes the entry points that give memory back fail; FAKE_FAULT
+ * (fake_int.h) makes a launch fault and the driver fail every later call, as after a kernel
+ * fault.
  */
 #define FAKE_STATE_DEFINE
 #include "fake_int.h"
@@ -55,8 +57,25 @@ EXPORT uint64_t fakecuda_calls(const char *name)
     return n;
 }
 
-/* ---- failing frees ----------------------------------------------------------------------- */
+/* ---- failing frees and faults ------------------------------------------------------------ */
 static uint64_t g_failed_frees; /* atomic: calls failed by FAKE_FAIL_FREE in this process */
+static int g_faulted;           /* atomic: a kernel of this process faulted (FAKE_FAULT) */
+
+/* Whether name is in the list spec[0..len): "all", or entry-point names separated by commas. */
+static int names_match(const char *spec, size_t len, const char *name)
+{
+    if (len == 3 && strncmp(spec, "all", 3) == 0)
+        return 1;
+    size_t n = strlen(name);
+    for (const char *t = spec; t < spec + len;) {
+        const char *e = memchr(t, ',', (size_t)(spec + len - t));
+        size_t tl = e ? (size_t)(e - t) : (size_t)(spec + len - t);
+        if (tl == n && strncmp(t, name, n) == 0)
+            return 1;
+        t += tl + 1;
+    }
+    return 0;
+}
 
 int fk_fail_free(const char *name)
 {
@@ -64,16 +83,7 @@ int fk_fail_free(const char *name)
     if (!spec || !*spec)
         return 0;
     const char *colon = strchr(spec, ':');
-    size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
-    int match = len == 3 && strncmp(spec, "all", 3) == 0;
-    size_t n = strlen(name);
-    for (const char *t = spec; !match && t < spec + len;) {
-        const char *e = memchr(t, ',', (size_t)(spec + len - t));
-        size_t tl = e ? (size_t)(e - t) : (size_t)(spec + len - t);
-        match = tl == n && strncmp(t, name, n) == 0;
-        t += tl + 1;
-    }
-    if (!match)
+    if (!names_match(spec, colon ? (size_t)(colon - spec) : strlen(spec), name))
         return 0;
     if (!colon)
         return 1;
@@ -85,6 +95,22 @@ int fk_fail_free(const char *name)
     } while (!__atomic_compare_exchange_n(&g_failed_frees, &cur, cur + 1, 0, __ATOMIC_ACQ_REL,
                                           __ATOMIC_ACQUIRE));
     return 1;
+}
+
+/* A kernel launch of this process: with FAKE_FAULT set, the first one faults. */
+static void fault_at_launch(void)
+{
+    const char *spec = getenv("FAKE_FAULT");
+    if (spec && *spec)
+        __atomic_store_n(&g_faulted, 1, __ATOMIC_RELEASE);
+}
+
+int fk_faulted(const char *name)
+{
+    if (!__atomic_load_n(&g_faulted, __ATOMIC_ACQUIRE))
+        return 0;
+    const char *spec = getenv("FAKE_FAULT");
+    return spec && names_match(spec, strlen(spec), name);
 }
 
 /* ---- devices ----------------------------------------------------------------------------- */
@@ -293,6 +319,7 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev
 {
     (void)flags;
     COUNT();
+    FAULT();
     struct CUctx_st *c = calloc(1, sizeof(*c));
     CUresult r = new_ctx(c, dev, 0);
     if (r != CUDA_SUCCESS) {
@@ -307,6 +334,7 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev
 EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     COUNT();
+    FAULT();
     return cuCtxCreate_v2(pctx, flags, dev);
 }
 
@@ -315,6 +343,7 @@ EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, u
 {
     (void)p;
     (void)n;
+    FAULT();
     return cuCtxCreate_v2(pctx, flags, dev);
 }
 
@@ -322,23 +351,27 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned i
                                CUdevice dev)
 {
     (void)p;
+    FAULT();
     return cuCtxCreate_v2(pctx, flags, dev);
 }
 
 EXPORT CUresult cuGLCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     COUNT();
+    FAULT();
     return cuCtxCreate_v2(pctx, flags, dev);
 }
 
 EXPORT CUresult cuGLCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
+    FAULT();
     return cuGLCtxCreate_v2(pctx, flags, dev);
 }
 
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     COUNT();
+    FAULT();
     FAIL_FREE();
     if (!ctx || ctx->magic != CTX_MAGIC || ctx->primary)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -353,6 +386,7 @@ EXPORT CUresult cuCtxAttach(CUcontext *pctx, unsigned int flags)
 {
     (void)flags;
     COUNT();
+    FAULT();
     struct CUctx_st *c = fk_cur();
     if (!c || c->primary)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -364,6 +398,7 @@ EXPORT CUresult cuCtxAttach(CUcontext *pctx, unsigned int flags)
 EXPORT CUresult cuCtxDetach(CUcontext ctx)
 {
     COUNT();
+    FAULT();
     if (!ctx || ctx->magic != CTX_MAGIC || ctx->primary)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (--ctx->usage > 0)
@@ -379,6 +414,7 @@ EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUde
     (void)desc;
     (void)flags;
     COUNT();
+    FAULT();
     struct CUgreenCtx_st *g = calloc(1, sizeof(*g));
     CUresult r = new_ctx(&g->ctx, dev, 0);
     if (r != CUDA_SUCCESS) {
@@ -391,6 +427,7 @@ EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUde
 
 EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pContext, CUgreenCtx hCtx)
 {
+    FAULT();
     if (!hCtx || hCtx->ctx.magic != CTX_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     *pContext = &hCtx->ctx;
@@ -400,6 +437,7 @@ EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pContext, CUgreenCtx hCtx)
 EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
 {
     COUNT();
+    FAULT();
     if (!hCtx || hCtx->ctx.magic != CTX_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     drop_ctx(&hCtx->ctx);
@@ -410,6 +448,7 @@ EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     COUNT();
+    FAULT();
     int p = fk_phys(dev);
     if (p < 0)
         return CUDA_ERROR_INVALID_DEVICE;
@@ -428,6 +467,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     COUNT();
+    FAULT();
     if (fk_phys(dev) < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
@@ -447,6 +487,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimary
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     COUNT();
+    FAULT();
     if (fk_phys(dev) < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
@@ -520,6 +561,7 @@ static uint64_t limit_bytes(CUlimit l, size_t v)
 EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 {
     COUNT();
+    FAULT();
     struct CUctx_st *c = fk_cur();
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -545,6 +587,7 @@ EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 
 EXPORT CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)
 {
+    FAULT();
     struct CUctx_st *c = fk_cur();
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -564,6 +607,7 @@ int fk_stream_ordinal(CUstream s)
 EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned int flags)
 {
     (void)flags;
+    FAULT();
     if (!t_cur)
         return CUDA_ERROR_INVALID_CONTEXT;
     struct CUstream_st *s = calloc(1, sizeof(*s));
@@ -587,6 +631,7 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
 {
     (void)mode;
     COUNT();
+    FAULT();
     if (!real_stream(s))
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (s->capturing)
@@ -599,6 +644,7 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
 
 EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *phGraph)
 {
+    FAULT();
     if (!real_stream(s) || !s->capturing)
         return CUDA_ERROR_INVALID_VALUE;
     s->capturing = 0;
@@ -640,18 +686,21 @@ static CUresult sync_ctx(struct CUctx_st *c)
 EXPORT CUresult cuCtxSynchronize(void)
 {
     COUNT();
+    FAULT();
     return sync_ctx(fk_cur());
 }
 
 EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
 {
     COUNT();
+    FAULT();
     return sync_ctx(ctx && ctx->magic == CTX_MAGIC ? ctx : fk_cur());
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream s)
 {
     COUNT();
+    FAULT();
     if (real_stream(s) && s->capturing)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return sync_ctx(real_stream(s) ? s->ctx : fk_cur());
@@ -685,7 +734,10 @@ static CUresult launch(CUstream s, uint64_t dur_ns)
 {
     if (real_stream(s) && s->capturing)
         return CUDA_SUCCESS; /* recorded into the graph being captured; not run */
-    return simulate(fk_stream_ordinal(s), dur_ns);
+    CUresult r = simulate(fk_stream_ordinal(s), dur_ns);
+    if (r == CUDA_SUCCESS)
+        fault_at_launch(); /* launches are asynchronous: the fault shows from the next call */
+    return r;
 }
 
 #define KERNEL(sym)                                                                              \
@@ -696,6 +748,7 @@ static CUresult launch(CUstream s, uint64_t dur_ns)
         (void)f, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shm, (void)params,      \
             (void)extra;                                                                         \
         COUNT();                                                                                 \
+        FAULT();                                                                                 \
         return launch(s, (uint64_t)gx * 1000ull);                                                \
     }
 KERNEL(cuLaunchKernel)
@@ -708,6 +761,7 @@ KERNEL(cuLaunchKernel_ptsz)
     {                                                                                            \
         (void)f, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shm, (void)params;      \
         COUNT();                                                                                 \
+        FAULT();                                                                                 \
         return launch(s, (uint64_t)gx * 1000ull);                                                \
     }
 COOP(cuLaunchCooperativeKernel)
@@ -718,6 +772,7 @@ COOP(cuLaunchCooperativeKernel_ptsz)
     {                                                                                            \
         (void)f, (void)params, (void)extra;                                                      \
         COUNT();                                                                                 \
+        FAULT();                                                                                 \
         return launch(c->hStream, (uint64_t)c->gridDimX * 1000ull);                              \
     }
 KEX(cuLaunchKernelEx)
@@ -731,6 +786,7 @@ HIDDEN CUresult fk_graph_exec_launch(CUgraphExec g, CUstream s, int upload_only)
     EXPORT CUresult sym(CUgraphExec g, CUstream s)                                               \
     {                                                                                            \
         COUNT();                                                                                 \
+        FAULT();                                                                                 \
         if ((uintptr_t)g >= 0x100000)                                                            \
             return fk_graph_exec_launch(g, s, upload);                                           \
         return upload ? CUDA_SUCCESS : launch(s, (uint64_t)(uintptr_t)g * 1000ull);              \
@@ -744,12 +800,14 @@ EXPORT CUresult cuEventCreate(CUevent *pe, unsigned int flags)
 {
     (void)flags;
     COUNT();
+    FAULT();
     *pe = calloc(1, sizeof(struct CUevent_st));
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventDestroy_v2(CUevent e)
 {
+    FAULT();
     free(e);
     return CUDA_SUCCESS;
 }
@@ -757,6 +815,7 @@ EXPORT CUresult cuEventDestroy_v2(CUevent e)
 EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
 {
     COUNT();
+    FAULT();
     int o = fk_stream_ordinal(s);
     if (o < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -771,12 +830,14 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
 
 EXPORT CUresult cuEventQuery(CUevent e)
 {
+    FAULT();
     return (!e->recorded || fake_now_ns() >= e->t) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent e)
 {
     COUNT();
+    FAULT();
     if (e->recorded)
         wait_until(e->t);
     fk_sync_pools();
@@ -785,6 +846,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e)
 
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)
 {
+    FAULT();
     if (cuEventQuery(a) != CUDA_SUCCESS || cuEventQuery(b) != CUDA_SUCCESS)
         return CUDA_ERROR_NOT_READY;
     *ms = (float)((double)((int64_t)(b->t - a->t)) / 1e6);
@@ -798,6 +860,7 @@ EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *arg
     (void)pid;
     (void)args;
     COUNT();
+    FAULT();
     return CUDA_SUCCESS;
 }
 

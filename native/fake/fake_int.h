@@ -17,14 +17,36 @@ HIDDEN void fk_count(const char *name);
 /* ---- failing frees (FAKE_FAIL_FREE) ----
  * FAKE_FAIL_FREE=WHICH[:N]: the entry points that give memory back fail, before they change
  * anything, with CUDA_ERROR_ILLEGAL_ADDRESS (the error a real driver returns from every call
- * once a kernel has faulted; the fake never returns it otherwise). WHICH is "all" or a
- * comma-separated list of entry-point names (cuMemFree_v2, cuMemFreeAsync, cuArrayDestroy,
- * cuMemRelease, ...); N is how many such calls of this process fail, after which they succeed
- * again (no N: every one fails). Calls are counted by fakecuda_calls either way. */
+ * once a kernel has faulted; the fake returns it otherwise only for FAKE_FAULT). WHICH is
+ * "all" or a comma-separated list of entry-point names (cuMemFree_v2, cuMemFreeAsync,
+ * cuArrayDestroy, cuMemRelease, ...); N is how many such calls of this process fail, after
+ * which they succeed again (no N: every one fails). Calls are counted by fakecuda_calls either
+ * way. */
 HIDDEN int fk_fail_free(const char *name);
 #define FAIL_FREE()                     \
     do {                                \
         if (fk_fail_free(__func__))     \
+            return CUDA_ERROR_ILLEGAL_ADDRESS; \
+    } while (0)
+
+/* ---- a faulted process (FAKE_FAULT) ----
+ * FAKE_FAULT=WHICH: the first kernel launch of this process (cuLaunchKernel,
+ * cuLaunchCooperativeKernel, cuLaunchKernelEx, their _ptsz variants, a simulated graph launch)
+ * faults. The launch itself succeeds (launches are asynchronous); from then on, as a real driver
+ * does after a kernel fault (a "sticky" error), every call to an entry point named in WHICH fails
+ * with CUDA_ERROR_ILLEGAL_ADDRESS before it changes anything, until the process exits; the
+ * memory it holds stays held. WHICH is "all" or a comma-separated list of entry-point names
+ * (cuMemPoolGetAttribute,cuDeviceGetGraphMemAttribute: only the reserve queries fail). "all" is
+ * every entry point that works on a context, stream, event, memory object, pool or graph: not
+ * cuInit, cuDriverGetVersion, the device queries (cuDeviceGet*, cuDeviceTotalMem*,
+ * cuMemGetAllocationGranularity), cuGetProcAddress, nor the current-context bookkeeping
+ * (cuCtxGetCurrent, cuCtxSetCurrent, cuCtxGetDevice, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2,
+ * cuStreamGetCtx, cuStreamIsCapturing), which keep answering. NVML is not affected. Calls are
+ * counted by fakecuda_calls either way. */
+HIDDEN int fk_faulted(const char *name);
+#define FAULT()                                \
+    do {                                       \
+        if (fk_faulted(__func__))              \
             return CUDA_ERROR_ILLEGAL_ADDRESS; \
     } while (0)
 

@@ -254,6 +254,7 @@ static struct CUmemPoolHandle_st *current_pool(CUdevice dev)
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 {
+    FAULT();
     pthread_mutex_lock(&fk_mu);
     struct CUmemPoolHandle_st *p = default_dev_pool(dev);
     pthread_mutex_unlock(&fk_mu);
@@ -265,6 +266,7 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
+    FAULT();
     if (fk_phys(dev) < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&fk_mu);
@@ -275,6 +277,7 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 
 EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
+    FAULT();
     if (fk_phys(dev) < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     if (!valid_pool(pool) || pool->alloc_type != CU_MEM_ALLOCATION_TYPE_PINNED || pool->loc_id != dev ||
@@ -291,6 +294,7 @@ EXPORT CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool_out, CUmemLocation *lo
                                        CUmemAllocationType type)
 {
     COUNT();
+    FAULT();
     if (!loc)
         return CUDA_ERROR_INVALID_VALUE;
     int phys;
@@ -320,6 +324,7 @@ EXPORT CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool_out, CUmemLocation *lo
 EXPORT CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *loc, CUmemAllocationType type)
 {
     COUNT();
+    FAULT();
     if (loc && loc->type == CU_MEM_LOCATION_TYPE_DEVICE && type == CU_MEM_ALLOCATION_TYPE_PINNED)
         return cuDeviceGetMemPool(pool, loc->id);
     return cuMemGetDefaultMemPool(pool, loc, type);
@@ -327,6 +332,7 @@ EXPORT CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *loc, CUmemAll
 
 EXPORT CUresult cuMemSetMemPool(CUmemLocation *loc, CUmemAllocationType type, CUmemoryPool pool)
 {
+    FAULT();
     if (loc && loc->type == CU_MEM_LOCATION_TYPE_DEVICE && type == CU_MEM_ALLOCATION_TYPE_PINNED)
         return cuDeviceSetMemPool(loc->id, pool);
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -335,6 +341,7 @@ EXPORT CUresult cuMemSetMemPool(CUmemLocation *loc, CUmemAllocationType type, CU
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
     COUNT();
+    FAULT();
     if (!props)
         return CUDA_ERROR_INVALID_VALUE;
     int phys = -1;
@@ -368,6 +375,7 @@ EXPORT CUresult fakecuda_pool_create(CUmemoryPool *pool, const CUmemPoolProps *p
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     COUNT();
+    FAULT();
     FAIL_FREE();
     if (!valid_pool(pool) || pool->is_default)
         return CUDA_ERROR_INVALID_VALUE;
@@ -392,6 +400,7 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
     COUNT();
+    FAULT();
     FAIL_FREE();
     if (!valid_pool(pool))
         return CUDA_ERROR_INVALID_VALUE;
@@ -403,6 +412,7 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 
 EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
+    FAULT();
     if (!valid_pool(pool) || !value)
         return CUDA_ERROR_INVALID_VALUE;
     if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) {
@@ -414,6 +424,7 @@ EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute att
 
 EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
+    FAULT();
     if (!valid_pool(pool) || !value)
         return CUDA_ERROR_INVALID_VALUE;
     switch (attr) {
@@ -449,6 +460,7 @@ EXPORT CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void 
     (void)handle;
     (void)handleType;
     (void)flags;
+    FAULT();
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
@@ -486,6 +498,7 @@ static uint64_t g_gp_reserved_high[FAKE_MAX_DEV], g_gp_used_high[FAKE_MAX_DEV];
 EXPORT CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
 {
     (void)flags;
+    FAULT();
     struct CUgraph_st *g = calloc(1, sizeof(*g));
     g->magic = GRAPH_MAGIC;
     *phGraph = g;
@@ -494,6 +507,7 @@ EXPORT CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
 
 EXPORT CUresult cuGraphDestroy(CUgraph g)
 {
+    FAULT();
     if (!g || g->magic != GRAPH_MAGIC)
         return CUDA_ERROR_INVALID_VALUE;
     for (int i = 0; i < g->n; i++)
@@ -542,6 +556,7 @@ EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
     (void)deps;
     (void)ndeps;
     COUNT();
+    FAULT();
     if (!params)
         return CUDA_ERROR_INVALID_VALUE;
     return alloc_node(hGraph, &params->poolProps, params->bytesize, &params->dptr, phGraphNode);
@@ -552,6 +567,7 @@ EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph,
 {
     (void)deps;
     (void)ndeps;
+    FAULT();
     struct CUgraphNode_st *n = calloc(1, sizeof(*n));
     n->type = CU_GRAPH_NODE_TYPE_MEM_FREE;
     n->dptr = dptr;
@@ -563,6 +579,7 @@ EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGrap
 {
     (void)deps;
     (void)ndeps;
+    FAULT();
     if (!child || child->magic != GRAPH_MAGIC)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUgraphNode_st *n = calloc(1, sizeof(*n));
@@ -573,6 +590,7 @@ EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGrap
 
 EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode n, CUgraph *phGraph)
 {
+    FAULT();
     if (!n || n->type != CU_GRAPH_NODE_TYPE_GRAPH)
         return CUDA_ERROR_INVALID_VALUE;
     *phGraph = n->child;
@@ -581,6 +599,7 @@ EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode n, CUgraph *phGraph)
 
 EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *numNodes)
 {
+    FAULT();
     if (!g || g->magic != GRAPH_MAGIC || !numNodes)
         return CUDA_ERROR_INVALID_VALUE;
     if (nodes) {
@@ -596,6 +615,7 @@ EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *numNodes)
 
 EXPORT CUresult cuGraphNodeGetType(CUgraphNode n, CUgraphNodeType *type)
 {
+    FAULT();
     if (!n)
         return CUDA_ERROR_INVALID_VALUE;
     *type = n->type;
@@ -604,6 +624,7 @@ EXPORT CUresult cuGraphNodeGetType(CUgraphNode n, CUgraphNodeType *type)
 
 EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode n, CUDA_MEM_ALLOC_NODE_PARAMS *out)
 {
+    FAULT();
     if (!n || n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC || !out)
         return CUDA_ERROR_INVALID_VALUE;
     memset(out, 0, sizeof(*out));
@@ -692,6 +713,7 @@ static CUresult instantiate(CUgraphExec *pe, CUgraph g, unsigned long long flags
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long long flags)
 {
     COUNT();
+    FAULT();
     return instantiate(pe, g, flags);
 }
 
@@ -699,6 +721,7 @@ EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g,
                                              CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
     COUNT();
+    FAULT();
     CUresult r = instantiate(pe, g, params ? params->flags : 0);
     if (params)
         params->result_out = r == CUDA_SUCCESS ? 0 : 1;
@@ -708,6 +731,7 @@ EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g,
 EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *pe, CUgraph g,
                                                   CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
+    FAULT();
     return cuGraphInstantiateWithParams(pe, g, params);
 }
 
@@ -718,12 +742,14 @@ EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *pe, CUgraph g, CUgraphNode *e
     (void)log;
     (void)n;
     COUNT();
+    FAULT();
     return instantiate(pe, g, 0);
 }
 
 EXPORT CUresult cuGraphInstantiate(CUgraphExec *pe, CUgraph g, CUgraphNode *err, char *log,
                                    size_t n)
 {
+    FAULT();
     return cuGraphInstantiate_v2(pe, g, err, log, n);
 }
 
@@ -774,6 +800,7 @@ CUresult fk_graph_exec_launch(CUgraphExec e, CUstream s, int upload_only)
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 {
     COUNT();
+    FAULT();
     if (!e || e->magic != EXEC_MAGIC)
         return CUDA_ERROR_INVALID_VALUE;
     e->magic = 0;
@@ -784,6 +811,7 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 {
     COUNT();
+    FAULT();
     FAIL_FREE();
     int p = fk_phys(dev);
     if (p < 0)
@@ -800,6 +828,7 @@ EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 
 EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value)
 {
+    FAULT();
     int p = fk_phys(dev);
     if (p < 0)
         return CUDA_ERROR_INVALID_DEVICE;
@@ -856,6 +885,7 @@ static CUresult alloc_from(struct CUmemPoolHandle_st *p, CUdeviceptr *dptr, size
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)
 {
     COUNT();
+    FAULT();
     int dev = fk_stream_ordinal(s);
     if (dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -867,6 +897,7 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s)
 {
+    FAULT();
     return cuMemAllocAsync(dptr, bytesize, s);
 }
 
@@ -874,12 +905,14 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUme
                                         CUstream s)
 {
     COUNT();
+    FAULT();
     return alloc_from(pool, dptr, bytesize, s);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                              CUmemoryPool pool, CUstream s)
 {
+    FAULT();
     return cuMemAllocFromPoolAsync(dptr, bytesize, pool, s);
 }
 
@@ -911,6 +944,7 @@ static CUresult free_any(unsigned long long key)
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
 {
     COUNT();
+    FAULT();
     if (capturing(s)) {
         CUgraphNode n;
         return cuGraphAddMemFreeNode(&n, s->graph, NULL, 0, dptr);
@@ -925,6 +959,7 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s) { return cuMem
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     COUNT();
+    FAULT();
     if (!fk_cur())
         return CUDA_ERROR_INVALID_CONTEXT;
     return do_alloc(cur_ordinal(), bytesize, K_PLAIN, dptr, 0);
@@ -934,6 +969,7 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
 {
     (void)flags;
     COUNT();
+    FAULT();
     if (!fk_cur())
         return CUDA_ERROR_INVALID_CONTEXT;
     return do_alloc(cur_ordinal(), bytesize, K_PLAIN, dptr, 0);
@@ -944,6 +980,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t w, 
 {
     (void)elem;
     COUNT();
+    FAULT();
     if (!fk_cur())
         return CUDA_ERROR_INVALID_CONTEXT;
     const char *a = getenv("FAKE_PITCH_ALIGN");
@@ -958,6 +995,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t w, 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     COUNT();
+    FAULT();
     FAIL_FREE();
     return free_any(dptr);
 }
@@ -966,6 +1004,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 {
     COUNT();
+    FAULT();
     if (!fk_cur())
         return CUDA_ERROR_INVALID_CONTEXT;
     unsigned long long key;
@@ -980,6 +1019,7 @@ EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsi
 {
     (void)elem;
     COUNT();
+    FAULT();
     if (!fk_cur())
         return CUDA_ERROR_INVALID_CONTEXT;
     unsigned int pitch = (w + 511) / 512 * 512;
@@ -995,6 +1035,7 @@ EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsi
 EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
 {
     COUNT();
+    FAULT();
     FAIL_FREE();
     return free_any(dptr);
 }
@@ -1026,6 +1067,7 @@ static CUresult array_alloc(uint64_t b, int kind, void **ph)
 EXPORT CUresult cuArrayCreate_v2(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d)
 {
     COUNT();
+    FAULT();
     uint64_t b = fmt_bytes(d->Format) * d->NumChannels * d->Width * (d->Height ? d->Height : 1);
     return array_alloc(b, K_ARRAY, (void **)ph);
 }
@@ -1033,6 +1075,7 @@ EXPORT CUresult cuArrayCreate_v2(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d)
 EXPORT CUresult cuArray3DCreate_v2(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d)
 {
     COUNT();
+    FAULT();
     uint64_t b = fmt_bytes(d->Format) * d->NumChannels * d->Width * (d->Height ? d->Height : 1) *
                  (d->Depth ? d->Depth : 1);
     return array_alloc(b, K_ARRAY, (void **)ph);
@@ -1041,6 +1084,7 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d
 EXPORT CUresult cuArrayCreate(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
 {
     COUNT();
+    FAULT();
     uint64_t b = fmt_bytes(d->Format) * d->NumChannels * d->Width * (d->Height ? d->Height : 1);
     return array_alloc(b, K_ARRAY, (void **)ph);
 }
@@ -1048,6 +1092,7 @@ EXPORT CUresult cuArrayCreate(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
 EXPORT CUresult cuArray3DCreate(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
 {
     COUNT();
+    FAULT();
     uint64_t b = fmt_bytes(d->Format) * d->NumChannels * d->Width * (d->Height ? d->Height : 1) *
                  (d->Depth ? d->Depth : 1);
     return array_alloc(b, K_ARRAY, (void **)ph);
@@ -1058,6 +1103,7 @@ HIDDEN void fk_array_gone(uint64_t array); /* fake_vmm.c: sparse mappings of a d
 EXPORT CUresult cuArrayDestroy(CUarray a)
 {
     COUNT();
+    FAULT();
     FAIL_FREE();
     fk_array_gone((uint64_t)(uintptr_t)a);
     return free_any((uint64_t)(uintptr_t)a);
@@ -1067,6 +1113,7 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_
                                        unsigned int levels)
 {
     COUNT();
+    FAULT();
     uint64_t b = 0;
     size_t w = d->Width, h = d->Height, z = d->Depth;
     for (unsigned i = 0; i < levels; i++) {
@@ -1081,6 +1128,7 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_
 EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a)
 {
     COUNT();
+    FAULT();
     FAIL_FREE();
     fk_array_gone((uint64_t)(uintptr_t)a);
     return free_any((uint64_t)(uintptr_t)a);
@@ -1089,6 +1137,7 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a)
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
 {
     COUNT();
+    FAULT();
     struct CUctx_st *c = fk_cur();
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -1102,6 +1151,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
 
 EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total_b)
 {
+    FAULT();
     size_t f, t;
     CUresult r = cuMemGetInfo_v2(&f, &t);
     if (r == CUDA_SUCCESS) {
@@ -1115,6 +1165,7 @@ HIDDEN int fk_vmm_range(CUdeviceptr p, CUdeviceptr *base, size_t *size);
 
 EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
+    FAULT();
     pthread_mutex_lock(&fk_mu);
     for (int i = 0; i < MAX_ALLOCS; i++) {
         alloc *a = &g_allocs[i];

@@ -212,6 +212,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 {
     (void)flags;
     COUNT();
+    FAULT();
     int phys;
     if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || location_phys(&prop->location, &phys) != 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -223,6 +224,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     COUNT();
+    FAULT();
     FAIL_FREE();
     fk_obj_lock();
     pthread_mutex_lock(&fk_mu);
@@ -242,6 +244,7 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
                                                        CUmemGenericAllocationHandle handle)
 {
+    FAULT();
     fk_obj_lock();
     int id;
     fake_obj *o = by_handle(handle, &id);
@@ -267,6 +270,7 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
 {
     (void)addr;
     (void)flags;
+    FAULT();
     if (!ptr || size == 0 || g_nres >= 1024)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fk_mu);
@@ -281,6 +285,7 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
 
 EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
+    FAULT();
     pthread_mutex_lock(&fk_mu);
     for (int i = 0; i < g_nres; i++) {
         if (g_res[i].va == ptr && g_res[i].size == size) {
@@ -303,6 +308,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 {
     (void)flags;
     COUNT();
+    FAULT();
     fk_obj_lock();
     pthread_mutex_lock(&fk_mu);
     CUresult r = CUDA_ERROR_INVALID_VALUE;
@@ -331,6 +337,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     COUNT();
+    FAULT();
     FAIL_FREE();
     fk_obj_lock();
     pthread_mutex_lock(&fk_mu);
@@ -372,6 +379,7 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     (void)size;
     (void)desc;
     (void)count;
+    FAULT();
     return CUDA_SUCCESS;
 }
 
@@ -399,6 +407,7 @@ int fk_vmm_range(CUdeviceptr p, CUdeviceptr *base, size_t *size)
 EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
     COUNT();
+    FAULT();
     fk_obj_lock();
     pthread_mutex_lock(&fk_mu);
     int m = mapping_at((CUdeviceptr)(uintptr_t)addr);
@@ -420,6 +429,7 @@ EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGeneric
 {
     (void)flags;
     COUNT();
+    FAULT();
     if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         return CUDA_ERROR_NOT_SUPPORTED;
     fk_obj_lock();
@@ -452,6 +462,7 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *han
                                                CUmemAllocationHandleType shHandleType)
 {
     COUNT();
+    FAULT();
     if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         return CUDA_ERROR_NOT_SUPPORTED;
     int fd = (int)(intptr_t)osHandle;
@@ -475,6 +486,7 @@ EXPORT CUresult cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle,
                                   const CUmulticastObjectProp *prop)
 {
     COUNT();
+    FAULT();
     if (!prop || prop->size == 0 || prop->size % fk_chunk() != 0)
         return CUDA_ERROR_INVALID_VALUE;
     return new_obj(-1, prop->size, 1, CU_MEM_LOCATION_TYPE_INVALID, mcHandle);
@@ -483,6 +495,7 @@ EXPORT CUresult cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle,
 EXPORT CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle mcHandle, CUdevice dev)
 {
     (void)mcHandle;
+    FAULT();
     return fk_phys(dev) < 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
 }
 
@@ -517,6 +530,7 @@ EXPORT CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t
     (void)memOffset;
     (void)flags;
     COUNT();
+    FAULT();
     return mc_bind_mem(mcHandle, mcOffset, memHandle, size);
 }
 
@@ -528,6 +542,7 @@ EXPORT CUresult cuMulticastBindMem_v2(CUmemGenericAllocationHandle mcHandle, CUd
     (void)memOffset;
     (void)flags;
     COUNT();
+    FAULT();
     return mc_bind_mem(mcHandle, mcOffset, memHandle, size);
 }
 
@@ -552,6 +567,7 @@ EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_
 {
     (void)flags;
     COUNT();
+    FAULT();
     return mc_bind_addr(mcHandle, mcOffset, memptr, size);
 }
 
@@ -562,6 +578,7 @@ EXPORT CUresult cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mcHandle, CU
     (void)dev;
     (void)flags;
     COUNT();
+    FAULT();
     return mc_bind_addr(mcHandle, mcOffset, memptr, size);
 }
 
@@ -570,6 +587,7 @@ EXPORT CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevic
 {
     (void)dev;
     COUNT();
+    FAULT();
     FAIL_FREE();
     fk_obj_lock();
     pthread_mutex_lock(&fk_mu);
@@ -628,11 +646,13 @@ EXPORT CUresult cuMemMapArrayAsync(CUarrayMapInfo *list, unsigned int count, CUs
 {
     (void)s;
     COUNT();
+    FAULT();
     return map_array(list, count);
 }
 
 EXPORT CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *list, unsigned int count, CUstream s)
 {
+    FAULT();
     return cuMemMapArrayAsync(list, count, s);
 }
 
@@ -651,6 +671,7 @@ EXPORT CUresult cuLogicalEndpointCreate(CUlogicalEndpointId leId, const void *pr
     (void)leId;
     (void)prop;
     COUNT();
+    FAULT();
     return CUDA_SUCCESS;
 }
 
@@ -662,6 +683,7 @@ EXPORT CUresult cuLogicalEndpointBindMem(CUlogicalEndpointId leId, CUdevice dev,
     (void)memOffset;
     (void)flags;
     COUNT();
+    FAULT();
     fk_obj_lock();
     pthread_mutex_lock(&fk_mu);
     int id;
@@ -678,6 +700,7 @@ EXPORT CUresult cuLogicalEndpointBindAddr(CUlogicalEndpointId leId, CUdevice dev
     (void)dev;
     (void)flags;
     COUNT();
+    FAULT();
     fk_obj_lock();
     pthread_mutex_lock(&fk_mu);
     int at = mapping_at((CUdeviceptr)(uintptr_t)ptr);
@@ -691,6 +714,7 @@ EXPORT CUresult cuLogicalEndpointBindAddr(CUlogicalEndpointId leId, CUdevice dev
 EXPORT CUresult cuLogicalEndpointDestroy(CUlogicalEndpointId leId)
 {
     COUNT();
+    FAULT();
     fk_obj_lock();
     pthread_mutex_lock(&fk_mu);
     release_binds(B_ENDPOINT, leId);
