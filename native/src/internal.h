@@ -201,13 +201,15 @@ TS_HIDDEN void ts_context_gone(CUcontext ctx, CUdevice dev);
 TS_HIDDEN void ts_mem_forget(void);
 
 /* ---- VMM (vmm.c) ---------------------------------------------------------------------------- */
-/* After a context reset: drop records whose handles and mappings the driver no longer knows. */
+/* After a context reset: drop records whose handles and mappings the driver no longer knows
+ * (the driver answers CUDA_ERROR_INVALID_VALUE for the handle; any other failure keeps it). */
 TS_HIDDEN void ts_vmm_recheck(CUdevice dev);
 TS_HIDDEN void ts_vmm_forget(void);
 
 /* ---- pools and graph memory (pool.c) --------------------------------------------------------- */
 /* Bring this process's pool and graph-pool charges on entry g (or all, g < 0) down to what the
- * driver reports they hold. Returns the bytes credited. */
+ * driver reports they hold. Returns the bytes credited. A pool whose reserve cannot be read
+ * keeps its charge. */
 TS_HIDDEN uint64_t ts_pools_resync(int g);
 /* Graph launch / upload: account the exec's memory nodes around call(). */
 TS_HIDDEN CUresult ts_graph_run(CUgraphExec exec, CUstream s, int upload,

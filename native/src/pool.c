@@ -17,7 +17,12 @@
  *    reserve;
  *  - a pool destroyed with allocations outstanding keeps its reserve until they are freed,
  *    which this library does not follow pointer by pointer: its charge stays until the process
- *    exits.
+ *    exits;
+ *  - a reserve that cannot be read changes no charge (pool_settle): after a kernel fault the
+ *    driver fails every call with CUDA_ERROR_ILLEGAL_ADDRESS while the process keeps its memory
+ *    until it exits, so a failed reading is never taken for an empty pool; the charge stays as
+ *    last read until a reading succeeds or the process exits. An allocation from a pool whose
+ *    reserve cannot be read is refused (its growth cannot be bounded).
  * Host pools are not charged. Managed pools are charged per allocation, like cuMemAllocManaged.
  * Imported pools cannot allocate. A pool this library never saw created or obtained is
  * located with CU_MEMPOOL_ATTR_LOCATION_TYPE/ID (CUDA 13.2+) or refused.
@@ -27,8 +32,9 @@
  * nodes are found at instantiation (walking child graphs); before the launch, the most the
  * graph pool can grow (used + nodes - reserved, rounded up) is charged; after it, the device's
  * graph charge is set to CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT. cuDeviceGraphMemTrim, exec
- * destruction and context resets bring it down. Allocations made while a stream is captured
- * belong to the graph and are accounted when it runs.
+ * destruction and context resets bring it down; a reading that fails changes nothing, as for
+ * pools, and a launch whose graph pool cannot be read is refused. Allocations made while a
+ * stream is captured belong to the graph and are accounted when it runs.
  */
 #include <string.h>
 
@@ -136,6 +142,18 @@ static void charge_less(int g, uint64_t bytes) /* g_mu held */
     ts_credit(g, bytes, 0);
     uint64_t t = __atomic_load_n(&g_charged_total, __ATOMIC_RELAXED);
     __atomic_store_n(&g_charged_total, t >= bytes ? t - bytes : 0, __ATOMIC_RELAXED);
+}
+
+/* A reserve (of a pool or a graph pool) could not be read: its charge stays as it is. Says so
+ * once per process; returns 0 (bytes credited). */
+static uint64_t unreadable(const char *what, uint64_t charged)
+{
+    static int told;
+    if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+        ts_log(TS_WARN, "the reserve of %s cannot be read; its charge of %llu bytes stays until "
+                        "it can (said once)",
+               what, (unsigned long long)charged);
+    return 0;
 }
 
 /* ---- pools ---- */
@@ -251,9 +269,15 @@ static int pool_resolve(CUmemoryPool h)
     return -1;
 }
 
-/* Set a device pool's charge to its reserve. Returns bytes credited. g_mu held. */
-static uint64_t pool_settle(ts_pool *p, uint64_t reserved)
+/* Set a device pool's charge to its reserve, as read from the driver (ok: the reading succeeded).
+ * Returns bytes credited. A reading that failed changes nothing: it says nothing about the
+ * memory, which the pool may well still hold (after a kernel fault the driver fails every call
+ * with CUDA_ERROR_ILLEGAL_ADDRESS while the process keeps its memory until it exits), so the
+ * charge stays as it is until a reading succeeds or the process exits. g_mu held. */
+static uint64_t pool_settle(ts_pool *p, uint64_t reserved, int ok)
 {
+    if (!ok)
+        return unreadable("a pool", p->charged);
     if (reserved < p->charged) {
         uint64_t d = p->charged - reserved;
         charge_less(p->g, d);
@@ -269,6 +293,14 @@ static uint64_t pool_settle(ts_pool *p, uint64_t reserved)
         p->charged = reserved;
     }
     return 0;
+}
+
+/* Read a device pool's reserve and settle its charge on it (pool_settle). g_mu held. */
+static uint64_t pool_reread(ts_pool *p)
+{
+    int ok;
+    uint64_t reserved = pool_attr(p->h, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &ok);
+    return pool_settle(p, reserved, ok);
 }
 
 /* Deferred credits whose stream has passed the free. g_mu held. */
@@ -299,11 +331,7 @@ uint64_t ts_pools_resync(int g)
         ts_pool *p = &g_pools[i];
         if (!p->h || p->kind != P_DEVICE || p->zombie || !p->charged || (g >= 0 && p->g != g))
             continue;
-        int ok;
-        uint64_t reserved = pool_attr(p->h, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &ok);
-        if (!ok)
-            reserved = 0; /* the driver no longer knows the pool (its context was reset) */
-        credited += pool_settle(p, reserved);
+        credited += pool_reread(p);
     }
     for (CUdevice d = 0; d < MAX_ORDINALS; d++)
         if (g_graph_charged[d] && (g < 0 || g_graph_g[d] == g))
@@ -324,9 +352,7 @@ static void after_sync(void)
         ts_pool *p = &g_pools[i];
         if (!p->h || p->kind != P_DEVICE || p->zombie || p->charged <= p->threshold)
             continue;
-        int ok;
-        uint64_t reserved = pool_attr(p->h, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &ok);
-        pool_settle(p, ok ? reserved : 0);
+        pool_reread(p);
     }
     pthread_mutex_unlock(&g_mu);
 }
@@ -402,10 +428,9 @@ static CUresult pool_alloc(int i, alloc_call call, struct async_args *a, const c
         charge_more(p->g, need);
     }
     CUresult r = call(a);
-    uint64_t after = pool_attr(p->h, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &ok1);
-    if (!ok1)
-        after = p->charged;
-    if (r == CUDA_SUCCESS && after > p->charged) {
+    int ok;
+    uint64_t after = pool_attr(p->h, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &ok);
+    if (r == CUDA_SUCCESS && ok && after > p->charged) {
         /* the reserve grew by more than announced: charge it, or undo the allocation */
         uint64_t extra = after - p->charged;
         if (ts_charge_g(p->g, extra, 0, limit, what) == 0) {
@@ -419,12 +444,11 @@ static CUresult pool_alloc(int i, alloc_call call, struct async_args *a, const c
                 REAL(cuMemPoolTrimTo)(p->h, p->charged);
             *a->dptr = 0;
             r = CUDA_ERROR_OUT_OF_MEMORY;
-            after = pool_attr(p->h, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &ok1);
-            if (!ok1)
-                after = p->charged;
+            after = pool_attr(p->h, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &ok);
         }
     }
-    pool_settle(p, after);
+    /* what was announced stays charged if the reserve cannot be read now */
+    pool_settle(p, after, ok);
     return r;
 }
 
@@ -629,12 +653,8 @@ TS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool h, size_t minBytesToKeep)
     CUresult r = REAL(cuMemPoolTrimTo)(h, minBytesToKeep);
     pthread_mutex_lock(&g_mu);
     int i = pool_find(h);
-    if (r == CUDA_SUCCESS && i >= 0 && g_pools[i].kind == P_DEVICE) {
-        int ok;
-        uint64_t reserved = pool_attr(h, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &ok);
-        if (ok)
-            pool_settle(&g_pools[i], reserved);
-    }
+    if (r == CUDA_SUCCESS && i >= 0 && g_pools[i].kind == P_DEVICE)
+        pool_reread(&g_pools[i]);
     pthread_mutex_unlock(&g_mu);
     return r;
 }
@@ -783,13 +803,14 @@ static uint64_t graph_attr(CUdevice dev, CUgraphMem_attribute a, int *ok)
     return v;
 }
 
-/* Set the device's graph charge to its graph pool's reserve. g_mu held. */
+/* Set the device's graph charge to its graph pool's reserve. Returns bytes credited. A reading
+ * that failed changes nothing, as for pools (pool_settle). g_mu held. */
 static uint64_t graph_settle(CUdevice dev)
 {
     int ok;
     uint64_t reserved = graph_attr(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &ok);
     if (!ok)
-        return 0;
+        return unreadable("a graph memory pool", g_graph_charged[dev]);
     int g = g_graph_g[dev];
     if (reserved < g_graph_charged[dev]) {
         uint64_t d = g_graph_charged[dev] - reserved;

@@ -625,7 +625,10 @@ void ts_vmm_recheck(CUdevice dev)
     if (!R.cuMemGetAllocationPropertiesFromHandle)
         return;
     pthread_mutex_lock(&g_mu);
-    /* Handles the driver no longer knows lost their references with the reset. */
+    /* Handles the driver no longer knows lost their references with the reset. Only the
+     * driver's answer that the handle is invalid says so: any other failure (after a kernel
+     * fault the driver fails every call with CUDA_ERROR_ILLEGAL_ADDRESS, and the process keeps
+     * its memory until it exits) says nothing, and the handle stays charged. */
     ts_entry buf[256];
     size_t n = 0;
     pthread_mutex_lock(&g_handles.mu);
@@ -637,7 +640,7 @@ void ts_vmm_recheck(CUdevice dev)
         int idx = (int)buf[i].bytes;
         CUmemAllocationProp prop;
         if (g_rec[idx].dev != dev ||
-            R.cuMemGetAllocationPropertiesFromHandle(&prop, buf[i].key) == CUDA_SUCCESS)
+            R.cuMemGetAllocationPropertiesFromHandle(&prop, buf[i].key) != CUDA_ERROR_INVALID_VALUE)
             continue;
         ts_entry e = buf[i];
         ts_table_take(&g_handles, TS_KIND_VMMH, buf[i].key, &e);
