@@ -186,6 +186,27 @@ def test_huge_integer_literal(tmp_path: Path) -> None:
     assert "integer of 5,000 digits" in bad("simulate", "--cluster", CLUSTER, j)
 
 
+@pytest.mark.parametrize("value", ["'" + "9" * 5000 + "'", "'9223372036854775808'"])
+@pytest.mark.parametrize("command", ["simulate", "lint"])
+def test_hami_value_out_of_range_is_refused_naming_the_field(
+    tmp_path: Path, value: str, command: str
+) -> None:
+    """Found by the fuzz campaign: a 5,000-digit gpumem crashed lint and simulate in ``int()``."""
+    f = write(
+        tmp_path,
+        "p.yaml",
+        POD + "    resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: " + value + "}}\n",
+    )
+    args = ["--cluster", CLUSTER] if command == "simulate" else []
+    code, out, err = run(command, *args, f)
+    text = out + err
+    assert "nvidia.com/gpumem" in text and "is out of range (at most 2^63-1)" in text
+    assert ("container app" if command == "simulate" else "spec.containers[0]") in text
+    assert "Traceback" not in text and code in (1, 2)
+    if value.startswith("'999"):
+        assert "'9999999999999999...99999999' (5,000 characters)" in text
+
+
 @pytest.mark.parametrize("value", ["9" * 5000, "1e999999999", "1e2147483648"])
 def test_quantity_out_of_range_is_refused_at_once(tmp_path: Path, value: str) -> None:
     f = write(

@@ -32,6 +32,15 @@ HAMI_REQUEST_ANNOTATION = f"{DRIVER_NAME}/hami-request"
 CONTAINER_ANNOTATION = f"{DRIVER_NAME}/container"
 
 _PLAIN_INT = re.compile(r"^[+-]?[0-9]+$")
+# Digits of 2^63-1, the largest value a Kubernetes quantity (and HAMi's int64 fields) holds.
+_INT64_DIGITS = 19
+
+
+def _short(text: str) -> str:
+    """``text`` quoted, its middle elided when longer than 40 characters (a 5,000-digit value)."""
+    if len(text) <= 40:
+        return repr(text)
+    return repr(f"{text[:16]}...{text[-8:]}") + f" ({len(text):,} characters)"
 _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
@@ -175,6 +184,10 @@ def _parse_int(raw: object, name: str, role: str, ctx: _Ctx, container: str) -> 
     else:
         text = raw.strip()
         if _PLAIN_INT.match(text):
+            if len(text.lstrip("+-").lstrip("0")) > _INT64_DIGITS:  # before int(): 5,000 digits raise
+                raise ctx.error(
+                    container, name, f"{name} {_short(text)} is out of range (at most 2^63-1); {how}"
+                )
             value = int(text)
         else:
             try:
@@ -201,6 +214,10 @@ def _parse_int(raw: object, name: str, role: str, ctx: _Ctx, container: str) -> 
             raise ctx.error(container, name, f"{name} {raw!r} has a unit suffix or exponent; {how}")
     if value < 0:
         raise ctx.error(container, name, f"{name} {raw!r} is negative; {how}")
+    if value >= 2**63:
+        raise ctx.error(
+            container, name, f"{name} {_short(str(value))} is out of range (at most 2^63-1); {how}"
+        )
     return value
 
 
