@@ -13,7 +13,11 @@ STAMP  := $(VENV)/.installed
 native:
 	$(MAKE) -C native package
 
-$(STAMP): pyproject.toml
+# The modules setup.py compiles with mypyc (compiled-modules.txt): the install is redone (about a
+# minute) when one of them changes, so the compiled .so beside each is never older than its source.
+COMPILED := $(shell sed -e 's/\#.*//' compiled-modules.txt)
+
+$(STAMP): pyproject.toml setup.py compiled-modules.txt $(COMPILED)
 	$(MAKE) native
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -93,3 +97,4 @@ native-test: $(STAMP) native
 
 clean:
 	rm -rf $(VENV) build native/build src/tessera/enforcement/lib src/tessera/driver/_generated .pytest_cache .mypy_cache .ruff_cache
+	find src -name '*.cpython-*.so' -delete

@@ -776,6 +776,12 @@ class _Recorder:
         self.last = r
         self.first.setdefault((rd.claim_index, rd.name, d.id), r)
 
+    def latest(self) -> Refusal | None:
+        """``last``, read through a call: after ``rec.last = None`` and a search that may set
+        it, mypy would go on narrowing ``rec.last`` to None, and mypyc (setup.py) checks that
+        narrowed type at run time."""
+        return self.last
+
 
 # Expressions that may read fields they do not name: their results are memoised per device
 # only. That is: a macro or function that enumerates a map (size, all, exists, existsOne,
@@ -1448,7 +1454,7 @@ class _Search:
         if undo is not None:
             undo()
             return None
-        return self.rec.last
+        return self.rec.latest()
 
     # ---- the search (dra-spec.md 4.4) ------------------------------------------------------
     def run(self) -> list[dict[str, Any]] | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from tessera.api.documents import documents, template_action, without_nulls
 from tessera.api.errors import ManifestError
+from tessera.api.heap import collector_paused
 from tessera.api.limits import DEFAULT_LIMITS, Limits
 
 RESOURCE_GROUP = "resource.k8s.io"
@@ -302,19 +303,20 @@ def load_files(
     out: list[Manifest] = []
     notes = warnings if warnings is not None else []
     budget = budget if budget is not None else ReadBudget.of(limits)
-    for path in paths:
-        p = Path(path)
-        if str(path) != STDIN and p.is_dir():
-            files = manifest_files(p, notes)
-            if not files:
-                raise ManifestError(
-                    "no *.yaml, *.yml or *.json file in this directory: nothing to read",
-                    file=str(path),
-                )
-            for f in files:
-                out.extend(load_file(f, budget=budget, skip_foreign=notes))
-        else:
-            out.extend(load_file(p if str(path) != STDIN else STDIN, budget=budget))
+    with collector_paused():  # decoded documents hold no cycles (tessera.api.heap)
+        for path in paths:
+            p = Path(path)
+            if str(path) != STDIN and p.is_dir():
+                files = manifest_files(p, notes)
+                if not files:
+                    raise ManifestError(
+                        "no *.yaml, *.yml or *.json file in this directory: nothing to read",
+                        file=str(path),
+                    )
+                for f in files:
+                    out.extend(load_file(f, budget=budget, skip_foreign=notes))
+            else:
+                out.extend(load_file(p if str(path) != STDIN else STDIN, budget=budget))
     return out
 
 

@@ -41,6 +41,8 @@ def _short(text: str) -> str:
     if len(text) <= 40:
         return repr(text)
     return repr(f"{text[:16]}...{text[-8:]}") + f" ({len(text):,} characters)"
+
+
 _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
@@ -184,9 +186,13 @@ def _parse_int(raw: object, name: str, role: str, ctx: _Ctx, container: str) -> 
     else:
         text = raw.strip()
         if _PLAIN_INT.match(text):
-            if len(text.lstrip("+-").lstrip("0")) > _INT64_DIGITS:  # before int(): 5,000 digits raise
+            if (
+                len(text.lstrip("+-").lstrip("0")) > _INT64_DIGITS
+            ):  # before int(): 5,000 digits raise
                 raise ctx.error(
-                    container, name, f"{name} {_short(text)} is out of range (at most 2^63-1); {how}"
+                    container,
+                    name,
+                    f"{name} {_short(text)} is out of range (at most 2^63-1); {how}",
                 )
             value = int(text)
         else:

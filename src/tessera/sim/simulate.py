@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import gc
 import json
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,6 +35,7 @@ from tessera.allocator.model import Device, node_selector_matches
 from tessera.allocator.record import alternatives
 from tessera.api.deviceclass import device_class
 from tessera.api.errors import ManifestError
+from tessera.api.heap import collector_paused
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
 from tessera.api.uids import uuid5_url
@@ -380,8 +380,6 @@ def _signature(claims: Sequence[dict[str, Any]]) -> str | None:
     return text
 
 
-#: Pods between two gc.freeze() calls in Simulation.run.
-_SETTLE_EVERY = 2000
 _NO_NODE_CONSTRAINTS = json.dumps([None, None, None])
 
 
@@ -429,6 +427,19 @@ class Simulation:
         policy: str = "first-fit",
         whole_gpus: bool = False,
         class_map: Mapping[str, str] | None = None,
+    ) -> None:
+        with collector_paused():  # tessera.api.heap: the index holds no cycles
+            self._setup(cluster, manifests, seed, features, policy, whole_gpus, class_map)
+
+    def _setup(
+        self,
+        cluster: Cluster,
+        manifests: Sequence[Manifest],
+        seed: int,
+        features: Features | None,
+        policy: str,
+        whole_gpus: bool,
+        class_map: Mapping[str, str] | None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(
@@ -611,14 +622,12 @@ class Simulation:
         default_policy = pod_policy(self.policy, {})  # a pod without annotations
         out_pods: list[dict[str, Any]] = []
         out_templates: list[dict[str, Any]] = list(self.templates.values())
-        # What a run creates and keeps (pods, claims, results) is never cyclic garbage: the
-        # cyclic collector is kept off it (and off the inputs) by freezing what exists every
-        # few thousand pods, instead of rescanning an ever larger heap (a quarter of the run's
-        # time at 50,000 pods). Refcounting still frees what the run drops; unfrozen at the end.
-        try:
-            for k, m in enumerate(self.pods):
-                if k % _SETTLE_EVERY == 0:
-                    gc.freeze()
+        # What a run creates and keeps (pods, claims, results) holds no reference cycles: the
+        # cyclic collector is paused for the run (tessera.api.heap) instead of scanning an ever
+        # larger heap (a quarter of the run's time at 50,000 pods); refcounting frees what the
+        # run drops.
+        with collector_paused():
+            for m in self.pods:
                 try:
                     if _mentions_hami(m.obj):
                         conv = convert_pod(
@@ -680,11 +689,8 @@ class Simulation:
                 out_pods.append(pod)
                 if on_pod is not None:
                     on_pod(ref)
-            gc.freeze()
             self._add_explanations(pending, out_pods)
             gpus = self._gpu_usage()
-        finally:
-            gc.unfreeze()
         objects: list[dict[str, Any]] = []
         objects.extend(self.classes.values())
         objects.extend(self.slices)
