@@ -24,6 +24,7 @@ from tessera.cli._common import (
     load_inputs,
     to_yaml,
     warn,
+    write_json_list,
 )
 from tessera.cli._tables import (
     SHARE_ID_MIN,
@@ -327,12 +328,11 @@ def _simulate(
     scheduled = [p for p in result.scheduled if _in_namespaces(p, namespaces)]
     if output in ("json", "yaml"):
         items = [o for o in result.objects if _object_in_namespaces(o, namespaces)]
-        lst = {"apiVersion": "v1", "kind": "List", "items": items}
         if output == "json":
-            json.dump(lst, sys.stdout, indent=2, sort_keys=False)  # written as it is encoded
-            sys.stdout.write("\n")
+            sys.stdout.flush()
+            write_json_list(items, sys.stdout.buffer)
         else:
-            click.echo(to_yaml(lst))
+            click.echo(to_yaml({"apiVersion": "v1", "kind": "List", "items": items}))
         return len(pending)
     wide = output == "wide"
     tables = [_placement_table(result, placements, wide), _gpu_table(result, wide)]
