@@ -34,6 +34,10 @@ def ext_modules() -> list[Any]:
         return []
     from mypyc.build import mypycify
 
+    # mypy's cache of its own, not the project's .mypy_cache: that one is written by `make lint`
+    # in the venv, where every library is installed and typed, and would make a local build
+    # differ from a fresh one (the isolated build env has no library but PyYAML's stubs).
+    os.environ["MYPY_CACHE_DIR"] = str(HERE / "build" / "mypyc-cache")
     return list(mypycify(compiled_modules(), opt_level="3", group_name="tessera_compiled"))
 
 
