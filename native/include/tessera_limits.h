@@ -14,6 +14,9 @@
  *     region <absolute path>                  (required, exactly once)
  *     context-overhead <bytes>                (optional, at most once; default 0)
  *     gpu <UUID> memory <bytes> cores <0-100> (one line per GPU of the claim, 1..16 lines)
+ *     unlimited <UUID>                        (0..32 lines: a device of the claim the container
+ *                                              may use without limit, a whole GPU or MIG device
+ *                                              or an adminAccess result)
  *
  * Rules:
  *  - `version 1` is the first line that is neither blank nor a comment.
@@ -22,7 +25,11 @@
  *  - Numbers are unsigned decimal ASCII digits only (no sign, no suffix, no leading '+'), at
  *    most 20 digits and at most 2^64-1. memory >= 1. cores 0..100.
  *  - <UUID> is "GPU-" or "MIG-" followed by the canonical 8-4-4-4-12 hex form; hex digits are
- *    case-insensitive and normalised to lower case. Each UUID appears at most once.
+ *    case-insensitive and normalised to lower case. Each UUID appears at most once, in a
+ *    `gpu` or an `unlimited` line.
+ *  - A CUDA device whose UUID is in neither a `gpu` nor an `unlimited` line is not the claim's:
+ *    the library refuses contexts and memory on it (a second claim's GPU, whose own limits
+ *    file the container does not see).
  *  - <path> is absolute ('/' first), at most 4095 bytes, no blanks, no control characters.
  *  - Unknown keywords, extra tokens, lines longer than 4095 bytes (before the '\r' is removed),
  *    and any byte that is not printable ASCII, space or tab (NUL, other controls, >= 0x7f) are
@@ -31,7 +38,8 @@
  *
  * Canonical form (what the Python writer emits, and what tessera_limits_format prints):
  *     version 1\n[claim ...\n]region ...\ncontext-overhead N\ngpu ... memory N cores N\n...
- * with the GPU lines in file order.
+ *     [unlimited UUID\n...]
+ * with the GPU lines, then the unlimited lines, each in file order.
  */
 #ifndef TESSERA_LIMITS_H
 #define TESSERA_LIMITS_H
@@ -47,6 +55,8 @@
 
 #define TESSERA_LIMITS_VERSION 1
 #define TESSERA_LIMITS_MAX_GPUS 16
+/* DRA's limit on the results of one claim (resource.k8s.io/v1 AllocationResultsMaxSize). */
+#define TESSERA_LIMITS_MAX_UNLIMITED 32
 #define TESSERA_LIMITS_MAX_LINE 4095
 #define TESSERA_LIMITS_MAX_PATH 4095
 #define TESSERA_LIMITS_MAX_FILE (1024 * 1024)
@@ -67,6 +77,8 @@ typedef struct tessera_limits {
     uint64_t context_overhead;                 /* bytes charged per CUDA context */
     uint32_t gpu_count;
     tessera_limit_gpu gpus[TESSERA_LIMITS_MAX_GPUS];
+    uint32_t unlimited_count;
+    char unlimited[TESSERA_LIMITS_MAX_UNLIMITED][TESSERA_UUID_STR_LEN]; /* normalised UUIDs */
 } tessera_limits;
 
 /*

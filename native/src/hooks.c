@@ -369,9 +369,13 @@ static void format_uuid(const CUuuid *u, char out[TESSERA_UUID_STR_LEN])
 
 /* Limits of CUDA device ordinal dev, keyed by the UUID the driver reports for it (so any
  * CUDA_VISIBLE_DEVICES subset or order maps to the right GPU). */
+/* UUIDs of the devices ts_dev found uncovered, and whether that was logged. */
+static char g_uncovered_uuid[MAX_ORDINALS][TESSERA_UUID_STR_LEN];
+static int g_uncovered_logged[MAX_ORDINALS];
+
 dev_info ts_dev(CUdevice dev)
 {
-    dev_info none = {1, -1, 0, 0};
+    dev_info none = {1, -1, 0, 0, 0};
     if (dev < 0 || dev >= MAX_ORDINALS)
         return none;
     dev_info *d = &G.dev[dev];
@@ -397,13 +401,24 @@ dev_info ts_dev(CUdevice dev)
             break;
         }
     }
-    ts_log(TS_DEBUG, "device %d is %s: entry %d limit %llu cores %u", dev, s, v.g,
-           (unsigned long long)v.limit, v.cores);
+    if (v.limit == 0 && G.lim.gpu_count > 0) {
+        /* Not limited: the claim's whole devices are listed as unlimited; any other GPU is not
+         * this claim's (another claim's, whose limits file the container does not see). */
+        v.uncovered = 1;
+        for (uint32_t i = 0; i < G.lim.unlimited_count; i++)
+            if (tessera_uuid_equal(G.lim.unlimited[i], s))
+                v.uncovered = 0;
+    }
+    ts_log(TS_DEBUG, "device %d is %s: entry %d limit %llu cores %u%s", dev, s, v.g,
+           (unsigned long long)v.limit, v.cores, v.uncovered ? " (not the claim's)" : "");
     pthread_mutex_lock(&G.mu);
     if (!d->resolved) {
         d->g = v.g;
         d->limit = v.limit;
         d->cores = v.cores;
+        d->uncovered = v.uncovered;
+        if (v.uncovered)
+            memcpy(g_uncovered_uuid[dev], s, sizeof(s));
         __atomic_store_n(&d->resolved, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&G.mu);
@@ -514,6 +529,18 @@ int ts_charge_g(int g, uint64_t bytes, uint32_t nctx, uint64_t limit, const char
     return -1;
 }
 
+int ts_refuse_uncovered(CUdevice dev, const char *what)
+{
+    if (dev >= 0 && dev < MAX_ORDINALS && !__atomic_exchange_n(&g_uncovered_logged[dev], 1,
+                                                                 __ATOMIC_ACQ_REL))
+        ts_log(TS_ERR,
+               "%s on GPU %s refused: the GPU is visible but not in this container's limits "
+               "file (claim %s): this container has more than one Tessera claim; use one claim "
+               "with several requests, or one claim per container",
+               what, g_uncovered_uuid[dev], G.lim.claim[0] ? G.lim.claim : "not named");
+    return -2;
+}
+
 int ts_charge_dev(CUdevice dev, uint64_t bytes, uint32_t nctx, int *g_out, const char *what)
 {
     *g_out = -1;
@@ -521,6 +548,8 @@ int ts_charge_dev(CUdevice dev, uint64_t bytes, uint32_t nctx, int *g_out, const
         return -1;
     dev_info d = ts_dev(dev);
     *g_out = d.g;
+    if (d.uncovered)
+        return ts_refuse_uncovered(dev, what);
     if (d.g < 0)
         return 0;
     return ts_charge_g(d.g, bytes, nctx, d.limit, what) == 0 ? 1 : -1;

@@ -136,6 +136,7 @@ typedef struct dev_info {
     int g;        /* region GPU entry, -1 = not limited */
     uint64_t limit;
     uint32_t cores;
+    int uncovered; /* limits loaded, and the GPU is in neither a gpu nor an unlimited line */
 } dev_info;
 
 typedef struct ts_state {
@@ -174,10 +175,16 @@ TS_HIDDEN CUresult ts_refuse(const char *what, const char *why);
 
 /* ---- accounting (hooks.c) ----------------------------------------------------------------- */
 /* Charge bytes on device dev (nctx contexts). 0: not limited (nothing charged), 1: charged,
- * -1: refused (over the limit, or the library failed closed). *g_out gets the region entry.
+ * -1: refused (over the limit, or the library failed closed), -2: refused because the GPU is
+ * not the claim's (ts_refuse_uncovered). *g_out gets the region entry.
  * Before refusing, what this process's pools and graph pools no longer hold is given back. */
 TS_HIDDEN int ts_charge_dev(CUdevice dev, uint64_t bytes, uint32_t nctx, int *g_out,
                             const char *what);
+/* The error a hook returns for a ts_charge_dev refusal c (< 0). */
+#define TS_CHARGE_ERR(c) ((c) == -2 ? CUDA_ERROR_NOT_PERMITTED : CUDA_ERROR_OUT_OF_MEMORY)
+/* A GPU the process can see but the limits file does not cover: log why (once per device, one
+ * line naming its UUID) and return -2. */
+TS_HIDDEN int ts_refuse_uncovered(CUdevice dev, const char *what);
 /* The same on a region entry whose limit is known. 0 charged, -1 refused. */
 TS_HIDDEN int ts_charge_g(int g, uint64_t bytes, uint32_t nctx, uint64_t limit,
                           const char *what);

@@ -84,6 +84,18 @@ static int parse_uuid(const char *s, size_t n, char *out)
     return 0;
 }
 
+/* 1 when the normalised uuid is already in a gpu or unlimited line of l. */
+static int uuid_listed(const tessera_limits *l, const char *uuid)
+{
+    for (uint32_t k = 0; k < l->gpu_count; k++)
+        if (strcmp(l->gpus[k].uuid, uuid) == 0)
+            return 1;
+    for (uint32_t k = 0; k < l->unlimited_count; k++)
+        if (strcmp(l->unlimited[k], uuid) == 0)
+            return 1;
+    return 0;
+}
+
 static int tok_is(const char *t, size_t n, const char *word)
 {
     return strlen(word) == n && memcmp(t, word, n) == 0;
@@ -208,9 +220,8 @@ int tessera_limits_parse(const char *buf, size_t len, tessera_limits *out, char 
             tessera_limit_gpu *g = &out->gpus[out->gpu_count];
             if (parse_uuid(tok[1], tlen[1], g->uuid) != 0)
                 return fail(err, errlen, lineno, "bad GPU UUID");
-            for (uint32_t k = 0; k < out->gpu_count; k++)
-                if (strcmp(out->gpus[k].uuid, g->uuid) == 0)
-                    return fail(err, errlen, lineno, "duplicate gpu %s", g->uuid);
+            if (uuid_listed(out, g->uuid))
+                return fail(err, errlen, lineno, "duplicate gpu %s", g->uuid);
             if (parse_u64(tok[3], tlen[3], &mem) != 0 || mem == 0)
                 return fail(err, errlen, lineno, "memory must be a positive byte count");
             if (parse_u64(tok[5], tlen[5], &cores) != 0 || cores > 100)
@@ -218,6 +229,18 @@ int tessera_limits_parse(const char *buf, size_t len, tessera_limits *out, char 
             g->memory = mem;
             g->cores = (uint32_t)cores;
             out->gpu_count++;
+        } else if (tok_is(tok[0], tlen[0], "unlimited")) {
+            char u[TESSERA_UUID_STR_LEN];
+            if (nt != 2)
+                return fail(err, errlen, lineno, "expected 'unlimited <UUID>'");
+            if (out->unlimited_count == TESSERA_LIMITS_MAX_UNLIMITED)
+                return fail(err, errlen, lineno, "more than %d unlimited devices",
+                            TESSERA_LIMITS_MAX_UNLIMITED);
+            if (parse_uuid(tok[1], tlen[1], u) != 0)
+                return fail(err, errlen, lineno, "bad GPU UUID");
+            if (uuid_listed(out, u))
+                return fail(err, errlen, lineno, "duplicate gpu %s", u);
+            memcpy(out->unlimited[out->unlimited_count++], u, sizeof(u));
         } else {
             return fail(err, errlen, lineno, "unknown keyword '%.*s'", (int)(tlen[0] > 32 ? 32 : tlen[0]),
                         tok[0]);
@@ -298,6 +321,8 @@ size_t tessera_limits_format(const tessera_limits *l, char *buf, size_t buflen)
     for (uint32_t i = 0; i < l->gpu_count; i++)
         EMIT("gpu %s memory %llu cores %u\n", l->gpus[i].uuid,
              (unsigned long long)l->gpus[i].memory, l->gpus[i].cores);
+    for (uint32_t i = 0; i < l->unlimited_count; i++)
+        EMIT("unlimited %s\n", l->unlimited[i]);
 #undef EMIT
     return need;
 }

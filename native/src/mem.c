@@ -69,7 +69,7 @@ void ts_mem_forget(void)
         int g_ = -1;                                                       \
         int c_ = ts_charge_dev((dev), (bytes), 0, &g_, (what));            \
         if (c_ < 0)                                                        \
-            return CUDA_ERROR_OUT_OF_MEMORY;                               \
+            return TS_CHARGE_ERR(c_);                                      \
         CUresult r_ = (call);                                              \
         if (c_ > 0) {                                                      \
             if (r_ == CUDA_SUCCESS)                                        \
@@ -157,7 +157,7 @@ TS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     int g = -1;
     int c = ts_charge_dev(dev, est, 0, &g, "cuMemAllocPitch");
     if (c < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return TS_CHARGE_ERR(c);
     CUresult r = REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (c == 0)
         return r;
@@ -338,7 +338,7 @@ static CUresult ctx_create_common(CUdevice dev, CUresult (*create)(void *), void
     int g = -1;
     int c = ts_charge_dev(dev, G.lim.context_overhead, 1, &g, "context creation");
     if (c < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return TS_CHARGE_ERR(c);
     CUresult r = create(arg);
     if (c > 0) {
         if (r == CUDA_SUCCESS && pctx)
@@ -549,7 +549,7 @@ TS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         c = ts_charge_dev(dev, G.lim.context_overhead, 1, &g, "primary context");
     CUresult r;
     if (c < 0) {
-        r = CUDA_ERROR_OUT_OF_MEMORY;
+        r = TS_CHARGE_ERR(c);
     } else {
         r = REAL(cuDevicePrimaryCtxRetain)(pctx, dev);
         if (r == CUDA_SUCCESS) {

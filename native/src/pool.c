@@ -44,7 +44,8 @@
 #define TS_KIND_POOLH 9 /* pool handle -> index in g_pools (bytes) */
 #define TS_KIND_EXEC 10 /* graph exec -> index in g_execs (bytes) */
 
-enum { P_DEVICE = 1, P_HOST, P_MANAGED, P_IMPORTED, P_UNKNOWN };
+/* P_UNCOVERED: on a GPU the limits file does not cover (not the claim's): refused. */
+enum { P_DEVICE = 1, P_HOST, P_MANAGED, P_IMPORTED, P_UNKNOWN, P_UNCOVERED };
 
 typedef struct pool {
     CUmemoryPool h; /* NULL: free entry */
@@ -196,9 +197,12 @@ static int pool_learn(CUmemoryPool h, const CUmemLocation *loc, CUmemAllocationT
         case CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN:
             p.kind = P_DEVICE;
             p.dev = loc->type == CU_MEM_LOCATION_TYPE_DEVICE ? loc->id : loc->localized.deviceId;
-            p.g = ts_dev(p.dev).g;
-            if (p.g < 0)
-                p.kind = P_HOST; /* a GPU outside the claim: not limited here */
+            dev_info d = ts_dev(p.dev);
+            p.g = d.g;
+            if (d.uncovered)
+                p.kind = P_UNCOVERED; /* a GPU that is not the claim's: refused */
+            else if (p.g < 0)
+                p.kind = P_HOST; /* a whole device of the claim: not limited here */
             break;
         case CU_MEM_LOCATION_TYPE_HOST:
         case CU_MEM_LOCATION_TYPE_HOST_NUMA:
@@ -392,6 +396,8 @@ static CUresult pool_alloc(int i, alloc_call call, struct async_args *a, const c
     ts_pool *p = &g_pools[i];
     if (p->kind == P_HOST)
         return call(a);
+    if (p->kind == P_UNCOVERED)
+        return TS_CHARGE_ERR(ts_refuse_uncovered(p->dev, what));
     if (p->kind == P_MANAGED) { /* charged per allocation, like cuMemAllocManaged */
         CUdevice dev = p->dev;
         if (dev < 0 && ts_stream_dev(a->s, &dev) != 0)
@@ -399,7 +405,7 @@ static CUresult pool_alloc(int i, alloc_call call, struct async_args *a, const c
         int g = -1;
         int c = ts_charge_dev(dev, a->bytes, 0, &g, what);
         if (c < 0)
-            return CUDA_ERROR_OUT_OF_MEMORY;
+            return TS_CHARGE_ERR(c);
         CUresult r = call(a);
         if (c > 0) {
             if (r == CUDA_SUCCESS)
@@ -869,8 +875,14 @@ static int walk(CUgraph graph, exec_mem *m, int depth)
                 rc = -1;
                 break;
             }
-            if (ts_dev(dev).g < 0)
-                continue; /* a GPU outside the claim */
+            dev_info d = ts_dev(dev);
+            if (d.uncovered) {
+                ts_refuse_uncovered(dev, "a graph memory node");
+                rc = -1;
+                break;
+            }
+            if (d.g < 0)
+                continue; /* a whole device of the claim: not limited */
             int k = 0;
             while (k < m->n && m->dev[k] != dev)
                 k++;

@@ -218,7 +218,7 @@ TS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     int g = -1;
     int c = ts_charge_dev(dev, size, 0, &g, "cuMemCreate");
     if (c < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return TS_CHARGE_ERR(c);
     CUresult r = REAL(cuMemCreate)(handle, size, prop, flags);
     if (c == 0)
         return r;

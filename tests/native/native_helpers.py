@@ -50,6 +50,7 @@ class Claim:
         context_overhead: int = 0,
         state: Path | None = None,
         name: str = "claim",
+        unlimited: tuple[str, ...] = (),
     ) -> None:
         self.dir = tmp / name
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -62,6 +63,7 @@ class Claim:
             context_overhead=context_overhead,
             claim=f"default/{name}",
             claim_uid=f"uid-{name}",
+            unlimited=unlimited,
         )
         write_limits(self.limits_path, self.limits)
         self.state = str(state or (tmp / "fake-gpu-state"))

@@ -38,6 +38,13 @@ SAMPLES = [
         claim="team-a/train-0",
         claim_uid="6f1c2d3e-0000-4000-8000-000000000000",
     ),
+    Limits(  # a share and two whole devices of one claim (a GPU and a MIG device)
+        region="/run/tessera/region",
+        gpus=(GpuLimit(UUIDS[1], 4096 * MiB, 25),),
+        claim="team-a/mixed",
+        claim_uid="0b5e1c2d-0000-4000-8000-000000000000",
+        unlimited=(UUIDS[2], "MIG-0E5D1C2B-AAAA-4BBB-8CCC-000000000002"),
+    ),
     Limits(
         region="/x",
         gpus=tuple(
@@ -105,6 +112,26 @@ def test_python_writer_and_c_parser_round_trip(tmp_path: Path, plain: Build, i: 
         ),
         ("version 1\nregion /r\nregion /s\n", 3, "duplicate 'region'"),
         ("version 1\nlimit 5\n", 2, "unknown keyword 'limit'"),
+        (
+            f"version 1\nregion /r\ngpu {UUIDS[0]} memory 1 cores 1\nunlimited {UUIDS[0]}\n",
+            4,
+            f"duplicate gpu {UUIDS[0]}",
+        ),
+        (
+            f"version 1\nregion /r\nunlimited {UUIDS[1].upper()}\n"
+            f"gpu GPU-{UUIDS[1][4:]} memory 1 cores 1\n",
+            4,
+            f"duplicate gpu {UUIDS[1]}",
+        ),
+        ("version 1\nregion /r\nunlimited GPU-0000\n", 3, "bad GPU UUID"),
+        (f"version 1\nregion /r\nunlimited {UUIDS[0]} x\n", 3, "expected 'unlimited <UUID>'"),
+        (f"version 1\nregion /r\nunlimited {UUIDS[0]}\n", 3, "no 'gpu' lines"),
+        (
+            f"version 1\nregion /r\ngpu {UUIDS[0]} memory 1 cores 1\n"
+            + "".join(f"unlimited GPU-{i:08x}-0000-0000-0000-000000000000\n" for i in range(33)),
+            36,
+            "more than 32 unlimited devices",
+        ),
         ("version 1\nregion /r\x01\n", 2, "control or non-ASCII byte 0x01"),
         ("version 1\nregion /r\u00e9\n", 0, "non-ASCII"),
         ("version 1\nregion /r x\n", 2, "expected 'region <absolute path>'"),

@@ -258,14 +258,20 @@ def test_context_overhead_is_charged_per_context(tmp_path: Path, anybuild: Build
         ("3,1", 3, 1),
         ("1,3", 1, 3),
         (f"{UUIDS[3][:12]},{UUIDS[2]}", 3, 2),  # UUID forms (a prefix and a full UUID)
-        ("2,0", 2, 0),  # neither GPU is in the claim
+        ("2,0", 2, 0),  # both GPUs are whole devices of the claim
     ],
 )
 def test_cuda_visible_devices_maps_ordinals_by_uuid(
     tmp_path: Path, plain: Build, cvd: str, phys0: int, phys1: int
 ) -> None:
     limits = {1: 1 * GiB, 3: 2 * GiB}
-    c = Claim(tmp_path, plain, [GpuLimit(UUIDS[i], m, 0) for i, m in limits.items()])
+    # GPUs 0 and 2 are whole devices of the same claim: visible, not limited.
+    c = Claim(
+        tmp_path,
+        plain,
+        [GpuLimit(UUIDS[i], m, 0) for i, m in limits.items()],
+        unlimited=(UUIDS[0], UUIDS[2]),
+    )
     out = c.tp(
         "link",
         "init",
@@ -418,8 +424,12 @@ def test_region_created_by_python_is_used_by_the_library(
     assert [s.used[:3] for s in snap.slots] == [(7 * MiB, 5 * MiB, 0)]
 
 
-def test_unlisted_gpu_is_not_limited_and_inert_without_limits(tmp_path: Path, plain: Build) -> None:
-    c = Claim(tmp_path, plain, [GpuLimit(UUIDS[1], LIMIT, 0)])
+def test_unlimited_device_is_not_limited_and_inert_without_limits(
+    tmp_path: Path, plain: Build
+) -> None:
+    # GPU 0 is a whole device of the claim (an unlimited line); a GPU in no line of the limits
+    # file is refused (test_two_claims.py).
+    c = Claim(tmp_path, plain, [GpuLimit(UUIDS[1], LIMIT, 0)], unlimited=(UUIDS[0],))
     out = c.tp("link", "init", "dev", "0", "alloc", str(2 * GiB), "meminfo")
     assert out[2:] == [f"alloc {2 * GiB} 0", f"meminfo 0 free={PHYS - 2 * GiB} total={PHYS}"]
     out = c.tp("link", "init", "dev", "1", "alloc", str(2 * GiB), "meminfo", TESSERA_LIMITS_FILE="")

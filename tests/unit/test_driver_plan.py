@@ -157,6 +157,38 @@ def test_whole_gpu_and_admin_access_have_no_limits(
     assert plan.limits_text is None and plan.status[0]["data"]["enforcementBackend"] == "none"
 
 
+def test_whole_and_admin_devices_beside_a_share_are_listed_unlimited(
+    devices: dict[str, NodeDevice], layout: Layout
+) -> None:
+    """The library refuses a visible GPU in no line of the limits file (a second claim's), so
+    the claim's own whole and adminAccess devices are written as ``unlimited`` lines."""
+    full = devices["gpu-2"].record.gpu.memory_bytes
+    dedicated = dict(share("gpu-5", None, None, "ded"))
+    dedicated.pop("shareID")
+    dedicated.pop("consumedCapacity")
+    plan = plan_claim(
+        claim(
+            share("gpu-1", "4Gi", "30"),
+            share("gpu-2", str(full), "100", "whole"),
+            {**share("gpu-4", "1Gi", "10", "admin"), "adminAccess": True},
+            dedicated,
+        ),
+        REF,
+        NODE,
+        devices,
+        LIBRARY,
+        layout,
+    )
+    u = {n: devices[f"gpu-{n}"].record.gpu.uuid for n in (1, 2, 4, 5)}
+    assert plan.limits_text == (
+        f"version 1\nclaim ns/c uid-1\nregion /run/tessera/region\ncontext-overhead 0\n"
+        f"gpu {u[1]} memory {4 * GIB} cores 30\n"
+        f"unlimited {u[2]}\nunlimited {u[4]}\nunlimited {u[5]}\n"
+    )
+    assert parse_limits(plan.limits_text).unlimited == (u[2], u[4], u[5])
+    assert plan.region_gpus == ((u[1], 4 * GIB, 30),)
+
+
 @pytest.mark.parametrize(
     "result,message",
     [

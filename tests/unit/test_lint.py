@@ -283,3 +283,73 @@ def test_bundled_workloads_too_big_claim_is_found() -> None:
         "memory of a matching device is 81559Mi (gpu.tessera.dev/h100-node/gpu-0); no device can satisfy this "
         "request. fix: ask for at most 81559Mi per device, or use several devices (count: N)"
     ]
+
+
+TWO_CLAIMS = "k8s-dra-driver-gpu__tests_bats_specs__gpu-two-claims-one-pod.yaml"
+
+
+def _as_tessera(text: str, tmp_path: Path, name: str = "two.yaml") -> Path:
+    """NVIDIA's two-claims pod moved to Tessera: its templates ask for gpu.tessera.dev."""
+    p = tmp_path / name
+    p.write_text(
+        text.replace("deviceClassName: gpu.nvidia.com", "deviceClassName: gpu.tessera.dev")
+    )
+    return p
+
+
+def test_a_container_with_two_tessera_claims_is_reported(corpus: Path, tmp_path: Path) -> None:
+    text = (corpus / "dra-manifests" / TWO_CLAIMS).read_text()
+    got = [str(f) for f in lint(load_files([_as_tessera(text, tmp_path)]))]
+    assert got == [
+        f"{tmp_path}/two.yaml (document 3): Pod default/pod-two-claims: "
+        "spec.containers[0].resources.claims: container 'ctr' references 2 claims served by "
+        "gpu.tessera.dev: gpu-a (ResourceClaimTemplate default/rct-claim-a), gpu-b "
+        "(ResourceClaimTemplate default/rct-claim-b); the container sees the limits file of one "
+        "of them only, and the enforcement library refuses the GPUs of the others. "
+        "fix: one ResourceClaim with several requests, or one claim per container"
+    ]
+    # As published (gpu.nvidia.com, another driver's class): not Tessera's concern here.
+    assert [
+        f
+        for f in lint(load_files([corpus / "dra-manifests" / TWO_CLAIMS]))
+        if "claims served" in f.problem
+    ] == []
+
+
+def test_two_tessera_claims_in_a_workload_template_and_through_a_driver_selector(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """A Deployment's pod template, one claim through a class whose selector names Tessera's
+    driver; the same pod with one claim per container is clean."""
+    docs = list(yaml.safe_load_all((corpus / "dra-manifests" / TWO_CLAIMS).read_text()))
+    a, b, pod = docs
+    b["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "big-gpus"
+    a["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "gpu.tessera.dev"
+    cls = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "big-gpus"},
+        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.tessera.dev"'}}]},
+    }
+    deploy = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": pod["spec"]},
+        },
+    }
+    objs = [cls, a, b, deploy]
+    ms = [Manifest(o, Source("x.yaml", i + 1)) for i, o in enumerate(objs)]
+    assert [(f.obj, f.field) for f in lint(ms)] == [
+        ("Deployment default/web", "spec.template.spec.containers[0].resources.claims")
+    ]
+    one_each = yaml.safe_load(yaml.safe_dump(deploy))
+    ctr = one_each["spec"]["template"]["spec"]["containers"][0]
+    ctr["resources"]["claims"] = [{"name": "gpu-a"}]
+    one_each["spec"]["template"]["spec"]["containers"].append(
+        {**ctr, "name": "ctr-b", "resources": {"claims": [{"name": "gpu-b"}]}}
+    )
+    ms = [Manifest(o, Source("x.yaml", i + 1)) for i, o in enumerate([cls, a, b, one_each])]
+    assert lint(ms) == []

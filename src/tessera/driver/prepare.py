@@ -23,7 +23,8 @@ Per result (``status.allocation.devices.results[]``, KEP-4381 / KEP-5075):
   claims share is one MIG instance).
 
 A claim with at least one limited device gets the limits file (read-only at
-``/etc/tessera/limits``), its usage region (read-write), the enforcement library and an
+``/etc/tessera/limits``; its whole and ``adminAccess`` devices are listed there as
+``unlimited``, since the library refuses a GPU the file does not name), its usage region (read-write), the enforcement library and an
 ``/etc/ld.so.preload`` naming it. Every claim gets its devices' nodes (a GPU's
 ``/dev/nvidia<minor>``; for a MIG device also its two ``/dev/nvidia-caps`` nodes), the control
 device nodes that exist, and ``NVIDIA_VISIBLE_DEVICES`` / ``CUDA_VISIBLE_DEVICES`` listing the
@@ -46,9 +47,11 @@ from tessera.api.quantity import Quantity, QuantityError
 from tessera.enforcement._files import write_atomic
 from tessera.enforcement.limits import (
     LIMITS_PATH,
+    MAX_UNLIMITED,
     GpuLimit,
     Limits,
     format_limits,
+    normalise_uuid,
     parse_limits,
     write_limits,
 )
@@ -303,6 +306,7 @@ def plan_claim(
 
     prepared: list[PreparedDevice] = []
     limits: dict[str, GpuLimit] = {}
+    unlimited: list[str] = []  # whole and adminAccess devices: the claim's, not limited
     visible_order: list[str] = []
     status: list[dict[str, Any]] = []
     per_device_nodes: list[tuple[str, list[str]]] = []
@@ -409,6 +413,8 @@ def plan_claim(
                 min(100, cores + (prev.cores if prev else 0)),
             )
             mig_limited = mig_limited or is_mig
+        elif visible not in unlimited:
+            unlimited.append(visible)
         claim_backend = backend if limited else "none"
         data: dict[str, Any] = {"enforcementBackend": claim_backend, "uuid": visible}
         if is_mig:
@@ -448,6 +454,12 @@ def plan_claim(
                 gpus=gpu_limits,
                 claim=f"{ref.namespace}/{ref.name}",
                 claim_uid=ref.uid,
+                # The library refuses a visible GPU in no line of the file (a second claim's):
+                # the claim's own whole devices are listed. A MIG name without a UUID form is
+                # left out (the library could not match it anyway).
+                unlimited=tuple(
+                    u for u in unlimited if u not in limits and normalise_uuid(u) is not None
+                )[:MAX_UNLIMITED],
             )
         )
     spec = _cdi_spec(ref, layout, visible_order, per_device_nodes, gpu_limits, claim_backend)

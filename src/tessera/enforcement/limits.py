@@ -13,6 +13,12 @@ Format, version 1 (printable ASCII, one statement per line)::
     region <absolute path>
     context-overhead <bytes>                  (optional, default 0)
     gpu <UUID> memory <bytes> cores <0-100>   (1..16 lines)
+    unlimited <UUID>                          (0..32 lines)
+
+An ``unlimited`` line names a device of the claim that the container may use without limit (a
+whole GPU or MIG device, or an ``adminAccess`` result). The library refuses contexts and memory
+on a CUDA device whose UUID is in neither kind of line: it is not this claim's (a second claim's
+GPU, whose limits file the container does not see, docs/enforcement.md section 1).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ LIMITS_ENV = "TESSERA_LIMITS_FILE"
 :data:`LIMITS_PATH` (neither the file nor one of its directories exists)."""
 VERSION = 1
 MAX_GPUS = 16
+MAX_UNLIMITED = 32
+"""DRA's limit on the results of one claim (``resource.k8s.io/v1`` AllocationResultsMaxSize)."""
 MAX_LINE = 4095
 MAX_PATH = 4095
 MAX_FILE = 1024 * 1024
@@ -73,7 +81,8 @@ class Limits:
     ``region``: absolute path of the claim's usage region (see :mod:`tessera.enforcement.region`);
     ``gpus``: 1..16 :class:`GpuLimit` in file order; ``context_overhead``: bytes charged per
     CUDA context; ``claim``: ``"<namespace>/<name>"`` and ``claim_uid``: the ResourceClaim UID,
-    both informational and either both set or both ``None``.
+    both informational and either both set or both ``None``; ``unlimited``: 0..32 UUIDs of
+    the claim's devices the container may use without limit (``unlimited`` lines, file order).
     """
 
     region: str
@@ -81,6 +90,7 @@ class Limits:
     context_overhead: int = 0
     claim: str | None = None
     claim_uid: str | None = None
+    unlimited: tuple[str, ...] = ()
     version: int = field(default=VERSION)
 
 
@@ -107,6 +117,12 @@ def _uuid(tok: str) -> str | None:
     return "".join(out)
 
 
+def normalise_uuid(uuid: str) -> str | None:
+    """``uuid`` as the limits file holds it (``GPU-``/``MIG-`` + lower-case 8-4-4-4-12 hex), or
+    ``None`` when it is not in that form (e.g. the old ``MIG-GPU-<uuid>/<gi>/<ci>`` names)."""
+    return _uuid(uuid)
+
+
 def parse_limits(data: bytes | str) -> Limits:
     """Parse the text of a limits file.
 
@@ -127,6 +143,7 @@ def parse_limits(data: bytes | str) -> Limits:
     claim: tuple[str, str] | None = None
     overhead: int | None = None
     gpus: list[GpuLimit] = []
+    unlimited: list[str] = []
     lineno = 0
     for raw in lines:
         lineno += 1
@@ -191,7 +208,7 @@ def parse_limits(data: bytes | str) -> Limits:
             uuid = _uuid(toks[1])
             if uuid is None:
                 raise LimitsError(lineno, "bad GPU UUID")
-            if any(g.uuid == uuid for g in gpus):
+            if any(g.uuid == uuid for g in gpus) or uuid in unlimited:
                 raise LimitsError(lineno, f"duplicate gpu {uuid}")
             mem = _u64(toks[3])
             if mem is None or mem == 0:
@@ -200,6 +217,17 @@ def parse_limits(data: bytes | str) -> Limits:
             if cores is None or cores > 100:
                 raise LimitsError(lineno, "cores must be 0..100")
             gpus.append(GpuLimit(uuid, mem, cores))
+        elif key == "unlimited":
+            if len(toks) != 2:
+                raise LimitsError(lineno, "expected 'unlimited <UUID>'")
+            if len(unlimited) == MAX_UNLIMITED:
+                raise LimitsError(lineno, f"more than {MAX_UNLIMITED} unlimited devices")
+            uuid = _uuid(toks[1])
+            if uuid is None:
+                raise LimitsError(lineno, "bad GPU UUID")
+            if any(g.uuid == uuid for g in gpus) or uuid in unlimited:
+                raise LimitsError(lineno, f"duplicate gpu {uuid}")
+            unlimited.append(uuid)
         else:
             raise LimitsError(lineno, f"unknown keyword '{key[:32]}'")
     if not seen_version:
@@ -214,6 +242,7 @@ def parse_limits(data: bytes | str) -> Limits:
         context_overhead=overhead or 0,
         claim=claim[0] if claim else None,
         claim_uid=claim[1] if claim else None,
+        unlimited=tuple(unlimited),
     )
 
 
@@ -226,7 +255,9 @@ def format_limits(limits: Limits) -> str:
     if (limits.claim is None) != (limits.claim_uid is None):
         raise LimitsError(0, "claim and claim_uid must be given together")
     norm = replace(
-        limits, gpus=tuple(replace(g, uuid=_uuid(g.uuid) or g.uuid) for g in limits.gpus)
+        limits,
+        gpus=tuple(replace(g, uuid=_uuid(g.uuid) or g.uuid) for g in limits.gpus),
+        unlimited=tuple(_uuid(u) or u for u in limits.unlimited),
     )
     out = [f"version {norm.version}\n"]
     if norm.claim is not None:
@@ -235,6 +266,8 @@ def format_limits(limits: Limits) -> str:
     out.append(f"context-overhead {norm.context_overhead}\n")
     for g in norm.gpus:
         out.append(f"gpu {g.uuid} memory {g.memory} cores {g.cores}\n")
+    for u in norm.unlimited:
+        out.append(f"unlimited {u}\n")
     text = "".join(out)
     # The writer never emits what the library would refuse or read differently.
     if parse_limits(text) != norm:

@@ -18,7 +18,11 @@ Checks, each reported as a :class:`Finding` naming file, document, object and fi
 * capacity requests naming a capacity no device publishes, ``cores`` over 100, and DeviceClass
   names that do not exist;
 * with a cluster, a request for ``count`` devices that share counters (KEP-4815: placements of a
-  dynamic-MIG GPU) more than any node can hold at once.
+  dynamic-MIG GPU) more than any node can hold at once;
+* a Pod (or a workload's pod template) whose container references two or more claims served by
+  Tessera's driver (their ResourceClaims or ResourceClaimTemplates among the input): the
+  container sees one claim's limits file only, and the enforcement library refuses the other
+  claims' GPUs (docs/enforcement.md, section 1).
 
 Pure: takes loaded manifests and ResourceSlice dicts, returns findings.
 """
@@ -245,6 +249,11 @@ def lint(
         world = LintWorld(
             list(slices) + [m.obj for m in valid if m.kind == "ResourceSlice"], classes
         )
+    claim_objs: dict[tuple[str, str, str], Manifest] = {
+        (m.kind, m.namespace, m.name): m
+        for m in valid
+        if m.kind in ("ResourceClaim", "ResourceClaimTemplate")
+    }
     out: list[Finding] = []
     for m in manifests:
 
@@ -258,6 +267,7 @@ def lint(
             continue
         if m.kind == "Pod" or m.kind in WORKLOAD_KINDS:
             _check_hami(add, m, world)
+            _check_tessera_claims_per_container(add, m, world, claim_objs)
             continue
         if m.kind not in ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate"):
             continue
@@ -341,6 +351,85 @@ def _check_hami(add: Any, m: Manifest, world: _World) -> None:
             fix = rest or "see docs/convert.md for the values HAMi accepts"
         found.append((field, problem, fix))
         add(field, problem, fix)
+
+
+def _tessera_class(world: _World, name: Any) -> bool:
+    """Whether DeviceClass ``name`` hands out devices of Tessera's driver: Tessera's own class,
+    or a class in the input whose selectors compare ``device.driver`` with it."""
+    if name == DEVICE_CLASS_NAME:
+        return True
+    cls = world.classes.get(name) if isinstance(name, str) else None
+    if not cls:
+        return False
+    for s in (cls.get("spec") or {}).get("selectors") or []:
+        expr = ((s or {}).get("cel") or {}).get("expression") or ""
+        for c in celtools.comparisons(expr):
+            if (
+                "device.driver" in celtools.text_of(c.left, expr)
+                and c.op == "=="
+                and celtools.string_literal(c.right) == DRIVER_NAME
+            ):
+                return True
+    return False
+
+
+def _check_tessera_claims_per_container(
+    add: Any, m: Manifest, world: _World, claim_objs: Mapping[tuple[str, str, str], Manifest]
+) -> None:
+    """A container that references two or more claims served by Tessera's driver.
+
+    Each claim's CDI spec mounts its limits file at the one fixed path, so the container sees
+    the last claim's only (CDI replaces a mount of the same destination), and the enforcement
+    library refuses the GPUs of the others. A claim is Tessera's when its ResourceClaim or
+    ResourceClaimTemplate is among the input and one of its requests names a Tessera class
+    (:func:`_tessera_class`); claims not in the input are not judged."""
+    if m.kind == "Pod":
+        spec, base = m.obj.get("spec") or {}, "spec"
+    else:
+        cur: Any = m.obj
+        for step in TEMPLATE_PATHS[m.kind]:
+            cur = (cur or {}).get(step) if isinstance(cur, dict) else None
+        spec = (cur or {}).get("spec") if isinstance(cur, dict) else None
+        base = ".".join((*TEMPLATE_PATHS[m.kind], "spec"))
+    if not isinstance(spec, dict):
+        return
+    ns = m.namespace
+    served: dict[str, str] = {}  # pod claim name -> the object that makes it
+    for pc in spec.get("resourceClaims") or []:
+        if not isinstance(pc, dict) or not isinstance(pc.get("name"), str):
+            continue
+        if pc.get("resourceClaimName"):
+            key = ("ResourceClaim", ns, str(pc["resourceClaimName"]))
+        elif pc.get("resourceClaimTemplateName"):
+            key = ("ResourceClaimTemplate", ns, str(pc["resourceClaimTemplateName"]))
+        else:
+            continue
+        obj = claim_objs.get(key)
+        if obj is not None and any(
+            _tessera_class(world, body.get("deviceClassName")) for _, body in _selectors_of(obj)
+        ):
+            served[pc["name"]] = f"{key[0]} {key[1]}/{key[2]}"
+    if len(served) < 2:
+        return
+    for part in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(part) or []):
+            if not isinstance(c, dict):
+                continue
+            names: list[str] = []
+            for ref in (c.get("resources") or {}).get("claims") or []:
+                n = ref.get("name") if isinstance(ref, dict) else None
+                if n in served and n not in names:
+                    names.append(n)
+            if len(names) < 2:
+                continue
+            listed = ", ".join(f"{n} ({served[n]})" for n in names)
+            add(
+                f"{base}.{part}[{i}].resources.claims",
+                f"container {c.get('name')!r} references {len(names)} claims served by "
+                f"{DRIVER_NAME}: {listed}; the container sees the limits file of one of them "
+                "only, and the enforcement library refuses the GPUs of the others",
+                "one ResourceClaim with several requests, or one claim per container",
+            )
 
 
 def _split_fix(message: str) -> tuple[str, str]:
