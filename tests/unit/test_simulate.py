@@ -1007,3 +1007,55 @@ def test_memoised_preparations_give_the_same_answers(monkeypatch: Any) -> None:
     monkeypatch.setattr(sim_mod, "Allocator", Fresh)
     for policy, got in memoised.items():
         assert answers(policy) == got, policy
+
+
+def test_first_available_alternatives_refused_alike_are_said_once() -> None:
+    """A firstAvailable request whose alternatives are refused for the same reason says it once
+    (a converted 4-GPU HAMi pod had three identical clauses: nvlink, numa, any); alternatives
+    refused differently keep their own clause."""
+    c = cluster(("n1", [81920, 81920]))
+    claim = """---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: alt}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      firstAvailable:
+      - {name: eight, deviceClassName: gpu.tessera.dev, count: 8, capacity: {requests: {memory: 10Gi}}}
+      - {name: eight-again, deviceClassName: gpu.tessera.dev, count: 8, capacity: {requests: {memory: 10Gi}}}
+      - {name: huge, deviceClassName: gpu.tessera.dev, capacity: {requests: {memory: 100Gi}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: alt}
+spec:
+  resourceClaims: [{name: g, resourceClaimName: alt}]
+  containers: [{name: c, image: x, resources: {claims: [{name: g}]}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: hami}
+spec:
+  containers:
+  - name: c
+    image: x
+    resources: {limits: {nvidia.com/gpu: 4, nvidia.com/gpumem: 200000}}
+"""
+    res = Simulation(c, manifests(claim)).run()
+    reasons = {p.pod: p.reason.split(". ", 1)[1] for p in res.pending}
+    assert reasons == {
+        "default/alt": (
+            "claim default/alt, request gpu (alternatives eight, eight-again): needs 8 devices with memory 10Gi; "
+            "2 GPUs in the cluster match its selectors: 2 GPUs fit on their own, 8 needed; "
+            "claim default/alt, request gpu/huge: needs 1 device with memory 100Gi; 2 GPUs in the cluster match its "
+            "selectors: no GPU in the cluster is that large (memory 100Gi is more than any has: the largest has "
+            "80Gi, n1/gpu-0)"
+        ),
+        "default/hami": (
+            "claim default/hami-c-gpu, request gpu (every firstAvailable alternative: nvlink, numa, any): needs 4 "
+            "devices with memory 200000Mi and cores 0; 2 GPUs in the cluster match its selectors: no GPU in the "
+            "cluster is that large (memory 200000Mi is more than any has: the largest has 80Gi, n1/gpu-0)"
+        ),
+    }

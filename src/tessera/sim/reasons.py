@@ -280,3 +280,34 @@ def request_clauses(records: Sequence[NodeRecord], n_nodes: int) -> list[tuple[i
             seen.setdefault(k, []).extend(_Seen(rec.node, dr) for dr in rr.devices)
             per_node.setdefault(k, {})[rec.node] = len(rr.fitting)
     return [(k[0], k[1], request_clause(first[k], seen[k], per_node[k], scope)) for k in keys]
+
+
+def join_clauses(clauses: Sequence[tuple[int, str, str]], claim_name: Sequence[str]) -> str:
+    """The clauses of :func:`request_clauses` as one text: ``claim NS/NAME, request REQ: WHY``
+    joined by ``; ``. Consecutive ``firstAvailable`` alternatives of one request (``gpu/nvlink``,
+    ``gpu/numa``, ``gpu/any``) refused for the same reason are said once: ``claim NS/NAME,
+    request gpu (every firstAvailable alternative: nvlink, numa, any): WHY``, or ``(alternatives
+    nvlink, numa)`` when others differ. ``claim_name[i]``: the namespaced name of claim ``i``."""
+    groups: list[tuple[int, str, list[str], str]] = []  # claim, parent request, subrequests, why
+    for ci, req, why in clauses:
+        parent, _, sub = req.partition("/")
+        last = groups[-1] if groups else None
+        if sub and last and last[:2] == (ci, parent) and last[2] and last[3] == why:
+            last[2].append(sub)
+        else:
+            groups.append((ci, parent if sub else req, [sub] if sub else [], why))
+    alternatives = {
+        (ci, req): sum(1 for c, r, _ in clauses if c == ci and r.startswith(req + "/"))
+        for ci, req, subs, _ in groups
+        if subs
+    }
+    out = []
+    for ci, req, subs, why in groups:
+        if len(subs) > 1:
+            every = len(subs) == alternatives[(ci, req)]
+            label = "every firstAvailable alternative: " if every else "alternatives "
+            name = f"{req} ({label}{', '.join(subs)})"
+        else:
+            name = f"{req}/{subs[0]}" if subs else req
+        out.append(f"claim {claim_name[ci]}, request {name}: {why}")
+    return "; ".join(out)

@@ -53,7 +53,7 @@ from tessera.sim.policies import (
     prioritized_list_score,
     topology_variants,
 )
-from tessera.sim.reasons import request_clauses
+from tessera.sim.reasons import join_clauses, request_clauses
 
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 BETA2 = DRA_V1BETA2
@@ -1034,10 +1034,7 @@ class Simulation:
             entry = (request_clauses(records, len(self.nodes)), self._incomplete_pools(records))
             self._reasons[key] = entry
         clauses, pools = entry
-        text = "; ".join(
-            f"claim {_ns(claims[ci])}/{_name(claims[ci])}, request {req}: {text}"
-            for ci, req, text in clauses
-        )
+        text = join_clauses(clauses, [f"{_ns(c)}/{_name(c)}" for c in claims])
         if pools:
             text += f"; devices of incomplete pools are never allocated: {', '.join(pools)}"
         return text
