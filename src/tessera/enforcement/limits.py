@@ -117,6 +117,17 @@ def _uuid(tok: str) -> str | None:
     return "".join(out)
 
 
+def _new_uuid(tok: str, lineno: int, gpus: list[GpuLimit], unlimited: list[str]) -> str:
+    """The UUID of a ``gpu`` or ``unlimited`` line, not listed before on either kind of line.
+    Raises :class:`LimitsError` for a malformed or repeated UUID."""
+    uuid = _uuid(tok)
+    if uuid is None:
+        raise LimitsError(lineno, "bad GPU UUID")
+    if any(g.uuid == uuid for g in gpus) or uuid in unlimited:
+        raise LimitsError(lineno, f"duplicate gpu {uuid}")
+    return uuid
+
+
 def normalise_uuid(uuid: str) -> str | None:
     """``uuid`` as the limits file holds it (``GPU-``/``MIG-`` + lower-case 8-4-4-4-12 hex), or
     ``None`` when it is not in that form (e.g. the old ``MIG-GPU-<uuid>/<gi>/<ci>`` names)."""
@@ -205,11 +216,7 @@ def parse_limits(data: bytes | str) -> Limits:
                 raise LimitsError(lineno, "expected 'gpu <UUID> memory <bytes> cores <0-100>'")
             if len(gpus) == MAX_GPUS:
                 raise LimitsError(lineno, f"more than {MAX_GPUS} gpus")
-            uuid = _uuid(toks[1])
-            if uuid is None:
-                raise LimitsError(lineno, "bad GPU UUID")
-            if any(g.uuid == uuid for g in gpus) or uuid in unlimited:
-                raise LimitsError(lineno, f"duplicate gpu {uuid}")
+            uuid = _new_uuid(toks[1], lineno, gpus, unlimited)
             mem = _u64(toks[3])
             if mem is None or mem == 0:
                 raise LimitsError(lineno, "memory must be a positive byte count")
@@ -222,12 +229,7 @@ def parse_limits(data: bytes | str) -> Limits:
                 raise LimitsError(lineno, "expected 'unlimited <UUID>'")
             if len(unlimited) == MAX_UNLIMITED:
                 raise LimitsError(lineno, f"more than {MAX_UNLIMITED} unlimited devices")
-            uuid = _uuid(toks[1])
-            if uuid is None:
-                raise LimitsError(lineno, "bad GPU UUID")
-            if any(g.uuid == uuid for g in gpus) or uuid in unlimited:
-                raise LimitsError(lineno, f"duplicate gpu {uuid}")
-            unlimited.append(uuid)
+            unlimited.append(_new_uuid(toks[1], lineno, gpus, unlimited))
         else:
             raise LimitsError(lineno, f"unknown keyword '{key[:32]}'")
     if not seen_version:
