@@ -416,6 +416,23 @@ TEMPLATE_PATHS = {
 }
 
 
+def pod_template(obj: Any, kind: str) -> tuple[dict[str, Any] | None, str]:
+    """The pod template of a workload of ``kind`` (:data:`TEMPLATE_PATHS`) and its dotted path,
+    e.g. ``(obj["spec"]["template"], "spec.template")``; a Pod is its own template (path
+    ``""``). The template is None where a step is missing or not a mapping."""
+    if kind == "Pod":
+        return (obj if isinstance(obj, dict) else None), ""
+    cur: Any = obj
+    for step in TEMPLATE_PATHS[kind]:
+        cur = cur.get(step) if isinstance(cur, dict) else None
+    return (cur if isinstance(cur, dict) else None), ".".join(TEMPLATE_PATHS[kind])
+
+
+def spec_path(template_path: str) -> str:
+    """The dotted path of the pod spec under a template at ``template_path`` (``spec`` for a Pod)."""
+    return f"{template_path}.spec" if template_path else "spec"
+
+
 def manifest_problems(m: Manifest) -> list[FieldProblem]:
     """Everything the API server would refuse in ``m``, in this order: an apiVersion it does not
     serve, structural problems (unknown fields, wrong types: :func:`schema_problems`), then the
@@ -452,13 +469,10 @@ def manifest_problems(m: Manifest) -> list[FieldProblem]:
     if kind == "Pod":
         return pod_spec_problems(obj.get("spec"), "spec")
     if kind in TEMPLATE_PATHS:
-        cur: Any = obj
-        for step in TEMPLATE_PATHS[kind]:
-            cur = (cur or {}).get(step) if isinstance(cur, dict) else None
-        path = ".".join(TEMPLATE_PATHS[kind])
-        if not isinstance(cur, dict) or not isinstance(cur.get("spec"), dict):
+        template, path = pod_template(obj, kind)
+        if template is None or not isinstance(template.get("spec"), dict):
             return [FieldProblem(path, "required: a workload needs a pod template with a spec")]
-        return pod_spec_problems(cur.get("spec"), f"{path}.spec")
+        return pod_spec_problems(template.get("spec"), spec_path(path))
     return []
 
 

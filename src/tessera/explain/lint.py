@@ -42,7 +42,7 @@ from tessera.allocator.model import Device
 from tessera.api.deviceclass import device_class
 from tessera.api.loader import WORKLOAD_KINDS, Manifest
 from tessera.api.quantity import Quantity, QuantityError
-from tessera.api.validation import TEMPLATE_PATHS, manifest_problems
+from tessera.api.validation import manifest_problems, pod_template, spec_path
 from tessera.cel import (
     CelCompileError,
     CelCostError,
@@ -294,19 +294,18 @@ def _check_hami(add: Any, m: Manifest, world: _World) -> None:
     text = json.dumps(m.obj.get("spec"), default=str)
     if not any(name in text for name in HAMI_RESOURCES):
         return  # nothing to convert: the conversion refuses nothing (its warnings are simulate's)
+    template, path = pod_template(m.obj, m.kind)
+    if template is None:
+        return
+    base = spec_path(path)
     if m.kind == "Pod":
-        pod, base = m.obj, "spec"
+        pod = m.obj
     else:
-        path = TEMPLATE_PATHS[m.kind]
-        cur: Any = m.obj
-        for step in path:
-            cur = cur[step]
-        base = ".".join((*path, "spec"))
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {**(cur.get("metadata") or {}), "name": m.name or "workload"},
-            "spec": cur["spec"],
+            "metadata": {**(template.get("metadata") or {}), "name": m.name or "workload"},
+            "spec": template.get("spec"),
         }
     spec = pod.get("spec") or {}
     # Pods that differ only in name convert alike: convert each shape once.
@@ -383,14 +382,8 @@ def _check_tessera_claims_per_container(
     library refuses the GPUs of the others. A claim is Tessera's when its ResourceClaim or
     ResourceClaimTemplate is among the input and one of its requests names a Tessera class
     (:func:`_tessera_class`); claims not in the input are not judged."""
-    if m.kind == "Pod":
-        spec, base = m.obj.get("spec") or {}, "spec"
-    else:
-        cur: Any = m.obj
-        for step in TEMPLATE_PATHS[m.kind]:
-            cur = (cur or {}).get(step) if isinstance(cur, dict) else None
-        spec = (cur or {}).get("spec") if isinstance(cur, dict) else None
-        base = ".".join((*TEMPLATE_PATHS[m.kind], "spec"))
+    template, path = pod_template(m.obj, m.kind)
+    spec, base = (template or {}).get("spec"), spec_path(path)
     if not isinstance(spec, dict):
         return
     ns = m.namespace
