@@ -23,7 +23,7 @@ esac
 
 command -v go >/dev/null || { echo "build.sh: 'go' not found on PATH; install Go >= 1.26 (https://go.dev/dl/)" >&2; exit 2; }
 
-binaries=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet allocator-harness
+binaries=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kube-proxy allocator-harness
           containerd containerd-shim-runc-v2 ctr)
 mkdir -p "$bin"
 # One build at a time (a CLI call and a test session may race).
@@ -59,13 +59,14 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
 done
 export CGO_ENABLED=0
-echo "build.sh: building kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet ($k8s_version) and allocator-harness"
+echo "build.sh: building kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kube-proxy ($k8s_version) and allocator-harness"
 go build -o "$bin/" -ldflags "$ldflags" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kubectl \
   k8s.io/kubernetes/cmd/kubelet \
+  k8s.io/kubernetes/cmd/kube-proxy \
   ./cmd/allocator-harness
 etcd_version="$(cd etcd && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
 echo "build.sh: building etcd ($etcd_version)"

@@ -16,7 +16,7 @@
 #        non-zero from apt-get when an install was attempted and failed.
 set -euo pipefail
 
-packages=(runc containernetworking-plugins busybox-static iproute2)
+packages=(runc containernetworking-plugins busybox-static iproute2 nftables)
 check_only=0
 case "${1:-}" in
   --check) check_only=1 ;;
