@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tessera.enforcement.layout import REGION_FILE
 from tessera.enforcement.limits import GpuLimit, Limits, write_limits
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +69,7 @@ def env_for(build_dir: Path, work: Path, cores: int | None, lib: Path) -> dict[s
         if not limits.exists():
             write_limits(
                 str(limits),
-                Limits(region=str(d / "usage"), gpus=(GpuLimit(GPU, 8 * 1024 * MiB, cores),)),
+                Limits(region=str(d / REGION_FILE), gpus=(GpuLimit(GPU, 8 * 1024 * MiB, cores),)),
             )
         e["TESSERA_LIMITS_FILE"] = str(limits)
         e["LD_PRELOAD"] = str(lib)

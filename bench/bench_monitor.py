@@ -28,6 +28,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tessera.enforcement.layout import REGION_FILE
+
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 GPUS = [f"GPU-{i:08x}-1111-2222-3333-444444444444" for i in range(8)]
@@ -67,7 +69,7 @@ def prepare(
         write_limits(
             str(d / "limits"),
             Limits(
-                region=str(d / "usage"),
+                region=str(d / REGION_FILE),
                 gpus=(GpuLimit(GPUS[gpu], 512 * MiB, 10),),
                 claim=f"bench/claim-{i}",
                 claim_uid=uid,

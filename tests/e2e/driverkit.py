@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -344,6 +347,63 @@ def running_driver(driver_env: DriverEnv) -> Iterator[tuple[DriverEnv, DriverPro
         d.stop()
 
 
+class MonitorProcess:
+    """``tessera monitor`` as a child process on a free loopback port; its stderr is read
+    into :attr:`log` by a thread (so it never blocks), :attr:`url` is its ``/metrics`` URL."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, timeout: float = 90) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tessera",
+                "monitor",
+                "--port",
+                "0",
+                "--address",
+                "127.0.0.1",
+                *args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.log: list[str] = []
+        self.url: str | None = None
+        self._serving = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._serving.wait(timeout) or self.url is None:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("tessera monitor did not start:\n" + "\n".join(self.log))
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip("\n"))
+            m = re.search(r"serving (http://\S+)", line)
+            if m and self.url is None:
+                self.url = m.group(1)
+                self._serving.set()
+        self._serving.set()
+
+    def scrape(self) -> str:
+        assert self.url is not None
+        with urllib.request.urlopen(self.url, timeout=10) as r:
+            text: str = r.read().decode()
+            return text
+
+    def stop(self) -> int:
+        """SIGTERM, then its exit status (killed after 30 s)."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
 def node_slices(client: KubeClient, node: str) -> list[dict[str, Any]]:
     return sorted(
         client.list("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={node}"),
@@ -389,6 +449,7 @@ __all__ = [
     "DriverEnv",
     "DriverProcess",
     "FakeKubelet",
+    "MonitorProcess",
     "allocated_claim",
     "driver_env",
     "fake_nvml_lib",

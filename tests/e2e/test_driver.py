@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tessera.driver.backend import DRIVER_NATIVE, LIBRARY
 from tessera.driver.checkpoint import PREPARED
 from tessera.driver.node import NodeDriver
 from tessera.driver.publish import TAINT_KEY
+from tessera.enforcement.layout import claims_dir
 from tessera.enforcement.limits import read_limits
 from tessera.enforcement.region import read_region
 from tessera.inventory import build_resource_slices
@@ -33,7 +35,7 @@ from tessera.kube.workloads import (
 
 from .conftest import LiveCluster
 from .driverkit import *  # noqa: F403 (fixtures)
-from .driverkit import GIB, DriverEnv, DriverProcess, allocated_claim, node_slices
+from .driverkit import GIB, DriverEnv, DriverProcess, MonitorProcess, allocated_claim, node_slices
 
 pytestmark = pytest.mark.cluster
 
@@ -318,6 +320,87 @@ def test_prepare_writes_limits_region_cdi_and_unprepare_removes(
     assert json.loads((env.state_dir / "checkpoint.json").read_text())["claims"] == {}
     assert kubelet.unprepare([ref]).claims[meta["uid"]].error == ""  # idempotent
     kubelet.close()
+
+
+def test_monitor_reads_the_claim_files_the_driver_writes(
+    running_driver: tuple[DriverEnv, DriverProcess], kube_namespace: str
+) -> None:
+    """The pair: the real driver prepares a share, the real monitor, pointed at the driver's
+    ``<state-dir>/claims`` (the contract of tessera.enforcement.layout), exports its limit
+    under Tessera's and HAMi's names; a claim directory with no region is named in its log;
+    after unprepare the share's series are gone."""
+    env, _d = running_driver
+    claim = _scheduled_claim(env.client, kube_namespace, env, "watched", "8Gi", 20)
+    meta = claim["metadata"]
+    result = claim["status"]["allocation"]["devices"]["results"][0]
+    uuid = env.gpus[int(result["device"].split("-")[1])].uuid
+    kubelet = env.kubelet()
+    ref = (meta["namespace"], meta["name"], meta["uid"])
+    assert kubelet.prepare([ref]).claims[meta["uid"]].error == ""
+    # A directory the driver did not finish (no region), old enough to be reported.
+    stray = claims_dir(env.state_dir) / "0000-no-region"
+    stray.mkdir()
+    os.utime(stray, (time.time() - 60, time.time() - 60))
+    mon = MonitorProcess(
+        "--node-name",
+        env.node,
+        "--kubeconfig",
+        str(env.kubeconfig),
+        "--no-nvml",
+        "--region-dir",
+        str(claims_dir(env.state_dir)),
+        "--api-interval",
+        "1",
+    )
+    try:
+
+        def share(name: str) -> list[tuple[dict[str, str], float]]:
+            fams = {f.name: f for f in text_string_to_metric_families(mon.scrape())}
+            return [(x.labels, x.value) for x in fams[name].samples] if name in fams else []
+
+        limit = wait_for(
+            lambda: (
+                [
+                    (lab["claim"], lab["device_uuid"], v)
+                    for lab, v in share("tessera_share_memory_limit_bytes")
+                    if lab.get("claim") == meta["name"]
+                ]
+                or None
+            ),
+            timeout=30,
+            what="the share's limit series",
+        )
+        assert limit == [(meta["name"], uuid, float(8 * GIB))]
+        hami = [
+            (lab["device_uuid"], v)
+            for lab, v in share("hami_vgpu_memory_limit_bytes")
+            if lab.get("pod") == "watched"
+        ]
+        assert hami == [(uuid, float(8 * GIB))]
+        used = [
+            v for lab, v in share("tessera_share_memory_used_bytes") if lab["claim"] == meta["name"]
+        ]
+        assert used == [0.0]
+        wait_for(
+            lambda: any("0000-no-region: no usage region (region)" in x for x in mon.log),
+            timeout=10,
+            what="the monitor's log line for a claim directory without a region",
+        )
+
+        assert kubelet.unprepare([ref]).claims[meta["uid"]].error == ""
+        wait_for(
+            lambda: (
+                not any(
+                    lab.get("claim") == meta["name"]
+                    for lab, _ in share("tessera_share_memory_limit_bytes")
+                )
+            ),
+            timeout=10,
+            what="the share's series to go with the claim",
+        )
+    finally:
+        assert mon.stop() == 0, "\n".join(mon.log)
+        kubelet.close()
 
 
 def test_whole_gpu_and_admin_access_get_no_limits(

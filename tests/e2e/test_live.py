@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tessera.api.quantity import Quantity
 from tessera.cli import main
+from tessera.enforcement.layout import REGION_FILE
 from tessera.enforcement.region import create_region
 from tessera.kube import build
 from tessera.kube.client import ApiError, KubeClient, Obj
@@ -466,7 +467,7 @@ def test_monitor_reports_allocations_per_gpu_and_share(live: Live) -> None:
     uuid = devices[(result["pool"], result["device"])]["attributes"]["uuid"]["string"]
     regions = live.tmp / "claims"
     (regions / claim["metadata"]["uid"]).mkdir(parents=True)
-    create_region(str(regions / claim["metadata"]["uid"] / "usage"), [(uuid, 12 << 30, 50)])
+    create_region(str(regions / claim["metadata"]["uid"] / REGION_FILE), [(uuid, 12 << 30, 50)])
     p, url, log = _exporter(
         [
             "--node-name",

@@ -8,6 +8,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from tessera.enforcement.layout import REGION_FILE
 from tessera.enforcement.limits import GpuLimit, Limits, write_limits
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +56,7 @@ class Claim:
         self.dir = tmp / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.build = build
-        self.region = str(self.dir / "usage")
+        self.region = str(self.dir / REGION_FILE)
         self.limits_path = str(self.dir / "limits")
         self.limits = Limits(
             region=self.region,

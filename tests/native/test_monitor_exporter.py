@@ -30,6 +30,7 @@ from native_helpers import PHYS, UUIDS, Build, Claim, MiB, wait_line
 
 from prom_server import REPO, Prometheus, prometheus
 from tessera.enforcement import region as R
+from tessera.enforcement.layout import REGION_FILE
 from tessera.enforcement.limits import GpuLimit
 
 pytestmark = pytest.mark.native
@@ -155,13 +156,13 @@ def stack(plain: Build, tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
     # A truncated region and one of another layout version, beside them.
     bad = regions / "uid-truncated"
     bad.mkdir()
-    R.create_region(str(bad / "usage"), [(UUIDS[3], 64 * MiB, 10)])
-    with open(bad / "usage", "r+b") as f:
+    R.create_region(str(bad / REGION_FILE), [(UUIDS[3], 64 * MiB, 10)])
+    with open(bad / REGION_FILE, "r+b") as f:
         f.truncate(R.HEADER_SIZE + 10)
     other = regions / "uid-v2"
     other.mkdir()
-    R.create_region(str(other / "usage"), [(UUIDS[3], 64 * MiB, 10)])
-    with open(other / "usage", "r+b") as f:
+    R.create_region(str(other / REGION_FILE), [(UUIDS[3], 64 * MiB, 10)])
+    with open(other / REGION_FILE, "r+b") as f:
         f.seek(R.OFFSETS["h.version"])
         f.write((2).to_bytes(4, "little"))
 

@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import click
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 from tessera.api.loader import Manifest, Source
 from tessera.cli import main
 from tessera.enforcement import region as R
+from tessera.enforcement.layout import DEFAULT_CLAIMS_DIR, REGION_FILE, claims_dir
 from tessera.enforcement.limits import GpuLimit, Limits, write_limits
 from tessera.inventory import build_resource_slices, load_inventory
 from tessera.monitor.allocation import AllocationView, allocation_view
@@ -90,7 +92,7 @@ def _claim_dir(
 ) -> Path:
     d = root / uid
     d.mkdir()
-    R.create_region(str(d / "usage"), gpus)
+    R.create_region(str(d / REGION_FILE), gpus)
     if claim:
         write_limits(
             str(d / "limits"),
@@ -115,7 +117,7 @@ def test_region_dir_reads_each_claim_on_its_own(tmp_path: Path) -> None:
         '{"namespace": "team-b", "name": "b", "pods": [{"namespace": "team-b", "name": "nb"}]}'
     )
     bad = _claim_dir(tmp_path, "uid-c", [(U1, GiB, 0)], claim="team-c/c")
-    (bad / "usage").write_bytes(b"TSSREGN1" + bytes(100))  # truncated
+    (bad / REGION_FILE).write_bytes(b"TSSREGN1" + bytes(100))  # truncated
     (bad / "claim.json").write_text("{not json")
     (tmp_path / "uid-preparing").mkdir()  # no usage file yet
     (tmp_path / "stray-file").write_text("x")
@@ -544,3 +546,13 @@ def test_in_cluster_client_reads_the_service_account(
     assert c._bearer_token() == "abc"
     (tmp_path / "token").write_text("rotated")
     assert c._bearer_token() == "rotated"  # re-read: projected tokens rotate
+
+
+def test_driver_and_monitor_defaults_meet() -> None:
+    """Without flags, the monitor reads the claim directories the driver writes."""
+    ctx = click.Context(main)
+    driver_cmd, monitor_cmd = main.get_command(ctx, "driver"), main.get_command(ctx, "monitor")
+    assert driver_cmd is not None and monitor_cmd is not None
+    state = next(p.default for p in driver_cmd.params if p.name == "state_dir")
+    region = next(p.default for p in monitor_cmd.params if p.name == "region_dir")
+    assert claims_dir(str(state)) == Path(str(region)) == Path(DEFAULT_CLAIMS_DIR)

@@ -15,6 +15,7 @@ import click
 
 from tessera import DRIVER_NAME
 from tessera.cli._common import fail, wait_for_termination
+from tessera.enforcement.layout import DEFAULT_STATE_DIR
 
 
 @click.command("driver")
@@ -48,9 +49,10 @@ from tessera.cli._common import fail, wait_for_termination
 @click.option(
     "--state-dir",
     type=click.Path(),
-    default="/var/lib/tessera/driver",
+    default=DEFAULT_STATE_DIR,
     show_default=True,
-    help="Checkpoint, GPU registry, limits files and usage regions.",
+    help="Checkpoint, GPU registry, and one directory per claim under claims/ (limits file, "
+    "usage region): the monitor's --region-dir is <state-dir>/claims.",
 )
 @click.option(
     "--dev-root",

@@ -42,6 +42,7 @@ from typing import Any
 
 from tessera import DRIVER_NAME
 from tessera.api.errors import TesseraError
+from tessera.enforcement.layout import DEFAULT_STATE_DIR, claims_dir
 from tessera.inventory.errors import SliceBuildError
 from tessera.inventory.mig import DynamicMIG
 from tessera.inventory.slices import publication_warnings
@@ -113,7 +114,7 @@ class DriverConfig:
     node_name: str
     kubelet_root: Path = Path("/var/lib/kubelet")
     cdi_dir: Path = Path("/var/run/cdi")
-    state_dir: Path = Path("/var/lib/tessera/driver")
+    state_dir: Path = Path(DEFAULT_STATE_DIR)
     dev_root: Path = Path("/")
     library: Path | None = None
     nvml_library: str | None = None
@@ -509,7 +510,7 @@ class NodeDriver:
                 ):
                     p.unlink(missing_ok=True)
                     removed.append(p.name)
-        claims = self.cfg.state_dir / "claims"
+        claims = claims_dir(self.cfg.state_dir)
         if claims.is_dir():
             for d in claims.iterdir():
                 if d.name not in known:

@@ -45,6 +45,15 @@ from typing import Any
 
 from tessera.api.quantity import Quantity, QuantityError
 from tessera.enforcement._files import write_atomic
+from tessera.enforcement.layout import (
+    CONTAINER_LIBRARY_DIR,
+    CONTAINER_REGION,
+    LD_SO_PRELOAD,
+    LIMITS_FILE,
+    PRELOAD_FILE,
+    REGION_FILE,
+    claim_dir,
+)
 from tessera.enforcement.limits import (
     LIMITS_PATH,
     MAX_UNLIMITED,
@@ -66,9 +75,6 @@ from .publish import GpuRecord
 
 CDI_VERSION = "0.6.0"
 CDI_CLASS = "claim"
-CONTAINER_REGION = "/run/tessera/region"
-CONTAINER_LIBRARY_DIR = "/usr/lib/tessera"
-LD_SO_PRELOAD = "/etc/ld.so.preload"
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 MIB = 1 << 20
 
@@ -103,7 +109,7 @@ class Layout:
     mig_minors: Path = MIG_MINORS
 
     def claim_dir(self, uid: str) -> Path:
-        return self.state_dir / "claims" / uid
+        return claim_dir(self.state_dir, uid)
 
     def cdi_path(self, uid: str) -> Path:
         # Transient per-claim spec: <vendor>-<class>_<id>.json (CDI naming convention).
@@ -111,7 +117,7 @@ class Layout:
 
     @property
     def preload_file(self) -> Path:
-        return self.state_dir / "ld.so.preload"
+        return self.state_dir / PRELOAD_FILE
 
     @property
     def cdi_kind(self) -> str:
@@ -499,13 +505,13 @@ def _cdi_spec(
         cdir = layout.claim_dir(ref.uid)
         mounts = [
             {
-                "hostPath": str(cdir / "limits"),
+                "hostPath": str(cdir / LIMITS_FILE),
                 "containerPath": LIMITS_PATH,
                 "type": "bind",
                 "options": ["ro", "nosuid", "nodev", "bind"],
             },
             {
-                "hostPath": str(cdir / "region"),
+                "hostPath": str(cdir / REGION_FILE),
                 "containerPath": CONTAINER_REGION,
                 "type": "bind",
                 "options": ["rw", "nosuid", "nodev", "bind"],
@@ -591,11 +597,11 @@ def materialize(plan: ClaimPlan, layout: Layout) -> bool:
     if plan.limits_text is not None:
         cdir = layout.claim_dir(plan.ref.uid)
         cdir.mkdir(parents=True, exist_ok=True)
-        region = cdir / "region"
+        region = cdir / REGION_FILE
         if not _region_ok(region):
             create_region(str(region), list(plan.region_gpus), sync=False)
             wrote = True
-        limits = cdir / "limits"
+        limits = cdir / LIMITS_FILE
         data = plan.limits_text.encode("ascii")
         if not (limits.is_file() and limits.read_bytes() == data):
             write_limits(str(limits), parse_limits(data), sync=False)

@@ -1,12 +1,12 @@
 """The region directory: one directory per prepared claim, as the node driver keeps it.
 
-Layout (the contract between the driver and the monitor, ``docs/monitoring.md``)::
+Layout (the contract between the driver and the monitor, defined once in
+:mod:`tessera.enforcement.layout`; ``<region-dir>`` is the driver's ``<state-dir>/claims``)::
 
-    <region-dir>/<claim-uid>/usage       the claim's usage region (required; tessera_region.h)
+    <region-dir>/<claim-uid>/region      the claim's usage region (required; tessera_region.h)
     <region-dir>/<claim-uid>/limits      the claim's limits file (optional; its ``claim`` line
                                          names namespace/name and uid)
-    <region-dir>/<claim-uid>/claim.json  optional metadata written by the driver (see
-                                         :func:`parse_claim_json`)
+    <region-dir>/<claim-uid>/claim.json  optional metadata (see :func:`parse_claim_json`)
 
 Every entry is read on its own: a region that is missing, truncated or of another version
 gives that share an error and leaves the others alone. Metadata files are cached by
@@ -18,19 +18,21 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tessera.enforcement.layout import DEFAULT_CLAIMS_DIR, LIMITS_FILE, META_FILE, REGION_FILE
 from tessera.enforcement.limits import LimitsError, read_limits
 from tessera.enforcement.region import RegionError, RegionSnapshot, read_region
 
 #: Where the driver keeps its claims' regions by default (``--region-dir``).
-DEFAULT_REGION_DIR = "/run/tessera/claims"
-REGION_FILE = "usage"
-LIMITS_FILE = "limits"
-META_FILE = "claim.json"
+DEFAULT_REGION_DIR = DEFAULT_CLAIMS_DIR
 META_VERSION = 1
+#: Seconds a claim directory may lack a readable region before it is reported: the driver
+#: creates the directory, then the region, then the limits file.
+REGION_GRACE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -154,9 +156,10 @@ class RegionDir:
         self._lock = threading.Lock()
 
     def read(self, check_liveness: bool = True) -> list[ShareReading]:
-        """Every claim directory, sorted by name. A directory without a ``usage`` file is
-        skipped (the driver is still preparing it). Raises ``OSError`` only when the region
-        directory itself cannot be listed."""
+        """Every claim directory, sorted by name. A directory without a ``region`` file is
+        skipped while it is younger than :data:`REGION_GRACE_SECONDS` (the driver is still
+        preparing it); after that it is a reading with an ``error`` saying so. Raises
+        ``OSError`` only when the region directory itself cannot be listed."""
         out: list[ShareReading] = []
         with os.scandir(self.path) as it:
             entries = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
@@ -164,6 +167,24 @@ class RegionDir:
             d = os.path.join(self.path, name)
             region = os.path.join(d, REGION_FILE)
             if not os.path.lexists(region):
+                try:
+                    age = time.time() - os.stat(d).st_mtime
+                except OSError:
+                    continue  # removed meanwhile (unprepared)
+                if age < REGION_GRACE_SECONDS:
+                    continue
+                meta, meta_error = self._metadata(d, name)
+                out.append(
+                    ShareReading(
+                        d,
+                        meta,
+                        None,
+                        f"{d}: no usage region ({REGION_FILE}) in this claim directory: the "
+                        f"node driver writes <state-dir>/claims/<uid>/{REGION_FILE}; check that "
+                        "--region-dir is the driver's <state-dir>/claims",
+                        meta_error,
+                    )
+                )
                 continue
             meta, meta_error = self._metadata(d, name)
             try:
