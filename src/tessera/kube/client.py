@@ -25,7 +25,6 @@ import http.client
 import json
 import os
 import ssl
-import tempfile
 import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping
@@ -139,7 +138,7 @@ class KubeClient:
         if cert_file is not None and key_file is not None:
             ctx.load_cert_chain(str(cert_file), str(key_file))
         elif cert_data is not None and key_data is not None:
-            _load_cert_chain_data(ctx, cert_data, key_data)
+            load_cert_chain_data(ctx, cert_data, key_data)
         self._ssl = ctx
         self._token = token
         self._token_file = token_file
@@ -688,17 +687,23 @@ class KubeClient:
         return self.request("GET", path, timeout=timeout)
 
 
-def _load_cert_chain_data(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
-    """ssl only loads client certificates from files: write both to a private temp dir."""
-    with _private_tempdir() as d:
-        cert_path, key_path = d / "tls.crt", d / "tls.key"
-        cert_path.write_bytes(cert)
-        key_path.write_bytes(key)
-        ctx.load_cert_chain(str(cert_path), str(key_path))
+def load_cert_chain_data(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """Load a PEM certificate chain and its private key given as bytes into ``ctx``.
 
-
-@contextmanager
-def _private_tempdir() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="tessera-kube-") as d:
-        os.chmod(d, 0o700)
-        yield Path(d)
+    ``ssl`` loads a certificate chain only from file paths; the bytes go to anonymous
+    in-memory files (``memfd_create``, read back through ``/proc/self/fd``), so nothing is
+    written to a file system: a container with a read-only root and no ``/tmp`` loads them the
+    same. Raises ``ssl.SSLError`` (not PEM, or the key does not match) or ``OSError``.
+    """
+    fds: list[int] = []
+    try:
+        paths = []
+        for name, data in (("tls.crt", cert), ("tls.key", key)):
+            fd = os.memfd_create(name, os.MFD_CLOEXEC)
+            fds.append(fd)
+            os.write(fd, data)
+            paths.append(f"/proc/self/fd/{fd}")
+        ctx.load_cert_chain(paths[0], paths[1])
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -21,7 +21,6 @@ import contextlib
 import logging
 import os
 import ssl
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from tessera.kube.client import ApiError
+from tessera.kube.client import ApiError, load_cert_chain_data
 from tessera.webhook.admission import MAX_BODY, BadReview, ClusterView, Decision, decide
 from tessera.webhook.templates import FRESH, NEEDED, TemplateStore, template_key
 
@@ -63,15 +62,11 @@ class CertReloader:
 
     def _load_into(self, ctx: ssl.SSLContext) -> None:
         # Read both files once, so that the pair checked is the pair loaded.
+        # Nothing is written to disk (the chart's root file system is read-only, with no /tmp).
         cert, key = self.cert_file.read_bytes(), self.key_file.read_bytes()
-        with tempfile.TemporaryDirectory(prefix="tessera-webhook-tls-") as d:
-            os.chmod(d, 0o700)
-            c, k = Path(d) / "tls.crt", Path(d) / "tls.key"
-            c.write_bytes(cert)
-            k.write_bytes(key)
-            probe = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            probe.load_cert_chain(str(c), str(k))  # raises before the live context is touched
-            ctx.load_cert_chain(str(c), str(k))
+        probe = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        load_cert_chain_data(probe, cert, key)  # raises before the live context is touched
+        load_cert_chain_data(ctx, cert, key)
         self.loads += 1
 
     def check(self) -> bool:
