@@ -62,6 +62,9 @@ true
   value: all
 - name: NVIDIA_DRIVER_CAPABILITIES
   value: utility
+{{- with .Values.node.extraEnv }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/* The webhook's CA and serving certificate when the chart makes them (no cert-manager).
