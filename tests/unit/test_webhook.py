@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import tempfile
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -701,3 +702,27 @@ def test_shipped_webhook_configuration() -> None:
         }
     ]
     assert w["clientConfig"]["service"]["path"] == "/mutate-pods"
+
+
+def test_serving_pair_loads_and_reloads_without_a_writable_file_system(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chart runs the webhook with a read-only root and no /tmp: loading and reloading the
+    serving pair writes nothing (a temporary directory that cannot be made fails the test)."""
+    from tessera.kube.pki import make_serving_certificate
+    from tessera.webhook.server import CertReloader
+
+    certs = tmp_path / "tls"
+    certs.mkdir()
+    ca, pair = make_serving_certificate(certs, "webhook")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-dir"))
+    r = CertReloader(pair.cert, pair.key)
+    assert r.loads == 1
+    make_serving_certificate(certs, "webhook", ca=ca)  # rotation: a new pair, same names
+    assert r.check() and r.loads == 2
+    # A key that does not match the certificate keeps the pair being served.
+    other = tmp_path / "other"
+    other.mkdir()
+    _, stranger = make_serving_certificate(other, "x")
+    pair.key.write_bytes(stranger.key.read_bytes())
+    assert not r.check() and r.loads == 2
