@@ -37,6 +37,7 @@ import yaml
 
 from tessera.api.deviceclass import device_class, mig_device_class
 from tessera.driver.node import REQUIRED_ACCESS
+from tessera.enforcement.layout import DEFAULT_STATE_DIR, claims_dir
 from tessera.kube import build
 from tessera.kube.client import ApiError, KubeClient
 from tessera.kube.cluster import Cluster, ClusterError
@@ -345,6 +346,37 @@ def _check_policy_type_checks(env: Env, name: str) -> None:
 
     st = wait_for(checked, timeout=60, what=f"ValidatingAdmissionPolicy {name} to be type-checked")
     assert not (st.get("typeChecking") or {}).get("expressionWarnings"), st
+
+
+@pytest.mark.parametrize("state_dir", [None, "/srv/tessera/state"])
+def test_monitor_reads_where_the_driver_writes(env: Env, state_dir: str | None) -> None:
+    """The rendered driver's ``--state-dir`` and the monitor's ``--region-dir`` (and the host
+    paths mounted for them) meet where tessera.enforcement.layout says they do."""
+    values = {"driver": {"stateDir": state_dir}} if state_dir else {}
+    objs = env.tools.render(RELEASE, NS, values)
+
+    def container(ds: str, name: str) -> dict[str, Any]:
+        (d,) = [o for o in objs if o["kind"] == "DaemonSet" and o["metadata"]["name"] == ds]
+        spec = d["spec"]["template"]["spec"]
+        (c,) = [c for c in spec["containers"] if c["name"] == name]
+        c["_volumes"] = {v["name"]: v for v in spec["volumes"]}
+        return c
+
+    def flag(c: dict[str, Any], name: str) -> str:
+        (v,) = [a.split("=", 1)[1] for a in c["args"] if a.startswith(f"--{name}=")]
+        return v
+
+    def host_path(c: dict[str, Any], mount: str) -> str:
+        (m,) = [m for m in c["volumeMounts"] if m["mountPath"] == mount]
+        return str(c["_volumes"][m["name"]]["hostPath"]["path"])
+
+    drv = container(f"{RELEASE}-node", "driver")
+    mon = container(f"{RELEASE}-monitor", "monitor")
+    state = flag(drv, "state-dir")
+    assert state == (state_dir or DEFAULT_STATE_DIR)
+    assert flag(mon, "region-dir") == str(claims_dir(state))
+    assert host_path(drv, state) == state
+    assert host_path(mon, str(claims_dir(state))) == str(claims_dir(state))
 
 
 def test_device_classes_are_tesseras_definitions(env: Env) -> None:
