@@ -21,11 +21,11 @@ from typing import Any
 import grpc
 import pytest
 
-from nvml_machine import as_listed, mig_minors_text
 from tessera.driver.backend import LIBRARY
 from tessera.enforcement.limits import read_limits
 from tessera.inventory import build_resource_slices, load_inventory
 from tessera.inventory.mig import DynamicMIG
+from tessera.kube.fake_nvml import as_listed, mig_minors_text
 from tessera.kube.workloads import apply_objects, gpu_pod, pod_claims, wait_for, wait_pod_scheduled
 
 from .conftest import CORPUS, LiveCluster

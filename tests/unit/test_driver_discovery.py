@@ -211,9 +211,9 @@ def test_nvml_discovery_publishes_what_simulate_publishes_from_nvidia_smi(
     builder publishes from the output itself. Both must be the same slices, device for device.
     ``-q -x`` lacks what ``nvidia-smi -L`` prints (MIG UUIDs, profile names): the expected side
     gets the fake machine's (``as_listed``)."""
-    from nvml_machine import as_listed, nvml_config
     from tessera.driver.publish import desired_slices
     from tessera.inventory import load_topology
+    from tessera.kube.fake_nvml import as_listed, nvml_config
 
     src = inventory if isinstance(inventory, Path) else corpus / "inventories" / inventory
     gpus = load_inventory(src)[:first]

@@ -1,7 +1,7 @@
 """The fake NVML's machine description (``native/fake/fake_nvml_config.h``) written from real
 inventories: GPUs, NUMA nodes and NVLink domains from a ``topo -m``, MIG profiles (the
 ``tessera.inventory.mig`` tables) and existing MIG instances, and the MIG state, log and crash
-point. Shared by the driver's unit and e2e tests (``tests/`` is on ``sys.path``)."""
+point. Used by the driver's tests and by ``make demo`` (fake GPUs on a machine without one)."""
 
 from __future__ import annotations
 
