@@ -26,6 +26,7 @@ import pytest
 from tessera.driver.publish import BACKEND_ATTRIBUTE
 from tessera.enforcement import library_path
 from tessera.inventory import load_inventory
+from tessera.kube.localinstall import PROBE_SOURCE
 from tessera.kube.workloads import apply_objects, delete_pod, pod_claims, wait_for
 
 from .conftest import LiveNode
@@ -35,7 +36,7 @@ from .driverkit import GIB, H100, node_slices, nvml_config
 pytestmark = [pytest.mark.cluster, pytest.mark.node]
 
 NATIVE = Path(__file__).resolve().parents[2] / "native"
-PROBE_SRC = Path(__file__).parent / "data" / "cuda_probe.c"
+PROBE_SRC = PROBE_SOURCE
 DRIVER = "gpu.tessera.dev"
 
 
