@@ -361,14 +361,17 @@ def test_monitor_reads_the_claim_files_the_driver_writes(
         limit = wait_for(
             lambda: (
                 [
-                    (lab["claim"], lab["device_uuid"], v)
+                    (lab["dra_claim_name"], lab["UUID"], v)
                     for lab, v in share("tessera_share_memory_limit_bytes")
-                    if lab.get("claim") == meta["name"]
+                    if lab.get("dra_claim_name") == meta["name"]
                 ]
                 or None
             ),
             timeout=30,
             what="the share's limit series",
+            last=lambda: "\n".join(
+                [ln for ln in mon.scrape().splitlines() if "share_memory_limit" in ln] + mon.log
+            )[-3000:],
         )
         assert limit == [(meta["name"], uuid, float(8 * GIB))]
         hami = [
@@ -378,11 +381,13 @@ def test_monitor_reads_the_claim_files_the_driver_writes(
         ]
         assert hami == [(uuid, float(8 * GIB))]
         used = [
-            v for lab, v in share("tessera_share_memory_used_bytes") if lab["claim"] == meta["name"]
+            v
+            for lab, v in share("tessera_share_memory_used_bytes")
+            if lab["dra_claim_name"] == meta["name"]
         ]
         assert used == [0.0]
         wait_for(
-            lambda: any("0000-no-region: no usage region (region)" in x for x in mon.log),
+            lambda: any("0000-no-region: no usage region (region)" in x for x in mon.log) or None,
             timeout=10,
             what="the monitor's log line for a claim directory without a region",
         )
@@ -390,10 +395,12 @@ def test_monitor_reads_the_claim_files_the_driver_writes(
         assert kubelet.unprepare([ref]).claims[meta["uid"]].error == ""
         wait_for(
             lambda: (
-                not any(
-                    lab.get("claim") == meta["name"]
+                None
+                if any(
+                    lab.get("dra_claim_name") == meta["name"]
                     for lab, _ in share("tessera_share_memory_limit_bytes")
                 )
+                else True
             ),
             timeout=10,
             what="the share's series to go with the claim",
