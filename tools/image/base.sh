@@ -60,7 +60,7 @@ dpkgopts=(
 # only when an input changes or the image is removed.)
 hash="$(
   {
-    sha256sum "${BASH_SOURCE[0]}"
+    sha256sum <"${BASH_SOURCE[0]}"  # its content, whatever path it was called by
     echo "$suite"
     for f in ${sources[@]+"${sources[@]}"} ${aptopts[@]+"${aptopts[@]}"}; do
       echo "$f"
@@ -116,11 +116,7 @@ buildah config --os linux --arch "$(dpkg --print-architecture)" \
   "$ctr"
 buildah commit --quiet --rm "$ctr" "$ref" >/dev/null
 trap - EXIT
-# Older bases of this script are no longer used.
-for old in $(buildah images --noheading --format '{{.Name}}:{{.Tag}}'); do
-  if [[ "$old" == "tessera.local/debian:$suite-"* && "$old" != "$ref" ]]; then
-    buildah rmi "$old" >/dev/null 2>&1 || true
-  fi
-done
+# Older tarballs of this checkout are no longer used. (Older base images stay in buildah's
+# storage, which other checkouts share: `buildah rmi` removes them.)
 find "$out" -name "debian-$suite-*.tar" ! -name "$(basename "$tarball")" -delete
 echo "$ref"
