@@ -59,12 +59,16 @@ helm:
 go-tools:
 	$(MAKE) -j2 kube helm
 
-# The image of every entry point (deploy/images/Dockerfile; docs/install.md). Needs docker (or
-# DOCKER=podman) with access to Docker Hub, PyPI and Debian's mirrors; the tests do not build it.
-IMAGE  ?= tessera:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-DOCKER ?= docker
+# The image of every entry point (deploy/images/Dockerfile; docs/install.md "Building the
+# image"), built with buildah, no Docker daemon and no registry (tools/image/README.md):
+# installs buildah, runc and mmdebstrap from Debian (tools/image/install.sh), makes a Debian
+# bookworm base from Debian's packages once (BASE=upstream: the Dockerfile's pinned
+# debian:bookworm-slim instead), and writes build/image/tessera-<version>.oci.tar for
+# `ctr images import`. A no-op (seconds) when none of its inputs changed.
+IMAGE ?= tessera.local/tessera:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+BASE  ?= local
 image: protos
-	$(DOCKER) build -f deploy/images/Dockerfile -t $(IMAGE) .
+	IMAGE=$(IMAGE) BASE=$(BASE) tools/image/build.sh
 
 # Debian packages a real node (`tessera cluster up --kubelet`, the `node` tests) needs:
 # runc, containernetworking-plugins, busybox-static, iproute2. Installed with apt-get when

@@ -18,6 +18,10 @@ tries to pull it.
 
 Image references are ``tessera.local/<name>:<tag>`` (:data:`LOCAL_REGISTRY`): a registry
 host that does not exist, so nothing is ever pulled by accident.
+
+:func:`build_project_image` is Tessera's own image, ``deploy/images/Dockerfile`` built with
+buildah by ``tools/image/build.sh`` (what ``make image`` runs; a no-op when its inputs did not
+change): :data:`PROJECT_IMAGE` by default, as an OCI archive that :func:`import_image` loads.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ LOCAL_REGISTRY = "tessera.local"
 PAUSE_IMAGE = f"{LOCAL_REGISTRY}/pause:1"
 #: The containerd namespace the CRI plugin (and so the kubelet) uses.
 K8S_NAMESPACE = "k8s.io"
+#: Tessera's own image as ``make image`` names it (``tools/image/build.sh``; the tag is the
+#: package version, the chart's appVersion).
+PROJECT_IMAGE_NAME = f"{LOCAL_REGISTRY}/tessera"
 
 _MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
 _MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -433,3 +440,88 @@ def import_image(ctr: Path, address: Path, image: Image, *, timeout: float = 120
         raise ImageError(
             f"importing {image.ref}: {' '.join(cmd)} failed: {(proc.stderr or proc.stdout).strip()}"
         )
+
+
+def project_root() -> Path:
+    """The source checkout this package was installed from (editable installs): the directory
+    holding ``tools/image/build.sh`` and ``deploy/images/Dockerfile``. Raises ImageError."""
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "tools" / "image" / "build.sh").is_file() and (
+            parent / "deploy" / "images" / "Dockerfile"
+        ).is_file():
+            return parent
+    raise ImageError(
+        "cannot find tools/image/build.sh: building Tessera's image needs the source checkout "
+        "(pip install -e .)"
+    )
+
+
+def read_archive(ref: str, archive: Path) -> Image:
+    """The :class:`Image` of an OCI image layout archive holding one image (its ``index.json``
+    and manifest). Raises ImageError when the archive is not one."""
+    try:
+        with tarfile.open(archive) as t:
+
+            def member(name: str) -> bytes:
+                f = t.extractfile(name)
+                if f is None:
+                    raise KeyError(name)
+                return f.read()
+
+            index = json.loads(member("index.json"))
+            manifests = index.get("manifests") or []
+            if len(manifests) != 1:
+                raise ImageError(
+                    f"{archive}: expected one image in index.json, found {len(manifests)}"
+                )
+            digest = manifests[0]["digest"]
+            manifest = json.loads(member("blobs/sha256/" + digest.split(":", 1)[1]))
+    except (OSError, tarfile.TarError, KeyError, ValueError) as e:
+        raise ImageError(f"{archive}: not an OCI image layout archive: {e}") from e
+    return Image(ref, Path(archive), digest, manifest["config"]["digest"])
+
+
+def build_project_image(
+    *,
+    ref: str | None = None,
+    base: str = "local",
+    force: bool = False,
+    repo: Path | None = None,
+    timeout: float = 1800.0,
+) -> Image:
+    """Build (or reuse) Tessera's image: ``tools/image/build.sh`` in the checkout, what
+    ``make image`` runs after ``make protos`` (the kubelet plugin stubs must exist).
+
+    ``ref`` defaults to ``tessera.local/tessera:<version>``; ``base`` is ``local`` (a Debian
+    bookworm base made with mmdebstrap: no registry is contacted), ``upstream`` (the
+    Dockerfile's pinned ``debian:bookworm-slim``, pulled) or an image reference. Installs
+    buildah, runc and mmdebstrap from Debian when root and missing. A no-op of about a second
+    when no input changed; cold, a few minutes (docs/benchmarks.md). Returns the image, whose
+    ``archive`` :func:`import_image` loads into a node's containerd. Raises ImageError with
+    the script's last lines of output when it fails (the builder missing, a failed step).
+    """
+    root = Path(repo) if repo is not None else project_root()
+    script = root / "tools" / "image" / "build.sh"
+    env = dict(os.environ, BASE=base)
+    if ref is not None:
+        env["IMAGE"] = ref
+    else:
+        env.pop("IMAGE", None)
+    cmd = ["bash", str(script), *(["--force"] if force else [])]
+    try:
+        proc = subprocess.run(
+            cmd, cwd=root, env=env, capture_output=True, text=True, check=False, timeout=timeout
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ImageError(f"{' '.join(cmd)}: {e}") from e
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-25:])
+        raise ImageError(f"{script} failed with exit status {proc.returncode}:\n{tail}")
+    out = dict(
+        line.split("=", 1)
+        for line in proc.stdout.splitlines()
+        if line.startswith(("image=", "archive="))
+    )
+    if "image" not in out or "archive" not in out:
+        raise ImageError(f"{script} printed no image=/archive= lines:\n{proc.stdout.strip()}")
+    return read_archive(out["image"], Path(out["archive"]))
