@@ -75,9 +75,7 @@ class ApiRefresher:
                     self._failing = False
                 except MonitorError as e:
                     if not self._failing:
-                        self.log(
-                            f"{e} (keeping the last figures; tessera_monitor_api_up is 0)"
-                        )
+                        self.log(f"{e} (keeping the last figures; tessera_monitor_api_up is 0)")
                     self._failing = True
 
         t = threading.Thread(target=loop, name="tessera-monitor-api", daemon=True)
