@@ -226,9 +226,7 @@ class Webhook:
 
         async def readyz(request: Request) -> Response:
             if self.draining:
-                return self._closing(
-                    PlainTextResponse("draining: shutting down", status_code=503)
-                )
+                return self._closing(PlainTextResponse("draining: shutting down", status_code=503))
             if not self.ready():
                 return PlainTextResponse("ResourceSlice cache not synced yet", status_code=503)
             if "verbose" in request.query_params:
