@@ -160,7 +160,7 @@ def _prepare_failures(node: LiveNode, ns: str) -> list[str]:
     return [
         f"{(e.get('involvedObject') or {}).get('name')}: {e.get('message')}"
         for e in node.client.list("v1", "Event", ns)
-        if e.get("reason") in ("FailedPrepareDynamicResources", "FailedCreatePodSandBox")
+        if e.get("reason") == "FailedPrepareDynamicResources"
         or "PrepareDynamicResources" in str(e.get("message"))
     ]
 
