@@ -9,6 +9,7 @@ sleeps (what a container sees of its share is proven in ``test_driver_kubelet.py
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -156,13 +157,25 @@ class PodClock:
         self._watch.join(5)
 
 
-def _prepare_failures(node: LiveNode, ns: str) -> list[str]:
-    return [
-        f"{(e.get('involvedObject') or {}).get('name')}: {e.get('message')}"
-        for e in node.client.list("v1", "Event", ns)
-        if e.get("reason") == "FailedPrepareDynamicResources"
-        or "PrepareDynamicResources" in str(e.get("message"))
-    ]
+def _prepare_failures(node: LiveNode, ns: str) -> tuple[list[str], dict[str, str]]:
+    """``(failures, authorizer_races)``: the kubelet's prepare failures of the namespace's pods
+    (events), and apart from them, by pod, those where the kubelet's own read of the claim was
+    refused by the API server's node authorizer ("no relationship found between node"): its
+    graph had not yet linked the new pod's claim to the node, before any driver was called."""
+    failures, races = [], {}
+    for e in node.client.list("v1", "Event", ns):
+        msg = str(e.get("message"))
+        if (
+            e.get("reason") != "FailedPrepareDynamicResources"
+            and "PrepareDynamicResources" not in msg
+        ):
+            continue
+        pod = str((e.get("involvedObject") or {}).get("name"))
+        if "fetch ResourceClaim" in msg and "no relationship found between node" in msg:
+            races[pod] = msg
+        else:
+            failures.append(f"{pod}: {msg}")
+    return failures, races
 
 
 def test_a_rolling_update_of_the_driver_fails_no_prepare(
@@ -227,9 +240,14 @@ def test_a_rolling_update_of_the_driver_fails_no_prepare(
         ]
         assert stopping, (handed_over, clock.created)
 
-        assert _prepare_failures(node, ns) == []
+        failures, races = _prepare_failures(node, ns)
+        assert failures == []
+        if races:
+            print(
+                f"\nnot the driver's: the node authorizer refused the kubelet's claim read: {races}"
+            )
         slowest = max(baseline.values())
-        late = {n: round(t, 2) for n, t in during.items() if t > slowest + SLACK}
+        late = {n: round(t, 2) for n, t in during.items() if t > slowest + SLACK and n not in races}
         assert late == {}, (
             f"pods slower than the slowest without a roll ({slowest:.2f} s) + {SLACK} s: {late}"
         )
@@ -249,10 +267,20 @@ def test_a_rolling_update_of_the_driver_fails_no_prepare(
         assert registration_socket(root, DRIVER, b.instance).is_socket()
         assert dra_socket(root, DRIVER, b.instance).is_socket()
         stopped = [ln for ln in a.output.splitlines() if " tessera driver: stopped in " in ln]
-        assert (
-            len(stopped) == 1 and str(registration_socket(root, DRIVER, a.instance)) in stopped[0]
+        assert len(stopped) == 1
+        assert str(registration_socket(root, DRIVER, a.instance)) in stopped[0]
+        assert str(dra_socket(root, DRIVER, a.instance)) in stopped[0]
+        print(stopped[0])
+        t_roll = clock.created["during-0"]
+        print(
+            "during the roll (created s after the first, seconds to Running): "
+            + ", ".join(
+                f"{k} {clock.created[k] - t_roll:.1f}/{v:.2f}" for k, v in sorted(during.items())
+            )
+            + f"; B ready at {handed_over['b ready'] - t_roll:.1f}, A gone at "
+            f"{handed_over['a gone'] - t_roll:.1f}"
         )
-        assert "publishes this node's ResourceSlices" in a.output  # A saw B take over
+        assert "another driver instance serves this node" in b.output
         assert (driver_root / "state" / "publisher").read_text().strip() == b.instance
         assert wait_for(
             lambda: (
@@ -294,6 +322,16 @@ def test_a_rolling_update_of_the_driver_fails_no_prepare(
         assert sorted(os.listdir(driver_root / "state" / "locks")) == []
     finally:
         clock.close()
+        # Pods go while a driver still runs (their claims must be unprepared before the
+        # namespace can be deleted).
+        for p in node.client.list("v1", "Pod", ns):
+            node.client.delete("v1", "Pod", p["metadata"]["name"], ns)
+        with contextlib.suppress(Exception):
+            wait_for(
+                lambda: True if not node.client.list("v1", "Pod", ns) else None,
+                timeout=120,
+                what="the pods to go",
+            )
         for d in (a, b):
             if d is not None:
                 d.stop()

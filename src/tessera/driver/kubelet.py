@@ -373,14 +373,17 @@ class PluginServers:
         return True
 
     def _remove_own(self, path: Path) -> bool:
-        """Unlink ``path`` if it is still the socket this instance made (same inode)."""
+        """Unlink ``path`` if it is still the socket this instance made (same inode); True
+        when it is gone (gRPC's server removes its own unix socket when it stops)."""
         ino = self._inodes.pop(path, None)
+        if ino is None:
+            return False
         try:
-            if ino is None or os.stat(path).st_ino != ino:
-                return False
+            if os.stat(path).st_ino != ino:
+                return False  # another instance's socket at this path now: not ours to remove
             path.unlink()
         except FileNotFoundError:
-            return False
+            pass
         return True
 
     def stop(self, grace: float = 30.0, handoff: float = 1.0) -> StopReport:
