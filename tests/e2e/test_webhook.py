@@ -1188,7 +1188,7 @@ def test_sigterm_drains_answering_every_request_then_stops(hooked: Hooked) -> No
             reply += chunk
         assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
         slow_tls.close()
-        proc.wait(15)
+        assert proc.wait(15) == 0
         elapsed = time.monotonic() - t0
         assert drain <= elapsed < drain + 10
         with pytest.raises(OSError):

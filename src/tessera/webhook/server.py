@@ -271,16 +271,20 @@ class _DrainingServer(uvicorn.Server):
         import signal
         import time
 
-        if sig == signal.SIGTERM and self.drain > 0 and self.drain_started is None:
-            # Signal handler: only flags here; on_tick (the event loop) does the rest.
-            self.drain_started = time.monotonic()
-            if self.on_drain is not None:
-                self.on_drain()
+        # Signal handler: only flags here; on_tick (the event loop) does the rest. SIGTERM is
+        # not recorded for uvicorn to raise again once serving ended: the command then returns,
+        # logs its stop and exits 0.
+        if sig == signal.SIGTERM:
+            if self.drain > 0 and self.drain_started is None:
+                self.drain_started = time.monotonic()
+                if self.on_drain is not None:
+                    self.on_drain()
+            else:
+                self.should_exit = True  # no drain, or a second SIGTERM: stop now
             return
         super().handle_exit(sig, frame)
 
     async def on_tick(self, counter: int) -> bool:
-        import signal
         import time
 
         if self.drain_started is not None and not self.should_exit:
@@ -295,7 +299,7 @@ class _DrainingServer(uvicorn.Server):
                     f"drained for {time.monotonic() - self.drain_started:.1f} s: no longer "
                     "accepting; finishing the requests in flight"
                 )
-                super().handle_exit(signal.SIGTERM, None)
+                self.should_exit = True
         return await super().on_tick(counter)
 
 
