@@ -234,8 +234,10 @@ class DriverProcess:
     """``tessera driver`` for a :class:`DriverEnv`, as a child process (NVML, even the fake one,
     is loaded once per process and cannot be unloaded: the test process must not load it).
 
-    ``options`` are extra command-line options. :meth:`start` waits until ``/readyz`` answers
-    (or the process exits: then :attr:`returncode` and :attr:`output` say why).
+    ``options`` are extra command-line options. :meth:`start` waits until ``/readyz`` says the
+    DRA service answers (``serving``; ``ok`` needs a kubelet's registration too, which the fake
+    kubelet gives only when a test asks: :meth:`FakeKubelet.notify`), or the process exits: then
+    :attr:`returncode` and :attr:`output` say why.
     """
 
     def __init__(self, env: DriverEnv, *options: str) -> None:
@@ -297,7 +299,7 @@ class DriverProcess:
                     return self.start(max(1.0, deadline - time.monotonic()))
                 return self
             try:
-                if self.ready(attempts=1)["ok"]:
+                if self.ready(attempts=1).get("serving"):
                     return self
             except OSError:
                 pass

@@ -76,13 +76,24 @@ def test_registration_info_and_socket_paths(
     assert (env.kubelet_root / "plugins_registry" / "gpu.tessera.dev-reg.sock").is_socket()
     assert Path(info.endpoint).is_socket()
     body = d.ready()
-    assert body["ok"] is True and body["registered"] is False and body["gpus"] == 8
+    # serving, but not ready until the kubelet confirmed the registration
+    assert (body["ok"], body["serving"], body["registered"], body["gpus"]) == (
+        False,
+        True,
+        False,
+        8,
+    )
     with urllib.request.urlopen(f"http://127.0.0.1:{d.port}/healthz", timeout=5) as r:
         assert json.loads(r.read())["ok"] is True
     kubelet.notify(True)
-    assert d.ready()["registered"] is True
+    assert (d.ready()["registered"], d.ready()["ok"]) == (True, True)
     kubelet.notify(False, "plugin name clash")
-    assert (d.ready()["registered"], d.ready()["registrationError"]) == (False, "plugin name clash")
+    body = d.ready()
+    assert (body["ok"], body["registered"], body["registrationError"]) == (
+        False,
+        False,
+        "plugin name clash",
+    )
     kubelet.close()
 
 

@@ -41,24 +41,39 @@ DRIVER = "gpu.tessera.dev"
 
 
 class NodeDriverProcess:
-    """``tessera driver`` for the real node, as a child process."""
+    """``tessera driver`` for the real node, as a child process. ``root`` holds its state,
+    device nodes and fake-NVML config (made by the first process; a second one given the same
+    ``root`` shares them, as two pods of the DaemonSet share the host paths). ``instance``:
+    ``--rolling-update-id``; ``health_port``: serve ``/readyz`` on 127.0.0.1 (None: off)."""
 
-    def __init__(self, node: LiveNode, root: Path, nvml_lib: Path) -> None:
+    def __init__(
+        self,
+        node: LiveNode,
+        root: Path,
+        nvml_lib: Path,
+        *,
+        instance: str = "",
+        health_port: int | None = None,
+    ) -> None:
         self.root = root
         self.state = root / "state"
         gpus = load_inventory(H100)
         self.gpus = gpus
+        self.instance = instance
+        self.health_port = health_port
         dev = root / "devroot" / "dev"
-        dev.mkdir(parents=True)
-        for name in [f"nvidia{g.index}" for g in gpus] + [
-            "nvidiactl",
-            "nvidia-uvm",
-            "nvidia-uvm-tools",
-        ]:
-            os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, 3))
+        if not dev.is_dir():
+            dev.mkdir(parents=True)
+            for name in [f"nvidia{g.index}" for g in gpus] + [
+                "nvidiactl",
+                "nvidia-uvm",
+                "nvidia-uvm-tools",
+            ]:
+                os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, 3))
         self.nvml_cfg = root / "nvml.cfg"
-        self.nvml_cfg.write_text(nvml_config(gpus))
-        self.log = root / "driver.log"
+        if not self.nvml_cfg.is_file():
+            self.nvml_cfg.write_text(nvml_config(gpus))
+        self.log = root / (f"driver-{instance}.log" if instance else "driver.log")
         argv = [
             sys.executable,
             "-m",
@@ -79,7 +94,8 @@ class NodeDriverProcess:
             "--nvml-library",
             str(nvml_lib),
             "--health-address",
-            "",
+            f"127.0.0.1:{health_port}" if health_port else "",
+            *(["--rolling-update-id", instance] if instance else []),
         ]
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
@@ -89,6 +105,25 @@ class NodeDriverProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
+
+    def readyz(self) -> tuple[int, dict[str, Any]] | None:
+        """``(HTTP status, body)`` of ``/readyz``; None while nothing answers."""
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.health_port}/readyz", timeout=5
+            ) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+        except OSError:
+            return None
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -1015,6 +1015,37 @@ def test_install_upgrade_uninstall(fresh_cluster: StartCluster, tmp_path: Path) 
     import subprocess
     import sys
 
+    # First (an init container): the webhook's templates go, with the hook's identity.
+    init = job["spec"]["template"]["spec"]["initContainers"][0]["args"]
+    assert init == ["collect-templates", "--all"]
+    client.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {
+                "name": "tessera-gpu-00000000000000aa",
+                "namespace": "default",
+                "labels": {"gpu.tessera.dev/template-hash": "00000000000000aa"},
+            },
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": "mig.gpu.tessera.dev"}}
+                        ]
+                    }
+                }
+            },
+        }
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "tessera", *init, f"--kubeconfig={hkc}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "deleted ResourceClaimTemplate default/tessera-gpu-00000000000000aa" in r.stdout
     r = subprocess.run(
         [sys.executable, "-m", "tessera", *args, f"--kubeconfig={hkc}"],
         capture_output=True,

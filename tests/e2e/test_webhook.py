@@ -19,6 +19,7 @@ import ctypes
 import http.client
 import json
 import random
+import re
 import signal
 import socket
 import ssl
@@ -1085,3 +1086,245 @@ def test_a_rotated_certificate_is_served_without_a_restart(hooked: Hooked) -> No
         pod = _pod("after-rotation", {"nvidia.com/gpumem": 1000}, node_selector=PIN_H100)
         _apply(h, ns, pod)
         assert "resourceClaims" in h.client.get("v1", "Pod", "after-rotation", ns)["spec"]
+
+
+# ---- upgrades: drain at SIGTERM, templates deleted at uninstall -------------------------------
+
+LOG_LINE = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z tessera webhook: "
+
+
+def test_sigterm_drains_answering_every_request_then_stops(hooked: Hooked) -> None:
+    """A second webhook process, SIGTERM'd while a client keeps sending reviews over a kept-alive
+    connection: for --drain-seconds every review is still answered (with Connection: close, so
+    the client reconnects), /readyz is 503; a request whose body is still arriving when the
+    drain ends is finished; then the port is closed and the process has exited."""
+    h = hooked
+    drain = 3.0
+    port_file = h.tmp / "drain.port"
+    log = h.logs / "webhook-drain.log"
+    proc = _spawn(
+        [
+            "webhook",
+            f"--tls-cert-file={h.serving.cert}",
+            f"--tls-private-key-file={h.serving.key}",
+            "--port=0",
+            f"--port-file={port_file}",
+            f"--kubeconfig={h.kubeconfig}",
+            "--no-collector",
+            f"--drain-seconds={drain}",
+        ],
+        log,
+    )
+    try:
+        wait_for(
+            lambda: True if port_file.is_file() else None,
+            timeout=60,
+            what="the second webhook to listen",
+            last=log.read_text,
+        )
+        port = int(port_file.read_text())
+        ctx = ssl.create_default_context(cafile=str(h.ca.cert))
+        pod = _pod("drain", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000})
+        body = json.dumps(_review(pod, dryRun=True)).encode()
+
+        def ready_status() -> int:
+            c = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+            try:
+                c.request("GET", "/readyz")
+                r = c.getresponse()
+                r.read()
+                return r.status
+            finally:
+                c.close()
+
+        wait_for(lambda: True if ready_status() == 200 else None, timeout=60, what="/readyz")
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+
+        def review() -> tuple[int, str | None, dict[str, Any]]:
+            conn.request(
+                "POST", "/mutate-pods", body=body, headers={"Content-Type": "application/json"}
+            )
+            r = conn.getresponse()
+            return r.status, r.getheader("connection"), json.loads(r.read())
+
+        status, connection, first = review()
+        assert (status, connection) == (200, None) and first["response"]["allowed"] is True
+        assert first["response"].get("patch")  # converted: the review did real work
+        # A request in flight across the end of the drain: headers and half its body now.
+        slow = socket.create_connection(("127.0.0.1", port), timeout=20)
+        slow_tls = ctx.wrap_socket(slow, server_hostname="127.0.0.1")
+        head = (
+            f"POST /mutate-pods HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        slow_tls.sendall(head + body[: len(body) // 2])
+
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        answered: list[tuple[int, str | None]] = []
+        readyz: list[int] = []
+        while time.monotonic() - t0 < drain - 0.5:
+            status, connection, doc = review()
+            assert doc["response"]["allowed"] is True and doc["response"].get("patch")
+            answered.append((status, connection))
+            readyz.append(ready_status())
+            time.sleep(0.1)
+        assert proc.poll() is None  # still serving
+        assert answered and set(answered) == {(200, "close")}, answered
+        assert set(readyz) == {503}
+        # Past the drain the server stops accepting; the slow request is still finished.
+        wait_for(
+            lambda: True if "no longer accepting" in log.read_text() else None,
+            timeout=drain + 10,
+            what="the drain to end",
+            last=log.read_text,
+        )
+        slow_tls.sendall(body[len(body) // 2 :])
+        reply = b""
+        while b"\r\n\r\n" not in reply or len(reply.split(b"\r\n\r\n", 1)[1]) < 20:
+            chunk = slow_tls.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+        slow_tls.close()
+        assert proc.wait(15) == 0
+        elapsed = time.monotonic() - t0
+        assert drain <= elapsed < drain + 10
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        text = log.read_text()
+        for line in text.splitlines():
+            if "tessera webhook:" in line:
+                assert re.match(LOG_LINE, line), line
+        assert "draining for 3 s" in text and "stopped: " in text
+        print(
+            f"\n{len(answered)} review(s) answered during the {drain:g} s drain; "
+            f"stopped {elapsed:.2f} s after SIGTERM"
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_collect_templates_all_deletes_every_template_no_pod_still_needs(hooked: Hooked) -> None:
+    """``tessera collect-templates --all`` (the chart's pre-delete hook) against the real API
+    server: young unused templates and those whose pods already have their claim go; a template
+    a pod still waits on (its claim cannot be made: a quota) stays and is named; a template the
+    webhook did not make is never touched."""
+    h = hooked
+    far = "2999-01-01T00:00:00Z"  # the module's own collector must leave them alone meanwhile
+
+    def hashed(name: str) -> Obj:
+        return {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {
+                "name": name,
+                "labels": {"gpu.tessera.dev/template-hash": name[-16:]},
+                "annotations": {STAMP_ANNOTATION: far},
+            },
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}
+                        ]
+                    }
+                }
+            },
+        }
+
+    def pod(name: str, template: str) -> Obj:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        }
+
+    with h.scratch() as ns, h.scratch() as blocked:
+        h.client.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": "no-claims", "namespace": blocked},
+                "spec": {"hard": {"count/resourceclaims.resource.k8s.io": "0"}},
+            }
+        )
+        unused, claimed, waited = (
+            "tessera-gpu-0000000000000001",
+            "tessera-gpu-0000000000000002",
+            "tessera-gpu-0000000000000003",
+        )
+        foreign = hashed("hand-made")
+        del foreign["metadata"]["labels"]
+        for ns_, obj in ((ns, hashed(unused)), (ns, hashed(claimed)), (ns, foreign)):
+            h.client.create({**obj, "metadata": {**obj["metadata"], "namespace": ns_}})
+        h.client.create(
+            {**hashed(waited), "metadata": {**hashed(waited)["metadata"], "namespace": blocked}}
+        )
+        h.client.create(
+            {**pod("has-claim", claimed), "metadata": {"name": "has-claim", "namespace": ns}}
+        )
+        h.client.create(
+            {**pod("waits", waited), "metadata": {"name": "waits", "namespace": blocked}}
+        )
+
+        def claim_made() -> bool | None:
+            p = h.client.get("v1", "Pod", "has-claim", ns)
+            return True if (p.get("status") or {}).get("resourceClaimStatuses") else None
+
+        wait_for(claim_made, timeout=60, what="the resource-claim controller to make the claim")
+        time.sleep(1.0)  # the controller has tried (and been refused) in the quota'd namespace
+        assert (
+            not h.client.get("v1", "Pod", "waits", blocked)
+            .get("status", {})
+            .get("resourceClaimStatuses")
+        )
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "tessera",
+                    "collect-templates",
+                    f"--kubeconfig={h.kubeconfig}",
+                    *args,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+
+        def names(namespace: str) -> set[str]:
+            return {
+                t["metadata"]["name"]
+                for t in h.client.list(RESOURCE, "ResourceClaimTemplate", namespace)
+            }
+
+        plain = run()  # the webhook's own rule: young ones stay
+        assert plain.returncode == 0, plain.stderr
+        assert names(ns) == {unused, claimed, "hand-made"} and names(blocked) == {waited}
+        r = run("--all")
+        assert r.returncode == 0, r.stderr
+        assert names(ns) == {"hand-made"} and names(blocked) == {waited}
+        assert f"deleted ResourceClaimTemplate {ns}/{unused}" in r.stdout
+        assert f"deleted ResourceClaimTemplate {ns}/{claimed}" in r.stdout
+        assert f"still needed by pods waiting for their claim: {blocked}/waits" in r.stdout
+        # the pod that had its claim is untouched by its template's deletion
+        assert h.client.get("v1", "Pod", "has-claim", ns)["status"]["resourceClaimStatuses"]
+        h.client.delete(RESOURCE, "ResourceClaimTemplate", "hand-made", ns)
+        h.client.delete(RESOURCE, "ResourceClaimTemplate", waited, blocked)

@@ -25,6 +25,7 @@ COMMANDS = {
     "cluster": "tessera.cli.cluster:cluster",
     "monitor": "tessera.cli.monitor:monitor",
     "webhook": "tessera.cli.webhook:webhook",
+    "collect-templates": "tessera.cli.webhook:collect_templates",
     "extender": "tessera.cli.extender:extender",
     "driver": "tessera.cli.driver:driver",
     "deviceclass-usage": "tessera.cli.deviceclass_usage:deviceclass_usage",

@@ -5,6 +5,7 @@ examples, and the options and input loading of the commands that build a simulat
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable, Iterable
 from importlib import resources
@@ -185,6 +186,60 @@ def write_json_list(items: Iterable[Any], out: BinaryIO) -> None:
         _json_bytes({"apiVersion": "v1", "kind": "List", "items": []}) if first else b"\n  ]\n}"
     )
     out.write(b"\n")
+
+
+def timestamp(now: float | None = None) -> str:
+    """``now`` (``time.time()`` seconds; default: now) as RFC 3339 UTC with milliseconds, e.g.
+    ``2026-12-02T01:23:45.678Z``: what every log line of the long-running commands starts with."""
+    import datetime as dt
+    import time
+
+    t = dt.datetime.fromtimestamp(time.time() if now is None else now, dt.UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def log_line(component: str, msg: str, now: float | None = None) -> str:
+    """One log line of a long-running command: ``<RFC 3339 UTC> tessera <component>: <msg>``
+    (no newline). The one format of ``tessera driver``, ``monitor`` and ``webhook``."""
+    return f"{timestamp(now)} tessera {component}: {msg}"
+
+
+def logger(component: str) -> Callable[[str], None]:
+    """A function that writes ``msg`` as a :func:`log_line` of ``component`` on stderr and
+    flushes it (a container runtime keeps each line as it comes)."""
+
+    def log(msg: str) -> None:
+        sys.stderr.write(log_line(component, msg) + "\n")
+        sys.stderr.flush()
+
+    return log
+
+
+class LogFormatter(logging.Formatter):
+    """:func:`log_line` for :mod:`logging` records (the webhook's and uvicorn's): the record's
+    time, ``tessera <component>:``, then ``warning:``/``error:`` when the level is that high,
+    the logger's name and the message (with a traceback, if any)."""
+
+    def __init__(self, component: str) -> None:
+        super().__init__()
+        self.component = component
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+        text = f"{level}{record.name}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return log_line(self.component, text, record.created)
+
+
+def configure_logging(component: str, level: int = logging.WARNING) -> None:
+    """Send every :mod:`logging` record at ``level`` or above to stderr in the :func:`log_line`
+    format (replacing handlers set before)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogFormatter(component))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
 
 
 def warn(msg: str) -> None:

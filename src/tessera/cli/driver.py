@@ -8,14 +8,19 @@ line (exit 2).
 from __future__ import annotations
 
 import os
+import re
+import signal
 import socket
 from pathlib import Path
 
 import click
 
 from tessera import DRIVER_NAME
-from tessera.cli._common import fail, wait_for_termination
+from tessera.cli._common import fail, logger, wait_for_termination
 from tessera.enforcement.layout import DEFAULT_STATE_DIR
+
+#: What a rolling-update id may be made of (a pod UID is): it names socket files.
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @click.command("driver")
@@ -150,6 +155,21 @@ from tessera.enforcement.layout import DEFAULT_STATE_DIR
     show_default=True,
     help="The NVIDIA driver's MIG capability device list (the /dev/nvidia-caps nodes of MIG devices).",
 )
+@click.option(
+    "--rolling-update-id",
+    default="",
+    metavar="ID",
+    help="This instance's id, unique on the node (the pod's UID, from the downward API): "
+    "sockets are named after it so that two instances are registered at once during a rolling "
+    "update (kubelet 1.33+). Default: none (fixed socket names, one instance per node).",
+)
+@click.option(
+    "--handoff-seconds",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="At SIGTERM: how long calls are still answered after the registration socket is removed.",
+)
 def driver(
     node_name: str | None,
     kubeconfig: str | None,
@@ -171,17 +191,26 @@ def driver(
     device_plugin_dir: str,
     dynamic_mig: str | None,
     mig_minors: str,
+    rolling_update_id: str,
+    handoff_seconds: float,
 ) -> None:
     """Run the DRA node driver gpu.tessera.dev on this node (until SIGTERM).
 
     Publishes the node's GPUs as ResourceSlices, registers with the kubelet, and prepares
-    claims: limits file, usage region and CDI spec per claim. See docs/driver.md.
+    claims: limits file, usage region and CDI spec per claim. With --rolling-update-id, two
+    instances can serve the node at once (the new one takes over; the old one, on SIGTERM,
+    hands over and finishes what it has). See docs/driver.md.
     """
     from tessera.api.errors import TesseraError
     from tessera.driver.node import DriverConfig, NodeDriver
     from tessera.enforcement import library_path
     from tessera.kube.client import KubeClient
 
+    if rolling_update_id and not _INSTANCE_ID.fullmatch(rolling_update_id):
+        fail(
+            f"--rolling-update-id {rolling_update_id!r}: use letters, digits, '.', '_' and '-' "
+            "(at most 128), such as the pod's UID"
+        )
     lib = library or library_path()
     dynamic = None
     if dynamic_mig:
@@ -219,6 +248,8 @@ def driver(
         device_plugin_dir=Path(device_plugin_dir),
         dynamic_mig=dynamic,
         mig_minors=Path(mig_minors),
+        instance=rolling_update_id,
+        handoff_seconds=handoff_seconds,
     )
     if lib is None or not os.path.isfile(lib):
         fail(
@@ -228,9 +259,9 @@ def driver(
         client = (
             KubeClient.from_kubeconfig(Path(kubeconfig)) if kubeconfig else KubeClient.in_cluster()
         )
-        node = NodeDriver(cfg, client)
+        node = NodeDriver(cfg, client, log=logger("driver"))
         node.start()
     except TesseraError as e:
         fail(str(e))
-    wait_for_termination()
-    node.stop()
+    sig = wait_for_termination()
+    node.stop(why=signal.Signals(sig).name)

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
+import time
 from pathlib import Path
 
 import click
 
-from tessera.cli._common import UserError, fail, wait_for_termination
+from tessera.cli._common import UserError, fail, logger, wait_for_termination
 from tessera.monitor import DEFAULT_PORT
 from tessera.monitor.regions import DEFAULT_REGION_DIR
 
-
-def _log(msg: str) -> None:
-    click.echo(msg, err=True)
+#: Every line the monitor logs: RFC 3339 UTC time, ``tessera monitor:``, the message.
+_log = logger("monitor")
 
 
 @click.command()
@@ -133,7 +132,8 @@ def monitor(
         f"NVML {nvml.count} GPU(s)" if nvml else "no NVML",
         f"API {api.client.server}" if api else "no API",
     ]
-    _log(f"tessera monitor: node {node}: serving {running.url} ({', '.join(sources)})")
-    sys.stderr.flush()
-    wait_for_termination()
+    _log(f"node {node}: serving {running.url} ({', '.join(sources)})")
+    sig = wait_for_termination()
+    t0 = time.monotonic()
     running.stop()
+    _log(f"stopped (signal {sig}) in {time.monotonic() - t0:.2f} s")

@@ -7,13 +7,12 @@ life cycle.
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from tessera.cli._common import UserError, fail
+from tessera.cli._common import UserError, configure_logging, fail, logger
 
 if TYPE_CHECKING:
     from tessera.kube.client import KubeClient
@@ -102,6 +101,14 @@ def check_extended_resource(client: KubeClient) -> str:
     default=None,
     help="Write the port listened on to this file once serving (tests, --port 0).",
 )
+@click.option(
+    "--drain-seconds",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="After SIGTERM, keep answering for this long (connections closed after each answer, "
+    "/readyz 503) while the pod leaves the Service's endpoints; then stop.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log each denial and collection.")
 def webhook(
     tls_cert_file: str,
@@ -113,6 +120,7 @@ def webhook(
     collect_interval: float,
     no_collector: bool,
     port_file: str | None,
+    drain_seconds: float,
     verbose: bool,
 ) -> None:
     """Serve the mutating admission webhook on HTTPS: AdmissionReview (admission.k8s.io/v1) on
@@ -121,7 +129,8 @@ def webhook(
     HAMi-style pods (nvidia.com/gpu, gpumem, gpucores, gpumem-percentage, ...) are converted by
     the same code as `tessera convert` and `tessera simulate` into DRA claims: the webhook
     ensures a ResourceClaimTemplate named by the hash of its spec and patches the pod to use it.
-    Unused templates are deleted --template-grace seconds after their last admission.
+    Unused templates are deleted --template-grace seconds after their last admission. On
+    SIGTERM it drains for --drain-seconds (still answering), then stops.
 
     Exit status: 0 on SIGTERM/SIGINT; 2 on bad input (certificates, kubeconfig).
     """
@@ -135,11 +144,8 @@ def webhook(
     from tessera.webhook.server import CertReloader, Webhook, serve
     from tessera.webhook.templates import Collector, TemplateStore
 
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging("webhook", logging.INFO if verbose else logging.WARNING)
+    log = logger("webhook")
     try:
         certs = CertReloader(Path(tls_cert_file), Path(tls_private_key_file))
     except (OSError, ssl.SSLError) as e:
@@ -151,7 +157,7 @@ def webhook(
         client = kube_client(kubeconfig)
     except UserError as e:
         fail(str(e))
-    click.echo(f"tessera webhook: {check_extended_resource(client)}", err=True)
+    log(check_extended_resource(client))
     slices = Informer(client, "resource.k8s.io/v1", "ResourceSlice").start()
     view = ClusterView(slices.items, lambda: slices.generation, lambda: slices.synced)
     view_stop = view.start()  # derived state rebuilt off the request path when slices change
@@ -165,15 +171,29 @@ def webhook(
     hook = Webhook(view, store, ready=lambda: slices.synced)
 
     def on_ready(bound: int) -> None:
-        click.echo(f"tessera webhook: serving https://{bind_address}:{bound}/mutate-pods", err=True)
+        log(f"serving https://{bind_address}:{bound}/mutate-pods")
         if port_file:
             tmp = Path(port_file + ".tmp")
             tmp.write_text(f"{bound}\n")
             tmp.replace(port_file)
 
+    def on_drain() -> None:  # in a signal handler: only a flag
+        hook.draining = True
+
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve(hook.app(), host=bind_address, port=port, certs=certs, ready=on_ready))
+            runner.run(
+                serve(
+                    hook.app(),
+                    host=bind_address,
+                    port=port,
+                    certs=certs,
+                    ready=on_ready,
+                    drain=drain_seconds,
+                    on_drain=on_drain,
+                    log_stop=log,
+                )
+            )
     except OSError as e:
         fail(f"cannot listen on {bind_address}:{port}: {e.strerror or e}")
     finally:
@@ -181,3 +201,65 @@ def webhook(
         slices.stop()
         if collector is not None:
             collector.stop()
+        c = hook.counters
+        log(
+            f"stopped: {c.reviews} review(s) answered ({c.converted} converted, {c.denied} denied, "
+            f"{c.bad_requests} bad)"
+        )
+
+
+@click.command("collect-templates")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Kubeconfig; in-cluster config (the pod's ServiceAccount) when absent.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=600.0,
+    show_default=True,
+    help="Keep a template admitted less than this many seconds ago (the webhook's --template-grace).",
+)
+@click.option(
+    "--all",
+    "everything",
+    is_flag=True,
+    help="Ignore --grace: delete every template of the webhook that no pod still needs "
+    "(a pod whose claim has not been made from it yet). For `helm uninstall`.",
+)
+def collect_templates(kubeconfig: str | None, grace: float, everything: bool) -> None:
+    """Delete the webhook's unused hashed ResourceClaimTemplates, once, and say what was done.
+
+    Without --all: what the webhook's own collector does every --collect-interval (unused and
+    not admitted for --grace seconds). With --all (the chart's pre-delete hook): every template
+    labelled gpu.tessera.dev/template-hash, except those a pod still needs to get its claim
+    made. Prints one line per deleted template, then a summary. RBAC: list and delete
+    resourceclaimtemplates, list pods.
+
+    Exit status: 0 (templates still needed are named, not an error: the pod can go on once
+    Tessera is installed again); 2 when the cluster cannot be read or a template cannot be
+    deleted.
+    """
+    from tessera.kube.client import ApiError
+    from tessera.webhook.templates import Collector
+
+    try:
+        client = kube_client(kubeconfig)
+        collector = Collector(client, grace=grace)
+        result = collector.collect(everything=everything)
+    except UserError as e:
+        fail(str(e))
+    except ApiError as e:
+        fail(f"collecting ResourceClaimTemplates: {e}")
+    for ns, name in result.deleted:
+        click.echo(f"deleted ResourceClaimTemplate {ns}/{name}")
+    click.echo(
+        f"{len(result.deleted)} deleted, {result.in_use} kept in use, {result.young} kept young"
+        + (
+            f"; still needed by pods waiting for their claim: {', '.join(result.needed_by)}"
+            if result.needed_by
+            else ""
+        )
+    )

@@ -26,16 +26,27 @@ Rules (what makes restarts safe):
 
 Concurrent updates are committed together (group commit): one write serves every caller that
 arrived while the previous write was in progress.
+
+Two driver instances may share the file (a rolling update, :mod:`tessera.driver.locks`): each
+write holds ``checkpoint.lock`` (beside the file) and applies its changes to the file as it is
+on disk then, never to this process's older copy, so neither instance loses the other's
+entries. The lock file also holds the checkpoint's generation (a decimal number, bumped by
+every write after its rename); every read first loads the file again when the generation or
+the file's inode, modification time or size differ from what this process last read or
+wrote. Callers serialize the changes of one claim themselves (the driver's claim locks).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
 
 from tessera.enforcement._files import write_atomic
+
+from .locks import FileLock
 
 PREPARED = "prepared"
 VERSION = 1
@@ -46,13 +57,20 @@ class CheckpointError(ValueError):
 
 
 class Checkpoint:
-    """The claims of the checkpoint at ``path``, loaded at construction.
+    """The claims of the checkpoint at ``path``, loaded at construction and again whenever
+    another process replaced the file.
 
-    Thread-safe: :meth:`update` applies several changes and writes the file once.
+    Thread-safe and safe between processes: :meth:`update` applies several changes and writes
+    the file once. Raises :class:`CheckpointError` at construction for a file that is not a
+    checkpoint.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.stem + ".lock")
+        #: (generation, inode, mtime ns, size) of what ``claims`` was read from or written as
+        self._key: tuple[int, int, int, int] | None = None
+        self._gen_fd: int | None = None
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._seq = 0
@@ -62,39 +80,85 @@ class Checkpoint:
         self._failed: dict[int, OSError] = {}
         self.claims: dict[str, dict[str, Any]] = {}
         self._encoded: dict[str, str] = {}
-        if self.path.is_file():
+        key = self._disk_key()
+        loaded = self._read()
+        if loaded is not None:
+            self.claims, self._encoded = loaded
+            self._key = key
+
+    def _generation(self) -> int:
+        """The generation in the lock file (0 before the first write of this driver version)."""
+        if self._gen_fd is None:
             try:
-                doc = json.loads(self.path.read_text())
-            except (OSError, ValueError) as e:
-                raise CheckpointError(
-                    f"{self.path}: not valid JSON ({e}); move it away to start with an empty state"
-                ) from e
-            if (
-                not isinstance(doc, dict)
-                or doc.get("version") != VERSION
-                or not isinstance(doc.get("claims"), dict)
-            ):
-                raise CheckpointError(
-                    f"{self.path}: not a version {VERSION} Tessera driver checkpoint"
-                )
-            self.claims = doc["claims"]
-            self._encoded = {
-                u: json.dumps(e, sort_keys=True, separators=(",", ":"))
-                for u, e in self.claims.items()
-            }
+                self._gen_fd = os.open(self.lock_path, os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return 0
+        text = os.pread(self._gen_fd, 32, 0).strip()
+        return int(text) if text.isdigit() else 0
+
+    def _disk_key(self) -> tuple[int, int, int, int] | None:
+        """What identifies the file's content now (generation first, then the file), or None
+        when there is no file."""
+        gen = self._generation()
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (gen, st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _read(self) -> tuple[dict[str, dict[str, Any]], dict[str, str]] | None:
+        """The file's claims and their encodings; None when there is no file. Raises
+        :class:`CheckpointError`."""
+        try:
+            with open(self.path, "rb") as f:
+                text = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise CheckpointError(f"{self.path}: cannot read ({e.strerror or e})") from e
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise CheckpointError(
+                f"{self.path}: not valid JSON ({e}); move it away to start with an empty state"
+            ) from e
+        if (
+            not isinstance(doc, dict)
+            or doc.get("version") != VERSION
+            or not isinstance(doc.get("claims"), dict)
+        ):
+            raise CheckpointError(f"{self.path}: not a version {VERSION} Tessera driver checkpoint")
+        claims = doc["claims"]
+        encoded = {
+            u: json.dumps(e, sort_keys=True, separators=(",", ":")) for u, e in claims.items()
+        }
+        return claims, encoded
+
+    def _refresh(self) -> None:
+        """Load the file again if another process wrote it (call with ``_lock`` held). A write
+        of this process in progress sets its merged result when it ends."""
+        key = self._disk_key()
+        if key == self._key:
+            return
+        loaded = self._read()
+        self.claims, self._encoded = loaded if loaded is not None else ({}, {})
+        self._key = key
 
     def get(self, uid: str) -> dict[str, Any] | None:
         with self._lock:
+            self._refresh()
             entry = self.claims.get(uid)
             return dict(entry) if entry is not None else None
 
     def uids(self) -> list[str]:
         with self._lock:
+            self._refresh()
             return list(self.claims)
 
     def entries(self) -> dict[str, dict[str, Any]]:
         """A snapshot of every entry, by claim UID."""
         with self._lock:
+            self._refresh()
             return dict(self.claims)
 
     def update(
@@ -119,22 +183,41 @@ class Checkpoint:
                 self._cond.wait()
             self._writing = True
             batch, self._pending = self._pending, []
-        claims = dict(self.claims)
-        encoded = dict(self._encoded)
-        for _, p, d in batch:
-            for uid, entry in p.items():
-                claims[uid] = entry
-                encoded[uid] = json.dumps(entry, sort_keys=True, separators=(",", ":"))
-            for uid in d:
-                claims.pop(uid, None)
-                encoded.pop(uid, None)
+            claims = dict(self.claims)
+            encoded = dict(self._encoded)
+            key = self._key
         error: OSError | None = None
+        lock = FileLock(self.lock_path)
         try:
-            # Entries are encoded once, when they are put: a write only joins strings.
-            body = ",".join(f"{json.dumps(uid)}:{encoded[uid]}" for uid in sorted(encoded))
-            data = f'{{"claims":{{{body}}},"version":{VERSION}}}\n'.encode()
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(str(self.path), data, 0o600, ".checkpoint.")
+            lock.acquire()
+            try:
+                # Under the lock, the file is the truth: another instance may have written it.
+                if self._disk_key() != key:
+                    loaded = self._read()
+                    claims, encoded = (
+                        ({}, {}) if loaded is None else (dict(loaded[0]), dict(loaded[1]))
+                    )
+                for _, p, d in batch:
+                    for uid, entry in p.items():
+                        claims[uid] = entry
+                        encoded[uid] = json.dumps(entry, sort_keys=True, separators=(",", ":"))
+                    for uid in d:
+                        claims.pop(uid, None)
+                        encoded.pop(uid, None)
+                # Entries are encoded once, when they are put: a write only joins strings.
+                body = ",".join(f"{json.dumps(uid)}:{encoded[uid]}" for uid in sorted(encoded))
+                data = f'{{"claims":{{{body}}},"version":{VERSION}}}\n'.encode()
+                write_atomic(str(self.path), data, 0o600, ".checkpoint.")
+                gen = self._generation() + 1
+                if self._gen_fd is None:
+                    self._gen_fd = os.open(self.lock_path, os.O_RDWR | os.O_CLOEXEC)
+                os.pwrite(self._gen_fd, f"{gen:020d}\n".encode(), 0)
+                key = self._disk_key()
+            finally:
+                lock.release()
+        except CheckpointError as e:
+            error = OSError(str(e))
         except OSError as e:
             error = e
         with self._cond:
@@ -142,6 +225,7 @@ class Checkpoint:
             if error is None:
                 self.claims = claims
                 self._encoded = encoded
+                self._key = key
             else:
                 for t, _, _ in batch:
                     self._failed[t] = error

@@ -15,16 +15,30 @@ and ``k8s.io/kubelet/pkg/apis/dra/v1`` at the cluster's version; stubs generated
 
 Paths follow the kubelet's ``--root-dir`` (default ``/var/lib/kubelet``), as the Go helper
 ``k8s.io/dynamic-resource-allocation/kubeletplugin`` lays them out.
+
+**Rolling updates** (kubelet 1.33+): with an ``instance`` id (the pod's UID, ``tessera driver
+--rolling-update-id``), the sockets are ``plugins_registry/<driver>-<id>-reg.sock`` and
+``plugins/<driver>/dra-<id>.sock`` (``<id>`` replaced by 16 hex digits of its SHA-256 when the
+path would be too long for a unix socket), so two instances of the driver are registered at
+once: the kubelet keeps the old one until the new one has registered and sends new calls to
+the newest one it is connected to. At start, sockets of this driver that no process listens
+on any more (an instance killed without cleaning up) are removed; live ones are never touched.
+:meth:`PluginServers.stop` hands over: the registration socket goes first (the kubelet drops
+this instance), calls keep being served for ``handoff`` seconds, then the DRA server stops
+taking calls, the ones in flight finish, and only this instance's own sockets are removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -97,14 +111,45 @@ class Plugin(Protocol):
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]: ...
 
 
-def registration_socket(root_dir: Path, driver: str) -> Path:
-    """``<root-dir>/plugins_registry/<driver>-reg.sock``."""
-    return Path(root_dir) / "plugins_registry" / f"{driver}-reg.sock"
+def _fitting(directory: Path, make: Callable[[str], str], instance: str) -> Path:
+    """``directory / make(instance)``, or with ``instance`` replaced by 16 hex digits of its
+    SHA-256 when that path is longer than a unix socket allows."""
+    path = directory / make(instance)
+    if len(str(path)) <= MAX_SOCKET_PATH:
+        return path
+    return directory / make(hashlib.sha256(instance.encode()).hexdigest()[:16])
 
 
-def dra_socket(root_dir: Path, driver: str) -> Path:
-    """``<root-dir>/plugins/<driver>/dra.sock``."""
-    return Path(root_dir) / "plugins" / driver / "dra.sock"
+def registration_socket(root_dir: Path, driver: str, instance: str = "") -> Path:
+    """``<root-dir>/plugins_registry/<driver>-reg.sock``; with an ``instance`` id (rolling
+    updates) ``<driver>-<instance>-reg.sock`` (see the module doc)."""
+    d = Path(root_dir) / "plugins_registry"
+    if not instance:
+        return d / f"{driver}-reg.sock"
+    return _fitting(d, lambda i: f"{driver}-{i}-reg.sock", instance)
+
+
+def dra_socket(root_dir: Path, driver: str, instance: str = "") -> Path:
+    """``<root-dir>/plugins/<driver>/dra.sock``; with an ``instance`` id (rolling updates)
+    ``dra-<instance>.sock``."""
+    d = Path(root_dir) / "plugins" / driver
+    if not instance:
+        return d / "dra.sock"
+    return _fitting(d, lambda i: f"dra-{i}.sock", instance)
+
+
+def listening(path: Path, timeout: float = 1.0) -> bool:
+    """Whether a process accepts connections on the unix socket ``path`` (False for a socket
+    file whose server is gone: connecting is refused)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(str(path))
+        except ConnectionRefusedError:
+            return False
+        except OSError:
+            return True  # busy or slow, not known dead: leave it alone
+        return True
 
 
 def _claim_refs(claims: Any) -> tuple[list[ClaimRef], dict[str, str]]:
@@ -124,13 +169,27 @@ def _claim_refs(claims: Any) -> tuple[list[ClaimRef], dict[str, str]]:
     return refs, bad
 
 
+@dataclass
+class StopReport:
+    """What :meth:`PluginServers.stop` did: ``removed`` (this instance's socket paths it
+    removed), ``in_flight`` (calls running when it stopped taking new ones; each was let
+    finish), ``answered`` (calls answered after the registration socket was removed, those
+    included), ``seconds`` (how long the stop took)."""
+
+    removed: list[Path] = field(default_factory=list)
+    in_flight: int = 0
+    answered: int = 0
+    seconds: float = 0.0
+
+
 class PluginServers:
-    """The registration and DRA gRPC servers of one driver on one node.
+    """The registration and DRA gRPC servers of one driver instance on one node.
 
     ``root_dir``: the kubelet's ``--root-dir``; ``driver``: the driver name; ``plugin``: the
-    prepare/unprepare implementation. :meth:`start` removes stale sockets and listens on
-    both; :meth:`stop` stops serving and removes the sockets. ``registered`` is set once the
-    kubelet reports a successful registration (``registration_error`` holds a refusal).
+    prepare/unprepare implementation; ``instance``: the rolling-update id ('' for the fixed
+    socket names). :meth:`start` removes stale sockets and listens on both; :meth:`stop`
+    hands over and removes this instance's sockets. ``registered`` is set once the kubelet
+    reports a successful registration (``registration_error`` holds a refusal).
     """
 
     def __init__(
@@ -139,19 +198,55 @@ class PluginServers:
         driver: str,
         plugin: Plugin,
         *,
+        instance: str = "",
         max_workers: int = 8,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.root_dir = Path(root_dir)
         self.driver = driver
         self.plugin = plugin
-        self.registration_path = registration_socket(self.root_dir, driver)
-        self.dra_path = dra_socket(self.root_dir, driver)
+        self.instance = instance
+        self.registration_path = registration_socket(self.root_dir, driver, instance)
+        self.dra_path = dra_socket(self.root_dir, driver, instance)
         self.registered = threading.Event()
         self.registration_error = ""
         self._max_workers = max_workers
         self._log = log or (lambda _msg: None)
-        self._servers: list[Any] = []
+        self._dra_server: Any = None
+        self._reg_server: Any = None
+        self._inodes: dict[Path, int] = {}
+        self._calls = 0  # in flight
+        self._calls_lock = threading.Lock()
+        self._handoff_since: float | None = None
+        self._answered_in_handoff = 0
+        self._probe_channel: Any = None
+
+    def _enter(self) -> None:
+        with self._calls_lock:
+            self._calls += 1
+
+    def _leave(self) -> None:
+        with self._calls_lock:
+            self._calls -= 1
+            if self._handoff_since is not None:
+                self._answered_in_handoff += 1
+
+    def remove_stale_sockets(self) -> list[Path]:
+        """Remove this driver's sockets (registration and DRA, any instance's) that no process
+        listens on; returns what was removed. Live sockets are left alone."""
+        removed = []
+        candidates = [
+            *(self.root_dir / "plugins_registry").glob(f"{self.driver}-*reg.sock"),
+            *(self.root_dir / "plugins" / self.driver).glob("dra*.sock"),
+        ]
+        for path in candidates:
+            if path in (self.registration_path, self.dra_path) or not path.is_socket():
+                continue
+            if not listening(path):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                removed.append(path)
+        return removed
 
     def start(self) -> None:
         """Listen on both sockets (DRA first, so the kubelet never finds an endpoint that does
@@ -183,6 +278,20 @@ class PluginServers:
 
         class DRAPlugin(dra_grpc.DRAPluginServicer):  # type: ignore[name-defined]
             def NodePrepareResources(self, request: Any, context: Any) -> Any:
+                outer._enter()
+                try:
+                    return self._prepare(request)
+                finally:
+                    outer._leave()
+
+            def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+                outer._enter()
+                try:
+                    return self._unprepare(request)
+                finally:
+                    outer._leave()
+
+            def _prepare(self, request: Any) -> Any:
                 refs, bad = _claim_refs(request.claims)
                 results = outer.plugin.prepare(refs) if refs else {}
                 resp = dra_pb2.NodePrepareResourcesResponse()
@@ -207,7 +316,7 @@ class PluginServers:
                             dev.share_id = d.share_id
                 return resp
 
-            def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+            def _unprepare(self, request: Any) -> Any:
                 refs, bad = _claim_refs(request.claims)
                 results = outer.plugin.unprepare(refs) if refs else {}
                 resp = dra_pb2.NodeUnprepareResourcesResponse()
@@ -225,28 +334,84 @@ class PluginServers:
                 )
             path.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()  # a stale socket of an earlier run
+                path.unlink()  # a stale socket of an earlier run of this instance
+        for path in self.remove_stale_sockets():
+            self._log(f"removed stale socket {path} (no process listens on it)")
         dra_server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers))
         dra_grpc.add_DRAPluginServicer_to_server(DRAPlugin(), dra_server)
         if dra_server.add_insecure_port(f"unix://{self.dra_path}") == 0:
             raise OSError(f"cannot listen on {self.dra_path}")
         dra_server.start()
-        self._servers.append(dra_server)
+        self._dra_server = dra_server
+        self._inodes[self.dra_path] = os.stat(self.dra_path).st_ino
         reg_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         reg_grpc.add_RegistrationServicer_to_server(Registration(), reg_server)
         if reg_server.add_insecure_port(f"unix://{self.registration_path}") == 0:
             raise OSError(f"cannot listen on {self.registration_path}")
         reg_server.start()
-        self._servers.append(reg_server)
+        self._reg_server = reg_server
+        self._inodes[self.registration_path] = os.stat(self.registration_path).st_ino
         os.chmod(self.dra_path, 0o600)
         os.chmod(self.registration_path, 0o600)
 
-    def stop(self, grace: float = 2.0) -> None:
-        """Stop both servers (registration first, so the kubelet drops the plugin) and remove
-        the sockets."""
-        for server in reversed(self._servers):
-            server.stop(grace).wait()
-        self._servers.clear()
-        for path in (self.registration_path, self.dra_path):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+    def answers(self, timeout: float = 2.0) -> bool:
+        """Whether the DRA service answers a call on its socket now (an empty
+        ``NodePrepareResources``, which prepares nothing), within ``timeout`` seconds."""
+        if self._dra_server is None or self._handoff_since is not None:
+            return False
+        import grpc
+
+        _, _, dra_pb2, dra_grpc = stubs()
+        if self._probe_channel is None:
+            self._probe_channel = grpc.insecure_channel(f"unix://{self.dra_path}")
+        try:
+            dra_grpc.DRAPluginStub(self._probe_channel).NodePrepareResources(
+                dra_pb2.NodePrepareResourcesRequest(), timeout=timeout
+            )
+        except grpc.RpcError:
+            return False
+        return True
+
+    def _remove_own(self, path: Path) -> bool:
+        """Unlink ``path`` if it is still the socket this instance made (same inode); True
+        when it is gone (gRPC's server removes its own unix socket when it stops)."""
+        ino = self._inodes.pop(path, None)
+        if ino is None:
+            return False
+        try:
+            if os.stat(path).st_ino != ino:
+                return False  # another instance's socket at this path now: not ours to remove
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        return True
+
+    def stop(self, grace: float = 30.0, handoff: float = 1.0) -> StopReport:
+        """Hand over and stop (see the module doc): the registration socket is removed (the
+        kubelet deregisters this instance), calls are still served for ``handoff`` seconds,
+        then the DRA server takes no new call and those in flight get up to ``grace`` seconds
+        to finish; only this instance's own sockets (same inode as made) are removed."""
+        t0 = time.monotonic()
+        report = StopReport()
+        if self._probe_channel is not None:
+            self._probe_channel.close()
+            self._probe_channel = None
+        if self._reg_server is not None:
+            if self._remove_own(self.registration_path):
+                report.removed.append(self.registration_path)
+            self._reg_server.stop(0).wait()
+            self._reg_server = None
+        if self._dra_server is not None:
+            with self._calls_lock:
+                self._handoff_since = time.monotonic()
+            if handoff > 0:
+                time.sleep(handoff)
+            with self._calls_lock:
+                report.in_flight = self._calls
+            self._dra_server.stop(grace).wait()
+            self._dra_server = None
+            report.answered = self._answered_in_handoff
+            if self._remove_own(self.dra_path):
+                report.removed.append(self.dra_path)
+        report.seconds = time.monotonic() - t0
+        return report

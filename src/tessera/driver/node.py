@@ -26,15 +26,31 @@ Prepare/unprepare are batch calls (one per kubelet request), safe to run concurr
 claim is serialized on its own lock, the checkpoint is written once per batch and phase.
 MIG instances are made and destroyed under one lock (``_mig_lock``), which rescans take too,
 so a discovery never sees an instance whose checkpoint record it cannot see.
+
+**Two instances on one node** (a rolling update, ``--rolling-update-id``; see
+:mod:`tessera.driver.kubelet` for the sockets): both serve the kubelet and share the state
+directory. A claim's lock is a file lock (:mod:`tessera.driver.locks`), so it holds between
+the instances too, and the checkpoint is re-read under it and written under its own file lock:
+neither instance loses the other's entries or answers from an older view. Only the newest
+instance publishes ResourceSlices and rescans: at start it writes its id to
+``<state>/publisher``; an older instance that finds another id there stops publishing (it is
+being replaced) and resumes only if the file is gone again. An instance that starts while
+another runs leaves the other's work alone: leftovers are removed only under their claim's
+lock, and temporary files only by an instance alone on the node. :meth:`NodeDriver.stop`
+hands over (the kubelet's next calls go to the other instance), lets the calls in flight
+finish, removes only its own sockets and logs what it did.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import queue
+import socket
 import socketserver
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +58,7 @@ from typing import Any
 
 from tessera import DRIVER_NAME
 from tessera.api.errors import TesseraError
+from tessera.enforcement._files import write_atomic
 from tessera.enforcement.layout import DEFAULT_STATE_DIR, claims_dir
 from tessera.inventory.errors import SliceBuildError
 from tessera.inventory.mig import DynamicMIG
@@ -62,6 +79,7 @@ from .discovery import (
     probe,
 )
 from .kubelet import ClaimRef, PluginServers, PrepareResult
+from .locks import FileLock, InstanceLock
 from .mig import (
     MIG_MINORS,
     PREPARING,
@@ -132,6 +150,13 @@ class DriverConfig:
     device_plugin_dir: Path = guard.DEVICE_PLUGIN_DIR
     dynamic_mig: DynamicMIG | None = None
     mig_minors: Path = MIG_MINORS
+    #: Rolling-update id (the pod's UID): sockets named after it, so that two instances can
+    #: be registered at once. '' for the fixed socket names.
+    instance: str = ""
+    #: At stop: seconds calls are still served after the registration socket is removed, and
+    #: the most the calls in flight then get to finish.
+    handoff_seconds: float = 1.0
+    stop_grace_seconds: float = 30.0
 
 
 @dataclass
@@ -177,8 +202,17 @@ class NodeDriver:
         self.nvml: object | None = None
         self.stats = Stats()
         self.started_at = time.monotonic()
-        self._locks: dict[str, threading.Lock] = {}
-        self._locks_lock = threading.Lock()
+        #: This instance's name in ``<state>/publisher`` (the rolling-update id, else made up).
+        self.instance_id = (
+            cfg.instance or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
+        self.lease = cfg.state_dir / "publisher"
+        self.instances = InstanceLock(cfg.state_dir / "instances.lock")
+        #: No other instance ran when this one started (it may clean up interrupted writes).
+        self.alone = True
+        #: Another instance publishes now: this one only answers the kubelet until it stops.
+        self.retired = False
+        self.stopping = False
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -218,8 +252,16 @@ class NodeDriver:
         self._check_access()
         try:
             self.checkpoint = Checkpoint(cfg.state_dir / "checkpoint.json")
+            self.alone = self.instances.join()
         except CheckpointError as e:
             raise DriverStartError(str(e)) from e
+        except OSError as e:
+            raise DriverStartError(f"--state-dir {cfg.state_dir}: {e.strerror or e}") from e
+        if not self.alone:
+            self.log(
+                "another driver instance serves this node (a rolling update): sharing its state "
+                f"directory {cfg.state_dir}; this one takes over publishing"
+            )
         inv = self._discover()
         # The guard before anything is made or destroyed: another manager of these GPUs on the
         # node refuses the start.
@@ -268,6 +310,7 @@ class NodeDriver:
             dynamic_where=DYNAMIC_MIG_OPTION,
             log=self.log,
         )
+        self._claim_lease()
         try:
             self.publisher.sync()
         except ApiError as e:
@@ -278,7 +321,9 @@ class NodeDriver:
         self.stats.first_publish = time.monotonic() - self.started_at
         write_preload(self.layout)
         self._reconcile_files()
-        self.servers = PluginServers(cfg.kubelet_root, cfg.driver, self, log=self.log)
+        self.servers = PluginServers(
+            cfg.kubelet_root, cfg.driver, self, instance=cfg.instance, log=self.log
+        )
         try:
             self.servers.start()
         except OSError as e:
@@ -299,20 +344,88 @@ class NodeDriver:
             f"slices published {self.stats.first_publish:.3f} s after start"
         )
 
-    def stop(self) -> None:
-        """Stop serving (sockets removed); prepared claims stay prepared (checkpoint)."""
+    def stop(self, why: str = "asked to") -> None:
+        """Stop serving; prepared claims stay prepared (checkpoint). The kubelet is handed
+        over first (:meth:`PluginServers.stop`: registration socket removed, calls still
+        served for ``handoff_seconds``, those in flight finished), then background threads and
+        the health endpoint stop. Logs what it stopped, the sockets removed and how long it
+        took; ``why`` starts that line (e.g. ``"SIGTERM"``)."""
+        t0 = time.monotonic()
+        self.stopping = True
+        self.log(
+            f"stopping ({why}): handing over to the kubelet, then background threads and /readyz"
+        )
         self._stop.set()
         self._wake.set()
         self._status_q.put(None)
+        stopped = []
+        report = None
         if self.servers is not None:
-            self.servers.stop()
+            report = self.servers.stop(
+                grace=self.cfg.stop_grace_seconds, handoff=self.cfg.handoff_seconds
+            )
+            stopped.append("kubelet plugin servers")
         if self._xid is not None:
             self._xid.stop()
+            stopped.append("XID watcher")
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
+            stopped.append("health endpoint")
         for t in self._threads:
             t.join(timeout=5)
+        left = [t.name for t in self._threads if t.is_alive()]
+        stopped.extend(t.name for t in self._threads if not t.is_alive())
+        self._release_lease()
+        self.instances.leave()
+        sockets = ", ".join(str(p) for p in report.removed) if report and report.removed else "none"
+        self.log(
+            f"stopped in {time.monotonic() - t0:.2f} s: {', '.join(stopped) or 'nothing was running'}; "
+            f"sockets removed: {sockets}; "
+            + (
+                f"{report.answered} call(s) answered after deregistration, "
+                f"{report.in_flight} in flight when it stopped taking calls (finished)"
+                if report
+                else "no kubelet calls served"
+            )
+            + (f"; threads still running: {', '.join(left)}" if left else "")
+        )
+
+    # ---- who publishes (rolling updates) -------------------------------------------------
+    def _lease_holder(self) -> str | None:
+        try:
+            return self.lease.read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def _claim_lease(self) -> None:
+        """Name this instance as the node's publisher in ``<state>/publisher``."""
+        write_atomic(str(self.lease), (self.instance_id + "\n").encode(), 0o644, ".publisher.")
+        self.retired = False
+
+    def _release_lease(self) -> None:
+        """At stop: remove ``<state>/publisher`` when it names this instance (an older one
+        still running then publishes again)."""
+        if self._lease_holder() == self.instance_id:
+            self.lease.unlink(missing_ok=True)
+
+    def publishes(self) -> bool:
+        """Whether this instance publishes now: ``<state>/publisher`` names it, or names nobody
+        (then it claims it). Logs the hand-over when another instance took it."""
+        holder = self._lease_holder()
+        if holder is None:
+            self._claim_lease()
+            self.log("no other instance publishes: publishing again")
+            return True
+        if holder == self.instance_id:
+            return True
+        if not self.retired:
+            self.retired = True
+            self.log(
+                f"driver instance {holder} now publishes this node's ResourceSlices: this one "
+                "stops publishing and rescanning, and answers the kubelet until it stops"
+            )
+        return False
 
     def _spawn(self, fn: Callable[[], None], name: str) -> None:
         t = threading.Thread(target=fn, name=name, daemon=True)
@@ -422,36 +535,53 @@ class NodeDriver:
         Instances no entry names are never touched. Returns True when it destroyed anything."""
         assert self.checkpoint is not None and self.mig is not None
         changed = False
-        for uid, entry in self.checkpoint.entries().items():
-            slots = entry_slots(entry)
-            state = entry.get("state")
-            if state not in (PREPARING, UNPREPARING) or not slots:
+        for uid, listed in self.checkpoint.entries().items():
+            if listed.get("state") not in (PREPARING, UNPREPARING) or not entry_slots(listed):
                 continue
-            ref = ClaimRef(**entry["claim"])
-            why = "its unprepare was interrupted" if state == UNPREPARING else self._claim_gone(ref)
-            if why is None:
-                have = [s for s in slots if self.mig.find(s) is not None]
-                self.log(
-                    f"ResourceClaim {ref.namespace}/{ref.name}: prepare was interrupted; adopted "
-                    f"{len(have)} of its {len(slots)} MIG instance(s) for the kubelet's retry"
-                )
-                continue
+            lk = self._lock_for(uid)
+            if not lk.acquire(blocking=False):
+                continue  # another driver instance is preparing or unpreparing it right now
             try:
-                with self._mig_lock:
-                    gone = self._release(uid, slots)
-            except MigError as e:
-                self.log(
-                    f"ResourceClaim {ref.namespace}/{ref.name}: {why}; its MIG instances stay: {e}"
-                )
-                continue
-            remove_files(uid, self.layout)
-            self.checkpoint.update(drop=[uid])
-            changed = changed or bool(gone)
-            self.log(
-                f"ResourceClaim {ref.namespace}/{ref.name}: {why}; destroyed its MIG instance(s): "
-                f"{', '.join(gone) or 'none left'}"
-            )
+                changed = self._recover_one(uid) or changed
+            finally:
+                self._release_claims([lk])
         return changed
+
+    def _recover_one(self, uid: str) -> bool:
+        """:meth:`recover_mig` for one entry, read again under its claim's lock (held);
+        True when it destroyed an instance."""
+        assert self.checkpoint is not None and self.mig is not None
+        entry = self.checkpoint.get(uid)
+        if entry is None:
+            return False
+        slots = entry_slots(entry)
+        state = entry.get("state")
+        if state not in (PREPARING, UNPREPARING) or not slots:
+            return False
+        ref = ClaimRef(**entry["claim"])
+        why = "its unprepare was interrupted" if state == UNPREPARING else self._claim_gone(ref)
+        if why is None:
+            have = [s for s in slots if self.mig.find(s) is not None]
+            self.log(
+                f"ResourceClaim {ref.namespace}/{ref.name}: prepare was interrupted; adopted "
+                f"{len(have)} of its {len(slots)} MIG instance(s) for the kubelet's retry"
+            )
+            return False
+        try:
+            with self._mig_lock:
+                gone = self._release(uid, slots)
+        except MigError as e:
+            self.log(
+                f"ResourceClaim {ref.namespace}/{ref.name}: {why}; its MIG instances stay: {e}"
+            )
+            return False
+        remove_files(uid, self.layout)
+        self.checkpoint.update(drop=[uid])
+        self.log(
+            f"ResourceClaim {ref.namespace}/{ref.name}: {why}; destroyed its MIG instance(s): "
+            f"{', '.join(gone) or 'none left'}"
+        )
+        return bool(gone)
 
     def _cleanup_stale(self) -> None:
         """At rescans: interrupted prepares older than :data:`STALE_PREPARE_SECONDS` whose
@@ -492,55 +622,93 @@ class NodeDriver:
                     f"destroyed its MIG instance(s): {', '.join(gone) or 'none left'}"
                 )
             finally:
-                lk.release()
+                self._release_claims([lk])
 
     # ---- files left by a crash -----------------------------------------------------------
     def _reconcile_files(self) -> None:
+        """At start: remove the files of claims the checkpoint does not record as prepared,
+        and write a recorded claim's files again where they are missing or differ. Each claim
+        is handled under its lock, and skipped while another driver instance holds it (it is
+        being prepared or unprepared there). Temporary files of interrupted writes are removed
+        only when no other instance runs (:attr:`alone`): another's may be in flight."""
         assert self.checkpoint is not None
         # Only prepared claims have files; an interrupted prepare writes them again.
         known = {u for u, e in self.checkpoint.entries().items() if e.get("state") == PREPARED}
         removed = []
         prefix = f"{self.cfg.driver}-claim_"
+        leftovers: set[str] = set()
         if self.cfg.cdi_dir.is_dir():
             for p in self.cfg.cdi_dir.iterdir():
-                if p.name.startswith(".tessera-cdi.") or (
+                if p.name.startswith(".tessera-cdi."):
+                    if self.alone:
+                        p.unlink(missing_ok=True)
+                        removed.append(p.name)
+                elif (
                     p.name.startswith(prefix)
                     and p.name.endswith(".json")
                     and p.name[len(prefix) : -5] not in known
                 ):
-                    p.unlink(missing_ok=True)
-                    removed.append(p.name)
+                    leftovers.add(p.name[len(prefix) : -5])
         claims = claims_dir(self.cfg.state_dir)
         if claims.is_dir():
             for d in claims.iterdir():
                 if d.name not in known:
-                    remove_files(d.name, self.layout)
-                    removed.append(f"claims/{d.name}")
-                    continue
-                for f in d.iterdir():
-                    if f.name.startswith("."):
-                        f.unlink(missing_ok=True)
-        for f in self.cfg.state_dir.glob(".*"):
-            if f.is_file() and f.name.split(".")[1] in ("checkpoint", "gpus", "preload"):
-                f.unlink(missing_ok=True)
+                    leftovers.add(d.name)
+                elif self.alone:
+                    for f in d.iterdir():
+                        if f.name.startswith("."):
+                            f.unlink(missing_ok=True)
+        for uid in sorted(leftovers):
+            lk = self._lock_for(uid)
+            if not lk.acquire(blocking=False):
+                continue
+            try:
+                entry = self.checkpoint.get(uid)
+                if entry is None or entry.get("state") != PREPARED:
+                    remove_files(uid, self.layout)
+                    removed.append(f"claim {uid}")
+            finally:
+                self._release_claims([lk])
+        if self.alone:
+            for f in self.cfg.state_dir.glob(".*"):
+                if f.is_file() and f.name.split(".")[1] in (
+                    "checkpoint",
+                    "gpus",
+                    "preload",
+                    "publisher",
+                ):
+                    f.unlink(missing_ok=True)
         if removed:
             self.log(f"removed leftovers not in the checkpoint: {', '.join(sorted(removed))}")
         repaired = []
-        for uid in known:
-            entry = self.checkpoint.get(uid)
-            if (
-                entry is not None
-                and entry.get("state") == PREPARED
-                and materialize(ClaimPlan.from_json(entry["plan"]), self.layout)
-            ):
-                repaired.append(uid)
+        for uid in sorted(known):
+            lk = self._lock_for(uid)
+            if not lk.acquire(blocking=False):
+                continue
+            try:
+                entry = self.checkpoint.get(uid)
+                if (
+                    entry is not None
+                    and entry.get("state") == PREPARED
+                    and materialize(ClaimPlan.from_json(entry["plan"]), self.layout)
+                ):
+                    repaired.append(uid)
+            finally:
+                self._release_claims([lk])
         if repaired:
             self.log(f"rewrote the files of recorded claims: {', '.join(sorted(repaired))}")
 
     # ---- kubelet calls ------------------------------------------------------------------
-    def _lock_for(self, uid: str) -> threading.Lock:
-        with self._locks_lock:
-            return self._locks.setdefault(uid, threading.Lock())
+    def _lock_for(self, uid: str) -> FileLock:
+        """A new lock object for claim ``uid`` (``<state>/locks/<uid>``): node-wide, between
+        threads and driver instances (:mod:`tessera.driver.locks`)."""
+        return FileLock(self.cfg.state_dir / "locks" / uid)
+
+    def _release_claims(self, locks: Sequence[FileLock]) -> None:
+        """Release claim locks (held); a claim the checkpoint no longer names loses its lock file."""
+        assert self.checkpoint is not None
+        for lk in locks:
+            lk.release(remove=self.checkpoint.get(lk.path.name) is None)
 
     def read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         """GET the ResourceClaim (the kubelet only sends namespace, name, uid)."""
@@ -680,8 +848,7 @@ class NodeDriver:
             self.stats.prepare_work.extend([(t1 - t0) / n] * len(todo))
             self.stats.checkpoint_wait.extend([(t2 - t1) / n] * len(todo))
         finally:
-            for lk in locks:
-                lk.release()
+            self._release_claims(locks)
         for uid in new:
             if uid in plans:
                 self._status_q.put(plans[uid])
@@ -879,8 +1046,7 @@ class NodeDriver:
             if gone:
                 self.checkpoint.update(drop=gone)
         finally:
-            for lk in locks:
-                lk.release()
+            self._release_claims(locks)
         return out
 
     # ---- background work -----------------------------------------------------------------
@@ -935,6 +1101,11 @@ class NodeDriver:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            try:
+                if not self.publishes():
+                    continue
+            except OSError as e:
+                self.log(f"{self.lease}: {e.strerror or e}; rescanning anyway")
             self.rescan()
 
     def _status_loop(self) -> None:
@@ -967,21 +1138,36 @@ class NodeDriver:
     # ---- health endpoints -----------------------------------------------------------------
     def health(self) -> tuple[bool, bool, dict[str, Any]]:
         """``(live, ready, details)``: live while the gRPC servers and threads run; ready once
-        started, slices published and (when a kubelet is there) registered."""
+        started, the slices published, the kubelet has confirmed the registration
+        (``NotifyRegistrationStatus`` with ``plugin_registered``) and the DRA service answers
+        a call on its socket (an empty ``NodePrepareResources``, at most 2 s), and not while
+        stopping. ``details``: what ``/readyz`` shows (``registered``, ``serving``,
+        ``stopping``, ``publishing``, ``instance``, counters)."""
         alive = all(t.is_alive() for t in self._threads) and self.servers is not None
-        ready = (
+        started = (
             self.ready.is_set()
             and alive
             and self.publisher is not None
             and self.publisher.generation is not None
         )
+        registered = self.servers.registered.is_set() if self.servers else False
+        serving = (
+            self.servers.answers(timeout=2.0)
+            if self.servers is not None and self.ready.is_set()
+            else False
+        )
+        ready = started and registered and serving and not self.stopping
         details = {
             "node": self.cfg.node_name,
+            "instance": self.instance_id,
+            "serving": serving,
+            "stopping": self.stopping,
+            "publishing": not self.retired,
             "backend": self.backend.backend,
             "backendReason": self.backend.reason,
             "gpus": len(self.registry.records),
             "generation": self.publisher.generation if self.publisher else None,
-            "registered": self.servers.registered.is_set() if self.servers else False,
+            "registered": registered,
             "registrationError": self.servers.registration_error if self.servers else "",
             "firstPublishSeconds": self.stats.first_publish,
             "preparedClaims": sum(

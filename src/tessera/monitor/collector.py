@@ -136,7 +136,7 @@ class TesseraCollector(Collector):
                 self._report("nvml", None)
             except Exception as e:  # a failing driver must not take the share figures down
                 fams["tessera_monitor_nvml_up"].add_metric([node], 0)
-                self._report("nvml", f"tessera monitor: NVML query failed: {e}")
+                self._report("nvml", f"NVML query failed: {e}")
         view: AllocationView | None = None
         if self.api is not None:
             view, up, last = self.api.snapshot()
@@ -150,7 +150,7 @@ class TesseraCollector(Collector):
             readings = []
             self._report(
                 "region-dir",
-                f"tessera monitor: cannot list --region-dir {self.regions.path}: {e.strerror or e}",
+                f"cannot list --region-dir {self.regions.path}: {e.strerror or e}",
             )
 
         # ---- identities -----------------------------------------------------------------
@@ -222,12 +222,12 @@ class TesseraCollector(Collector):
         for r in readings:
             c = claim_of(r.meta.uid)
             if r.meta_error:
-                self._report(f"meta:{r.path}", f"tessera monitor: {r.meta_error}")
+                self._report(f"meta:{r.path}", f"{r.meta_error}")
             else:
                 self._report(f"meta:{r.path}", None)
             if r.snapshot is None:
                 add("tessera_share_region_readable", claim_labels(c), 0)
-                self._report(f"region:{r.path}", f"tessera monitor: {r.error}")
+                self._report(f"region:{r.path}", f"{r.error}")
                 continue
             self._report(f"region:{r.path}", None)
             snap = r.snapshot

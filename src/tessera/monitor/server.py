@@ -71,13 +71,11 @@ class ApiRefresher:
                 try:
                     self.refresh()
                     if self._failing:
-                        self.log(f"tessera monitor: API server {self.client.server} readable again")
+                        self.log(f"API server {self.client.server} readable again")
                     self._failing = False
                 except MonitorError as e:
                     if not self._failing:
-                        self.log(
-                            f"tessera monitor: {e} (keeping the last figures; tessera_monitor_api_up is 0)"
-                        )
+                        self.log(f"{e} (keeping the last figures; tessera_monitor_api_up is 0)")
                     self._failing = True
 
         t = threading.Thread(target=loop, name="tessera-monitor-api", daemon=True)

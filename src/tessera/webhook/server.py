@@ -6,7 +6,14 @@ Routes:
   :mod:`tessera.webhook.admission`); HTTP 400 for a body that is not one, 413 over
   :data:`~tessera.webhook.admission.MAX_BODY`; never 500.
 * ``GET /healthz``: ``ok`` while the process serves.
-* ``GET /readyz``: ``ok`` once the ResourceSlice cache has its first list (503 before).
+* ``GET /readyz``: ``ok`` once the ResourceSlice cache has its first list (503 before, and
+  503 while draining).
+
+Shutdown (:func:`serve`): on SIGTERM the server first **drains** for ``drain`` seconds: it keeps
+answering every request (admissions included) while the endpoints controller removes the pod
+from the Service, ``/readyz`` answers 503, and every response carries ``Connection: close`` so
+that the API server's kept-alive connections go away and its next request is routed to another
+replica. Then it stops accepting connections, finishes the requests in flight and returns.
 
 TLS: :class:`CertReloader` keeps the serving certificate in step with ``--tls-cert-file`` /
 ``--tls-private-key-file``: the files are checked every ``reload_interval`` seconds (cert-manager
@@ -116,6 +123,9 @@ class Webhook:
         self.store = store
         self.ready = ready
         self.counters = Counters()
+        #: Set when a drain starts (:func:`serve`): answers close their connection, ``/readyz``
+        #: is 503. A plain attribute, set from a signal handler (no lock may be taken there).
+        self.draining = False
         self._writes: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     async def admit(self, body: bytes) -> tuple[int, dict[str, Any] | str]:
@@ -187,6 +197,13 @@ class Webhook:
                 f"tessera webhook could not create the pod's ResourceClaimTemplate: {e.message or e}",
             )
 
+    def _closing(self, response: Response) -> Response:
+        """``response``, with ``Connection: close`` while draining (the client reconnects,
+        through the Service, to a replica that is not going away)."""
+        if self.draining:
+            response.headers["connection"] = "close"
+        return response
+
     def app(self) -> Starlette:
         async def mutate(request: Request) -> Response:
             length = request.headers.get("content-length")
@@ -196,13 +213,15 @@ class Webhook:
             body = await request.body()
             status, payload = await self.admit(body)
             if isinstance(payload, str):
-                return PlainTextResponse(payload, status_code=status)
-            return JSONResponse(payload, status_code=status)
+                return self._closing(PlainTextResponse(payload, status_code=status))
+            return self._closing(JSONResponse(payload, status_code=status))
 
         async def healthz(_: Request) -> Response:
-            return PlainTextResponse("ok")
+            return self._closing(PlainTextResponse("ok"))
 
         async def readyz(request: Request) -> Response:
+            if self.draining:
+                return self._closing(PlainTextResponse("draining: shutting down", status_code=503))
             if not self.ready():
                 return PlainTextResponse("ResourceSlice cache not synced yet", status_code=503)
             if "verbose" in request.query_params:
@@ -226,6 +245,59 @@ class Webhook:
         )
 
 
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, with a drain period between the first SIGTERM and the shutdown."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain: float,
+        on_drain: Callable[[], None] | None,
+        log_stop: Callable[[str], None] | None,
+    ) -> None:
+        super().__init__(config)
+        self.drain = drain
+        self.on_drain = on_drain
+        self.log_stop = log_stop or (lambda _m: None)
+        self.drain_started: float | None = None  # time.monotonic() of the first SIGTERM
+        self._drain_logged = False
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        import signal
+        import time
+
+        # Signal handler: only flags here; on_tick (the event loop) does the rest. SIGTERM is
+        # not recorded for uvicorn to raise again once serving ended: the command then returns,
+        # logs its stop and exits 0.
+        if sig == signal.SIGTERM:
+            if self.drain > 0 and self.drain_started is None:
+                self.drain_started = time.monotonic()
+                if self.on_drain is not None:
+                    self.on_drain()
+            else:
+                self.should_exit = True  # no drain, or a second SIGTERM: stop now
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        import time
+
+        if self.drain_started is not None and not self.should_exit:
+            if not self._drain_logged:
+                self._drain_logged = True
+                self.log_stop(
+                    f"SIGTERM: draining for {self.drain:g} s (requests still served, "
+                    "connections closed after each answer, /readyz 503)"
+                )
+            if time.monotonic() - self.drain_started >= self.drain:
+                self.log_stop(
+                    f"drained for {time.monotonic() - self.drain_started:.1f} s: no longer "
+                    "accepting; finishing the requests in flight"
+                )
+                self.should_exit = True
+        return await super().on_tick(counter)
+
+
 async def serve(
     app: Any,
     *,
@@ -234,12 +306,20 @@ async def serve(
     certs: CertReloader | None,
     reload_interval: float = 2.0,
     ready: Callable[[int], None] | None = None,
+    drain: float = 0.0,
+    on_drain: Callable[[], None] | None = None,
+    log_stop: Callable[[str], None] | None = None,
 ) -> None:
     """Serve ``app`` on ``host:port`` until SIGINT/SIGTERM: HTTPS with ``certs`` (checked for
     new files every ``reload_interval`` seconds), plain HTTP without. ``ready(port)`` is called
-    once listening. On SIGTERM it stops accepting, finishes the requests in flight and returns
-    within 5 seconds, idle keep-alive connections or not. uvloop and httptools: the fastest of
-    uvicorn's loops and parsers (``docs/benchmarks.md``)."""
+    once listening.
+
+    On SIGTERM it first drains for ``drain`` seconds (``on_drain()`` is called when that
+    starts, from the signal handler: it may only set flags; see the module doc): requests keep
+    being served. Then (at once for SIGINT, a second SIGTERM, or ``drain`` 0) it stops
+    accepting, finishes the requests in flight and returns within 5 seconds, idle keep-alive
+    connections or not. ``log_stop(line)`` is told when the drain starts and ends. uvloop and
+    httptools: the fastest of uvicorn's loops and parsers (``docs/benchmarks.md``)."""
     tls: dict[str, Any] = {}
     if certs is not None:
         tls = {"ssl_certfile": str(certs.cert_file), "ssl_keyfile": str(certs.key_file)}
@@ -259,7 +339,7 @@ async def serve(
     config.load()
     if certs is not None:
         config.ssl = certs.context  # our context: its certificate is swapped in place on reload
-    server = uvicorn.Server(config)
+    server = _DrainingServer(config, drain, on_drain, log_stop)
 
     async def watch_files() -> None:
         while certs is not None:

@@ -219,13 +219,39 @@ def referenced_templates(pods: Iterable[Mapping[str, Any]]) -> set[str]:
     return out
 
 
+def needed_templates(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Template name -> the pods (names) that still need it: pods, neither finished nor being
+    deleted, that reference it and whose claim for that reference has not been made yet (no
+    ``status.resourceClaimStatuses`` entry naming a claim). A pod whose claim exists no longer
+    needs its template: the claim is owned by the pod and lives as long as it does."""
+    out: dict[str, list[str]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        made = {
+            s.get("name")
+            for s in status.get("resourceClaimStatuses") or []
+            if (s or {}).get("resourceClaimName")
+        }
+        for rc in (pod.get("spec") or {}).get("resourceClaims") or []:
+            name = (rc or {}).get("resourceClaimTemplateName")
+            if name and rc.get("name") not in made:
+                out.setdefault(str(name), []).append(str(meta.get("name")))
+    return out
+
+
 @dataclass
 class CollectResult:
-    """One pass of :meth:`Collector.collect`: templates deleted, kept in use, kept young."""
+    """One pass of :meth:`Collector.collect`: templates deleted (``(namespace, name)``), kept in
+    use, kept young; with ``everything``, ``needed_by`` names the pods (``namespace/pod``) that
+    kept a template."""
 
     deleted: list[tuple[str, str]] = field(default_factory=list)
     in_use: int = 0
     young: int = 0
+    needed_by: list[str] = field(default_factory=list)
 
 
 class Collector:
@@ -252,9 +278,13 @@ class Collector:
         self.total_deleted = 0
         self._stop = threading.Event()
 
-    def collect(self) -> CollectResult:
+    def collect(self, *, everything: bool = False) -> CollectResult:
         """One pass. Raises :class:`ApiError` when listing fails; a template that cannot be
-        deleted (changed meanwhile, already gone) is skipped."""
+        deleted (changed meanwhile, already gone) is skipped.
+
+        ``everything`` (``tessera collect-templates --all``, at uninstall): no grace; a template
+        is kept only while a pod still needs it (:func:`needed_templates`), not merely because
+        a running pod references it."""
         result = CollectResult()
         now = self.clock()
         templates = self.client.list(RESOURCE, KIND, label_selector=HASH_LABEL)
@@ -264,16 +294,21 @@ class Collector:
             last = _parse_time((meta.get("annotations") or {}).get(STAMP_ANNOTATION))
             if last is None:
                 last = _parse_time(meta.get("creationTimestamp"))
-            if last is not None and now - last <= self.grace:
+            if not everything and last is not None and now - last <= self.grace:
                 result.young += 1
                 continue
             candidates.setdefault(str(meta.get("namespace")), []).append(t)
         for ns, items in sorted(candidates.items()):
-            used = referenced_templates(self.client.list("v1", "Pod", ns))
+            pods = self.client.list("v1", "Pod", ns)
+            used: Mapping[str, Any] = (
+                needed_templates(pods) if everything else dict.fromkeys(referenced_templates(pods))
+            )
             for t in items:
                 meta = t["metadata"]
                 if meta["name"] in used:
                     result.in_use += 1
+                    if everything:
+                        result.needed_by.extend(f"{ns}/{p}" for p in used[meta["name"]])
                     continue
                 path = self.client.collection_path(RESOURCE, KIND, ns) + f"/{meta['name']}"
                 body = {"preconditions": {"resourceVersion": meta.get("resourceVersion")}}
