@@ -80,6 +80,12 @@ def cluster() -> None:
     help="Also run this machine as a real node: containerd and a kubelet (root; one per machine; "
     "`down` restores the host). Simulated nodes only with --cluster/--slices.",
 )
+@click.option(
+    "--device-classes/--no-device-classes",
+    default=None,
+    help="Register the DeviceClass gpu.tessera.dev, or not (for `helm install` of the chart, which "
+    "creates its own DeviceClasses). [default: registered, except with --kubelet and no simulated node]",
+)
 def up(
     state_dir: Path | None,
     slice_files: tuple[Path, ...],
@@ -87,12 +93,14 @@ def up(
     no_build: bool,
     timeout: float,
     kubelet: bool,
+    device_classes: bool | None,
 ) -> None:
     """Start a fresh control plane and register nodes, ResourceSlices and the DeviceClass gpu.tessera.dev.
 
     With neither --cluster nor --slices, the nodes of the bundled default cluster (the one
     `tessera simulate` uses with no arguments) are registered, unless --kubelet is given
-    (then the real node is the only one).
+    (then the real node is the only one, and no DeviceClass is registered unless
+    --device-classes says so: the chart's own DeviceClasses come with `helm install`).
     """
     if cluster_file is None and not slice_files and not kubelet:
         cluster_file = examples_dir() / "cluster.yaml"
@@ -105,7 +113,14 @@ def up(
         fail(str(e), 2)
     c = Cluster(state_dir)
     try:
-        c.up(inv, build_binaries=not no_build, timeout=timeout, progress=_progress, kubelet=kubelet)
+        c.up(
+            inv,
+            build_binaries=not no_build,
+            timeout=timeout,
+            progress=_progress,
+            kubelet=kubelet,
+            device_classes=device_classes,
+        )
     except ClusterInputError as e:
         fail(str(e), 2)
     except (ClusterError, BuildError) as e:

@@ -2,7 +2,7 @@
 
 Binaries (:data:`BINARIES`): the control plane (:data:`CONTROL_PLANE_BINARIES`: ``etcd``,
 ``kube-apiserver``, ``kube-scheduler``, ``kube-controller-manager``, ``kubectl``,
-``allocator-harness``) and a real node (:data:`NODE_BINARIES`: ``kubelet``, ``containerd``,
+``allocator-harness``) and a real node (:data:`NODE_BINARIES`: ``kubelet``, ``kube-proxy``, ``containerd``,
 ``containerd-shim-runc-v2``, ``ctr``), compiled from Go modules into ``tools/kube/bin``.
 
 Lookup order for the directory holding them:
@@ -29,7 +29,7 @@ CONTROL_PLANE_BINARIES = (
     "allocator-harness",
 )
 #: What ``tessera cluster up --kubelet`` needs besides the control plane.
-NODE_BINARIES = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr")
+NODE_BINARIES = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr")
 BINARIES = CONTROL_PLANE_BINARIES + NODE_BINARIES
 
 

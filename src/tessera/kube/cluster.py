@@ -56,14 +56,21 @@ import yaml
 
 from tessera.api.deviceclass import device_class
 from tessera.api.errors import TesseraError
-from tessera.kube import build, images
+from tessera.kube import build, images, nodenet
 from tessera.kube import node as realnode
 from tessera.kube.client import ApiError, KubeClient, describe
-from tessera.kube.pki import FRONT_PROXY_CLIENT, SERVICE_CIDR, Pki, issue_node_certs, make_pki
+from tessera.kube.pki import (
+    FRONT_PROXY_CLIENT,
+    KUBE_PROXY_USER,
+    SERVICE_CIDR,
+    Pki,
+    issue_node_certs,
+    make_pki,
+)
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 #: Started after the control plane by ``up(kubelet=True)``, stopped before it.
-NODE_COMPONENTS = ("containerd", "kubelet")
+NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy")
 
 #: DRA feature gates passed to every component. All exist in Kubernetes 1.37 and are not
 #: locked there. Gates Tessera needs that 1.37 locks to true (passing them only earns a
@@ -300,17 +307,23 @@ def _slice_name(s: Mapping[str, Any], index: int) -> str:
 
 
 def register_inventory(
-    client: KubeClient, inv: Inventory, capacity: Mapping[str, str] = DEFAULT_NODE_CAPACITY
+    client: KubeClient,
+    inv: Inventory,
+    capacity: Mapping[str, str] = DEFAULT_NODE_CAPACITY,
+    *,
+    device_classes: bool = True,
 ) -> None:
-    """Register ``inv`` on a running API server: the DeviceClass ``gpu.tessera.dev``, a
-    Ready, untainted Node per node, and every ResourceSlice (server-side apply; slices
-    without a name get ``<node>-<driver>-<index>``).
+    """Register ``inv`` on a running API server: the DeviceClass ``gpu.tessera.dev`` (unless
+    ``device_classes`` is False: a Helm release of the chart creates it and refuses an
+    object it does not own), a Ready, untainted Node per node, and every ResourceSlice
+    (server-side apply; slices without a name get ``<node>-<driver>-<index>``).
 
     Raises :class:`ClusterError` naming the object when the API server rejects it (its
     message names the field), e.g. a requestPolicy on a device without
     allowMultipleAllocations.
     """
-    client.apply(DEVICE_CLASS, field_manager=FIELD_MANAGER)
+    if device_classes:
+        client.apply(DEVICE_CLASS, field_manager=FIELD_MANAGER)
     for spec in inv.nodes:
         node = node_object(spec, capacity)
         try:
@@ -560,8 +573,15 @@ class Cluster:
         scheduler_config: Mapping[str, Any] | None = None,
         kubelet: bool = False,
         node_lock_wait: float = 0.0,
+        device_classes: bool | None = None,
     ) -> None:
         """Start a fresh control plane and register ``inventory``'s nodes and slices.
+
+        ``device_classes``: register the DeviceClass ``gpu.tessera.dev`` (True) or not
+        (False: e.g. for ``helm install`` of the chart, which creates its DeviceClasses and
+        refuses objects it does not own). None (the default) registers it unless the only
+        node is the real one (``kubelet`` and no simulated node): simulated nodes' slices are
+        registered here and need the class; a real node's driver comes with the chart.
 
         ``extra_args`` maps a component (``kube-apiserver``, ``kube-scheduler``...) to flags
         appended to its command line. ``scheduler_config`` is a ``KubeSchedulerConfiguration``
@@ -569,9 +589,12 @@ class Cluster:
         kube-scheduler is started with (``--config``); its ``clientConnection.kubeconfig`` and
         ``leaderElection`` are filled in here.
 
-        ``kubelet`` also starts a real node (containerd and a kubelet, see
-        :mod:`tessera.kube.node`) once the control plane runs, and waits until its Node is
-        Ready and untainted; :attr:`node` then describes it. The machine's node lock is
+        ``kubelet`` also starts a real node (containerd, a kubelet and kube-proxy, see
+        :mod:`tessera.kube.node`; its network, :mod:`tessera.kube.nodenet`, is made before the
+        control plane starts) once the control plane runs, and waits until its Node is Ready
+        and untainted; :attr:`node` then describes it. The API server then listens on all
+        addresses (the guard table drops what reaches its port from other interfaces) and
+        advertises the bridge address, the endpoint of the ``kubernetes`` Service. The machine's node lock is
         taken first: when another node holds it, ``up`` waits up to ``node_lock_wait``
         seconds, then raises :class:`ClusterError` naming the holder. Needs root.
 
@@ -586,6 +609,8 @@ class Cluster:
         """
         say = progress or (lambda _msg: None)
         inv = inventory or Inventory()
+        if device_classes is None:
+            device_classes = not (kubelet and not inv.nodes)
         running = self.running_components()
         if running:
             raise ClusterError(
@@ -637,6 +662,7 @@ class Cluster:
                 kubelet,
                 extra_args,
                 scheduler_config,
+                device_classes,
             )
         except BaseException:
             with contextlib.suppress(ClusterError):
@@ -657,7 +683,16 @@ class Cluster:
         kubelet: bool,
         extra_args: Mapping[str, Sequence[str]] | None = None,
         scheduler_config: Mapping[str, Any] | None = None,
+        device_classes: bool = True,
     ) -> None:
+        if kubelet:
+            # Before anything can send a packet to the service or pod range: otherwise it
+            # would follow the default route off this machine.
+            say(f"making the node's network (bridge {nodenet.BRIDGE}, routes, guard table)")
+            try:
+                realnode.setup_network(self.state_dir)
+            except realnode.NodeError as e:
+                raise ClusterError(str(e)) from e
         # Fresh state directory (keep nothing from an earlier cluster).
         self.state_dir.mkdir(parents=True, exist_ok=True)
         for sub in ("pki", "etcd", "logs", "run", "kubeconfigs", "certs-generated"):
@@ -671,11 +706,21 @@ class Cluster:
         (self.state_dir / "etcd").mkdir(mode=0o700)
 
         say("generating certificates")
-        pki = make_pki(self.state_dir / "pki")
+        pki = make_pki(
+            self.state_dir / "pki", apiserver_ips=(nodenet.BRIDGE_ADDRESS,) if kubelet else ()
+        )
         for attempt in range(1, 4):
             try:
                 state, server = self._start_control_plane(
-                    inv, bins, pki, timeout, say, die_with_parent, extra_args, scheduler_config
+                    inv,
+                    bins,
+                    pki,
+                    timeout,
+                    say,
+                    die_with_parent,
+                    extra_args,
+                    scheduler_config,
+                    kubelet,
                 )
                 break
             except _PortTaken as e:
@@ -687,8 +732,12 @@ class Cluster:
                 self._stop_control_plane()
                 shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
                 (self.state_dir / "etcd").mkdir(mode=0o700)
-        say("registering DeviceClass, nodes and ResourceSlices")
-        self._register(inv, node_capacity, timeout)
+        say(
+            "registering DeviceClass, nodes and ResourceSlices"
+            if device_classes
+            else "registering nodes and ResourceSlices (no DeviceClass)"
+        )
+        self._register(inv, node_capacity, timeout, device_classes)
         if kubelet:
             self._start_node(
                 state, pki, server, bins, paths, name, address, timeout, say, die_with_parent
@@ -704,10 +753,17 @@ class Cluster:
         die_with_parent: bool,
         extra_args: Mapping[str, Sequence[str]] | None,
         scheduler_config: Mapping[str, Any] | None,
+        kubelet: bool = False,
     ) -> tuple[dict[str, Any], str]:
         """etcd, kube-apiserver, kube-controller-manager, kube-scheduler on free loopback
         ports, each healthy before the next; returns the state (written to state.json) and
-        the API server URL. Raises :class:`_PortTaken` when a port was taken meanwhile."""
+        the API server URL. Raises :class:`_PortTaken` when a port was taken meanwhile.
+
+        With ``kubelet`` the API server listens on all addresses (clients on this host still
+        use 127.0.0.1) and advertises the bridge address, which its lease reconciler writes
+        as the ``kubernetes`` Service's endpoint; the guard table drops connections to its
+        port from other interfaces. Without, it listens on 127.0.0.1 and writes no endpoint
+        (a loopback endpoint is invalid)."""
         etcd_port, etcd_peer, api_port, kcm_port, sched_port = _free_ports(5)
         server = f"https://127.0.0.1:{api_port}"
         self._write_kubeconfig(
@@ -753,8 +809,9 @@ class Cluster:
                 f"--etcd-cafile={pki.ca.cert}",
                 f"--etcd-certfile={pki.etcd_client.cert}",
                 f"--etcd-keyfile={pki.etcd_client.key}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                # --kubelet: pods reach it through the kubernetes Service at the bridge address.
+                f"--bind-address={'0.0.0.0' if kubelet else '127.0.0.1'}",
+                f"--advertise-address={nodenet.BRIDGE_ADDRESS if kubelet else '127.0.0.1'}",
                 f"--secure-port={api_port}",
                 f"--tls-cert-file={pki.apiserver.cert}",
                 f"--tls-private-key-file={pki.apiserver.key}",
@@ -777,7 +834,7 @@ class Cluster:
                 f"--service-account-signing-key-file={pki.sa_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
-                "--endpoint-reconciler-type=none",
+                f"--endpoint-reconciler-type={'lease' if kubelet else 'none'}",
                 "--allow-privileged=true",
                 "--profiling=false",
                 f"--feature-gates={gates}",
@@ -869,6 +926,11 @@ class Cluster:
             "components": {},
             "nodes": [n.name for n in inv.nodes],
         }
+        if kubelet:
+            try:
+                nodenet.guard_local_only_port(api_port)
+            except nodenet.NetworkError as e:
+                raise ClusterError(str(e)) from e
         for comp in COMPONENTS:
             say(f"starting {comp}")
             self._start_component(state, comp, argv[comp], health[comp], timeout, die_with_parent)
@@ -942,6 +1004,21 @@ class Cluster:
             certs.client.key,
             f"system:node:{name}",
         )
+        self._write_kubeconfig(
+            paths.kube_proxy_kubeconfig,
+            server,
+            pki,
+            certs.proxy.cert,
+            certs.proxy.key,
+            KUBE_PROXY_USER,
+        )
+        _write_text(
+            paths.kube_proxy_config,
+            yaml.safe_dump(
+                nodenet.kube_proxy_config(kubeconfig=paths.kube_proxy_kubeconfig, node_name=name),
+                sort_keys=False,
+            ),
+        )
         _write_text(paths.containerd_config, realnode.containerd_config(paths, bins, runc, cni_bin))
         _write_text(
             paths.cni_conf_dir / f"10-{realnode.CNI_NETWORK}.conflist",
@@ -996,6 +1073,9 @@ class Cluster:
                 f"--root-dir={paths.kubelet_root_dir}",
                 f"--cert-dir={paths.kubelet_root_dir / 'pki'}",
                 f"--hostname-override={name}",
+                # The Node's InternalIP (and hostNetwork pods' IP): the bridge address, not
+                # the address of the interface with the default route.
+                f"--node-ip={nodenet.BRIDGE_ADDRESS}",
             ],
             f"http://127.0.0.1:{realnode.KUBELET_HEALTHZ_PORT}/healthz",
             timeout,
@@ -1004,6 +1084,36 @@ class Cluster:
         )
         say(f"waiting for node {name} to be Ready")
         self._wait_node_ready(name, timeout)
+        # Healthy = its rules for every Service are in place: before pods can be scheduled.
+        say("starting kube-proxy (nftables)")
+        try:
+            proxy_path = nodenet.process_path_with_nft(paths.tools_dir, env["PATH"])
+        except nodenet.NetworkError as e:
+            raise ClusterError(str(e)) from e
+        self._start_component(
+            state,
+            "kube-proxy",
+            [str(bins / "kube-proxy"), f"--config={paths.kube_proxy_config}"],
+            f"http://127.0.0.1:{nodenet.KUBE_PROXY_HEALTHZ_PORT}/healthz",
+            timeout,
+            die_with_parent,
+            {"PATH": proxy_path},
+        )
+        self._untaint(name)
+
+    def _untaint(self, name: str) -> None:
+        """The node-lifecycle controller is off (simulated nodes send no heartbeats): remove
+        the not-ready taint that admission added on registration."""
+        client = self.client()
+        obj = client.get("v1", "Node", name)
+        if obj["spec"].get("taints"):
+            client.request(
+                "PATCH",
+                f"/api/v1/nodes/{name}",
+                body={"spec": {"taints": None}},
+                content_type="application/merge-patch+json",
+                what=f"Node {name}",
+            )
 
     def _wait_node_ready(self, name: str, timeout: float) -> None:
         client = self.client()
@@ -1027,16 +1137,6 @@ class Cluster:
                     else "no Ready condition"
                 )
                 if ready and ready.get("status") == "True":
-                    # The node-lifecycle controller is off (simulated nodes send no
-                    # heartbeats): remove the not-ready taint that admission added.
-                    if obj["spec"].get("taints"):
-                        client.request(
-                            "PATCH",
-                            f"/api/v1/nodes/{name}",
-                            body={"spec": {"taints": None}},
-                            content_type="application/merge-patch+json",
-                            what=f"Node {name}",
-                        )
                     return
             kubelet_pid = int((self._read_state() or {})["components"]["kubelet"]["pid"])
             if not pid_alive(kubelet_pid):
@@ -1119,13 +1219,13 @@ class Cluster:
                 except OSError as e:
                     return False, f"{url}: {e.strerror or e}"
             return True, "accepting connections"
-        if url.startswith("http://"):  # the kubelet's healthz port (plain HTTP on loopback)
+        if url.startswith("http://"):  # kubelet and kube-proxy healthz (plain HTTP on loopback)
             try:
                 with urllib.request.urlopen(url, timeout=timeout) as resp:
                     body = resp.read().decode(errors="replace").strip()
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError) as e:  # HTTPError (not 2xx) is an OSError
                 return False, str(e)
-            return body == "ok", body
+            return True, body[:200]
         st = self._read_state() or {}
         p = st.get("pki") or {}
         is_etcd = url.endswith("/health")
@@ -1172,9 +1272,15 @@ class Cluster:
             f"{self.log_dir / (name + '.log')}:\n{_tail(self.log_dir / (name + '.log'))}"
         )
 
-    def _register(self, inv: Inventory, capacity: Mapping[str, str], timeout: float) -> None:
+    def _register(
+        self,
+        inv: Inventory,
+        capacity: Mapping[str, str],
+        timeout: float,
+        device_classes: bool = True,
+    ) -> None:
         client = self.client()
-        register_inventory(client, inv, capacity)
+        register_inventory(client, inv, capacity, device_classes=device_classes)
         # Pods need the namespace's default ServiceAccount (made by kube-controller-manager).
         deadline = time.monotonic() + timeout
         while True:

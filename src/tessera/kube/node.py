@@ -10,7 +10,8 @@ node that is not the control plane:
   ``/run/tessera-node/holder.json`` names the holder and records what the host looked like
   before (sysctls, absent paths and cgroups, the CNI bridge); a lock file serialises claims;
 * the configuration files (containerd config version 3, the CNI network, the kubelet's
-  ``KubeletConfiguration``), all pointing into the state directory;
+  ``KubeletConfiguration``), all pointing into the state directory; the network itself
+  (bridge, routes, guard table, kube-proxy's configuration) is :mod:`tessera.kube.nodenet`;
 * :func:`teardown`: stop pods, tasks, kubelet, containerd and shims in that order, then undo
   what they changed on the host (:func:`teardown` docstring lists every step);
 * :class:`NodeInfo`: the paths a DRA kubelet plugin and a test need (CDI spec dir, kubelet
@@ -38,8 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tessera.kube import images
+from tessera.kube import images, nodenet
 from tessera.kube.client import ApiError, KubeClient
+from tessera.kube.nodenet import BRIDGE, BRIDGE_ADDRESS, POD_SUBNET, SERVICE_RANGE
 
 #: Machine-wide directory of the holder record and the shim sockets; removed with the node.
 HOST_DIR = Path("/run/tessera-node")
@@ -50,8 +52,9 @@ LOCK_FILE = Path("/run/lock/tessera-node.lock")
 #: most 42 characters (unix socket path limit), so not under the state directory.
 SHIM_SOCKET_DIR = HOST_DIR / "s"
 
-#: sysctls the kubelet sets at start (``setupKernelTunables``) and the CNI bridge may touch;
-#: saved before and restored after.
+#: sysctls the kubelet sets at start (``setupKernelTunables``), the CNI bridge plugin may
+#: touch (``ip_forward`` with ``isGateway``) and kube-proxy would set if configured to
+#: (conntrack, ``route_localnet``; it is configured not to); saved before and restored after.
 SYSCTLS = (
     "vm.overcommit_memory",
     "vm.panic_on_oom",
@@ -60,6 +63,13 @@ SYSCTLS = (
     "kernel.keys.root_maxkeys",
     "kernel.keys.root_maxbytes",
     "net.ipv4.ip_forward",
+    "net.ipv4.conf.all.route_localnet",
+    "net.netfilter.nf_conntrack_max",
+    "net.netfilter.nf_conntrack_tcp_timeout_established",
+    "net.netfilter.nf_conntrack_tcp_timeout_close_wait",
+    "net.netfilter.nf_conntrack_tcp_be_liberal",
+    "net.netfilter.nf_conntrack_udp_timeout",
+    "net.netfilter.nf_conntrack_udp_timeout_stream",
 )
 #: Host paths the kubelet or containerd write to whatever their root and state dirs are
 #: (device-manager socket and checkpoint, container log links, libcni's result cache, ctr's
@@ -77,9 +87,7 @@ FIXED_HOST_PATHS = (
 )
 #: The cgroup the kubelet makes (``cgroupsPerQOS``, cgroupfs driver) in every hierarchy.
 KUBEPODS = "kubepods"
-#: The CNI network: a bridge without gateway or masquerading (no iptables rules).
-BRIDGE = "tessera0"
-POD_SUBNET = "10.213.0.0/24"
+#: The CNI network on :data:`BRIDGE` (made by ``up``, see :mod:`tessera.kube.nodenet`).
 CNI_NETWORK = "tessera"
 KUBELET_PORT = 10250
 KUBELET_HEALTHZ_PORT = 10248
@@ -319,18 +327,22 @@ def _first_absent(path: str) -> str | None:
 class HostSnapshot:
     """What :func:`teardown` must restore: ``sysctls`` (name -> value before), ``absent_paths``
     (fixed host paths, or their shallowest missing parent, that did not exist),
-    ``absent_cgroups`` (``<hierarchy>/kubepods`` that did not exist), ``bridge_absent``."""
+    ``absent_cgroups`` (``<hierarchy>/kubepods`` that did not exist), ``bridge_absent``,
+    ``nft_tables`` (those of :func:`nodenet.our_tables` that existed: never removed)."""
 
     sysctls: dict[str, str]
     absent_paths: tuple[str, ...]
     absent_cgroups: tuple[str, ...]
     bridge_absent: bool
+    nft_tables: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def take(cls) -> HostSnapshot:
         absent = {a for p in FIXED_HOST_PATHS if (a := _first_absent(p)) is not None}
         cgroups = tuple(str(r / KUBEPODS) for r in cgroup_roots() if not (r / KUBEPODS).exists())
-        return cls(read_sysctls(), tuple(sorted(absent)), cgroups, not _link_exists(BRIDGE))
+        present = nodenet.nft_tables()
+        tables = tuple(t for t in nodenet.our_tables() if t in present)
+        return cls(read_sysctls(), tuple(sorted(absent)), cgroups, not _link_exists(BRIDGE), tables)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -338,6 +350,7 @@ class HostSnapshot:
             "absentPaths": list(self.absent_paths),
             "absentCgroups": list(self.absent_cgroups),
             "bridgeAbsent": self.bridge_absent,
+            "nftTables": [list(t) for t in self.nft_tables],
         }
 
     @classmethod
@@ -347,6 +360,7 @@ class HostSnapshot:
             tuple(d.get("absentPaths") or ()),
             tuple(d.get("absentCgroups") or ()),
             bool(d.get("bridgeAbsent")),
+            tuple((str(t[0]), str(t[1])) for t in d.get("nftTables") or ()),
         )
 
 
@@ -373,9 +387,14 @@ def check_host() -> list[str]:
         problems.append(
             "gcc not found (it compiles the static pause program): apt-get install gcc libc6-dev"
         )
-    if shutil.which("ip") is None and shutil.which("ip", path="/usr/sbin:/sbin") is None:
+    if nodenet.ip_binary() is None:
         problems.append(
-            "ip not found (down deletes the pod bridge with it): apt-get install iproute2 (tools/kube/node-deps.sh)"
+            "ip not found (up makes the pod bridge and routes with it): apt-get install iproute2 (tools/kube/node-deps.sh)"
+        )
+    if nodenet.nft_binary() is None:
+        problems.append(
+            "nft not found (kube-proxy's nftables mode and the egress guard run it): "
+            "apt-get install nftables (tools/kube/node-deps.sh)"
         )
     return problems
 
@@ -480,6 +499,19 @@ class NodePaths:
     def kubelet_kubeconfig(self) -> Path:
         return self.state_dir / "kubeconfigs" / "kubelet.kubeconfig"
 
+    @property
+    def kube_proxy_config(self) -> Path:
+        return self.state_dir / "kube-proxy-config.yaml"
+
+    @property
+    def kube_proxy_kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfigs" / "kube-proxy.kubeconfig"
+
+    @property
+    def tools_dir(self) -> Path:
+        """A link to ``nft`` for kube-proxy's PATH (see :func:`nodenet.process_path_with_nft`)."""
+        return self.state_dir / "node-tools"
+
     def fresh_dirs(self) -> tuple[Path, ...]:
         """Directories emptied by every ``up`` (after unmounting anything below them)."""
         return (
@@ -489,6 +521,7 @@ class NodePaths:
             self.state_dir / "cni",
             self.pod_logs_dir,
             self.images_dir,
+            self.tools_dir,
         )
 
 
@@ -569,9 +602,12 @@ imports = []
 
 
 def cni_config(paths: NodePaths) -> dict[str, Any]:
-    """The pod network: bridge :data:`BRIDGE` without gateway or IP masquerading (so no
-    iptables rules and no ip_forward), host-local IPAM on :data:`POD_SUBNET` with its state
-    under the state dir."""
+    """The pod network: the bridge :data:`BRIDGE` that ``up`` made with the gateway address
+    :data:`BRIDGE_ADDRESS` (so ``isGateway: false``: the plugin would otherwise set that
+    address itself and switch on ``net.ipv4.ip_forward``), no IP masquerading, host-local
+    IPAM on :data:`POD_SUBNET` with its state under the state dir. A pod's only route
+    beyond its subnet is the service range via the gateway: no default route, so a pod
+    reaches nothing outside this host."""
     return {
         "cniVersion": "1.0.0",
         "name": CNI_NETWORK,
@@ -584,7 +620,8 @@ def cni_config(paths: NodePaths) -> dict[str, Any]:
                 "hairpinMode": False,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": POD_SUBNET}]],
+                    "ranges": [[{"subnet": POD_SUBNET, "gateway": BRIDGE_ADDRESS}]],
+                    "routes": [{"dst": SERVICE_RANGE, "gw": BRIDGE_ADDRESS}],
                     "dataDir": str(paths.cni_ipam_dir),
                 },
             }
@@ -744,19 +781,44 @@ def claim_host(
         time.sleep(1.0)
 
 
-def record_process(state_dir: Path, name: str, pid: int) -> None:
-    """Add ``name`` (``containerd``, ``kubelet``) with ``pid`` to the holder record of ``state_dir``."""
-    p = ProcessId.of(pid)
-    if p is None:
-        return
+def _update_holder(state_dir: Path, update: Callable[[dict[str, Any]], None]) -> None:
     with _locked():
         record = _read_holder()
         if record is None or record.get("stateDir") != str(state_dir):
             raise NodeError(
                 f"{HOLDER_FILE} does not name {state_dir} any more; was the node torn down meanwhile?"
             )
-        record.setdefault("processes", {})[name] = p.to_json()
+        update(record)
         _write_holder(record)
+
+
+def record_process(state_dir: Path, name: str, pid: int) -> None:
+    """Add ``name`` (``containerd``, ``kubelet``, ``kube-proxy``) with ``pid`` to the holder
+    record of ``state_dir``."""
+    p = ProcessId.of(pid)
+    if p is None:
+        return
+    _update_holder(
+        state_dir, lambda r: r.setdefault("processes", {}).__setitem__(name, p.to_json())
+    )
+
+
+def setup_network(state_dir: Path, local_only_ports: Sequence[int] = ()) -> None:
+    """Make the node's network (:func:`nodenet.setup`: guard table, bridge, routes), each
+    part written to the holder record of ``state_dir`` before it is made, so that
+    :func:`teardown` removes it even after a failure. Raises NodeError naming what on the
+    host is in the way (:func:`nodenet.conflicts`) or the command that failed."""
+    problems = nodenet.conflicts()
+    if problems:
+        raise NodeError("the node's network cannot be set up: " + "; ".join(problems))
+
+    def record(made: Mapping[str, Any]) -> None:
+        _update_holder(state_dir, lambda r: r.__setitem__("network", json.loads(json.dumps(made))))
+
+    try:
+        nodenet.setup(record, local_only_ports)
+    except nodenet.NetworkError as e:
+        raise NodeError(str(e)) from e
 
 
 def current_holder() -> dict[str, Any] | None:
@@ -881,6 +943,92 @@ def _remove_cgroup_tree(root: Path) -> list[str]:
     return problems
 
 
+def _log_link_into_state_dir(path: Path, state_dir: Path) -> bool:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        return False
+    return Path(target).is_relative_to(state_dir)
+
+
+def _cni_result_of_state_dir(path: Path, state_dir: Path) -> bool:
+    """A libcni cached result whose network namespace is under ``state_dir`` (containerd
+    keeps its netns mounts there: ``netns_mounts_under_state_dir``); the node's networks are
+    ``tessera`` and containerd's ``cni-loopback``."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        netns = json.loads(path.read_text()).get("netns")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(netns, str) and Path(netns).is_relative_to(state_dir)
+
+
+#: What this node's kubelet and containerd make below the fixed host paths, by directory:
+#: a predicate of (file, state dir). Everything else found there was made by something else.
+NODE_MADE: dict[str, Callable[[Path, Path], bool]] = {
+    # The device manager's socket and checkpoint (constants in the kubelet).
+    "/var/lib/kubelet/device-plugins": lambda f, _s: (
+        f.name in ("kubelet.sock", "kubelet_internal_checkpoint", "DEPRECATION")
+    ),
+    # The kubelet's container log links, into the node's pod-log directory.
+    "/var/log/containers": _log_link_into_state_dir,
+    # libcni's cached results (<network>-<container id>-<interface>) of the node's pods.
+    "/var/lib/cni/results": _cni_result_of_state_dir,
+}
+
+
+def _made_by_node(path: Path, state_dir: Path) -> bool:
+    """True for a file that this node's kubelet or containerd made (:data:`NODE_MADE`)."""
+    rule = NODE_MADE.get(str(path.parent))
+    return rule is not None and rule(path, state_dir)
+
+
+def remove_node_made(root: Path, state_dir: Path) -> tuple[list[str], list[str]]:
+    """Remove from ``root`` (a directory that did not exist before the node started) what
+    the node made: the files :func:`_made_by_node` names, then every directory left empty,
+    deepest first (``rmdir``: a directory that still holds anything stays). Mounts below
+    ``root`` are lazily unmounted first. Returns ``(kept, problems)``: the files left
+    because something else made them, and what could not be removed."""
+    kept: list[str] = []
+    problems: list[str] = []
+    for m in mounts_under([root]):
+        try:
+            unmount_lazy(m)
+        except OSError as e:
+            problems.append(str(e))
+    if mounts_under([root]):
+        return kept, [*problems, f"cannot clean {root}: still mounted below it"]
+    if root.is_symlink() or not root.is_dir():
+        if root.exists() or root.is_symlink():
+            if _made_by_node(root, state_dir):
+                root.unlink()
+            else:
+                kept.append(str(root))
+        return kept, problems
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        d = Path(dirpath)
+        for name in filenames + [n for n in dirnames if (d / n).is_symlink()]:
+            f = d / name
+            if _made_by_node(f, state_dir):
+                try:
+                    f.unlink()
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    problems.append(f"cannot remove {f}: {e.strerror}")
+            else:
+                kept.append(str(f))
+        try:
+            d.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                problems.append(f"cannot remove {d}: {e.strerror}")
+    return sorted(kept), problems
+
+
 def teardown(
     record: Mapping[str, Any],
     *,
@@ -902,8 +1050,11 @@ def teardown(
     5. unmount (lazily, deepest first) everything under the state dir and /run/tessera-node;
     6. remove those ``kubepods`` cgroups depth-first in every hierarchy;
     7. restore the sysctls that differ from the saved values;
-    8. delete the CNI bridge if it did not exist before;
-    9. remove the fixed host paths that did not exist before;
+    8. the network (:func:`nodenet.teardown`): the routes ``up`` added, the bridge if it did
+       not exist before, kube-proxy's nftables tables, then the guard table;
+    9. remove the files the node made in the fixed host paths (:data:`NODE_MADE`), and below
+       each one that did not exist before, every directory left empty
+       (:func:`remove_node_made`); anything else stays, named in a progress line;
     10. remove the shim socket dir, the holder record and /run/tessera-node.
     """
     say = progress or (lambda _m: None)
@@ -942,7 +1093,7 @@ def teardown(
         else []
     )
 
-    for name in ("kubelet", "containerd"):
+    for name in ("kube-proxy", "kubelet", "containerd"):
         p = procs.get(name)
         if p is not None and stop_process(p):
             say(f"stopped {name}")
@@ -976,22 +1127,29 @@ def teardown(
             except OSError as e:
                 problems.append(f"cannot restore sysctl {name}={before} (now {now}): {e.strerror}")
 
-    if host.bridge_absent and _link_exists(BRIDGE):
-        ip = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin") or "ip"
-        proc = subprocess.run(
-            [ip, "link", "delete", BRIDGE], capture_output=True, text=True, check=False
-        )
-        if proc.returncode != 0:
-            problems.append(f"ip link delete {BRIDGE}: {proc.stderr.strip()}")
+    problems += nodenet.teardown(
+        record.get("network") or {},
+        bridge_absent=host.bridge_absent,
+        tables_present=host.nft_tables,
+    )
 
+    state_dir = Path(str(record.get("stateDir") or "/nonexistent"))
+    for d in NODE_MADE:  # also where the directory was there before (files left by a crash)
+        with contextlib.suppress(OSError):
+            for f in Path(d).iterdir():
+                if _made_by_node(f, state_dir):
+                    with contextlib.suppress(FileNotFoundError):
+                        f.unlink()
     for path in host.absent_paths:
-        if Path(path).exists():
-            try:
-                safe_rmtree(Path(path))
-            except (NodeError, OSError) as e:
-                problems.append(str(e))
-            if Path(path).exists():
-                problems.append(f"cannot remove {path}")
+        if Path(path).exists() or Path(path).is_symlink():
+            kept, trouble = remove_node_made(Path(path), state_dir)
+            problems += trouble
+            if kept:
+                say(
+                    f"kept {len(kept)} file(s) below {path} that the node did not make: "
+                    + ", ".join(kept[:10])
+                    + (" ..." if len(kept) > 10 else "")
+                )
 
     shutil.rmtree(SHIM_SOCKET_DIR, ignore_errors=True)
     if not problems:

@@ -11,7 +11,8 @@ Files written by :func:`make_pki` (``<name>.crt`` + ``<name>.key`` unless noted)
 ``ca``                self-signed CA that signs everything below; API clients trust it
 ``etcd-server``       etcd serving certificate (SAN 127.0.0.1, localhost)
 ``etcd-client``       kube-apiserver's client certificate towards etcd
-``apiserver``         kube-apiserver serving certificate (127.0.0.1, 10.96.0.1, kubernetes.*)
+``apiserver``         kube-apiserver serving certificate (127.0.0.1, 10.96.0.1, kubernetes.*,
+                      plus ``apiserver_ips``: the real node's bridge address)
 ``admin``             CN=tessera-admin, O=system:masters (the kubeconfig user)
 ``apiserver-kubelet-client``  CN=kube-apiserver-kubelet-client, O=system:masters: the API
                       server's client certificate towards kubelets (exec, logs, proxy)
@@ -24,9 +25,10 @@ Files written by :func:`make_pki` (``<name>.crt`` + ``<name>.key`` unless noted)
 ====================  ==================================================================
 
 :func:`issue_node_certs` adds, for a real node, ``kubelet-client`` (CN=system:node:<name>,
-O=system:nodes: what the Node authorizer and the NodeRestriction rules expect) and
-``kubelet-serving`` (the kubelet's port 10250; SANs: the node name and its addresses), signed
-by the same CA.
+O=system:nodes: what the Node authorizer and the NodeRestriction rules expect),
+``kubelet-serving`` (the kubelet's port 10250; SANs: the node name and its addresses) and
+``kube-proxy-client`` (CN=system:kube-proxy: the bootstrap binding ``system:node-proxier``
+names that user), signed by the same CA.
 """
 
 from __future__ import annotations
@@ -207,12 +209,13 @@ FRONT_PROXY_CLIENT = "front-proxy-client"
 APISERVER_KUBELET_CLIENT = "kube-apiserver-kubelet-client"
 
 
-def make_pki(directory: Path) -> Pki:
+def make_pki(directory: Path, apiserver_ips: tuple[str, ...] = ()) -> Pki:
     """Create a fresh CA and all certificates and keys the control plane needs.
 
     ``directory`` is created if missing; existing files of the same names are overwritten.
-    Returns a :class:`Pki` with the file paths. Raises ``OSError`` if the directory is not
-    writable.
+    ``apiserver_ips`` are further IP SANs of the API server's certificate (the address it
+    advertises). Returns a :class:`Pki` with the file paths. Raises ``OSError`` if the
+    directory is not writable.
     """
     directory.mkdir(parents=True, exist_ok=True)
     ca = _CA.create("tessera-cluster-ca")
@@ -242,7 +245,7 @@ def make_pki(directory: Path) -> Pki:
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
-            ips=(*loopback, KUBERNETES_SERVICE_IP),
+            ips=tuple(dict.fromkeys((*loopback, KUBERNETES_SERVICE_IP, *apiserver_ips))),
         ),
     )
     admin = save("admin", *ca.issue("tessera-admin", orgs=("system:masters",), client=True))
@@ -321,17 +324,24 @@ def make_serving_certificate(
 
 @dataclass(frozen=True)
 class NodeCerts:
-    """A real node's certificates: ``client`` (kubelet -> API server) and ``serving`` (port 10250)."""
+    """A real node's certificates: ``client`` (kubelet -> API server), ``serving`` (port
+    10250) and ``proxy`` (kube-proxy -> API server)."""
 
     client: CertPair
     serving: CertPair
+    proxy: CertPair
+
+
+#: kube-proxy's user: the bootstrap ClusterRoleBinding ``system:node-proxier`` grants it.
+KUBE_PROXY_USER = "system:kube-proxy"
 
 
 def issue_node_certs(directory: Path, node_name: str, addresses: tuple[str, ...]) -> NodeCerts:
-    """Issue the kubelet's certificates for ``node_name`` with the CA :func:`make_pki` wrote
-    into ``directory``: ``kubelet-client`` (CN=system:node:<node_name>, O=system:nodes) and
-    ``kubelet-serving`` (DNS SAN ``node_name``, IP SANs ``addresses``). Raises ``OSError``
-    when the CA files are missing, ``ValueError`` when they are not make_pki's.
+    """Issue the node's certificates for ``node_name`` with the CA :func:`make_pki` wrote
+    into ``directory``: ``kubelet-client`` (CN=system:node:<node_name>, O=system:nodes),
+    ``kubelet-serving`` (DNS SAN ``node_name``, IP SANs ``addresses``) and
+    ``kube-proxy-client`` (CN=system:kube-proxy). Raises ``OSError`` when the CA files are
+    missing, ``ValueError`` when they are not make_pki's.
     """
     ca = _CA.load(directory / "ca.crt", directory / "ca.key")
     out = []
@@ -341,9 +351,10 @@ def issue_node_certs(directory: Path, node_name: str, addresses: tuple[str, ...]
             ca.issue(f"system:node:{node_name}", orgs=("system:nodes",), client=True),
         ),
         ("kubelet-serving", ca.issue(node_name, server=True, dns=(node_name,), ips=addresses)),
+        ("kube-proxy-client", ca.issue(KUBE_PROXY_USER, client=True)),
     ):
         pair = CertPair(directory / f"{name}.crt", directory / f"{name}.key")
         _write(pair.cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
         _write(pair.key, _key_pem(key), private=True)
         out.append(pair)
-    return NodeCerts(client=out[0], serving=out[1])
+    return NodeCerts(client=out[0], serving=out[1], proxy=out[2])
