@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test lint venv clean native native-test kube helm go-tools image protos node-deps prometheus fuzz schemas
+.PHONY: simulate test lint venv clean native native-test kube helm go-tools image protos node-deps prometheus fuzz schemas demo demo-down
 
 # The enforcement library (C) is built first and copied into the package
 # (src/tessera/enforcement/lib/), so it is installed with it.
@@ -69,6 +69,16 @@ IMAGE ?= tessera.local/tessera:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pypro
 BASE  ?= local
 image: protos
 	IMAGE=$(IMAGE) BASE=$(BASE) tools/image/build.sh
+
+# Try Tessera on this machine (root): a local cluster with this machine as a real node, 8 fake
+# H100 GPUs, Tessera installed by its chart from the image, a HAMi pod and a DRA pod; prints what
+# each container sees. `make demo-down` stops it and restores the host (README, quick start).
+DEMO_DIR ?= $(HOME)/.cache/tessera/demo
+demo: $(STAMP) protos go-tools node-deps image
+	$(BIN)/tessera cluster demo --state-dir $(DEMO_DIR)
+
+demo-down: $(STAMP)
+	$(BIN)/tessera cluster down --state-dir $(DEMO_DIR)
 
 # Debian packages a real node (`tessera cluster up --kubelet`, the `node` tests) needs:
 # runc, containernetworking-plugins, busybox-static, iproute2. Installed with apt-get when

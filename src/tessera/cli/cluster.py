@@ -172,3 +172,52 @@ def status(state_dir: Path | None) -> None:
         pid = str(comp.pid) if comp.pid is not None else "-"
         click.echo(f"  {comp.name:<{width}}  pid {pid:>7}  {word:<9}  {comp.detail}")
     sys.exit({"running": 0, "degraded": 1}.get(st.state, 3))
+
+
+@cluster.command()
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The demo's cluster [default: ~/.cache/tessera/demo]; `tessera cluster down --state-dir` "
+    "of it (make demo-down) stops it and restores the host.",
+)
+def demo(state_dir: Path | None) -> None:
+    """Tessera on this machine as a real node (root; `make image` first): a local cluster, 8 fake
+    H100 GPUs from the bundled inventory, Tessera installed by its Helm chart, one HAMi pod and
+    one DRA pod running; prints what each container sees, the claims' allocations and the
+    monitor's metrics URL."""
+    from tessera.kube.demo import DEFAULT_DEMO_DIR, run_demo
+    from tessera.kube.localinstall import LocalInstallError
+
+    target = state_dir or DEFAULT_DEMO_DIR
+    try:
+        report = run_demo(target, say=_progress)
+    except (ClusterError, LocalInstallError, BuildError) as e:
+        fail(f"{e} (stop it with: tessera cluster down --state-dir {shlex.quote(str(target))})", 1)
+    click.echo(
+        f"\nTessera is installed (helm install to every pod Ready: {report.install_to_ready_s:.1f} s)."
+    )
+    for p in report.pods:
+        click.echo(
+            f"\n== pod demo/{p.name} ({p.kind}), Running {p.running_after_s:.1f} s after apply"
+        )
+        for a in p.allocations:
+            cap = ", ".join(
+                f"{k} {v}" for k, v in sorted((a.get("consumedCapacity") or {}).items())
+            )
+            click.echo(
+                f"  claim: {a['driver']} {a['pool']}/{a['device']}  {cap}  shareID {a.get('shareID', '-')}"
+            )
+        click.echo(f"  CUDA_VISIBLE_DEVICES={p.visible_devices}")
+        click.echo("  /etc/tessera/limits:")
+        for line in p.limits:
+            click.echo(f"    {line}")
+        click.echo("  CUDA probe (fake libcuda, Tessera's library preloaded):")
+        for line in p.probe:
+            click.echo(f"    {line}")
+    click.echo(f"\nmetrics: curl -s {report.metrics_url} | grep ^tessera_share")
+    click.echo(f"export KUBECONFIG={shlex.quote(str(report.kubeconfig))}")
+    click.echo(
+        f"stop:    make demo-down   (tessera cluster down --state-dir {shlex.quote(str(report.state_dir))})"
+    )

@@ -149,18 +149,19 @@ def make_fake_gpu_host(
 def chart_values(
     node: NodeInfo,
     host: FakeGpuHost,
-    image_repository: str,
-    image_tag: str,
+    image_ref: str,
     state: Path,
     *,
     monitor_port: int = 31995,
 ) -> dict[str, Any]:
-    """Helm values for the local node: the image as imported (never pulled), the node's
-    kubelet root and CDI spec dir, Tessera's host directories under ``state``, the fake NVML
-    (the monitor runs without NVML: the fake has no per-process figures to add), and the
-    node agents' default affinity (the node carries :data:`GPU_NODE_LABEL`)."""
+    """Helm values for the local node: the image ``image_ref`` (``repository:tag``) as
+    imported into the node's containerd (never pulled), the node's kubelet root and CDI spec
+    dir, Tessera's host directories under ``state``, the fake NVML (the monitor runs without
+    NVML: the fake has no per-process figures to add), and the node agents' default affinity
+    (the node carries :data:`GPU_NODE_LABEL`)."""
+    repository, _, tag = image_ref.rpartition(":")
     return {
-        "image": {"repository": image_repository, "tag": image_tag, "pullPolicy": "Never"},
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "node": {
             "nvidiaDriverRoot": str(host.driver_root),
             "nvmlLibrary": f"{DRIVER_ROOT_IN_CONTAINER}/{NVML_LIBRARY}",
@@ -209,6 +210,16 @@ def helm(
     if r.returncode != 0:
         raise LocalInstallError(f"{' '.join(cmd[:3])} failed ({r.returncode}): {r.stderr[-3000:]}")
     return r
+
+
+def kubectl(kubeconfig: Path, *args: str, timeout: float = 120) -> str:
+    """``kubectl ARGS`` (the project's, ``tools/kube/bin``) against ``kubeconfig``; its stdout.
+    Raises :class:`LocalInstallError` with kubectl's stderr when it fails."""
+    cmd = [str(build.binary("kubectl")), f"--kubeconfig={kubeconfig}", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    if r.returncode != 0:
+        raise LocalInstallError(f"kubectl {' '.join(args)} failed: {r.stderr.strip()[-2000:]}")
+    return r.stdout
 
 
 def chart_dir() -> Path:
