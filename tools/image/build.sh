@@ -15,8 +15,11 @@
 #
 # Cached: build/image/stamp records a hash of the Dockerfile, .dockerignore, every file the
 # build context sends (pyproject.toml, setup.py, compiled-modules.txt, MANIFEST.in,
-# README.md, src/, native/), this script, the base image's ID and IMAGE. When it matches and
-# the image and archive exist, nothing is built (a second or two).
+# README.md, src/, native/), this script, the base image's ID and IMAGE; the image built is
+# also named tessera.local/tessera-build:<hash> in buildah's storage. When an image of that
+# name exists, nothing is built: IMAGE names it (again, if another checkout sharing the
+# storage took the name), and the archive is written if this checkout has none (a second
+# when it has; about 20 s for the archive).
 #
 # Usage: tools/image/build.sh [--force]
 # Prints, last on stdout: `image=<ref>` and `archive=<path>`. Needs root (buildah's storage).
@@ -92,11 +95,36 @@ stamp="$(
 )"
 archive="$out/$(echo "$image" | sed 's|.*/||; s|:|-|').oci.tar"
 
-if [[ $force == 0 && -s "$archive" && -f "$out/stamp" && "$(cat "$out/stamp")" == "$stamp" ]] \
-   && buildah inspect --type image "$image" >/dev/null 2>&1; then
-  log "up to date: $image ($archive)"
+image_id() { buildah inspect --type image --format '{{.FromImageID}}' "$1" 2>/dev/null; }
+# The image built from these inputs is also named by their hash, in buildah's storage: a
+# fresh checkout on this machine reuses it, and a name another checkout sharing the storage
+# gave to an image of its own since is set back.
+inputs_ref="tessera.local/tessera-build:${stamp:0:20}"
+write_archive() {
+  # OCI image layout, named for containerd (io.containerd.image.name) as well as by its OCI
+  # ref.name, then one tar of it with fixed order, owners and times.
+  rm -rf "$out/oci"
+  buildah push --quiet "$image" "oci:$out/oci:$image" >&2
+  python3 tools/image/oci.py archive "$out/oci" "$archive" "$image"
+  rm -rf "$out/oci"
+  echo "$stamp" >"$out/stamp"
+}
+report() {
   echo "image=$image"
   echo "archive=$archive"
+}
+if [[ $force == 0 ]] && built="$(image_id "$inputs_ref")" && [[ -n "$built" ]]; then
+  if [[ "$(image_id "$image")" != "$built" ]]; then
+    log "naming $inputs_ref $image"
+    buildah tag "$inputs_ref" "$image"
+  fi
+  if [[ -s "$archive" && "$(cat "$out/stamp" 2>/dev/null)" == "$stamp" ]]; then
+    log "up to date: $image ($archive)"
+  else
+    write_archive
+    log "up to date: $image; wrote $archive in $((SECONDS - started)) s"
+  fi
+  report
   exit 0
 fi
 
@@ -139,14 +167,15 @@ buildah bud --layers --network host ${pull[@]+"${pull[@]}"} \
   ${build_args[@]+"${build_args[@]}"} "${secrets[@]}" ${volumes[@]+"${volumes[@]}"} \
   -f deploy/images/Dockerfile -t "$image" . >&2
 
-# OCI image layout, named for containerd (io.containerd.image.name) as well as by its OCI
-# ref.name, then one tar of it with fixed order, owners and times.
-rm -rf "$out/oci"
-buildah push --quiet "$image" "oci:$out/oci:$image" >&2
-python3 tools/image/oci.py archive "$out/oci" "$archive" "$image"
-rm -rf "$out/oci"
-echo "$stamp" >"$out/stamp"
+buildah tag "$image" "$inputs_ref"
+write_archive
+# The three newest input names stay (the images of other inputs are reused when those come
+# back); older ones are dropped, and their images with them unless named otherwise.
+mapfile -t olds < <(
+  buildah images --noheading --format '{{.CreatedAtRaw}}|{{.Name}}:{{.Tag}}' \
+    | grep '|tessera.local/tessera-build:' | sort -r | tail -n +4 | cut -d'|' -f2
+)
+for old in ${olds[@]+"${olds[@]}"}; do buildah rmi "$old" >/dev/null 2>&1 || true; done
 size="$(buildah images --noheading --format '{{.Size}}' "$image" | head -n 1)"
 log "built $image ($size) and $archive ($(du -h "$archive" | cut -f1)) in $((SECONDS - started)) s"
-echo "image=$image"
-echo "archive=$archive"
+report
