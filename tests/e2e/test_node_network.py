@@ -478,3 +478,29 @@ def test_nothing_for_the_ranges_leaves_this_host(
     egress = {k: after[k] - before.get(k, 0) for k in after if k.startswith("egress-")}
     assert egress and all(v == 0 for v in egress.values()), egress
     assert all(v == 0 for k, v in after.items() if k.startswith("egress-")), after
+
+
+def test_an_image_that_was_not_imported_is_pulled_from_nowhere(
+    kube_node: LiveNode, node_namespace: str
+) -> None:
+    """containerd's only registry host is a closed port on loopback (``certs.d/_default``):
+    a pull fails there at once, without a DNS lookup. (The image names a registry on this
+    host, so that even a containerd that ignored the configuration would not send anything
+    off it.)"""
+    client = kube_node.client
+    spec = pod("pull", node_namespace, "localhost:5999/not-imported:1", "true")
+    spec["spec"]["containers"][0]["imagePullPolicy"] = "IfNotPresent"
+    client.create(spec)
+
+    def pull_failed() -> str | None:
+        status = client.get("v1", "Pod", "pull", node_namespace).get("status") or {}
+        for c in status.get("containerStatuses") or []:
+            waiting = (c.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff") and waiting.get(
+                "message"
+            ):
+                return str(waiting["message"])
+        return None
+
+    message = wait_for(pull_failed, timeout=60, what="the pull of an image that is not there")
+    assert "127.0.0.1:9" in message, message
