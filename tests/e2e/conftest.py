@@ -14,13 +14,15 @@ the test.
 are force-deleted afterwards so that their claims' capacity is released.
 
 ``kube_node`` (session, marker ``node``): a control plane of its own plus this machine as a
-real node (``Cluster.up(kubelet=True)``: containerd and a kubelet; root only). It waits up to
+real node (``Cluster.up(kubelet=True)``: containerd, a kubelet and kube-proxy; no DeviceClass,
+as a chart's ``helm install`` needs; root only). It waits up to
 ``$TESSERA_NODE_LOCK_WAIT`` seconds (default 900) for another session's node on this machine
 to go (one kubelet per machine), and at the end of the session ``down`` restores the host; a
 host it cannot restore is an error of the last test. :class:`LiveNode` gives the node's name,
 the CDI spec dir, the kubelet's root and plugin dirs, an image builder, kubectl, exec and logs.
 ``node_namespace`` (function): a fresh namespace on that cluster; its pods are deleted
-afterwards and the kubelet's confirmation awaited.
+afterwards and the kubelet's confirmation awaited. ``node_device_class`` (module): the
+DeviceClass ``gpu.tessera.dev`` there, for tests that run their own driver.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import yaml
 from tessera.kube import build, images
 from tessera.kube.client import ApiError, KubeClient
 from tessera.kube.cluster import (
+    DEVICE_CLASS,
     Cluster,
     ClusterError,
     Inventory,
@@ -361,6 +364,29 @@ def kube_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveNode]:
         )
     finally:
         cluster.down()
+
+
+@pytest.fixture(scope="module")
+def node_device_class(kube_node: LiveNode) -> Iterator[str]:
+    """The DeviceClass ``gpu.tessera.dev`` on the real node's cluster for a module whose
+    tests run their own driver: ``up --kubelet`` registers none (a Helm release of the chart
+    creates its own and refuses one it does not own). Created if absent, and then deleted
+    after the module; yields its name."""
+    name = DEVICE_CLASS["metadata"]["name"]
+    try:
+        kube_node.client.get("resource.k8s.io/v1", "DeviceClass", name)
+        created = False
+    except ApiError as e:
+        if e.status != 404:
+            raise
+        kube_node.client.apply(DEVICE_CLASS, field_manager="tessera-e2e")
+        created = True
+    try:
+        yield name
+    finally:
+        if created:
+            with contextlib.suppress(ApiError):
+                kube_node.client.delete("resource.k8s.io/v1", "DeviceClass", name)
 
 
 @pytest.fixture

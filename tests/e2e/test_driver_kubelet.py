@@ -132,7 +132,9 @@ class NodeDriverProcess:
 
 
 @pytest.fixture(scope="module")
-def node_driver(kube_node: LiveNode, fake_nvml_lib: Path) -> Iterator[NodeDriverProcess]:
+def node_driver(
+    kube_node: LiveNode, fake_nvml_lib: Path, node_device_class: str
+) -> Iterator[NodeDriverProcess]:
     root = Path(tempfile.mkdtemp(prefix="tessera-drv-", dir="/tmp"))
     drv = NodeDriverProcess(kube_node, root, fake_nvml_lib)
     try:

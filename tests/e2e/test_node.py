@@ -8,6 +8,7 @@ node lock).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from tessera.kube.node import (
     kubelet_metric_lines,
     plugin_registered,
 )
+from tessera.kube.nodenet import BRIDGE_ADDRESS, GUARD_TABLE, KUBE_PROXY_TABLES
 from tessera.kube.workloads import delete_pod, wait_pod_running
 
 from .conftest import NODE_LOCK_WAIT, LiveNode, node_prerequisites
@@ -36,6 +38,22 @@ pytestmark = [pytest.mark.cluster, pytest.mark.node]
 
 #: What the kubelet sets at start (``setupKernelTunables``), read straight from /proc/sys.
 KUBELET_SYSCTLS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
+#: What the network must leave alone while the node runs: forwarding (on for the bridge
+#: only), kube-proxy's conntrack and localnet settings, the bridge netfilter switch.
+NETWORK_SYSCTLS = (
+    "net/ipv4/ip_forward",
+    "net/ipv4/conf/all/forwarding",
+    "net/ipv4/conf/eth0/forwarding",
+    "net/ipv4/conf/all/route_localnet",
+    "net/ipv6/conf/all/forwarding",
+    "net/netfilter/nf_conntrack_max",
+    "net/netfilter/nf_conntrack_tcp_timeout_established",
+    "net/netfilter/nf_conntrack_tcp_timeout_close_wait",
+    "net/netfilter/nf_conntrack_tcp_be_liberal",
+    "net/netfilter/nf_conntrack_udp_timeout",
+    "net/netfilter/nf_conntrack_udp_timeout_stream",
+    "net/bridge/bridge-nf-call-iptables",
+)
 #: Host paths the kubelet or containerd create whatever their root and state dirs are.
 FIXED_PATHS = (
     "/var/lib/kubelet",
@@ -48,6 +66,43 @@ FIXED_PATHS = (
 
 def sysctls() -> dict[str, str]:
     return {k: Path("/proc/sys", k).read_text().strip() for k in KUBELET_SYSCTLS}
+
+
+def network_sysctls() -> dict[str, str]:
+    return {
+        k: Path("/proc/sys", k).read_text().strip()
+        for k in NETWORK_SYSCTLS
+        if Path("/proc/sys", k).exists()
+    }
+
+
+def _tool(name: str) -> str:
+    exe = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    assert exe is not None, f"{name} not found"
+    return exe
+
+
+def nft_ruleset() -> list[str]:
+    """``nft -s list ruleset`` (stateless: without counter values)."""
+    proc = subprocess.run(
+        [_tool("nft"), "-s", "list", "ruleset"], capture_output=True, text=True, check=True
+    )
+    return proc.stdout.splitlines()
+
+
+def routes() -> dict[str, list[str]]:
+    """Every IPv4 and IPv6 route of every table, and the policy rules (timers left out)."""
+    out = {}
+    for name, args in (
+        ("ip -4 route", ["-4", "route", "show", "table", "all"]),
+        ("ip -6 route", ["-6", "route", "show", "table", "all"]),
+        ("ip rule", ["rule", "show"]),
+    ):
+        text = subprocess.run(
+            [_tool("ip"), *args], capture_output=True, text=True, check=True
+        ).stdout
+        out[name] = [re.sub(r" expires \d+sec", "", ln).rstrip() for ln in text.splitlines()]
+    return out
 
 
 def mounts_below(root: Path) -> list[str]:
@@ -70,7 +125,8 @@ def kubepods_cgroups() -> list[str]:
 def our_processes(bins: Path) -> list[tuple[int, str]]:
     """Running processes whose executable is one of our kubelet/containerd/shim binaries."""
     wanted = {
-        str((bins / b).resolve()) for b in ("kubelet", "containerd", "containerd-shim-runc-v2")
+        str((bins / b).resolve())
+        for b in ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2")
     }
     out = []
     for entry in Path("/proc").iterdir():
@@ -98,6 +154,9 @@ def firewall() -> dict[str, list[str]]:
 def host_state(state_dir: Path, bins: Path) -> dict[str, object]:
     return {
         "firewall": firewall(),
+        "nft ruleset": nft_ruleset(),
+        "routes": routes(),
+        "network sysctls": network_sysctls(),
         "sysctls": sysctls(),
         "fixed paths that exist": [p for p in FIXED_PATHS if Path(p).exists()],
         "kubepods cgroups": kubepods_cgroups(),
@@ -178,6 +237,11 @@ def test_down_restores_the_host(tmp_path: Path) -> None:
     bins = build.bin_dir()
     state = tmp_path / "node"
     before, up = up_when_the_machine_is_free(state, bins)
+    #: A directory the node creates (absent before) and what it makes there.
+    created = {"/var/lib/kubelet": "device-plugins", "/var/lib/cni": "results"}
+    other_root = next((d for d in created if d not in before["fixed paths that exist"]), None)  # type: ignore[operator]
+    other = Path(str(other_root), "other-package", "data")
+    other_made = False
     try:
         assert up.returncode == 0, up.stderr
         c = Cluster(state)
@@ -203,19 +267,40 @@ def test_down_restores_the_host(tmp_path: Path) -> None:
         during = host_state(state, bins)
         assert during["sysctls"] == KUBELET_SYSCTLS
         assert during["kubepods cgroups"], "the kubelet made no kubepods cgroup"
-        assert any("/rootfs" in m for m in during["mounts under the state dir"]), during[
-            "mounts under the state dir"
-        ]  # type: ignore[attr-defined]
+        mounts: list[str] = during["mounts under the state dir"]  # type: ignore[assignment]
+        assert any("/rootfs" in m for m in mounts), mounts
         exes = {Path(exe).name for _pid, exe in during["kubelet/containerd/shim processes"]}  # type: ignore[attr-defined]
-        assert exes == {"kubelet", "containerd", "containerd-shim-runc-v2"}
+        assert exes == {"kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2"}
         assert during[f"bridge {BRIDGE}"] is True
         assert during["node holder record of this state dir"] is True
         assert "/run/tessera-node/s" in during["fixed paths that exist"]  # type: ignore[operator]
-        assert during["firewall"] == before["firewall"]  # the kubelet never saw iptables
+        assert (
+            during["firewall"] == before["firewall"]
+        )  # neither kubelet nor kube-proxy saw iptables
+        # The network: forwarding on the bridge only, no sysctl of kube-proxy's touched.
+        assert during["network sysctls"] == before["network sysctls"]
+        assert Path(f"/proc/sys/net/ipv4/conf/{BRIDGE}/forwarding").read_text().strip() == "1"
+        ruleset = "\n".join(during["nft ruleset"])  # type: ignore[arg-type]
+        for family, table in (GUARD_TABLE, *KUBE_PROXY_TABLES):
+            assert f"table {family} {table} {{" in ruleset
+        v4 = during["routes"]["ip -4 route"]  # type: ignore[index]
+        assert "unreachable 10.213.0.0/16" in v4
+        assert f"10.96.0.0/16 dev {BRIDGE} scope link src {BRIDGE_ADDRESS}" in v4
+        # Another package fills a directory the node created meanwhile: down keeps its file.
+        other_made = other_root is not None and Path(other_root, created[other_root]).exists()
+        if other_made:
+            other.parent.mkdir(parents=True, exist_ok=True)
+            other.write_text("not the node's\n")
     finally:
         down = cli("down", "--state-dir", str(state))
     assert down.returncode == 0, down.stderr
-    assert "kubelet" in down.stdout and "containerd" in down.stdout
+    assert "kubelet" in down.stdout and "containerd" in down.stdout and "kube-proxy" in down.stdout
+    if other_made:
+        assert other.read_text() == "not the node's\n"
+        assert f"that the node did not make: {other}" in down.stderr, down.stderr
+        assert other_root is not None
+        assert not Path(other_root, created[other_root]).exists()  # the node's part is gone
+        shutil.rmtree(other_root)  # the "other package's" part, which the test made
     after = host_state(state, bins)
     assert after == before
 

@@ -48,6 +48,11 @@ def test_containerd_config_points_everything_into_the_state_dir(tmp_path: Path) 
     assert plugins["io.containerd.cri.v1.images"]["pinned_images"] == {
         "sandbox": "tessera.local/pause:1"
     }
+    # Registries: the state dir's hosts only, all pointing at a closed loopback port.
+    assert plugins["io.containerd.cri.v1.images"]["registry"] == {
+        "config_path": str(tmp_path / "containerd" / "certs.d")
+    }
+    assert tomllib.loads(node.registry_hosts_toml()) == {"server": "http://127.0.0.1:9"}
     socket_dir = plugins["io.containerd.shim.v1.manager"]["socket_dir"]
     assert (
         len(socket_dir) <= 42

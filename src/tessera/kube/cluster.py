@@ -1020,6 +1020,10 @@ class Cluster:
             ),
         )
         _write_text(paths.containerd_config, realnode.containerd_config(paths, bins, runc, cni_bin))
+        (paths.registry_config_dir / "_default").mkdir(parents=True, exist_ok=True)
+        _write_text(
+            paths.registry_config_dir / "_default" / "hosts.toml", realnode.registry_hosts_toml()
+        )
         _write_text(
             paths.cni_conf_dir / f"10-{realnode.CNI_NETWORK}.conflist",
             json.dumps(realnode.cni_config(paths), indent=2) + "\n",

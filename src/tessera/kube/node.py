@@ -472,6 +472,11 @@ class NodePaths:
         return self.containerd_dir / "config.toml"
 
     @property
+    def registry_config_dir(self) -> Path:
+        """containerd's registry ``config_path``; ``_default/hosts.toml`` applies to all."""
+        return self.containerd_dir / "certs.d"
+
+    @property
     def runc_root(self) -> Path:
         return self.containerd_dir / "runc"
 
@@ -548,7 +553,10 @@ def containerd_config(paths: NodePaths, bins: Path, runc: Path, cni_bin: Path) -
     CAP_SYS_RESOURCE cannot lower ``oom_score_adj``, and runc fails every sandbox
     otherwise. ``SystemdCgroup = false``: the kubelet's cgroupfs driver. NRI is disabled
     (it would open /var/run/nri). The sandbox image is pinned (never pulled, never
-    garbage-collected).
+    garbage-collected). Registry hosts come from :data:`registry_hosts_toml` in the state dir
+    only (not ``/etc/containerd/certs.d``): every registry's server is a closed local port,
+    so a pull of an image that was not imported fails at once, with no DNS lookup and no
+    connection off this machine.
     """
     d = paths.containerd_dir
 
@@ -581,6 +589,8 @@ imports = []
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = {q(images.PAUSE_IMAGE)}
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = {q(paths.registry_config_dir)}
 
 [plugins."io.containerd.cri.v1.runtime"]
   cdi_spec_dirs = [{q(paths.cdi_spec_dir)}]
@@ -599,6 +609,20 @@ imports = []
     bin_dirs = [{q(cni_bin)}]
     conf_dir = {q(paths.cni_conf_dir)}
 """
+
+
+#: Where a pull goes: a port nothing listens on (the discard port) on loopback.
+NO_REGISTRY = "http://127.0.0.1:9"
+
+
+def registry_hosts_toml() -> str:
+    """``certs.d/_default/hosts.toml``: the server of every registry is :data:`NO_REGISTRY`
+    (images are imported, never pulled)."""
+    return (
+        "# Written by tessera cluster up --kubelet: images are imported into containerd, never\n"
+        "# pulled; a pull of any registry goes to a closed port on loopback and fails there.\n"
+        f'server = "{NO_REGISTRY}"\n'
+    )
 
 
 def cni_config(paths: NodePaths) -> dict[str, Any]:
