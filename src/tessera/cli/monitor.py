@@ -96,10 +96,22 @@ def monitor(
     nvml = None
     api = None
     try:
+        try:
+            listable = region_dir.is_dir() and os.access(region_dir, os.R_OK | os.X_OK)
+        except OSError as e:  # a parent the monitor's user cannot enter
+            raise UserError(
+                f"--region-dir {region_dir}: cannot read it as uid {os.getuid()}: {e.strerror}; "
+                "give the monitor read access to the driver's <state-dir>/claims and its parents"
+            ) from None
         if not region_dir.is_dir():
             raise UserError(
                 f"--region-dir {region_dir}: no such directory: give the directory where the "
-                "Tessera driver keeps the claims' usage regions"
+                "Tessera driver keeps the claims' usage regions (its <state-dir>/claims)"
+            )
+        if not listable:
+            raise UserError(
+                f"--region-dir {region_dir}: cannot list it as uid {os.getuid()}: give the "
+                "monitor read access to the driver's <state-dir>/claims"
             )
         if use_nvml:
             nvml = Nvml()

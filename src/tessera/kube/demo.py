@@ -165,7 +165,17 @@ def run_demo(state_dir: Path = DEFAULT_DEMO_DIR, *, say: Callable[[str], None]) 
         pods = client.list("v1", "Pod", RELEASE_NAMESPACE, label_selector=sel)
         return True if len(pods) >= 4 and localinstall.tessera_pods_ready(pods) else None
 
-    wait_for(ready, timeout=180, interval=0.5, what="the chart's pods to be Ready")
+    def states() -> str:
+        return "; ".join(
+            f"{p['metadata']['name']}: "
+            + ",".join(
+                str((c.get("state") or {}).get("waiting", {}).get("reason") or c.get("ready"))
+                for c in (p.get("status") or {}).get("containerStatuses") or []
+            )
+            for p in client.list("v1", "Pod", RELEASE_NAMESPACE, label_selector=sel)
+        )
+
+    wait_for(ready, timeout=180, interval=0.5, what="the chart's pods to be Ready", last=states)
     install_s = time.monotonic() - t0
     wait_for(
         lambda: (
