@@ -715,6 +715,12 @@ def _locked() -> Iterator[None]:
         os.close(fd)
 
 
+def node_lock() -> contextlib.AbstractContextManager[None]:
+    """The machine's node lock (:data:`LOCK_FILE`, flock): while it is held no node is
+    claimed or released; e.g. to look at the host between two sessions' nodes."""
+    return _locked()
+
+
 def _read_holder() -> dict[str, Any] | None:
     try:
         return json.loads(HOLDER_FILE.read_text())
