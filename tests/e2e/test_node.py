@@ -27,6 +27,7 @@ from tessera.kube.node import (
     describe_holder,
     holder_alive,
     kubelet_metric_lines,
+    node_lock,
     plugin_registered,
 )
 from tessera.kube.nodenet import BRIDGE_ADDRESS, GUARD_TABLE, KUBE_PROXY_TABLES
@@ -226,6 +227,20 @@ def up_when_the_machine_is_free(
             return before, up
 
 
+def host_state_when_the_machine_is_free(state: Path, bins: Path) -> dict[str, object]:
+    """The host's state, taken under the node lock while no node holds this machine: another
+    session's node may claim it the moment ours is down (its bridge, routes and tables are
+    not ours); then wait (up to NODE_LOCK_WAIT) until that one is down too."""
+    deadline = time.monotonic() + NODE_LOCK_WAIT
+    while True:
+        with node_lock():
+            if current_holder() is None:
+                return host_state(state, bins)
+        if time.monotonic() > deadline:
+            pytest.fail(f"this machine's node stayed busy for {NODE_LOCK_WAIT:.0f} s after down")
+        time.sleep(2)
+
+
 @pytest.mark.host_restore
 def test_down_restores_the_host(tmp_path: Path) -> None:
     """`tessera cluster up --kubelet` changes the host (sysctls, kubepods cgroups, mounts,
@@ -301,7 +316,7 @@ def test_down_restores_the_host(tmp_path: Path) -> None:
         assert other_root is not None
         assert not Path(other_root, created[other_root]).exists()  # the node's part is gone
         shutil.rmtree(other_root)  # the "other package's" part, which the test made
-    after = host_state(state, bins)
+    after = host_state_when_the_machine_is_free(state, bins)
     assert after == before
 
 

@@ -715,6 +715,12 @@ def _locked() -> Iterator[None]:
         os.close(fd)
 
 
+def node_lock() -> contextlib.AbstractContextManager[None]:
+    """The machine's node lock (:data:`LOCK_FILE`, flock): while it is held no node is
+    claimed or released; e.g. to look at the host between two sessions' nodes."""
+    return _locked()
+
+
 def _read_holder() -> dict[str, Any] | None:
     try:
         return json.loads(HOLDER_FILE.read_text())
@@ -1067,9 +1073,10 @@ def teardown(
     1. with ``client`` (the API server still runs): delete every pod and wait until the
        kubelet confirmed it (containers stopped, DRA claims unprepared);
     2. wait until containerd has no task left (``ctr -n k8s.io tasks ls``), else kill them;
-    3. note the shims of this containerd (executable and ``-address``), then stop the
-       kubelet, containerd and those shims, each by its recorded pid, start time and
-       executable (SIGTERM, SIGKILL after 10 s);
+    3. note the shims of this containerd (executable and ``-address``), then stop
+       kube-proxy, the kubelet, containerd and those shims (and any shim of this containerd
+       that started meanwhile), each by its recorded pid, start time and executable
+       (SIGTERM, SIGKILL after 10 s);
     4. SIGKILL anything left in the ``kubepods`` cgroups this node created;
     5. unmount (lazily, deepest first) everything under the state dir and /run/tessera-node;
     6. remove those ``kubepods`` cgroups depth-first in every hierarchy;
@@ -1121,6 +1128,15 @@ def teardown(
         p = procs.get(name)
         if p is not None and stop_process(p):
             say(f"stopped {name}")
+    if record.get("shimBinary"):
+        # A sandbox the kubelet asked for just before it stopped (a Deployment's new pod
+        # after step 1) can start its shim while containerd shuts down: look again.
+        known = {s.pid for s in shims}
+        shims += [
+            s
+            for s in find_shims(Path(record["shimBinary"]), Path(record["containerdSocket"]))
+            if s.pid not in known
+        ]
     for shim in shims:
         stop_process(shim, grace=5.0)
     left = [s.pid for s in shims if s.alive()]
