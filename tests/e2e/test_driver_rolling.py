@@ -82,7 +82,7 @@ def _wait_ready(drv: NodeDriverProcess, timeout: float = 90) -> dict[str, Any]:
 
 
 @pytest.fixture
-def driver_root(kube_node: LiveNode) -> Iterator[Path]:
+def driver_root(kube_node: LiveNode, node_device_class: str) -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="tessera-roll-", dir="/tmp"))
     yield root
     for s in node_slices(kube_node.client, kube_node.name):
