@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera.kube import build
+from tessera.kube import build, localinstall
 from tessera.kube.client import ApiError, KubeClient
 from tessera.kube.workloads import wait_for
 
@@ -31,25 +31,18 @@ CERT_MANAGER = "github.com/cert-manager/cert-manager@v1.21.2"
 
 def helm_bin() -> Path:
     """``$TESSERA_HELM_BIN`` (a prebuilt helm), else ``tools/helm/bin/helm``, built by
-    ``tools/helm/build.sh`` when missing or stale (a no-op otherwise). Fails the test when it
-    cannot be built."""
+    ``tools/helm/build.sh`` when missing or stale (:func:`tessera.kube.localinstall.helm_binary`,
+    a no-op otherwise). Fails the test when it cannot be built."""
     env = os.environ.get("TESSERA_HELM_BIN")
     if env:
         p = Path(env)
         if not os.access(p, os.X_OK):
             pytest.fail(f"TESSERA_HELM_BIN={env} is not an executable helm")
         return p
-    r = subprocess.run(
-        ["bash", str(REPO / "tools" / "helm" / "build.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if r.returncode != 0:
-        pytest.fail(
-            f"tools/helm/build.sh failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}"
-        )
-    return REPO / "tools" / "helm" / "bin" / "helm"
+    try:
+        return localinstall.helm_binary()
+    except localinstall.LocalInstallError as e:
+        pytest.fail(str(e))
 
 
 def cert_manager_crds() -> list[Path]:

@@ -14,8 +14,8 @@ configuration, two nodes built from corpus inventories), where:
 * the install guide's share (8 GiB, 20 %) is applied as written in ``docs/install.md``.
 
 ``test_install_upgrade_uninstall`` runs ``helm install``/``upgrade``/``uninstall`` on a control
-plane of its own (an empty cluster: no DeviceClass yet). The chart's pods are never run: no
-image can be built on these machines (``deploy/images/Dockerfile`` is linted instead).
+plane of its own (an empty cluster: no DeviceClass yet). The chart's own pods, from the image
+``make image`` builds, run on a real node in ``test_install.py``.
 """
 
 from __future__ import annotations

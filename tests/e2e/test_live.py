@@ -11,13 +11,8 @@ none). The live answers must equal the answers for the same objects dumped with 
 from __future__ import annotations
 
 import json
-import re
-import signal
 import socket
 import subprocess
-import sys
-import threading
-import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -54,6 +49,7 @@ from .conftest import (
     corpus_node,
     inventory_of,
 )
+from .driverkit import MonitorProcess
 
 pytestmark = pytest.mark.cluster
 
@@ -421,39 +417,6 @@ def test_unreachable_api_server_is_one_line(live: Live) -> None:
 # ---- tessera monitor's allocation figures -------------------------------------------------------
 
 
-def _exporter(args: list[str]) -> tuple[subprocess.Popen[str], str | None, list[str]]:
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tessera",
-            "monitor",
-            "--port",
-            "0",
-            "--address",
-            "127.0.0.1",
-            *args,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert p.stderr is not None
-    log: list[str] = []
-    timer = threading.Timer(90, p.kill)
-    timer.start()
-    try:
-        for line in p.stderr:
-            log.append(line.rstrip("\n"))
-            m = re.search(r"serving (http://\S+)", line)
-            if m:
-                return p, m.group(1), log
-    finally:
-        timer.cancel()
-    p.wait()
-    return p, None, log
-
-
 def test_monitor_reports_allocations_per_gpu_and_share(live: Live) -> None:
     client = live.client
     pod = _live_pod(live, "bound-1")
@@ -468,26 +431,21 @@ def test_monitor_reports_allocations_per_gpu_and_share(live: Live) -> None:
     regions = live.tmp / "claims"
     (regions / claim["metadata"]["uid"]).mkdir(parents=True)
     create_region(str(regions / claim["metadata"]["uid"] / REGION_FILE), [(uuid, 12 << 30, 50)])
-    p, url, log = _exporter(
-        [
-            "--node-name",
-            node,
-            "--kubeconfig",
-            str(live.reader),
-            "--no-nvml",
-            "--region-dir",
-            str(regions),
-            "--api-interval",
-            "1",
-        ]
+    mon = MonitorProcess(
+        "--node-name",
+        node,
+        "--kubeconfig",
+        str(live.reader),
+        "--no-nvml",
+        "--region-dir",
+        str(regions),
+        "--api-interval",
+        "1",
     )
     try:
-        assert url is not None, log
-        with urllib.request.urlopen(url, timeout=10) as r:
-            text = r.read().decode()
+        text = mon.scrape()
     finally:
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=30) == 0
+        assert mon.stop() == 0
     fams = {f.name: f for f in text_string_to_metric_families(text)}
 
     def series(name: str) -> list[tuple[dict[str, str], float]]:
@@ -555,18 +513,18 @@ def test_monitor_reports_allocations_per_gpu_and_share(live: Live) -> None:
 def test_monitor_without_permission_exits_2_with_one_line(live: Live) -> None:
     regions = live.tmp / "empty-claims"
     regions.mkdir()
-    p, url, log = _exporter(
-        [
-            "--node-name",
-            "h100-node",
-            "--kubeconfig",
-            str(live.nobody),
-            "--no-nvml",
-            "--region-dir",
-            str(regions),
-        ]
+    mon = MonitorProcess(
+        "--node-name",
+        "h100-node",
+        "--kubeconfig",
+        str(live.nobody),
+        "--no-nvml",
+        "--region-dir",
+        str(regions),
+        must_start=False,
     )
-    assert url is None and p.returncode == 2, log
+    log = mon.log
+    assert mon.url is None and mon.proc.returncode == 2, log
     assert len(log) == 1 and log[0].startswith("tessera: error: the API server"), log
     assert "403 Forbidden" in log[0] and "tessera-reader" in log[0]
 
