@@ -214,7 +214,10 @@ def demo(state_dir: Path | None) -> None:
         click.echo("  /etc/tessera/limits:")
         for line in p.limits:
             click.echo(f"    {line}")
-        click.echo("  CUDA probe (fake libcuda, Tessera's library preloaded):")
+        click.echo(
+            "  CUDA probe, two cuMemAlloc of 2 GiB (fake libcuda, Tessera's library preloaded; "
+            "alloc BYTES 0 = success, 2 = CUDA_ERROR_OUT_OF_MEMORY):"
+        )
         for line in p.probe:
             click.echo(f"    {line}")
     click.echo(f"\nmetrics: curl -s {report.metrics_url} | grep ^tessera_share")

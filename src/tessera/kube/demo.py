@@ -223,7 +223,8 @@ def run_demo(state_dir: Path = DEFAULT_DEMO_DIR, *, say: Callable[[str], None]) 
             "env",
             f"FAKE_GPUS={host.fake_gpus_env()}",
             localinstall.PROBE_PATH,
-            str(1 << 30),
+            str(2 << 30),
+            str(2 << 30),
         ).splitlines()
         report.pods.append(PodView(name, kind, limits, visible, probe, allocs, after))
     return report
