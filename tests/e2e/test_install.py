@@ -400,31 +400,6 @@ def test_deleted_pods_leave_no_spec_limits_region_claim_or_template(release: Rel
 # ---- helm upgrade while HAMi pods are created -------------------------------------------------
 
 
-def _hami_pod(name: str, ns: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "ubuntu:22.04",
-                    "command": ["bash", "-c", "sleep 86400"],
-                    "resources": {
-                        "limits": {
-                            "nvidia.com/gpu": 1,
-                            "nvidia.com/gpumem": 1000,
-                            "nvidia.com/gpucores": 5,
-                        }
-                    },
-                }
-            ],
-        },
-    }
-
-
 def _create_and_time(release: Release, ns: str, names: list[str], gap: float) -> dict[str, float]:
     """Create HAMi pods one every ``gap`` seconds; the seconds each took to Running. A pod the
     API server refuses (the webhook unreachable) fails the test."""
@@ -434,7 +409,16 @@ def _create_and_time(release: Release, ns: str, names: list[str], gap: float) ->
     for n in names:
         t0 = time.monotonic()
         try:
-            release.node.client.create(_hami_pod(n, ns))
+            release.node.client.create(
+                localinstall.hami_pod(
+                    n,
+                    ns,
+                    "ubuntu:22.04",
+                    gpumem=1000,
+                    gpucores=5,
+                    command=("bash", "-c", "sleep 86400"),
+                )
+            )
         except ApiError as e:
             errors.append(f"{n}: {e}")
             continue

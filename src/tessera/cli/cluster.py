@@ -188,13 +188,14 @@ def demo(state_dir: Path | None) -> None:
     one DRA pod running; prints what each container sees, the claims' allocations and the
     monitor's metrics URL."""
     from tessera.kube.demo import DEFAULT_DEMO_DIR, run_demo
+    from tessera.kube.images import ImageError
     from tessera.kube.localinstall import LocalInstallError
     from tessera.kube.workloads import WaitTimeout
 
     target = state_dir or DEFAULT_DEMO_DIR
     try:
         report = run_demo(target, say=_progress)
-    except (ClusterError, LocalInstallError, BuildError, WaitTimeout) as e:
+    except (ClusterError, LocalInstallError, BuildError, ImageError, WaitTimeout) as e:
         fail(f"{e} (stop it with: tessera cluster down --state-dir {shlex.quote(str(target))})", 1)
     click.echo(
         f"\nTessera is installed (helm install to every pod Ready: {report.install_to_ready_s:.1f} s)."

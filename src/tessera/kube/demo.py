@@ -19,7 +19,14 @@ from typing import Any
 
 from . import images, localinstall
 from .cluster import Cluster, Inventory
-from .workloads import apply_objects, pod_claims, wait_for
+from .workloads import (
+    apply_objects,
+    gpu_claim_template,
+    gpu_pod,
+    pod_claims,
+    wait_for,
+    wait_pod_running,
+)
 
 #: The demo's cluster (``--state-dir`` of ``tessera cluster demo``).
 DEFAULT_DEMO_DIR = Path("~/.cache/tessera/demo").expanduser()
@@ -51,70 +58,21 @@ class DemoReport:
     pods: list[PodView] = field(default_factory=list)
 
 
-def _hami_pod() -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "hami-pod", "namespace": NAMESPACE},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "cuda",
-                    "image": PROBE_IMAGE,
-                    "command": ["sh", "-c", "sleep 86400"],
-                    "resources": {
-                        "limits": {
-                            "nvidia.com/gpu": 1,
-                            "nvidia.com/gpumem": 3000,
-                            "nvidia.com/gpucores": 30,
-                        }
-                    },
-                }
-            ],
-        },
-    }
-
-
-def _dra_objects() -> list[dict[str, Any]]:
-    template = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "share-8g", "namespace": NAMESPACE},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": "gpu.tessera.dev",
-                                "capacity": {"requests": {"memory": "8Gi", "cores": "20"}},
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "dra-pod", "namespace": NAMESPACE},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "share-8g"}],
-            "containers": [
-                {
-                    "name": "cuda",
-                    "image": PROBE_IMAGE,
-                    "command": ["sh", "-c", "sleep 86400"],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-        },
-    }
-    return [template, pod]
+def _objects(kind: str) -> list[dict[str, Any]]:
+    """The demo's HAMi pod (3000 MiB, 30 %) or DRA pod (a template of 8 GiB, 20 %)."""
+    sleep = ("sh", "-c", "sleep 86400")
+    if kind == "HAMi":
+        return [
+            localinstall.hami_pod(
+                "hami-pod", NAMESPACE, PROBE_IMAGE, gpumem=3000, gpucores=30, command=sleep
+            )
+        ]
+    return [
+        gpu_claim_template("share-8g", namespace=NAMESPACE, memory="8Gi", cores=20),
+        gpu_pod(
+            "dra-pod", namespace=NAMESPACE, template="share-8g", image=PROBE_IMAGE, command=sleep
+        ),
+    ]
 
 
 def run_demo(state_dir: Path = DEFAULT_DEMO_DIR, *, say: Callable[[str], None]) -> DemoReport:
@@ -194,17 +152,13 @@ def run_demo(state_dir: Path = DEFAULT_DEMO_DIR, *, say: Callable[[str], None]) 
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
         field_manager="tessera-demo",
     )
-    for kind, objs in (("HAMi", [_hami_pod()]), ("DRA", _dra_objects())):
+    for kind in ("HAMi", "DRA"):
+        objs = _objects(kind)
         say(f"creating the {kind} pod")
         t = time.monotonic()
         apply_objects(client, objs)
         name = objs[-1]["metadata"]["name"]
-
-        def running(name: str = name) -> bool | None:
-            st = client.get("v1", "Pod", name, NAMESPACE).get("status") or {}
-            return True if st.get("phase") == "Running" else None
-
-        wait_for(running, timeout=120, interval=0.1, what=f"pod {NAMESPACE}/{name} Running")
+        wait_pod_running(client, name, NAMESPACE)
         after = time.monotonic() - t
         allocs = [
             r

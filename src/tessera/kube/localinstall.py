@@ -77,21 +77,9 @@ class FakeGpuHost:
         return ",".join(f"{g.uuid}={g.memory_bytes}" for g in self.gpus)
 
 
-def repo_root() -> Path:
-    """The source checkout (``tools/`` beside ``src/``); raises when Tessera was not installed
-    from one (the fake NVML and helm are built from it)."""
-    tools = build.tools_dir()
-    if tools is None:
-        raise LocalInstallError(
-            "the local install needs a Tessera source checkout (tools/kube, tools/helm, native/): "
-            "install it with `pip install -e .` from the checkout"
-        )
-    return tools.parent.parent
-
-
 def helm_binary() -> Path:
     """``tools/helm/bin/helm``, built by ``tools/helm/build.sh`` when missing or stale."""
-    repo = repo_root()
+    repo = images.project_root()
     r = subprocess.run(
         ["bash", str(repo / "tools" / "helm" / "build.sh")],
         capture_output=True,
@@ -106,7 +94,7 @@ def helm_binary() -> Path:
 def build_fake_libraries(out: Path) -> Path:
     """Build ``native/fake`` (``libnvidia-ml.so.1``, ``libcuda.so.1``) into ``out``; returns
     the directory holding both. Raises :class:`LocalInstallError` with make's output."""
-    native = repo_root() / "native"
+    native = images.project_root() / "native"
     r = subprocess.run(
         ["make", "-C", str(native), f"BUILD={out}", "fake"],
         capture_output=True,
@@ -224,7 +212,7 @@ def kubectl(kubeconfig: Path, *args: str, timeout: float = 120) -> str:
 
 def chart_dir() -> Path:
     """``deploy/helm/tessera`` of the checkout."""
-    return repo_root() / "deploy" / "helm" / "tessera"
+    return images.project_root() / "deploy" / "helm" / "tessera"
 
 
 #: The CUDA probe (``cuda_probe BYTES...``: cuInit, total memory, a context, free/total, then one
@@ -269,6 +257,36 @@ def compile_probe(source: Path, out: Path) -> Path:
     if r.returncode != 0:
         raise LocalInstallError(f"compiling {source.name} failed:\n{r.stderr[-2000:]}")
     return out
+
+
+def hami_pod(
+    name: str,
+    namespace: str,
+    image: str,
+    *,
+    gpumem: int,
+    gpucores: int,
+    command: Sequence[str] = ("sh", "-c", "sleep 86400"),
+) -> dict[str, Any]:
+    """A HAMi-style pod: one container asking ``nvidia.com/gpu: 1``, ``nvidia.com/gpumem``
+    (MiB) and ``nvidia.com/gpucores`` (percent), for the chart's webhook to convert."""
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": gpumem, "nvidia.com/gpucores": gpucores}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "command": list(command),
+                    "resources": {"limits": limits},
+                }
+            ],
+        },
+    }
 
 
 def tessera_pods_ready(pods: Sequence[Mapping[str, Any]]) -> bool:

@@ -8,7 +8,7 @@ with the last observed state, e.g. the pod's ``PodScheduled`` condition message.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -307,9 +307,11 @@ def gpu_pod(
     claim: str | None = None,
     node_selector: Mapping[str, str] | None = None,
     image: str = "registry.k8s.io/pause:3.10",
+    command: Sequence[str] | None = None,
 ) -> Obj:
     """A pod with one container using one claim: from ResourceClaimTemplate ``template`` or
-    the existing ResourceClaim ``claim`` (exactly one of them)."""
+    the existing ResourceClaim ``claim`` (exactly one of them); ``command``: the container's
+    command (the image's default when None)."""
     if (template is None) == (claim is None):
         raise ValueError("gpu_pod: give exactly one of template= or claim=")
     ref: dict[str, str] = {"name": "gpu"}
@@ -325,6 +327,8 @@ def gpu_pod(
             {"name": "main", "image": image, "resources": {"claims": [{"name": "gpu"}]}}
         ],
     }
+    if command is not None:
+        spec["containers"][0]["command"] = list(command)
     if node_selector:
         spec["nodeSelector"] = dict(node_selector)
     return {
