@@ -174,3 +174,21 @@ def test_round_trip_gives_the_same_placements(corpus: Path, tmp_path: Path) -> N
     assert (
         placed == 32
     )  # pods of the corpus that the bundled cluster can place (MIG devices included)
+
+
+def test_text_beyond_ascii_is_written_as_itself(tmp_path: Path) -> None:
+    # kubectl writes a label value or annotation such as "café" as itself in YAML and JSON.
+    f = tmp_path / "p.yaml"
+    f.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {team: café, note: 日本}\n"
+        "spec:\n  containers:\n  - name: c\n    image: x\n"
+        "    resources: {limits: {nvidia.com/gpu: 1}}\n",
+        encoding="utf-8",
+    )
+    for fmt in ("yaml", "json"):
+        code, out, err = run("convert", "--cluster", CLUSTER, str(f), "-o", fmt)
+        assert code == 0, err
+        assert "café" in out and "日本" in out and "\\x" not in out and "\\u" not in out, out
+    code, out, err = run("simulate", "--cluster", CLUSTER, str(f), "-o", "yaml")
+    assert code == 0, err
+    assert "team: café" in out and "note: 日本" in out

@@ -24,7 +24,8 @@ def _yaml(objs: list[dict[str, Any]]) -> str:
 
 
 def _json(objs: list[dict[str, Any]]) -> str:
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}, indent=2) + "\n"
+    items = {"apiVersion": "v1", "kind": "List", "items": objs}
+    return json.dumps(items, indent=2, ensure_ascii=False) + "\n"
 
 
 def _read(arg: str) -> list[Manifest]:

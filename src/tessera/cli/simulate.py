@@ -9,7 +9,6 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import click
-import yaml
 from rich.console import Console
 
 from tessera.api.quantity import Quantity
@@ -213,9 +212,9 @@ def _compare(
             }
         )
     if output == "json":
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps(rows, indent=2, ensure_ascii=False))
     elif output == "yaml":
-        click.echo(yaml.safe_dump(rows, sort_keys=False))
+        click.echo(to_yaml(rows))
     else:
         t = FitTable(
             "Policy comparison",
