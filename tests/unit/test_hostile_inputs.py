@@ -295,6 +295,72 @@ def test_topology_numa_id_of_5000_digits(tmp_path: Path) -> None:
         assert f in err
 
 
+@pytest.mark.parametrize("command", ["simulate", "lint", "convert", "explain"])
+def test_unreadable_manifest_is_one_line_not_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    # Issue 22 item 13: click's own readable check answered with a three-line usage error; the
+    # tests run as root, so a file without read permission is made by refusing os.access.
+    f = write(tmp_path, "p.yaml", POD)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, m, **kw: str(p) != f and real_access(p, m, **kw))
+    real_open = Path.open
+
+    def refuse(self: Path, *a: object, **kw: object) -> object:
+        if str(self) == f:
+            raise PermissionError(13, "Permission denied", f)
+        return real_open(self, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "open", refuse)
+    args = ["explain", "p1", f] if command == "explain" else [command, f]
+    line = bad(*args)
+    assert line == f"tessera: error: {f}: cannot read: Permission denied"
+
+
+def test_name_too_long_is_one_line() -> None:
+    long = "/tmp/" + "a" * 300 + ".yaml"
+    assert bad("simulate", long) == f"tessera: error: {long}: cannot read: File name too long"
+
+
+def test_dangling_and_looping_links_in_a_directory_are_named(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.yaml").symlink_to(tmp_path / "gone.yaml")
+    (d / "loop.yaml").symlink_to("loop.yaml")
+    line = bad("simulate", str(d))
+    assert line == (
+        f"tessera: error: {d}: no readable *.yaml, *.yml or *.json file in this directory: "
+        f"{d}/a.yaml: a dangling symbolic link (-> {tmp_path}/gone.yaml, which does not exist); "
+        f"{d}/loop.yaml: a symbolic link loop (-> loop.yaml)"
+    )
+    (d / "p.yaml").write_text(POD)
+    code, _, err = run("lint", str(d))
+    assert code == 0
+    assert err.splitlines() == [
+        f"tessera: warning: {d}/a.yaml: a dangling symbolic link (-> {tmp_path}/gone.yaml, "
+        "which does not exist); skipped",
+        f"tessera: warning: {d}/loop.yaml: a symbolic link loop (-> loop.yaml); skipped",
+    ]
+
+
+def test_topology_numa_cell_of_4300_digits_is_refused(tmp_path: Path) -> None:
+    # Issue 22 item 13: the NUMA Affinity cell itself (GPU3's `0`) holds 4,300 digits.
+    topo = (
+        REPO
+        / "src/tessera/examples/topologies/litgpt__tests_test_utils__topo-m.8xGPU-NV12-10nic.txt"
+    ).read_text()
+    lines = topo.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith("GPU3"))
+    assert lines[i].endswith("\t0-63,128-191\t0\t\tN/A")
+    lines[i] = lines[i].removesuffix("\t0\t\tN/A") + "\t" + "7" * 4300 + "\t\tN/A"
+    f = write(tmp_path, "topo.txt", "\n".join(lines) + "\n")
+    line = bad("simulate", "--node", f"n1={H100}:{f}")
+    assert line == (
+        f"tessera: error: {f}:{i + 1}: topo -m: NUMA Affinity of GPU3 is '777777777777... "
+        "(4300 characters)', not NUMA node numbers (at most 9 digits each, e.g. 0 or 6-7) or N/A"
+    )
+
+
 # ---- 3. unbounded work --------------------------------------------------------------------------
 
 

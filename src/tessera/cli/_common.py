@@ -58,7 +58,7 @@ def node_inputs(f: F) -> F:
     f = click.option(
         "--cluster",
         "cluster_file",
-        type=click.Path(),
+        type=click.Path(readable=False),
         help="Cluster description (kind: Cluster) naming each node's GPU inventory.",
     )(f)
     return f

@@ -54,7 +54,7 @@ def _fmt_num(v: Fraction | None) -> str:
 
 
 @click.command()
-@click.argument("manifests", nargs=-1, type=click.Path())
+@click.argument("manifests", nargs=-1, type=click.Path(readable=False))
 @cluster_inputs
 @click.option(
     "-o",
