@@ -910,3 +910,145 @@ def test_helm_template_still_refused(corpus: Path) -> None:
         / "kubernetes__scheduler_perf_dra_templates__resourceslice-partitionable.yaml"
     )
     assert "this is a template ('{{.Index}}')" in bad("lint", str(f))
+
+
+# ---- issue 22 item 10: whole-number floats, duplicate claim uses, workload selectors ----------
+
+
+def test_whole_number_floats_are_the_integers_kubectl_sends(tmp_path: Path) -> None:
+    # kubectl re-encodes a manifest through Go's encoding/json, which writes float64(2) as 2:
+    # the API server gets `count: 2`. So `2.0` is 2 everywhere; `2.5` is refused as a number.
+    f = write(
+        tmp_path,
+        "w.yaml",
+        CLAIM + "        allocationMode: ExactCount\n        count: 2.0\n---\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: hami}\nspec:\n  containers:\n  - name: app\n"
+        "    image: x\n    resources: {limits: {nvidia.com/gpu: 2.0, nvidia.com/gpumem: 3e3}}\n"
+        "---\n" + POD + "    resources: {claims: [{name: gpu}]}\n"
+        "  resourceClaims: [{name: gpu, resourceClaimName: c1}]\n",
+    )
+    assert run("lint", f) == (0, "", "")
+    code, out, err = run("simulate", "--node", f"n1={H100}", f, "-o", "yaml")
+    assert code == 0, err
+    claims = {
+        o["metadata"]["name"]: o["status"]["allocation"]["devices"]["results"]
+        for o in yaml.safe_load(out)["items"]
+        if o["kind"] == "ResourceClaim"
+    }
+    assert len(claims["c1"]) == 2 and len(claims["hami-app-gpu"]) == 2
+    assert {r["consumedCapacity"]["memory"] for r in claims["hami-app-gpu"]} == {"3000Mi"}
+    j = write(
+        tmp_path, "c.json", json.dumps(yaml.safe_load(CLAIM)).replace("}}]", ', "count": 2.0}}]')
+    )
+    assert '"count": 2.0' in Path(j).read_text() and run("lint", j) == (0, "", "")
+    half = write(tmp_path, "half.yaml", CLAIM + "        count: 2.5\n")
+    code, out, _ = run("lint", half)
+    assert code == 1 and "exactly.count: must be an integer, got a number (2.5)" in out
+
+
+def test_cluster_file_count_reads_floats_as_manifests_do(tmp_path: Path) -> None:
+    body = f"- name: n\n  inventory: {H100}\n  count: {{}}\n"
+    code, out, err = run(
+        "simulate", "--cluster", _cluster(tmp_path, body.format("3.0")), "-o", "json"
+    )
+    assert code == 0, err
+    nodes = {
+        o["spec"]["nodeName"] for o in json.loads(out)["items"] if o["kind"] == "ResourceSlice"
+    }
+    assert nodes == {"n-0", "n-1", "n-2"}
+    line = bad("simulate", "--cluster", _cluster(tmp_path, body.format("2.5")))
+    assert line.endswith("nodes[0].count: must be an integer, got a number (2.5)")
+
+
+@pytest.mark.parametrize(
+    ("claims", "field", "what"),
+    [
+        ("[{name: gpu}, {name: gpu}]", "claims[1]", "claim 'gpu' is already listed whole"),
+        (
+            "[{name: gpu, request: r}, {name: gpu, request: r}]",
+            "claims[1]",
+            "'gpu/r' is listed twice",
+        ),
+        (
+            "[{name: gpu, request: r}, {name: gpu}]",
+            "claims[1]",
+            "claim 'gpu' is listed whole after one of its requests",
+        ),
+    ],
+)
+def test_a_claim_listed_twice_in_one_container_is_refused(
+    tmp_path: Path, claims: str, field: str, what: str
+) -> None:
+    f = write(
+        tmp_path,
+        "p.yaml",
+        CLAIM + "---\n" + POD + f"    resources: {{claims: {claims}}}\n"
+        "  resourceClaims: [{name: gpu, resourceClaimName: c1}]\n",
+    )
+    line = bad("simulate", "--node", f"n1={H100}", f)
+    assert line == (
+        f"tessera: error: {f} (document 2): Pod default/p1: spec.containers[0].resources.{field}: "
+        f"Duplicate value: {what} in this container; list each claim (or each of its requests) once"
+    )
+    ok = write(
+        tmp_path,
+        "ok.yaml",
+        CLAIM
+        + "---\n"
+        + POD
+        + "    resources: {claims: [{name: gpu, request: a}, {name: gpu, request: b}]}\n"
+        "  resourceClaims: [{name: gpu, resourceClaimName: c1}]\n",
+    )
+    assert "Duplicate" not in run("lint", ok)[1]
+
+
+DEPLOYMENT = """apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web}}
+spec:
+{selector}  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      containers: [{{name: c, image: x}}]
+"""
+
+
+@pytest.mark.parametrize(
+    ("selector", "field", "message"),
+    [
+        (
+            "",
+            "spec.selector",
+            "Required value: a Deployment needs spec.selector (e.g. matchLabels: {app: x}) "
+            "matching spec.template.metadata.labels",
+        ),
+        ("  selector: {}\n", "spec.selector", "empty selector is invalid for deployment"),
+        (
+            "  selector: {matchLabels: {app: api}}\n",
+            "spec.template.metadata.labels",
+            "`selector` does not match template `labels` ({'app': 'web'}): give the template "
+            "the labels spec.selector asks for",
+        ),
+        (
+            "  selector: {matchExpressions: [{key: app, operator: In}]}\n",
+            "spec.selector.matchExpressions[0].values",
+            "must be specified when `operator` is 'In' or 'NotIn'",
+        ),
+    ],
+)
+def test_workload_selector_as_the_api_server_checks_it(
+    tmp_path: Path, selector: str, field: str, message: str
+) -> None:
+    f = write(tmp_path, "d.yaml", DEPLOYMENT.format(selector=selector))
+    assert bad("simulate", "--node", f"n1={H100}", f) == (
+        f"tessera: error: {f} (document 1): Deployment default/web: {field}: {message}"
+    )
+    ok = write(
+        tmp_path,
+        "ok.yaml",
+        DEPLOYMENT.format(
+            selector="  selector: {matchLabels: {app: web}, matchExpressions: "
+            "[{key: tier, operator: DoesNotExist}]}\n"
+        ),
+    )
+    assert run("lint", ok) == (0, "", "")

@@ -395,7 +395,8 @@ def pod_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
                         f"{path}.{part}[{i}].name", "required: every container needs a name"
                     )
                 )
-            for j, rc in enumerate((c.get("resources") or {}).get("claims") or []):
+            claims = (c.get("resources") or {}).get("claims") or []
+            for j, rc in enumerate(claims):
                 if rc.get("name") not in declared:
                     out.append(
                         FieldProblem(
@@ -403,7 +404,123 @@ def pod_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
                             f"claim {rc.get('name')!r} is not declared in {path}.resourceClaims: add it there",
                         )
                     )
+            out.extend(_duplicate_claim_uses(claims, f"{path}.{part}[{i}].resources.claims"))
     return out
+
+
+def _duplicate_claim_uses(claims: list[Any], path: str) -> list[FieldProblem]:
+    """A container's ``resources.claims`` naming one claim (or one request of it) twice, or a
+    whole claim beside one of its requests: refused by the API server as ``Duplicate value``
+    (upstream ``validateResourceClaimNames``)."""
+    out: list[FieldProblem] = []
+    seen: set[str] = set()
+    for j, rc in enumerate(claims):
+        name, request = rc.get("name"), rc.get("request") or ""
+        if not isinstance(name, str) or not name:
+            continue
+        key = f"{name}/{request}" if request else name
+        whole_then_part = name in seen
+        part_then_whole = not request and any(k.startswith(f"{name}/") for k in seen)
+        if whole_then_part or key in seen or part_then_whole:
+            what = (
+                f"claim {name!r} is already listed whole"
+                if whole_then_part
+                else f"{key!r} is listed twice"
+                if key in seen
+                else f"claim {name!r} is listed whole after one of its requests"
+            )
+            out.append(
+                FieldProblem(
+                    f"{path}[{j}]",
+                    f"Duplicate value: {what} in this container; list each claim (or each of its "
+                    "requests) once",
+                )
+            )
+        seen.add(key)
+    return out
+
+
+#: Workload kinds whose API validation requires ``spec.selector`` matching the template's
+#: labels (apps/v1 ``ValidateDeploymentSpec``, ``ValidateReplicaSetSpec``,
+#: ``ValidateStatefulSetSpec``, ``ValidateDaemonSetSpec``).
+SELECTOR_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet")
+_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def workload_selector_problems(obj: dict[str, Any], kind: str) -> list[FieldProblem]:
+    """What the API server refuses in the ``spec.selector`` of a :data:`SELECTOR_KINDS`
+    workload: missing (``Required value``), empty, an unknown operator or values that do not
+    fit it, and a selector that does not match ``spec.template.metadata.labels`` (the
+    controller could never find its own pods)."""
+    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    sel = spec.get("selector")
+    low = kind.lower()
+    if sel is None:
+        return [
+            FieldProblem(
+                "spec.selector",
+                f"Required value: a {kind} needs spec.selector (e.g. matchLabels: {{app: x}}) "
+                "matching spec.template.metadata.labels",
+            )
+        ]
+    if not isinstance(sel, dict):
+        return []  # the schema said so
+    match_labels = sel.get("matchLabels") or {}
+    exprs = sel.get("matchExpressions") or []
+    if not match_labels and not exprs:
+        return [FieldProblem("spec.selector", f"empty selector is invalid for {low}")]
+    out: list[FieldProblem] = []
+    for i, e in enumerate(exprs):
+        p = f"spec.selector.matchExpressions[{i}]"
+        op, values = e.get("operator"), e.get("values") or []
+        if op not in _SELECTOR_OPERATORS:
+            out.append(
+                FieldProblem(f"{p}.operator", f"{op!r} is not a valid label selector operator")
+            )
+        elif op in ("In", "NotIn") and not values:
+            out.append(
+                FieldProblem(f"{p}.values", "must be specified when `operator` is 'In' or 'NotIn'")
+            )
+        elif op in ("Exists", "DoesNotExist") and values:
+            out.append(
+                FieldProblem(
+                    f"{p}.values",
+                    "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+                )
+            )
+    if out:
+        return out
+    template = spec.get("template") if isinstance(spec.get("template"), dict) else {}
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    if not label_selector_matches(sel, labels):
+        out.append(
+            FieldProblem(
+                "spec.template.metadata.labels",
+                f"`selector` does not match template `labels` ({labels!r}): give the template "
+                "the labels spec.selector asks for",
+            )
+        )
+    return out
+
+
+def label_selector_matches(sel: dict[str, Any], labels: dict[str, Any]) -> bool:
+    """A metav1 LabelSelector (``matchLabels`` and ``matchExpressions``, ANDed) against
+    ``labels``; an empty selector matches everything."""
+    for k, v in (sel.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in sel.get("matchExpressions") or []:
+        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+        present = key in labels
+        if op == "In" and not (present and labels[key] in values):
+            return False
+        if op == "NotIn" and present and labels[key] in values:
+            return False
+        if op == "Exists" and not present:
+            return False
+        if op == "DoesNotExist" and present:
+            return False
+    return True
 
 
 TEMPLATE_PATHS = {
@@ -472,7 +589,8 @@ def manifest_problems(m: Manifest) -> list[FieldProblem]:
         template, path = pod_template(obj, kind)
         if template is None or not isinstance(template.get("spec"), dict):
             return [FieldProblem(path, "required: a workload needs a pod template with a spec")]
-        return pod_spec_problems(template.get("spec"), spec_path(path))
+        selector = workload_selector_problems(obj, kind) if kind in SELECTOR_KINDS else []
+        return selector + pod_spec_problems(template.get("spec"), spec_path(path))
     return []
 
 

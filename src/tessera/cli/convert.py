@@ -46,7 +46,9 @@ def _out_path(arg: str, file: str, out_dir: Path) -> Path:
 
 
 @click.command()
-@click.argument("manifests", nargs=-1, required=True, type=click.Path(allow_dash=True, readable=False))
+@click.argument(
+    "manifests", nargs=-1, required=True, type=click.Path(allow_dash=True, readable=False)
+)
 @node_inputs
 @click.option(
     "-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True
