@@ -1052,3 +1052,60 @@ def test_workload_selector_as_the_api_server_checks_it(
         ),
     )
     assert run("lint", ok) == (0, "", "")
+
+
+# ---- issue 22 item 7: HAMi's register annotation with values HAMi's Go decoder refuses ---------
+
+V100 = {
+    "id": "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec",
+    "index": 0,
+    "count": 10,
+    "devmem": 32768,
+    "devcore": 100,
+    "type": "NVIDIA-Tesla V100-PCIE-32GB",
+    "numa": 0,
+    "mode": "hami-core",
+    "health": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"id": 5}, "entry 0: id must be a JSON string (as HAMi writes it), got 5"),
+        (
+            {"type": ["V100"]},
+            "entry 0: type must be a JSON string (as HAMi writes it), got ['V100']",
+        ),
+        (
+            {"devmem": 2.0},
+            "entry 0: devmem must be a whole number (HAMi decodes it into a Go integer), got 2.0",
+        ),
+        (
+            {"health": "true"},
+            "entry 0: health must be a JSON boolean (as HAMi writes it), got 'true'",
+        ),
+        ({"count": 2**31}, "entry 0: count 2147483648 is out of range (-2147483648 to 2147483647)"),
+    ],
+)
+def test_register_annotation_with_values_hami_cannot_decode(
+    tmp_path: Path, change: dict[str, object], problem: str
+) -> None:
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "n1",
+            "annotations": {"hami.io/node-nvidia-register": json.dumps([{**V100, **change}])},
+        },
+    }
+    f = write(tmp_path, "node.yaml", yaml.safe_dump(node))
+    p = write(tmp_path, "pod.yaml", POD + "    resources: {limits: {nvidia.com/gpu: 1}}\n")
+    where = f"{f} (document 1): Node n1: metadata.annotations[hami.io/node-nvidia-register]"
+    assert bad("simulate", f, p) == f"tessera: error: {where}: {problem}"
+    code, out, err = run("lint", f)
+    assert code == 1, (out, err)
+    assert out.startswith(f"{where}: {problem}. fix: write what HAMi's device plugin writes")
+    node["metadata"]["annotations"]["hami.io/node-nvidia-register"] = json.dumps([V100])  # type: ignore[index]
+    f = write(tmp_path, "node.yaml", yaml.safe_dump(node))
+    assert run("lint", f) == (0, "", "")

@@ -33,6 +33,7 @@ def node_from_object(m: Manifest) -> SimNode:
     ResourceSlices of its HAMi register annotation (none without it). Raises
     :class:`ManifestError` naming the annotation when it is not a readable inventory."""
     from tessera.inventory import build_resource_slices, parse_inventory
+    from tessera.inventory.errors import InventoryError
 
     md = m.obj.get("metadata") or {}
     name = str(md.get("name") or "")
@@ -50,8 +51,10 @@ def node_from_object(m: Manifest) -> SimNode:
             gpus = parse_inventory(str(register), where)
             slices = build_resource_slices(name, gpus)
         except TesseraError as e:
+            # The annotation's own location is this field: keep only the problem.
+            problem = e.problem if isinstance(e, InventoryError) else str(e)
             raise ManifestError(
-                str(e).removeprefix(f"{where}: "),
+                problem.removeprefix(f"{where}: "),
                 file=m.source.file,
                 doc=m.source.doc,
                 obj=m.ref(),
