@@ -263,6 +263,170 @@ def claim_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
     return out
 
 
+MAX_RESULTS = 32  # resource.AllocationResultsMaxSize
+MAX_RESERVED_FOR = 256  # resource.ResourceClaimReservedForMaxSize
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def _request_names(spec: Any) -> dict[str, set[str]]:
+    """Request name -> its subrequest names (empty for an ``exactly`` request)."""
+    out: dict[str, set[str]] = {}
+    reqs = ((spec or {}).get("devices") or {}).get("requests") or []
+    for r in reqs if isinstance(reqs, list) else []:
+        if isinstance(r, dict) and isinstance(r.get("name"), str):
+            fa = r.get("firstAvailable") or []
+            out[r["name"]] = {
+                str(x.get("name")) for x in fa if isinstance(x, dict) and x.get("name")
+            }
+    return out
+
+
+def _device_ref_problems(r: dict[str, Any], path: str) -> list[FieldProblem]:
+    """``driver``, ``pool``, ``device`` (and ``shareID``) of an allocation result or a device
+    status entry: required, and the names a ResourceSlice could publish (upstream
+    ``validateDriverName``, ``validatePoolName``, ``validateDeviceName``, ``validateUID``)."""
+    out: list[FieldProblem] = []
+    driver, pool, device = r.get("driver"), r.get("pool"), r.get("device")
+    if not driver:
+        out.append(FieldProblem(f"{path}.driver", "Required value: the device's driver"))
+    elif not is_dns_subdomain(driver, 63):
+        out.append(
+            FieldProblem(f"{path}.driver", f"{driver!r} must be a DNS subdomain of at most 63")
+        )
+    if not pool:
+        out.append(FieldProblem(f"{path}.pool", "Required value: the device's pool"))
+    elif len(pool) > 253 or not all(is_dns_subdomain(part) for part in str(pool).split("/")):
+        out.append(
+            FieldProblem(f"{path}.pool", f"{pool!r} must be DNS subdomains separated by '/'")
+        )
+    if not device:
+        out.append(FieldProblem(f"{path}.device", "Required value: the device's name"))
+    elif not is_dns_label(device):
+        out.append(FieldProblem(f"{path}.device", f"{device!r} must be a DNS label"))
+    share = r.get("shareID")
+    if share is not None and not (isinstance(share, str) and _UUID.match(share)):
+        out.append(
+            FieldProblem(
+                f"{path}.shareID",
+                f"{share!r} must be a UUID in RFC 4122 normalized form "
+                "(xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, lower-case hex)",
+            )
+        )
+    return out
+
+
+def claim_status_problems(status: Any, spec: Any, path: str = "status") -> list[FieldProblem]:
+    """What the API server refuses in a ResourceClaim's ``status`` (upstream
+    ``validateResourceClaimStatusUpdate`` and ``validateAllocationResult``): each
+    ``allocation.devices.results[]`` entry names a request (or ``request/subrequest``) of the
+    claim's spec and a ``driver``/``pool``/``device`` (all required), a normalized ``shareID``,
+    ``consumedCapacity`` as capacity name -> quantity, valid tolerations; at most 32 results;
+    ``config[].source`` FromClaim or FromClass; a ``nodeSelector`` with at least one term;
+    ``reservedFor`` entries with resource, name and uid (unique), and only beside an allocation;
+    ``devices[]`` naming allocated devices. Tessera keeps such an allocation as it is, so a
+    status it cannot read is refused here, naming the field."""
+    if not isinstance(status, dict):
+        return []
+    out: list[FieldProblem] = []
+    names = _request_names(spec)
+    alloc = status.get("allocation")
+    allocated: set[tuple[Any, Any, Any, Any]] = set()
+    if isinstance(alloc, dict):
+        ap = f"{path}.allocation"
+        devices = alloc.get("devices") or {}
+        results = devices.get("results") or [] if isinstance(devices, dict) else []
+        if len(results) > MAX_RESULTS:
+            out.append(
+                FieldProblem(
+                    f"{ap}.devices.results", f"Too many: {len(results)}: must have at most 32 items"
+                )
+            )
+            results = []
+        for i, r in enumerate(results):
+            p = f"{ap}.devices.results[{i}]"
+            if not isinstance(r, dict):
+                continue  # the schema said so
+            req = r.get("request")
+            parts = str(req).split("/") if req else []
+            if not req:
+                out.append(FieldProblem(f"{p}.request", "Required value: the request it is for"))
+            elif not (
+                len(parts) <= 2
+                and parts[0] in names
+                and (len(parts) == 1 or parts[1] in names[parts[0]])
+            ):
+                out.append(
+                    FieldProblem(
+                        f"{p}.request",
+                        f"{req!r} must be the name of a request in the claim or the name of a "
+                        "request and a subrequest separated by '/'",
+                    )
+                )
+            out.extend(_device_ref_problems(r, p))
+            allocated.add((r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID")))
+            for k, v in (r.get("consumedCapacity") or {}).items():
+                prob = qualified_name_problem(k, fully=False)
+                if prob:
+                    out.append(FieldProblem(f"{p}.consumedCapacity[{k}]", prob))
+                try:
+                    Quantity.parse(v)
+                except QuantityError as e:
+                    out.append(FieldProblem(f"{p}.consumedCapacity[{k}]", str(e)))
+            _tolerations(r.get("tolerations"), f"{p}.tolerations", out)
+        configs = devices.get("config") or [] if isinstance(devices, dict) else []
+        for i, c in enumerate(configs):
+            if isinstance(c, dict) and c.get("source") not in ("FromClaim", "FromClass"):
+                out.append(
+                    FieldProblem(
+                        f"{ap}.devices.config[{i}].source",
+                        f"unsupported value {c.get('source')!r}: supported values: "
+                        '"FromClaim", "FromClass"',
+                    )
+                )
+        ns = alloc.get("nodeSelector")
+        if isinstance(ns, dict) and not ns.get("nodeSelectorTerms"):
+            out.append(
+                FieldProblem(
+                    f"{ap}.nodeSelector.nodeSelectorTerms",
+                    "Required value: must have at least one node selector term",
+                )
+            )
+    reserved = status.get("reservedFor") or []
+    if reserved and not isinstance(alloc, dict):
+        out.append(
+            FieldProblem(
+                f"{path}.reservedFor", "Forbidden: may not be specified when `allocated` is not set"
+            )
+        )
+    if len(reserved) > MAX_RESERVED_FOR:
+        out.append(
+            FieldProblem(
+                f"{path}.reservedFor", f"Too many: {len(reserved)}: must have at most 256 items"
+            )
+        )
+    uids: set[str] = set()
+    for i, ref in enumerate(reserved):
+        if not isinstance(ref, dict):
+            continue
+        for key in ("resource", "name", "uid"):
+            if not ref.get(key):
+                out.append(FieldProblem(f"{path}.reservedFor[{i}].{key}", "Required value"))
+        uid = ref.get("uid")
+        if uid and uid in uids:
+            out.append(FieldProblem(f"{path}.reservedFor[{i}]", f"Duplicate value: uid {uid!r}"))
+        uids.add(str(uid))
+    for i, d in enumerate(status.get("devices") or []):
+        if not isinstance(d, dict):
+            continue
+        p = f"{path}.devices[{i}]"
+        probs = _device_ref_problems(d, p)
+        out.extend(probs)
+        key = (d.get("driver"), d.get("pool"), d.get("device"), d.get("shareID"))
+        if not probs and key not in allocated:
+            out.append(FieldProblem(p, "must be an allocated device in the claim"))
+    return out
+
+
 def device_class_problems(obj: dict[str, Any]) -> list[FieldProblem]:
     """Problems in a DeviceClass object."""
     out: list[FieldProblem] = []
@@ -567,7 +731,8 @@ def manifest_problems(m: Manifest) -> list[FieldProblem]:
         if not is_dns_subdomain(md.get("name")):
             out.append(FieldProblem("metadata.name", f"{md.get('name')!r} must be a DNS subdomain"))
         if kind == "ResourceClaim":
-            return out + claim_spec_problems(obj.get("spec"), "spec")
+            spec_probs = claim_spec_problems(obj.get("spec"), "spec")
+            return out + spec_probs + claim_status_problems(obj.get("status"), obj.get("spec"))
         return out + claim_spec_problems((obj.get("spec") or {}).get("spec"), "spec.spec")
     if kind == "DeviceClass":
         return device_class_problems(obj)
