@@ -191,3 +191,45 @@ def test_text_beyond_ascii_is_written_as_itself(tmp_path: Path) -> None:
     code, out, err = run("simulate", "--cluster", CLUSTER, str(f), "-o", "yaml")
     assert code == 0, err
     assert "team: café" in out and "note: 日本" in out
+
+
+def test_volcano_uuid_pins_are_kept_by_simulate_and_convert(tmp_path: Path) -> None:
+    # Issue 22 item 5: a Volcano pod pinned to the A5000 node's second GPU lands there; one that
+    # excludes both GPUs stays pending; convert writes the selector.
+    inv = (
+        REPO / "src/tessera/examples/inventories/telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
+    )
+    second = "GPU-12345678-aaaa-bbbb-cccc-0123456789cd"
+    first = "GPU-12345678-aaaa-bbbb-cccc-0123456789ab"
+    pods = ""
+    for name, ann in (
+        (
+            "pinned",
+            f"volcano.sh/vgpu-use-gpuuuid: ' {first} , {second} '\n    volcano.sh/vgpu-nouse-gpuuuid: '{first}'",
+        ),
+        ("fenced", f"volcano.sh/vgpu-nouse-gpuuuid: '{first},{second}'"),
+    ):
+        pods += (
+            f"---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  annotations:\n    {ann}\n"
+            "spec:\n  containers:\n  - name: c\n    image: x\n"
+            "    resources: {limits: {volcano.sh/vgpu-number: 1, volcano.sh/vgpu-memory: 3000}}\n"
+        )
+    f = tmp_path / "volcano.yaml"
+    f.write_text(pods)
+    code, out, err = run("simulate", "--node", f"n={inv}", str(f), "-o", "yaml")
+    assert code == 0, err
+    items = yaml.safe_load(out)["items"]
+    claims = {o["metadata"]["name"]: o for o in items if o["kind"] == "ResourceClaim"}
+    (result,) = claims["pinned-c-gpu"]["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == "gpu-1"
+    assert "allocation" not in (claims["fenced-c-gpu"].get("status") or {})
+    code, out, err = run("convert", "--node", f"n={inv}", str(f))
+    assert code == 0 and err == "", err
+    tmpl = next(o for o in yaml.safe_load_all(out) if o["metadata"]["name"] == "pinned-c-gpu")
+    exprs = [
+        s["cel"]["expression"]
+        for s in tmpl["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    ]
+    assert (
+        len(exprs) == 2 and first in exprs[0] and second in exprs[0] and exprs[1].startswith("!(")
+    )

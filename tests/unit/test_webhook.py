@@ -197,6 +197,30 @@ def test_requests_no_gpu_can_hold_are_admitted_with_warnings() -> None:
     assert decide(review(pod), ClusterView.static([])).warnings == []
 
 
+def test_volcano_uuid_pin_becomes_a_selector_and_is_checked_against_the_gpus() -> None:
+    # Issue 22 item 5: volcano.sh/vgpu-use-gpuuuid was copied and ignored; now it is the same
+    # selector as HAMi's, so a pin no GPU has is said so, in Volcano's own names.
+    pod = {
+        "metadata": {
+            "name": "p",
+            "annotations": {"volcano.sh/vgpu-use-gpuuuid": " GPU-not-here , GPU-nor-this"},
+        },
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": {"volcano.sh/vgpu-number": "1"}}}]
+        },
+    }
+    d = decide(review(pod), VIEW)
+    assert d.allowed and d.templates
+    (sel,) = d.templates[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    assert '["GPU-not-here", "GPU-nor-this"]' in sel["cel"]["expression"]
+    assert d.warnings == [
+        "pod team-a/p, container c: the pod's GPU selection annotations (volcano.sh/vgpu-use-gpuuuid, "
+        "volcano.sh/vgpu-nouse-gpuuuid, nvidia.com/use-gputype, nvidia.com/nouse-gputype): matches none "
+        "of the 10 devices of class gpu.tessera.dev; the pod stays pending until a GPU that can hold it "
+        "is published",
+    ]
+
+
 class Slices:
     """A watched-slices source as the webhook's Informer gives it: items, generation, synced;
     counts how often the items are read."""

@@ -248,11 +248,12 @@ class ClusterView:
                 "cores": fam.cores,
             }.get(what)
             if name is None:
-                name = (
-                    "the pod's GPU selection annotations ("
-                    + ", ".join(hami.SELECTOR_ANNOTATIONS[:4])
-                    + ")"
+                spelled = (
+                    (hami.VOLCANO_USE_UUID, hami.VOLCANO_NOUSE_UUID, hami.USE_TYPE, hami.NOUSE_TYPE)
+                    if request.family == "volcano"
+                    else hami.SELECTOR_ANNOTATIONS[:4]
                 )
+                name = "the pod's GPU selection annotations (" + ", ".join(spelled) + ")"
             out.append(f"{name}: {problem}")
         if snap.max_gpus and request.gpus > snap.max_gpus:
             out.append(
