@@ -1215,3 +1215,82 @@ def test_claim_status_reserved_for_and_devices(tmp_path: Path) -> None:
     assert code == 0, err
     (kept,) = [o for o in yaml.safe_load(out)["items"] if o["kind"] == "ResourceClaim"]
     assert kept["status"]["allocation"]["devices"]["results"][0]["shareID"] == SHARE
+
+
+# ---- issue 22 item 5 (the kind): HAMi's device cordon, Volcano's records of a bound pod -------
+
+V100_B = {**V100, "id": "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448", "index": 1}
+
+
+def _hami_node(extra: dict[str, str]) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "n1",
+            "annotations": {"hami.io/node-nvidia-register": json.dumps([V100, V100_B]), **extra},
+        },
+    }
+
+
+def _gpu_pods(*names: str, annotations: dict[str, str] | None = None, node: str = "") -> str:
+    docs = []
+    for name in names:
+        pod: dict[str, object] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "x",
+                        "resources": {
+                            "limits": {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 3000}
+                        },
+                    }
+                ],
+                **({"nodeName": node} if node else {}),
+            },
+        }
+        docs.append(yaml.safe_dump(pod))
+    return "---\n".join(docs)
+
+
+def _placed(out: str) -> dict[str, str]:
+    return {
+        o["metadata"]["name"]: o["status"]["allocation"]["devices"]["results"][0]["device"]
+        for o in json.loads(out)["items"]
+        if o["kind"] == "ResourceClaim" and (o.get("status") or {}).get("allocation")
+    }
+
+
+def test_hami_device_cordon_keeps_new_claims_off_the_gpu(tmp_path: Path) -> None:
+    # HAMi v2.10: a node's hami.io/device-cordon lists GPUs that take nothing new.
+    nf = write(
+        tmp_path, "n.yaml", yaml.safe_dump(_hami_node({"hami.io/device-cordon": f" {V100['id']} "}))
+    )
+    pf = write(tmp_path, "p.yaml", _gpu_pods("a", "b"))
+    code, out, err = run("simulate", nf, pf, "-o", "json")
+    assert code == 0, err
+    assert _placed(out) == {"a-c-gpu": "gpu-1", "b-c-gpu": "gpu-1"}
+    both = f"{V100['id']},{V100_B['id']}"
+    nf = write(tmp_path, "n.yaml", yaml.safe_dump(_hami_node({"hami.io/device-cordon": both})))
+    code, out, err = run("simulate", nf, pf)
+    assert code == 0, err
+    assert "2 pending" in out and "hami.io/device-cordon" in out
+
+
+def test_volcano_bound_pod_keeps_its_node_and_gpu(tmp_path: Path) -> None:
+    nf = write(tmp_path, "n.yaml", yaml.safe_dump(_hami_node({})))
+    records = {
+        "volcano.sh/vgpu-node": "n1",
+        "volcano.sh/vgpu-ids-new": f"{V100_B['id']},NVIDIA,3000,0:",
+        "volcano.sh/bind-phase": "success",
+    }
+    pf = write(tmp_path, "p.yaml", _gpu_pods("bound", annotations=records, node="n1"))
+    code, out, err = run("simulate", nf, pf, "-o", "json")
+    assert code == 0, err
+    assert _placed(out) == {"bound-c-gpu": "gpu-1"}
+    (pod,) = [o for o in json.loads(out)["items"] if o["kind"] == "Pod"]
+    assert pod["spec"]["nodeName"] == "n1"
