@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -378,6 +379,7 @@ def test_output_fed_back_with_new_pods_never_reuses_a_kept_shareid(tmp_path: Pat
     }
     assert len(shares) == 2 and len(set(shares.values())) == 2, shares
     code, table, err = run(*args, "-o", "wide")
-    gpus = table[table.index("GPUs") :]
-    row = next(line.replace("│", " ").split() for line in gpus.splitlines() if " n/gpu-0 " in line)
-    assert row[-1] == "2", row
+    gpus = table[table.index("GPUs") :].splitlines()
+    header = re.split(r" {2,}", gpus[1])
+    row = next(re.split(r" {2,}", line) for line in gpus if line.startswith("n   "))
+    assert row[header.index("SHARES")] == "2", row

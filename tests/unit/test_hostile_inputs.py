@@ -1276,7 +1276,7 @@ def test_hami_device_cordon_keeps_new_claims_off_the_gpu(tmp_path: Path) -> None
     assert _placed(out) == {"a-c-gpu": "gpu-1", "b-c-gpu": "gpu-1"}
     both = f"{V100['id']},{V100_B['id']}"
     nf = write(tmp_path, "n.yaml", yaml.safe_dump(_hami_node({"hami.io/device-cordon": both})))
-    code, out, err = run("simulate", nf, pf)
+    code, out, err = run("simulate", nf, pf, "-o", "wide")
     assert code == 0, err
     assert "2 pending" in out and "hami.io/device-cordon" in out
 
