@@ -37,7 +37,7 @@ def table_rows(out: str, title: str) -> list[list[str]]:
     start = lines.index(title)
     rows: list[list[str]] = []
     for line in lines[start + 2 :]:
-        if not line or line == line.lstrip() and "   " not in line:
+        if not line or (line == line.lstrip() and "   " not in line):
             break  # the blank line before the next table, a caption, the footer
         rows.append(re.split(r" {2,}", line))
     return rows

@@ -421,8 +421,8 @@ def claim_status_problems(status: Any, spec: Any, path: str = "status") -> list[
         p = f"{path}.devices[{i}]"
         probs = _device_ref_problems(d, p)
         out.extend(probs)
-        key = (d.get("driver"), d.get("pool"), d.get("device"), d.get("shareID"))
-        if not probs and key not in allocated:
+        ref = (d.get("driver"), d.get("pool"), d.get("device"), d.get("shareID"))
+        if not probs and ref not in allocated:
             out.append(FieldProblem(p, "must be an allocated device in the claim"))
     return out
 
@@ -616,7 +616,8 @@ def workload_selector_problems(obj: dict[str, Any], kind: str) -> list[FieldProb
     workload: missing (``Required value``), empty, an unknown operator or values that do not
     fit it, and a selector that does not match ``spec.template.metadata.labels`` (the
     controller could never find its own pods)."""
-    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    raw_spec = obj.get("spec")
+    spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
     sel = spec.get("selector")
     low = kind.lower()
     if sel is None:
@@ -654,7 +655,8 @@ def workload_selector_problems(obj: dict[str, Any], kind: str) -> list[FieldProb
             )
     if out:
         return out
-    template = spec.get("template") if isinstance(spec.get("template"), dict) else {}
+    raw_template = spec.get("template")
+    template: dict[str, Any] = raw_template if isinstance(raw_template, dict) else {}
     labels = (template.get("metadata") or {}).get("labels") or {}
     if not label_selector_matches(sel, labels):
         out.append(
