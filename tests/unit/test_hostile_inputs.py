@@ -1294,3 +1294,38 @@ def test_volcano_bound_pod_keeps_its_node_and_gpu(tmp_path: Path) -> None:
     assert _placed(out) == {"bound-c-gpu": "gpu-1"}
     (pod,) = [o for o in json.loads(out)["items"] if o["kind"] == "Pod"]
     assert pod["spec"]["nodeName"] == "n1"
+
+
+@pytest.mark.parametrize(
+    ("statuses", "field", "message"),
+    [
+        (
+            [{"name": "gpux", "resourceClaimName": "c1"}],
+            "status.resourceClaimStatuses[0].name",
+            "'gpux' must match the name of an entry in `spec.resourceClaims`",
+        ),
+        (
+            [{"name": "gpu", "resourceClaimName": "C_1"}],
+            "status.resourceClaimStatuses[0].resourceClaimName",
+            "'C_1' must be a DNS subdomain (a claim's name)",
+        ),
+        (
+            [{"name": "gpu", "resourceClaimName": "c1"}, {"name": "gpu"}],
+            "status.resourceClaimStatuses[1].name",
+            "Duplicate value: 'gpu'",
+        ),
+    ],
+)
+def test_pod_resource_claim_statuses_are_validated(
+    tmp_path: Path, statuses: list[dict[str, str]], field: str, message: str
+) -> None:
+    # The claims a pod's templates made are read from status.resourceClaimStatuses: validated
+    # as the API server validates them (validatePodResourceClaimStatuses).
+    pod = yaml.safe_load(POD)
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
+    pod["status"] = {"resourceClaimStatuses": statuses}
+    f = write(tmp_path, "p.yaml", yaml.safe_dump(pod))
+    assert bad("simulate", "--node", f"n={A5000}", f) == (
+        f"tessera: error: {f} (document 1): Pod default/p1: {field}: {message}"
+    )

@@ -689,6 +689,44 @@ def label_selector_matches(sel: dict[str, Any], labels: dict[str, Any]) -> bool:
     return True
 
 
+def pod_status_problems(pod: dict[str, Any]) -> list[FieldProblem]:
+    """What the API server refuses in a Pod's ``status.resourceClaimStatuses`` (upstream
+    ``validatePodResourceClaimStatuses``), which Tessera reads as the names of the claims made
+    from templates: each ``name`` one of ``spec.resourceClaims`` and listed once, each
+    ``resourceClaimName`` a valid ResourceClaim name."""
+    status = pod.get("status")
+    if not isinstance(status, dict):
+        return []
+    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else None
+    declared = {
+        rc.get("name") for rc in (spec or {}).get("resourceClaims") or [] if isinstance(rc, dict)
+    }
+    out: list[FieldProblem] = []
+    seen: set[Any] = set()
+    for i, st in enumerate(status.get("resourceClaimStatuses") or []):
+        if not isinstance(st, dict):
+            continue
+        p = f"status.resourceClaimStatuses[{i}]"
+        name = st.get("name")
+        if name not in declared:
+            out.append(
+                FieldProblem(
+                    f"{p}.name", f"{name!r} must match the name of an entry in `spec.resourceClaims`"
+                )
+            )
+        if name in seen:
+            out.append(FieldProblem(f"{p}.name", f"Duplicate value: {name!r}"))
+        seen.add(name)
+        claim = st.get("resourceClaimName")
+        if claim is not None and not is_dns_subdomain(claim):
+            out.append(
+                FieldProblem(
+                    f"{p}.resourceClaimName", f"{claim!r} must be a DNS subdomain (a claim's name)"
+                )
+            )
+    return out
+
+
 TEMPLATE_PATHS = {
     "Deployment": ("spec", "template"),
     "ReplicaSet": ("spec", "template"),
@@ -751,7 +789,7 @@ def manifest_problems(m: Manifest) -> list[FieldProblem]:
             )
         return probs
     if kind == "Pod":
-        return pod_spec_problems(obj.get("spec"), "spec")
+        return pod_spec_problems(obj.get("spec"), "spec") + pod_status_problems(obj)
     if kind in TEMPLATE_PATHS:
         template, path = pod_template(obj, kind)
         if template is None or not isinstance(template.get("spec"), dict):
