@@ -1127,3 +1127,13 @@ def test_api_rule_checker_catches_violations(breakage: Any) -> None:
     breakage(conv.templates[0])
     with pytest.raises(AssertionError):
         assert_api_valid(conv, p)
+
+
+def test_mig_allocations_with_a_number_of_5000_digits_is_a_warning() -> None:
+    # json.loads refuses an integer over 4300 digits with a ValueError that is no JSONDecodeError.
+    raw = '[{"containerIndex": ' + "1" * 5000 + ', "profile": "1g.10gb"}]'
+    conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"hami.io/vgpu-mig-allocations": raw}))
+    assert conv.warnings == [
+        "pod ns/p: annotation hami.io/vgpu-mig-allocations is not JSON (a number too long or "
+        "nesting too deep); ignored"
+    ]

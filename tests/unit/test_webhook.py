@@ -22,7 +22,7 @@ from tessera.convert import convert_pod
 from tessera.extender.prioritize import BadArgs, UsageView, prioritize, scores
 from tessera.inventory import build_resource_slices, load_inventory, load_topology
 from tessera.sim.policies import max_prioritized_list_score, prioritized_list_score
-from tessera.webhook.admission import BadReview, ClusterView, decide
+from tessera.webhook.admission import BadReview, ClusterView, decide, parse_review
 from tessera.webhook.templates import HASH_LABEL, hashed_template, referenced_templates, spec_hash
 
 CORPUS = corpus_path().resolve()
@@ -750,3 +750,13 @@ def test_serving_pair_loads_and_reloads_without_a_writable_file_system(
     _, stranger = make_serving_certificate(other, "x")
     pair.key.write_bytes(stranger.key.read_bytes())
     assert not r.check() and r.loads == 2
+
+
+def test_review_with_an_integer_of_5000_digits_is_a_bad_review() -> None:
+    body = (
+        b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "x": '
+        + b"1" * 5000
+        + b"}"
+    )
+    with pytest.raises(BadReview, match="body is not JSON"):
+        parse_review(body)

@@ -711,7 +711,8 @@ def pod_status_problems(pod: dict[str, Any]) -> list[FieldProblem]:
         if name not in declared:
             out.append(
                 FieldProblem(
-                    f"{p}.name", f"{name!r} must match the name of an entry in `spec.resourceClaims`"
+                    f"{p}.name",
+                    f"{name!r} must match the name of an entry in `spec.resourceClaims`",
                 )
             )
         if name in seen:

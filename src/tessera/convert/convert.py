@@ -376,8 +376,13 @@ def _mig_allocations(raw: str | None, ctx: _Ctx) -> dict[int, list[str]]:
     key = hami.MIG_ALLOCATIONS
     try:
         items = json.loads(raw)
-    except json.JSONDecodeError as e:
-        ctx.warn("", f"annotation {key} is not JSON ({e.msg}); ignored")
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, or an int past 4300 digits
+        why = (
+            e.msg
+            if isinstance(e, json.JSONDecodeError)
+            else "a number too long or nesting too deep"
+        )
+        ctx.warn("", f"annotation {key} is not JSON ({why}); ignored")
         return {}
     out: dict[int, list[str]] = {}
     if not isinstance(items, list):
