@@ -1117,7 +1117,9 @@ A5000 = REPO / "src/tessera/examples/inventories/telegraf__nvidia_smi_testdata__
 SHARE = "e3e70682-c209-4cac-a29f-6fbed82c07cd"
 
 
-def _allocated_claim(change: str) -> dict[str, object]:
+def _allocated_claim(where: str = "", key: str = "", value: object = ...) -> dict[str, object]:
+    """A claim allocated on the A5000 node's gpu-0, with ``where[key]`` (``result``, ``status``
+    or ``allocation``) set to ``value``, or deleted when ``value`` is ``...``."""
     claim = yaml.safe_load(CLAIM)
     claim["status"] = {
         "allocation": {
@@ -1136,50 +1138,58 @@ def _allocated_claim(change: str) -> dict[str, object]:
         },
         "reservedFor": [{"resource": "pods", "name": "p1", "uid": "u-1"}],
     }
-    result = claim["status"]["allocation"]["devices"]["results"][0]
-    exec(change, {"status": claim["status"], "result": result})
+    parts = {
+        "status": claim["status"],
+        "allocation": claim["status"]["allocation"],
+        "result": claim["status"]["allocation"]["devices"]["results"][0],
+    }
+    if where:
+        if value is ...:
+            del parts[where][key]
+        else:
+            parts[where][key] = value
     return claim
 
 
 @pytest.mark.parametrize(
     ("change", "field", "message"),
     [
-        ("del result['pool']", "results[0].pool", "Required value: the device's pool"),
-        ("del result['driver']", "results[0].driver", "Required value: the device's driver"),
-        ("del result['device']", "results[0].device", "Required value: the device's name"),
-        ("del result['request']", "results[0].request", "Required value: the request it is for"),
+        (("result", "pool"), "results[0].pool", "Required value: the device's pool"),
+        (("result", "driver"), "results[0].driver", "Required value: the device's driver"),
+        (("result", "device"), "results[0].device", "Required value: the device's name"),
+        (("result", "request"), "results[0].request", "Required value: the request it is for"),
         (
-            "result['request'] = 'gpus'",
+            ("result", "request", "gpus"),
             "results[0].request",
             "'gpus' must be the name of a request in the claim or the name of a request and a "
             "subrequest separated by '/'",
         ),
         (
-            "result['consumedCapacity'] = {'memory': '3 GiB'}",
+            ("result", "consumedCapacity", {"memory": "3 GiB"}),
             "results[0].consumedCapacity[memory]",
             "'3 GiB' is not a valid quantity",
         ),
         (
-            "result['consumedCapacity'] = 3000",
+            ("result", "consumedCapacity", 3000),
             "results[0].consumedCapacity",
             "must be an object, got an integer (3000)",
         ),
         (
-            "result['shareID'] = 'E3E70682-C209-4CAC-A29F-6FBED82C07CD'",
+            ("result", "shareID", "E3E70682-C209-4CAC-A29F-6FBED82C07CD"),
             "results[0].shareID",
             "'E3E70682-C209-4CAC-A29F-6FBED82C07CD' must be a UUID in RFC 4122 normalized form",
         ),
         (
-            "status['allocation']['nodeSelector'] = {}",
+            ("allocation", "nodeSelector", {}),
             "nodeSelector.nodeSelectorTerms",
             "Required value: must have at least one node selector term",
         ),
     ],
 )
 def test_claim_status_allocation_is_validated(
-    tmp_path: Path, change: str, field: str, message: str
+    tmp_path: Path, change: tuple[str, str], field: str, message: str
 ) -> None:
-    f = write(tmp_path, "c.yaml", yaml.safe_dump(_allocated_claim(change)))
+    f = write(tmp_path, "c.yaml", yaml.safe_dump(_allocated_claim(*change)))
     where = f"{f} (document 1): ResourceClaim default/c1: status.allocation."
     full = f"devices.{field}" if field.startswith("results") else field
     for args in (
@@ -1196,21 +1206,21 @@ def test_claim_status_reserved_for_and_devices(tmp_path: Path) -> None:
     f = write(
         tmp_path,
         "c.yaml",
-        yaml.safe_dump(_allocated_claim("status['reservedFor'] = [{'name': 'p1'}]")),
+        yaml.safe_dump(_allocated_claim("status", "reservedFor", [{"name": "p1"}])),
     )
     assert bad("simulate", "--node", f"n={A5000}", f).endswith(
         "status.reservedFor[0].resource: Required value (and 1 more problem(s))"
     )
-    f = write(tmp_path, "c.yaml", yaml.safe_dump(_allocated_claim("del status['allocation']")))
+    f = write(tmp_path, "c.yaml", yaml.safe_dump(_allocated_claim("status", "allocation")))
     assert bad("simulate", "--node", f"n={A5000}", f).endswith(
         "status.reservedFor: Forbidden: may not be specified when `allocated` is not set"
     )
-    other = "status['devices'] = [{'driver': 'gpu.tessera.dev', 'pool': 'n', 'device': 'gpu-1'}]"
-    f = write(tmp_path, "c.yaml", yaml.safe_dump(_allocated_claim(other)))
+    other = [{"driver": "gpu.tessera.dev", "pool": "n", "device": "gpu-1"}]
+    f = write(tmp_path, "c.yaml", yaml.safe_dump(_allocated_claim("status", "devices", other)))
     assert bad("simulate", "--node", f"n={A5000}", f).endswith(
         "status.devices[0]: must be an allocated device in the claim"
     )
-    f = write(tmp_path, "c.yaml", yaml.safe_dump(_allocated_claim("pass")))
+    f = write(tmp_path, "c.yaml", yaml.safe_dump(_allocated_claim()))
     code, out, err = run("simulate", "--node", f"n={A5000}", f, "-o", "yaml")
     assert code == 0, err
     (kept,) = [o for o in yaml.safe_load(out)["items"] if o["kind"] == "ResourceClaim"]
