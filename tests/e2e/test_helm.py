@@ -1218,7 +1218,7 @@ def test_migration_guide_shows_what_moves(env: Env, tmp_path: Path) -> None:
         # shares on one GPU (HAMi's 40 % and 60 % of its memory, 60 and 40 cores).
         placed = {
             m.group(1): m.group(2)
-            for m in re.finditer(r"│ (kube-system/gpu-pod\d) +│ \S+ +│ (\S+) ", r.stdout)
+            for m in re.finditer(r"^(kube-system/gpu-pod\d) {3,}\S+ {3,}(\S+) ", r.stdout, re.M)
         }
         assert placed == {
             "kube-system/gpu-pod1": f"{H100}/gpu-0",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -352,3 +353,33 @@ def test_progress_lines_when_asked_without_a_terminal() -> None:
     )
     code, _, err = run("simulate")
     assert code == 0 and "claims/s" not in err
+
+
+def test_output_fed_back_with_new_pods_never_reuses_a_kept_shareid(tmp_path: Path) -> None:
+    # A seeded run fed its own output plus a new pod draws the same first shareID again; the
+    # new claim must get another one, and the GPU counts both shares.
+    inv = Path(CLUSTER).parent / "inventories/telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
+    pod = (
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {}}}\nspec:\n  containers:\n  - name: c\n"
+        "    image: x\n    resources: {{limits: {{nvidia.com/gpu: 1, nvidia.com/gpumem: 3000}}}}\n"
+    )
+    (tmp_path / "first.yaml").write_text(pod.format("first"))
+    (tmp_path / "second.yaml").write_text(pod.format("second"))
+    node = f"n={inv}"
+    code, out, err = run("simulate", "--node", node, str(tmp_path / "first.yaml"), "-o", "yaml")
+    assert code == 0, err
+    (tmp_path / "world.yaml").write_text(out)
+    args = ("simulate", "--node", node, str(tmp_path / "world.yaml"), str(tmp_path / "second.yaml"))
+    code, out2, err = run(*args, "-o", "yaml")
+    assert code == 0, err
+    shares = {
+        o["metadata"]["name"]: o["status"]["allocation"]["devices"]["results"][0]["shareID"]
+        for o in yaml.safe_load(out2)["items"]
+        if o["kind"] == "ResourceClaim"
+    }
+    assert len(shares) == 2 and len(set(shares.values())) == 2, shares
+    code, table, err = run(*args, "-o", "wide")
+    gpus = table[table.index("GPUs") :].splitlines()
+    header = re.split(r" {2,}", gpus[1])
+    row = next(re.split(r" {2,}", line) for line in gpus if line.startswith("n   "))
+    assert row[header.index("SHARES")] == "2", row

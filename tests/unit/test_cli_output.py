@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from tessera import KUBERNETES_VERSION
 from tessera.cli import main
-from tessera.cli._tables import FitTable, _fit, unique_prefixes
+from tessera.cli._tables import FitTable, unique_prefixes
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = str(REPO / "src/tessera/examples/cluster.yaml")
@@ -31,32 +31,53 @@ def default_world() -> dict[str, object]:
 
 
 def table_rows(out: str, title: str) -> list[list[str]]:
-    """The cells of each row of the table titled ``title``, folded cells read back whole: a
-    row starts on a line whose last cell is not empty, and each column's continuation lines
-    are appended to it (without the spaces a wrap removed)."""
+    """The cells of each row of the table titled ``title``: columns are three spaces (or more,
+    padded) apart and no cell holds two spaces in a row, so a line splits on runs of two."""
     lines = out.splitlines()
-    start = lines.index(next(line for line in lines if line.strip() == title))
+    start = lines.index(title)
     rows: list[list[str]] = []
-    for line in lines[start + 1 :]:
-        if line.startswith("└"):
-            break
-        if not line.startswith("│"):
-            continue
-        cells = [c.strip() for c in line.strip("│").split("│")]
-        if cells[-1] or not rows:
-            rows.append(cells)
-        else:
-            rows[-1] = [a + b for a, b in zip(rows[-1], cells, strict=True)]
+    for line in lines[start + 2 :]:
+        if not line or (line == line.lstrip() and "   " not in line):
+            break  # the blank line before the next table, a caption, the footer
+        rows.append(re.split(r" {2,}", line))
     return rows
 
 
+def header(out: str, title: str) -> list[str]:
+    lines = out.splitlines()
+    return re.split(r" {2,}", lines[lines.index(title) + 1])
+
+
 @pytest.mark.parametrize("columns", [60, 80, 100, 132])
-def test_every_line_fits_the_terminal(columns: int) -> None:
+def test_rows_never_wrap_and_identifiers_are_never_cut(columns: int) -> None:
+    # Issue 22 item 15: at 80 columns the tables broke pod names mid-word
+    # (`default/infe` / `rence-0`). As kubectl: one line per row, identifiers whole.
     code, out, _ = run("simulate", columns=columns)
     assert code == 0
-    widths = [len(line) for line in out.splitlines()]
-    assert max(widths) <= columns
     assert "16 pod(s) scheduled, 2 pending." in out
+    world = default_world()
+    pods = sorted(
+        f"{o['metadata'].get('namespace', 'default')}/{o['metadata']['name']}"
+        for o in world["items"]  # type: ignore[index]
+        if o["kind"] == "Pod" and o["spec"].get("nodeName")
+    )
+    placed = table_rows(out, "Placements")
+    assert header(out, "Placements") == ["POD", "CONTAINER", "DEVICE", "MEMORY", "CORES", "SHAREID"]
+    assert all(len(r) == 6 for r in placed)
+    assert sorted(set(r[0] for r in placed)) == pods
+    assert "default/inference-0" in out.split()  # whole, one word
+    gpus = table_rows(out, "GPUs")
+    assert len(gpus) == 22 and all(len(r) == 6 for r in gpus)
+    pending = table_rows(out, "Unschedulable pods")
+    assert [r[0] for r in pending] == ["default/too-big", "default/hami-uuid-pinned"]
+    # Only free text is cut, and only to fit: the reasons' lines fit the terminal.
+    reason_lines = out.splitlines()[out.splitlines().index("Unschedulable pods") + 2 :][:2]
+    assert all(len(line) <= max(columns, 24 + 3 + 10) for line in reason_lines)
+    if columns < 132:
+        assert all(r[1].endswith("...") for r in pending)
+        assert "reasons cut to fit: -o wide or tessera explain POD" in out
+    else:
+        assert max(len(line) for line in out.splitlines()) <= columns
 
 
 def test_placements_and_gpus_share_the_device_key() -> None:
@@ -66,8 +87,9 @@ def test_placements_and_gpus_share_the_device_key() -> None:
     on_gpu5 = sorted(r[0] for r in placed if r[2] == "h100-node/gpu-5")
     # Two HAMi pods share h100-node/gpu-5: 40779Mi + 32623Mi = 73402Mi booked there.
     assert on_gpu5 == ["default/hami-memory-fraction", "default/hami-sharing-1"]
+    assert header(out, "GPUs") == ["DEVICE", "GPU", "MEMORY", "CORES", "SHARES", "MODEL"]
     gpus = {r[0]: r for r in table_rows(out, "GPUs")}
-    assert gpus["h100-node/gpu-5"][3:] == ["73402Mi / 81559Mi", "90 / 100", "2"]
+    assert gpus["h100-node/gpu-5"][2:5] == ["73402Mi/81559Mi", "90/100", "2"]
     assert gpus["h100-node/gpu-5"][1] == "GPU-980ea11b"  # shortest unique prefix (12 at least)
     # The same key, from the claims' allocation results.
     world = default_world()
@@ -119,28 +141,33 @@ def test_identifiers_are_unique_prefixes_never_cut() -> None:
         assert sorted(r[1] for r in table_rows(out, "GPUs") if r[1] != "-") == sorted(
             shown.values()
         )
-        if columns >= 80:  # (at 60 the shareID column folds too, which table_rows cannot undo)
-            assert {r[5] for r in table_rows(out, "Placements")} == set(
-                unique_prefixes(share_ids, 8).values()
-            )
-        assert "…" not in out  # nothing is ever elided
+        assert {r[5] for r in table_rows(out, "Placements")} == set(
+            unique_prefixes(share_ids, 8).values()
+        )
+        assert "…" not in out
 
 
 def test_wide_shows_every_column_whole() -> None:
     code, out, _ = run("simulate", "-o", "wide", columns=80)
     assert code == 0
-    header = next(line for line in out.splitlines() if line.startswith("┃ pod"))
-    assert [h.strip() for h in header.strip("┃").split("┃")] == [
-        "pod", "container", "claim", "request", "node", "device", "GPU", "model", "memory", "cores", "shareID",
+    assert header(out, "Placements") == [
+        "POD", "CONTAINER", "CLAIM", "REQUEST", "NODE", "DEVICE", "GPU", "MEMORY", "CORES", "SHAREID", "MODEL",
     ]  # fmt: skip
     rows = {(r[0], r[5]): r for r in table_rows(out, "Placements")}
     r = rows[("default/hami-sharing-1", "h100-node/gpu-5")]
     assert r[2] == "default/hami-sharing-1-ubuntu-container-gpu"
     assert r[6].startswith("GPU-980ea11b-") and len(r[6]) == 40
-    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", r[10])
-    assert all(
-        len(line) > 80 for line in out.splitlines() if line.startswith("│ default/hami-sharing-1")
-    )
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", r[9])
+    assert r[10] == "NVIDIA H100 80GB HBM3"
+    assert "..." not in out  # nothing cut
+    pending = {p: reason for p, reason in table_rows(out, "Unschedulable pods")}
+    world = default_world()
+    (too_big,) = [
+        o
+        for o in world["items"]  # type: ignore[index]
+        if o["kind"] == "Pod" and o["metadata"]["name"] == "too-big"
+    ]
+    assert pending["default/too-big"] == too_big["status"]["conditions"][0]["message"]
 
 
 def test_namespace_filter_and_fail_on_pending(tmp_path: Path) -> None:
@@ -216,11 +243,17 @@ def test_unique_prefixes() -> None:
     assert unique_prefixes(["x1234567890", "y"], 4) == {"x1234567890": "x123", "y": "y"}
 
 
-def test_fit_gives_way_outliers_then_text_then_identifiers() -> None:
-    t = FitTable("T", [("name", False), ("id", True)])
-    for name, ident in [("a" * 30, "i" * 12)] * 3 + [("b" * 10, "i" * 40)]:
-        t.add_row(name, ident)
-    assert t.natural_widths() == [30, 40] and t.typical_widths() == [30, 12]
-    assert _fit([30, 40], [30, 12], [False, True], 60) == [30, 30]  # the outlier id folds first
-    assert _fit([30, 40], [30, 12], [False, True], 30) == [18, 12]  # then the text
-    assert _fit([30, 40], [30, 12], [False, True], 10) == [10, 8]  # then ids, to the floors
+def test_only_free_text_gives_way() -> None:
+    t = FitTable("T", [("name", False), ("reason", True)])
+    t.add_row("a" * 30, "why " * 10)
+    t.add_row("b" * 10, "short")
+    assert t.natural_widths() == [30, 39]
+    assert t.widths(60) == [30, 27]  # the reason gives 12 cells
+    assert t.widths(20) == [30, 10]  # never below its floor; the name never gives way
+    assert t.lines(60) == [
+        "T",
+        "NAME                             REASON",
+        "a" * 30 + "   why why why why why why...",
+        "b" * 10 + " " * 23 + "short",
+    ]
+    assert t.lines(None)[2] == "a" * 30 + "   " + ("why " * 10).strip()

@@ -795,6 +795,74 @@ def test_nouse_uuid_excludes() -> None:
     assert not cel_eval(selectors_of(conv)[0], device(type="mig", parentUUID="GPU-a"))
 
 
+def test_volcano_uuid_annotations_convert_as_hamis_deny_wins() -> None:
+    # Issue 22 item 5: Volcano's own spellings (comma lists, spaces around entries); a UUID in
+    # both lists is denied (volcano's gpuUUIDFilter: the allow list, then not the deny list).
+    conv = convert(
+        pod(
+            {"volcano.sh/vgpu-number": 1},
+            annotations={
+                "volcano.sh/vgpu-use-gpuuuid": " GPU-a , GPU-b ,",
+                "volcano.sh/vgpu-nouse-gpuuuid": "GPU-b",
+            },
+        )
+    )
+    assert conv.warnings == []
+    sels = selectors_of(conv)
+    assert len(sels) == 2
+    both = f"({sels[0]}) && ({sels[1]})"
+    assert cel_eval(both, device(uuid="GPU-a"))
+    assert not cel_eval(both, device(uuid="GPU-b"))  # deny wins
+    assert not cel_eval(both, device(uuid="GPU-c"))
+    assert cel_eval(both, device(type="mig", parentUUID="GPU-a"))
+    # the same selectors HAMi's spelling gives
+    hami = convert(
+        pod(
+            {"nvidia.com/gpu": 1},
+            annotations={
+                "nvidia.com/use-gpuuuid": "GPU-a,GPU-b",
+                "nvidia.com/nouse-gpuuuid": "GPU-b",
+            },
+        )
+    )
+    assert selectors_of(hami) == sels
+
+
+@pytest.mark.parametrize(
+    ("key", "warning"),
+    [
+        (
+            "nvidia.com/use-gpuuid",
+            "annotation nvidia.com/use-gpuuid is not one Tessera reads (did you mean "
+            "nvidia.com/use-gpuuuid?); ignored",
+        ),
+        (
+            "volcano.sh/vgpu-use-gputype",
+            "annotation volcano.sh/vgpu-use-gputype is not one Tessera reads (did you mean "
+            "volcano.sh/vgpu-use-gpuuuid?); ignored",
+        ),
+        (
+            "volcano.sh/vgpu-podgroup-policy",
+            "annotation volcano.sh/vgpu-podgroup-policy is not converted: Tessera does not keep "
+            "the pods of one PodGroup on distinct GPUs; ignored",
+        ),
+        (
+            "hami.io/use-xpu-uuid",
+            "annotation hami.io/use-xpu-uuid selects another vendor's devices (HAMi's XPU); ignored",
+        ),
+    ],
+)
+def test_selection_annotations_tessera_does_not_read_are_warned(key: str, warning: str) -> None:
+    conv = convert(pod({"nvidia.com/gpu": 1}, annotations={key: "spread"}))
+    assert conv.warnings == [f"pod ns/p: {warning}"]
+    assert selectors_of(conv) == []
+
+
+def test_scheduler_records_are_not_warned_about() -> None:
+    records = {"hami.io/vgpu-node": "n1", "volcano.sh/vgpu-ids-new": "GPU-a,NVIDIA,3000,0:"}
+    assert convert(pod({"nvidia.com/gpu": 1}, annotations=records)).warnings == []
+
+
 def test_empty_uuid_annotation_is_no_constraint() -> None:
     conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"nvidia.com/use-gpuuuid": " , "}))
     assert selectors_of(conv) == []
@@ -1059,3 +1127,13 @@ def test_api_rule_checker_catches_violations(breakage: Any) -> None:
     breakage(conv.templates[0])
     with pytest.raises(AssertionError):
         assert_api_valid(conv, p)
+
+
+def test_mig_allocations_with_a_number_of_5000_digits_is_a_warning() -> None:
+    # json.loads refuses an integer over 4300 digits with a ValueError that is no JSONDecodeError.
+    raw = '[{"containerIndex": ' + "1" * 5000 + ', "profile": "1g.10gb"}]'
+    conv = convert(pod({"nvidia.com/gpu": 1}, annotations={"hami.io/vgpu-mig-allocations": raw}))
+    assert conv.warnings == [
+        "pod ns/p: annotation hami.io/vgpu-mig-allocations is not JSON (a number too long or "
+        "nesting too deep); ignored"
+    ]

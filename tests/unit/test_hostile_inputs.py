@@ -295,6 +295,72 @@ def test_topology_numa_id_of_5000_digits(tmp_path: Path) -> None:
         assert f in err
 
 
+@pytest.mark.parametrize("command", ["simulate", "lint", "convert", "explain"])
+def test_unreadable_manifest_is_one_line_not_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    # Issue 22 item 13: click's own readable check answered with a three-line usage error; the
+    # tests run as root, so a file without read permission is made by refusing os.access.
+    f = write(tmp_path, "p.yaml", POD)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, m, **kw: str(p) != f and real_access(p, m, **kw))
+    real_open = Path.open
+
+    def refuse(self: Path, *a: object, **kw: object) -> object:
+        if str(self) == f:
+            raise PermissionError(13, "Permission denied", f)
+        return real_open(self, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "open", refuse)
+    args = ["explain", "p1", f] if command == "explain" else [command, f]
+    line = bad(*args)
+    assert line == f"tessera: error: {f}: cannot read: Permission denied"
+
+
+def test_name_too_long_is_one_line() -> None:
+    long = "/tmp/" + "a" * 300 + ".yaml"
+    assert bad("simulate", long) == f"tessera: error: {long}: cannot read: File name too long"
+
+
+def test_dangling_and_looping_links_in_a_directory_are_named(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.yaml").symlink_to(tmp_path / "gone.yaml")
+    (d / "loop.yaml").symlink_to("loop.yaml")
+    line = bad("simulate", str(d))
+    assert line == (
+        f"tessera: error: {d}: no readable *.yaml, *.yml or *.json file in this directory: "
+        f"{d}/a.yaml: a dangling symbolic link (-> {tmp_path}/gone.yaml, which does not exist); "
+        f"{d}/loop.yaml: a symbolic link loop (-> loop.yaml)"
+    )
+    (d / "p.yaml").write_text(POD)
+    code, _, err = run("lint", str(d))
+    assert code == 0
+    assert err.splitlines() == [
+        f"tessera: warning: {d}/a.yaml: a dangling symbolic link (-> {tmp_path}/gone.yaml, "
+        "which does not exist); skipped",
+        f"tessera: warning: {d}/loop.yaml: a symbolic link loop (-> loop.yaml); skipped",
+    ]
+
+
+def test_topology_numa_cell_of_4300_digits_is_refused(tmp_path: Path) -> None:
+    # Issue 22 item 13: the NUMA Affinity cell itself (GPU3's `0`) holds 4,300 digits.
+    topo = (
+        REPO
+        / "src/tessera/examples/topologies/litgpt__tests_test_utils__topo-m.8xGPU-NV12-10nic.txt"
+    ).read_text()
+    lines = topo.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith("GPU3"))
+    assert lines[i].endswith("\t0-63,128-191\t0\t\tN/A")
+    lines[i] = lines[i].removesuffix("\t0\t\tN/A") + "\t" + "7" * 4300 + "\t\tN/A"
+    f = write(tmp_path, "topo.txt", "\n".join(lines) + "\n")
+    line = bad("simulate", "--node", f"n1={H100}:{f}")
+    assert line == (
+        f"tessera: error: {f}:{i + 1}: topo -m: NUMA Affinity of GPU3 is '777777777777... "
+        "(4300 characters)', not NUMA node numbers (at most 9 digits each, e.g. 0 or 6-7) or N/A"
+    )
+
+
 # ---- 3. unbounded work --------------------------------------------------------------------------
 
 
@@ -844,3 +910,432 @@ def test_helm_template_still_refused(corpus: Path) -> None:
         / "kubernetes__scheduler_perf_dra_templates__resourceslice-partitionable.yaml"
     )
     assert "this is a template ('{{.Index}}')" in bad("lint", str(f))
+
+
+# ---- issue 22 item 10: whole-number floats, duplicate claim uses, workload selectors ----------
+
+
+def test_whole_number_floats_are_the_integers_kubectl_sends(tmp_path: Path) -> None:
+    # kubectl re-encodes a manifest through Go's encoding/json, which writes float64(2) as 2:
+    # the API server gets `count: 2`. So `2.0` is 2 everywhere; `2.5` is refused as a number.
+    f = write(
+        tmp_path,
+        "w.yaml",
+        CLAIM + "        allocationMode: ExactCount\n        count: 2.0\n---\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: hami}\nspec:\n  containers:\n  - name: app\n"
+        "    image: x\n    resources: {limits: {nvidia.com/gpu: 2.0, nvidia.com/gpumem: 3e3}}\n"
+        "---\n" + POD + "    resources: {claims: [{name: gpu}]}\n"
+        "  resourceClaims: [{name: gpu, resourceClaimName: c1}]\n",
+    )
+    assert run("lint", f) == (0, "", "")
+    code, out, err = run("simulate", "--node", f"n1={H100}", f, "-o", "yaml")
+    assert code == 0, err
+    claims = {
+        o["metadata"]["name"]: o["status"]["allocation"]["devices"]["results"]
+        for o in yaml.safe_load(out)["items"]
+        if o["kind"] == "ResourceClaim"
+    }
+    assert len(claims["c1"]) == 2 and len(claims["hami-app-gpu"]) == 2
+    assert {r["consumedCapacity"]["memory"] for r in claims["hami-app-gpu"]} == {"3000Mi"}
+    j = write(
+        tmp_path, "c.json", json.dumps(yaml.safe_load(CLAIM)).replace("}}]", ', "count": 2.0}}]')
+    )
+    assert '"count": 2.0' in Path(j).read_text() and run("lint", j) == (0, "", "")
+    half = write(tmp_path, "half.yaml", CLAIM + "        count: 2.5\n")
+    code, out, _ = run("lint", half)
+    assert code == 1 and "exactly.count: must be an integer, got a number (2.5)" in out
+
+
+def test_cluster_file_count_reads_floats_as_manifests_do(tmp_path: Path) -> None:
+    body = f"- name: n\n  inventory: {H100}\n  count: {{}}\n"
+    code, out, err = run(
+        "simulate", "--cluster", _cluster(tmp_path, body.format("3.0")), "-o", "json"
+    )
+    assert code == 0, err
+    nodes = {
+        o["spec"]["nodeName"] for o in json.loads(out)["items"] if o["kind"] == "ResourceSlice"
+    }
+    assert nodes == {"n-0", "n-1", "n-2"}
+    line = bad("simulate", "--cluster", _cluster(tmp_path, body.format("2.5")))
+    assert line.endswith("nodes[0].count: must be an integer, got a number (2.5)")
+
+
+@pytest.mark.parametrize(
+    ("claims", "field", "what"),
+    [
+        ("[{name: gpu}, {name: gpu}]", "claims[1]", "claim 'gpu' is already listed whole"),
+        (
+            "[{name: gpu, request: r}, {name: gpu, request: r}]",
+            "claims[1]",
+            "'gpu/r' is listed twice",
+        ),
+        (
+            "[{name: gpu, request: r}, {name: gpu}]",
+            "claims[1]",
+            "claim 'gpu' is listed whole after one of its requests",
+        ),
+    ],
+)
+def test_a_claim_listed_twice_in_one_container_is_refused(
+    tmp_path: Path, claims: str, field: str, what: str
+) -> None:
+    f = write(
+        tmp_path,
+        "p.yaml",
+        CLAIM + "---\n" + POD + f"    resources: {{claims: {claims}}}\n"
+        "  resourceClaims: [{name: gpu, resourceClaimName: c1}]\n",
+    )
+    line = bad("simulate", "--node", f"n1={H100}", f)
+    assert line == (
+        f"tessera: error: {f} (document 2): Pod default/p1: spec.containers[0].resources.{field}: "
+        f"Duplicate value: {what} in this container; list each claim (or each of its requests) once"
+    )
+    ok = write(
+        tmp_path,
+        "ok.yaml",
+        CLAIM
+        + "---\n"
+        + POD
+        + "    resources: {claims: [{name: gpu, request: a}, {name: gpu, request: b}]}\n"
+        "  resourceClaims: [{name: gpu, resourceClaimName: c1}]\n",
+    )
+    assert "Duplicate" not in run("lint", ok)[1]
+
+
+DEPLOYMENT = """apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web}}
+spec:
+{selector}  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      containers: [{{name: c, image: x}}]
+"""
+
+
+@pytest.mark.parametrize(
+    ("selector", "field", "message"),
+    [
+        (
+            "",
+            "spec.selector",
+            "Required value: a Deployment needs spec.selector (e.g. matchLabels: {app: x}) "
+            "matching spec.template.metadata.labels",
+        ),
+        ("  selector: {}\n", "spec.selector", "empty selector is invalid for deployment"),
+        (
+            "  selector: {matchLabels: {app: api}}\n",
+            "spec.template.metadata.labels",
+            "`selector` does not match template `labels` ({'app': 'web'}): give the template "
+            "the labels spec.selector asks for",
+        ),
+        (
+            "  selector: {matchExpressions: [{key: app, operator: In}]}\n",
+            "spec.selector.matchExpressions[0].values",
+            "must be specified when `operator` is 'In' or 'NotIn'",
+        ),
+    ],
+)
+def test_workload_selector_as_the_api_server_checks_it(
+    tmp_path: Path, selector: str, field: str, message: str
+) -> None:
+    f = write(tmp_path, "d.yaml", DEPLOYMENT.format(selector=selector))
+    assert bad("simulate", "--node", f"n1={H100}", f) == (
+        f"tessera: error: {f} (document 1): Deployment default/web: {field}: {message}"
+    )
+    ok = write(
+        tmp_path,
+        "ok.yaml",
+        DEPLOYMENT.format(
+            selector="  selector: {matchLabels: {app: web}, matchExpressions: "
+            "[{key: tier, operator: DoesNotExist}]}\n"
+        ),
+    )
+    assert run("lint", ok) == (0, "", "")
+
+
+# ---- issue 22 item 7: HAMi's register annotation with values HAMi's Go decoder refuses ---------
+
+V100 = {
+    "id": "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec",
+    "index": 0,
+    "count": 10,
+    "devmem": 32768,
+    "devcore": 100,
+    "type": "NVIDIA-Tesla V100-PCIE-32GB",
+    "numa": 0,
+    "mode": "hami-core",
+    "health": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"id": 5}, "entry 0: id must be a JSON string (as HAMi writes it), got 5"),
+        (
+            {"type": ["V100"]},
+            "entry 0: type must be a JSON string (as HAMi writes it), got ['V100']",
+        ),
+        (
+            {"devmem": 2.0},
+            "entry 0: devmem must be a whole number (HAMi decodes it into a Go integer), got 2.0",
+        ),
+        (
+            {"health": "true"},
+            "entry 0: health must be a JSON boolean (as HAMi writes it), got 'true'",
+        ),
+        ({"count": 2**31}, "entry 0: count 2147483648 is out of range (-2147483648 to 2147483647)"),
+    ],
+)
+def test_register_annotation_with_values_hami_cannot_decode(
+    tmp_path: Path, change: dict[str, object], problem: str
+) -> None:
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "n1",
+            "annotations": {"hami.io/node-nvidia-register": json.dumps([{**V100, **change}])},
+        },
+    }
+    f = write(tmp_path, "node.yaml", yaml.safe_dump(node))
+    p = write(tmp_path, "pod.yaml", POD + "    resources: {limits: {nvidia.com/gpu: 1}}\n")
+    where = f"{f} (document 1): Node n1: metadata.annotations[hami.io/node-nvidia-register]"
+    assert bad("simulate", f, p) == f"tessera: error: {where}: {problem}"
+    code, out, err = run("lint", f)
+    assert code == 1, (out, err)
+    assert out.startswith(f"{where}: {problem}. fix: write what HAMi's device plugin writes")
+    node["metadata"]["annotations"]["hami.io/node-nvidia-register"] = json.dumps([V100])  # type: ignore[index]
+    f = write(tmp_path, "node.yaml", yaml.safe_dump(node))
+    assert run("lint", f) == (0, "", "")
+
+
+# ---- issue 22 item 8: a ResourceClaim's status, validated as the API server validates it -------
+
+A5000 = REPO / "src/tessera/examples/inventories/telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
+SHARE = "e3e70682-c209-4cac-a29f-6fbed82c07cd"
+
+
+def _allocated_claim(where: str = "", key: str = "", value: object = ...) -> dict[str, object]:
+    """A claim allocated on the A5000 node's gpu-0, with ``where[key]`` (``result``, ``status``
+    or ``allocation``) set to ``value``, or deleted when ``value`` is ``...``."""
+    claim = yaml.safe_load(CLAIM)
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": "gpu.tessera.dev",
+                        "pool": "n",
+                        "device": "gpu-0",
+                        "shareID": SHARE,
+                        "consumedCapacity": {"memory": "3000Mi"},
+                    }
+                ]
+            }
+        },
+        "reservedFor": [{"resource": "pods", "name": "p1", "uid": "u-1"}],
+    }
+    parts = {
+        "status": claim["status"],
+        "allocation": claim["status"]["allocation"],
+        "result": claim["status"]["allocation"]["devices"]["results"][0],
+    }
+    if where:
+        if value is ...:
+            del parts[where][key]
+        else:
+            parts[where][key] = value
+    return claim
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"),
+    [
+        (("result", "pool"), "results[0].pool", "Required value: the device's pool"),
+        (("result", "driver"), "results[0].driver", "Required value: the device's driver"),
+        (("result", "device"), "results[0].device", "Required value: the device's name"),
+        (("result", "request"), "results[0].request", "Required value: the request it is for"),
+        (
+            ("result", "request", "gpus"),
+            "results[0].request",
+            "'gpus' must be the name of a request in the claim or the name of a request and a "
+            "subrequest separated by '/'",
+        ),
+        (
+            ("result", "consumedCapacity", {"memory": "3 GiB"}),
+            "results[0].consumedCapacity[memory]",
+            "'3 GiB' is not a valid quantity",
+        ),
+        (
+            ("result", "consumedCapacity", 3000),
+            "results[0].consumedCapacity",
+            "must be an object, got an integer (3000)",
+        ),
+        (
+            ("result", "shareID", "E3E70682-C209-4CAC-A29F-6FBED82C07CD"),
+            "results[0].shareID",
+            "'E3E70682-C209-4CAC-A29F-6FBED82C07CD' must be a UUID in RFC 4122 normalized form",
+        ),
+        (
+            ("allocation", "nodeSelector", {}),
+            "nodeSelector.nodeSelectorTerms",
+            "Required value: must have at least one node selector term",
+        ),
+    ],
+)
+def test_claim_status_allocation_is_validated(
+    tmp_path: Path, change: tuple[str, str], field: str, message: str
+) -> None:
+    f = write(tmp_path, "c.yaml", yaml.safe_dump(_allocated_claim(*change)))
+    where = f"{f} (document 1): ResourceClaim default/c1: status.allocation."
+    full = f"devices.{field}" if field.startswith("results") else field
+    for args in (
+        ("simulate", "--node", f"n={A5000}", f),
+        ("explain", "c1", "--node", f"n={A5000}", f),
+    ):
+        line = bad(*args)
+        assert line.startswith(f"tessera: error: {where}{full}: {message}"), line
+    code, out, _ = run("lint", f)
+    assert code == 1 and f"status.allocation.{full}: {message}" in out
+
+
+def test_claim_status_reserved_for_and_devices(tmp_path: Path) -> None:
+    f = write(
+        tmp_path,
+        "c.yaml",
+        yaml.safe_dump(_allocated_claim("status", "reservedFor", [{"name": "p1"}])),
+    )
+    assert bad("simulate", "--node", f"n={A5000}", f).endswith(
+        "status.reservedFor[0].resource: Required value (and 1 more problem(s))"
+    )
+    f = write(tmp_path, "c.yaml", yaml.safe_dump(_allocated_claim("status", "allocation")))
+    assert bad("simulate", "--node", f"n={A5000}", f).endswith(
+        "status.reservedFor: Forbidden: may not be specified when `allocated` is not set"
+    )
+    other = [{"driver": "gpu.tessera.dev", "pool": "n", "device": "gpu-1"}]
+    f = write(tmp_path, "c.yaml", yaml.safe_dump(_allocated_claim("status", "devices", other)))
+    assert bad("simulate", "--node", f"n={A5000}", f).endswith(
+        "status.devices[0]: must be an allocated device in the claim"
+    )
+    f = write(tmp_path, "c.yaml", yaml.safe_dump(_allocated_claim()))
+    code, out, err = run("simulate", "--node", f"n={A5000}", f, "-o", "yaml")
+    assert code == 0, err
+    (kept,) = [o for o in yaml.safe_load(out)["items"] if o["kind"] == "ResourceClaim"]
+    assert kept["status"]["allocation"]["devices"]["results"][0]["shareID"] == SHARE
+
+
+# ---- issue 22 item 5 (the kind): HAMi's device cordon, Volcano's records of a bound pod -------
+
+V100_B = {**V100, "id": "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448", "index": 1}
+
+
+def _hami_node(extra: dict[str, str]) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "n1",
+            "annotations": {"hami.io/node-nvidia-register": json.dumps([V100, V100_B]), **extra},
+        },
+    }
+
+
+def _gpu_pods(*names: str, annotations: dict[str, str] | None = None, node: str = "") -> str:
+    docs = []
+    for name in names:
+        pod: dict[str, object] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "x",
+                        "resources": {
+                            "limits": {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 3000}
+                        },
+                    }
+                ],
+                **({"nodeName": node} if node else {}),
+            },
+        }
+        docs.append(yaml.safe_dump(pod))
+    return "---\n".join(docs)
+
+
+def _placed(out: str) -> dict[str, str]:
+    return {
+        o["metadata"]["name"]: o["status"]["allocation"]["devices"]["results"][0]["device"]
+        for o in json.loads(out)["items"]
+        if o["kind"] == "ResourceClaim" and (o.get("status") or {}).get("allocation")
+    }
+
+
+def test_hami_device_cordon_keeps_new_claims_off_the_gpu(tmp_path: Path) -> None:
+    # HAMi v2.10: a node's hami.io/device-cordon lists GPUs that take nothing new.
+    nf = write(
+        tmp_path, "n.yaml", yaml.safe_dump(_hami_node({"hami.io/device-cordon": f" {V100['id']} "}))
+    )
+    pf = write(tmp_path, "p.yaml", _gpu_pods("a", "b"))
+    code, out, err = run("simulate", nf, pf, "-o", "json")
+    assert code == 0, err
+    assert _placed(out) == {"a-c-gpu": "gpu-1", "b-c-gpu": "gpu-1"}
+    both = f"{V100['id']},{V100_B['id']}"
+    nf = write(tmp_path, "n.yaml", yaml.safe_dump(_hami_node({"hami.io/device-cordon": both})))
+    code, out, err = run("simulate", nf, pf, "-o", "wide")
+    assert code == 0, err
+    assert "2 pending" in out and "hami.io/device-cordon" in out
+
+
+def test_volcano_bound_pod_keeps_its_node_and_gpu(tmp_path: Path) -> None:
+    nf = write(tmp_path, "n.yaml", yaml.safe_dump(_hami_node({})))
+    records = {
+        "volcano.sh/vgpu-node": "n1",
+        "volcano.sh/vgpu-ids-new": f"{V100_B['id']},NVIDIA,3000,0:",
+        "volcano.sh/bind-phase": "success",
+    }
+    pf = write(tmp_path, "p.yaml", _gpu_pods("bound", annotations=records, node="n1"))
+    code, out, err = run("simulate", nf, pf, "-o", "json")
+    assert code == 0, err
+    assert _placed(out) == {"bound-c-gpu": "gpu-1"}
+    (pod,) = [o for o in json.loads(out)["items"] if o["kind"] == "Pod"]
+    assert pod["spec"]["nodeName"] == "n1"
+
+
+@pytest.mark.parametrize(
+    ("statuses", "field", "message"),
+    [
+        (
+            [{"name": "gpux", "resourceClaimName": "c1"}],
+            "status.resourceClaimStatuses[0].name",
+            "'gpux' must match the name of an entry in `spec.resourceClaims`",
+        ),
+        (
+            [{"name": "gpu", "resourceClaimName": "C_1"}],
+            "status.resourceClaimStatuses[0].resourceClaimName",
+            "'C_1' must be a DNS subdomain (a claim's name)",
+        ),
+        (
+            [{"name": "gpu", "resourceClaimName": "c1"}, {"name": "gpu"}],
+            "status.resourceClaimStatuses[1].name",
+            "Duplicate value: 'gpu'",
+        ),
+    ],
+)
+def test_pod_resource_claim_statuses_are_validated(
+    tmp_path: Path, statuses: list[dict[str, str]], field: str, message: str
+) -> None:
+    # The claims a pod's templates made are read from status.resourceClaimStatuses: validated
+    # as the API server validates them (validatePodResourceClaimStatuses).
+    pod = yaml.safe_load(POD)
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
+    pod["status"] = {"resourceClaimStatuses": statuses}
+    f = write(tmp_path, "p.yaml", yaml.safe_dump(pod))
+    assert bad("simulate", "--node", f"n={A5000}", f) == (
+        f"tessera: error: {f} (document 1): Pod default/p1: {field}: {message}"
+    )

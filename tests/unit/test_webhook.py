@@ -22,7 +22,7 @@ from tessera.convert import convert_pod
 from tessera.extender.prioritize import BadArgs, UsageView, prioritize, scores
 from tessera.inventory import build_resource_slices, load_inventory, load_topology
 from tessera.sim.policies import max_prioritized_list_score, prioritized_list_score
-from tessera.webhook.admission import BadReview, ClusterView, decide
+from tessera.webhook.admission import BadReview, ClusterView, decide, parse_review
 from tessera.webhook.templates import HASH_LABEL, hashed_template, referenced_templates, spec_hash
 
 CORPUS = corpus_path().resolve()
@@ -195,6 +195,30 @@ def test_requests_no_gpu_can_hold_are_admitted_with_warnings() -> None:
     ]
     # No GPU published yet (webhook started before the driver): no cluster warnings at all.
     assert decide(review(pod), ClusterView.static([])).warnings == []
+
+
+def test_volcano_uuid_pin_becomes_a_selector_and_is_checked_against_the_gpus() -> None:
+    # Issue 22 item 5: volcano.sh/vgpu-use-gpuuuid was copied and ignored; now it is the same
+    # selector as HAMi's, so a pin no GPU has is said so, in Volcano's own names.
+    pod = {
+        "metadata": {
+            "name": "p",
+            "annotations": {"volcano.sh/vgpu-use-gpuuuid": " GPU-not-here , GPU-nor-this"},
+        },
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": {"volcano.sh/vgpu-number": "1"}}}]
+        },
+    }
+    d = decide(review(pod), VIEW)
+    assert d.allowed and d.templates
+    (sel,) = d.templates[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    assert '["GPU-not-here", "GPU-nor-this"]' in sel["cel"]["expression"]
+    assert d.warnings == [
+        "pod team-a/p, container c: the pod's GPU selection annotations (volcano.sh/vgpu-use-gpuuuid, "
+        "volcano.sh/vgpu-nouse-gpuuuid, nvidia.com/use-gputype, nvidia.com/nouse-gputype): matches none "
+        "of the 10 devices of class gpu.tessera.dev; the pod stays pending until a GPU that can hold it "
+        "is published",
+    ]
 
 
 class Slices:
@@ -726,3 +750,13 @@ def test_serving_pair_loads_and_reloads_without_a_writable_file_system(
     _, stranger = make_serving_certificate(other, "x")
     pair.key.write_bytes(stranger.key.read_bytes())
     assert not r.check() and r.loads == 2
+
+
+def test_review_with_an_integer_of_5000_digits_is_a_bad_review() -> None:
+    body = (
+        b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "x": '
+        + b"1" * 5000
+        + b"}"
+    )
+    with pytest.raises(BadReview, match="body is not JSON"):
+        parse_review(body)

@@ -876,6 +876,8 @@ class _Search:
         # claim of the call already holds, and undoing it must not free the other pick.
         self.allocating: dict[DeviceID, int] = {}
         self.cap_in_call: dict[DeviceID, dict[str, Exact]] = {}
+        # shareIDs drawn in this call (kept when a pick is undone: never drawn twice)
+        self.share_ids_drawn: set[str] = set()
         self.counters_in_call: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = {}
         self._available: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = {}
         self.claims: list[ClaimData] = []
@@ -1135,6 +1137,16 @@ class _Search:
         memo[key] = out
         return out
 
+    def _new_share_id(self) -> str:
+        """A fresh shareID (a random UUID, as upstream draws one) that no recorded result and no
+        earlier pick of this call holds: a seeded run fed back its own output never reuses one
+        of the kept allocations' shareIDs (two shares of one device would count as one)."""
+        while True:
+            sid = uuid_text(self.a.rng.getrandbits(128), 4)
+            if not self.st.share_id_in_use(sid) and sid not in self.share_ids_drawn:
+                self.share_ids_drawn.add(sid)
+                return sid
+
     def _capacity_fits(
         self, rd: RequestData, d: Device, *, in_call: bool, existing: bool = True
     ) -> bool:
@@ -1361,7 +1373,7 @@ class _Search:
         cap_added: dict[str, Exact] = {}
         entry_existed = False
         if multi:
-            result["shareID"] = uuid_text(self.a.rng.getrandbits(128), 4)
+            result["shareID"] = self._new_share_id()
             if d.capacity:
                 consumed = {}
                 for k, amount, _, text in self._consumption(rd, d) or ():

@@ -461,9 +461,18 @@ class AllocatedState:
     shared: set[tuple[DeviceID, str]] = field(default_factory=set)
     aggregated: dict[DeviceID, dict[str, Exact]] = field(default_factory=dict)
     consumable_capacity: bool = True
+    #: shareID -> how many recorded results carry it (any device): the allocator never draws
+    #: one of these for a new result (:meth:`share_id_in_use`).
+    share_ids: dict[str, int] = field(default_factory=dict)
+
+    def share_id_in_use(self, share: str) -> bool:
+        """Whether a recorded result (on any device, admin access included) holds ``share``."""
+        return share in self.share_ids
 
     def add_result(self, result: Mapping[str, Any]) -> None:
         """Record one ``status.allocation.devices.results[]`` entry."""
+        if isinstance(sid := result.get("shareID"), str) and sid:
+            self.share_ids[sid] = self.share_ids.get(sid, 0) + 1
         if result.get("adminAccess"):
             return
         did = (result["driver"], result["pool"], result["device"])
@@ -478,6 +487,10 @@ class AllocatedState:
 
     def remove_result(self, result: Mapping[str, Any]) -> None:
         """Undo :meth:`add_result` (a claim was deallocated)."""
+        if isinstance(sid := result.get("shareID"), str) and sid in self.share_ids:
+            self.share_ids[sid] -= 1
+            if not self.share_ids[sid]:
+                del self.share_ids[sid]
         if result.get("adminAccess"):
             return
         did = (result["driver"], result["pool"], result["device"])

@@ -3,7 +3,10 @@ reads them and bounded (:mod:`tessera.api.limits`).
 
 What is done as ``kubectl``/``sigs.k8s.io/yaml`` does it: a ``null`` field is an absent field
 (dropped); timestamps stay strings; mapping keys that YAML reads as numbers or booleans become
-their text; a mapping key given twice is refused; go-yaml's alias-expansion rule applies (a
+their text; a whole-number float (``2.0``, ``3e2``) is the integer it denotes (kubectl re-encodes
+every manifest through Go's ``encoding/json``, which writes ``float64(2)`` as ``2``, so the API
+server receives ``count: 2``; a float with a fraction stays a float and an integer field refuses
+it); a mapping key given twice is refused; go-yaml's alias-expansion rule applies (a
 document may not be mostly aliases: the "billion laughs" stop early); an alias that contains
 itself is refused. Tessera's own bounds: nesting depth (:data:`~tessera.api.limits.MAX_DEPTH`),
 integers of at most 20 digits.
@@ -237,7 +240,7 @@ class _Builder(SafeConstructor):
                 raise self.fail(
                     node, f"number of {len(node.value):,} characters: quote it if it is a string"
                 )
-            return float(self.construct_yaml_float(node))
+            return kubectl_number(float(self.construct_yaml_float(node)))
         if tag == _STR:
             return node.value
         return self.construct_undefined(node)
@@ -320,10 +323,20 @@ def _json_int(text: str) -> int:
     return int(text)
 
 
-def _json_float(text: str) -> float:
+def _json_float(text: str) -> int | float:
     if len(text) > 400:
         raise _JsonBound(f"number of {len(text):,} characters")
-    return float(text)
+    return kubectl_number(float(text))
+
+
+def kubectl_number(value: float) -> int | float:
+    """A decoded float as kubectl sends it to the API server: Go's ``encoding/json`` writes a
+    whole ``float64`` below 1e21 without a fraction or exponent (``2.0`` -> ``2``), which the
+    API server then decodes as an integer; anything else (``2.5``, ``1e21``, ``.inf``) stays a
+    float."""
+    if value.is_integer() and abs(value) < 1e21:
+        return int(value)
+    return value
 
 
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

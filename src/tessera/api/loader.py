@@ -267,20 +267,61 @@ def load_file(
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
 
-def manifest_files(folder: Path, warnings: list[str]) -> list[Path]:
-    """``*.yaml``, ``*.yml`` and ``*.json`` files under ``folder`` (sorted, symbolic links to
-    folders not followed, ``.git`` left out). A dangling link is skipped with a warning."""
+def is_directory(path: str | Path) -> bool:
+    """Whether ``path`` (not ``-``) is a directory; False where it cannot even be looked at (a
+    name too long, a link loop): reading it then says why in one line."""
+    try:
+        return str(path) != STDIN and Path(path).is_dir()
+    except OSError:
+        return False
+
+
+def _link_problem(p: Path) -> str | None:
+    """Why the directory entry ``p`` (a symbolic link) cannot be read, or None when it can."""
+    import errno
     import os
 
+    try:
+        os.stat(p)
+        return None
+    except OSError as e:
+        try:
+            target = os.readlink(p)
+        except OSError:
+            target = "?"
+        if e.errno == errno.ELOOP:
+            return f"{p}: a symbolic link loop (-> {target})"
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return f"{p}: a dangling symbolic link (-> {target}, which does not exist)"
+        return f"{p}: cannot read: {e.strerror or e}"
+
+
+def manifest_files(
+    folder: Path, warnings: list[str], skipped: list[str] | None = None
+) -> list[Path]:
+    """``*.yaml``, ``*.yml`` and ``*.json`` files under ``folder`` (sorted, symbolic links to
+    folders not followed, ``.git`` left out). A dangling or looping link is skipped with a
+    warning naming it (also appended to ``skipped``). Raises :class:`ManifestError` naming a
+    directory that cannot be listed (permissions)."""
+    import os
+
+    def unlistable(e: OSError) -> None:
+        raise ManifestError(
+            f"cannot read this directory: {e.strerror or e}", file=str(e.filename or folder)
+        )
+
     out: list[Path] = []
-    for root, dirs, files in os.walk(folder, followlinks=False):
+    for root, dirs, files in os.walk(folder, onerror=unlistable, followlinks=False):
         dirs[:] = sorted(d for d in dirs if d != ".git")
         for f in sorted(files):
             p = Path(root) / f
             if p.suffix not in MANIFEST_SUFFIXES:
                 continue
-            if not p.exists():
-                warnings.append(f"{p}: a dangling symbolic link; skipped")
+            problem = _link_problem(p) if p.is_symlink() else None
+            if problem is not None:
+                warnings.append(f"{problem}; skipped")
+                if skipped is not None:
+                    skipped.append(problem)
                 continue
             if p.is_file():
                 out.append(p)
@@ -297,20 +338,25 @@ def load_files(
     """Read several manifest files; ``-`` is standard input. Directories are read for
     ``*.yaml``, ``*.yml`` and ``*.json`` (see :func:`manifest_files`); there, a file that holds
     no Kubernetes object (a CI workflow, a kustomization) is skipped with a warning appended to
-    ``warnings``. A directory with no manifest file at all is an error, so is any unreadable
-    input. All inputs together are read up to ``limits.max_input_bytes`` (or what ``budget``,
-    shared with other readers of the same command, has left)."""
+    ``warnings``. A directory with no manifest file at all is an error (naming the links it
+    skipped, if any), so is any unreadable input. All inputs together are read up to
+    ``limits.max_input_bytes`` (or what ``budget``, shared with other readers of the same
+    command, has left)."""
     out: list[Manifest] = []
     notes = warnings if warnings is not None else []
     budget = budget if budget is not None else ReadBudget.of(limits)
     with collector_paused():  # decoded documents hold no cycles (tessera.api.heap)
         for path in paths:
             p = Path(path)
-            if str(path) != STDIN and p.is_dir():
-                files = manifest_files(p, notes)
+            if is_directory(path):
+                skipped: list[str] = []
+                files = manifest_files(p, notes, skipped)
                 if not files:
                     raise ManifestError(
-                        "no *.yaml, *.yml or *.json file in this directory: nothing to read",
+                        "no *.yaml, *.yml or *.json file in this directory: nothing to read"
+                        if not skipped
+                        else "no readable *.yaml, *.yml or *.json file in this directory: "
+                        + "; ".join(skipped),
                         file=str(path),
                     )
                 for f in files:

@@ -263,6 +263,170 @@ def claim_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
     return out
 
 
+MAX_RESULTS = 32  # resource.AllocationResultsMaxSize
+MAX_RESERVED_FOR = 256  # resource.ResourceClaimReservedForMaxSize
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def _request_names(spec: Any) -> dict[str, set[str]]:
+    """Request name -> its subrequest names (empty for an ``exactly`` request)."""
+    out: dict[str, set[str]] = {}
+    reqs = ((spec or {}).get("devices") or {}).get("requests") or []
+    for r in reqs if isinstance(reqs, list) else []:
+        if isinstance(r, dict) and isinstance(r.get("name"), str):
+            fa = r.get("firstAvailable") or []
+            out[r["name"]] = {
+                str(x.get("name")) for x in fa if isinstance(x, dict) and x.get("name")
+            }
+    return out
+
+
+def _device_ref_problems(r: dict[str, Any], path: str) -> list[FieldProblem]:
+    """``driver``, ``pool``, ``device`` (and ``shareID``) of an allocation result or a device
+    status entry: required, and the names a ResourceSlice could publish (upstream
+    ``validateDriverName``, ``validatePoolName``, ``validateDeviceName``, ``validateUID``)."""
+    out: list[FieldProblem] = []
+    driver, pool, device = r.get("driver"), r.get("pool"), r.get("device")
+    if not driver:
+        out.append(FieldProblem(f"{path}.driver", "Required value: the device's driver"))
+    elif not is_dns_subdomain(driver, 63):
+        out.append(
+            FieldProblem(f"{path}.driver", f"{driver!r} must be a DNS subdomain of at most 63")
+        )
+    if not pool:
+        out.append(FieldProblem(f"{path}.pool", "Required value: the device's pool"))
+    elif len(pool) > 253 or not all(is_dns_subdomain(part) for part in str(pool).split("/")):
+        out.append(
+            FieldProblem(f"{path}.pool", f"{pool!r} must be DNS subdomains separated by '/'")
+        )
+    if not device:
+        out.append(FieldProblem(f"{path}.device", "Required value: the device's name"))
+    elif not is_dns_label(device):
+        out.append(FieldProblem(f"{path}.device", f"{device!r} must be a DNS label"))
+    share = r.get("shareID")
+    if share is not None and not (isinstance(share, str) and _UUID.match(share)):
+        out.append(
+            FieldProblem(
+                f"{path}.shareID",
+                f"{share!r} must be a UUID in RFC 4122 normalized form "
+                "(xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, lower-case hex)",
+            )
+        )
+    return out
+
+
+def claim_status_problems(status: Any, spec: Any, path: str = "status") -> list[FieldProblem]:
+    """What the API server refuses in a ResourceClaim's ``status`` (upstream
+    ``validateResourceClaimStatusUpdate`` and ``validateAllocationResult``): each
+    ``allocation.devices.results[]`` entry names a request (or ``request/subrequest``) of the
+    claim's spec and a ``driver``/``pool``/``device`` (all required), a normalized ``shareID``,
+    ``consumedCapacity`` as capacity name -> quantity, valid tolerations; at most 32 results;
+    ``config[].source`` FromClaim or FromClass; a ``nodeSelector`` with at least one term;
+    ``reservedFor`` entries with resource, name and uid (unique), and only beside an allocation;
+    ``devices[]`` naming allocated devices. Tessera keeps such an allocation as it is, so a
+    status it cannot read is refused here, naming the field."""
+    if not isinstance(status, dict):
+        return []
+    out: list[FieldProblem] = []
+    names = _request_names(spec)
+    alloc = status.get("allocation")
+    allocated: set[tuple[Any, Any, Any, Any]] = set()
+    if isinstance(alloc, dict):
+        ap = f"{path}.allocation"
+        devices = alloc.get("devices") or {}
+        results = devices.get("results") or [] if isinstance(devices, dict) else []
+        if len(results) > MAX_RESULTS:
+            out.append(
+                FieldProblem(
+                    f"{ap}.devices.results", f"Too many: {len(results)}: must have at most 32 items"
+                )
+            )
+            results = []
+        for i, r in enumerate(results):
+            p = f"{ap}.devices.results[{i}]"
+            if not isinstance(r, dict):
+                continue  # the schema said so
+            req = r.get("request")
+            parts = str(req).split("/") if req else []
+            if not req:
+                out.append(FieldProblem(f"{p}.request", "Required value: the request it is for"))
+            elif not (
+                len(parts) <= 2
+                and parts[0] in names
+                and (len(parts) == 1 or parts[1] in names[parts[0]])
+            ):
+                out.append(
+                    FieldProblem(
+                        f"{p}.request",
+                        f"{req!r} must be the name of a request in the claim or the name of a "
+                        "request and a subrequest separated by '/'",
+                    )
+                )
+            out.extend(_device_ref_problems(r, p))
+            allocated.add((r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID")))
+            for k, v in (r.get("consumedCapacity") or {}).items():
+                prob = qualified_name_problem(k, fully=False)
+                if prob:
+                    out.append(FieldProblem(f"{p}.consumedCapacity[{k}]", prob))
+                try:
+                    Quantity.parse(v)
+                except QuantityError as e:
+                    out.append(FieldProblem(f"{p}.consumedCapacity[{k}]", str(e)))
+            _tolerations(r.get("tolerations"), f"{p}.tolerations", out)
+        configs = devices.get("config") or [] if isinstance(devices, dict) else []
+        for i, c in enumerate(configs):
+            if isinstance(c, dict) and c.get("source") not in ("FromClaim", "FromClass"):
+                out.append(
+                    FieldProblem(
+                        f"{ap}.devices.config[{i}].source",
+                        f"unsupported value {c.get('source')!r}: supported values: "
+                        '"FromClaim", "FromClass"',
+                    )
+                )
+        ns = alloc.get("nodeSelector")
+        if isinstance(ns, dict) and not ns.get("nodeSelectorTerms"):
+            out.append(
+                FieldProblem(
+                    f"{ap}.nodeSelector.nodeSelectorTerms",
+                    "Required value: must have at least one node selector term",
+                )
+            )
+    reserved = status.get("reservedFor") or []
+    if reserved and not isinstance(alloc, dict):
+        out.append(
+            FieldProblem(
+                f"{path}.reservedFor", "Forbidden: may not be specified when `allocated` is not set"
+            )
+        )
+    if len(reserved) > MAX_RESERVED_FOR:
+        out.append(
+            FieldProblem(
+                f"{path}.reservedFor", f"Too many: {len(reserved)}: must have at most 256 items"
+            )
+        )
+    uids: set[str] = set()
+    for i, ref in enumerate(reserved):
+        if not isinstance(ref, dict):
+            continue
+        for key in ("resource", "name", "uid"):
+            if not ref.get(key):
+                out.append(FieldProblem(f"{path}.reservedFor[{i}].{key}", "Required value"))
+        uid = ref.get("uid")
+        if uid and uid in uids:
+            out.append(FieldProblem(f"{path}.reservedFor[{i}]", f"Duplicate value: uid {uid!r}"))
+        uids.add(str(uid))
+    for i, d in enumerate(status.get("devices") or []):
+        if not isinstance(d, dict):
+            continue
+        p = f"{path}.devices[{i}]"
+        probs = _device_ref_problems(d, p)
+        out.extend(probs)
+        ref = (d.get("driver"), d.get("pool"), d.get("device"), d.get("shareID"))
+        if not probs and ref not in allocated:
+            out.append(FieldProblem(p, "must be an allocated device in the claim"))
+    return out
+
+
 def device_class_problems(obj: dict[str, Any]) -> list[FieldProblem]:
     """Problems in a DeviceClass object."""
     out: list[FieldProblem] = []
@@ -395,7 +559,8 @@ def pod_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
                         f"{path}.{part}[{i}].name", "required: every container needs a name"
                     )
                 )
-            for j, rc in enumerate((c.get("resources") or {}).get("claims") or []):
+            claims = (c.get("resources") or {}).get("claims") or []
+            for j, rc in enumerate(claims):
                 if rc.get("name") not in declared:
                     out.append(
                         FieldProblem(
@@ -403,6 +568,163 @@ def pod_spec_problems(spec: Any, path: str = "spec") -> list[FieldProblem]:
                             f"claim {rc.get('name')!r} is not declared in {path}.resourceClaims: add it there",
                         )
                     )
+            out.extend(_duplicate_claim_uses(claims, f"{path}.{part}[{i}].resources.claims"))
+    return out
+
+
+def _duplicate_claim_uses(claims: list[Any], path: str) -> list[FieldProblem]:
+    """A container's ``resources.claims`` naming one claim (or one request of it) twice, or a
+    whole claim beside one of its requests: refused by the API server as ``Duplicate value``
+    (upstream ``validateResourceClaimNames``)."""
+    out: list[FieldProblem] = []
+    seen: set[str] = set()
+    for j, rc in enumerate(claims):
+        name, request = rc.get("name"), rc.get("request") or ""
+        if not isinstance(name, str) or not name:
+            continue
+        key = f"{name}/{request}" if request else name
+        whole_then_part = name in seen
+        part_then_whole = not request and any(k.startswith(f"{name}/") for k in seen)
+        if whole_then_part or key in seen or part_then_whole:
+            what = (
+                f"claim {name!r} is already listed whole"
+                if whole_then_part
+                else f"{key!r} is listed twice"
+                if key in seen
+                else f"claim {name!r} is listed whole after one of its requests"
+            )
+            out.append(
+                FieldProblem(
+                    f"{path}[{j}]",
+                    f"Duplicate value: {what} in this container; list each claim (or each of its "
+                    "requests) once",
+                )
+            )
+        seen.add(key)
+    return out
+
+
+#: Workload kinds whose API validation requires ``spec.selector`` matching the template's
+#: labels (apps/v1 ``ValidateDeploymentSpec``, ``ValidateReplicaSetSpec``,
+#: ``ValidateStatefulSetSpec``, ``ValidateDaemonSetSpec``).
+SELECTOR_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet")
+_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def workload_selector_problems(obj: dict[str, Any], kind: str) -> list[FieldProblem]:
+    """What the API server refuses in the ``spec.selector`` of a :data:`SELECTOR_KINDS`
+    workload: missing (``Required value``), empty, an unknown operator or values that do not
+    fit it, and a selector that does not match ``spec.template.metadata.labels`` (the
+    controller could never find its own pods)."""
+    raw_spec = obj.get("spec")
+    spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
+    sel = spec.get("selector")
+    low = kind.lower()
+    if sel is None:
+        return [
+            FieldProblem(
+                "spec.selector",
+                f"Required value: a {kind} needs spec.selector (e.g. matchLabels: {{app: x}}) "
+                "matching spec.template.metadata.labels",
+            )
+        ]
+    if not isinstance(sel, dict):
+        return []  # the schema said so
+    match_labels = sel.get("matchLabels") or {}
+    exprs = sel.get("matchExpressions") or []
+    if not match_labels and not exprs:
+        return [FieldProblem("spec.selector", f"empty selector is invalid for {low}")]
+    out: list[FieldProblem] = []
+    for i, e in enumerate(exprs):
+        p = f"spec.selector.matchExpressions[{i}]"
+        op, values = e.get("operator"), e.get("values") or []
+        if op not in _SELECTOR_OPERATORS:
+            out.append(
+                FieldProblem(f"{p}.operator", f"{op!r} is not a valid label selector operator")
+            )
+        elif op in ("In", "NotIn") and not values:
+            out.append(
+                FieldProblem(f"{p}.values", "must be specified when `operator` is 'In' or 'NotIn'")
+            )
+        elif op in ("Exists", "DoesNotExist") and values:
+            out.append(
+                FieldProblem(
+                    f"{p}.values",
+                    "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+                )
+            )
+    if out:
+        return out
+    raw_template = spec.get("template")
+    template: dict[str, Any] = raw_template if isinstance(raw_template, dict) else {}
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    if not label_selector_matches(sel, labels):
+        out.append(
+            FieldProblem(
+                "spec.template.metadata.labels",
+                f"`selector` does not match template `labels` ({labels!r}): give the template "
+                "the labels spec.selector asks for",
+            )
+        )
+    return out
+
+
+def label_selector_matches(sel: dict[str, Any], labels: dict[str, Any]) -> bool:
+    """A metav1 LabelSelector (``matchLabels`` and ``matchExpressions``, ANDed) against
+    ``labels``; an empty selector matches everything."""
+    for k, v in (sel.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in sel.get("matchExpressions") or []:
+        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+        present = key in labels
+        if op == "In" and not (present and labels[key] in values):
+            return False
+        if op == "NotIn" and present and labels[key] in values:
+            return False
+        if op == "Exists" and not present:
+            return False
+        if op == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def pod_status_problems(pod: dict[str, Any]) -> list[FieldProblem]:
+    """What the API server refuses in a Pod's ``status.resourceClaimStatuses`` (upstream
+    ``validatePodResourceClaimStatuses``), which Tessera reads as the names of the claims made
+    from templates: each ``name`` one of ``spec.resourceClaims`` and listed once, each
+    ``resourceClaimName`` a valid ResourceClaim name."""
+    status = pod.get("status")
+    if not isinstance(status, dict):
+        return []
+    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else None
+    declared = {
+        rc.get("name") for rc in (spec or {}).get("resourceClaims") or [] if isinstance(rc, dict)
+    }
+    out: list[FieldProblem] = []
+    seen: set[Any] = set()
+    for i, st in enumerate(status.get("resourceClaimStatuses") or []):
+        if not isinstance(st, dict):
+            continue
+        p = f"status.resourceClaimStatuses[{i}]"
+        name = st.get("name")
+        if name not in declared:
+            out.append(
+                FieldProblem(
+                    f"{p}.name",
+                    f"{name!r} must match the name of an entry in `spec.resourceClaims`",
+                )
+            )
+        if name in seen:
+            out.append(FieldProblem(f"{p}.name", f"Duplicate value: {name!r}"))
+        seen.add(name)
+        claim = st.get("resourceClaimName")
+        if claim is not None and not is_dns_subdomain(claim):
+            out.append(
+                FieldProblem(
+                    f"{p}.resourceClaimName", f"{claim!r} must be a DNS subdomain (a claim's name)"
+                )
+            )
     return out
 
 
@@ -450,7 +772,8 @@ def manifest_problems(m: Manifest) -> list[FieldProblem]:
         if not is_dns_subdomain(md.get("name")):
             out.append(FieldProblem("metadata.name", f"{md.get('name')!r} must be a DNS subdomain"))
         if kind == "ResourceClaim":
-            return out + claim_spec_problems(obj.get("spec"), "spec")
+            spec_probs = claim_spec_problems(obj.get("spec"), "spec")
+            return out + spec_probs + claim_status_problems(obj.get("status"), obj.get("spec"))
         return out + claim_spec_problems((obj.get("spec") or {}).get("spec"), "spec.spec")
     if kind == "DeviceClass":
         return device_class_problems(obj)
@@ -467,12 +790,13 @@ def manifest_problems(m: Manifest) -> list[FieldProblem]:
             )
         return probs
     if kind == "Pod":
-        return pod_spec_problems(obj.get("spec"), "spec")
+        return pod_spec_problems(obj.get("spec"), "spec") + pod_status_problems(obj)
     if kind in TEMPLATE_PATHS:
         template, path = pod_template(obj, kind)
         if template is None or not isinstance(template.get("spec"), dict):
             return [FieldProblem(path, "required: a workload needs a pod template with a spec")]
-        return pod_spec_problems(template.get("spec"), spec_path(path))
+        selector = workload_selector_problems(obj, kind) if kind in SELECTOR_KINDS else []
+        return selector + pod_spec_problems(template.get("spec"), spec_path(path))
     return []
 
 

@@ -58,7 +58,7 @@ def node_inputs(f: F) -> F:
     f = click.option(
         "--cluster",
         "cluster_file",
-        type=click.Path(),
+        type=click.Path(readable=False),
         help="Cluster description (kind: Cluster) naming each node's GPU inventory.",
     )(f)
     return f
@@ -154,8 +154,9 @@ class _NoAliasDumper(yaml.CSafeDumper):
 
 
 def to_yaml(obj: Any) -> str:
-    """``obj`` as block YAML, keys in their order, no anchors (what ``-o yaml`` prints)."""
-    return yaml.dump(obj, Dumper=_NoAliasDumper, sort_keys=False, width=120)
+    """``obj`` as block YAML, keys in their order, no anchors, text other than ASCII written as
+    itself (``café``, not ``caf\\xE9``, as kubectl writes it): what ``-o yaml`` prints."""
+    return yaml.dump(obj, Dumper=_NoAliasDumper, sort_keys=False, width=120, allow_unicode=True)
 
 
 _JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS

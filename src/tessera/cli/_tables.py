@@ -1,31 +1,35 @@
-"""Tables that fit the terminal, and short names that still tell things apart.
+"""Plain tables as kubectl prints them, and short names that still tell things apart.
 
-Every table is as wide as the terminal (rich's width: the terminal, else ``$COLUMNS``, else 80
-columns). Cells wrap at spaces and fold (never cut) words that do not fit. Where a table is too
-wide, the rare cells wider than their column's typical width fold first, then text columns
-narrow, and identifier columns (device keys, UUIDs, shareIDs) last. ``-o wide`` prints every
-table at its natural width instead, whatever the terminal.
+A table is a title line, an upper-case header and one line per row: left-aligned columns three
+spaces apart, no borders, no cell ever wrapped onto a second line, so every row can be read with
+``grep`` and ``awk``. Identifier columns (pods, containers, device keys, UUIDs, shareIDs,
+quantities) are never cut: where they alone are wider than the terminal, the line is longer.
+Only free text (a pending pod's reason, a GPU model, counter lines, lists of pods) is cut to fit
+the terminal (``$COLUMNS``, else the terminal's width, else 80 columns), ending in
+``...``; free text sits in the last columns. ``-o wide`` cuts nothing.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from rich.cells import cell_len
-from rich.console import Console
-from rich.table import Table
+import click
+from rich.cells import cell_len, set_cell_size
 
 from tessera import DRIVER_NAME
 
 #: Shortest prefix shown for a GPU UUID (``GPU-`` and its first 8 hex digits) and a shareID.
 UUID_MIN = 12
 SHARE_ID_MIN = 8
-#: Narrowest a text column / an identifier column is made before the table exceeds the width.
-TEXT_FLOOR = 10
-IDENT_FLOOR = 8
-#: Fewer rows than this have no outliers (see :meth:`FitTable.typical_widths`).
-OUTLIER_ROWS = 4
+#: Between two columns, as kubectl prints them.
+GAP = "   "
+#: Narrowest a free-text column is cut to (its header's width, if wider).
+FREE_FLOOR = 10
+#: What ends a cut cell.
+CUT = "..."
 
 
 def device_key(driver: str, pool: str, device: str) -> str:
@@ -63,102 +67,103 @@ def unique_prefixes(values: Iterable[str], minimum: int) -> dict[str, str]:
     return out
 
 
+def terminal_width() -> int:
+    """``$COLUMNS`` when set, else the width of the terminal standard output is, else 80."""
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        if sys.stdout.isatty():
+            return os.get_terminal_size(sys.stdout.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 80
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` terminal cells, ending in ``...`` when it was longer."""
+    if cell_len(text) <= width:
+        return text
+    if width <= len(CUT):
+        return set_cell_size(text, width)
+    return set_cell_size(text, width - len(CUT)).rstrip() + CUT
+
+
 @dataclass
 class FitTable:
-    """A titled table of plain-text cells, laid out only when printed (:func:`print_tables`).
+    """A titled table of one-line cells, laid out only when printed (:func:`print_tables`).
 
-    ``columns`` = ``[(header, is_identifier)]``. Over the terminal's width, columns give way as
-    :func:`_fit` says: outliers, then text columns (down to :data:`TEXT_FLOOR` characters), then
-    identifier columns (device keys, UUIDs, shareIDs; down to :data:`IDENT_FLOOR`). No cell is
-    ever cut: what does not fit wraps or folds onto the next line.
+    ``columns`` = ``[(header, free_text)]``: a free-text column may be cut to fit the
+    terminal (:meth:`widths`); every other column is printed whole. Headers print upper-case.
     """
 
     title: str
     columns: Sequence[tuple[str, bool]]
     caption: str | None = None
+    #: printed after the rows when a free-text cell was cut (what shows it whole)
+    cut_caption: str | None = None
     rows: list[tuple[str, ...]] = field(default_factory=list)
 
     def add_row(self, *cells: str) -> None:
         if len(cells) != len(self.columns):
             raise ValueError(f"{self.title}: {len(cells)} cells for {len(self.columns)} columns")
-        self.rows.append(cells)
+        self.rows.append(tuple(" ".join(c.split()) for c in cells))  # one line per cell
 
     def natural_widths(self) -> list[int]:
-        """Per column, the widest cell (or the header's longest word): no wrapping needed."""
-        return [max(c) for c in self._cell_widths()]
-
-    def typical_widths(self) -> list[int]:
-        """Per column, the width three cells in four fit in (at least the header's longest
-        word): a wider cell is an outlier that may fold rather than widen every row. With
-        fewer than :data:`OUTLIER_ROWS` rows there are no outliers (the natural width)."""
-        out = []
-        for c in self._cell_widths():
-            head, cells = c[0], sorted(c[1:])
-            if len(cells) < OUTLIER_ROWS:
-                out.append(max([head, *cells]))
-            else:
-                out.append(max(head, cells[(3 * (len(cells) - 1)) // 4]))
-        return out
-
-    def _cell_widths(self) -> list[list[int]]:
-        """Per column: the header's longest word, then every cell's width."""
+        """Per column, the widest cell or header: nothing cut."""
         return [
-            [max((cell_len(w) for w in header.split()), default=1)]
-            + [cell_len(r[i]) for r in self.rows]
+            max([cell_len(header), *(cell_len(r[i]) for r in self.rows)])
             for i, (header, _) in enumerate(self.columns)
         ]
 
-    def overhead(self) -> int:
-        """Columns of borders and padding around the cells."""
-        return 3 * len(self.columns) + 1
-
-    def render(self, width: int | None) -> Table:
-        """The rich Table, its columns sized for ``width`` terminal columns (None: natural)."""
-        widths = self.natural_widths()
-        if width is not None:
-            idents = [ident for _, ident in self.columns]
-            widths = _fit(widths, self.typical_widths(), idents, width - self.overhead())
-        t = Table(
-            title=self.title, title_justify="left", caption=self.caption, caption_justify="left"
-        )
-        for (header, _), w in zip(self.columns, widths, strict=True):
-            t.add_column(header, width=w, overflow="fold")
-        for r in self.rows:
-            t.add_row(*r)
-        return t
-
-
-def _fit(widths: list[int], typical: list[int], ident: list[bool], available: int) -> list[int]:
-    """Narrow columns one character at a time until their sum fits ``available``, in three
-    rounds, each taking first the column furthest above that round's floor: every column down
-    to its ``typical`` width (its outliers fold), then text columns down to
-    :data:`TEXT_FLOOR`, then identifier columns down to :data:`IDENT_FLOOR`. What still does
-    not fit (a very narrow terminal) is left for rich to squeeze."""
-    out = list(widths)
-    floors = [
-        list(typical),
-        [TEXT_FLOOR if not i else w for i, w in zip(ident, typical, strict=True)],
-        [IDENT_FLOOR if i else TEXT_FLOOR for i in ident],
-    ]
-    for floor in floors:
-        while sum(out) > available:
-            cands = [i for i, w in enumerate(out) if w > floor[i]]
+    def widths(self, width: int | None) -> list[int]:
+        """Column widths for a terminal of ``width`` columns (None: natural). Over the width,
+        free-text columns give way one cell at a time, the widest first, down to
+        :data:`FREE_FLOOR` (or their header); identifier columns never do."""
+        out = self.natural_widths()
+        if width is None:
+            return out
+        floors = [
+            max(FREE_FLOOR, cell_len(h)) if free else w
+            for (h, free), w in zip(self.columns, out, strict=True)
+        ]
+        while sum(out) + len(GAP) * (len(out) - 1) > width:
+            cands = [i for i, w in enumerate(out) if w > floors[i]]
             if not cands:
                 break
-            widest = max(cands, key=lambda i: out[i] - floor[i])
+            widest = max(cands, key=lambda i: out[i] - floors[i])
             out[widest] -= 1
-    return out
+        return out
+
+    def lines(self, width: int | None) -> list[str]:
+        """The title, the header and the rows, each one line (trailing blanks removed)."""
+        widths = self.widths(width)
+
+        def line(cells: Sequence[str]) -> str:
+            parts = [
+                set_cell_size(clip(c, w), w) if i < len(cells) - 1 else clip(c, w)
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            ]
+            return GAP.join(parts).rstrip()
+
+        out = [self.title, line([h.upper() for h, _ in self.columns])]
+        out.extend(line(r) for r in self.rows)
+        if self.caption:
+            out.append(self.caption)
+        cut = any(cell_len(c) > w for r in self.rows for c, w in zip(r, widths, strict=True))
+        if cut and self.cut_caption:
+            out.append(self.cut_caption)
+        return out
 
 
 def print_tables(tables: Sequence[FitTable], *, wide: bool, footer: str | None = None) -> None:
-    """Print ``tables`` (and a ``footer`` line) to stdout, sized to the terminal's width; with
-    ``wide``, at their natural width (wider than the terminal if need be) so nothing wraps."""
-    console = Console()
-    if wide:
-        need = max((sum(t.natural_widths()) + t.overhead() for t in tables), default=0)
-        if need > console.width:
-            console = Console(width=need)
-    for t in tables:
-        console.print(t.render(None if wide else console.width))
+    """Print ``tables`` (a blank line between two) and a ``footer`` line to stdout, free text
+    cut to the terminal's width; with ``wide``, nothing cut."""
+    width = None if wide else terminal_width()
+    for k, t in enumerate(tables):
+        if k:
+            click.echo("")
+        for text in t.lines(width):
+            click.echo(text)
     if footer is not None:
-        console.print(footer)
+        click.echo(footer)

@@ -24,7 +24,8 @@ def _yaml(objs: list[dict[str, Any]]) -> str:
 
 
 def _json(objs: list[dict[str, Any]]) -> str:
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}, indent=2) + "\n"
+    items = {"apiVersion": "v1", "kind": "List", "items": objs}
+    return json.dumps(items, indent=2, ensure_ascii=False) + "\n"
 
 
 def _read(arg: str) -> list[Manifest]:
@@ -45,7 +46,9 @@ def _out_path(arg: str, file: str, out_dir: Path) -> Path:
 
 
 @click.command()
-@click.argument("manifests", nargs=-1, required=True, type=click.Path(allow_dash=True))
+@click.argument(
+    "manifests", nargs=-1, required=True, type=click.Path(allow_dash=True, readable=False)
+)
 @node_inputs
 @click.option(
     "-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True

@@ -23,7 +23,7 @@ from tessera.cli._common import (
 
 @click.command()
 @click.argument("target", metavar="POD_OR_CLAIM")
-@click.argument("manifests", nargs=-1, type=click.Path())
+@click.argument("manifests", nargs=-1, type=click.Path(readable=False))
 @cluster_inputs
 @click.option(
     "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True
@@ -88,11 +88,11 @@ def explain(
 
 
 @click.command()
-@click.argument("manifests", nargs=-1, required=True, type=click.Path())
+@click.argument("manifests", nargs=-1, required=True, type=click.Path(readable=False))
 @click.option(
     "--cluster",
     "cluster_file",
-    type=click.Path(),
+    type=click.Path(readable=False),
     help="Check names against the devices this cluster publishes.",
 )
 @input_limits
@@ -112,7 +112,7 @@ def lint(
     Exit status: 0 clean, 1 findings, 2 an input that could not be read at all (e.g. a Helm
     template; one line each on stderr, after the findings of the others).
     """
-    from tessera.api.loader import STDIN, ReadBudget, load_file, load_files, manifest_files
+    from tessera.api.loader import ReadBudget, is_directory, load_file, load_files, manifest_files
     from tessera.explain.lint import lint as run_lint
     from tessera.sim.cluster import load_cluster
 
@@ -133,8 +133,13 @@ def lint(
     for path in manifests:
         # A directory is read file by file, so that one unreadable file (a Helm template)
         # is reported beside the findings of the others instead of stopping the lint.
-        p = Path(path)
-        files = manifest_files(p, notes) if path != STDIN and p.is_dir() else []
+        probe: list[str] = []  # load_files walks an empty directory again and warns itself
+        try:
+            files = manifest_files(Path(path), probe) if is_directory(path) else []
+        except UserError as e:
+            unreadable.append(str(e))
+            continue
+        notes.extend(probe if files else ())
         if not files:
             try:
                 loaded.extend(load_files([path], limits=limits, warnings=notes, budget=budget))

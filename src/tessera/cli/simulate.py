@@ -9,7 +9,6 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import click
-import yaml
 from rich.console import Console
 
 from tessera.api.quantity import Quantity
@@ -55,7 +54,7 @@ def _fmt_num(v: Fraction | None) -> str:
 
 
 @click.command()
-@click.argument("manifests", nargs=-1, type=click.Path())
+@click.argument("manifests", nargs=-1, type=click.Path(readable=False))
 @cluster_inputs
 @click.option(
     "-o",
@@ -63,7 +62,7 @@ def _fmt_num(v: Fraction | None) -> str:
     type=click.Choice(["table", "wide", "json", "yaml"]),
     default="table",
     show_default=True,
-    help="table fits the terminal (UUIDs and shareIDs as unique prefixes); wide shows every column in full.",
+    help="table: kubectl-style columns, one line per row, free text cut to the terminal (UUIDs and shareIDs as unique prefixes); wide: every column, nothing cut.",
 )
 @click.option(
     "--seed",
@@ -213,14 +212,14 @@ def _compare(
             }
         )
     if output == "json":
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps(rows, indent=2, ensure_ascii=False))
     elif output == "yaml":
-        click.echo(yaml.safe_dump(rows, sort_keys=False))
+        click.echo(to_yaml(rows))
     else:
         t = FitTable(
             "Policy comparison",
-            [("allocation", True), ("GPUs used", False), ("pods scheduled", False), ("pending", False),
-             ("memory booked on used GPUs", False), ("pending pods", False)],
+            [("allocation", False), ("GPUs used", False), ("scheduled", False), ("pending", False),
+             ("memory booked", False), ("pending pods", True)],
         )  # fmt: skip
         for r in rows:
             t.add_row(
@@ -337,7 +336,11 @@ def _simulate(
     wide = output == "wide"
     tables = [_placement_table(result, placements, wide), _gpu_table(result, wide)]
     if pending:
-        pt = FitTable("Unschedulable pods", [("pod", False), ("reason", False)])
+        pt = FitTable(
+            "Unschedulable pods",
+            [("pod", False), ("reason", True)],
+            cut_caption="reasons cut to fit: -o wide or tessera explain POD",
+        )
         for pend in pending:
             pt.add_row(pend.pod, pend.reason)
         tables.append(pt)
@@ -359,17 +362,19 @@ def _placement_table(result: SimResult, placements: list[Placement], wide: bool)
     uuids = _uuid_names(result, wide)
     share_ids = {p.share_id for p in result.placements if p.share_id}
     shares = {s: s for s in share_ids} if wide else unique_prefixes(share_ids, SHARE_ID_MIN)
+    # kubectl's columns: identifiers whole, free text (the model) last; -o wide adds columns.
     if wide:
         t = FitTable(
             "Placements",
-            [("pod", False), ("container", False), ("claim", False), ("request", True), ("node", True),
-             ("device", True), ("GPU", True), ("model", False), ("memory", True), ("cores", True), ("shareID", True)],
+            [("pod", False), ("container", False), ("claim", False), ("request", False), ("node", False),
+             ("device", False), ("GPU", False), ("memory", False), ("cores", False), ("shareID", False),
+             ("model", True)],
         )  # fmt: skip
     else:
         t = FitTable(
             "Placements",
-            [("pod", False), ("container", False), ("device", True), ("memory", True), ("cores", True),
-             ("shareID", True)],
+            [("pod", False), ("container", False), ("device", False), ("memory", False), ("cores", False),
+             ("shareID", False)],
         )  # fmt: skip
     for p in placements:
         gpu = uuids.get(p.uuid, "-") if p.uuid else "-"
@@ -384,10 +389,10 @@ def _placement_table(result: SimResult, placements: list[Placement], wide: bool)
                 p.node,
                 key,
                 gpu,
-                p.model or "-",
                 p.memory or "-",
                 p.cores or "-",
                 share,
+                p.model or "-",
             )
         else:
             t.add_row(p.pod, p.container, key, p.memory or "-", p.cores or "-", share)
@@ -396,16 +401,17 @@ def _placement_table(result: SimResult, placements: list[Placement], wide: bool)
 
 def _gpu_table(result: SimResult, wide: bool) -> FitTable:
     uuids = _uuid_names(result, wide)
-    cols = [("device", True), ("GPU", True), ("model", False), ("memory allocated / capacity", False),
-            ("cores allocated / capacity", False), ("shares", False)]  # fmt: skip
+    # memory and cores: allocated/capacity; free text (model, counters) last.
+    cols = [("device", False), ("GPU", False), ("memory", False), ("cores", False), ("shares", False),
+            ("model", True)]  # fmt: skip
     # Unallocated profile placements of dynamic-MIG GPUs are possible instances, not hardware:
     # the GPU's own row (gpu-<i>) and its counters column say what is left of it.
     rows = [u for u in result.gpus if not u.potential]
     counters = any(u.counters for u in rows)
     if counters:
-        cols.append(("shared counters", False))
+        cols.append(("shared counters", True))
     if wide:
-        cols.insert(0, ("node", True))
+        cols.insert(0, ("node", False))
     g = FitTable(
         "GPUs",
         cols,
@@ -415,10 +421,10 @@ def _gpu_table(result: SimResult, wide: bool) -> FitTable:
         row = [
             device_key(u.driver, u.pool, u.device),
             uuids.get(u.uuid, "-") if u.uuid else "-",
-            u.model or "-",
             _usage(u.memory_allocated, u.memory_capacity, _fmt_bytes),
             _usage(u.cores_allocated, u.cores_capacity, _fmt_num),
             "dedicated" if u.dedicated else str(u.shares),
+            u.model or "-",
         ]
         if counters:
             row.append("; ".join(u.counters) or "-")
@@ -429,7 +435,8 @@ def _gpu_table(result: SimResult, wide: bool) -> FitTable:
 def _usage(
     allocated: Fraction, capacity: Fraction | None, fmt: Callable[[Fraction | None], str]
 ) -> str:
-    """``allocated / capacity``; ``-`` alone for a capacity the device does not publish."""
+    """``allocated/capacity`` (one word, as kubectl's ``READY 1/1``); ``-`` alone for a capacity
+    the device does not publish."""
     if capacity is None:
         return "-"
-    return f"{fmt(allocated)} / {fmt(capacity)}"
+    return f"{fmt(allocated)}/{fmt(capacity)}"

@@ -271,9 +271,13 @@ def _pod_hints(annotations: Mapping[str, Any], ctx: _Ctx) -> _PodHints:
             raise ctx.error("", key, f"annotation {key} must be a string, got {v!r}; quote it")
         return v
 
+    # Volcano's UUID lists read as HAMi's: an allow list and a deny list, both applied (a UUID
+    # in both is denied), on the GPU or a MIG device's parent.
     for key, build in (
         (hami.USE_UUID, cel.uuid_in),
         (hami.NOUSE_UUID, cel.uuid_not_in),
+        (hami.VOLCANO_USE_UUID, cel.uuid_in),
+        (hami.VOLCANO_NOUSE_UUID, cel.uuid_not_in),
         (hami.USE_TYPE, cel.product_contains_any),
         (hami.NOUSE_TYPE, cel.product_contains_none),
     ):
@@ -312,6 +316,12 @@ def _pod_hints(annotations: Mapping[str, Any], ctx: _Ctx) -> _PodHints:
             "",
             f"annotation {hami.DEVICE_SCORING_WEIGHTS} is not supported by Tessera and is ignored",
         )
+    if text(hami.VOLCANO_PODGROUP_POLICY) is not None:
+        ctx.warn(
+            "",
+            f"annotation {hami.VOLCANO_PODGROUP_POLICY} is not converted: Tessera does not keep "
+            "the pods of one PodGroup on distinct GPUs; ignored",
+        )
     for key in sorted(annotations):
         if key in hami.HAMI_RESOURCES:
             ctx.warn(
@@ -328,6 +338,30 @@ def _pod_hints(annotations: Mapping[str, Any], ctx: _Ctx) -> _PodHints:
     )
 
 
+def _unknown_selection_annotations(annotations: Mapping[str, Any], ctx: _Ctx) -> None:
+    """Warn about each annotation in HAMi's or Volcano's selection namespaces
+    (:data:`hami.SELECTION_PREFIXES`) that Tessera does not read: a misspelt selector
+    (``nvidia.com/use-gpuuid``) would otherwise be dropped without a word. Scheduler records
+    (:data:`hami.SCHEDULER_RECORDS`) are outputs, not requests, and are not warned about."""
+    import difflib
+
+    for key in sorted(annotations):
+        if (
+            not isinstance(key, str)
+            or key in hami.POD_ANNOTATIONS
+            or key in hami.SCHEDULER_RECORDS
+            or key in hami.HAMI_RESOURCES
+            or not key.startswith(hami.SELECTION_PREFIXES)
+        ):
+            continue
+        if key in hami.OTHER_VENDOR_ANNOTATIONS:
+            ctx.warn("", f"annotation {key} selects another vendor's devices (HAMi's XPU); ignored")
+            continue
+        near = difflib.get_close_matches(key, sorted(hami.POD_ANNOTATIONS), n=1, cutoff=0.8)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        ctx.warn("", f"annotation {key} is not one Tessera reads{hint}; ignored")
+
+
 def _mig_allocations(raw: str | None, ctx: _Ctx) -> dict[int, list[str]]:
     """The profiles of ``hami.io/vgpu-mig-allocations`` per container position.
 
@@ -342,8 +376,13 @@ def _mig_allocations(raw: str | None, ctx: _Ctx) -> dict[int, list[str]]:
     key = hami.MIG_ALLOCATIONS
     try:
         items = json.loads(raw)
-    except json.JSONDecodeError as e:
-        ctx.warn("", f"annotation {key} is not JSON ({e.msg}); ignored")
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, or an int past 4300 digits
+        why = (
+            e.msg
+            if isinstance(e, json.JSONDecodeError)
+            else "a number too long or nesting too deep"
+        )
+        ctx.warn("", f"annotation {key} is not JSON ({why}); ignored")
         return {}
     out: dict[int, list[str]] = {}
     if not isinstance(items, list):
@@ -873,6 +912,7 @@ def convert_pod(
     if labels.get(hami.WEBHOOK_LABEL) == "ignore":
         ctx.warn("", f"label {hami.WEBHOOK_LABEL}=ignore: left unconverted, as HAMi would")
         return done([], [])
+    _unknown_selection_annotations(annotations, ctx)
 
     sizes = _memory_sizes(memory_sizes, ctx)
     if len(sizes) > MAX_SUBREQUESTS:

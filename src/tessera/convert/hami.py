@@ -56,6 +56,13 @@ USE_TYPE = "nvidia.com/use-gputype"
 NOUSE_TYPE = "nvidia.com/nouse-gputype"
 VGPU_MODE = "nvidia.com/vgpu-mode"
 VOLCANO_VGPU_MODE = "volcano.sh/vgpu-mode"
+#: Volcano's vGPU scheduler spells the UUID allow/deny lists its own way (comma lists, entries
+#: trimmed, exact match on the physical GPU's UUID, deny wins: volcano ``pkg/scheduler/api/
+#: devices/nvidia/vgpu`` ``newGPUUUIDFilter``); its type lists are HAMi's names.
+VOLCANO_USE_UUID = "volcano.sh/vgpu-use-gpuuuid"
+VOLCANO_NOUSE_UUID = "volcano.sh/vgpu-nouse-gpuuuid"
+#: Volcano: ``spread`` keeps two pods of one PodGroup off one GPU. Not converted (warned).
+VOLCANO_PODGROUP_POLICY = "volcano.sh/vgpu-podgroup-policy"
 NUMA_BIND = "nvidia.com/numa-bind"
 NODE_SCHEDULER_POLICY = "hami.io/node-scheduler-policy"
 GPU_SCHEDULER_POLICY = "hami.io/gpu-scheduler-policy"
@@ -64,7 +71,55 @@ WEBHOOK_LABEL = "hami.io/webhook"  # label; value "ignore" skips HAMi's webhook
 #: Written by HAMi's scheduler on MIG pods: per container device, the profile and placement.
 MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
 
-SELECTOR_ANNOTATIONS = (USE_UUID, NOUSE_UUID, USE_TYPE, NOUSE_TYPE, VGPU_MODE, VOLCANO_VGPU_MODE)
+SELECTOR_ANNOTATIONS = (
+    USE_UUID,
+    NOUSE_UUID,
+    USE_TYPE,
+    NOUSE_TYPE,
+    VGPU_MODE,
+    VOLCANO_VGPU_MODE,
+    VOLCANO_USE_UUID,
+    VOLCANO_NOUSE_UUID,
+)
+#: Every pod annotation :func:`tessera.convert.convert_pod` reads (converted, kept or warned).
+POD_ANNOTATIONS = frozenset(
+    {
+        *SELECTOR_ANNOTATIONS,
+        NUMA_BIND,
+        NODE_SCHEDULER_POLICY,
+        GPU_SCHEDULER_POLICY,
+        DEVICE_SCORING_WEIGHTS,
+        MIG_ALLOCATIONS,
+        VOLCANO_PODGROUP_POLICY,
+    }
+)
+#: What HAMi's and Volcano's schedulers and device plugins write on a pod they placed: records
+#: of their own decision, not requests (a new placement rewrites them). ``tessera simulate``
+#: keeps a bound pod's node and GPUs from them (``tessera.sim.inputs``).
+SCHEDULER_RECORDS = frozenset(
+    {
+        "hami.io/vgpu-node",
+        "hami.io/vgpu-time",
+        "hami.io/vgpu-devices-to-allocate",
+        "hami.io/vgpu-devices-allocated",
+        "hami.io/bind-phase",
+        "hami.io/bind-time",
+        "volcano.sh/vgpu-node",
+        "volcano.sh/vgpu-time",
+        "volcano.sh/vgpu-ids-new",
+        "volcano.sh/devices-to-allocate",
+        "volcano.sh/bind-phase",
+        "volcano.sh/bind-time",
+        "volcano.sh/predicate-time",
+        "volcano.sh/gpu-index",
+    }
+)
+#: Pod-annotation prefixes in whose names an unknown key is a likely misspelling of a device,
+#: type or node selection (``nvidia.com/use-gpuuid``), so it is warned about, never dropped
+#: silently.
+SELECTION_PREFIXES = ("nvidia.com/use-", "nvidia.com/nouse-", "volcano.sh/vgpu-", "hami.io/")
+#: Annotations of HAMi's other vendors that select devices: not NVIDIA, so not Tessera's.
+OTHER_VENDOR_ANNOTATIONS = frozenset({"hami.io/use-xpu-uuid", "hami.io/no-use-xpu-uuid"})
 
 # ---- HAMi-ish names that Tessera recognises but does not convert ------------------------------
 # Resource-name prefixes of HAMi's other vendors (hami.md 1.1): not NVIDIA, so not Tessera's.

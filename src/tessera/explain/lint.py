@@ -265,6 +265,9 @@ def lint(
             add(fp.field, problem, fix)
         if problems[id(m)]:
             continue
+        if m.kind == "Node":
+            _check_hami_node(add, m)
+            continue
         if m.kind == "Pod" or m.kind in WORKLOAD_KINDS:
             _check_hami(add, m, world)
             _check_tessera_claims_per_container(add, m, world, claim_objs)
@@ -285,6 +288,23 @@ def lint(
                         add, f"{path}.selectors[{i}].cel.expression", expr, world, cls_name
                     )
     return out
+
+
+def _check_hami_node(add: Any, m: Manifest) -> None:
+    """A Node's HAMi register annotation, read as ``simulate`` reads it (one judgement:
+    :func:`tessera.sim.inputs.node_from_object`)."""
+    from tessera.api.errors import ManifestError
+    from tessera.sim.inputs import node_from_object
+
+    try:
+        node_from_object(m)
+    except ManifestError as e:
+        add(
+            e.field or "metadata.annotations",
+            e.message,
+            "write what HAMi's device plugin writes: its JSON list of "
+            "{id, index, count, devmem, devcore, type, numa, mode, health}",
+        )
 
 
 def _check_hami(add: Any, m: Manifest, world: _World) -> None:

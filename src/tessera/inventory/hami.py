@@ -38,6 +38,43 @@ def _int(v: Any) -> int | None:
     return small_int(v)
 
 
+#: HAMi's ``DeviceInfo`` (``pkg/device/devices.go``) field types, as Go's ``encoding/json``
+#: decodes them: a value of another JSON type (``"id": 5``, ``"devmem": 2.0``) makes HAMi's
+#: scheduler drop the node's whole register annotation. ``null`` leaves a field unset.
+_GO_FIELDS: dict[str, tuple[str, int, int]] = {
+    "id": ("string", 0, 0),
+    "type": ("string", 0, 0),
+    "mode": ("string", 0, 0),
+    "devicevendor": ("string", 0, 0),
+    "index": ("integer", 0, 2**64 - 1),  # uint
+    "count": ("integer", -(2**31), 2**31 - 1),  # int32
+    "devmem": ("integer", -(2**31), 2**31 - 1),
+    "devcore": ("integer", -(2**31), 2**31 - 1),
+    "numa": ("integer", -(2**63), 2**63 - 1),  # int
+    "health": ("boolean", 0, 0),
+    "migProfiles": ("array", 0, 0),
+    "migtemplate": ("array", 0, 0),
+    "custominfo": ("object", 0, 0),
+}
+_JSON_TYPES = {"string": str, "boolean": bool, "array": list, "object": dict}
+
+
+def _field_problem(key: str, value: Any) -> str | None:
+    """Why HAMi's Go decoder refuses ``value`` for ``DeviceInfo.<key>``, or None."""
+    kind, low, high = _GO_FIELDS.get(key, ("", 0, 0))
+    if not kind or value is None:
+        return None
+    if kind == "integer":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be a whole number (HAMi decodes it into a Go integer), got {value!r:.40}"
+        if not low <= value <= high:
+            return f"{value} is out of range ({low} to {high})"
+        return None
+    if not isinstance(value, _JSON_TYPES[kind]):
+        return f"must be a JSON {kind} (as HAMi writes it), got {value!r:.40}"
+    return None
+
+
 def register_value(text: str) -> tuple[str, int] | None:
     """(annotation value, 1-based line) of ``hami.io/node-nvidia-register`` in ``key: value``
     lines, or of a bare value; None if the text holds neither."""
@@ -90,6 +127,12 @@ def raw_gpus_from_hami(text: str, source: str) -> list[RawGPU]:
                 raise MalformedInputError(
                     f"entry {pos} is not an object", source=source, field=KEY, line=line
                 )
+            for key, val in item.items():
+                why = _field_problem(key, val)
+                if why is not None:
+                    raise MalformedInputError(
+                        f"entry {pos}: {key} {why}", source=source, field=KEY, line=line
+                    )
             idx = _int(item.get("index"))
             devmem = _int(item.get("devmem"))
             raws.append(

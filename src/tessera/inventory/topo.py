@@ -13,6 +13,9 @@ _GPU = re.compile(r"^GPU([0-9]{1,4})$")
 _CELL = re.compile(r"^(X|NV\d+|SYS|NODE|PHB|PXB|PIX|SOC|PSB|N/A)$")
 _TRAILING = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _NUMA = re.compile(r"^[0-9]{1,9}$")
+#: What nvidia-smi writes as a GPU's NUMA Affinity: one node, or nodes such as ``6-7`` / ``0,2``
+#: (no single node: read as none), or N/A.
+_NUMA_NODES = re.compile(r"^[0-9]{1,9}(-[0-9]{1,9})?(,[0-9]{1,9}(-[0-9]{1,9})?)*$")
 
 
 def _clean(line: str) -> str:
@@ -119,6 +122,15 @@ def parse_topo_matrix(text: str, source: str, line_offset: int = 0) -> Topology:
                     )
         trailing = _assign_trailing(tokens[1 + len(columns) :], labels, label_pos)
         value = trailing.get("NUMA Affinity")
+        if value is not None and value != "N/A" and not _NUMA_NODES.match(value):
+            shown = value if len(value) <= 20 else f"{value[:12]}... ({len(value)} characters)"
+            raise MalformedInputError(
+                f"NUMA Affinity of GPU{i} is {shown!r}, not NUMA node numbers (at most 9 "
+                "digits each, e.g. 0 or 6-7) or N/A",
+                source=source,
+                field="topo -m",
+                line=lineno,
+            )
         numa[i] = int(value) if value is not None and _NUMA.match(value) else None
     if not rows:
         raise MalformedInputError(

@@ -4,7 +4,8 @@
   labels and taints; HAMi's ``hami.io/node-nvidia-register`` annotation, when present, is the
   node's GPU inventory (HAMi's own wire format, read by :mod:`tessera.inventory`).
 * **Pods HAMi already bound** (``kubectl get pods -o yaml`` from a HAMi cluster: ``spec.nodeName``
-  with HAMi's ``hami.io/vgpu-node`` / ``hami.io/vgpu-devices-allocated`` annotations): such a pod
+  with HAMi's ``hami.io/vgpu-node`` / ``hami.io/vgpu-devices-allocated`` annotations, or
+  Volcano's ``volcano.sh/vgpu-node`` / ``volcano.sh/vgpu-ids-new``): such a pod
   keeps its node (``spec.nodeName`` becomes a ``kubernetes.io/hostname`` node selector, since a
   preset node name would skip the scheduler's allocation of its converted claims) and, where the
   node publishes the GPUs HAMi gave it, those GPUs (``nvidia.com/use-gpuuuid``).
@@ -23,16 +24,24 @@ from tessera.api.loader import Manifest
 from tessera.sim.cluster import SimNode
 
 HAMI_REGISTER = "hami.io/node-nvidia-register"
+#: Node annotation, comma UUIDs: HAMi places nothing new on these GPUs (v2.10).
+HAMI_CORDON = "hami.io/device-cordon"
 HAMI_VGPU_NODE = "hami.io/vgpu-node"
 HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
 HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
+#: Volcano's vGPU scheduler writes the same records under its own names (same device list
+#: format: volcano ``pkg/scheduler/api/devices/nvidia/vgpu`` ``encodePodDevices``).
+VOLCANO_VGPU_NODE = "volcano.sh/vgpu-node"
+VOLCANO_ALLOCATED = "volcano.sh/vgpu-ids-new"
 
 
 def node_from_object(m: Manifest) -> SimNode:
     """A simulated node from a ``v1`` Node object (validated): name, labels, taints, and the
-    ResourceSlices of its HAMi register annotation (none without it). Raises
+    ResourceSlices of its HAMi register annotation (none without it), the GPUs HAMi's
+    ``hami.io/device-cordon`` lists tainted ``hami.io/device-cordon:NoSchedule``. Raises
     :class:`ManifestError` naming the annotation when it is not a readable inventory."""
     from tessera.inventory import build_resource_slices, parse_inventory
+    from tessera.inventory.errors import InventoryError
 
     md = m.obj.get("metadata") or {}
     name = str(md.get("name") or "")
@@ -42,16 +51,25 @@ def node_from_object(m: Manifest) -> SimNode:
         {k: str(t[k]) for k in ("key", "value", "effect") if t.get(k) is not None}
         for t in (m.obj.get("spec") or {}).get("taints") or []
     ]
-    register = (md.get("annotations") or {}).get(HAMI_REGISTER)
+    annotations = md.get("annotations") or {}
+    register = annotations.get(HAMI_REGISTER)
     slices: list[dict[str, Any]] = []
+    # A cordoned GPU keeps what it holds and takes nothing new: a NoSchedule device taint.
+    cordon = {
+        u.strip(): [{"key": HAMI_CORDON, "effect": "NoSchedule"}]
+        for u in str(annotations.get(HAMI_CORDON) or "").split(",")
+        if u.strip()
+    }
     if register:
         where = f"{m.source}: {m.ref()}: metadata.annotations[{HAMI_REGISTER}]"
         try:
             gpus = parse_inventory(str(register), where)
-            slices = build_resource_slices(name, gpus)
+            slices = build_resource_slices(name, gpus, taints=cordon)
         except TesseraError as e:
+            # The annotation's own location is this field: keep only the problem.
+            problem = e.problem if isinstance(e, InventoryError) else str(e)
             raise ManifestError(
-                str(e).removeprefix(f"{where}: "),
+                problem.removeprefix(f"{where}: "),
                 file=m.source.file,
                 doc=m.source.doc,
                 obj=m.ref(),
@@ -104,7 +122,14 @@ def unbind_hami_pods(
         ann = md.get("annotations") or {}
         spec = m.obj.get("spec") or {}
         node = spec.get("nodeName")
-        if not node or not (HAMI_VGPU_NODE in ann or HAMI_ALLOCATED in ann):
+        by = (
+            "HAMi"
+            if HAMI_VGPU_NODE in ann or HAMI_ALLOCATED in ann
+            else "Volcano"
+            if VOLCANO_VGPU_NODE in ann or VOLCANO_ALLOCATED in ann
+            else None
+        )
+        if not node or by is None:
             out.append(m)
             continue
         obj = copy.deepcopy(m.obj)
@@ -114,7 +139,8 @@ def unbind_hami_pods(
             **(ospec.get("nodeSelector") or {}),
             "kubernetes.io/hostname": str(node),
         }
-        uuids = _allocated_uuids(str(ann.get(HAMI_ALLOCATED) or ""))
+        record = ann.get(HAMI_ALLOCATED if by == "HAMi" else VOLCANO_ALLOCATED)
+        uuids = _allocated_uuids(str(record or ""))
         if (
             uuids
             and HAMI_USE_UUID not in ann
@@ -123,6 +149,6 @@ def unbind_hami_pods(
             obj["metadata"].setdefault("annotations", {})[HAMI_USE_UUID] = ",".join(uuids)
         obj.pop("status", None)
         out.append(
-            Manifest(obj, m.source, m.owner, {**m.extra, "boundBy": "HAMi", "boundTo": str(node)})
+            Manifest(obj, m.source, m.owner, {**m.extra, "boundBy": by, "boundTo": str(node)})
         )
     return out

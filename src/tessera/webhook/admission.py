@@ -248,11 +248,12 @@ class ClusterView:
                 "cores": fam.cores,
             }.get(what)
             if name is None:
-                name = (
-                    "the pod's GPU selection annotations ("
-                    + ", ".join(hami.SELECTOR_ANNOTATIONS[:4])
-                    + ")"
+                spelled = (
+                    (hami.VOLCANO_USE_UUID, hami.VOLCANO_NOUSE_UUID, hami.USE_TYPE, hami.NOUSE_TYPE)
+                    if request.family == "volcano"
+                    else hami.SELECTOR_ANNOTATIONS[:4]
                 )
+                name = "the pod's GPU selection annotations (" + ", ".join(spelled) + ")"
             out.append(f"{name}: {problem}")
         if snap.max_gpus and request.gpus > snap.max_gpus:
             out.append(
@@ -331,7 +332,7 @@ def parse_review(body: bytes) -> dict[str, Any]:
         )
     try:
         doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, an int over 4300 digits
         raise BadReview(f"body is not JSON: {e}") from None
     if not isinstance(doc, dict):
         raise BadReview("body is not a JSON object")
