@@ -427,3 +427,112 @@ def test_output_fed_back_keeps_the_synthesised_claim(corpus: Path, tmp_path: Pat
     assert len(claims) == 2
     assert claims[1]["metadata"]["name"].startswith("second-extended-resources-")
     assert claims[1]["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0-mig-1"
+
+
+def test_convert_leaves_a_served_name_without_a_warning(corpus: Path) -> None:
+    """`tessera convert` of the NVIDIA recipe: its DeviceClass serves nvidia.com/mig-1g.12gb,
+    so the pod is left as written and no "MIG-profile resource, not converted" is said."""
+    code, out, err = _run("convert", str(corpus / NVIDIA_MIG))
+    assert code == 0, err
+    assert "mig-1g.12gb" not in err
+    pod = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Pod")
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.12gb": 1}
+    # Without the class, the warning stays (HAMi's mig example asks nvidia.com/mig-3g.20gb).
+    code, _, err = _run(
+        "convert", str(corpus / "hami-pods/HAMi__examples_nvidia__mig_example.yaml")
+    )
+    assert "nvidia.com/mig-3g.20gb is a MIG-profile resource, not converted" in err
+
+
+def test_live_cluster_keeps_a_bound_pod_with_a_synthesised_claim(corpus: Path) -> None:
+    """What `--kubeconfig` reads: the recipe's pod bound by kube-scheduler, with the claim and
+    pod status the recipe documents, stays in the simulation with its allocation, and a second
+    pending pod of the recipe gets the next instance."""
+    from tessera.kube.live import select_objects
+
+    recipe = corpus / NVIDIA_MIG
+    cls, pod = [d for d in _docs(recipe) if d["kind"] != "Namespace"]
+    ns = pod["metadata"]["namespace"]
+    pod["metadata"]["uid"] = "6c01cc40-3527-43a9-a241-89c9e7d18921"
+    pod["spec"]["nodeName"] = NODE
+    pod["status"] = {
+        "phase": "Running",
+        "extendedResourceClaimStatus": {
+            "resourceClaimName": "mig-1g12gb-pod-extended-resources-8r9k5",
+            "requestMappings": [
+                {
+                    "containerName": "cuda-container",
+                    "requestName": "container-0-request-0",
+                    "resourceName": "nvidia.com/mig-1g.12gb",
+                }
+            ],
+        },
+    }
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": "mig-1g12gb-pod-extended-resources-8r9k5",
+            "namespace": ns,
+            "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "controller": True,
+                    "kind": "Pod",
+                    "name": "mig-1g12gb-pod",
+                    "uid": pod["metadata"]["uid"],
+                }
+            ],
+        },
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "container-0-request-0",
+                        "exactly": {
+                            "allocationMode": "ExactCount",
+                            "count": 1,
+                            "deviceClassName": cls["metadata"]["name"],
+                        },
+                    }
+                ]
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "device": "gpu-1-mig-3",
+                            "driver": "gpu.nvidia.com",
+                            "pool": NODE,
+                            "request": "container-0-request-0",
+                        }
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [NODE]}
+                            ]
+                        }
+                    ]
+                },
+            },
+            "reservedFor": [
+                {"name": "mig-1g12gb-pod", "resource": "pods", "uid": pod["metadata"]["uid"]}
+            ],
+        },
+    }
+    pending = copy.deepcopy(pod)
+    pending["metadata"] = {"name": "next", "namespace": ns, "uid": "u-next"}
+    pending["spec"].pop("nodeName")
+    pending.pop("status")
+    kept, states = select_objects([cls, gh200_mig_slice(recipe), claim, pod, pending])
+    assert sorted(states.values()) == ["bound", "pending"]
+    result = _sim(kept, []).run()  # the slice comes with the objects, as a live read has it
+    assert result.scheduled == [f"{ns}/mig-1g12gb-pod", f"{ns}/next"]
+    devs = [p.device.rsplit("/", 1)[1] for p in result.placements]
+    assert devs == ["gpu-1-mig-3", "gpu-0-mig-0"]

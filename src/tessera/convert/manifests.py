@@ -12,7 +12,7 @@ it; ``tessera simulate`` converts the Pods its workloads expand into with the sa
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +77,11 @@ def _get(obj: Mapping[str, Any], path: Sequence[str]) -> Any:
 
 
 def convert_object(
-    obj: dict[str, Any], *, memory_sizes: Sequence[int] = (), source: str = ""
+    obj: dict[str, Any],
+    *,
+    memory_sizes: Sequence[int] = (),
+    source: str = "",
+    served: Collection[str] = (),
 ) -> ObjectConversion:
     """Convert the HAMi-style GPU requests of one manifest.
 
@@ -88,14 +92,14 @@ def convert_object(
     converted ``spec`` replaces the template's. An object of another API holding pod templates
     (:func:`tessera.api.workloads.foreign_workload`: Argo, Kubeflow, ...) comes back unchanged
     with a warning saying so; anything else comes back unchanged. The input is
-    never mutated. ``memory_sizes`` and ``source`` are passed to :func:`convert_pod`.
+    never mutated. ``memory_sizes``, ``source`` and ``served`` are passed to :func:`convert_pod`.
 
     Raises :class:`ConversionError` as :func:`convert_pod` does, and for a controller whose pod
     template has no ``spec`` mapping.
     """
     kind = obj.get("kind")
     if kind == "Pod":
-        conv = convert_pod(obj, memory_sizes=memory_sizes, source=source)
+        conv = convert_pod(obj, memory_sizes=memory_sizes, source=source, served=served)
         return ObjectConversion(conv.pod, conv.templates, conv.warnings, conv)
     path = POD_TEMPLATE_PATHS.get(str(kind))
     if path is None:
@@ -123,7 +127,7 @@ def convert_object(
     else:
         pod_meta.pop("namespace", None)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": template["spec"]}
-    conv = convert_pod(pod, memory_sizes=memory_sizes, source=source)
+    conv = convert_pod(pod, memory_sizes=memory_sizes, source=source, served=served)
     if not conv.templates and conv.pod["spec"] == template["spec"]:
         return ObjectConversion(obj, [], conv.warnings, conv)
     out = copy.deepcopy(obj)
