@@ -85,10 +85,10 @@ def random_pods(rng: random.Random, ns: str, n: int) -> list[Obj]:
     for i in range(n):
         res = rng.choice(NAMES)
         init: list[Obj] = []
-        containers = [_container("main", {res: rng.randint(1, 2)})]
+        containers = [_container("main", {res: rng.choice((1, 1, 1, 2))})]
         shape = rng.random()
         if shape < 0.2:
-            init.append(_container("init", {res: rng.randint(1, 3)}))
+            init.append(_container("init", {res: rng.choice((1, 2, 3))}))
         elif shape < 0.3:
             init.append(_container("sidecar", {res: 1}, sidecar=True))
         elif shape < 0.4:
