@@ -285,6 +285,7 @@ READ_KINDS: dict[str, str] = {
     "ReplicaSet": "apps/v1",
     "StatefulSet": "apps/v1",
     "DaemonSet": "apps/v1",
+    "ReplicationController": "v1",
     "Job": "batch/v1",
     "CronJob": "batch/v1",
     "ResourceClaim": RESOURCE_API_VERSION,
