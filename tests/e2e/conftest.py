@@ -113,10 +113,10 @@ def session_nodes() -> list[SimNode]:
 
 
 def inventory_of(nodes: Sequence[SimNode]) -> Inventory:
-    """What ``tessera cluster up`` registers for these nodes (labels and slices)."""
+    """What ``tessera cluster up`` registers for these nodes (labels, taints and slices)."""
     inv = Inventory()
     for n in nodes:
-        inv.add_node(n.name, n.labels)
+        inv.add_node(n.name, n.labels, n.taints)
         for j, s in enumerate(n.slices):
             inv.add_slice(s, f"{n.source}: slice {j}")
     return inv

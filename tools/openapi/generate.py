@@ -38,6 +38,7 @@ OUT = REPO / "src" / "tessera" / "api" / "schemas" / "kubernetes.json"
 ROOTS: dict[str, tuple[str, str]] = {
     "v1/Pod": ("api/v1", "io.k8s.api.core.v1.Pod"),
     "v1/Node": ("api/v1", "io.k8s.api.core.v1.Node"),
+    "v1/ReplicationController": ("api/v1", "io.k8s.api.core.v1.ReplicationController"),
     "apps/v1/Deployment": ("apis/apps/v1", "io.k8s.api.apps.v1.Deployment"),
     "apps/v1/ReplicaSet": ("apis/apps/v1", "io.k8s.api.apps.v1.ReplicaSet"),
     "apps/v1/StatefulSet": ("apis/apps/v1", "io.k8s.api.apps.v1.StatefulSet"),

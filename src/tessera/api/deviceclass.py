@@ -129,6 +129,11 @@ def _created(cls: Mapping[str, Any]) -> _dt.datetime:
     return _dt.datetime.min.replace(tzinfo=_dt.UTC)
 
 
+def implicit_class(name: str) -> str | None:
+    """The class an implicit name ``deviceclass.resource.kubernetes.io/<class>`` names, else None."""
+    return name[len(IMPLICIT_PREFIX) :] if name.startswith(IMPLICIT_PREFIX) else None
+
+
 def extended_resource_owner(
     classes: Iterable[Mapping[str, Any]], resource: str = EXTENDED_RESOURCE_NAME
 ) -> ExtendedResourceOwner:
@@ -155,3 +160,34 @@ def extended_resource_owner(
     ordered.sort(key=_created, reverse=True)
     names = tuple(str((c.get("metadata") or {}).get("name") or "") for c in ordered)
     return ExtendedResourceOwner(resource, names[0] if names else None, names)
+
+
+def served_extended_resources(classes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Every extended resource name ``classes`` (DeviceClass dicts) serve, mapped to the class
+    kube-scheduler synthesises a claim on (KEP-5004, ``extendedresourcecache``): each class's
+    ``spec.extendedResourceName`` given to its owner (:func:`extended_resource_owner`: the
+    newest class, equal times the lowest name), and the implicit
+    ``deviceclass.resource.kubernetes.io/<class>`` of every class, also of one that sets
+    ``extendedResourceName`` (kubernetes PR #133363).
+
+    Upstream builds its map from informer events, so a class that loses a tie on its explicit
+    name *while arriving after the winner* also misses its implicit name there; that
+    order-dependent corner is not modelled (docs/webhook.md). Returns a new dict."""
+    listed = list(classes)
+    out: dict[str, str] = {}
+    explicit = sorted(
+        {
+            str(c["spec"]["extendedResourceName"])
+            for c in listed
+            if isinstance(c.get("spec"), Mapping) and c["spec"].get("extendedResourceName")
+        }
+    )
+    for name in explicit:
+        winner = extended_resource_owner(listed, name).winner
+        if winner is not None:
+            out[name] = winner
+    for c in listed:
+        cls = (c.get("metadata") or {}).get("name")
+        if cls:
+            out[IMPLICIT_PREFIX + str(cls)] = str(cls)
+    return out

@@ -17,11 +17,11 @@ from tessera.api.documents import documents, template_action, without_nulls
 from tessera.api.errors import ManifestError
 from tessera.api.heap import collector_paused
 from tessera.api.limits import DEFAULT_LIMITS, Limits
+from tessera.api.workloads import WORKLOAD_KINDS, pod_template
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_API_VERSION = "resource.k8s.io/v1"
 RESOURCE_KINDS = ("ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
-WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob", "DaemonSet")
 
 
 @dataclass(frozen=True)
@@ -399,21 +399,44 @@ def _int_field(obj: dict[str, Any], path: str, default: int, m: Manifest) -> int
     return cur
 
 
-def expand_workloads(
-    manifests: Iterable[Manifest], *, max_pods: int = DEFAULT_LIMITS.max_pods
-) -> Iterator[Manifest]:
-    """Yield every manifest, replacing workloads by the Pods their controllers would create.
+def _job_pods(obj: dict[str, Any], m: Manifest, base: str) -> tuple[int, str]:
+    """How many pods the Job controller runs at once for the JobSpec at ``base`` (``spec`` or
+    ``spec.jobTemplate.spec``): ``parallelism`` (default 1), at most ``completions`` where set,
+    none while ``suspend`` is true. Returns the count and the field that decided it."""
+    js: Any = obj
+    for part in base.split("."):
+        js = js.get(part) if isinstance(js, dict) else None
+    if isinstance(js, dict) and js.get("suspend") is True:
+        return 0, f"{base}.suspend"
+    parallelism = _int_field(obj, f"{base}.parallelism", 1, m)
+    completions = _int_field(obj, f"{base}.completions", parallelism, m)
+    if completions < parallelism:
+        return completions, f"{base}.completions"
+    return parallelism, f"{base}.parallelism"
 
-    Deployment/ReplicaSet/StatefulSet: ``spec.replicas`` (default 1) pods named ``<name>-<i>``;
-    Job: ``spec.parallelism`` (default 1) pods; CronJob: one run of its job template.
-    DaemonSet is rejected (it would need the node list; put the pod in directly). More than
-    ``max_pods`` Pods in all (given and expanded) is a :class:`ManifestError` naming the
-    workload's field, raised before any of its pods is made.
+
+def expand_workloads(
+    manifests: Iterable[Manifest],
+    *,
+    max_pods: int = DEFAULT_LIMITS.max_pods,
+    notes: list[str] | None = None,
+) -> Iterator[Manifest]:
+    """Yield every manifest, replacing workloads by the Pods their controllers would create
+    (templates from :data:`tessera.api.workloads.POD_TEMPLATE_PATHS`).
+
+    Deployment/ReplicaSet/StatefulSet/ReplicationController: ``spec.replicas`` (default 1)
+    pods named ``<name>-<i>``; Job: the pods its controller runs at once (``parallelism``,
+    default 1, at most ``completions``; none while suspended); CronJob: one run of its job
+    template (none while the CronJob is suspended). A DaemonSet is yielded as is: its pods
+    depend on the nodes (:func:`tessera.sim.daemonset.expand_daemonsets`). A workload that
+    makes no pod is said in ``notes``. More than ``max_pods`` Pods in all (given and expanded)
+    is a :class:`ManifestError` naming the workload's field, raised before any of its pods is
+    made.
     """
     pods = 0
     for m in manifests:
         kind = m.kind
-        if kind not in WORKLOAD_KINDS:
+        if kind not in WORKLOAD_KINDS or kind == "DaemonSet":
             if kind == "Pod":
                 pods += 1
                 if pods > max_pods:
@@ -426,34 +449,19 @@ def expand_workloads(
             yield m
             continue
         obj = m.obj
-        if kind == "DaemonSet":
-            raise ManifestError(
-                "DaemonSets are not simulated: give the pod template as a Pod instead",
-                file=m.source.file,
-                doc=m.source.doc,
-                obj=m.ref(),
-            )
         spec = obj.get("spec") or {}
-        if kind == "CronJob":
-            jt = (spec.get("jobTemplate") or {}).get("spec") or {}
-            template = jt.get("template")
-            replicas = _int_field(obj, "spec.jobTemplate.spec.parallelism", 1, m)
-            tpath = "spec.jobTemplate.spec.template"
+        template, tpath = pod_template(obj, kind)
+        if kind == "CronJob" and spec.get("suspend") is True:
+            replicas, field = 0, "spec.suspend"
+        elif kind == "CronJob":
+            replicas, field = _job_pods(obj, m, "spec.jobTemplate.spec")
+        elif kind == "Job":
+            replicas, field = _job_pods(obj, m, "spec")
         else:
-            template = spec.get("template")
-            if kind == "Job":
-                replicas = _int_field(obj, "spec.parallelism", 1, m)
-            else:
-                replicas = _int_field(obj, "spec.replicas", 1, m)
-            tpath = "spec.template"
+            replicas, field = _int_field(obj, "spec.replicas", 1, m), "spec.replicas"
+        if replicas == 0 and notes is not None:
+            notes.append(f"{m.source}: {m.ref()}: {field} makes no pod now; none is simulated")
         if pods + replicas > max_pods:
-            field = (
-                "spec.jobTemplate.spec.parallelism"
-                if kind == "CronJob"
-                else "spec.parallelism"
-                if kind == "Job"
-                else "spec.replicas"
-            )
             raise ManifestError(
                 f"{replicas:,} pods would bring the input to {pods + replicas:,}, over the limit of {max_pods:,}: "
                 "lower it, or raise the limit with --max-pods",

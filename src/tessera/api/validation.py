@@ -14,6 +14,7 @@ from typing import Any
 from tessera.api.errors import ManifestError
 from tessera.api.loader import RESOURCE_API_VERSION, Manifest
 from tessera.api.quantity import Quantity, QuantityError
+from tessera.api.workloads import POD_TEMPLATE_PATHS, pod_template
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -448,6 +449,7 @@ READ_KINDS: dict[str, str] = {
     "ReplicaSet": "apps/v1",
     "StatefulSet": "apps/v1",
     "DaemonSet": "apps/v1",
+    "ReplicationController": "v1",
     "Job": "batch/v1",
     "CronJob": "batch/v1",
     "ResourceClaim": RESOURCE_API_VERSION,
@@ -728,26 +730,8 @@ def pod_status_problems(pod: dict[str, Any]) -> list[FieldProblem]:
     return out
 
 
-TEMPLATE_PATHS = {
-    "Deployment": ("spec", "template"),
-    "ReplicaSet": ("spec", "template"),
-    "StatefulSet": ("spec", "template"),
-    "DaemonSet": ("spec", "template"),
-    "Job": ("spec", "template"),
-    "CronJob": ("spec", "jobTemplate", "spec", "template"),
-}
-
-
-def pod_template(obj: Any, kind: str) -> tuple[dict[str, Any] | None, str]:
-    """The pod template of a workload of ``kind`` (:data:`TEMPLATE_PATHS`) and its dotted path,
-    e.g. ``(obj["spec"]["template"], "spec.template")``; a Pod is its own template (path
-    ``""``). The template is None where a step is missing or not a mapping."""
-    if kind == "Pod":
-        return (obj if isinstance(obj, dict) else None), ""
-    cur: Any = obj
-    for step in TEMPLATE_PATHS[kind]:
-        cur = cur.get(step) if isinstance(cur, dict) else None
-    return (cur if isinstance(cur, dict) else None), ".".join(TEMPLATE_PATHS[kind])
+#: Where each workload keeps its pod template (one table: :mod:`tessera.api.workloads`).
+TEMPLATE_PATHS = POD_TEMPLATE_PATHS
 
 
 def spec_path(template_path: str) -> str:

@@ -315,7 +315,8 @@ def load_inputs(
     Every manifest is validated (:func:`tessera.api.validation.check_all`: apiVersion, schema,
     API rules) before anything reads it; Node objects become nodes (labels, taints, and HAMi's
     register annotation as their inventory); pods HAMi already bound keep their node; workloads
-    are expanded, at most ``limits.max_pods`` pods; all inputs together are read up to
+    are expanded (a DaemonSet into one pod per eligible node, once every node is known), at
+    most ``limits.max_pods`` pods; all inputs together are read up to
     ``limits.max_input_bytes``. Warnings (inventories, skipped files, finished pods) are
     appended to ``warnings`` for the caller to print once the command succeeded (printed here
     when it is None). Raises :class:`~tessera.api.errors.TesseraError` for bad input.
@@ -349,7 +350,7 @@ def load_inputs(
         if m.kind == "Node" and not any(n.name == m.name for n in nodes):
             nodes.append(node_from_object(m))
     loaded = unbind_hami_pods([m for m in loaded if m.kind != "Node"], nodes, notes)
-    loaded = list(expand_workloads(loaded, max_pods=limits.max_pods))
+    loaded = list(expand_workloads(loaded, max_pods=limits.max_pods, notes=notes))
     if not nodes and not add_nodes and not any(m.kind == "ResourceSlice" for m in loaded):
         raise TesseraError(
             "no nodes to schedule on: give --cluster FILE, --node NAME=INVENTORY, --kubeconfig FILE, or ResourceSlices"
@@ -363,6 +364,10 @@ def load_inputs(
         nodes.append(SimNode(extra, {"kubernetes.io/hostname": extra}, [], "ResourceSlices"))
     for spec in add_nodes:
         nodes.append(_inventory_node(spec, ADDED_NODE, cluster))
+    if any(m.kind == "DaemonSet" for m in loaded):  # one pod per eligible node: nodes are known now
+        from tessera.sim.daemonset import expand_daemonsets
+
+        loaded = list(expand_daemonsets(loaded, nodes, max_pods=limits.max_pods, notes=notes))
     notes = [*cluster.warnings, *notes]
     if warnings is None:
         for w in notes:

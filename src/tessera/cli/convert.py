@@ -78,6 +78,7 @@ def convert(
 
     Exit status: 0; 2 on bad input (nothing is written).
     """
+    from tessera.api.deviceclass import device_class, served_extended_resources
     from tessera.convert import convert_object, gpu_memory_sizes
     from tessera.inventory import validate_resource_slice
 
@@ -105,12 +106,17 @@ def convert(
                         )
                     slices.append(m.obj)
         sizes = gpu_memory_sizes(slices)
+        # Extended resources the input's DeviceClasses (and Tessera's) serve: left for
+        # kube-scheduler (KEP-5004), without a "not converted" warning.
+        served = served_extended_resources(
+            [device_class(), *(m.obj for _, ms in read for m in ms if m.kind == "DeviceClass")]
+        )
         files: dict[str, list[dict[str, Any]]] = {}  # source file -> converted documents
         targets: dict[Path, str] = {}
         templates: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
         for arg, ms in read:
             for m in ms:
-                res = convert_object(m.obj, memory_sizes=sizes, source=str(m.source))
+                res = convert_object(m.obj, memory_sizes=sizes, source=str(m.source), served=served)
                 for w in res.warnings:
                     warn(w)
                 docs = files.setdefault(m.source.file, [])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -145,6 +145,7 @@ class _Ctx:
     source: str
     pod: str  # namespace/name as shown in messages
     warnings: list[str]
+    served: frozenset[str] = frozenset()  # extended resources DeviceClasses serve (KEP-5004)
 
     def where(self, container: str = "") -> str:
         head = f"{self.source}: " if self.source else ""
@@ -441,7 +442,7 @@ def _unsupported_names(container: str, resources: Mapping[str, Any], ctx: _Ctx) 
         block = resources.get(part)
         if isinstance(block, Mapping):
             names.update(str(k) for k in block)
-    for name in sorted(names - hami.HAMI_RESOURCES):
+    for name in sorted(names - hami.HAMI_RESOURCES - ctx.served):
         low = name.lower()
         if low.startswith("nvidia.com/mig-"):
             ctx.warn(
@@ -831,7 +832,11 @@ def _has_hami(resources: Any) -> bool:
 
 # ---- entry point -------------------------------------------------------------------------------------
 def convert_pod(
-    pod: dict[str, Any], *, memory_sizes: Sequence[int] = (), source: str = ""
+    pod: dict[str, Any],
+    *,
+    memory_sizes: Sequence[int] = (),
+    source: str = "",
+    served: Collection[str] = (),
 ) -> Conversion:
     """Convert a Pod's HAMi-style GPU requests into DRA ResourceClaimTemplates.
 
@@ -839,7 +844,11 @@ def convert_pod(
     etc. pass ``spec.template`` wrapped as a Pod, with ``metadata.name`` (or ``generateName`` or an
     ``ownerReferences`` entry) naming the workload. ``memory_sizes`` are the distinct GPU memory
     sizes of the cluster in bytes (needed only for ``gpumem-percentage`` below 100);
-    ``source`` (e.g. a file name) prefixes every message.
+    ``source`` (e.g. a file name) prefixes every message. ``served``: extended resource names
+    the cluster's DeviceClasses serve (KEP-5004,
+    :func:`tessera.api.deviceclass.served_extended_resources`): such a name that is not
+    HAMi's is left for kube-scheduler without a "not converted" warning (HAMi's own names are
+    converted whoever serves them: the webhook runs before the scheduler).
 
     Per container and initContainer with HAMi resources (:data:`HAMI_RESOURCES`), HAMi's
     normalisation is reproduced: limits before requests; gpumem/gpucores/percentage alone imply
@@ -870,7 +879,12 @@ def convert_pod(
             "(for a workload pass spec.template wrapped as a Pod)"
         )
     base, shown, hashed = _base_name(meta, spec)
-    ctx = _Ctx(source=source, pod=f"{ns}/{shown}" if ns else shown, warnings=[])
+    ctx = _Ctx(
+        source=source,
+        pod=f"{ns}/{shown}" if ns else shown,
+        warnings=[],
+        served=frozenset(served),
+    )
     if kind not in (None, "Pod"):
         raise ctx.error(
             "", "kind", f"kind {kind} is not a Pod; pass its pod template wrapped as a Pod"

@@ -1,9 +1,10 @@
 """Whole manifests in, converted manifests out: the HAMi edge for Pods *and* their controllers.
 
 :func:`convert_object` applies :func:`~tessera.convert.convert.convert_pod` to a Pod, or to the
-pod template of a Deployment, ReplicaSet, StatefulSet, DaemonSet, Job or CronJob (the template
-wrapped as a Pod named after the workload, as ``docs/convert.md`` asks of callers), and puts the
-result back in place. Every other object is returned unchanged. ``tessera convert`` is built on
+pod template of a workload (:data:`tessera.api.workloads.POD_TEMPLATE_PATHS`: Deployment,
+ReplicaSet, StatefulSet, DaemonSet, ReplicationController, Job, CronJob; the template wrapped as
+a Pod named after the workload, as ``docs/convert.md`` asks of callers), and puts the result
+back in place. Every other object is returned unchanged. ``tessera convert`` is built on
 it; ``tessera simulate`` converts the Pods its workloads expand into with the same
 :func:`convert_pod`, so both give the same claims. Pure code, no I/O.
 """
@@ -11,25 +12,15 @@ it; ``tessera simulate`` converts the Pods its workloads expand into with the sa
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tessera import DRIVER_NAME
 from tessera.api.quantity import Quantity
+from tessera.api.workloads import POD_TEMPLATE_PATHS, foreign_workload
 
 from .convert import Conversion, ConversionError, convert_pod
-
-#: Where each controller kind keeps its pod template (``spec.template`` unless listed).
-POD_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
-    "Deployment": ("spec", "template"),
-    "ReplicaSet": ("spec", "template"),
-    "StatefulSet": ("spec", "template"),
-    "DaemonSet": ("spec", "template"),
-    "Job": ("spec", "template"),
-    "CronJob": ("spec", "jobTemplate", "spec", "template"),
-    "ReplicationController": ("spec", "template"),
-}
 
 
 def gpu_memory_sizes(slices: Iterable[Mapping[str, Any]]) -> list[int]:
@@ -86,7 +77,11 @@ def _get(obj: Mapping[str, Any], path: Sequence[str]) -> Any:
 
 
 def convert_object(
-    obj: dict[str, Any], *, memory_sizes: Sequence[int] = (), source: str = ""
+    obj: dict[str, Any],
+    *,
+    memory_sizes: Sequence[int] = (),
+    source: str = "",
+    served: Collection[str] = (),
 ) -> ObjectConversion:
     """Convert the HAMi-style GPU requests of one manifest.
 
@@ -94,18 +89,27 @@ def convert_object(
     controller (:data:`POD_TEMPLATE_PATHS`) has its pod template wrapped as a Pod whose
     ``metadata`` is the template's with ``name`` = the controller's name and ``namespace`` =
     the controller's namespace (so templates are named ``<workload>-<container>-gpu``); the
-    converted ``spec`` replaces the template's. Anything else comes back unchanged. The input is
-    never mutated. ``memory_sizes`` and ``source`` are passed to :func:`convert_pod`.
+    converted ``spec`` replaces the template's. An object of another API holding pod templates
+    (:func:`tessera.api.workloads.foreign_workload`: Argo, Kubeflow, ...) comes back unchanged
+    with a warning saying so; anything else comes back unchanged. The input is
+    never mutated. ``memory_sizes``, ``source`` and ``served`` are passed to :func:`convert_pod`.
 
     Raises :class:`ConversionError` as :func:`convert_pod` does, and for a controller whose pod
     template has no ``spec`` mapping.
     """
     kind = obj.get("kind")
     if kind == "Pod":
-        conv = convert_pod(obj, memory_sizes=memory_sizes, source=source)
+        conv = convert_pod(obj, memory_sizes=memory_sizes, source=source, served=served)
         return ObjectConversion(conv.pod, conv.templates, conv.warnings, conv)
     path = POD_TEMPLATE_PATHS.get(str(kind))
     if path is None:
+        foreign = foreign_workload(
+            obj, "converted"
+        )  # pod templates of another API: said, not converted
+        if foreign is not None:
+            meta = obj.get("metadata") or {}
+            head = f"{source + ': ' if source else ''}{kind} {meta.get('name', '')}"
+            return ObjectConversion(obj, warnings=[f"{head}: {foreign}"])
         return ObjectConversion(obj)
     meta = obj.get("metadata") or {}
     template = _get(obj, path)
@@ -123,7 +127,7 @@ def convert_object(
     else:
         pod_meta.pop("namespace", None)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": template["spec"]}
-    conv = convert_pod(pod, memory_sizes=memory_sizes, source=source)
+    conv = convert_pod(pod, memory_sizes=memory_sizes, source=source, served=served)
     if not conv.templates and conv.pod["spec"] == template["spec"]:
         return ObjectConversion(obj, [], conv.warnings, conv)
     out = copy.deepcopy(obj)

@@ -47,6 +47,7 @@ from tessera.cel import CelCompileError, CelRuntimeError, compile_selector
 from tessera.explain import celtools
 from tessera.sim.cluster import Cluster
 from tessera.sim.simulate import (
+    EXTENDED_POD_CLAIM,
     SimResult,
     Simulation,
     generated_claim_name,
@@ -542,6 +543,9 @@ def _pod_claims(pod: Mapping[str, Any], sim: Simulation) -> list[tuple[str, dict
         c = sim.claims.get(key)
         if c is not None:
             out.append((str(pc.get("name", "")), c))
+    ext = sim.extended_claim_of(pod)  # the claim kube-scheduler synthesises (KEP-5004)
+    if ext is not None:
+        out.append((EXTENDED_POD_CLAIM, ext))
     return out
 
 

@@ -39,7 +39,7 @@ from typing import Any
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.allocator import SliceIndex
 from tessera.allocator.model import Device
-from tessera.api.deviceclass import device_class
+from tessera.api.deviceclass import IMPLICIT_PREFIX, device_class, implicit_class
 from tessera.api.loader import WORKLOAD_KINDS, Manifest
 from tessera.api.quantity import Quantity, QuantityError
 from tessera.api.validation import manifest_problems, pod_template, spec_path
@@ -270,6 +270,7 @@ def lint(
             continue
         if m.kind == "Pod" or m.kind in WORKLOAD_KINDS:
             _check_hami(add, m, world)
+            _check_extended(add, m, world)
             _check_tessera_claims_per_container(add, m, world, claim_objs)
             continue
         if m.kind not in ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate"):
@@ -370,6 +371,41 @@ def _check_hami(add: Any, m: Manifest, world: _World) -> None:
             fix = rest or "see docs/convert.md for the values HAMi accepts"
         found.append((field, problem, fix))
         add(field, problem, fix)
+
+
+def _check_extended(add: Any, m: Manifest, world: _World) -> None:
+    """An implicit extended resource ``deviceclass.resource.kubernetes.io/<class>`` (KEP-5004)
+    naming a DeviceClass that does not exist: no device plugin can advertise such a name, so
+    the pod would stay pending ("Insufficient")."""
+    template, path = pod_template(m.obj, m.kind)
+    if template is None:
+        return
+    spec = template.get("spec")
+    if not isinstance(spec, Mapping):
+        return
+    base = spec_path(path)
+    for part in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(part) or []):
+            res = (c or {}).get("resources") if isinstance(c, Mapping) else None
+            if not isinstance(res, Mapping):
+                continue
+            for block in ("limits", "requests"):
+                names = res.get(block)
+                if not isinstance(names, Mapping):
+                    continue
+                for name in names:
+                    cls = implicit_class(str(name))
+                    if cls is None or cls in world.classes:
+                        continue
+                    near = _closest(cls, set(world.classes))
+                    add(
+                        f"{base}.{part}[{i}].resources.{block}[{name}]",
+                        f"DeviceClass {cls!r} does not exist, so nothing serves {name} and the pod "
+                        f"stays pending (known: {', '.join(sorted(world.classes))})",
+                        f"use {IMPLICIT_PREFIX}{near}"
+                        if near
+                        else "name an existing DeviceClass or add its manifest to the input",
+                    )
 
 
 def _tessera_class(world: _World, name: Any) -> bool:

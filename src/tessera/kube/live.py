@@ -11,8 +11,10 @@ simulate`` gives the same answer).
 Which pods take part (:func:`select_objects`):
 
 * pods that finished (``Succeeded``/``Failed``) do not: their claims are released;
-* bound pods (``spec.nodeName`` set) that use ResourceClaims keep their node, and their
-  claims keep their allocation: the simulation starts from them;
+* bound pods (``spec.nodeName`` set) that use ResourceClaims (their own, or the one
+  kube-scheduler synthesised for extended resources a DeviceClass serves, named in
+  ``status.extendedResourceClaimStatus``) keep their node, and their claims keep their
+  allocation: the simulation starts from them;
 * pending pods that use ResourceClaims or ask for extended resources (HAMi-style requests),
   oldest first (``creationTimestamp``), as the scheduler's queue has them;
 * other pods hold no GPU and are left out.
@@ -80,7 +82,10 @@ def select_objects(objects: Iterable[Obj]) -> tuple[list[Obj], dict[int, str]]:
         spec = p.get("spec") or {}
         if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        claims = bool(spec.get("resourceClaims"))
+        # A claim kube-scheduler synthesised for served extended resources (KEP-5004) counts.
+        claims = bool(spec.get("resourceClaims")) or bool(
+            (p.get("status") or {}).get("extendedResourceClaimStatus")
+        )
         if spec.get("nodeName"):
             if claims:
                 bound.append(p)

@@ -33,15 +33,25 @@ from tessera.allocator import (
 )
 from tessera.allocator.model import Device, node_selector_matches
 from tessera.allocator.record import alternatives
-from tessera.api.deviceclass import device_class
+from tessera.api.deviceclass import device_class, served_extended_resources
 from tessera.api.errors import ManifestError
 from tessera.api.heap import collector_paused
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
 from tessera.api.uids import uuid5_url
 from tessera.api.validation import DRA_V1BETA2, check
+from tessera.api.workloads import foreign_workload
 from tessera.convert import gpu_memory_sizes
 from tessera.sim.cluster import Cluster
+from tessera.sim.extended import (
+    EXTENDED_RESOURCE_CLAIM_ANNOTATION,
+    claim_name,
+    extended_requests,
+    is_extended_claim,
+    owned_by,
+    requested_extended,
+    spec_key,
+)
 from tessera.sim.policies import (
     POLICIES,
     PodPolicy,
@@ -327,23 +337,15 @@ def _fresh_pod(pod: dict[str, Any]) -> dict[str, Any]:
     return {**pod, "metadata": dict(pod.get("metadata") or {}), "spec": dict(pod.get("spec") or {})}
 
 
-# Resources kube-scheduler counts against node allocatable; anything else is an extended
-# resource some device plugin must advertise. Simulated nodes advertise none.
-_NATIVE_RESOURCES = ("cpu", "memory", "ephemeral-storage", "pods")
+#: The pod claim name under which a pod's synthesised extended-resource claim travels with
+#: its other claims (upstream's in-memory name of that claim; not a valid claim name).
+EXTENDED_POD_CLAIM = "<extended-resources>"
 
 
 def unserved_extended_resources(pod: dict[str, Any]) -> list[str]:
-    """Extended resources the pod still asks for (after HAMi conversion): no simulated node has them."""
-    out: list[str] = []
-    spec = pod.get("spec") or {}
-    for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
-        res = (c or {}).get("resources") or {}
-        for part in ("requests", "limits"):
-            for name in res.get(part) or {}:
-                if name in _NATIVE_RESOURCES or str(name).startswith("hugepages-") or name in out:
-                    continue
-                out.append(str(name))
-    return out
+    """Extended resources the pod asks for (after HAMi conversion), served or not: no simulated
+    node advertises any; a DeviceClass may serve them (:mod:`tessera.sim.extended`)."""
+    return requested_extended(pod)
 
 
 def whole_gpu_spec(spec: dict[str, Any]) -> dict[str, Any]:
@@ -399,6 +401,30 @@ def untolerated_taint(
         ):
             return t
     return None
+
+
+def affinity_node_names(pod: Mapping[str, Any]) -> set[str] | None:
+    """The node names NodeAffinity's PreFilter narrows scheduling to: when every term of the
+    required node affinity has ``matchFields`` ``metadata.name In [...]`` (as the DaemonSet
+    controller pins its pods), the union over terms of each term's intersection; None when
+    some term does not name nodes (every node is a candidate)."""
+    req = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    terms = (req or {}).get("nodeSelectorTerms") or []
+    if not terms:
+        return None
+    out: set[str] = set()
+    for t in terms:
+        names: set[str] | None = None
+        for r in (t or {}).get("matchFields") or []:
+            if r.get("key") == "metadata.name" and r.get("operator") == "In":
+                vals = {str(v) for v in r.get("values") or []}
+                names = vals if names is None else names & vals
+        if names is None:
+            return None
+        out |= names
+    return out
 
 
 def pod_fits_node(pod: dict[str, Any], node: Node) -> bool:
@@ -514,9 +540,23 @@ class Simulation:
                 self.pods.append(m)
             else:
                 self.warnings.append(
-                    f"{m.source}: {m.ref()}: kind {kind} is not simulated; ignored"
+                    f"{m.source}: {m.ref()}: "
+                    + (foreign_workload(m.obj) or f"kind {kind} is not simulated; ignored")
                 )
         self.classes.setdefault(DEVICE_CLASS_NAME, default_device_class())
+        #: Extended resource name -> the DeviceClass kube-scheduler serves it from (KEP-5004).
+        self.served = served_extended_resources(self.classes.values())
+        self._extended_specs: dict[str, dict[str, Any]] = {}
+        # Synthesised claims given as input, by namespace and owner UID (findExtendedResourceClaim).
+        self._extended_given: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for (cns, _), c in self.claims.items():
+            if is_extended_claim(c):
+                for o in (c.get("metadata") or {}).get("ownerReferences") or []:
+                    if isinstance(o, dict) and o.get("uid"):
+                        self._extended_given.setdefault((cns, str(o["uid"])), []).append(c)
+        #: Pending pods' synthesised claims (kube-scheduler makes them only when it binds):
+        #: by pod ``namespace/name``, for explain.
+        self.extended_pending: dict[str, dict[str, Any]] = {}
         self.slices = slices
         self.index = SliceIndex(slices)
         # Without DRAConsumableCapacity kube-scheduler counts every result as dedicated.
@@ -631,7 +671,10 @@ class Simulation:
                 try:
                     if _mentions_hami(m.obj):
                         conv = convert_pod(
-                            m.obj, memory_sizes=self.memory_sizes, source=str(m.source)
+                            m.obj,
+                            memory_sizes=self.memory_sizes,
+                            source=str(m.source),
+                            served=self.served,
                         )
                     else:  # nothing to convert: a copy of the levels the run writes to
                         conv = Conversion(
@@ -686,6 +729,9 @@ class Simulation:
                     placements.extend(self._placements(pod, ref, node, claims))
                 if generated:
                     pod["status"]["resourceClaimStatuses"] = generated
+                ext = next((c for pc, c in claims if pc == EXTENDED_POD_CLAIM), None)
+                if ext is not None:
+                    self._record_extended(pod, ref, ext, node is not None)
                 out_pods.append(pod)
                 if on_pod is not None:
                     on_pod(ref)
@@ -698,6 +744,83 @@ class Simulation:
         objects.extend(self.claims.values())
         objects.extend(out_pods)
         return SimResult(placements, pending, gpus, objects, self.warnings, scheduled)
+
+    def _extended_claim(
+        self, pod: dict[str, Any], requests: list[dict[str, Any]]
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """The claim kube-scheduler synthesises for the pod's served extended resources
+        (:mod:`tessera.sim.extended`): the one it made in an earlier cycle (a pod read from a
+        cluster or from simulate's output: ``status.extendedResourceClaimStatus``, else an
+        annotated claim the pod owns), else a new one, not yet stored. An earlier claim still
+        unallocated is upstream's stale claim: the pod waits (reason returned)."""
+        ns = _ns(pod)
+        st = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+        found = self.claims.get((ns, str(st.get("resourceClaimName", "")))) if st else None
+        if found is None:
+            uid = (pod.get("metadata") or {}).get("uid")
+            found = next(
+                (c for c in self._extended_given.get((ns, str(uid)), ()) if owned_by(c, pod)),
+                None,
+            )
+        if found is not None:
+            if (found.get("status") or {}).get("allocation"):
+                return found, None
+            n = len(self.nodes)
+            return None, f"0/{n} nodes are available: {n} cannot schedule extended resource claim."
+        key = spec_key(requests)
+        spec = self._extended_specs.get(key)
+        if spec is None:  # one spec object per shape: the allocator memoises per spec
+            spec = {"devices": {"requests": requests}}
+            if self.whole_gpus:
+                spec = whole_gpu_spec(spec)
+            self._extended_specs[key] = spec
+        name = claim_name(_name(pod), pod["metadata"]["uid"])
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "uid": _claim_uid(f"{ns}/{name}"),
+                "annotations": {EXTENDED_RESOURCE_CLAIM_ANNOTATION: "true"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": _name(pod),
+                        "uid": pod["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": spec,
+        }
+        return claim, None
+
+    def _record_extended(
+        self, pod: dict[str, Any], ref: str, claim: dict[str, Any], bound: bool
+    ) -> None:
+        """After the pod's turn: a bound pod's synthesised claim is kept (as kube-scheduler
+        creates it at PreBind) and named in ``status.extendedResourceClaimStatus``; a pending
+        pod's is only remembered for explain."""
+        if not bound:
+            self.extended_pending[ref] = claim
+            return
+        self.claims[(_ns(claim), _name(claim))] = claim
+        pod["status"]["extendedResourceClaimStatus"] = {
+            "resourceClaimName": _name(claim),
+            "requestMappings": extended_requests(pod, self.served).mappings,
+        }
+
+    def extended_claim_of(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The synthesised extended-resource claim of ``pod`` (a pod of the run's result):
+        the one its status names, or a pending pod's remembered one; None without."""
+        md = pod.get("metadata") or {}
+        ns = str(md.get("namespace") or "default")
+        st = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+        if st.get("resourceClaimName"):
+            return self.claims.get((ns, str(st["resourceClaimName"])))
+        return self.extended_pending.get(f"{ns}/{md.get('name') or md.get('generateName') or ''}")
 
     def _claim_statuses(self, pod: dict[str, Any]) -> list[dict[str, str]]:
         """``status.resourceClaimStatuses`` as the resource-claim controller sets it: the claim
@@ -784,12 +907,17 @@ class Simulation:
     def _schedule(
         self, pod: dict[str, Any], ref: str, policy: PodPolicy
     ) -> tuple[str | None, str, list[tuple[str, dict[str, Any]]]]:
-        extended = unserved_extended_resources(pod)
-        if extended:
+        ext = extended_requests(pod, self.served)
+        if ext.unserved:
             n = len(self.nodes)
-            parts = ", ".join(f"{n} Insufficient {r}" for r in extended)
+            # kube-scheduler's FitError: "N reason" strings, sorted as strings.
+            parts = ", ".join(sorted(f"{n} Insufficient {r}" for r in ext.unserved))
             return None, f"0/{n} nodes are available: {parts}.", []
         claims, reason = self._resolve_claims(pod, ref)
+        if not reason and ext.requests:
+            special, reason = self._extended_claim(pod, ext.requests)
+            if special is not None:
+                claims.append((EXTENDED_POD_CLAIM, special))
         self.claims_seen += len(claims)
         if reason:
             return None, reason, []
@@ -944,6 +1072,11 @@ class Simulation:
         """The allocation results of ``todo`` on ``node`` (one per claim, nothing recorded yet);
         else the scheduler's reason (or error)."""
         if not pod_fits_node(pod, node):
+            names = affinity_node_names(pod)
+            if names is not None and node.name not in names:
+                # NodeAffinity's PreFilter narrowed the nodes (a DaemonSet pod's pin): the
+                # scheduler's word for a node it never filtered.
+                return "node(s) didn't satisfy plugin(s) [NodeAffinity]"
             return "node(s) didn't match Pod's node affinity/selector"  # kube-scheduler's NodeAffinity wording
         taint = untolerated_taint(pod, self.taints.get(node.name, ()))
         if taint is not None:  # kube-scheduler's TaintToleration wording
@@ -1076,33 +1209,37 @@ class Simulation:
                 for r in claim["status"]["allocation"]["devices"]["results"]:
                     if rc.get("request") and r["request"].split("/")[0] != rc["request"]:
                         continue
-                    d = self._device(r["driver"], r["pool"], r["device"])
-                    attrs = d.attributes if d else {}
-                    cc = r.get("consumedCapacity") or {}
-                    out.append(
-                        Placement(
-                            pod=ref,
-                            container=ctr.get("name", ""),
-                            claim=f"{_ns(claim)}/{_name(claim)}",
-                            request=r["request"],
-                            node=node,
-                            device=f"{r['driver']}/{r['pool']}/{r['device']}",
-                            uuid=attrs.get(f"{r['driver']}/uuid"),
-                            model=attrs.get(f"{r['driver']}/productName"),
-                            memory=cc.get("memory")
-                            if cc
-                            else (
-                                d.capacity["memory"].value.canonical()
-                                if d and "memory" in d.capacity
-                                else None
-                            ),
-                            cores=cc.get("cores")
-                            if cc
-                            else ("100" if d and "cores" in d.capacity else None),
-                            share_id=r.get("shareID"),
-                        )
-                    )
+                    out.append(self._placement(ref, ctr.get("name", ""), claim, r, node))
+        ext = by_pc.get(EXTENDED_POD_CLAIM)
+        if ext is not None:  # containers map to its requests (status.extendedResourceClaimStatus)
+            for m in extended_requests(pod, self.served).mappings:
+                for r in ext["status"]["allocation"]["devices"]["results"]:
+                    if r["request"] == m["requestName"]:
+                        out.append(self._placement(ref, m["containerName"], ext, r, node))
         return out
+
+    def _placement(
+        self, ref: str, container: str, claim: dict[str, Any], r: dict[str, Any], node: str
+    ) -> Placement:
+        """One allocation result ``r`` of ``claim`` as a row for ``container``."""
+        d = self._device(r["driver"], r["pool"], r["device"])
+        attrs = d.attributes if d else {}
+        cc = r.get("consumedCapacity") or {}
+        return Placement(
+            pod=ref,
+            container=container,
+            claim=f"{_ns(claim)}/{_name(claim)}",
+            request=r["request"],
+            node=node,
+            device=f"{r['driver']}/{r['pool']}/{r['device']}",
+            uuid=attrs.get(f"{r['driver']}/uuid"),
+            model=attrs.get(f"{r['driver']}/productName"),
+            memory=cc.get("memory")
+            if cc
+            else (d.capacity["memory"].value.canonical() if d and "memory" in d.capacity else None),
+            cores=cc.get("cores") if cc else ("100" if d and "cores" in d.capacity else None),
+            share_id=r.get("shareID"),
+        )
 
     def _gpu_usage(self) -> list[GPUUsage]:
         return gpu_usage(self.index, self.state, {n.name for n in self.cluster.nodes})
