@@ -3739,10 +3739,269 @@ case(
 )
 
 
+# ---- V. Kubernetes v1.37 fixes newer than the catalogue (issue 22 item 16) ----------------------
+# Transcribed from TestAllocator in k8s.io/dynamic-resource-allocation v0.37.2 (the version the
+# harness pins), allocatortesting/allocator_testing.go; the catalogue (a snapshot of master from
+# early July 2026) predates them. Each note names the upstream fix and the first patch releases
+# that carry it (checked in the published module sources, see tests/conformance/README.md).
+S = "V"
+_SID = "aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa"
+CNT = "counter-set-1"
+
+
+def kdev(name: str, c: str | None = None, cs: str = CNT, key: str = "c", **kw: Any) -> dict[str, Any]:
+    """A device consuming ``c`` of counter ``key`` in ``cs`` (no capacity copied from it)."""
+    return dev(name, counters=[(cs, {key: c})] if c is not None else None, **kw)
+
+
+def kpool(
+    *devices: dict[str, Any],
+    total: str = "1",
+    driver: str = DA,
+    cs: str = CNT,
+    key: str = "c",
+    names: tuple[str, str] = ("slice-1", "slice-2"),
+) -> list[dict[str, Any]]:
+    """Upstream's two-slice partitionable pool: devices in one slice, the counter set in another."""
+    return [
+        slc(names[0], "node-1", "pool-1", driver, *devices, count=2),
+        counters_slice(names[1], "node-1", "pool-1", (cs, {key: total}), driver=driver),
+    ]
+
+
+def kind_sel(*kinds: str) -> list[dict[str, Any]]:
+    return [cel(" || ".join(f'device.attributes["{DA}"].kind == "{k}"' for k in kinds))]
+
+
+case(
+    "partitionable-consumable-capacity-shared-device-counter-not-recharged",
+    features=[PD, CC],
+    classes=CA,
+    slices=kpool(kdev(d(1), "1", multi=True)),
+    allocated_=[allocated(shared(d(1), share_id=_SID))],
+    claims=[c0(r0())],
+    results=[alloc(res("req-0", d(1), share=True))],
+    note="kubernetes PR #140437 (issue #140433): an earlier share recorded by shareID only (no "
+    "consumedCapacity) already paid the device's counters; a second share must not pay them again "
+    "(before the fix: 'Insufficient counters', no allocation). Fixed in v1.37.0; not in v1.36.6 or "
+    "v1.35.10, the newest patch releases of those lines.",
+    section=S,
+)
+case(
+    "consumable-capacity-requests-are-not-modified",
+    features=[CC],
+    classes=CA,
+    slices=[
+        slc(
+            "slice-1",
+            "node-1",
+            "pool-1",
+            DA,
+            dev(
+                d(1),
+                multi=True,
+                cap={
+                    C0: {
+                        "value": "1000000000000000000002",
+                        "requestPolicy": {
+                            "default": "1000000000000000000000",
+                            "validRange": {"min": "2"},
+                        },
+                    }
+                },
+            ),
+        )
+    ],
+    claims=[c0(r0(cap=2), req("req-1", cap="1000000000000000000000"))],
+    results=[
+        alloc(
+            res("req-0", d(1), consumed={C0: 2}),
+            res("req-1", d(1), consumed={C0: "1000000000000000000000"}),
+        )
+    ],
+    note="kubernetes PR #140702: capacity amounts beyond int64 (decimal Quantities) shared between "
+    "the informer's objects and the allocator's running sums were modified in place, so a later "
+    "allocation saw corrupted values; upstream also checks that the slices are unchanged after "
+    "Allocate (test_conformance.py does the same for Tessera). Fixed in v1.37.0; not in v1.36.6 or "
+    "v1.35.10.",
+    section=S,
+)
+case(
+    "partitionable-devices-counter-quantities-are-not-modified",
+    features=[PD],
+    classes=CA,
+    slices=kpool(
+        kdev(d(1), "9000000000000000000"), kdev(d(2), "1"), total="10000000000000000000"
+    ),
+    allocated_=[allocated(held(d(1)))],
+    claims=[c0(r0())],
+    results=[alloc(res("req-0", d(2)))],
+    note="kubernetes PR #140518, the shared-counter side of PR #140702: counter values beyond int64 "
+    "must be subtracted from a copy, never from the cached slice. Fixed in v1.37.0.",
+    section=S,
+)
+case(
+    "partitionable-devices-counter-cache-scoped-by-pool-ID",
+    features=[PD],
+    classes=CAB,
+    slices=kpool(kdev(d(1), "1"))
+    + kpool(kdev(d(2), "2"), total="2", driver=DB, names=("slice-3", "slice-4")),
+    claims=[c0(r0()), claim("claim-1", req("req-1", "class-b"))],
+    results=[alloc(res("req-0", d(1))), alloc(res("req-1", d(2), driver=DB))],
+    note="kubernetes PR #140435: counter availability is per pool (driver and pool name), not per "
+    "pool name. Fixed in v1.37.0.",
+    section=S,
+)
+case(
+    "partitionable-devices-counter-cache-not-crossed-between-driver-schemas",
+    features=[PD],
+    classes=CAB,
+    slices=kpool(kdev(d(1), "1"))
+    + kpool(
+        kdev(d(2), "2", cs="counter-set-2", key="d"),
+        cs="counter-set-2",
+        key="d",
+        driver=DB,
+        names=("slice-3", "slice-4"),
+    ),
+    claims=[c0(r0()), claim("claim-1", req("req-1", "class-b"))],
+    results=none(2),
+    note="kubernetes PR #140435: driver-b's pool-1 is checked against its own counter set (d: 1, "
+    "device-2 needs 2), never against driver-a's cached pool-1. Fixed in v1.37.0.",
+    section=S,
+)
+case(
+    "partitionable-devices-taint-releases-counter",
+    features=[PD, DT],
+    classes=CA,
+    slices=kpool(kdev(d(1), "1", taints=[T_NS]), kdev(d(2), "1")),
+    claims=[c0(r0())],
+    results=[alloc(res("req-0", d(2)))],
+    note="kubernetes PR #140431: a device refused for its taint after its counters were reserved "
+    "gives them back. Fixed in v1.37.0.",
+    section=S,
+)
+case(
+    "partitionable-devices-constraint-releases-counter",
+    features=[PD],
+    classes=CA,
+    slices=kpool(
+        kdev(d(1), "1", attr={"stringAttribute": "red"}),
+        kdev(d(2), "1", attr={"stringAttribute": "blue"}),
+        kdev(d(3), "1", attr={"stringAttribute": "blue"}),
+        total="2",
+    ),
+    claims=[c0(r0(count=2), constraints=[match(ATTR_STR)])],
+    results=[alloc(res("req-0", d(2)), res("req-0", d(3)))],
+    note="kubernetes PR #140431: a device refused by a claim constraint after its counters were "
+    "reserved gives them back. Fixed in v1.37.0.",
+    section=S,
+)
+case(
+    "partitionable-consumable-capacity-backtrack-releases-counter",
+    features=[PD, CC],
+    classes=CA,
+    slices=kpool(
+        kdev(d(1), "1", multi=True, attr={"kind": "shared"}),
+        dev(d(2), attr={"kind": "shared"}),
+        kdev(d(3), "1", attr={"kind": "counteronly"}),
+    ),
+    claims=[c0(r0(sel=kind_sel("shared")), req("req-1", sel=kind_sel("counteronly")))],
+    results=[alloc(res("req-0", d(2)), res("req-1", d(3)))],
+    note="kubernetes PR #140431: backtracking over a shareable device that reserved the pool's "
+    "only counter releases it. Fixed in v1.37.0.",
+    section=S,
+)
+case(
+    "partitionable-empty-capacity-multiple-share-backtrack-keeps-counter-ownership",
+    features=[PD, CC],
+    classes=CA,
+    slices=kpool(
+        kdev(d(1), "1", multi=True, attr={"kind": "shared", "stringAttribute": "red"}),
+        dev(d(2), attr={"kind": "fallback", "stringAttribute": "blue"}),
+        dev(d(3), attr={"kind": "gate", "stringAttribute": "blue"}),
+    ),
+    claims=[
+        c0(r0(sel=kind_sel("shared"))),
+        claim(
+            "claim-1",
+            req("req-1", sel=kind_sel("shared", "fallback")),
+            req("req-2", sel=kind_sel("gate")),
+            req("req-3", sel=kind_sel("shared")),
+            constraints=[match(ATTR_STR, "req-1", "req-2")],
+        ),
+    ],
+    results=[
+        alloc(res("req-0", d(1), share=True)),
+        alloc(res("req-1", d(2)), res("req-2", d(3)), res("req-3", d(1), share=True)),
+    ],
+    note="kubernetes v1.37 (with PR #140431): undoing a second share of a shareable device without "
+    "capacity must not drop the first share's hold on the counters, so a third share of it does not "
+    "pay them again.",
+    section=S,
+)
+case(
+    "partitionable-all-mode-constraint-must-error-with-reserved-counter",
+    features=[PD],
+    classes=CA,
+    slices=kpool(dev(d(1), attr={"numa": 1}), kdev(d(2), "1", attr={"numa": 2})),
+    claims=[c0(r0(count=0, all=True), constraints=[match(ATTR_INT)])],
+    error="claim claim-0, request req-0: cannot add device driver-a/pool-1/device-2 because a "
+    "claim constraint would not be satisfied",
+    note="kubernetes PR #140431: in allocationMode All a device that reserved counters and then "
+    "fails a claim constraint is an error (the counters are released before it is returned). "
+    "Fixed in v1.37.0.",
+    section=S,
+)
+case(
+    "consumable-capacity-rejection-rolls-back-constraints",
+    features=[CC, PL],
+    classes=CA,
+    slices=[
+        slc(
+            "slice-1",
+            "node-1",
+            "pool-1",
+            DA,
+            dev(d(1), cap={C0: 2}, attr={"stringAttribute": "cap"}, multi=True),
+            dev(d(2), attr={"stringAttribute": "fb"}),
+        )
+    ],
+    claims=[
+        c0(r0(cap=2, sel=[cel(f'device.attributes["{DA}"].stringAttribute == "cap"')])),
+        claim(
+            "claim-1",
+            fa(
+                "req-0",
+                sub(
+                    "subReq-0",
+                    all=True,
+                    cap=2,
+                    sel=[cel(f'device.attributes["{DA}"].stringAttribute == "cap"')],
+                ),
+                sub("subReq-1", sel=[cel(f'device.attributes["{DA}"].stringAttribute == "fb"')]),
+            ),
+            constraints=[match(ATTR_STR)],
+        ),
+    ],
+    results=[
+        alloc(res("req-0", d(1), consumed={C0: 2})),
+        alloc(res("req-0/subReq-1", d(2))),
+    ],
+    note="kubernetes v1.37 (with PR #140431): a shareable device refused for lack of capacity after "
+    "a claim constraint took its attribute gives the constraint back, so the next subrequest can "
+    "match another value.",
+    section=S,
+)
+
+
 # ---------------------------------------------------------------------------------------------
 # Writer
 
 HEADER = "# Generated by tests/conformance/gen_scenarios.py from dra-allocator-cases.md section {section}. Do not edit by hand.\n"
+# Section V is newer than the catalogue: transcribed from upstream's TestAllocator as published in
+# k8s.io/dynamic-resource-allocation v0.37.2.
+HEADER_V = "# Generated by tests/conformance/gen_scenarios.py from TestAllocator of k8s.io/dynamic-resource-allocation v0.37.2. Do not edit by hand.\n"
 
 
 class _Dumper(yaml.SafeDumper):
@@ -3768,7 +4027,7 @@ _Dumper.add_representer(str, _str_rep)
 def render(sc: dict[str, Any]) -> str:
     sc = dict(sc)
     section, note = sc.pop("_section"), sc.pop("_note")
-    head = HEADER.format(section=section)
+    head = HEADER_V if section == "V" else HEADER.format(section=section)
     if note:
         head += "".join(f"# {line}\n" for line in _wrap(note))
     return head + yaml.dump(sc, Dumper=_Dumper, sort_keys=False, default_flow_style=None, width=120)

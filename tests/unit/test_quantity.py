@@ -108,3 +108,41 @@ def test_parse_bounded_forms(text: str, value: Fraction) -> None:
 def test_parse_refuses_out_of_range_fast(text: str | int, message: str) -> None:
     with pytest.raises(QuantityError, match=message.replace("(", r"\(").replace(")", r"\)")):
         Quantity.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        # The values of upstream's v1.37 TestAllocator cases for kubernetes PRs #140518/#140702.
+        ("1000000000000000000002", 10**21 + 2),
+        ("10000000000000000000", 10**19),
+        ("-9223372036854775808", -(2**63)),
+        ("1e21", 10**21),
+        ("1000E", 10**21),
+        ("1.5e30", 15 * 10**29),
+        (2**70, 2**70),
+        ("9" * 64, 10**64 - 1),
+    ],
+)
+def test_parse_beyond_int64_keeps_decimal_values(text: str | int, value: int) -> None:
+    """resource.ParseQuantity keeps decimal values past 2^63-1 exactly (inf.Dec), and the API
+    server stores them in ResourceSlices and capacity requests."""
+    q = Quantity.parse(text, beyond_int64=True)
+    assert q.value == value
+    assert Quantity.parse(q.canonical(), beyond_int64=True).value == value
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("16Ei", r"out of range for a Kubernetes quantity \(max 2\^63-1\)"),  # BinarySI: bounded
+        ("1e65", "at most 64 digits before the decimal point"),
+        ("1e999999999", "at most 64 digits before the decimal point"),  # at once, no 10**999999999
+        ("1" * 5000, "at most 64 digits"),
+    ],
+)
+def test_parse_beyond_int64_still_bounded(text: str, message: str) -> None:
+    with pytest.raises(QuantityError, match=message):
+        Quantity.parse(text, beyond_int64=True)
+    with pytest.raises(QuantityError, match="out of range"):
+        Quantity.parse(text)  # without beyond_int64: the 2^63-1 bound

@@ -72,8 +72,9 @@ _ZERO = Fraction(0)
 
 @functools.lru_cache(maxsize=4096)
 def _parse_quantity(v: str | int) -> Quantity:
-    """Quantity.parse for capacity requests, which repeat across claims and calls (Quantity is immutable)."""
-    return Quantity.parse(v)
+    """Quantity.parse for capacity requests, which repeat across claims and calls (Quantity is
+    immutable); decimal values past 2^63-1 are kept, as the API server does."""
+    return Quantity.parse(v, beyond_int64=True)
 
 
 class AllocationError(Exception):

@@ -34,7 +34,7 @@ def exact(v: Fraction | int) -> Exact:
 @functools.lru_cache(maxsize=4096)
 def _consumed(text: str | int) -> Exact:
     """A ``consumedCapacity`` value, exact (results repeat the same few texts)."""
-    return exact(Quantity.parse(text).value)
+    return exact(Quantity.parse(text, beyond_int64=True).value)
 
 
 def device_id_str(d: DeviceID) -> str:
@@ -189,8 +189,9 @@ def _qualify(name: str, driver: str) -> str:
 
 
 def _q(v: Any, where: str, ref: str) -> Quantity:
+    """A ResourceSlice quantity: decimal values past 2^63-1 are kept, as the API server does."""
     try:
-        return Quantity.parse(v)
+        return Quantity.parse(v, beyond_int64=True)
     except QuantityError as e:
         raise ManifestError(str(e), obj=ref, field=where) from None
 
