@@ -3460,7 +3460,9 @@ case(
     allocated_=[allocated(shared(d(1), {C0: 1}, share_id="aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa"))],
     claims=[c0(r0(cap=1, sel=[cel(f'device.attributes["{DA}"].mode == "b"')]))],
     section="L",
-    note="d1's earlier share already consumed the pool's only counter unit, so d2 cannot be allocated",
+    note="d1's earlier share already consumed the pool's only counter unit, so d2 cannot be allocated "
+    "(kubernetes PR #139040, issue #139034: fixed in v1.37.0 and v1.36.2; not in 1.35, v1.35.10 "
+    "neither)",
 )
 
 # ---- R. Tessera extras implied by the upstream code (no upstream case of that name) ---------
@@ -3837,7 +3839,8 @@ case(
     claims=[c0(r0())],
     results=[alloc(res("req-0", d(2)))],
     note="kubernetes PR #140518, the shared-counter side of PR #140702: counter values beyond int64 "
-    "must be subtracted from a copy, never from the cached slice. Fixed in v1.37.0.",
+    "must be subtracted from a copy, never from the cached slice. Fixed in v1.37.0; not in v1.36.6 or "
+    "v1.35.10.",
     section=S,
 )
 case(
@@ -3849,7 +3852,7 @@ case(
     claims=[c0(r0()), claim("claim-1", req("req-1", "class-b"))],
     results=[alloc(res("req-0", d(1))), alloc(res("req-1", d(2), driver=DB))],
     note="kubernetes PR #140435: counter availability is per pool (driver and pool name), not per "
-    "pool name. Fixed in v1.37.0.",
+    "pool name. Fixed in v1.37.0 and v1.36.4; not in 1.35 (v1.35.10).",
     section=S,
 )
 case(
@@ -3867,7 +3870,8 @@ case(
     claims=[c0(r0()), claim("claim-1", req("req-1", "class-b"))],
     results=none(2),
     note="kubernetes PR #140435: driver-b's pool-1 is checked against its own counter set (d: 1, "
-    "device-2 needs 2), never against driver-a's cached pool-1. Fixed in v1.37.0.",
+    "device-2 needs 2), never against driver-a's cached pool-1. Fixed in v1.37.0 and v1.36.4; not in "
+    "1.35 (v1.35.10).",
     section=S,
 )
 case(
@@ -3878,7 +3882,7 @@ case(
     claims=[c0(r0())],
     results=[alloc(res("req-0", d(2)))],
     note="kubernetes PR #140431: a device refused for its taint after its counters were reserved "
-    "gives them back. Fixed in v1.37.0.",
+    "gives them back. Fixed in v1.37.0 and v1.36.3; not in 1.35 (v1.35.10).",
     section=S,
 )
 case(
@@ -3894,7 +3898,7 @@ case(
     claims=[c0(r0(count=2), constraints=[match(ATTR_STR)])],
     results=[alloc(res("req-0", d(2)), res("req-0", d(3)))],
     note="kubernetes PR #140431: a device refused by a claim constraint after its counters were "
-    "reserved gives them back. Fixed in v1.37.0.",
+    "reserved gives them back. Fixed in v1.37.0 and v1.36.3; not in 1.35 (v1.35.10).",
     section=S,
 )
 case(
@@ -3909,7 +3913,7 @@ case(
     claims=[c0(r0(sel=kind_sel("shared")), req("req-1", sel=kind_sel("counteronly")))],
     results=[alloc(res("req-0", d(2)), res("req-1", d(3)))],
     note="kubernetes PR #140431: backtracking over a shareable device that reserved the pool's "
-    "only counter releases it. Fixed in v1.37.0.",
+    "only counter releases it. Fixed in v1.37.0 and v1.36.3; not in 1.35 (v1.35.10).",
     section=S,
 )
 case(
@@ -3937,7 +3941,7 @@ case(
     ],
     note="kubernetes v1.37 (with PR #140431): undoing a second share of a shareable device without "
     "capacity must not drop the first share's hold on the counters, so a third share of it does not "
-    "pay them again.",
+    "pay them again. In v1.37.0 and v1.36.3; not in 1.35 (v1.35.10).",
     section=S,
 )
 case(
@@ -3950,7 +3954,7 @@ case(
     "claim constraint would not be satisfied",
     note="kubernetes PR #140431: in allocationMode All a device that reserved counters and then "
     "fails a claim constraint is an error (the counters are released before it is returned). "
-    "Fixed in v1.37.0.",
+    "Fixed in v1.37.0 and v1.36.3; not in 1.35 (v1.35.10).",
     section=S,
 )
 case(
@@ -3990,7 +3994,7 @@ case(
     ],
     note="kubernetes v1.37 (with PR #140431): a shareable device refused for lack of capacity after "
     "a claim constraint took its attribute gives the constraint back, so the next subrequest can "
-    "match another value.",
+    "match another value. In v1.37.0 and v1.36.3; not in 1.35 (v1.35.10).",
     section=S,
 )
 
