@@ -3751,7 +3751,9 @@ _SID = "aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa"
 CNT = "counter-set-1"
 
 
-def kdev(name: str, c: str | None = None, cs: str = CNT, key: str = "c", **kw: Any) -> dict[str, Any]:
+def kdev(
+    name: str, c: str | None = None, cs: str = CNT, key: str = "c", **kw: Any
+) -> dict[str, Any]:
     """A device consuming ``c`` of counter ``key`` in ``cs`` (no capacity copied from it)."""
     return dev(name, counters=[(cs, {key: c})] if c is not None else None, **kw)
 
@@ -3832,9 +3834,7 @@ case(
     "partitionable-devices-counter-quantities-are-not-modified",
     features=[PD],
     classes=CA,
-    slices=kpool(
-        kdev(d(1), "9000000000000000000"), kdev(d(2), "1"), total="10000000000000000000"
-    ),
+    slices=kpool(kdev(d(1), "9000000000000000000"), kdev(d(2), "1"), total="10000000000000000000"),
     allocated_=[allocated(held(d(1)))],
     claims=[c0(r0())],
     results=[alloc(res("req-0", d(2)))],
@@ -3998,6 +3998,67 @@ case(
     section=S,
 )
 
+
+_CC_ABORT = (
+    "kubernetes PR #140442 (v1.37.0; not in v1.36.6 or v1.35.10): a capacity request that the "
+    "validRange step arithmetic cannot represent (int64 units) aborts the allocation instead of "
+    "skipping the device"
+)
+case(
+    "consumable-capacity-negative-request-aborts",
+    features=[CC],
+    classes=CAM,
+    slices=mslice(mdev(d(1), cap={C0: "10"})),
+    claims=[c0(r0(cap="-5"))],
+    error="negative",
+    note="Kubernetes v1.37 (not in v1.36.6 or v1.35.10): a negative capacity amount (a request "
+    "stored before stricter validation) aborts the allocation rather than being recorded and "
+    "over-allocating the device",
+    section=S,
+)
+case(
+    "consumable-capacity-range-policy-allocation-mode-all-overflow-aborts",
+    features=[CC],
+    classes=CAM,
+    slices=mslice(mdev(d(1), cap={C0: range_policy(4)})),
+    claims=[c0(r0(all=True, cap="18446744073709551616"))],
+    error="cannot be represented",
+    note=_CC_ABORT + "; here in allocationMode All's pre-scan",
+    section=S,
+)
+case(
+    "consumable-capacity-range-policy-overflow-aborts-not-skip",
+    features=[CC],
+    classes=CAM,
+    slices=mslice(
+        mdev(d(1), cap={C0: range_policy(4)}),
+        mdev(d(2), cap={C0: "36893488147419103232"}),
+    ),
+    claims=[c0(r0(cap="18446744073709551616"))],
+    error="cannot be represented",
+    note=_CC_ABORT + "; device-2 (no step) could hold it, but the first device's failure aborts",
+    section=S,
+)
+case(
+    "consumable-capacity-range-policy-request-above-int64-rejected",
+    features=[CC],
+    classes=CAM,
+    slices=mslice(mdev(d(1), cap={C0: range_policy(4)})),
+    claims=[c0(r0(cap="18446744073709551616"))],
+    error="cannot be represented",
+    note=_CC_ABORT + "; the request itself is past MaxInt64",
+    section=S,
+)
+case(
+    "consumable-capacity-range-policy-rounded-value-overflow-rejected",
+    features=[CC],
+    classes=CAM,
+    slices=mslice(mdev(d(1), cap={C0: range_policy(4)})),
+    claims=[c0(r0(cap="9223372036854775807"))],
+    error="cannot be represented",
+    note=_CC_ABORT + "; MaxInt64 rounded up to the next step of 2 passes MaxInt64",
+    section=S,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Writer

@@ -6,7 +6,12 @@ from fractions import Fraction
 
 import pytest
 
-from tessera.allocator import AllocatedState, consumed_amount, violates_policy
+from tessera.allocator import (
+    AllocatedState,
+    CapacityArithmeticError,
+    consumed_amount,
+    violates_policy,
+)
 from tessera.allocator.model import Capacity, RequestPolicy
 from tessera.api.quantity import Quantity
 
@@ -149,3 +154,50 @@ def test_fractional_range_uses_exact_arithmetic() -> None:
     got = consumed_amount(c, q("250m"))
     assert got.value == Fraction(3, 10)
     assert not violates_policy(c, got)
+
+
+def _wide(v: str) -> Quantity:
+    return Quantity.parse(v, beyond_int64=True)
+
+
+@pytest.mark.parametrize(
+    ("policy", "requested", "message"),
+    [
+        # Integer step arithmetic (upstream roundUpRange, Kubernetes v1.37, PR #140442).
+        (
+            RequestPolicy(range_min=q(2), range_step=q(2)),
+            "18446744073709551616",
+            "request 18446744073709551616 exceeds MaxInt64",
+        ),
+        (
+            RequestPolicy(range_min=q(0), range_step=q(100)),
+            "9223372036854775807",
+            "rounding request 9223372036854775807 up to the next step passes MaxInt64",
+        ),
+        # Milli-unit arithmetic (fractional bounds: DRAFractionalCapacityRange, on in 1.37).
+        (
+            RequestPolicy(range_min=q("100m"), range_step=q("100m")),
+            "10000000000000000",
+            "request 10P is not a representable milli value",
+        ),
+        (
+            RequestPolicy(range_min=q("100m"), range_step=q("300m")),
+            "9223372036854775807m",
+            "rounding request 9223372036854775807m up to the next step passes the milli-value range",
+        ),
+    ],
+)
+def test_unrepresentable_request_raises(
+    policy: RequestPolicy, requested: str, message: str
+) -> None:
+    with pytest.raises(CapacityArithmeticError, match="cannot be represented") as e:
+        consumed_amount(Capacity(_wide("36893488147419103232"), policy), _wide(requested))
+    assert message in str(e.value)
+
+
+def test_request_just_within_int64_is_rounded() -> None:
+    got = consumed_amount(
+        Capacity(_wide("36893488147419103232"), RequestPolicy(range_min=q(1), range_step=q(2))),
+        q("9223372036854775807"),
+    )
+    assert got.value == 2**63 - 1  # 1 + 2n lands exactly on MaxInt64: representable

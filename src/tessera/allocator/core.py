@@ -122,6 +122,18 @@ class SelectorCompileError(AllocationError):
         self.error = error
 
 
+class CapacityArithmeticError(Exception):
+    """A capacity amount the allocator must not act on (Kubernetes v1.37, kubernetes PR #140442
+    and its negative-value guard): a request past what ``CmpRequestOverCapacity``'s range
+    arithmetic can represent, or a negative amount. Upstream aborts the whole allocation
+    rather than skipping the device; the message is upstream's inner text (``capacity "name":
+    ...``), which the caller prefixes with the claim, request and device."""
+
+
+_MAX_INT64 = 2**63 - 1
+_NOT_REPRESENTABLE = "capacity request cannot be represented in the device's range arithmetic"
+
+
 class _MaxSizeExceeded(Exception):
     """Internal signal: the claim would need more than 32 results (dra-spec.md 4.4)."""
 
@@ -310,7 +322,11 @@ def _build_pool(
 
 
 def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
-    """``calculateConsumedCapacity`` for one capacity of a device."""
+    """``calculateConsumedCapacity`` for one capacity of a device.
+
+    Raises :class:`CapacityArithmeticError` where upstream's validRange step arithmetic (int64
+    units, or milli-units with fractional bounds) cannot hold the request or its rounded value
+    (``roundUpRange``, Kubernetes v1.37)."""
     pol = cap.policy
     if requested is None:
         if pol is not None and pol.default is not None:
@@ -324,8 +340,21 @@ def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
         if pol.range_step is None:
             return requested
         scale, mn, step = pol.scale, pol.min_units, pol.step_units
+        q = requested.canonical()
+        if scale == 1 and requested.value > _MAX_INT64:
+            raise CapacityArithmeticError(f"{_NOT_REPRESENTABLE}: request {q} exceeds MaxInt64")
         ru = math.ceil(requested.value * scale) if scale != 1 else math.ceil(requested.value)
-        n = mn - ((mn - ru) // step) * step  # min + ceil((requested - min) / step) * step
+        if scale != 1 and not -_MAX_INT64 - 1 <= ru <= _MAX_INT64:
+            raise CapacityArithmeticError(
+                f"{_NOT_REPRESENTABLE}: request {q} is not a representable milli value"
+            )
+        steps = -((mn - ru) // step)  # ceil((requested - min) / step)
+        if mn >= 0 and steps > (_MAX_INT64 - mn) // step:
+            passes = "MaxInt64" if scale == 1 else "the milli-value range"
+            raise CapacityArithmeticError(
+                f"{_NOT_REPRESENTABLE}: rounding request {q} up to the next step passes {passes}"
+            )
+        n = mn + steps * step
         return Quantity(Fraction(n, scale) if scale != 1 else Fraction(n), requested.format)
     if pol.valid_values:
         for v in sorted(pol.valid_values, key=lambda q: q.value):
@@ -366,9 +395,20 @@ def consumption(
     missing = tuple(k for k in req if k not in caps)
     if missing:
         return CapacityMissing(missing, tuple(caps))
-    items = []
+    # Every amount first: one that cannot be used aborts (CapacityArithmeticError) whatever a
+    # soft refusal of another capacity would say, as upstream resolves them all before its
+    # policy and capacity checks (Kubernetes v1.37).
+    amounts = []
     for k, cap in caps.items():
-        amount = consumed_amount(cap, req.get(k))
+        try:
+            amount = consumed_amount(cap, req.get(k))
+        except CapacityArithmeticError as e:
+            raise CapacityArithmeticError(f'capacity "{k}": {e}') from None
+        if amount.value < 0:
+            raise CapacityArithmeticError(f'capacity "{k}": capacity value is negative')
+        amounts.append((k, cap, amount))
+    items = []
+    for k, cap, amount in amounts:
         if violates_policy(cap, amount):
             assert cap.policy is not None
             return PolicyViolation(k, amount.value, cap.value.format, cap.policy)
@@ -408,6 +448,7 @@ class RequestData:
     all_devices: list[Device] = field(default_factory=list)
     sub_index: int = -1
     kept: bool = False  # memoised by the allocator (frozen_specs): lives as long as it
+    what: str = ""  # "claim <ref>, request <own name>": the prefix of its error messages
 
 
 @dataclass
@@ -934,6 +975,7 @@ class _Search:
             cap_key=cap_key,
             requested_key=cap_key + "|" + ",".join(caps[k].format for k in sorted(caps)),
             raw=dict(r),
+            what=what,
         )
         if mode == "All":
             for p in self.pools:
@@ -953,7 +995,7 @@ class _Search:
                         # drops devices the request can never fit, not those that earlier
                         # allocations filled; those make the request fail (dra-spec.md 2.7).
                         if self.f.consumable_capacity and not self._capacity_fits(
-                            rd, d, in_call=False, existing=False
+                            rd, d, in_call=False, existing=False, prescan=True
                         ):
                             continue
                         rd.all_devices.append(d)
@@ -1131,17 +1173,36 @@ class _Search:
         memo = self.a._cap_memo
         if key in memo:
             return memo[key]
-        got = consumption(rd.capacity, d)
+        got = consumption(rd.capacity, d)  # CapacityArithmeticError: not memoised, it aborts
         out = got if isinstance(got, tuple) else None
         memo[key] = out
         return out
 
+    def _use(
+        self, rd: RequestData, d: Device, prescan: bool = False
+    ) -> tuple[tuple[str, Exact, Exact, str], ...] | None:
+        """:meth:`_consumption`, an amount that cannot be used raised as the allocation's
+        error, naming the device as upstream does: by its name in allocationMode All's
+        pre-scan (``prescan``), else by its ID."""
+        try:
+            return self._consumption(rd, d)
+        except CapacityArithmeticError as e:
+            dev = d.name if prescan else "/".join(d.id)
+            raise AllocationError(f"{rd.what}: checking capacity for device {dev}: {e}") from None
+
     def _capacity_fits(
-        self, rd: RequestData, d: Device, *, in_call: bool, existing: bool = True
+        self,
+        rd: RequestData,
+        d: Device,
+        *,
+        in_call: bool,
+        existing: bool = True,
+        prescan: bool = False,
     ) -> bool:
         """CmpRequestOverCapacity: earlier shares (``existing``) plus this call's picks
-        (``in_call``) plus what ``rd`` consumes must stay within every capacity."""
-        use = self._consumption(rd, d)
+        (``in_call``) plus what ``rd`` consumes must stay within every capacity. An amount that
+        cannot be used aborts the allocation (:class:`AllocationError`, see :meth:`_use`)."""
+        use = self._use(rd, d, prescan)
         if use is None:
             if self.rec is not None:
                 why = consumption(rd.capacity, d)
@@ -1164,7 +1225,7 @@ class _Search:
     def uses(self, rd: RequestData, d: Device) -> tuple[CapacityUse, ...] | None:
         """What ``rd`` consumes of each capacity of ``d`` and what is free before this call's
         picks (diagnose only); None when the device cannot serve the request at all."""
-        use = self._consumption(rd, d)
+        use = self._use(rd, d)
         if use is None:
             return None
         return self._uses(rd, d, use, self.st.aggregated.get(d.id), None)
