@@ -39,6 +39,7 @@ from tessera.allocator.record import (
     BindingConditionsOff,
     CapacityMissing,
     CapacityShort,
+    CapacityUnusable,
     CapacityUse,
     CelError,
     ConstraintFailed,
@@ -128,6 +129,15 @@ class CapacityArithmeticError(Exception):
     arithmetic can represent, or a negative amount. Upstream aborts the whole allocation
     rather than skipping the device; the message is upstream's inner text (``capacity "name":
     ...``), which the caller prefixes with the claim, request and device."""
+
+
+class CapacityAbort(AllocationError):
+    """A :class:`CapacityArithmeticError` met by the search: the allocation's error, with the
+    claim, request and device named; ``inner`` is the capacity's own message."""
+
+    def __init__(self, message: str, inner: str) -> None:
+        super().__init__(message)
+        self.inner = inner
 
 
 _MAX_INT64 = 2**63 - 1
@@ -1188,7 +1198,9 @@ class _Search:
             return self._consumption(rd, d)
         except CapacityArithmeticError as e:
             dev = d.name if prescan else "/".join(d.id)
-            raise AllocationError(f"{rd.what}: checking capacity for device {dev}: {e}") from None
+            raise CapacityAbort(
+                f"{rd.what}: checking capacity for device {dev}: {e}", str(e)
+            ) from None
 
     def _capacity_fits(
         self,
@@ -1224,8 +1236,12 @@ class _Search:
 
     def uses(self, rd: RequestData, d: Device) -> tuple[CapacityUse, ...] | None:
         """What ``rd`` consumes of each capacity of ``d`` and what is free before this call's
-        picks (diagnose only); None when the device cannot serve the request at all."""
-        use = self._use(rd, d)
+        picks (diagnose only); None when the device cannot serve the request at all (also
+        when an amount cannot be used: :class:`CapacityUnusable`)."""
+        try:
+            use = self._use(rd, d)
+        except CapacityAbort:
+            return None
         if use is None:
             return None
         return self._uses(rd, d, use, self.st.aggregated.get(d.id), None)
@@ -1497,11 +1513,14 @@ class _Search:
 
     def alone(self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool) -> Refusal | None:
         """The first check that refuses ``d`` for ``rd`` with nothing else picked (diagnose
-        only; the search state is left as it was). A CEL error is returned, not raised."""
+        only; the search state is left as it was). A CEL error, or a capacity amount that
+        aborts the allocation, is returned, not raised."""
         assert self.rec is not None
         self.rec.last = None
         try:
             undo = self._candidate(cd, rd, d, pool)
+        except CapacityAbort as e:
+            return CapacityUnusable(e.inner)
         except (SelectorError, SelectorCompileError) as e:
             owner = "class" if e.owner.startswith("class ") else "request"
             kind = "compile" if isinstance(e, SelectorCompileError) else "runtime"
