@@ -122,9 +122,10 @@ def test_parse_refuses_out_of_range_fast(text: str | int, message: str) -> None:
         ("1.5e30", 15 * 10**29),
         (2**70, 2**70),
         ("9" * 64, 10**64 - 1),
+        (1e21, 10**21),  # a YAML/JSON number
     ],
 )
-def test_parse_beyond_int64_keeps_decimal_values(text: str | int, value: int) -> None:
+def test_parse_beyond_int64_keeps_decimal_values(text: str | int | float, value: int) -> None:
     """resource.ParseQuantity keeps decimal values past 2^63-1 exactly (inf.Dec), and the API
     server stores them in ResourceSlices and capacity requests."""
     q = Quantity.parse(text, beyond_int64=True)

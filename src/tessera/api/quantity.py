@@ -135,7 +135,7 @@ class Quantity:
                 raise QuantityError(
                     f"{text!r} is not a quantity: write a number such as '1.5' or '1500m'"
                 )
-            return cls.parse(repr(text).replace("e+", "e"))
+            return cls.parse(repr(text).replace("e+", "e"), beyond_int64=beyond_int64)
         if not isinstance(text, str):
             raise QuantityError(
                 f"{_shown(repr(text))} is not a quantity (expected a string such as '8Gi')"
