@@ -147,3 +147,29 @@ def test_parse_beyond_int64_still_bounded(text: str, message: str) -> None:
         Quantity.parse(text, beyond_int64=True)
     with pytest.raises(QuantityError, match="out of range"):
         Quantity.parse(text)  # without beyond_int64: the 2^63-1 bound
+
+
+def test_claim_validation_accepts_decimal_capacity_requests_past_int64() -> None:
+    """The API server stores a capacity request past 2^63-1 in decimal form (ParseQuantity keeps
+    it); a BinarySI one past it is still reported."""
+    from tessera.api.validation import claim_spec_problems
+
+    def spec(v: str) -> dict[str, object]:
+        return {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "req-0",
+                        "exactly": {
+                            "deviceClassName": "c",
+                            "capacity": {"requests": {"memory": v}},
+                        },
+                    }
+                ]
+            }
+        }
+
+    assert claim_spec_problems(spec("1000000000000000000000")) == []
+    (p,) = claim_spec_problems(spec("16Ei"))
+    assert p.field == "spec.devices.requests[0].exactly.capacity.requests[memory]"
+    assert "out of range" in p.message
