@@ -4060,6 +4060,45 @@ case(
     section=S,
 )
 
+FCR = "FractionalCapacityRange"
+
+
+def frac_policy(value: str) -> dict[str, Any]:
+    """upstream withFractionalCapacityRequestPolicyRange: default 200m, validRange{min 200m,
+    step 100m, max 1}."""
+    return {
+        "value": value,
+        "requestPolicy": {
+            "default": "200m",
+            "validRange": {"min": "200m", "step": "100m", "max": "1"},
+        },
+    }
+
+
+case(
+    "consumable-capacity-fractional-range-gate-disabled",
+    features=[CC],
+    classes=CAM,
+    slices=mslice(mdev(d(1), cap={C0: frac_policy("1")})),
+    claims=[c0(r0(cap="200m"))],
+    results=[alloc(res("req-0", d(1), consumed={C0: 1}))],
+    note="DRAFractionalCapacityRange off (kubernetes PR #140161, v1.37): the step arithmetic "
+    "reads every bound with Value(), which rounds 200m and 100m up to 1, so the 200m request "
+    "consumes 1",
+    section=S,
+)
+case(
+    "consumable-capacity-fractional-range-gate-enabled-round-up",
+    features=[CC, FCR],
+    classes=CAM,
+    slices=mslice(mdev(d(1), cap={C0: frac_policy("1")})),
+    claims=[c0(r0(cap="250m"))],
+    results=[alloc(res("req-0", d(1), consumed={C0: "300m"}))],
+    note="DRAFractionalCapacityRange on (its 1.37 default; kubernetes PR #140161): milli-unit "
+    "arithmetic, 250m rounds up to the next step, 300m",
+    section=S,
+)
+
 # ---------------------------------------------------------------------------------------------
 # Writer
 

@@ -159,6 +159,7 @@ class Features:
     consumable_capacity: bool = True
     device_binding_and_status: bool = True
     list_type_attributes: bool = False
+    fractional_capacity_range: bool = True  # DRAFractionalCapacityRange (beta, on in 1.37)
 
     @classmethod
     def from_names(cls, names: Iterable[str]) -> Features:
@@ -172,6 +173,7 @@ class Features:
             consumable_capacity="ConsumableCapacity" in s,
             device_binding_and_status="DeviceBindingAndStatus" in s,
             list_type_attributes="ListTypeAttributes" in s,
+            fractional_capacity_range="FractionalCapacityRange" in s,
         )
 
 
@@ -331,12 +333,13 @@ def _build_pool(
 # Consumable capacity arithmetic (dra-spec.md 2.2, 2.3)
 
 
-def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
-    """``calculateConsumedCapacity`` for one capacity of a device.
+def consumed_amount(cap: Capacity, requested: Quantity | None, fractional: bool = True) -> Quantity:
+    """``calculateConsumedCapacity`` for one capacity of a device; ``fractional``: the
+    DRAFractionalCapacityRange gate (:meth:`RequestPolicy.arithmetic`).
 
     Raises :class:`CapacityArithmeticError` where upstream's validRange step arithmetic (int64
-    units, or milli-units with fractional bounds) cannot hold the request or its rounded value
-    (``roundUpRange``, Kubernetes v1.37)."""
+    units, or int64 milli-units) cannot hold the request or its rounded value (``roundUpRange``,
+    Kubernetes v1.37)."""
     pol = cap.policy
     if requested is None:
         if pol is not None and pol.default is not None:
@@ -349,17 +352,21 @@ def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
             return pol.range_min
         if pol.range_step is None:
             return requested
-        scale, mn, step = pol.scale, pol.min_units, pol.step_units
+        scale, mn, step = pol.arithmetic(fractional)
         q = requested.canonical()
-        if scale == 1 and requested.value > _MAX_INT64:
-            raise CapacityArithmeticError(f"{_NOT_REPRESENTABLE}: request {q} exceeds MaxInt64")
-        ru = math.ceil(requested.value * scale) if scale != 1 else math.ceil(requested.value)
-        if scale != 1 and not -_MAX_INT64 - 1 <= ru <= _MAX_INT64:
-            raise CapacityArithmeticError(
-                f"{_NOT_REPRESENTABLE}: request {q} is not a representable milli value"
-            )
+        if scale == 1:
+            if requested.value > _MAX_INT64:
+                raise CapacityArithmeticError(f"{_NOT_REPRESENTABLE}: request {q} exceeds MaxInt64")
+            ru = math.ceil(requested.value)
+        else:
+            milli = requested.value * 1000  # safeMilliValue: exact, within int64
+            if milli.denominator != 1 or not -_MAX_INT64 - 1 <= milli <= _MAX_INT64:
+                raise CapacityArithmeticError(
+                    f"{_NOT_REPRESENTABLE}: request {q} is not a representable milli value"
+                )
+            ru = int(milli)
         steps = -((mn - ru) // step)  # ceil((requested - min) / step)
-        if mn >= 0 and steps > (_MAX_INT64 - mn) // step:
+        if (mn >= 0 or scale != 1) and steps > (_MAX_INT64 - mn) // step:
             passes = "MaxInt64" if scale == 1 else "the milli-value range"
             raise CapacityArithmeticError(
                 f"{_NOT_REPRESENTABLE}: rounding request {q} up to the next step passes {passes}"
@@ -374,7 +381,7 @@ def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
     return requested
 
 
-def violates_policy(cap: Capacity, amount: Quantity) -> bool:
+def violates_policy(cap: Capacity, amount: Quantity, fractional: bool = True) -> bool:
     pol = cap.policy
     if pol is None:
         return False
@@ -384,8 +391,15 @@ def violates_policy(cap: Capacity, amount: Quantity) -> bool:
         if pol.range_max is not None and amount.value > pol.range_max.value:
             return True
         if pol.range_step is not None:
-            au = math.ceil(amount.value * pol.scale) if pol.scale != 1 else math.ceil(amount.value)
-            return (au - pol.min_units) % pol.step_units != 0
+            scale, mn, step = pol.arithmetic(fractional)
+            if scale == 1:
+                au = math.ceil(amount.value)
+            else:
+                milli = amount.value * 1000
+                if milli.denominator != 1 or not -_MAX_INT64 - 1 <= milli <= _MAX_INT64:
+                    return True
+                au = int(milli)
+            return (au - mn) % step != 0
         return False
     if pol.valid_values:
         return all(v.value != amount.value for v in pol.valid_values)
@@ -393,7 +407,7 @@ def violates_policy(cap: Capacity, amount: Quantity) -> bool:
 
 
 def consumption(
-    requests: Mapping[str, Quantity], d: Device
+    requests: Mapping[str, Quantity], d: Device, fractional: bool = True
 ) -> tuple[tuple[str, Exact, Exact, str], ...] | Refusal:
     """What a request naming ``requests`` consumes of each capacity of ``d`` (dra-spec.md 2.2,
     2.3): (name, amount, published value, amount as a result string) per capacity, amounts
@@ -411,7 +425,7 @@ def consumption(
     amounts = []
     for k, cap in caps.items():
         try:
-            amount = consumed_amount(cap, req.get(k))
+            amount = consumed_amount(cap, req.get(k), fractional)
         except CapacityArithmeticError as e:
             raise CapacityArithmeticError(f'capacity "{k}": {e}') from None
         if amount.value < 0:
@@ -419,7 +433,7 @@ def consumption(
         amounts.append((k, cap, amount))
     items = []
     for k, cap, amount in amounts:
-        if violates_policy(cap, amount):
+        if violates_policy(cap, amount, fractional):
             assert cap.policy is not None
             return PolicyViolation(k, amount.value, cap.value.format, cap.policy)
         items.append(
@@ -1183,7 +1197,8 @@ class _Search:
         memo = self.a._cap_memo
         if key in memo:
             return memo[key]
-        got = consumption(rd.capacity, d)  # CapacityArithmeticError: not memoised, it aborts
+        # CapacityArithmeticError: not memoised, it aborts
+        got = consumption(rd.capacity, d, self.f.fractional_capacity_range)
         out = got if isinstance(got, tuple) else None
         memo[key] = out
         return out
@@ -1217,7 +1232,7 @@ class _Search:
         use = self._use(rd, d, prescan)
         if use is None:
             if self.rec is not None:
-                why = consumption(rd.capacity, d)
+                why = consumption(rd.capacity, d, self.f.fractional_capacity_range)
                 assert isinstance(why, Refusal)
                 self.rec.refuse(rd, d, why)
             return False
