@@ -4099,6 +4099,243 @@ case(
     section=S,
 )
 
+# The claim's 32-result limit over the sum of its requests (Kubernetes v1.37): counts are added
+# without wrapping, a firstAvailable request counts its smallest subrequest, and a subrequest
+# that cannot fit is skipped rather than tried.
+_HALF = 2**62  # upstream math.MaxInt/2+1
+_LIMIT = "Kubernetes v1.37: the sum of a claim's exact counts against the 32-result limit"
+case(
+    "exact-count-sum-exactly-fills-claim-limit",
+    classes=CA,
+    slices=[many("slice-1", "node-1", "pool-1", DA, 32)],
+    claims=[c0(r0(count=16), req("req-1", count=16))],
+    results=[
+        alloc(
+            *[res("req-0", d(i)) for i in range(16)],
+            *[res("req-1", d(i)) for i in range(16, 32)],
+        )
+    ],
+    note=_LIMIT + ": 16 + 16 fills it exactly",
+    section=S,
+)
+case(
+    "exact-count-sum-exceeds-claim-limit",
+    classes=CA,
+    claims=[c0(r0(count=20), req("req-1", count=20))],
+    error="exceeds the claim limit",
+    note=_LIMIT + ": 20 + 20 is refused at request req-1 (upstream also checks the message "
+    "names 'request req-1')",
+    section=S,
+)
+case(
+    "exact-count-total-overflows-claim-limit",
+    classes=CA,
+    claims=[c0(r0(count=_HALF), req("req-1", count=_HALF))],
+    error="exceeds the claim limit",
+    note=_LIMIT + ": 2^62 + 2^62 overflows int64 and must still be refused",
+    section=S,
+)
+case(
+    "exact-count-total-would-wrap-to-zero",
+    classes=CA,
+    claims=[
+        c0(
+            r0(count=_HALF),
+            req("req-1", count=_HALF),
+            req("req-2", count=_HALF),
+            req("req-3", count=_HALF),
+        )
+    ],
+    error="exceeds the claim limit",
+    note=_LIMIT + ": four times 2^62 wraps to 0 in int64 and must still be refused",
+    section=S,
+)
+case(
+    "prioritized-list-minimum-sum-exceeds-claim-limit",
+    features=[PL],
+    classes=CA,
+    claims=[c0(r0(count=20), fa("req-1", sub("subReq-0", count=20), sub("subReq-1", count=24)))],
+    error="exceeds the claim limit",
+    note=_LIMIT + ": a firstAvailable request counts its smallest subrequest, 20 + 20 (upstream "
+    "also checks the message names 'request req-1')",
+    section=S,
+)
+case(
+    "prioritized-list-overflowing-first-subrequest-is-pruned",
+    features=[PL],
+    classes=CA,
+    slices=mslice(dev(d(1)), dev(d(2))),
+    claims=[c0(r0(), fa("req-1", sub("subReq-0", count=2**63 - 1), sub("subReq-1")))],
+    results=[alloc(res("req-0", d(1)), res("req-1/subReq-1", d(2)))],
+    note=_LIMIT + ": a subrequest that cannot fit beside the others is skipped (upstream also "
+    "expects 8 allocateOne calls, not compared here)",
+    section=S,
+)
+
+# distinctAttribute inside one request (Kubernetes v1.37 enforces distinctness across every device
+# of the requests it covers; the catalogue's master snapshot remembered one value per request).
+_DIS = "Kubernetes v1.37: distinctAttribute holds across every device of the requests it covers"
+case(
+    "distinct-constraint-single-request-count-3-all-distinct",
+    features=[CC],
+    classes=CA,
+    slices=mslice(*[dev(d(i), attr={"stringAttribute": f"value{i}"}) for i in (1, 2, 3)]),
+    claims=[c0(r0(count=3), constraints=[distinct(ATTR_STR)])],
+    results=[alloc(res("req-0", d(1)), res("req-0", d(2)), res("req-0", d(3)))],
+    note=_DIS,
+    section=S,
+)
+case(
+    "distinct-constraint-single-request-count-3-not-distinct",
+    features=[CC],
+    classes=CA,
+    slices=mslice(
+        *[
+            dev(d(i), attr={"stringAttribute": v})
+            for i, v in ((1, "value1"), (2, "value2"), (3, "value1"))
+        ]
+    ),
+    claims=[c0(r0(count=3), constraints=[distinct(ATTR_STR)])],
+    note=_DIS + ": device-1 and device-3 share value1",
+    section=S,
+)
+case(
+    "distinct-constraint-single-request-multiple-devices-attribute-not-set",
+    features=[CC],
+    classes=CA,
+    slices=mslice(dev(d(1)), dev(d(2)), dev(d(3))),
+    claims=[c0(r0(count=3), constraints=[distinct(ATTR_INT)])],
+    note=_DIS + ": a device without the attribute cannot satisfy it",
+    section=S,
+)
+case(
+    "distinct-constraint-single-request-multiple-devices-attribute-set",
+    features=[CC],
+    classes=CA,
+    slices=mslice(*[dev(d(i), attr={"numa": v}) for i, v in ((1, 1), (2, 2), (3, 1), (4, 3))]),
+    claims=[c0(r0(count=3), constraints=[distinct(ATTR_INT)])],
+    results=[alloc(res("req-0", d(1)), res("req-0", d(2)), res("req-0", d(4)))],
+    note=_DIS + ": device-3 repeats numa 1, so device-4 is taken",
+    section=S,
+)
+case(
+    "distinct-constraint-single-request-not-enough-distinct-values",
+    features=[CC],
+    classes=CA,
+    slices=mslice(*[dev(d(i), attr={"numa": v}) for i, v in ((1, 1), (2, 2), (3, 2), (4, 2))]),
+    claims=[c0(r0(count=3), constraints=[distinct(ATTR_INT)])],
+    note=_DIS + ": two distinct values for three devices",
+    section=S,
+)
+case(
+    "distinct-constraint-two-requests-with-count-not-distinct",
+    features=[CC],
+    classes=CA,
+    slices=mslice(
+        *[
+            dev(d(i), attr={"stringAttribute": v})
+            for i, v in ((1, "value1"), (2, "value2"), (3, "value1"))
+        ]
+    ),
+    claims=[c0(r0(count=2), req("req-1"), constraints=[distinct(ATTR_STR, "req-0", "req-1")])],
+    note=_DIS + ": the constraint spans both requests, three devices, two values",
+    section=S,
+)
+
+# List-type attributes (DRAListTypeAttributes, experimental variant) in v1.37.
+_NUMA = "resource.kubernetes.io/numaNode"
+_LST = "Kubernetes v1.37, list-type attributes"
+
+
+def _ldevs(
+    key: str, *vals: list[Any], first: int = 1, kind: str = "strings"
+) -> list[dict[str, Any]]:
+    return [dev(d(i), attr={key: {kind: v}}) for i, v in enumerate(vals, start=first)]
+
+
+case(
+    "numanode-matchattribute-disjoint-lists-are-not-allocated",
+    features=[LT],
+    classes=CA,
+    slices=mslice(*_ldevs(_NUMA, [0], [4, 5, 6, 7], kind="ints")),
+    claims=[c0(r0(count=2), constraints=[match(_NUMA)])],
+    note=_LST + ": matchAttribute over numaNode lists without a common value",
+    section=S,
+)
+case(
+    "numanode-matchattribute-overlapping-lists-are-co-placed",
+    features=[LT],
+    classes=CA,
+    slices=mslice(*_ldevs(_NUMA, [4], [4, 5, 6, 7], kind="ints")),
+    claims=[c0(r0(count=2), constraints=[match(_NUMA)])],
+    results=[alloc(res("req-0", d(1)), res("req-0", d(2)))],
+    note=_LST + ": matchAttribute over numaNode lists sharing 4",
+    section=S,
+)
+case(
+    "list-attributes-distinct-constraint-backtrack-needs-remove",
+    features=[LT, CC],
+    classes=CA,
+    slices=mslice(
+        *_ldevs(
+            "stringAttribute",
+            ["value1", "value2", "value3"],
+            ["value3", "value4", "value5"],
+            ["value1", "value2"],
+            ["value3", "value4"],
+        ),
+        dev(d(0), attr={"stringAttribute": {"strings": ["value5", "value6"]}}),
+    ),
+    claims=[
+        c0(
+            r0(),
+            req("req-1"),
+            req("req-2"),
+            constraints=[distinct(ATTR_STR, "req-0", "req-1", "req-2")],
+        )
+    ],
+    results=[alloc(res("req-0", d(3)), res("req-1", d(4)), res("req-2", d(0)))],
+    note=_LST + ": backtracking a distinctAttribute pick removes its values again",
+    section=S,
+)
+case(
+    "list-attributes-distinct-constraint-single-request-count-3-all-distinct",
+    features=[LT, CC],
+    classes=CA,
+    slices=mslice(*[dev(d(i), attr={"stringAttribute": f"value{i}"}) for i in (1, 2, 3)]),
+    claims=[c0(r0(count=3), constraints=[distinct(ATTR_STR)])],
+    results=[alloc(res("req-0", d(1)), res("req-0", d(2)), res("req-0", d(3)))],
+    note=_LST + " on: distinctAttribute over scalars inside one request",
+    section=S,
+)
+case(
+    "list-attributes-distinct-constraint-single-request-count-3-not-distinct",
+    features=[LT, CC],
+    classes=CA,
+    slices=mslice(
+        *[
+            dev(d(i), attr={"stringAttribute": v})
+            for i, v in ((1, "value1"), (2, "value2"), (3, "value1"))
+        ]
+    ),
+    claims=[c0(r0(count=3), constraints=[distinct(ATTR_STR)])],
+    note=_LST + " on: distinctAttribute over scalars inside one request, two values for three",
+    section=S,
+)
+case(
+    "list-attributes-match-constraint-backtrack-needs-intersection-restore",
+    features=[LT],
+    classes=CA,
+    slices=mslice(
+        *_ldevs("stringAttribute", ["value1", "value2"], ["value1"], ["value2"], ["value2"])
+    ),
+    claims=[c0(r0(count=3), constraints=[match(ATTR_STR)])],
+    results=[alloc(res("req-0", d(1)), res("req-0", d(3)), res("req-0", d(4)))],
+    note=_LST + ": backtracking a matchAttribute pick restores the running intersection "
+    "(upstream's own case of tessera-n-list-match-backtrack-restores-intersection)",
+    section=S,
+)
+
 # ---------------------------------------------------------------------------------------------
 # Writer
 
