@@ -132,3 +132,22 @@ def test_record_agrees_with_the_allocator_and_explain_shows_it(path: Path) -> No
         assert sum(g.count for g in ron.groups) == len(rr.devices) - len(rr.fitting)
         assert f"request {rr.name}: {len(rr.fitting)} of {len(rr.devices)} device" in ne.summary
     assert ne.verdict == "refused" and ne.summary.startswith("cannot allocate all claims")
+
+
+def test_record_names_a_capacity_amount_that_aborts() -> None:
+    """A capacity request past the step arithmetic's int64 range aborts the allocation (Kubernetes
+    v1.37, kubernetes PR #140442): diagnose reports the allocator's error and, on its own, the
+    device it concerns (``capacity-error``) rather than raising; the device without a step
+    would fit on its own."""
+    path = Path(__file__).parent / "scenarios"
+    sc = load(path / "consumable-capacity-range-policy-overflow-aborts-not-skip.yaml")
+    alloc, node = _allocator(sc)
+    rec = alloc.diagnose(node, sc.get("claims") or [])
+    assert rec.error == run_scenario(sc)[0]
+    assert "request 18446744073709551616 exceeds MaxInt64" in (rec.error or "")
+    (rr,) = rec.requests
+    by_device = {dr.device.name: dr.alone for dr in rr.devices}
+    assert by_device["device-2"] is None
+    bad = by_device["device-1"]
+    assert bad is not None and bad.check == "capacity-error"
+    assert bad.text().startswith('capacity "capacity-0": capacity request cannot be represented')

@@ -6,7 +6,12 @@ from fractions import Fraction
 
 import pytest
 
-from tessera.allocator import AllocatedState, consumed_amount, violates_policy
+from tessera.allocator import (
+    AllocatedState,
+    CapacityArithmeticError,
+    consumed_amount,
+    violates_policy,
+)
 from tessera.allocator.model import Capacity, RequestPolicy
 from tessera.api.quantity import Quantity
 
@@ -149,3 +154,84 @@ def test_fractional_range_uses_exact_arithmetic() -> None:
     got = consumed_amount(c, q("250m"))
     assert got.value == Fraction(3, 10)
     assert not violates_policy(c, got)
+
+
+def _wide(v: str) -> Quantity:
+    return Quantity.parse(v, beyond_int64=True)
+
+
+@pytest.mark.parametrize(
+    ("policy", "requested", "fractional", "message"),
+    [
+        # Value() step arithmetic (upstream roundUpRange, Kubernetes v1.37, PR #140442): the
+        # DRAFractionalCapacityRange gate off, as in the conformance scenarios that do not name it.
+        (
+            RequestPolicy(range_min=q(2), range_step=q(2)),
+            "18446744073709551616",
+            False,
+            "request 18446744073709551616 exceeds MaxInt64",
+        ),
+        (
+            RequestPolicy(range_min=q(0), range_step=q(100)),
+            "9223372036854775807",
+            False,
+            "rounding request 9223372036854775807 up to the next step passes MaxInt64",
+        ),
+        # Milli-unit arithmetic: the gate on (the 1.37 default) and bounds exact in milli-units,
+        # whole ones included (upstream useMilli does not ask for a fractional bound).
+        (
+            RequestPolicy(range_min=q(2), range_step=q(2)),
+            "10000000000000000",
+            True,
+            "request 10P is not a representable milli value",
+        ),
+        (
+            RequestPolicy(range_min=q(2), range_step=q(2)),
+            "2.0005",
+            True,
+            "request 2000500u is not a representable milli value",
+        ),
+        (
+            RequestPolicy(range_min=q("100m"), range_step=q("100m")),
+            "10000000000000000",
+            True,
+            "request 10P is not a representable milli value",
+        ),
+        (
+            RequestPolicy(range_min=q("100m"), range_step=q("300m")),
+            "9223372036854775807m",
+            True,
+            "rounding request 9223372036854775807m up to the next step passes the milli-value range",
+        ),
+    ],
+)
+def test_unrepresentable_request_raises(
+    policy: RequestPolicy, requested: str, fractional: bool, message: str
+) -> None:
+    with pytest.raises(CapacityArithmeticError, match="cannot be represented") as e:
+        consumed_amount(
+            Capacity(_wide("36893488147419103232"), policy), _wide(requested), fractional
+        )
+    assert message in str(e.value)
+
+
+def test_request_just_within_int64_is_rounded() -> None:
+    got = consumed_amount(
+        Capacity(_wide("36893488147419103232"), RequestPolicy(range_min=q(1), range_step=q(2))),
+        q("9223372036854775807"),
+        fractional=False,
+    )
+    assert got.value == 2**63 - 1  # 1 + 2n lands exactly on MaxInt64: representable
+
+
+def test_fractional_gate_off_uses_whole_units() -> None:
+    """DRAFractionalCapacityRange off: Value() rounds 200m, 100m and the request up to 1, so a
+    200m request against min 200m step 100m consumes 1 (upstream
+    consumable-capacity-fractional-range-gate-disabled); on: exactly 200m, and 250m -> 300m."""
+    pol = RequestPolicy(
+        default=q("200m"), range_min=q("200m"), range_step=q("100m"), range_max=q(1)
+    )
+    c = Capacity(q(1), pol)
+    assert consumed_amount(c, q("200m"), fractional=False).value == 1
+    assert consumed_amount(c, q("200m"), fractional=True).value == Fraction(1, 5)
+    assert consumed_amount(c, q("250m"), fractional=True).value == Fraction(3, 10)

@@ -108,3 +108,68 @@ def test_parse_bounded_forms(text: str, value: Fraction) -> None:
 def test_parse_refuses_out_of_range_fast(text: str | int, message: str) -> None:
     with pytest.raises(QuantityError, match=message.replace("(", r"\(").replace(")", r"\)")):
         Quantity.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        # The values of upstream's v1.37 TestAllocator cases for kubernetes PRs #140518/#140702.
+        ("1000000000000000000002", 10**21 + 2),
+        ("10000000000000000000", 10**19),
+        ("-9223372036854775808", -(2**63)),
+        ("1e21", 10**21),
+        ("1000E", 10**21),
+        ("1.5e30", 15 * 10**29),
+        (2**70, 2**70),
+        ("9" * 64, 10**64 - 1),
+        (1e21, 10**21),  # a YAML/JSON number
+    ],
+)
+def test_parse_beyond_int64_keeps_decimal_values(text: str | int | float, value: int) -> None:
+    """resource.ParseQuantity keeps decimal values past 2^63-1 exactly (inf.Dec), and the API
+    server stores them in ResourceSlices and capacity requests."""
+    q = Quantity.parse(text, beyond_int64=True)
+    assert q.value == value
+    assert Quantity.parse(q.canonical(), beyond_int64=True).value == value
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("16Ei", r"out of range for a Kubernetes quantity \(max 2\^63-1\)"),  # BinarySI: bounded
+        ("1e65", "at most 64 digits before the decimal point"),
+        ("1e999999999", "at most 64 digits before the decimal point"),  # at once, no 10**999999999
+        ("1" * 5000, "at most 64 digits"),
+    ],
+)
+def test_parse_beyond_int64_still_bounded(text: str, message: str) -> None:
+    with pytest.raises(QuantityError, match=message):
+        Quantity.parse(text, beyond_int64=True)
+    with pytest.raises(QuantityError, match="out of range"):
+        Quantity.parse(text)  # without beyond_int64: the 2^63-1 bound
+
+
+def test_claim_validation_accepts_decimal_capacity_requests_past_int64() -> None:
+    """The API server stores a capacity request past 2^63-1 in decimal form (ParseQuantity keeps
+    it); a BinarySI one past it is still reported."""
+    from tessera.api.validation import claim_spec_problems
+
+    def spec(v: str) -> dict[str, object]:
+        return {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "req-0",
+                        "exactly": {
+                            "deviceClassName": "c",
+                            "capacity": {"requests": {"memory": v}},
+                        },
+                    }
+                ]
+            }
+        }
+
+    assert claim_spec_problems(spec("1000000000000000000000")) == []
+    (p,) = claim_spec_problems(spec("16Ei"))
+    assert p.field == "spec.devices.requests[0].exactly.capacity.requests[memory]"
+    assert "out of range" in p.message

@@ -3,6 +3,7 @@
 from tessera.allocator.core import (
     AllocationError,
     Allocator,
+    CapacityArithmeticError,
     Features,
     NodeAllocationError,
     Pool,
@@ -27,6 +28,7 @@ __all__ = [
     "AllocatedState",
     "AllocationError",
     "Allocator",
+    "CapacityArithmeticError",
     "CapacityShort",
     "CapacityUse",
     "Device",

@@ -39,6 +39,7 @@ from tessera.allocator.record import (
     BindingConditionsOff,
     CapacityMissing,
     CapacityShort,
+    CapacityUnusable,
     CapacityUse,
     CelError,
     ConstraintFailed,
@@ -72,8 +73,9 @@ _ZERO = Fraction(0)
 
 @functools.lru_cache(maxsize=4096)
 def _parse_quantity(v: str | int) -> Quantity:
-    """Quantity.parse for capacity requests, which repeat across claims and calls (Quantity is immutable)."""
-    return Quantity.parse(v)
+    """Quantity.parse for capacity requests, which repeat across claims and calls (Quantity is
+    immutable); decimal values past 2^63-1 are kept, as the API server does."""
+    return Quantity.parse(v, beyond_int64=True)
 
 
 class AllocationError(Exception):
@@ -121,6 +123,27 @@ class SelectorCompileError(AllocationError):
         self.error = error
 
 
+class CapacityArithmeticError(Exception):
+    """A capacity amount the allocator must not act on (Kubernetes v1.37, kubernetes PR #140442
+    and its negative-value guard): a request past what ``CmpRequestOverCapacity``'s range
+    arithmetic can represent, or a negative amount. Upstream aborts the whole allocation
+    rather than skipping the device; the message is upstream's inner text (``capacity "name":
+    ...``), which the caller prefixes with the claim, request and device."""
+
+
+class CapacityAbort(AllocationError):
+    """A :class:`CapacityArithmeticError` met by the search: the allocation's error, with the
+    claim, request and device named; ``inner`` is the capacity's own message."""
+
+    def __init__(self, message: str, inner: str) -> None:
+        super().__init__(message)
+        self.inner = inner
+
+
+_MAX_INT64 = 2**63 - 1
+_NOT_REPRESENTABLE = "capacity request cannot be represented in the device's range arithmetic"
+
+
 class _MaxSizeExceeded(Exception):
     """Internal signal: the claim would need more than 32 results (dra-spec.md 4.4)."""
 
@@ -136,6 +159,7 @@ class Features:
     consumable_capacity: bool = True
     device_binding_and_status: bool = True
     list_type_attributes: bool = False
+    fractional_capacity_range: bool = True  # DRAFractionalCapacityRange (beta, on in 1.37)
 
     @classmethod
     def from_names(cls, names: Iterable[str]) -> Features:
@@ -149,6 +173,7 @@ class Features:
             consumable_capacity="ConsumableCapacity" in s,
             device_binding_and_status="DeviceBindingAndStatus" in s,
             list_type_attributes="ListTypeAttributes" in s,
+            fractional_capacity_range="FractionalCapacityRange" in s,
         )
 
 
@@ -308,8 +333,13 @@ def _build_pool(
 # Consumable capacity arithmetic (dra-spec.md 2.2, 2.3)
 
 
-def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
-    """``calculateConsumedCapacity`` for one capacity of a device."""
+def consumed_amount(cap: Capacity, requested: Quantity | None, fractional: bool = True) -> Quantity:
+    """``calculateConsumedCapacity`` for one capacity of a device; ``fractional``: the
+    DRAFractionalCapacityRange gate (:meth:`RequestPolicy.arithmetic`).
+
+    Raises :class:`CapacityArithmeticError` where upstream's validRange step arithmetic (int64
+    units, or int64 milli-units) cannot hold the request or its rounded value (``roundUpRange``,
+    Kubernetes v1.37)."""
     pol = cap.policy
     if requested is None:
         if pol is not None and pol.default is not None:
@@ -322,9 +352,26 @@ def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
             return pol.range_min
         if pol.range_step is None:
             return requested
-        scale, mn, step = pol.scale, pol.min_units, pol.step_units
-        ru = math.ceil(requested.value * scale) if scale != 1 else math.ceil(requested.value)
-        n = mn - ((mn - ru) // step) * step  # min + ceil((requested - min) / step) * step
+        scale, mn, step = pol.arithmetic(fractional)
+        q = requested.canonical()
+        if scale == 1:
+            if requested.value > _MAX_INT64:
+                raise CapacityArithmeticError(f"{_NOT_REPRESENTABLE}: request {q} exceeds MaxInt64")
+            ru = math.ceil(requested.value)
+        else:
+            milli = requested.value * 1000  # safeMilliValue: exact, within int64
+            if milli.denominator != 1 or not -_MAX_INT64 - 1 <= milli <= _MAX_INT64:
+                raise CapacityArithmeticError(
+                    f"{_NOT_REPRESENTABLE}: request {q} is not a representable milli value"
+                )
+            ru = int(milli)
+        steps = -((mn - ru) // step)  # ceil((requested - min) / step)
+        if (mn >= 0 or scale != 1) and steps > (_MAX_INT64 - mn) // step:
+            passes = "MaxInt64" if scale == 1 else "the milli-value range"
+            raise CapacityArithmeticError(
+                f"{_NOT_REPRESENTABLE}: rounding request {q} up to the next step passes {passes}"
+            )
+        n = mn + steps * step
         return Quantity(Fraction(n, scale) if scale != 1 else Fraction(n), requested.format)
     if pol.valid_values:
         for v in sorted(pol.valid_values, key=lambda q: q.value):
@@ -334,7 +381,7 @@ def consumed_amount(cap: Capacity, requested: Quantity | None) -> Quantity:
     return requested
 
 
-def violates_policy(cap: Capacity, amount: Quantity) -> bool:
+def violates_policy(cap: Capacity, amount: Quantity, fractional: bool = True) -> bool:
     pol = cap.policy
     if pol is None:
         return False
@@ -344,8 +391,15 @@ def violates_policy(cap: Capacity, amount: Quantity) -> bool:
         if pol.range_max is not None and amount.value > pol.range_max.value:
             return True
         if pol.range_step is not None:
-            au = math.ceil(amount.value * pol.scale) if pol.scale != 1 else math.ceil(amount.value)
-            return (au - pol.min_units) % pol.step_units != 0
+            scale, mn, step = pol.arithmetic(fractional)
+            if scale == 1:
+                au = math.ceil(amount.value)
+            else:
+                milli = amount.value * 1000
+                if milli.denominator != 1 or not -_MAX_INT64 - 1 <= milli <= _MAX_INT64:
+                    return True
+                au = int(milli)
+            return (au - mn) % step != 0
         return False
     if pol.valid_values:
         return all(v.value != amount.value for v in pol.valid_values)
@@ -353,7 +407,7 @@ def violates_policy(cap: Capacity, amount: Quantity) -> bool:
 
 
 def consumption(
-    requests: Mapping[str, Quantity], d: Device
+    requests: Mapping[str, Quantity], d: Device, fractional: bool = True
 ) -> tuple[tuple[str, Exact, Exact, str], ...] | Refusal:
     """What a request naming ``requests`` consumes of each capacity of ``d`` (dra-spec.md 2.2,
     2.3): (name, amount, published value, amount as a result string) per capacity, amounts
@@ -365,10 +419,21 @@ def consumption(
     missing = tuple(k for k in req if k not in caps)
     if missing:
         return CapacityMissing(missing, tuple(caps))
-    items = []
+    # Every amount first: one that cannot be used aborts (CapacityArithmeticError) whatever a
+    # soft refusal of another capacity would say, as upstream resolves them all before its
+    # policy and capacity checks (Kubernetes v1.37).
+    amounts = []
     for k, cap in caps.items():
-        amount = consumed_amount(cap, req.get(k))
-        if violates_policy(cap, amount):
+        try:
+            amount = consumed_amount(cap, req.get(k), fractional)
+        except CapacityArithmeticError as e:
+            raise CapacityArithmeticError(f'capacity "{k}": {e}') from None
+        if amount.value < 0:
+            raise CapacityArithmeticError(f'capacity "{k}": capacity value is negative')
+        amounts.append((k, cap, amount))
+    items = []
+    for k, cap, amount in amounts:
+        if violates_policy(cap, amount, fractional):
             assert cap.policy is not None
             return PolicyViolation(k, amount.value, cap.value.format, cap.policy)
         items.append(
@@ -407,6 +472,7 @@ class RequestData:
     all_devices: list[Device] = field(default_factory=list)
     sub_index: int = -1
     kept: bool = False  # memoised by the allocator (frozen_specs): lives as long as it
+    what: str = ""  # "claim <ref>, request <own name>": the prefix of its error messages
 
 
 @dataclass
@@ -935,6 +1001,7 @@ class _Search:
             cap_key=cap_key,
             requested_key=cap_key + "|" + ",".join(caps[k].format for k in sorted(caps)),
             raw=dict(r),
+            what=what,
         )
         if mode == "All":
             for p in self.pools:
@@ -954,7 +1021,7 @@ class _Search:
                         # drops devices the request can never fit, not those that earlier
                         # allocations filled; those make the request fail (dra-spec.md 2.7).
                         if self.f.consumable_capacity and not self._capacity_fits(
-                            rd, d, in_call=False, existing=False
+                            rd, d, in_call=False, existing=False, prescan=True
                         ):
                             continue
                         rd.all_devices.append(d)
@@ -1132,7 +1199,8 @@ class _Search:
         memo = self.a._cap_memo
         if key in memo:
             return memo[key]
-        got = consumption(rd.capacity, d)
+        # CapacityArithmeticError: not memoised, it aborts
+        got = consumption(rd.capacity, d, self.f.fractional_capacity_range)
         out = got if isinstance(got, tuple) else None
         memo[key] = out
         return out
@@ -1147,15 +1215,36 @@ class _Search:
                 self.share_ids_drawn.add(sid)
                 return sid
 
+    def _use(
+        self, rd: RequestData, d: Device, prescan: bool = False
+    ) -> tuple[tuple[str, Exact, Exact, str], ...] | None:
+        """:meth:`_consumption`, an amount that cannot be used raised as the allocation's
+        error, naming the device as upstream does: by its name in allocationMode All's
+        pre-scan (``prescan``), else by its ID."""
+        try:
+            return self._consumption(rd, d)
+        except CapacityArithmeticError as e:
+            dev = d.name if prescan else "/".join(d.id)
+            raise CapacityAbort(
+                f"{rd.what}: checking capacity for device {dev}: {e}", str(e)
+            ) from None
+
     def _capacity_fits(
-        self, rd: RequestData, d: Device, *, in_call: bool, existing: bool = True
+        self,
+        rd: RequestData,
+        d: Device,
+        *,
+        in_call: bool,
+        existing: bool = True,
+        prescan: bool = False,
     ) -> bool:
         """CmpRequestOverCapacity: earlier shares (``existing``) plus this call's picks
-        (``in_call``) plus what ``rd`` consumes must stay within every capacity."""
-        use = self._consumption(rd, d)
+        (``in_call``) plus what ``rd`` consumes must stay within every capacity. An amount that
+        cannot be used aborts the allocation (:class:`AllocationError`, see :meth:`_use`)."""
+        use = self._use(rd, d, prescan)
         if use is None:
             if self.rec is not None:
-                why = consumption(rd.capacity, d)
+                why = consumption(rd.capacity, d, self.f.fractional_capacity_range)
                 assert isinstance(why, Refusal)
                 self.rec.refuse(rd, d, why)
             return False
@@ -1174,8 +1263,12 @@ class _Search:
 
     def uses(self, rd: RequestData, d: Device) -> tuple[CapacityUse, ...] | None:
         """What ``rd`` consumes of each capacity of ``d`` and what is free before this call's
-        picks (diagnose only); None when the device cannot serve the request at all."""
-        use = self._consumption(rd, d)
+        picks (diagnose only); None when the device cannot serve the request at all (also
+        when an amount cannot be used: :class:`CapacityUnusable`)."""
+        try:
+            use = self._use(rd, d)
+        except CapacityAbort:
+            return None
         if use is None:
             return None
         return self._uses(rd, d, use, self.st.aggregated.get(d.id), None)
@@ -1447,11 +1540,14 @@ class _Search:
 
     def alone(self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool) -> Refusal | None:
         """The first check that refuses ``d`` for ``rd`` with nothing else picked (diagnose
-        only; the search state is left as it was). A CEL error is returned, not raised."""
+        only; the search state is left as it was). A CEL error, or a capacity amount that
+        aborts the allocation, is returned, not raised."""
         assert self.rec is not None
         self.rec.last = None
         try:
             undo = self._candidate(cd, rd, d, pool)
+        except CapacityAbort as e:
+            return CapacityUnusable(e.inner)
         except (SelectorError, SelectorCompileError) as e:
             owner = "class" if e.owner.startswith("class ") else "request"
             kind = "compile" if isinstance(e, SelectorCompileError) else "runtime"

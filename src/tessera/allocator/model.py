@@ -34,7 +34,7 @@ def exact(v: Fraction | int) -> Exact:
 @functools.lru_cache(maxsize=4096)
 def _consumed(text: str | int) -> Exact:
     """A ``consumedCapacity`` value, exact (results repeat the same few texts)."""
-    return exact(Quantity.parse(text).value)
+    return exact(Quantity.parse(text, beyond_int64=True).value)
 
 
 def device_id_str(d: DeviceID) -> str:
@@ -69,22 +69,38 @@ class RequestPolicy:
     range_min: Quantity | None = None
     range_max: Quantity | None = None
     range_step: Quantity | None = None
-    # validRange arithmetic, precomputed: units are Value() (scale 1), or milli-units (1000)
-    # when any of min/max/step/default is fractional (DRAFractionalCapacityRange, on in 1.37).
-    scale: int = field(default=1, init=False, compare=False)
+    # validRange step arithmetic, precomputed as upstream's roundUpRange does it: in Value()
+    # units (each bound rounded up to an integer), or in milli-units when DRAFractionalCapacityRange
+    # is on (the 1.37 default) and min, max and step are all exact in milli-units within int64,
+    # the step at least 1m (``useMilli``; then bounds are exact, a request must be too).
+    milli_ok: bool = field(default=False, init=False, compare=False)
     min_units: int = field(default=0, init=False, compare=False)
     step_units: int = field(default=0, init=False, compare=False)
+    min_milli: int = field(default=0, init=False, compare=False)
+    step_milli: int = field(default=0, init=False, compare=False)
 
     def __post_init__(self) -> None:
-        scale = 1
-        for x in (self.range_min, self.range_max, self.range_step, self.default):
-            if x is not None and not x.is_integer():
-                scale = 1000
-        object.__setattr__(self, "scale", scale)
+        ok = True
+        for x in (self.range_min, self.range_max, self.range_step):
+            if x is not None:
+                m = x.value * 1000
+                ok = ok and m.denominator == 1 and -(2**63) <= m <= 2**63 - 1
+        if self.range_step is not None and ok and self.range_step.value * 1000 < 1:
+            ok = False
+        object.__setattr__(self, "milli_ok", ok)
         if self.range_min is not None:
-            object.__setattr__(self, "min_units", math.ceil(self.range_min.value * scale))
+            object.__setattr__(self, "min_units", math.ceil(self.range_min.value))
+            object.__setattr__(self, "min_milli", math.ceil(self.range_min.value * 1000))
         if self.range_step is not None:
-            object.__setattr__(self, "step_units", math.ceil(self.range_step.value * scale))
+            object.__setattr__(self, "step_units", math.ceil(self.range_step.value))
+            object.__setattr__(self, "step_milli", math.ceil(self.range_step.value * 1000))
+
+    def arithmetic(self, fractional: bool) -> tuple[int, int, int]:
+        """``(scale, min, step)`` of the step arithmetic: scale 1000 (milli-units) when
+        ``fractional`` (the DRAFractionalCapacityRange gate) and the bounds allow it, else 1."""
+        if fractional and self.milli_ok:
+            return 1000, self.min_milli, self.step_milli
+        return 1, self.min_units, self.step_units
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,8 +205,9 @@ def _qualify(name: str, driver: str) -> str:
 
 
 def _q(v: Any, where: str, ref: str) -> Quantity:
+    """A ResourceSlice quantity: decimal values past 2^63-1 are kept, as the API server does."""
     try:
-        return Quantity.parse(v)
+        return Quantity.parse(v, beyond_int64=True)
     except QuantityError as e:
         raise ManifestError(str(e), obj=ref, field=where) from None
 

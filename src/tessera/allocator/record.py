@@ -153,6 +153,20 @@ class CelError(Refusal):
 
 
 @dataclass(frozen=True, slots=True)
+class CapacityUnusable(Refusal):
+    """What the request would consume of a capacity of this device cannot be used: a negative
+    amount, or a request past what the validRange step arithmetic represents (int64 units;
+    Kubernetes v1.37, kubernetes PR #140442). Upstream aborts the whole pod's scheduling
+    attempt; only the on-its-own pass records it per device, the search raises it."""
+
+    check: ClassVar[str] = "capacity-error"
+    error: str  # upstream's text: 'capacity "name": ...'
+
+    def text(self) -> str:
+        return f"{self.error}; this aborts scheduling of the pod"
+
+
+@dataclass(frozen=True, slots=True)
 class NotOnNode(Refusal):
     check: ClassVar[str] = "node"
 

@@ -37,6 +37,10 @@ _MAX = Fraction(2**63 - 1)
 _MAX_EXPONENT = 2**31 - 1
 # 2^63 < 10^19: a number with more integer digits than this is out of range before any suffix.
 _MAX_INT_DIGITS = 20
+# Decimal quantities past 2^63-1 (``beyond_int64``): upstream keeps them exactly (inf.Dec, no
+# bound); Tessera computes with at most this many integer digits, so that a hostile exponent
+# cannot make it build a huge integer.
+_WIDE_INT_DIGITS = 64
 # Fraction digits kept below the nano unit before rounding up (2^60 < 10^19, so a binary suffix
 # cannot lift a digit past this position above 1n).
 _GUARD_DIGITS = 9 + 19 + 2
@@ -47,9 +51,12 @@ def _shown(text: str) -> str:
     return repr(text) if len(text) <= 40 else repr(text[:40]) + f"... ({len(text)} characters)"
 
 
-def _exact_value(num: str, exp10: int, exp2: int) -> Fraction | None:
+def _exact_value(
+    num: str, exp10: int, exp2: int, max_digits: int = _MAX_INT_DIGITS
+) -> Fraction | None:
     """``num`` (digits with an optional '.') x 10^exp10 x 2^exp2, rounded up in magnitude to
-    nano precision as upstream does; None when it is certainly above 2^63-1. Works on the digit
+    nano precision as upstream does; None when it has more than ``max_digits`` integer digits
+    (certainly above 2^63-1 with the default). Works on the digit
     strings first, so neither a thousand-digit number nor an exponent of 10^9 costs more than a
     few 60-digit integers."""
     whole, _, frac = num.partition(".")
@@ -59,7 +66,7 @@ def _exact_value(num: str, exp10: int, exp2: int) -> Fraction | None:
     # value = int(digits) x 10^scale, digits without leading zeros
     scale = exp10 - len(frac)
     top = len(digits) + scale  # decimal digits before the point
-    if top > _MAX_INT_DIGITS:
+    if top > max_digits:
         return None
     keep = top + (_GUARD_DIGITS if exp2 else 9)
     sticky = False
@@ -95,14 +102,25 @@ class Quantity:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def parse(cls, text: str | int | Quantity) -> Quantity:
+    def parse(cls, text: str | int | Quantity, *, beyond_int64: bool = False) -> Quantity:
         """Parse ``text`` as upstream ``resource.ParseQuantity`` does.
 
         Accepts an int (taken as a plain decimal count) or an existing Quantity.
         Raises :class:`QuantityError` naming the text and the accepted forms.
+
+        ``|value| <= 2^63-1`` unless ``beyond_int64``: then a decimal value (no suffix, a
+        decimal SI suffix or an exponent) may be larger, as ``ParseQuantity`` keeps such values
+        exactly and the API server stores them in DRA objects (ResourceSlice capacities and
+        counters, capacity requests: the values of kubernetes PRs #140518 and #140702), up to
+        10^64 here. A BinarySI value past 2^63-1 stays out of range (upstream caps it).
         """
         if isinstance(text, Quantity):
             return text
+        if beyond_int64:
+            if isinstance(text, int) and not isinstance(text, bool) and abs(text) > _MAX:
+                return cls.parse(str(text), beyond_int64=True)
+            if isinstance(text, str):
+                return _parse_wide(text) if len(text) <= 64 else cls._parse_text(text, True)
         if isinstance(text, bool):
             raise QuantityError(f"{text!r} is not a quantity (a boolean)")
         if isinstance(text, int):
@@ -117,7 +135,7 @@ class Quantity:
                 raise QuantityError(
                     f"{text!r} is not a quantity: write a number such as '1.5' or '1500m'"
                 )
-            return cls.parse(repr(text).replace("e+", "e"))
+            return cls.parse(repr(text).replace("e+", "e"), beyond_int64=beyond_int64)
         if not isinstance(text, str):
             raise QuantityError(
                 f"{_shown(repr(text))} is not a quantity (expected a string such as '8Gi')"
@@ -127,7 +145,7 @@ class Quantity:
         return cls._parse_text(text)
 
     @classmethod
-    def _parse_text(cls, text: str) -> Quantity:
+    def _parse_text(cls, text: str, beyond_int64: bool = False) -> Quantity:
         s = text.strip()
         m = _QUANTITY_RE.match(s)
         if not m or s in ("", "+", "-"):
@@ -152,14 +170,22 @@ class Quantity:
                     "as Kubernetes parses it): write the value with a suffix such as 'Gi' or 'k'"
                 )
             exp10, fmt = int(suffix[1:]), "DecimalExponent"
-        value = _exact_value(m.group("num"), exp10, exp2)
+        wide = beyond_int64 and fmt != "BinarySI"
+        value = _exact_value(
+            m.group("num"), exp10, exp2, _WIDE_INT_DIGITS if wide else _MAX_INT_DIGITS
+        )
+        if value is None and wide:
+            raise QuantityError(
+                f"{_shown(text)} is out of range: Tessera computes with at most "
+                f"{_WIDE_INT_DIGITS} digits before the decimal point"
+            )
         if value is None:
             raise QuantityError(
                 f"{_shown(text)} is out of range for a Kubernetes quantity (max 2^63-1)"
             )
         if m.group("sign") == "-":
             value = -value
-        if abs(value) > _MAX:
+        if abs(value) > _MAX and not wide:
             raise QuantityError(
                 f"{_shown(text)} is out of range for a Kubernetes quantity (max 2^63-1)"
             )
@@ -253,6 +279,12 @@ class Quantity:
 def _parse_text(text: str) -> Quantity:
     """:meth:`Quantity._parse_text`, remembered (a Quantity is immutable; errors are not cached)."""
     return Quantity._parse_text(text)
+
+
+@lru_cache(maxsize=1024)
+def _parse_wide(text: str) -> Quantity:
+    """:meth:`Quantity._parse_text` with ``beyond_int64``, remembered."""
+    return Quantity._parse_text(text, True)
 
 
 def parse_quantity(text: str | int | Quantity) -> Quantity:

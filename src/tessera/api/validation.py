@@ -157,7 +157,9 @@ def _exact_fields(req: dict[str, Any], path: str, out: list[FieldProblem], *, su
                 if prob:
                     out.append(FieldProblem(f"{path}.capacity.requests[{k}]", prob))
                 try:
-                    Quantity.parse(v)  # a negative request passes API validation (lint reports it)
+                    # A negative request passes API validation (lint reports it); so does a
+                    # decimal one past 2^63-1.
+                    Quantity.parse(v, beyond_int64=True)
                 except QuantityError as e:
                     out.append(FieldProblem(f"{path}.capacity.requests[{k}]", str(e)))
 

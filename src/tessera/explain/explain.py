@@ -72,7 +72,8 @@ class DeviceVerdict:
     """The first check that refused one device for one request, or ``check == "fits"``.
 
     ``device``: ``driver/pool/device``. ``check``: ``node``, ``in-use``, ``class-selector``,
-    ``selector``, ``cel-error``, ``capacity``, ``policy``, ``counters`` (a shared counter set,
+    ``selector``, ``cel-error``, ``capacity``, ``capacity-error`` (an amount the scheduler
+    refuses to act on: negative, or past its range arithmetic), ``policy``, ``counters`` (a shared counter set,
     KEP-4815, cannot give what the device consumes), ``taint``, ``constraint`` or ``fits``. ``reason``: the full text for this device; ``key``: the same text without
     per-device values (identical keys are grouped); ``detail``: the per-device value part.
     """

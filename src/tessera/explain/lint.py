@@ -530,13 +530,14 @@ def _check_request(add: Any, path: str, body: Mapping[str, Any], world: _World) 
                 f"use {near!r}" if near else "request a published capacity",
             )
         try:
-            amount = Quantity.parse(v)
+            amount = Quantity.parse(v, beyond_int64=True)
         except QuantityError:
             continue
         if amount.value < 0:
             add(
                 where,
-                f"{amount.canonical()} is negative: the API server accepts it, but no device has negative room",
+                f"{amount.canonical()} is negative: the API server accepts it, but the scheduler "
+                "refuses to allocate the claim (Kubernetes v1.37: 'capacity value is negative')",
                 "ask for a positive amount, or leave the capacity out to get the default",
             )
             continue
