@@ -1546,8 +1546,8 @@ class _Search:
         self.rec.last = None
         try:
             undo = self._candidate(cd, rd, d, pool)
-        except CapacityAbort as e:
-            return CapacityUnusable(e.inner)
+        except CapacityAbort as abort:  # its own name: mypyc types a handler's name once
+            return CapacityUnusable(abort.inner)
         except (SelectorError, SelectorCompileError) as e:
             owner = "class" if e.owner.startswith("class ") else "request"
             kind = "compile" if isinstance(e, SelectorCompileError) else "runtime"
