@@ -264,7 +264,7 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+OLD_LACKS CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
     FAULT();
     if (fk_phys(dev) < 0)
@@ -422,7 +422,7 @@ EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute att
     return attr <= CU_MEMPOOL_ATTR_USED_MEM_HIGH ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+OLD_LACKS CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
     FAULT();
     if (!valid_pool(pool) || !value)
@@ -597,7 +597,7 @@ EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode n, CUgraph *phGraph)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *numNodes)
+OLD_LACKS CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *numNodes)
 {
     FAULT();
     if (!g || g->magic != GRAPH_MAGIC || !numNodes)

@@ -44,6 +44,10 @@
 
 #include "tessera_cuda.h"
 
+/* The fake's older driver (fake-old) lacks these: weak, so that tp_cuda still loads there. */
+#pragma weak cuMemPoolGetAttribute
+#pragma weak cuDeviceGetMemPool
+
 uint64_t fakecuda_calls(const char *name);
 uint64_t fakecuda_used(int ordinal);
 uint64_t fakecuda_peak(int ordinal);
