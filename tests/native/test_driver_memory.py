@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from native_helpers import UUIDS, Build, Claim, MiB
+from native_helpers import UUIDS, Build, Claim, GiB, MiB
 
-from tessera.enforcement.limits import GpuLimit
+from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD, GpuLimit, allocatable
 
 pytestmark = pytest.mark.native
 
@@ -47,4 +47,36 @@ def test_allocations_are_charged_whole_pages_of_the_granularity(
         f"peak 0 {5 * PAGE}",
         "freeall 0",
         "used 0 0",
+    ]
+
+
+def test_a_share_holds_its_memory_contexts_included(tmp_path: Path, plain: Build) -> None:
+    """docs/enforcement.md 4.5: a share's memory is its whole footprint on the GPU. The limits
+    file the driver writes charges each CUDA context the default context-overhead; a process
+    of an 8 GiB share sees (and can allocate) what ``allocatable`` says - the figure
+    ``tessera simulate`` reports - and the fake GPU then holds exactly 8 GiB for it."""
+    lim = 8 * GiB
+    ovh = DEFAULT_CONTEXT_OVERHEAD
+    c = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], lim, 0)], context_overhead=ovh)
+    left = allocatable(lim, ovh)
+    assert left == lim - 512 * MiB
+    out = c.tp(
+        "link",
+        "init",
+        "dev",
+        "0",
+        "meminfo",
+        "alloc",
+        str(left),
+        "alloc",
+        str(PAGE),
+        "used",
+        "0",
+        FAKE_CTX_BYTES=str(ovh),  # the driver takes that much for the context itself
+    )
+    assert out[2:] == [
+        f"meminfo 0 free={left} total={lim}",
+        f"alloc {left} 0",
+        f"alloc {PAGE} {OOM}",
+        f"used 0 {lim}",
     ]

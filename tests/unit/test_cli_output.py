@@ -64,10 +64,11 @@ def test_placements_and_gpus_share_the_device_key() -> None:
     assert code == 0
     placed = table_rows(out, "Placements")
     on_gpu5 = sorted(r[0] for r in placed if r[2] == "h100-node/gpu-5")
-    # Two HAMi pods share h100-node/gpu-5: 40779Mi + 32623Mi = 73402Mi booked there.
+    # Two HAMi pods share h100-node/gpu-5: 40504Mi + 32403Mi = 72907Mi booked there (of the
+    # 81008Mi published: 81559Mi less the 551Mi the driver reserves).
     assert on_gpu5 == ["default/hami-memory-fraction", "default/hami-sharing-1"]
     gpus = {r[0]: r for r in table_rows(out, "GPUs")}
-    assert gpus["h100-node/gpu-5"][3:] == ["73402Mi / 81559Mi", "90 / 100", "2"]
+    assert gpus["h100-node/gpu-5"][3:] == ["72907Mi / 81008Mi", "90 / 100", "2"]
     assert gpus["h100-node/gpu-5"][1] == "GPU-980ea11b"  # shortest unique prefix (12 at least)
     # The same key, from the claims' allocation results.
     world = default_world()
@@ -132,6 +133,7 @@ def test_wide_shows_every_column_whole() -> None:
     header = next(line for line in out.splitlines() if line.startswith("┃ pod"))
     assert [h.strip() for h in header.strip("┃").split("┃")] == [
         "pod", "container", "claim", "request", "node", "device", "GPU", "model", "memory", "cores", "shareID",
+        "allocatable",
     ]  # fmt: skip
     rows = {(r[0], r[5]): r for r in table_rows(out, "Placements")}
     r = rows[("default/hami-sharing-1", "h100-node/gpu-5")]
@@ -141,6 +143,24 @@ def test_wide_shows_every_column_whole() -> None:
     assert all(
         len(line) > 80 for line in out.splitlines() if line.startswith("│ default/hami-sharing-1")
     )
+    # What one process can allocate of the share: its memory less one CUDA context, the
+    # context-overhead the driver writes into the limits file (and the library charges).
+    assert (r[8], r[11]) == ("32403Mi", "31891Mi")
+    assert "each CUDA context takes 512Mi of it" in " ".join(out.split())
+
+
+def test_allocatable_is_the_share_less_one_context_for_every_placement() -> None:
+    from tessera.api.quantity import Quantity
+    from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD
+
+    code, out, _ = run("simulate", "-o", "wide", columns=300)
+    assert code == 0
+    rows = [r for r in table_rows(out, "Placements") if r[8] != "-"]
+    assert len(rows) >= 10
+    for r in rows:
+        mem = Quantity.parse(r[8]).value_int()
+        left = Quantity.parse(r[11]).value_int()
+        assert left == max(0, mem - DEFAULT_CONTEXT_OVERHEAD), r
 
 
 def test_namespace_filter_and_fail_on_pending(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from tessera.cli._tables import (
     print_tables,
     unique_prefixes,
 )
+from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD, allocatable
 
 if TYPE_CHECKING:
     from tessera.api.loader import Manifest
@@ -355,21 +356,42 @@ def _uuid_names(result: SimResult, wide: bool) -> dict[str, str]:
     return {u: u for u in uuids} if wide else unique_prefixes(uuids, UUID_MIN)
 
 
+def _allocatable(memory: str | None) -> str:
+    """What one process's allocations can take of a share's ``memory`` (a quantity): the share
+    less one CUDA context (``context-overhead``, the driver's default), ``-`` without memory."""
+    if not memory:
+        return "-"
+    return _fmt_bytes(
+        Fraction(allocatable(Quantity.parse(memory).value_int(), DEFAULT_CONTEXT_OVERHEAD))
+    )
+
+
 def _placement_table(result: SimResult, placements: list[Placement], wide: bool) -> FitTable:
     uuids = _uuid_names(result, wide)
+    caption = None
+    if any(p.memory for p in placements):
+        caption = (
+            "memory is a share's whole footprint on the GPU: each CUDA context takes "
+            f"{_fmt_bytes(Fraction(DEFAULT_CONTEXT_OVERHEAD))} of it (the driver's context-overhead), "
+            "so one process can allocate memory less that (-o wide: allocatable); a GPU publishes "
+            "its memory less what the NVIDIA driver reserves"
+        )
     share_ids = {p.share_id for p in result.placements if p.share_id}
     shares = {s: s for s in share_ids} if wide else unique_prefixes(share_ids, SHARE_ID_MIN)
     if wide:
         t = FitTable(
             "Placements",
             [("pod", False), ("container", False), ("claim", False), ("request", True), ("node", True),
-             ("device", True), ("GPU", True), ("model", False), ("memory", True), ("cores", True), ("shareID", True)],
+             ("device", True), ("GPU", True), ("model", False), ("memory", True), ("cores", True), ("shareID", True),
+             ("allocatable", True)],
+            caption=caption,
         )  # fmt: skip
     else:
         t = FitTable(
             "Placements",
             [("pod", False), ("container", False), ("device", True), ("memory", True), ("cores", True),
              ("shareID", True)],
+            caption=caption,
         )  # fmt: skip
     for p in placements:
         gpu = uuids.get(p.uuid, "-") if p.uuid else "-"
@@ -388,6 +410,7 @@ def _placement_table(result: SimResult, placements: list[Placement], wide: bool)
                 p.memory or "-",
                 p.cores or "-",
                 share,
+                _allocatable(p.memory),
             )
         else:
             t.add_row(p.pod, p.container, key, p.memory or "-", p.cores or "-", share)

@@ -60,6 +60,7 @@ from tessera import DRIVER_NAME
 from tessera.api.errors import TesseraError
 from tessera.enforcement._files import write_atomic
 from tessera.enforcement.layout import DEFAULT_STATE_DIR, claims_dir
+from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD
 from tessera.inventory.errors import SliceBuildError
 from tessera.inventory.mig import DynamicMIG
 from tessera.inventory.slices import publication_warnings
@@ -150,6 +151,8 @@ class DriverConfig:
     device_plugin_dir: Path = guard.DEVICE_PLUGIN_DIR
     dynamic_mig: DynamicMIG | None = None
     mig_minors: Path = MIG_MINORS
+    #: Bytes of a share's memory each CUDA context is charged (the limits files' context-overhead).
+    context_overhead: int = DEFAULT_CONTEXT_OVERHEAD
     #: Rolling-update id (the pod's UID): sockets named after it, so that two instances can
     #: be registered at once. '' for the fixed socket names.
     instance: str = ""
@@ -193,6 +196,7 @@ class NodeDriver:
             cdi_hook=cfg.cdi_hook,
             nvidia_cdi_kind=cfg.nvidia_cdi_kind,
             mig_minors=cfg.mig_minors,
+            context_overhead=cfg.context_overhead,
         )
         self.registry = GpuRegistry(cfg.state_dir / "gpus.json")
         self.checkpoint: Checkpoint | None = None

@@ -55,6 +55,7 @@ from tessera.enforcement.layout import (
     claim_dir,
 )
 from tessera.enforcement.limits import (
+    DEFAULT_CONTEXT_OVERHEAD,
     LIMITS_PATH,
     MAX_UNLIMITED,
     GpuLimit,
@@ -95,7 +96,9 @@ class Layout:
     ``nvidia_cdi_kind``: when set (``nvidia.com/gpu``), each GPU device also gets the CDI id
     ``<kind>=<UUID>`` so NVIDIA's own spec (``nvidia-ctk cdi generate
     --device-name-strategy=uuid``) injects the driver's user-space libraries; ``mig_minors``:
-    the NVIDIA driver's list of MIG capability devices (``/proc/driver/nvidia-caps/mig-minors``).
+    the NVIDIA driver's list of MIG capability devices (``/proc/driver/nvidia-caps/mig-minors``);
+    ``context_overhead``: the bytes each CUDA context is charged of a share's ``memory``, written
+    into every limits file (``context-overhead``; :data:`~tessera.enforcement.limits.DEFAULT_CONTEXT_OVERHEAD`).
     """
 
     state_dir: Path
@@ -107,6 +110,7 @@ class Layout:
     cdi_hook: str | None = None
     nvidia_cdi_kind: str | None = None
     mig_minors: Path = MIG_MINORS
+    context_overhead: int = DEFAULT_CONTEXT_OVERHEAD
 
     def claim_dir(self, uid: str) -> Path:
         return claim_dir(self.state_dir, uid)
@@ -458,6 +462,8 @@ def plan_claim(
             Limits(
                 region=CONTAINER_REGION,
                 gpus=gpu_limits,
+                # each CUDA context is charged this much of the share's memory
+                context_overhead=layout.context_overhead,
                 claim=f"{ref.namespace}/{ref.name}",
                 claim_uid=ref.uid,
                 # The library refuses a visible GPU in no line of the file (a second claim's):
