@@ -59,7 +59,7 @@ from typing import Any
 from tessera import DRIVER_NAME
 from tessera.api.errors import TesseraError
 from tessera.enforcement._files import write_atomic
-from tessera.enforcement.layout import DEFAULT_STATE_DIR, claims_dir
+from tessera.enforcement.layout import DEFAULT_STATE_DIR, REGION_FILE, claims_dir
 from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD
 from tessera.inventory.errors import SliceBuildError
 from tessera.inventory.mig import DynamicMIG
@@ -1093,6 +1093,33 @@ class NodeDriver:
             self._cleanup_stale()
         except (ApiError, OSError) as e:
             self.log(f"checking interrupted prepares: {e}")
+        self.reconcile()
+
+    def reconcile(self) -> None:
+        """Reconcile every prepared claim's charge with NVML's per-process figures
+        (:mod:`tessera.enforcement.reconcile`): write into each claim directory's
+        ``driver/usage`` what its processes hold beyond their charges. Needs NVML and the
+        host's PID namespace (the chart runs the driver with ``hostPID``); without NVML it does
+        nothing. A claim whose region cannot be read is skipped."""
+        if self.nvml is None:
+            return
+        from tessera.enforcement.reconcile import nvml_per_process, unaccounted, write_driver_usage
+        from tessera.enforcement.region import RegionError, read_region
+
+        try:
+            figures = nvml_per_process(self.nvml)
+        except Exception as e:
+            self.log(f"reconcile: NVML per-process figures: {e}")
+            return
+        root = claims_dir(self.cfg.state_dir)
+        for d in sorted(root.iterdir()) if root.is_dir() else []:
+            region = d / REGION_FILE
+            if not region.is_file():
+                continue
+            try:
+                write_driver_usage(d, unaccounted(read_region(str(region)), figures))
+            except (RegionError, OSError) as e:
+                self.log(f"reconcile: claim {d.name}: {e}")
 
     def _rescan_loop(self) -> None:
         while not self._stop.is_set():

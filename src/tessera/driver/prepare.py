@@ -46,8 +46,10 @@ from typing import Any
 from tessera.api.quantity import Quantity, QuantityError
 from tessera.enforcement._files import write_atomic
 from tessera.enforcement.layout import (
+    CONTAINER_DRIVER_DIR,
     CONTAINER_LIBRARY_DIR,
     CONTAINER_REGION,
+    DRIVER_DIR,
     LD_SO_PRELOAD,
     LIMITS_FILE,
     PRELOAD_FILE,
@@ -522,6 +524,15 @@ def _cdi_spec(
                 "type": "bind",
                 "options": ["rw", "nosuid", "nodev", "bind"],
             },
+            # what the claim holds beyond its charges, by NVML's per-process figures: written
+            # only by this driver (NodeDriver.reconcile), read-only in the container; a
+            # directory, so that a replaced file is seen there
+            {
+                "hostPath": str(cdir / DRIVER_DIR),
+                "containerPath": CONTAINER_DRIVER_DIR,
+                "type": "bind",
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            },
         ]
         if layout.library is not None:
             lib_in = f"{CONTAINER_LIBRARY_DIR}/{layout.library.name}"
@@ -603,6 +614,7 @@ def materialize(plan: ClaimPlan, layout: Layout) -> bool:
     if plan.limits_text is not None:
         cdir = layout.claim_dir(plan.ref.uid)
         cdir.mkdir(parents=True, exist_ok=True)
+        (cdir / DRIVER_DIR).mkdir(mode=0o755, exist_ok=True)
         region = cdir / REGION_FILE
         if not _region_ok(region):
             create_region(str(region), list(plan.region_gpus), sync=False)
