@@ -76,6 +76,7 @@ static struct {
     int live;      /* allocations in it */
 } g_spages[MAX_SHARED_PAGES];
 static int g_spages_init;
+static int g_spages_hi; /* entries in use are below this index */
 
 static uint64_t alloc_page(void)
 {
@@ -104,19 +105,21 @@ static int take_pages(int phys, uint64_t bytes, uint64_t *held, int *page)
             g_spages[i].phys = -1;
         g_spages_init = 1;
     }
-    int freeslot = -1;
-    for (int i = 0; i < MAX_SHARED_PAGES; i++) {
+    int freeslot = g_spages_hi < MAX_SHARED_PAGES ? g_spages_hi : -1;
+    for (int i = 0; i < g_spages_hi; i++) {
         if (g_spages[i].phys == phys && g_spages[i].left >= sz) {
             g_spages[i].left -= sz;
             g_spages[i].live++;
             *page = i;
             return 0;
         }
-        if (g_spages[i].phys < 0 && freeslot < 0)
+        if (g_spages[i].phys < 0 && (freeslot < 0 || freeslot == g_spages_hi))
             freeslot = i;
     }
     if (freeslot < 0 || fake_take((uint32_t)phys, pg) != 0)
         return -1;
+    if (freeslot == g_spages_hi)
+        g_spages_hi++;
     g_spages[freeslot].phys = phys;
     g_spages[freeslot].left = pg - sz;
     g_spages[freeslot].live = 1;

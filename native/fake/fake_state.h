@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,13 +141,17 @@ static inline fake_state *fake_state_get(void)
 
 /* This process's entry in the per-process table (claimed on first use; an entry of a dead
  * process is taken over); NULL if the table is full. */
+static fake_proc *fake_self_cached; /* per translation unit; dropped in a forked child */
+static void fake_self_forget(void) { fake_self_cached = NULL; }
+
 static inline fake_proc *fake_self(void)
 {
-    static int32_t cached_pid;
-    static fake_proc *cached;
+    static int registered;
+    if (fake_self_cached)
+        return fake_self_cached;
+    if (!__atomic_exchange_n(&registered, 1, __ATOMIC_ACQ_REL))
+        pthread_atfork(NULL, NULL, fake_self_forget);
     int32_t me = (int32_t)getpid();
-    if (cached && cached_pid == me)
-        return cached;
     fake_state *st = fake_state_get();
     fake_proc *found = NULL;
     for (int i = 0; i < FAKE_MAX_PROCS && !found; i++)
@@ -163,8 +168,7 @@ static inline fake_proc *fake_self(void)
             found = &st->procs[i];
         }
     }
-    cached = found;
-    cached_pid = me;
+    fake_self_cached = found;
     return found;
 }
 
