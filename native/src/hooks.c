@@ -1064,6 +1064,8 @@ static void after_fork_child(void)
     ts_vmm_forget();
     ts_pool_forget();
     ts_pacer_forget();
+    pthread_mutex_init(&g_drv.mu, NULL); /* a thread of the parent may have held it */
+    g_drv.read_at = 0;
     __atomic_store_n(&G.state, ST_UNINIT, __ATOMIC_RELEASE);
 }
 
