@@ -9,6 +9,15 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define HIDDEN __attribute__((visibility("hidden")))
+/* An older driver (the fake built with -DFAKE_OLD_DRIVER, $(BUILD)/fake-old/libcuda.so.1)
+ * lacks the entry points the library needs to account graph memory nodes and stream-ordered
+ * pools: cuGraphGetNodes, cuMemPoolGetAttribute, cuDeviceGetMemPool are neither exported nor in
+ * its cuGetProcAddress table. */
+#ifdef FAKE_OLD_DRIVER
+#define OLD_LACKS HIDDEN
+#else
+#define OLD_LACKS EXPORT
+#endif
 
 /* ---- call counting (fakecuda_calls) ---- */
 HIDDEN void fk_count(const char *name);

@@ -30,12 +30,16 @@ typedef struct alloc {
     int kind;
     struct CUctx_st *ctx;
     struct CUmemPoolHandle_st *pool;
+    uint64_t held; /* K_PLAIN/K_ARRAY/K_MIPMAP: device bytes of its own pages (0: in a shared page) */
+    int page;      /* the shared page of a small allocation, -1 if none */
 } alloc;
 #define MAX_ALLOCS 65536
 static alloc g_allocs[MAX_ALLOCS];
 static uint64_t g_next = 0x700000000000ull;
 static uint64_t g_next_v1 = 0x10000000ull;
 static uint64_t g_next_graph = 0x500000000000ull;
+
+static uint64_t roundup(uint64_t v, uint64_t c) { return (v + c - 1) / c * c; }
 
 /* fk_mu held */
 static alloc *find_alloc(unsigned long long key)
@@ -52,11 +56,86 @@ static alloc *new_alloc(unsigned long long key, uint64_t bytes, int phys, int ki
 {
     for (int i = 0; i < MAX_ALLOCS; i++) {
         if (!g_allocs[i].kind) {
-            g_allocs[i] = (alloc){key, bytes, phys, kind, ctx, pool};
+            g_allocs[i] = (alloc){key, bytes, phys, kind, ctx, pool, 0, -1};
             return &g_allocs[i];
         }
     }
     return NULL;
+}
+
+/* ---- device pages of allocations owned by contexts --------------------------------------------
+ * As the real driver does, cuMemAlloc and its kin take device memory in pages of FAKE_ALLOC_PAGE
+ * bytes (default: the allocation granularity, FAKE_POOL_CHUNK or 2 MiB; 1 takes exact sizes): an allocation of at
+ * least one page gets pages of its own (rounded up); smaller ones are packed, in this process,
+ * into shared pages of their device, and a shared page goes back when its last allocation is
+ * freed. */
+#define MAX_SHARED_PAGES 1024
+static struct {
+    int phys;      /* -1: slot unused */
+    uint64_t left; /* bytes not yet handed out (never reused before the page goes) */
+    int live;      /* allocations in it */
+} g_spages[MAX_SHARED_PAGES];
+static int g_spages_init;
+static int g_spages_hi; /* entries in use are below this index */
+
+static uint64_t alloc_page(void)
+{
+    const char *c = getenv("FAKE_ALLOC_PAGE");
+    uint64_t v = c ? strtoull(c, NULL, 10) : 0;
+    return v ? v : fk_chunk();
+}
+
+/* Take the device memory of an allocation of bytes on phys: *held for its own pages, or *page.
+ * fk_mu held. 0 on success, -1 when the fake GPU is full. */
+static int take_pages(int phys, uint64_t bytes, uint64_t *held, int *page)
+{
+    uint64_t pg = alloc_page();
+    uint64_t sz = (bytes + 511) & ~511ull; /* 512-byte alignment inside a shared page */
+    *held = 0;
+    *page = -1;
+    if (pg <= 1 || bytes >= pg) {
+        uint64_t b = pg <= 1 ? bytes : roundup(bytes, pg);
+        if (fake_take((uint32_t)phys, b) != 0)
+            return -1;
+        *held = b;
+        return 0;
+    }
+    if (!g_spages_init) {
+        for (int i = 0; i < MAX_SHARED_PAGES; i++)
+            g_spages[i].phys = -1;
+        g_spages_init = 1;
+    }
+    int freeslot = g_spages_hi < MAX_SHARED_PAGES ? g_spages_hi : -1;
+    for (int i = 0; i < g_spages_hi; i++) {
+        if (g_spages[i].phys == phys && g_spages[i].left >= sz) {
+            g_spages[i].left -= sz;
+            g_spages[i].live++;
+            *page = i;
+            return 0;
+        }
+        if (g_spages[i].phys < 0 && (freeslot < 0 || freeslot == g_spages_hi))
+            freeslot = i;
+    }
+    if (freeslot < 0 || fake_take((uint32_t)phys, pg) != 0)
+        return -1;
+    if (freeslot == g_spages_hi)
+        g_spages_hi++;
+    g_spages[freeslot].phys = phys;
+    g_spages[freeslot].left = pg - sz;
+    g_spages[freeslot].live = 1;
+    *page = freeslot;
+    return 0;
+}
+
+/* fk_mu held */
+static void give_pages(int phys, uint64_t held, int page)
+{
+    if (held)
+        fake_give((uint32_t)phys, held);
+    if (page >= 0 && --g_spages[page].live == 0) {
+        fake_give((uint32_t)g_spages[page].phys, alloc_page());
+        g_spages[page].phys = -1;
+    }
 }
 
 static struct CUctx_st *stream_ctx(CUstream s)
@@ -73,21 +152,25 @@ static CUresult do_alloc(int ordinal, uint64_t bytes, int kind, unsigned long lo
         return CUDA_ERROR_INVALID_DEVICE;
     if (bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (fake_take((uint32_t)p, bytes) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&fk_mu);
+    uint64_t held;
+    int page;
+    if (take_pages(p, bytes, &held, &page) != 0) {
+        pthread_mutex_unlock(&fk_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     uint64_t *next = v1 ? &g_next_v1 : &g_next;
     alloc *a = new_alloc(*next, bytes, p, kind, fk_cur(), NULL);
     if (a) {
+        a->held = held;
+        a->page = page;
         *key = *next;
         *next += (bytes + 4095) & ~4095ull;
+    } else {
+        give_pages(p, held, page);
     }
     pthread_mutex_unlock(&fk_mu);
-    if (!a) {
-        fake_give((uint32_t)p, bytes);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return CUDA_SUCCESS;
+    return a ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 static int cur_ordinal(void) { return fk_cur() ? fk_cur()->dev : -1; }
@@ -111,7 +194,6 @@ static struct CUmemPoolHandle_st *g_default_dev[FAKE_MAX_DEV];
 static struct CUmemPoolHandle_st *g_default_host;
 static struct CUmemPoolHandle_st *g_default_managed;
 
-static uint64_t roundup(uint64_t v, uint64_t c) { return (v + c - 1) / c * c; }
 
 /* fk_mu held */
 static struct CUmemPoolHandle_st *new_pool(CUmemLocationType t, int id, int phys,
@@ -264,7 +346,7 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+OLD_LACKS CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
     FAULT();
     if (fk_phys(dev) < 0)
@@ -422,7 +504,7 @@ EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute att
     return attr <= CU_MEMPOOL_ATTR_USED_MEM_HIGH ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+OLD_LACKS CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
     FAULT();
     if (!valid_pool(pool) || !value)
@@ -597,7 +679,7 @@ EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode n, CUgraph *phGraph)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *numNodes)
+OLD_LACKS CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *numNodes)
 {
     FAULT();
     if (!g || g->magic != GRAPH_MAGIC || !numNodes)
@@ -929,7 +1011,7 @@ static CUresult free_locked(unsigned long long key)
     else if (v.kind == K_GRAPH)
         g_gp_used[v.phys >= 0 ? v.phys : 0] -= v.phys >= 0 ? v.bytes : 0; /* host graph memory takes none */
     else
-        fake_give((uint32_t)v.phys, v.bytes);
+        give_pages(v.phys, v.held, v.page);
     return CUDA_SUCCESS;
 }
 

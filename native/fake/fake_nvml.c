@@ -137,3 +137,87 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned 
     memcpy(name, n, strlen(n) + 1);
     return NVML_SUCCESS;
 }
+
+/*
+ * Per-process used memory (nvmlDeviceGetComputeRunningProcesses, v1-v3): every live process
+ * that holds memory of the device, with what the fake itself counts it holding (fake_proc:
+ * its contexts, the pages of its allocations, pool and graph-pool reserves, VMM allocations it
+ * made), never the enforcement library's charge. Pids are this machine's (the tests run in one
+ * PID namespace, as a node agent with the host's would see them). MIG devices list none.
+ */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} fake_process_info_v2; /* nvmlProcessInfo_v2_t and nvmlProcessInfo_t (v3) */
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} fake_process_info_v1;
+
+static int phys_of(nvmlDevice_t device)
+{
+    fake_state *st = fake_state_get();
+    if (!device->cfg)
+        return (int)device->index;
+    if (device->cfg != 1)
+        return -1;
+    char uuid[96];
+    if (nvmlDeviceGetUUID(device, uuid, sizeof(uuid)) != NVML_SUCCESS)
+        return -1;
+    for (uint32_t i = 0; i < st->ndev; i++)
+        if (!strcmp(st->dev[i].uuid, uuid))
+            return (int)i;
+    return -1;
+}
+
+static nvmlReturn_t running(nvmlDevice_t device, unsigned int *count, void *infos, int v1)
+{
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    fake_state *st = fake_state_get();
+    int p = phys_of(device);
+    unsigned int n = 0, cap = infos ? *count : 0;
+    for (int i = 0; p >= 0 && i < FAKE_MAX_PROCS; i++) {
+        int32_t pid = __atomic_load_n(&st->procs[i].pid, __ATOMIC_ACQUIRE);
+        uint64_t used = __atomic_load_n(&st->procs[i].used[p], __ATOMIC_ACQUIRE);
+        if (pid <= 0 || used == 0 || (kill(pid, 0) != 0 && errno != EPERM))
+            continue;
+        if (n < cap) {
+            if (v1) {
+                fake_process_info_v1 *o = (fake_process_info_v1 *)infos + n;
+                o->pid = (unsigned)pid;
+                o->usedGpuMemory = used;
+            } else {
+                fake_process_info_v2 *o = (fake_process_info_v2 *)infos + n;
+                o->pid = (unsigned)pid;
+                o->usedGpuMemory = used;
+                o->gpuInstanceId = 0xFFFFFFFFu;
+                o->computeInstanceId = 0xFFFFFFFFu;
+            }
+        }
+        n++;
+    }
+    *count = n;
+    return n > cap ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                           unsigned int *count, void *infos)
+{
+    return running(device, count, infos, 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                           unsigned int *count, void *infos)
+{
+    return running(device, count, infos, 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *count,
+                                                        void *infos)
+{
+    return running(device, count, infos, 1);
+}

@@ -13,6 +13,7 @@
  *                                       return NVML_ERROR_NOT_SUPPORTED (older drivers)
  *     gpu UUID key=value...             one GPU, in index order. Keys:
  *         name="NVIDIA H100 80GB HBM3"  memory=<bytes>  pci=<bus id, as NVML prints it>
+ *         reserved=<bytes> (FB memory the driver keeps: nvmlMemory_v2_t.reserved, default 0)
  *         cc=<major>.<minor>  minor=<device minor number: /dev/nvidia<minor>>
  *         mig=0|1 (current MIG mode)  health=ok|lost (lost: every query of this GPU returns
  *         NVML_ERROR_GPU_IS_LOST, as after an XID 79 "fallen off the bus")
@@ -128,6 +129,7 @@ typedef struct fcfg_gpu {
     char name[96];
     char pci[32];
     unsigned long long memory;
+    unsigned long long reserved;
     int cc_major, cc_minor;
     unsigned minor;
     unsigned mig;
@@ -372,6 +374,8 @@ static void fcfg_parse(const char *text, fcfg *c)
                     snprintf(g->name, sizeof(g->name), "%s", v);
                 else if (!strcmp(kv, "memory"))
                     g->memory = strtoull(v, NULL, 10);
+                else if (!strcmp(kv, "reserved"))
+                    g->reserved = strtoull(v, NULL, 10);
                 else if (!strcmp(kv, "pci"))
                     snprintf(g->pci, sizeof(g->pci), "%s", v);
                 else if (!strcmp(kv, "cc"))
@@ -564,7 +568,8 @@ static nvmlReturn_t fcfg_memory(nvmlDevice_t d, unsigned long long *total,
         *total = g->memory;
         *used = u;
         if (reserved)
-            *reserved = 0;
+            *reserved = g->reserved;
+        u += g->reserved; /* free leaves the driver's reserve out, as NVML's v2 does */
         *free_ = g->memory > u ? g->memory - u : 0;
     }
     fcfg_unlock();

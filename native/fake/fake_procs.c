@@ -77,10 +77,14 @@ HIDDEN const struct fk_proc {
     P(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, 0)
     P(cuMemPoolTrimTo, "cuMemPoolTrimTo", 11020, 0)
     P(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 11020, 0)
+#ifndef FAKE_OLD_DRIVER
     P(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", 11020, 0)
+#endif
     P(cuMemPoolImportFromShareableHandle, "cuMemPoolImportFromShareableHandle", 11020, 0)
     P(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0)
+#ifndef FAKE_OLD_DRIVER
     P(cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020, 0)
+#endif
     P(cuDeviceSetMemPool, "cuDeviceSetMemPool", 11020, 0)
     P(cuMemGetDefaultMemPool, "cuMemGetDefaultMemPool", 13000, 0)
     P(cuMemGetMemPool, "cuMemGetMemPool", 13000, 0)
@@ -123,7 +127,9 @@ HIDDEN const struct fk_proc {
     P(cuGraphAddMemFreeNode, "cuGraphAddMemFreeNode", 11040, 0)
     P(cuGraphAddChildGraphNode, "cuGraphAddChildGraphNode", 10000, 0)
     P(cuGraphChildGraphNodeGetGraph, "cuGraphChildGraphNodeGetGraph", 10000, 0)
+#ifndef FAKE_OLD_DRIVER
     P(cuGraphGetNodes, "cuGraphGetNodes", 10000, 0)
+#endif
     P(cuGraphNodeGetType, "cuGraphNodeGetType", 10000, 0)
     P(cuGraphMemAllocNodeGetParams, "cuGraphMemAllocNodeGetParams", 11040, 0)
     P(cuGraphInstantiate, "cuGraphInstantiate", 10000, 0)

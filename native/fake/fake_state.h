@@ -10,18 +10,21 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #define FAKE_MAX_DEV 8
 #define FAKE_MAX_OBJ 4096
+#define FAKE_MAX_PROCS 256
 #define FAKE_MAGIC 0x46414b4547505554ULL
 
 typedef struct fake_dev {
@@ -48,12 +51,23 @@ typedef struct fake_obj {
     int32_t loc_type;
 } fake_obj;
 
+/* What one process holds of each device, as the driver counts it (NVML's per-process used
+ * memory): every byte it took from a device through fake_take, less what it gave back, its
+ * contexts and the pages of its allocations included. Kept by the fake itself, never from the
+ * enforcement library's bookkeeping. */
+typedef struct fake_proc {
+    int32_t pid; /* 0: free entry (atomic) */
+    uint32_t pad;
+    uint64_t used[FAKE_MAX_DEV]; /* atomic */
+} fake_proc;
+
 typedef struct fake_state {
     uint64_t magic;
     uint32_t ndev;
     uint32_t pad;
     fake_dev dev[FAKE_MAX_DEV];
     fake_obj obj[FAKE_MAX_OBJ];
+    fake_proc procs[FAKE_MAX_PROCS];
 } fake_state;
 
 /* One mapping per library (each of fake libcuda and fake libnvidia-ml defines the storage once
@@ -125,6 +139,39 @@ static inline fake_state *fake_state_get(void)
     return m;
 }
 
+/* This process's entry in the per-process table (claimed on first use; an entry of a dead
+ * process is taken over); NULL if the table is full. */
+static fake_proc *fake_self_cached; /* per translation unit; dropped in a forked child */
+static void fake_self_forget(void) { fake_self_cached = NULL; }
+
+static inline fake_proc *fake_self(void)
+{
+    static int registered;
+    if (fake_self_cached)
+        return fake_self_cached;
+    if (!__atomic_exchange_n(&registered, 1, __ATOMIC_ACQ_REL))
+        pthread_atfork(NULL, NULL, fake_self_forget);
+    int32_t me = (int32_t)getpid();
+    fake_state *st = fake_state_get();
+    fake_proc *found = NULL;
+    for (int i = 0; i < FAKE_MAX_PROCS && !found; i++)
+        if (__atomic_load_n(&st->procs[i].pid, __ATOMIC_ACQUIRE) == me)
+            found = &st->procs[i];
+    for (int i = 0; i < FAKE_MAX_PROCS && !found; i++) {
+        int32_t cur = __atomic_load_n(&st->procs[i].pid, __ATOMIC_ACQUIRE);
+        if (cur != 0 && (kill(cur, 0) == 0 || errno == EPERM))
+            continue;
+        if (__atomic_compare_exchange_n(&st->procs[i].pid, &cur, me, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+            for (int d = 0; d < FAKE_MAX_DEV; d++)
+                __atomic_store_n(&st->procs[i].used[d], 0, __ATOMIC_RELEASE);
+            found = &st->procs[i];
+        }
+    }
+    fake_self_cached = found;
+    return found;
+}
+
 /* Take bytes from device i; 0 on success, -1 if the fake GPU is full. */
 static inline int fake_take(uint32_t i, uint64_t bytes)
 {
@@ -139,12 +186,24 @@ static inline int fake_take(uint32_t i, uint64_t bytes)
     while (now > pk &&
            !__atomic_compare_exchange_n(&d->peak, &pk, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
     }
+    fake_proc *me = fake_self();
+    if (me)
+        __atomic_add_fetch(&me->used[i], bytes, __ATOMIC_ACQ_REL);
     return 0;
 }
 
 static inline void fake_give(uint32_t i, uint64_t bytes)
 {
     __atomic_sub_fetch(&fake_state_get()->dev[i].used, bytes, __ATOMIC_ACQ_REL);
+    /* memory given back by another process than the one that took it (the last holder of an
+     * imported VMM allocation) comes off the giver's figure, floored at 0 */
+    fake_proc *me = fake_self();
+    if (!me)
+        return;
+    uint64_t cur = __atomic_load_n(&me->used[i], __ATOMIC_ACQUIRE);
+    while (!__atomic_compare_exchange_n(&me->used[i], &cur, cur > bytes ? cur - bytes : 0, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
 }
 
 static inline uint64_t fake_now_ns(void)

@@ -514,8 +514,75 @@ int ts_stream_dev(CUstream s, CUdevice *dev)
 /* ---------------------------------------------------------------------------------------- */
 /* charging                                                                                  */
 
+/* ---- the driver's per-process figure, reconciled by the node ------------------------------
+ * The node driver, which sees host pids and NVML's per-process used memory, writes per GPU of
+ * the claim what the claim's processes hold beyond their charges (contexts, modules,
+ * __device__ globals and local memory larger than context-overhead, the slack of shared pages)
+ * into <region's directory>/driver/usage, a directory only it writes and the claim's containers
+ * mount read-only:
+ *     version 1
+ *     gpu <UUID> unaccounted <bytes>
+ * That much is held back from the claim's limit at every charge and counted as used by the
+ * queries. Read again at most once a second; a missing or unreadable file counts 0. */
+static struct {
+    pthread_mutex_t mu;
+    uint64_t read_at; /* ts_now_ns() of the last reading, 0 never */
+    uint64_t extra[TESSERA_REGION_MAX_GPUS];
+} g_drv = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void driver_usage_read(void)
+{
+    uint64_t extra[TESSERA_REGION_MAX_GPUS] = {0};
+    char path[TESSERA_LIMITS_MAX_PATH + 32];
+    const char *slash = strrchr(G.lim.region, '/');
+    size_t dir = slash ? (size_t)(slash - G.lim.region) : 0;
+    int fd = -1;
+    if (dir + sizeof("/driver/usage") <= sizeof(path)) {
+        memcpy(path, G.lim.region, dir);
+        memcpy(path + dir, "/driver/usage", sizeof("/driver/usage"));
+        fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    }
+    struct stat st;
+    char buf[4096];
+    ssize_t n = 0;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
+        n = read(fd, buf, sizeof(buf) - 1);
+    if (fd >= 0)
+        close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+    for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        char uuid[65];
+        unsigned long long bytes;
+        if (sscanf(line, "gpu %64s unaccounted %llu", uuid, &bytes) != 2)
+            continue;
+        for (int g = 0; G.region.hdr && g < TESSERA_REGION_MAX_GPUS; g++)
+            if (tessera_uuid_equal(uuid, G.region.hdr->gpus[g].uuid))
+                extra[g] = bytes;
+    }
+    memcpy(g_drv.extra, extra, sizeof(extra));
+}
+
+/* Bytes the node found claim-held beyond the charges on region entry g. */
+static uint64_t driver_extra(int g)
+{
+    if (g < 0 || g >= TESSERA_REGION_MAX_GPUS)
+        return 0;
+    uint64_t now = ts_now_ns();
+    pthread_mutex_lock(&g_drv.mu);
+    if (!g_drv.read_at || now - g_drv.read_at >= 1000000000ull) {
+        driver_usage_read();
+        g_drv.read_at = now;
+    }
+    uint64_t e = g_drv.extra[g];
+    pthread_mutex_unlock(&g_drv.mu);
+    return e;
+}
+
 int ts_charge_g(int g, uint64_t bytes, uint32_t nctx, uint64_t limit, const char *what)
 {
+    uint64_t extra = driver_extra(g);
+    limit = limit > extra ? limit - extra : 0;
     if (ts_region_charge(&G.region, g, bytes, nctx, limit) == 0)
         return 0;
     /* Before refusing: pools and graph pools may have released memory the claim still pays
@@ -581,7 +648,7 @@ static int limited_view(uint64_t phys_free, uint64_t phys_total, uint64_t *free_
         return -1;
     ts_pools_resync(d.g);
     uint64_t total = d.limit < phys_total ? d.limit : phys_total;
-    uint64_t used = ts_region_usage(&G.region, d.g, 1);
+    uint64_t used = ts_region_usage(&G.region, d.g, 1) + driver_extra(d.g);
     uint64_t fr = used >= total ? 0 : total - used;
     if (fr > phys_free)
         fr = phys_free; /* never promise what the physical GPU does not have */
@@ -948,7 +1015,7 @@ static void nvml_view(nvmlDevice_t h, unsigned long long *total, unsigned long l
         return;
     ts_pools_resync(g);
     uint64_t t = limit < *total ? limit : *total;
-    uint64_t u = ts_region_usage(&G.region, g, 1);
+    uint64_t u = ts_region_usage(&G.region, g, 1) + driver_extra(g);
     *total = t;
     *used = u;
     *free_b = u >= t ? 0 : t - u;
@@ -997,6 +1064,8 @@ static void after_fork_child(void)
     ts_vmm_forget();
     ts_pool_forget();
     ts_pacer_forget();
+    pthread_mutex_init(&g_drv.mu, NULL); /* a thread of the parent may have held it */
+    g_drv.read_at = 0;
     __atomic_store_n(&G.state, ST_UNINIT, __ATOMIC_RELEASE);
 }
 

@@ -63,19 +63,57 @@ void ts_mem_forget(void)
         return r_;                                                                       \
     } while (0)
 
+/* What an allocation of bytes on device dev takes from the GPU, as charged. The driver hands
+ * out device memory in pages of its allocation granularity (cuMemGetAllocationGranularity,
+ * minimum, for the device; 2 MiB when it cannot say): an allocation of at least one page gets
+ * pages of its own and is charged all of them (cuMemAlloc of 2 MiB + 1 byte holds 4 MiB).
+ * Smaller allocations share pages; they are charged their size, and what their pages hold
+ * beyond that is left to the reconciliation with the driver's per-process
+ * figure (docs/enforcement.md section 4.6). */
+static uint64_t g_gran[MAX_ORDINALS];
+
+static uint64_t charged_size(CUdevice dev, uint64_t bytes)
+{
+    uint64_t gran = 2u << 20;
+    if (dev >= 0 && dev < MAX_ORDINALS) {
+        uint64_t known = __atomic_load_n(&g_gran[dev], __ATOMIC_RELAXED);
+        if (known) {
+            gran = known;
+        } else {
+            size_t got = 0;
+            CUmemAllocationProp prop;
+            memset(&prop, 0, sizeof(prop));
+            prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            prop.location.id = dev;
+            if (R.cuMemGetAllocationGranularity &&
+                R.cuMemGetAllocationGranularity(&got, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+                    CUDA_SUCCESS &&
+                got > 0)
+                gran = got;
+            __atomic_store_n(&g_gran[dev], gran, __ATOMIC_RELAXED);
+        }
+    }
+    if (bytes < gran)
+        return bytes;
+    uint64_t pages = bytes / gran + (bytes % gran != 0);
+    return pages > UINT64_MAX / gran ? UINT64_MAX : pages * gran;
+}
+
 /* Charge, call, and record (or undo) one allocation on device dev, owned by context ctx. */
 #define ALLOC_ON(dev, ctx, bytes, kind, keyexpr, what, call)               \
     do {                                                                   \
         int g_ = -1;                                                       \
-        int c_ = ts_charge_dev((dev), (bytes), 0, &g_, (what));            \
+        uint64_t b_ = charged_size((dev), (bytes));                        \
+        int c_ = ts_charge_dev((dev), b_, 0, &g_, (what));                 \
         if (c_ < 0)                                                        \
             return TS_CHARGE_ERR(c_);                                      \
         CUresult r_ = (call);                                              \
         if (c_ > 0) {                                                      \
             if (r_ == CUDA_SUCCESS)                                        \
-                ts_remember((kind), (uint64_t)(keyexpr), (bytes), g_, (ctx)); \
+                ts_remember((kind), (uint64_t)(keyexpr), b_, g_, (ctx));   \
             else                                                           \
-                ts_credit(g_, (bytes), 0);                                 \
+                ts_credit(g_, b_, 0);                                      \
         }                                                                  \
         return r_;                                                         \
     } while (0)
@@ -153,7 +191,7 @@ TS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     if (ts_current(&dev, &ctx) != 0)
         return REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     /* Pre-charge an estimate (rows padded to 512 bytes), then settle on pitch*height. */
-    uint64_t est = mul_sat((WidthInBytes + 511) & ~(size_t)511, Height);
+    uint64_t est = charged_size(dev, mul_sat((WidthInBytes + 511) & ~(size_t)511, Height));
     int g = -1;
     int c = ts_charge_dev(dev, est, 0, &g, "cuMemAllocPitch");
     if (c < 0)
@@ -165,7 +203,7 @@ TS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
         ts_credit(g, est, 0);
         return r;
     }
-    uint64_t actual = mul_sat(*pPitch, Height);
+    uint64_t actual = charged_size(dev, mul_sat(*pPitch, Height));
     if (actual > est) {
         if (ts_charge_g(g, actual - est, 0, ts_dev(dev).limit, "cuMemAllocPitch") != 0) {
             REAL(cuMemFree_v2)(*dptr);

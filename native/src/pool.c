@@ -470,7 +470,10 @@ static CUresult alloc_async(CUresult (*fn)(), CUdeviceptr *dptr, size_t bytes, C
     if (G.closed)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUmemoryPool h = NULL;
-    if (!REAL(cuDeviceGetMemPool) || REAL(cuDeviceGetMemPool)(&h, dev) != CUDA_SUCCESS || !h)
+    if (!REAL(cuDeviceGetMemPool)) /* the pool it would come from cannot be found */
+        return ts_refuse(what, "the driver lacks cuDeviceGetMemPool, so the pool a "
+                               "stream-ordered allocation comes from cannot be charged");
+    if (REAL(cuDeviceGetMemPool)(&h, dev) != CUDA_SUCCESS || !h)
         return call_async(&a); /* the driver will fail it the same way */
     pthread_mutex_lock(&g_mu);
     int i = pool_find(h);
@@ -836,29 +839,55 @@ static uint64_t graph_settle(CUdevice dev)
     return 0;
 }
 
-/* The memory nodes of a graph and its child graphs, per device. -1 if a node's location cannot
- * be accounted. */
+/* Why walk() could not account a graph (its refusal's reason), per thread. */
+static __thread const char *g_walk_why;
+
+/* The memory nodes of a graph and its child graphs, per device. -1 if they cannot be accounted,
+ * with the reason in g_walk_why: a node at a location the library does not know, or a graph
+ * whose nodes cannot be enumerated (a driver without cuGraphGetNodes, cuGraphNodeGetType,
+ * cuGraphMemAllocNodeGetParams or cuGraphChildGraphNodeGetGraph, or one of them failing).
+ * Charging nothing for such a graph let its memory nodes take the GPU past the limit. */
 static int walk(CUgraph graph, exec_mem *m, int depth)
 {
-    if (depth > 16 || !R.cuGraphGetNodes || !R.cuGraphNodeGetType)
-        return depth > 16 ? -1 : 0;
+    g_walk_why = "a memory node at a location this library cannot account";
+    if (depth > 16)
+        return -1;
+    if (!R.cuGraphGetNodes || !R.cuGraphNodeGetType || !R.cuGraphMemAllocNodeGetParams ||
+        !R.cuGraphChildGraphNodeGetGraph) {
+        g_walk_why = "the driver lacks cuGraphGetNodes, cuGraphNodeGetType, "
+                     "cuGraphMemAllocNodeGetParams or cuGraphChildGraphNodeGetGraph, so the "
+                     "graph's memory nodes cannot be found and charged";
+        return -1;
+    }
     size_t n = 0;
-    if (R.cuGraphGetNodes(graph, NULL, &n) != CUDA_SUCCESS || n == 0)
+    if (R.cuGraphGetNodes(graph, NULL, &n) != CUDA_SUCCESS) {
+        g_walk_why = "the graph's nodes cannot be enumerated (cuGraphGetNodes failed)";
+        return -1;
+    }
+    if (n == 0)
         return 0;
     CUgraphNode *nodes = calloc(n, sizeof(*nodes));
-    if (!nodes)
+    if (!nodes) {
+        g_walk_why = "out of host memory";
         return -1;
+    }
     int rc = 0;
-    if (R.cuGraphGetNodes(graph, nodes, &n) != CUDA_SUCCESS)
-        n = 0;
+    if (R.cuGraphGetNodes(graph, nodes, &n) != CUDA_SUCCESS) {
+        g_walk_why = "the graph's nodes cannot be enumerated (cuGraphGetNodes failed)";
+        rc = -1;
+    }
     for (size_t i = 0; i < n && rc == 0; i++) {
         CUgraphNodeType t;
-        if (R.cuGraphNodeGetType(nodes[i], &t) != CUDA_SUCCESS)
-            continue;
+        if (R.cuGraphNodeGetType(nodes[i], &t) != CUDA_SUCCESS) {
+            g_walk_why = "a graph node's type cannot be read (cuGraphNodeGetType failed)";
+            rc = -1;
+            break;
+        }
         if (t == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
             CUDA_MEM_ALLOC_NODE_PARAMS p;
-            if (!R.cuGraphMemAllocNodeGetParams ||
-                R.cuGraphMemAllocNodeGetParams(nodes[i], &p) != CUDA_SUCCESS) {
+            if (R.cuGraphMemAllocNodeGetParams(nodes[i], &p) != CUDA_SUCCESS) {
+                g_walk_why = "a memory node's size cannot be read "
+                             "(cuGraphMemAllocNodeGetParams failed)";
                 rc = -1;
                 break;
             }
@@ -895,10 +924,15 @@ static int walk(CUgraph graph, exec_mem *m, int depth)
                 m->bytes[m->n++] = 0;
             }
             m->bytes[k] += p.bytesize;
-        } else if (t == CU_GRAPH_NODE_TYPE_GRAPH && R.cuGraphChildGraphNodeGetGraph) {
+        } else if (t == CU_GRAPH_NODE_TYPE_GRAPH) {
             CUgraph child;
-            if (R.cuGraphChildGraphNodeGetGraph(nodes[i], &child) == CUDA_SUCCESS)
-                rc = walk(child, m, depth + 1);
+            if (R.cuGraphChildGraphNodeGetGraph(nodes[i], &child) != CUDA_SUCCESS) {
+                g_walk_why = "a child graph cannot be read (cuGraphChildGraphNodeGetGraph "
+                             "failed)";
+                rc = -1;
+                break;
+            }
+            rc = walk(child, m, depth + 1);
         }
     }
     free(nodes);
@@ -983,8 +1017,7 @@ static CUresult instantiate(CUgraphExec *pe, CUgraph graph, unsigned long long f
     exec_mem m;
     memset(&m, 0, sizeof(m));
     if (walk(graph, &m, 0) != 0)
-        return ts_refuse("graph instantiation", "a memory node at a location this library "
-                                                "cannot account");
+        return ts_refuse("graph instantiation", g_walk_why);
     if (m.n == 0)
         return call(arg);
     pthread_mutex_lock(&g_mu);

@@ -13,7 +13,7 @@
  *   init | dev N | ctx N | destroyctx | release N | reset N
  *   alloc B | managed B | pitch W H E | async B | pool B | mkpool B | vmm B | array W H
  *   array3d W H D | mipmap W H L | free | freeall
- *   meminfo | totalmem N | uuid N | nvml I | nvml2 I | calls NAME | used N | peak N
+ *   meminfo | totalmem N | uuid N | nvml I | nvml2 I | nvmlproc I | calls NAME | used N | peak N
  *   launch N GRID | ready | hold | wait | sleep MS | sync | ssync | afree
  *   (free, afree, pfree, freeall: a failed free leaves the allocation on the stack; freeall stops
  *   at the first failure. wait: prints "waiting" and blocks until a line on stdin)
@@ -43,6 +43,10 @@
 #include <unistd.h>
 
 #include "tessera_cuda.h"
+
+/* The fake's older driver (fake-old) lacks these: weak, so that tp_cuda still loads there. */
+#pragma weak cuMemPoolGetAttribute
+#pragma weak cuDeviceGetMemPool
 
 uint64_t fakecuda_calls(const char *name);
 uint64_t fakecuda_used(int ordinal);
@@ -426,6 +430,28 @@ int main(int argc, char **argv)
             for (int k = 0; k < 16; k++)
                 printf("%02x", (unsigned char)u.bytes[k]);
             printf("\n");
+        } else if (!strcmp(c, "nvmlproc")) {
+            /* the driver's own figure of this process on NVML device I (per-process used
+             * memory, nvmlDeviceGetComputeRunningProcesses_v3) */
+            unsigned idx = (unsigned)ARG();
+            struct {
+                unsigned int pid;
+                unsigned long long used;
+                unsigned int gi, ci;
+            } info[64];
+            nvmlReturn_t (*fn)(nvmlDevice_t, unsigned int *, void *);
+            *(void **)&fn = dlsym(RTLD_DEFAULT, "nvmlDeviceGetComputeRunningProcesses_v3");
+            nvmlDevice_t d;
+            T.nvmlInit_v2();
+            unsigned int n = 64;
+            nvmlReturn_t r = T.nvmlDeviceGetHandleByIndex_v2(idx, &d);
+            if (r == NVML_SUCCESS)
+                r = fn ? fn(d, &n, info) : NVML_ERROR_FUNCTION_NOT_FOUND;
+            unsigned long long mine = 0;
+            for (unsigned k = 0; r == NVML_SUCCESS && k < n; k++)
+                if (info[k].pid == (unsigned)getpid())
+                    mine = info[k].used;
+            printf("nvmlproc %d used=%llu\n", r, mine);
         } else if (!strcmp(c, "nvml") || !strcmp(c, "nvml2")) {
             unsigned idx = (unsigned)ARG();
             nvmlDevice_t d;

@@ -30,7 +30,8 @@ RESOURCE = "resource.k8s.io/v1"
 
 
 def one_gpu_node(name: str) -> Inventory:
-    """A node with the single H100 80GB HBM3 of a corpus capture (81559Mi, 100 cores), its
+    """A node with the single H100 80GB HBM3 of a corpus capture (81080Mi published: 81559Mi
+    less 479Mi driver-reserved; 100 cores), its
     slice built by tessera.inventory, labelled ``tessera.dev/test-node=<name>``."""
     node = corpus_node(name, H100_SINGLE_INVENTORY, labels={"tessera.dev/test-node": name})
     return inventory_of([node])
@@ -118,9 +119,9 @@ def test_inventory_slices_round_trip_through_api_server(kube_cluster: LiveCluste
     for d in devs:
         assert d["capacity"] == {
             "memory": {
-                "value": "81559Mi",
+                "value": "81008Mi",  # 81559Mi less the 551Mi the driver reserves
                 "requestPolicy": {
-                    "default": "81559Mi",
+                    "default": "81008Mi",
                     "validRange": {"min": "1Mi", "step": "1Mi"},
                 },
             },
@@ -143,7 +144,7 @@ def test_inventory_slices_round_trip_through_api_server(kube_cluster: LiveCluste
     assert {d["attributes"]["productName"]["string"] for d in a5000["devices"]} == {
         "NVIDIA RTX A5000"
     }
-    assert [d["capacity"]["memory"]["value"] for d in a5000["devices"]] == ["24564Mi", "24564Mi"]
+    assert [d["capacity"]["memory"]["value"] for d in a5000["devices"]] == ["24114Mi", "24114Mi"]
     assert all("nvlinkDomain" not in d["attributes"] for d in a5000["devices"])  # no topology given
 
 
@@ -162,7 +163,7 @@ def test_api_server_rejects_request_policy_without_multiple_allocations(
 @pytest.mark.parametrize(
     ("node", "memory", "cores", "fits", "full_consumed"),
     [
-        # 81559Mi per GPU: three shares of 20Gi (61440Mi) fit, a fourth (81920Mi) does not.
+        # 81080Mi per GPU: three shares of 20Gi (61440Mi) fit, a fourth (81920Mi) does not.
         ("fill-memory", "20Gi", 10, 3, {"memory": "20Gi", "cores": "10"}),
         # 100 cores: two shares of 45 fit, a third (135) does not.
         ("fill-cores", "1Gi", 45, 2, {"memory": "1Gi", "cores": "45"}),

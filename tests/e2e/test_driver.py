@@ -271,10 +271,12 @@ def test_prepare_writes_limits_region_cdi_and_unprepare_removes(
     assert [m["containerPath"] for m in edits["mounts"]] == [
         "/etc/tessera/limits",
         "/run/tessera/region",
+        "/run/tessera/driver",  # the driver's reconciliation (driver/usage), read-only
         "/usr/lib/tessera/libtessera-enforce.so",
         "/etc/ld.so.preload",
     ]
-    assert [m["options"][0] for m in edits["mounts"]] == ["ro", "rw", "ro", "ro"]
+    assert [m["options"][0] for m in edits["mounts"]] == ["ro", "rw", "ro", "ro", "ro"]
+    assert (env.state_dir / "claims" / meta["uid"] / "driver").is_dir()
     assert (
         env.state_dir / "ld.so.preload"
     ).read_text() == "/usr/lib/tessera/libtessera-enforce.so\n"

@@ -332,7 +332,7 @@ def test_a_pod_gets_its_share_enforced_inside_the_container(
         "version 1",
         f"claim {ns}/{claim['metadata']['name']} {uid}",
         "region /run/tessera/region",
-        "context-overhead 0",
+        f"context-overhead {512 * 2**20}",
         f"gpu {uuid} memory {8 * GIB} cores 20",
     ]
     assert section(log, "preload") == ["/usr/lib/tessera/libtessera-enforce.so"]

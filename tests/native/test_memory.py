@@ -17,7 +17,7 @@ pytestmark = pytest.mark.native
 
 OOM = 2
 LIMIT = 100 * MiB
-OVH = 1 * MiB
+OVH = 2 * MiB  # a whole page of the driver's 2 MiB allocation granularity
 
 
 @pytest.mark.parametrize("mode", ["link", "dlsym", "procaddr"])
@@ -141,7 +141,16 @@ def test_every_allocation_kind_is_charged_and_credited(tmp_path: Path, anybuild:
         ]
         assert out[i + 1] == f"meminfo 0 free={lim - total} total={lim}", (args, out[i + 1])
         i += 2
-    assert out[i] == f"used 0 {total}"  # the fake driver holds exactly what was charged
+    # The fake driver holds what was charged, except that the six allocations smaller than its
+    # 2 MiB page share pages (512-byte aligned, first fit): 5543616 bytes charged, three pages
+    # held. The difference is what the reconciliation with NVML's per-process figure covers.
+    small = sum(
+        n
+        for args, n in steps
+        if args[0] in ("alloc", "managed", "pitch", "array", "array3d", "mipmap")
+    )
+    assert small == 5543616
+    assert out[i] == f"used 0 {total - small + 3 * chunk}"
     reserves = 7 * chunk  # freed pool allocations go back to their pools' reserves
     assert out[i + 1 :] == [
         "freeall 0",
@@ -185,29 +194,29 @@ def test_pitch_settles_on_the_real_pitch(tmp_path: Path, plain: Build) -> None:
 
 
 def test_allocation_exactly_at_the_limit(tmp_path: Path, plain: Build) -> None:
-    c = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], 10 * MiB, 0)], context_overhead=MiB)
+    c = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], 10 * MiB, 0)], context_overhead=2 * MiB)
     out = c.tp(
         "dlsym",
         "init",
         "dev",
         "0",
         "alloc",
-        str(9 * MiB),
+        str(8 * MiB),
         "alloc",
         "1",
         "free",
         "alloc",
-        str(9 * MiB + 1),
+        str(8 * MiB + 1),
         "alloc",
-        str(9 * MiB),
+        str(8 * MiB),
         "meminfo",
     )
     assert out[2:] == [
-        f"alloc {9 * MiB} 0",
+        f"alloc {8 * MiB} 0",
         f"alloc 1 {OOM}",
         "free 0",
-        f"alloc {9 * MiB + 1} {OOM}",
-        f"alloc {9 * MiB} 0",
+        f"alloc {8 * MiB + 1} {OOM}",
+        f"alloc {8 * MiB} 0",
         f"meminfo 0 free=0 total={10 * MiB}",
     ]
 
@@ -321,14 +330,14 @@ def test_usage_is_shared_by_the_processes_of_a_claim(
         "alloc",
         str(60 * MiB),
         "alloc",
-        str(58 * MiB),
+        str(56 * MiB),
         "meminfo",
         "ready",
     )
     assert out[2:] == [
         f"meminfo 0 free={LIMIT - 40 * MiB - 2 * OVH} total={LIMIT}",
         f"alloc {60 * MiB} {OOM}",
-        f"alloc {58 * MiB} 0",
+        f"alloc {56 * MiB} 0",
         f"meminfo 0 free=0 total={LIMIT}",
         "ready",
     ]
@@ -407,21 +416,21 @@ def test_region_created_by_python_is_used_by_the_library(
         "dev",
         "0",
         "alloc",
-        str(5 * MiB),
+        str(4 * MiB),
         "dev",
         "1",
         "alloc",
-        str(7 * MiB),
+        str(6 * MiB),
         "hold",
     )
     procs.append(p)
     wait_line(p, "holding")
     snap = read_region(c.region)
     assert [(g.index, g.uuid, g.used) for g in snap.gpus] == [
-        (0, UUIDS[1], 7 * MiB),
-        (1, UUIDS[0], 5 * MiB),
+        (0, UUIDS[1], 6 * MiB),
+        (1, UUIDS[0], 4 * MiB),
     ]
-    assert [s.used[:3] for s in snap.slots] == [(7 * MiB, 5 * MiB, 0)]
+    assert [s.used[:3] for s in snap.slots] == [(6 * MiB, 4 * MiB, 0)]
 
 
 def test_unlimited_device_is_not_limited_and_inert_without_limits(

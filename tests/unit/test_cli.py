@@ -101,10 +101,11 @@ def test_node_flag_with_corpus_inventory(corpus: Path, tmp_path: Path) -> None:
     lst = yaml.safe_load(out)
     claim = next(o for o in lst["items"] if o["kind"] == "ResourceClaim")
     res = claim["status"]["allocation"]["devices"]["results"]
-    # 50% of 81559 MiB = 40779.5 -> 40779 MiB, on two distinct GPUs.
+    # 50% of the 81008 MiB published (81559 MiB less the driver's 551 MiB) = 40504 MiB, on two
+    # distinct GPUs.
     assert [(r["device"], r["consumedCapacity"]) for r in res] == [
-        ("gpu-0", {"memory": "40779Mi", "cores": "30"}),
-        ("gpu-1", {"memory": "40779Mi", "cores": "30"}),
+        ("gpu-0", {"memory": "40504Mi", "cores": "30"}),
+        ("gpu-1", {"memory": "40504Mi", "cores": "30"}),
     ]
 
 

@@ -85,11 +85,12 @@ def test_placements_and_gpus_share_the_device_key() -> None:
     assert code == 0
     placed = table_rows(out, "Placements")
     on_gpu5 = sorted(r[0] for r in placed if r[2] == "h100-node/gpu-5")
-    # Two HAMi pods share h100-node/gpu-5: 40779Mi + 32623Mi = 73402Mi booked there.
+    # Two HAMi pods share h100-node/gpu-5: 40504Mi + 32403Mi = 72907Mi booked there (of the
+    # 81008Mi published: 81559Mi less the 551Mi the driver reserves).
     assert on_gpu5 == ["default/hami-memory-fraction", "default/hami-sharing-1"]
     assert header(out, "GPUs") == ["DEVICE", "GPU", "MEMORY", "CORES", "SHARES", "MODEL"]
     gpus = {r[0]: r for r in table_rows(out, "GPUs")}
-    assert gpus["h100-node/gpu-5"][2:5] == ["73402Mi/81559Mi", "90/100", "2"]
+    assert gpus["h100-node/gpu-5"][2:5] == ["72907Mi/81008Mi", "90/100", "2"]
     assert gpus["h100-node/gpu-5"][1] == "GPU-980ea11b"  # shortest unique prefix (12 at least)
     # The same key, from the claims' allocation results.
     world = default_world()
@@ -151,15 +152,20 @@ def test_wide_shows_every_column_whole() -> None:
     code, out, _ = run("simulate", "-o", "wide", columns=80)
     assert code == 0
     assert header(out, "Placements") == [
-        "POD", "CONTAINER", "CLAIM", "REQUEST", "NODE", "DEVICE", "GPU", "MEMORY", "CORES", "SHAREID", "MODEL",
+        "POD", "CONTAINER", "CLAIM", "REQUEST", "NODE", "DEVICE", "GPU", "MEMORY", "CORES", "SHAREID",
+        "ALLOCATABLE", "MODEL",
     ]  # fmt: skip
     rows = {(r[0], r[5]): r for r in table_rows(out, "Placements")}
     r = rows[("default/hami-sharing-1", "h100-node/gpu-5")]
     assert r[2] == "default/hami-sharing-1-ubuntu-container-gpu"
     assert r[6].startswith("GPU-980ea11b-") and len(r[6]) == 40
     assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", r[9])
-    assert r[10] == "NVIDIA H100 80GB HBM3"
+    assert r[11] == "NVIDIA H100 80GB HBM3"
     assert "..." not in out  # nothing cut
+    # What one process can allocate of the share: its memory less one CUDA context, the
+    # context-overhead the driver writes into the limits file (and the library charges).
+    assert (r[7], r[10]) == ("32403Mi", "31891Mi")
+    assert "each CUDA context takes 512Mi of it" in " ".join(out.split())
     pending = {p: reason for p, reason in table_rows(out, "Unschedulable pods")}
     world = default_world()
     (too_big,) = [
@@ -168,6 +174,20 @@ def test_wide_shows_every_column_whole() -> None:
         if o["kind"] == "Pod" and o["metadata"]["name"] == "too-big"
     ]
     assert pending["default/too-big"] == too_big["status"]["conditions"][0]["message"]
+
+
+def test_allocatable_is_the_share_less_one_context_for_every_placement() -> None:
+    from tessera.api.quantity import Quantity
+    from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD
+
+    code, out, _ = run("simulate", "-o", "wide", columns=300)
+    assert code == 0
+    rows = [r for r in table_rows(out, "Placements") if r[7] != "-"]
+    assert len(rows) >= 10
+    for r in rows:
+        mem = Quantity.parse(r[7]).value_int()
+        left = Quantity.parse(r[10]).value_int()
+        assert left == max(0, mem - DEFAULT_CONTEXT_OVERHEAD), r
 
 
 def test_namespace_filter_and_fail_on_pending(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ def _config(path: Path, corpus: Path, extra: str = "", lost: str = "") -> list:
     for g in gpus:
         lines.append(
             f'gpu {g.uuid} name="{g.product_name}" memory={g.memory_bytes} pci={g.pcie_bus_id} '
-            f"cc={g.cuda_compute_capability} minor={g.index}"
+            f"cc={g.cuda_compute_capability} minor={g.index} reserved={g.memory_reserved_bytes}"
             + (" health=lost" if g.uuid == lost else "")
         )
     tmp = path.with_suffix(".tmp")
@@ -86,12 +86,16 @@ def test_nvml_discovery_gives_the_inventorys_gpus(
     assert out["minors"] == list(range(8))
     seen = [GPU(**{**g, "mig_devices": ()}) for g in out["gpus"]]
     # The same slices as `tessera simulate` builds from the inventory file (one code path).
+    # The driver-reserved 551 MiB (nvidia-smi "Reserved", NVML v2 `reserved`) is no share's:
+    # 81559 MiB total, 81008 MiB published.
+    assert [g.memory_reserved_bytes for g in seen] == [551 * 1024 * 1024] * 8
     ours = build_resource_slices("n", seen)
     theirs = build_resource_slices("n", gpus)
     for a, b in zip(ours[0]["spec"]["devices"], theirs[0]["spec"]["devices"], strict=True):
         a_attrs = {k: v for k, v in a["attributes"].items() if k != "cudaDriverVersion"}
         b_attrs = {k: v for k, v in b["attributes"].items() if k != "cudaDriverVersion"}
         assert (a["name"], a_attrs, a["capacity"]) == (b["name"], b_attrs, b["capacity"])
+        assert a["capacity"]["memory"]["value"] == "81008Mi"
     lost = gpus[2].uuid
     _config(cfg, corpus, lost=lost)
     out = _discover(nvml_lib, cfg, lost, "GPU-00000000-1111-2222-3333-444444444444", gpus[0].uuid)

@@ -30,6 +30,7 @@ from tessera.inventory import load_inventory
 NODE = "n1"
 SHARE = "0b0d3b4e-9f0c-4cf5-8c8e-0123456789ab"
 GIB = 1 << 30
+MIB = 1 << 20
 
 
 @pytest.fixture
@@ -91,7 +92,7 @@ def test_a_share_gets_exact_limits(devices: dict[str, NodeDevice], layout: Layou
     plan = plan_claim(claim(share("gpu-3", "8Gi", "20")), REF, NODE, devices, LIBRARY, layout)
     uuid = devices["gpu-3"].record.gpu.uuid
     assert plan.limits_text == (
-        f"version 1\nclaim ns/c uid-1\nregion /run/tessera/region\ncontext-overhead 0\n"
+        f"version 1\nclaim ns/c uid-1\nregion /run/tessera/region\ncontext-overhead {512 * MIB}\n"
         f"gpu {uuid} memory {8 * GIB} cores 20\n"
     )
     assert plan.region_gpus == ((uuid, 8 * GIB, 20),)
@@ -141,7 +142,7 @@ def test_subrequest_names_are_stripped_and_two_gpus_are_listed_in_order(
 def test_whole_gpu_and_admin_access_have_no_limits(
     devices: dict[str, NodeDevice], layout: Layout
 ) -> None:
-    full = devices["gpu-0"].record.gpu.memory_bytes
+    full = devices["gpu-0"].record.gpu.usable_memory_bytes
     whole = plan_claim(claim(share("gpu-0", str(full), "0")), REF, NODE, devices, LIBRARY, layout)
     assert (
         whole.limits_text is None
@@ -162,7 +163,7 @@ def test_whole_and_admin_devices_beside_a_share_are_listed_unlimited(
 ) -> None:
     """The library refuses a visible GPU in no line of the limits file (a second claim's), so
     the claim's own whole and adminAccess devices are written as ``unlimited`` lines."""
-    full = devices["gpu-2"].record.gpu.memory_bytes
+    full = devices["gpu-2"].record.gpu.usable_memory_bytes
     dedicated = dict(share("gpu-5", None, None, "ded"))
     dedicated.pop("shareID")
     dedicated.pop("consumedCapacity")
@@ -181,7 +182,7 @@ def test_whole_and_admin_devices_beside_a_share_are_listed_unlimited(
     )
     u = {n: devices[f"gpu-{n}"].record.gpu.uuid for n in (1, 2, 4, 5)}
     assert plan.limits_text == (
-        f"version 1\nclaim ns/c uid-1\nregion /run/tessera/region\ncontext-overhead 0\n"
+        f"version 1\nclaim ns/c uid-1\nregion /run/tessera/region\ncontext-overhead {512 * MIB}\n"
         f"gpu {u[1]} memory {4 * GIB} cores 30\n"
         f"unlimited {u[2]}\nunlimited {u[4]}\nunlimited {u[5]}\n"
     )
@@ -203,7 +204,7 @@ def test_whole_and_admin_devices_beside_a_share_are_listed_unlimited(
         (share("gpu-9", "1Gi", "1"), "'gpu-9' is not a device of node n1"),
         (
             share("gpu-0", "81Gi", "1"),
-            "consumedCapacity.memory: 81Gi is outside 1..85520809984 bytes",
+            "consumedCapacity.memory: 81Gi is outside 1..84943044608 bytes",
         ),
         (share("gpu-0", "1Gi", "101"), "consumedCapacity.cores: 101 is above 100"),
         (share("gpu-0", "1.5", "1"), "is not a whole, non-negative number"),

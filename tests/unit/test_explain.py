@@ -132,10 +132,10 @@ def test_default_too_big_memory_short_grouped_per_node() -> None:
     )
     # No GPU is that large: "never fits", not "short now" (which would suggest waiting), on
     # every node, whatever the GPUs hold now.
-    assert _groups(h100) == [(8, "memory: needs 100Gi, more than the device has (81559Mi)")]
+    assert _groups(h100) == [(8, "memory: needs 100Gi, more than the device has (81008Mi)")]
     assert exp.reason.endswith(
         "22 GPUs in the cluster match its selectors: no GPU in the cluster is that large "
-        "(memory 100Gi is more than any has: the largest has 81559Mi, h100-node/gpu-0)"
+        "(memory 100Gi is more than any has: the largest has 81008Mi, h100-node/gpu-0)"
     )
     assert _groups(_node(exp, "v100s-node")) == [
         (8, "memory: needs 100Gi, more than the device has (32510Mi)")
@@ -179,7 +179,7 @@ def test_default_scheduled_pod_says_where_and_why() -> None:
     ]
     assert exp.placements[0] == (
         "claim default/trainer-1-gpus, request gpus: gpu.tessera.dev/h100-node/gpu-3 "
-        "(GPU-afe9f2ed-9dd0-572c-3cd8-b42b58b3bc99, NVIDIA H100 80GB HBM3), shared: memory 40Gi of 81559Mi free, cores 50 of 100 free"
+        "(GPU-afe9f2ed-9dd0-572c-3cd8-b42b58b3bc99, NVIDIA H100 80GB HBM3), shared: memory 40Gi of 81008Mi free, cores 50 of 100 free"
     )
 
 

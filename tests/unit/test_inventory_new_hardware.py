@@ -191,16 +191,17 @@ def test_whole_gpu_lands_on_gb10_memory_share_does_not(tmp_path: Path) -> None:
     assert pods_out["whole"]["spec"]["nodeName"] == "spark"
     (res,) = claims["whole-c-gpu"]["status"]["allocation"]["devices"]["results"]
     assert (res["pool"], res["device"]) == ("spark", "gpu-0") and "shareID" not in res
-    # 30000 MiB fits no GPU with a memory figure (the A10 has 23028 MiB) and the GB10 has none.
+    # 30000 MiB fits no GPU with a memory figure (the A10 publishes 22516 MiB: 23028 MiB less the
+    # driver's 512 MiB) and the GB10 has none.
     assert "nodeName" not in pods_out["share"]["spec"]
     # (The GB10 is refused first as in use: the allocator checks that before capacity.)
     assert pods_out["share"]["status"]["conditions"][0]["message"].endswith(
-        "1 GPU can never hold it (memory 30000Mi is more than any of them has: the largest has 23028Mi, a10/gpu-0); "
+        "1 GPU can never hold it (memory 30000Mi is more than any of them has: the largest has 22516Mi, a10/gpu-0); "
         "1 GPU in use (allocated whole to another claim)"
     )
-    # A percentage resolves against the sizes that are known: half of the A10.
+    # A percentage resolves against the sizes that are known: half of the A10's 22516Mi.
     (res,) = claims["half-c-gpu"]["status"]["allocation"]["devices"]["results"]
-    assert (res["pool"], res["consumedCapacity"]["memory"]) == ("a10", "11514Mi")
+    assert (res["pool"], res["consumedCapacity"]["memory"]) == ("a10", "11258Mi")
     # A second whole-GPU pod finds the GB10 handed out (dedicated) and the A10 shared.
     assert "nodeName" not in pods_out["whole-2"]["spec"]
     reason = pods_out["whole-2"]["status"]["conditions"][0]["message"]

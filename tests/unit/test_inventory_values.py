@@ -89,9 +89,9 @@ def test_h100_q_text_exact_values() -> None:
     assert "numaNode" not in g0["attributes"] and "nvlinkDomain" not in g0["attributes"]
     assert g0["allowMultipleAllocations"] is True
     assert g0["capacity"] == {
-        "memory": {
-            "value": "81559Mi",
-            "requestPolicy": {"default": "81559Mi", "validRange": {"min": "1Mi", "step": "1Mi"}},
+        "memory": {  # 81559 MiB less the 551 MiB the driver reserves
+            "value": "81008Mi",
+            "requestPolicy": {"default": "81008Mi", "validRange": {"min": "1Mi", "step": "1Mi"}},
         },
         "cores": {
             "value": "100",
@@ -102,6 +102,11 @@ def test_h100_q_text_exact_values() -> None:
         },
     }
     assert gpus[0].memory_bytes == 81559 * 1048576
+    # "Reserved : 551 MiB": the driver's and firmware's, left out of the published capacity
+    assert (gpus[0].memory_reserved_bytes, gpus[0].usable_memory_bytes) == (
+        551 * 1048576,
+        81008 * 1048576,
+    )
     assert gpus[0].driver_version == "535.161.08"
 
 
@@ -130,7 +135,7 @@ def test_dual_a5000_xml() -> None:
     devs = devices(build_resource_slices("a5000-node", gpus))
     assert attr(devs["gpu-1"], "driverVersion") == "590.44.1"
     assert attr(devs["gpu-1"], "cudaComputeCapability") == "8.6.0"
-    assert devs["gpu-1"]["capacity"]["memory"]["value"] == "24564Mi"
+    assert devs["gpu-1"]["capacity"]["memory"]["value"] == "24114Mi"  # less 450 MiB reserved
 
 
 # `nvidia-smi --query-gpu=index,uuid,name,memory.free,memory.total,pci.bus_id,driver_version,compute_cap

@@ -280,8 +280,8 @@ def test_bundled_workloads_too_big_claim_is_found() -> None:
     assert r.stdout.strip().splitlines() == [
         f"{ex / 'workloads' / 'dra-native.yaml'} (document 8): ResourceClaim default/too-big: "
         "spec.devices.requests[0].exactly.capacity.requests[memory]: 100Gi is more than any device has: the largest "
-        "memory of a matching device is 81559Mi (gpu.tessera.dev/h100-node/gpu-0); no device can satisfy this "
-        "request. fix: ask for at most 81559Mi per device, or use several devices (count: N)"
+        "memory of a matching device is 81008Mi (gpu.tessera.dev/h100-node/gpu-0); no device can satisfy this "
+        "request. fix: ask for at most 81008Mi per device, or use several devices (count: N)"
     ]
 
 

@@ -316,8 +316,8 @@ def test_class_map_runs_nvidia_driver_claims_on_tessera_gpus(corpus: Path) -> No
     # Each claim names no capacity: it books a whole GPU's memory (the request policy's
     # default), so the two pods get one H100 each.
     assert [(p.pod, p.device, p.memory, p.cores) for p in res.placements] == [
-        ("gpu-test1/pod1", "gpu.tessera.dev/h100-node/gpu-0", "81559Mi", "0"),
-        ("gpu-test1/pod2", "gpu.tessera.dev/h100-node/gpu-1", "81559Mi", "0"),
+        ("gpu-test1/pod1", "gpu.tessera.dev/h100-node/gpu-0", "81008Mi", "0"),
+        ("gpu-test1/pod2", "gpu.tessera.dev/h100-node/gpu-1", "81008Mi", "0"),
     ]
     assert res.pending == []
     assert any(

@@ -100,12 +100,13 @@ def test_corpus_pod_is_patched_into_what_convert_gives_with_hashed_template_name
         "name"
     ]
     assert mutated == expected
-    # 50% of the H100's 81559 MiB and of the A5000's 24564 MiB, 2 GPUs: topology levels per size
+    # 50% of the H100's 81008 MiB and of the A5000's 24114 MiB published (their totals less the
+    # driver-reserved 551 and 450 MiB), 2 GPUs: topology levels per size
     subs = template["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
     assert [(s["name"], s["capacity"]["requests"]["memory"]) for s in subs] == [
         (f"{level}-mem-{i}", mem)
         for level in ("nvlink", "numa", "any")
-        for i, mem in enumerate(("40779Mi", "12282Mi"))
+        for i, mem in enumerate(("40504Mi", "12057Mi"))
     ]
 
 
@@ -185,7 +186,7 @@ def test_requests_no_gpu_can_hold_are_admitted_with_warnings() -> None:
     assert d.allowed and d.templates
     assert d.warnings == [
         "pod team-a/p, container c: nvidia.com/gpumem: 200000Mi is more than any device has: the largest memory of a "
-        "matching device is 81559Mi (gpu.tessera.dev/h100-node/gpu-0); no device can satisfy this request; the pod "
+        "matching device is 81008Mi (gpu.tessera.dev/h100-node/gpu-0); no device can satisfy this request; the pod "
         "stays pending until a GPU that can hold it is published",
         "pod team-a/p, container c: the pod's GPU selection annotations (nvidia.com/use-gpuuuid, nvidia.com/nouse-gpuuuid, "
         "nvidia.com/use-gputype, nvidia.com/nouse-gputype): matches none of the 10 devices of class gpu.tessera.dev; "
@@ -262,13 +263,13 @@ def test_what_the_slices_give_is_derived_once_per_change_not_per_request() -> No
     world = snap.world()
     assert world is not None and len(snap.notes) == 5  # one entry per template shape
     assert list(world.class_members) == ["gpu.tessera.dev"]  # the lint ran on this index
-    assert snap.sizes == (81559 * MiB,)
+    assert snap.sizes == (81008 * MiB,)  # 81559 MiB less the driver's 551 MiB
     # A node joins: sizes, notes and the index are those of the new slices, derived once.
     source.change(h100_slices() + a5000_slices())
     answers = [decide(b, view).review() for b in bodies * 3]
     assert answers == [decide(b, VIEW).review() for b in bodies] * 3
     assert view.builds == 2 and view.snapshot().world() is not world
-    assert view.snapshot().sizes == (81559 * MiB, 24564 * MiB)
+    assert view.snapshot().sizes == (81008 * MiB, 24114 * MiB)
 
 
 def test_the_background_thread_rebuilds_and_requests_never_wait_for_it() -> None:
@@ -337,7 +338,7 @@ def test_the_thread_rebuilds_by_itself_and_stops_when_told() -> None:
         assert view.builds == 2 and source.reads == 2
         snap = view.snapshot()
         assert snap.generation == source.generation and snap._world is not None
-        assert snap.sizes == (81559 * MiB, 24564 * MiB)
+        assert snap.sizes == (81008 * MiB, 24114 * MiB)  # less 551 and 450 MiB driver-reserved
         assert first_available(decide(pct, view)) == 6 and view.builds == 2
     finally:
         stop.set()
@@ -652,7 +653,7 @@ def test_extender_ranks_nodes_by_simulates_node_usage() -> None:
     slices = h100_slices() + a5000_slices()
     claims = [_allocated("a5000-node", "gpu-0", "4000Mi", "0"), {"status": {}}]
     view = UsageView.static(slices, claims)
-    assert view.usage() == {"h100-node": Fraction(0), "a5000-node": Fraction(4000, 24564)}
+    assert view.usage() == {"h100-node": Fraction(0), "a5000-node": Fraction(4000, 24114)}
     args = {
         "Pod": {"metadata": {"annotations": {"hami.io/node-scheduler-policy": "binpack"}}},
         "NodeNames": ["h100-node", "a5000-node"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -148,8 +149,8 @@ class FitTable:
 
         out = [self.title, line([h.upper() for h, _ in self.columns])]
         out.extend(line(r) for r in self.rows)
-        if self.caption:
-            out.append(self.caption)
+        if self.caption:  # free text: wrapped at words to the terminal (whole with -o wide)
+            out.extend(textwrap.wrap(self.caption, width) if width else [self.caption])
         cut = any(cell_len(c) > w for r in self.rows for c, w in zip(r, widths, strict=True))
         if cut and self.cut_caption:
             out.append(self.cut_caption)

@@ -19,6 +19,21 @@ from tessera import DRIVER_NAME
 from tessera.cli._common import fail, logger, wait_for_termination
 from tessera.enforcement.layout import DEFAULT_STATE_DIR
 
+
+def _context_overhead(text: str) -> int:
+    """``--context-overhead`` in bytes; a clear one-line failure for anything but a whole,
+    non-negative quantity."""
+    from tessera.api.quantity import Quantity, QuantityError
+
+    try:
+        q = Quantity.parse(text)
+    except QuantityError as e:
+        fail(f"--context-overhead {text!r}: {e}; write bytes or a quantity such as 512Mi")
+    if not q.is_integer() or q.sign() < 0:
+        fail(f"--context-overhead {text!r}: write a whole, non-negative quantity such as 512Mi")
+    return q.value_int()
+
+
 #: What a rolling-update id may be made of (a pod UID is): it names socket files.
 _INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -108,6 +123,12 @@ _INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
     help="Also hand out <KIND>=<GPU UUID> (e.g. nvidia.com/gpu) so NVIDIA's CDI spec injects driver libraries.",
 )
 @click.option(
+    "--context-overhead",
+    default="512Mi",
+    show_default=True,
+    help="Device memory each CUDA context is charged of a share's memory (a quantity: 512Mi).",
+)
+@click.option(
     "--health-address",
     default="127.0.0.1:51515",
     show_default=True,
@@ -184,6 +205,7 @@ def driver(
     nvidia_cdi_hook: str | None,
     driver_root: str,
     nvidia_cdi_kind: str | None,
+    context_overhead: str,
     health_address: str,
     rescan_seconds: float,
     xid_recovery_seconds: float,
@@ -227,6 +249,7 @@ def driver(
             )
         except ValueError as e:
             fail(str(e))
+    overhead = _context_overhead(context_overhead)
     cfg = DriverConfig(
         node_name=node_name or socket.gethostname().lower(),
         kubelet_root=Path(kubelet_root_dir),
@@ -240,6 +263,7 @@ def driver(
         cdi_hook=nvidia_cdi_hook,
         driver_root=driver_root,
         nvidia_cdi_kind=nvidia_cdi_kind,
+        context_overhead=overhead,
         driver=DRIVER_NAME,
         health_address=health_address or None,
         rescan_seconds=rescan_seconds,

@@ -34,6 +34,7 @@ from tessera.cli._tables import (
     print_tables,
     unique_prefixes,
 )
+from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD, allocatable
 
 if TYPE_CHECKING:
     from tessera.api.loader import Manifest
@@ -358,8 +359,26 @@ def _uuid_names(result: SimResult, wide: bool) -> dict[str, str]:
     return {u: u for u in uuids} if wide else unique_prefixes(uuids, UUID_MIN)
 
 
+def _allocatable(memory: str | None) -> str:
+    """What one process's allocations can take of a share's ``memory`` (a quantity): the share
+    less one CUDA context (``context-overhead``, the driver's default), ``-`` without memory."""
+    if not memory:
+        return "-"
+    return _fmt_bytes(
+        Fraction(allocatable(Quantity.parse(memory).value_int(), DEFAULT_CONTEXT_OVERHEAD))
+    )
+
+
 def _placement_table(result: SimResult, placements: list[Placement], wide: bool) -> FitTable:
     uuids = _uuid_names(result, wide)
+    caption = None
+    if any(p.memory for p in placements):
+        caption = (
+            "memory is a share's whole footprint on the GPU: each CUDA context takes "
+            f"{_fmt_bytes(Fraction(DEFAULT_CONTEXT_OVERHEAD))} of it (the driver's context-overhead), "
+            "so one process can allocate memory less that (-o wide: allocatable); a GPU publishes "
+            "its memory less what the NVIDIA driver reserves"
+        )
     share_ids = {p.share_id for p in result.placements if p.share_id}
     shares = {s: s for s in share_ids} if wide else unique_prefixes(share_ids, SHARE_ID_MIN)
     # kubectl's columns: identifiers whole, free text (the model) last; -o wide adds columns.
@@ -368,13 +387,15 @@ def _placement_table(result: SimResult, placements: list[Placement], wide: bool)
             "Placements",
             [("pod", False), ("container", False), ("claim", False), ("request", False), ("node", False),
              ("device", False), ("GPU", False), ("memory", False), ("cores", False), ("shareID", False),
-             ("model", True)],
+             ("allocatable", False), ("model", True)],
+            caption=caption,
         )  # fmt: skip
     else:
         t = FitTable(
             "Placements",
             [("pod", False), ("container", False), ("device", False), ("memory", False), ("cores", False),
              ("shareID", False)],
+            caption=caption,
         )  # fmt: skip
     for p in placements:
         gpu = uuids.get(p.uuid, "-") if p.uuid else "-"
@@ -392,6 +413,7 @@ def _placement_table(result: SimResult, placements: list[Placement], wide: bool)
                 p.memory or "-",
                 p.cores or "-",
                 share,
+                _allocatable(p.memory),
                 p.model or "-",
             )
         else:

@@ -115,6 +115,19 @@ def _code(e: Exception) -> int | None:
     return getattr(e, "value", None)
 
 
+def _reserved_memory(n: Any, h: Any, total: int | None) -> int | None:
+    """FB memory the driver and firmware keep on GPU ``h`` (``nvmlDeviceGetMemoryInfo_v2``
+    ``reserved``, bytes), left out of the published ``memory`` capacity; None where the driver
+    does not report it (before r510, or no framebuffer)."""
+    if total is None:
+        return None
+    try:
+        v = int(n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2).reserved)
+    except (n.NVMLError, AttributeError, TypeError):
+        return None
+    return v if 0 < v < total else None
+
+
 def _numa_node(n: Any, h: Any) -> int | None:
     """The one NUMA node nearest the GPU's memory (``nvmlDeviceGetMemoryAffinity``, scope
     node), as ``nvidia-smi topo -m`` prints it under "NUMA Affinity"; None when NVML does not
@@ -261,6 +274,7 @@ def discover_nvml(nvml: object) -> Inventory:
                 if getattr(e, "value", None) != n.NVML_ERROR_NOT_SUPPORTED:
                     raise
                 mem = None  # unified memory (no framebuffer of its own): published whole
+            reserved = _reserved_memory(n, h, mem)
             bus = normalize_bus_id(_s(n.nvmlDeviceGetPciInfo(h).busId))
             try:
                 major, minor_cc = n.nvmlDeviceGetCudaComputeCapability(h)
@@ -299,6 +313,7 @@ def discover_nvml(nvml: object) -> Inventory:
             memory_bytes=mem,
             mig_enabled=mig,
             mig_devices=tuple(migs),
+            memory_reserved_bytes=reserved,
         )
         gpus.append(NodeGPU(gpu, minor, instances=instances))
         handles.append(h)

@@ -59,7 +59,8 @@ from typing import Any
 from tessera import DRIVER_NAME
 from tessera.api.errors import TesseraError
 from tessera.enforcement._files import write_atomic
-from tessera.enforcement.layout import DEFAULT_STATE_DIR, claims_dir
+from tessera.enforcement.layout import DEFAULT_STATE_DIR, REGION_FILE, claims_dir
+from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD
 from tessera.inventory.errors import SliceBuildError
 from tessera.inventory.mig import DynamicMIG
 from tessera.inventory.slices import publication_warnings
@@ -150,6 +151,8 @@ class DriverConfig:
     device_plugin_dir: Path = guard.DEVICE_PLUGIN_DIR
     dynamic_mig: DynamicMIG | None = None
     mig_minors: Path = MIG_MINORS
+    #: Bytes of a share's memory each CUDA context is charged (the limits files' context-overhead).
+    context_overhead: int = DEFAULT_CONTEXT_OVERHEAD
     #: Rolling-update id (the pod's UID): sockets named after it, so that two instances can
     #: be registered at once. '' for the fixed socket names.
     instance: str = ""
@@ -193,6 +196,7 @@ class NodeDriver:
             cdi_hook=cfg.cdi_hook,
             nvidia_cdi_kind=cfg.nvidia_cdi_kind,
             mig_minors=cfg.mig_minors,
+            context_overhead=cfg.context_overhead,
         )
         self.registry = GpuRegistry(cfg.state_dir / "gpus.json")
         self.checkpoint: Checkpoint | None = None
@@ -1089,6 +1093,33 @@ class NodeDriver:
             self._cleanup_stale()
         except (ApiError, OSError) as e:
             self.log(f"checking interrupted prepares: {e}")
+        self.reconcile()
+
+    def reconcile(self) -> None:
+        """Reconcile every prepared claim's charge with NVML's per-process figures
+        (:mod:`tessera.enforcement.reconcile`): write into each claim directory's
+        ``driver/usage`` what its processes hold beyond their charges. Needs NVML and the
+        host's PID namespace (the chart runs the driver with ``hostPID``); without NVML it does
+        nothing. A claim whose region cannot be read is skipped."""
+        if self.nvml is None:
+            return
+        from tessera.enforcement.reconcile import nvml_per_process, unaccounted, write_driver_usage
+        from tessera.enforcement.region import RegionError, read_region
+
+        try:
+            figures = nvml_per_process(self.nvml)
+        except Exception as e:
+            self.log(f"reconcile: NVML per-process figures: {e}")
+            return
+        root = claims_dir(self.cfg.state_dir)
+        for d in sorted(root.iterdir()) if root.is_dir() else []:
+            region = d / REGION_FILE
+            if not region.is_file():
+                continue
+            try:
+                write_driver_usage(d, unaccounted(read_region(str(region)), figures))
+            except (RegionError, OSError) as e:
+                self.log(f"reconcile: claim {d.name}: {e}")
 
     def _rescan_loop(self) -> None:
         while not self._stop.is_set():

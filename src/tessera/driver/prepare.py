@@ -46,8 +46,10 @@ from typing import Any
 from tessera.api.quantity import Quantity, QuantityError
 from tessera.enforcement._files import write_atomic
 from tessera.enforcement.layout import (
+    CONTAINER_DRIVER_DIR,
     CONTAINER_LIBRARY_DIR,
     CONTAINER_REGION,
+    DRIVER_DIR,
     LD_SO_PRELOAD,
     LIMITS_FILE,
     PRELOAD_FILE,
@@ -55,6 +57,7 @@ from tessera.enforcement.layout import (
     claim_dir,
 )
 from tessera.enforcement.limits import (
+    DEFAULT_CONTEXT_OVERHEAD,
     LIMITS_PATH,
     MAX_UNLIMITED,
     GpuLimit,
@@ -95,7 +98,9 @@ class Layout:
     ``nvidia_cdi_kind``: when set (``nvidia.com/gpu``), each GPU device also gets the CDI id
     ``<kind>=<UUID>`` so NVIDIA's own spec (``nvidia-ctk cdi generate
     --device-name-strategy=uuid``) injects the driver's user-space libraries; ``mig_minors``:
-    the NVIDIA driver's list of MIG capability devices (``/proc/driver/nvidia-caps/mig-minors``).
+    the NVIDIA driver's list of MIG capability devices (``/proc/driver/nvidia-caps/mig-minors``);
+    ``context_overhead``: the bytes each CUDA context is charged of a share's ``memory``, written
+    into every limits file (``context-overhead``; :data:`~tessera.enforcement.limits.DEFAULT_CONTEXT_OVERHEAD`).
     """
 
     state_dir: Path
@@ -107,6 +112,7 @@ class Layout:
     cdi_hook: str | None = None
     nvidia_cdi_kind: str | None = None
     mig_minors: Path = MIG_MINORS
+    context_overhead: int = DEFAULT_CONTEXT_OVERHEAD
 
     def claim_dir(self, uid: str) -> Path:
         return claim_dir(self.state_dir, uid)
@@ -458,6 +464,8 @@ def plan_claim(
             Limits(
                 region=CONTAINER_REGION,
                 gpus=gpu_limits,
+                # each CUDA context is charged this much of the share's memory
+                context_overhead=layout.context_overhead,
                 claim=f"{ref.namespace}/{ref.name}",
                 claim_uid=ref.uid,
                 # The library refuses a visible GPU in no line of the file (a second claim's):
@@ -515,6 +523,15 @@ def _cdi_spec(
                 "containerPath": CONTAINER_REGION,
                 "type": "bind",
                 "options": ["rw", "nosuid", "nodev", "bind"],
+            },
+            # what the claim holds beyond its charges, by NVML's per-process figures: written
+            # only by this driver (NodeDriver.reconcile), read-only in the container; a
+            # directory, so that a replaced file is seen there
+            {
+                "hostPath": str(cdir / DRIVER_DIR),
+                "containerPath": CONTAINER_DRIVER_DIR,
+                "type": "bind",
+                "options": ["ro", "nosuid", "nodev", "bind"],
             },
         ]
         if layout.library is not None:
@@ -597,6 +614,7 @@ def materialize(plan: ClaimPlan, layout: Layout) -> bool:
     if plan.limits_text is not None:
         cdir = layout.claim_dir(plan.ref.uid)
         cdir.mkdir(parents=True, exist_ok=True)
+        (cdir / DRIVER_DIR).mkdir(mode=0o755, exist_ok=True)
         region = cdir / REGION_FILE
         if not _region_ok(region):
             create_region(str(region), list(plan.region_gpus), sync=False)

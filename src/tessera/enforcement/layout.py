@@ -8,6 +8,8 @@ On the host (``tessera driver --state-dir``, default :data:`DEFAULT_STATE_DIR`):
     <state-dir>/claims/<claim-uid>/limits      the claim's limits file (0444; limits.py)
     <state-dir>/claims/<claim-uid>/region      the claim's usage region (region.py)
     <state-dir>/claims/<claim-uid>/claim.json  optional metadata (monitor/regions.py)
+    <state-dir>/claims/<claim-uid>/driver/usage  what the claim holds beyond its charges, per
+                                               GPU, by NVML's per-process figures (reconcile.py)
     <state-dir>/ld.so.preload                  one line naming the library's container path
 
 ``<state-dir>/claims`` is the monitor's ``--region-dir`` (default :data:`DEFAULT_CLAIMS_DIR`:
@@ -34,12 +36,18 @@ REGION_FILE = "region"
 LIMITS_FILE = "limits"
 #: A claim directory's optional metadata for the monitor.
 META_FILE = "claim.json"
+#: A claim directory's subdirectory that only the node driver writes (mounted read-only next to
+#: the region, so that a file replaced in it is seen in the container), and its file.
+DRIVER_DIR = "driver"
+DRIVER_USAGE_FILE = "usage"
 #: The host file mounted as the container's ``/etc/ld.so.preload``.
 PRELOAD_FILE = "ld.so.preload"
 
 #: Container paths the CDI spec mounts the claim's files at.
 CONTAINER_LIMITS = LIMITS_PATH
 CONTAINER_REGION = "/run/tessera/region"
+#: The claim's driver directory in the container: next to the region, where the library looks.
+CONTAINER_DRIVER_DIR = "/run/tessera/driver"
 CONTAINER_LIBRARY_DIR = "/usr/lib/tessera"
 LD_SO_PRELOAD = "/etc/ld.so.preload"
 

@@ -38,6 +38,26 @@ LIMITS_ENV = "TESSERA_LIMITS_FILE"
 VERSION = 1
 MAX_GPUS = 16
 MAX_UNLIMITED = 32
+
+DEFAULT_CONTEXT_OVERHEAD = 512 << 20
+"""Bytes the driver writes as ``context-overhead`` unless told otherwise (``tessera driver
+--context-overhead``), and what ``tessera simulate`` reports: the device memory one CUDA
+context takes with the runtime's modules, which no allocation call shows. A claim's ``memory``
+is its whole footprint on the GPU, as the host's nvidia-smi counts its processes: every context
+is charged this much of it, so an application with one context can allocate
+``memory - context_overhead`` (:func:`allocatable`). HAMi's maintainers put a task's context
+at 100-500 MB (HAMi#1026); 512 MiB covers a CUDA 12 context with lazily loaded modules on
+current data-centre GPUs. ``native/gpu-check`` measures it on a real GPU."""
+
+
+def allocatable(memory: int, context_overhead: int, contexts: int = 1) -> int:
+    """What an application of a share of ``memory`` bytes can allocate when its processes
+    hold ``contexts`` CUDA contexts on the GPU, each charged ``context_overhead`` bytes:
+    ``memory - contexts * context_overhead``, floored at 0. The enforcement library refuses
+    allocations past it and reports it as free (``cuMemGetInfo``, NVML) to a fresh process."""
+    return max(0, memory - contexts * context_overhead)
+
+
 """DRA's limit on the results of one claim (``resource.k8s.io/v1`` AllocationResultsMaxSize)."""
 MAX_LINE = 4095
 MAX_PATH = 4095

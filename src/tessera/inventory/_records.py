@@ -59,6 +59,16 @@ class RawGPU:
     line: int | None = None
     mig_on_demand: bool = False  # HAMi's register annotation: mode "mig" (instances per pod)
     mig_profiles: list[Any] | None = None  # HAMi's migProfiles records, as found
+    memory_reserved: str | None = None  # "551 MiB": FB memory the driver and firmware keep
+
+
+def _reserved(text: str | None, total_mib: int | None) -> int | None:
+    """The driver-reserved FB memory in bytes, when the inventory gives a MiB count below the
+    total; None otherwise (not reported, or a value that cannot be right)."""
+    mib = parse_mib(text)
+    if mib is None or total_mib is None or mib >= total_mib:
+        return None
+    return mib * MIB
 
 
 def parse_mib(text: str | None) -> int | None:
@@ -206,6 +216,7 @@ def build_gpus(raws: list[RawGPU], source: str, *, masked: bool = False) -> list
                 pcie_bus_id=normalize_bus_id(raw.bus_id),
                 numa_node=raw.numa_node,
                 memory_bytes=mib * MIB if mib is not None else None,
+                memory_reserved_bytes=_reserved(raw.memory_reserved, mib),
                 mig_enabled=raw.mig_enabled,
                 mig_devices=migs,
                 memory_reported=(raw.memory or "").strip() if unavailable else None,

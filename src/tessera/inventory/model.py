@@ -104,6 +104,10 @@ class GPU:
     - ``mig_on_demand``: the inventory says MIG instances are made per workload (a HAMi node
       in ``mig`` mode): such a GPU is published for dynamic MIG unless the operator says
       otherwise.
+    - ``memory_reserved_bytes``: FB memory the NVIDIA driver and firmware keep for themselves
+      (NVML ``nvmlMemory_v2_t.reserved``, nvidia-smi "FB Memory Usage/Reserved"), part of
+      ``memory_bytes`` but never available to applications; None when the input does not say.
+      :attr:`usable_memory_bytes` leaves it out.
     """
 
     index: int
@@ -122,6 +126,18 @@ class GPU:
     memory_reported: str | None = None
     mig_model: MigModel | None = None
     mig_on_demand: bool = False
+    memory_reserved_bytes: int | None = None
+
+    @property
+    def usable_memory_bytes(self) -> int | None:
+        """What applications can have of the GPU's memory: ``memory_bytes`` less the
+        driver-reserved part (bytes; None when the memory is not reported). This is the
+        ``memory`` capacity a shareable GPU is published with, so that the shares on one GPU
+        never sum past what really exists (KAI-Scheduler#2212: pods OOM below their request
+        when the reserve is counted as free)."""
+        if self.memory_bytes is None:
+            return None
+        return self.memory_bytes - (self.memory_reserved_bytes or 0)
 
 
 _SMALL_INT = re.compile(r"^\s*([0-9]{1,9})\s*$")

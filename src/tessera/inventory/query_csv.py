@@ -116,6 +116,7 @@ def raw_gpus_from_query_csv(text: str, source: str) -> list[RawGPU]:
                 # The column is present (checked above): no value means nvidia-smi had none to
                 # give ([N/A] / [Not Supported] on unified-memory GPUs such as the GB10).
                 memory=row.get("memory.total") or "[N/A]",
+                memory_reserved=row.get("memory.reserved"),
                 compute_capability=row.get("compute_cap"),
                 driver_version=row.get("driver_version"),
                 bus_id=row.get("pci.bus_id"),

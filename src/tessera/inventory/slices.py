@@ -111,7 +111,8 @@ def _gpu_device(
         "name": f"gpu-{gpu.index}",
         "allowMultipleAllocations": True,
         "attributes": attrs,
-        "capacity": _shareable_capacity(gpu.memory_bytes),
+        # what applications can have: the driver-reserved part is never a share's
+        "capacity": _shareable_capacity(gpu.usable_memory_bytes or gpu.memory_bytes),
     }
 
 
@@ -271,6 +272,8 @@ def _dynamic_gpu(
     full = model.full
     whole = _gpu_device(gpu, numa, nvlink, pcie_roots)
     memory = (
+        # shared, the whole GPU is one full-profile instance: the profile's memory is already
+        # what an instance gets (the driver's reserve is outside it)
         full.memory_bytes if gpu.memory_bytes is None else min(full.memory_bytes, gpu.memory_bytes)
     )
     whole["allowMultipleAllocations"] = True

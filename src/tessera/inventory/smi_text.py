@@ -139,6 +139,7 @@ def raw_gpus_from_smi_text(text: str, source: str, line_offset: int = 0) -> list
                 uuid=block.value_of("GPU UUID"),
                 product_name=block.value_of("Product Name"),
                 memory=block.value_of("FB Memory Usage", "Total"),
+                memory_reserved=block.value_of("FB Memory Usage", "Reserved"),
                 architecture=block.value_of("Product Architecture"),
                 driver_version=driver,
                 cuda_version=cuda,

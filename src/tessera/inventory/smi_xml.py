@@ -97,6 +97,7 @@ def parse_smi_xml(text: str, source: str, warnings: list[str] | None = None) -> 
                 uuid=_text(gpu, "uuid"),
                 product_name=_text(gpu, "product_name"),
                 memory=_text(gpu, "fb_memory_usage/total"),
+                memory_reserved=_text(gpu, "fb_memory_usage/reserved"),
                 architecture=_text(gpu, "product_architecture"),
                 driver_version=driver,
                 cuda_version=cuda,

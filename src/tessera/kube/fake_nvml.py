@@ -167,6 +167,8 @@ def nvml_config(
             f"memory={g.memory_bytes}",
             f"minor={g.index}",
         ]
+        if g.memory_reserved_bytes:
+            parts.append(f"reserved={g.memory_reserved_bytes}")
         if g.pcie_bus_id:
             parts.append(f"pci={g.pcie_bus_id}")
         if g.cuda_compute_capability:
