@@ -1,10 +1,11 @@
 /*
  * tp_launch - launch loops on the fake GPU (device 0, primary context).
  *
- *   tp_launch util SECONDS GRID_US [KIND]
+ *   tp_launch util SECONDS GRID_US [KIND [STREAMS]]
  *       launch kernels of GRID_US simulated microseconds for SECONDS of wall clock, then
  *       synchronise; print "util=<percent busy> launches=N elapsed_ms=E".
  *       KIND: kernel (default) | ex | coop | graph | mixed (alternates GRID_US and GRID_US*5)
+ *       STREAMS: 1 (default: the NULL stream) .. 8 created streams, launched round-robin.
  *   tp_launch bench N
  *       N launches of zero-length kernels; print "ns_per_launch=X" (CPU cost of a launch).
  */
@@ -24,27 +25,31 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static CUstream g_stream;
+
 static CUresult launch(const char *kind, unsigned grid, unsigned long k)
 {
+    CUstream st = g_stream;
     CUfunction f = (CUfunction)(uintptr_t)0x1000;
     if (!strcmp(kind, "ex")) {
         CUlaunchConfig c;
         memset(&c, 0, sizeof(c));
         c.gridDimX = grid;
         c.gridDimY = c.gridDimZ = c.blockDimX = c.blockDimY = c.blockDimZ = 1;
+        c.hStream = st;
         return cuLaunchKernelEx(&c, f, NULL, NULL);
     }
     if (!strcmp(kind, "coop"))
-        return cuLaunchCooperativeKernel(f, grid, 1, 1, 1, 1, 1, 0, NULL, NULL);
+        return cuLaunchCooperativeKernel(f, grid, 1, 1, 1, 1, 1, 0, st, NULL);
     if (!strcmp(kind, "graph"))
-        return cuGraphLaunch((CUgraphExec)(uintptr_t)grid, NULL);
+        return cuGraphLaunch((CUgraphExec)(uintptr_t)grid, st);
     if (!strcmp(kind, "mixed")) {
         if (k % 2)
-            return cuLaunchKernel((CUfunction)(uintptr_t)0x2000, grid * 5, 1, 1, 1, 1, 1, 0, NULL,
+            return cuLaunchKernel((CUfunction)(uintptr_t)0x2000, grid * 5, 1, 1, 1, 1, 1, 0, st,
                                   NULL, NULL);
-        return cuLaunchKernel(f, grid, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+        return cuLaunchKernel(f, grid, 1, 1, 1, 1, 1, 0, st, NULL, NULL);
     }
-    return cuLaunchKernel(f, grid, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    return cuLaunchKernel(f, grid, 1, 1, 1, 1, 1, 0, st, NULL, NULL);
 }
 
 int main(int argc, char **argv)
@@ -70,10 +75,18 @@ int main(int argc, char **argv)
     double secs = atof(argv[2]);
     unsigned grid = (unsigned)strtoul(argv[3], NULL, 10);
     const char *kind = argc > 4 ? argv[4] : "kernel";
+    int nstreams = argc > 5 ? atoi(argv[5]) : 1;
+    CUstream streams[8] = {NULL};
+    if (nstreams < 1 || nstreams > 8)
+        return 2;
+    for (int i = 0; nstreams > 1 && i < nstreams; i++)
+        if (cuStreamCreate(&streams[i], 0) != CUDA_SUCCESS)
+            return 1;
     uint64_t t0 = now_ns(), stop = t0 + (uint64_t)(secs * 1e9);
     unsigned long k = 0;
     uint64_t b0 = fakecuda_busy_ns(0);
     while (now_ns() < stop) {
+        g_stream = streams[k % (unsigned long)nstreams];
         if (launch(kind, grid, k++) != CUDA_SUCCESS)
             return 1;
     }
