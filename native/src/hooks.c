@@ -352,6 +352,12 @@ void *ts_real_cuda(const char *name)
     return G.libcuda ? ts_real_dlsym(G.libcuda, name) : NULL;
 }
 
+void *ts_real_nvml(const char *name)
+{
+    nvml_init();
+    return G.libnvml ? ts_real_dlsym(G.libnvml, name) : NULL;
+}
+
 int ts_cuda_enter(void)
 {
     ts_cuda_init();

@@ -230,6 +230,7 @@ TS_HIDDEN void *ts_real_dlsym(void *handle, const char *name);
 
 /* ---- access to real driver entry points (hooks.c) -------------------------------------- */
 TS_HIDDEN void *ts_real_cuda(const char *name);
+TS_HIDDEN void *ts_real_nvml(const char *name); /* loads libnvidia-ml.so.1 on first use */
 TS_HIDDEN tessera_region_header *ts_region_hdr(void);
 
 TS_HIDDEN uint64_t ts_now_ns(void);

@@ -16,6 +16,19 @@
  * elapsed time updates an exponential moving average (weight 1/4). Until a key has a sample,
  * the GPU-wide average of this process is used (0 at the very start, so the first launches
  * are free). Events are polled at most every TS_PACE_POLL_NS, never waited on.
+ *
+ * On a time-sliced GPU an event-timed cost also holds the time other contexts ran (and the
+ * time sibling kernels on other streams of the claim ran), so the estimate is too high and the
+ * claim under-uses its share. An outer loop corrects that: once per TS_PACE_CTL_NS one process
+ * of the claim reads the GPU time the driver itself reports for the claim's processes (NVML's
+ * per-process utilisation, nvmlDeviceGetProcessUtilization, for the host pids of the region's
+ * live slots) and scales every cost by a factor kept in the region (pace_scale):
+ *
+ *     scale' = scale * (1 + (measured/target - 1) / 2)       (clamped to [1/64, 16])
+ *
+ * applied only while the pacer is holding the claim back (paced_ns grew) or when the claim is
+ * above its share, so a claim that does not want its share keeps its factor. The measurement
+ * never comes from the library's own bookkeeping, and only the claim's own region is written.
  */
 #include <string.h>
 #include <time.h>
@@ -27,6 +40,12 @@
 #define TS_PACE_POLL_NS 100000ull
 #define EST_SLOTS 1024
 #define PENDING 4
+#define TS_PACE_CTL_NS 100000000ull /* outer loop period */
+#define SCALE_ONE 65536ull
+#define SCALE_MIN (SCALE_ONE / 64)
+#define SCALE_MAX (SCALE_ONE * 16)
+#define PROC_PID_INIT_INO 0xEFFFFFFCull /* /proc/self/ns/pid of the initial namespace */
+#define CTL_SAMPLES 64
 
 typedef struct est {
     uint64_t key;
@@ -58,8 +77,29 @@ static struct {
     CUresult (*ctx_current)(CUcontext *);
 } P = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
+/* the outer loop's process-local state */
+static struct {
+    pthread_mutex_t mu;
+    int resolved;
+    int ok;
+    nvmlReturn_t (*count)(unsigned int *);
+    nvmlReturn_t (*by_index)(unsigned int, nvmlDevice_t *);
+    nvmlReturn_t (*uuid)(nvmlDevice_t, char *, unsigned int);
+    nvmlReturn_t (*util)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
+                         unsigned long long);
+    nvmlDevice_t dev[TESSERA_REGION_MAX_GPUS];
+    int have[TESSERA_REGION_MAX_GPUS]; /* 0 not looked up, 1 found, -1 not found */
+    uint64_t last_ts[TESSERA_REGION_MAX_GPUS];
+    uint64_t paced_seen[TESSERA_REGION_MAX_GPUS];
+    uint64_t next_try[TESSERA_REGION_MAX_GPUS];
+} C = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
 void ts_pacer_forget(void)
 {
+    memset(C.last_ts, 0, sizeof(C.last_ts));
+    memset(C.paced_seen, 0, sizeof(C.paced_seen));
+    memset(C.next_try, 0, sizeof(C.next_try));
+    pthread_mutex_init(&C.mu, NULL);
     memset(P.tab, 0, sizeof(P.tab));
     memset(P.gpu_avg, 0, sizeof(P.gpu_avg));
     memset(P.p, 0, sizeof(P.p)); /* the parent's events are not ours to destroy */
@@ -157,6 +197,114 @@ static pending *free_pending(CUcontext ctx)
     return NULL;
 }
 
+static int ctl_resolve(void)
+{
+    if (C.resolved)
+        return C.ok;
+    C.resolved = 1;
+    nvmlReturn_t (*init)(void);
+    *(void **)&init = ts_real_nvml("nvmlInit_v2");
+    *(void **)&C.count = ts_real_nvml("nvmlDeviceGetCount_v2");
+    *(void **)&C.by_index = ts_real_nvml("nvmlDeviceGetHandleByIndex_v2");
+    *(void **)&C.uuid = ts_real_nvml("nvmlDeviceGetUUID");
+    *(void **)&C.util = ts_real_nvml("nvmlDeviceGetProcessUtilization");
+    C.ok = init && C.count && C.by_index && C.uuid && C.util && init() == NVML_SUCCESS;
+    if (!C.ok)
+        ts_log(TS_DEBUG, "pacer: no NVML per-process utilisation; costs are not corrected");
+    return C.ok;
+}
+
+static int ctl_device(int g, const char *uuid)
+{
+    if (C.have[g])
+        return C.have[g] > 0;
+    C.have[g] = -1;
+    unsigned int n = 0;
+    if (C.count(&n) != NVML_SUCCESS)
+        return 0;
+    for (unsigned int i = 0; i < n; i++) {
+        nvmlDevice_t d;
+        char u[TESSERA_REGION_UUID_LEN + 48];
+        if (C.by_index(i, &d) == NVML_SUCCESS && C.uuid(d, u, sizeof(u)) == NVML_SUCCESS &&
+            strncasecmp(u, uuid, sizeof(u)) == 0) {
+            C.dev[g] = d;
+            C.have[g] = 1;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The claim's measured share of GPU g (percent), from NVML's newest samples of the host pids
+ * of the region's live slots; -1 when there is no new sample. C.mu held. */
+static int ctl_measure(tessera_region_header *h, int g)
+{
+    nvmlProcessUtilizationSample_t sm[CTL_SAMPLES];
+    unsigned int n = CTL_SAMPLES;
+    nvmlReturn_t r = C.util(C.dev[g], sm, &n, C.last_ts[g]);
+    if (r != NVML_SUCCESS || n > CTL_SAMPLES)
+        return -1;
+    tessera_region_slot *slots = (tessera_region_slot *)((char *)h + h->header_size);
+    uint32_t hw = __atomic_load_n(&h->slot_high_water, __ATOMIC_ACQUIRE);
+    if (hw > TESSERA_REGION_MAX_SLOTS)
+        hw = TESSERA_REGION_MAX_SLOTS;
+    uint64_t newest = 0;
+    for (unsigned int i = 0; i < n; i++)
+        if (sm[i].timeStamp > newest)
+            newest = sm[i].timeStamp;
+    int total = 0, matched = 0;
+    for (unsigned int i = 0; i < n; i++) {
+        if (sm[i].timeStamp != newest)
+            continue;
+        for (uint32_t k = 0; k < hw; k++) {
+            tessera_region_slot *sl = &slots[k];
+            if (__atomic_load_n(&sl->state, __ATOMIC_ACQUIRE) != TESSERA_SLOT_LIVE ||
+                sl->pid_ns != PROC_PID_INIT_INO || (unsigned int)sl->pid != sm[i].pid)
+                continue;
+            total += (int)sm[i].smUtil;
+            matched = 1;
+            break;
+        }
+    }
+    C.last_ts[g] = newest;
+    return matched ? total : -1;
+}
+
+/* The outer loop: at most once per TS_PACE_CTL_NS per claim, correct the cost factor. */
+static void ctl_step(tessera_region_header *h, int g, uint32_t cores, uint64_t now)
+{
+    tessera_region_gpu *gp = &h->gpus[g];
+    uint32_t now_ms = (uint32_t)(now / 1000000ull);
+    uint64_t w = __atomic_load_n(&gp->pace_scale, __ATOMIC_ACQUIRE);
+    if ((uint32_t)(now_ms - (uint32_t)w) < TS_PACE_CTL_NS / 1000000ull)
+        return;
+    if (pthread_mutex_trylock(&C.mu) != 0)
+        return;
+    uint64_t scale = w >> 32 ? w >> 32 : SCALE_ONE;
+    /* claim this period for this process */
+    if (!__atomic_compare_exchange_n(&gp->pace_scale, &w, (scale << 32) | now_ms, 0,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) ||
+        !ctl_resolve() || !ctl_device(g, gp->uuid)) {
+        pthread_mutex_unlock(&C.mu);
+        return;
+    }
+    int u = ctl_measure(h, g);
+    uint64_t paced = __atomic_load_n(&gp->paced_ns, __ATOMIC_ACQUIRE);
+    int held = paced != C.paced_seen[g];
+    C.paced_seen[g] = paced;
+    if (u >= 0 && (held || (uint32_t)u > cores)) {
+        /* scale * (1 + (u/cores - 1)/2) = scale * (cores + u) / (2 cores) */
+        uint64_t ns = scale * (cores + (uint64_t)u) / (2ull * cores);
+        ns = ns < SCALE_MIN ? SCALE_MIN : ns > SCALE_MAX ? SCALE_MAX : ns;
+        uint64_t cur = (scale << 32) | now_ms;
+        __atomic_compare_exchange_n(&gp->pace_scale, &cur, (ns << 32) | now_ms, 0,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        ts_log(TS_DEBUG, "pacer: GPU %d measured %d%% of %u%%: scale %.3f -> %.3f", g, u, cores,
+               (double)scale / SCALE_ONE, (double)ns / SCALE_ONE);
+    }
+    pthread_mutex_unlock(&C.mu);
+}
+
 static void sleep_until(uint64_t t)
 {
     struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
@@ -194,8 +342,10 @@ CUresult ts_pace_launch(int g, uint32_t cores, uint64_t key, CUstream stream,
 
     tessera_region_gpu *gp = &h->gpus[g];
     __atomic_add_fetch(&gp->launches, 1, __ATOMIC_RELAXED);
+    ctl_step(h, g, cores, now);
     if (cost) {
-        uint64_t inc = cost * 100 / cores;
+        uint64_t sw = __atomic_load_n(&gp->pace_scale, __ATOMIC_RELAXED) >> 32;
+        uint64_t inc = (sw ? cost * sw / SCALE_ONE : cost) * 100 / cores;
         uint64_t tat = __atomic_load_n(&gp->pace_tat_ns, __ATOMIC_ACQUIRE), base, ntat;
         do {
             base = tat > now ? tat : now;

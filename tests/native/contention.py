@@ -54,9 +54,15 @@ class Snapshot:
     busy: dict[int, int]  # pid -> busy ns
 
 
-def read_model(path: Path, dev: int = 0) -> Snapshot:
-    """The model's time, idle time and per-process GPU time of device ``dev``."""
-    raw = path.read_bytes()
+_MAGIC = 0x4653434845443031
+
+
+def read_model(path: Path, dev: int = 0) -> Snapshot | None:
+    """The model's time, idle time and per-process GPU time of device ``dev``; None while the
+    file is not initialised yet."""
+    raw = path.read_bytes() if path.exists() else b""
+    if len(raw) < _DEV_OFF + 2 * _DEV_SIZE or struct.unpack_from("<Q", raw)[0] != _MAGIC:
+        return None
     base = _DEV_OFF + dev * _DEV_SIZE
     t, idle, _cur, nctx = struct.unpack_from("<QQiI", raw, base)
     busy: dict[int, int] = {}
@@ -102,13 +108,15 @@ def run_case(
         pids = [p.pid for p in procs]
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            if model.exists() and all(p in read_model(model).busy for p in pids):
+            snap = read_model(model)
+            if snap and all(p in snap.busy for p in pids):
                 break
             time.sleep(0.02)
         time.sleep(warmup)
         a = read_model(model)
         time.sleep(seconds)
         b = read_model(model)
+        assert a and b, f"{model}: the tenants never used the fake GPU"
         for p in procs:
             _out, err = p.communicate(timeout=60)
             assert p.returncode == 0, err
