@@ -30,7 +30,11 @@
  * above its share, so a claim that does not want its share keeps its factor. The measurement
  * never comes from the library's own bookkeeping, and only the claim's own region is written.
  */
+#include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "internal.h"
@@ -41,11 +45,17 @@
 #define EST_SLOTS 1024
 #define PENDING 4
 #define TS_PACE_CTL_NS 100000000ull /* outer loop period */
-#define SCALE_ONE 65536ull
+/* pace_scale in the region: bits 63-44 the cost factor (4.12 fixed point, 0 = 1.0), 43-32 the
+ * idle time taken (tenths of a percent), 31-0 when the word was last set (ms, truncated) */
+#define SCALE_ONE 4096ull
 #define SCALE_MIN (SCALE_ONE / 64)
 #define SCALE_MAX (SCALE_ONE * 16)
+#define PS_SCALE(w) (((w) >> 44) ? ((w) >> 44) : SCALE_ONE)
+#define PS_BONUS(w) (((w) >> 32) & 0xfffull)
+#define PS_WORD(scale, bonus, ms) (((uint64_t)(scale) << 44) | ((uint64_t)(bonus) << 32) | (uint64_t)(ms))
 #define PROC_PID_INIT_INO 0xEFFFFFFCull /* /proc/self/ns/pid of the initial namespace */
 #define CTL_SAMPLES 64
+#define TS_PACE_IDLE 3 /* percent of GPU time idle below which the GPU counts as full */
 
 typedef struct est {
     uint64_t key;
@@ -92,6 +102,7 @@ static struct {
     uint64_t last_ts[TESSERA_REGION_MAX_GPUS];
     uint64_t paced_seen[TESSERA_REGION_MAX_GPUS];
     uint64_t next_try[TESSERA_REGION_MAX_GPUS];
+    uint64_t base[TESSERA_REGION_MAX_GPUS]; /* the share held to, tenths of a percent */
 } C = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 void ts_pacer_forget(void)
@@ -235,9 +246,48 @@ static int ctl_device(int g, const char *uuid)
     return 0;
 }
 
-/* The claim's measured share of GPU g (percent), from NVML's newest samples of the host pids
- * of the region's live slots; -1 when there is no new sample. C.mu held. */
-static int ctl_measure(tessera_region_header *h, int g)
+/* The node's shares file of a GPU (<shares dir>/<UUID>, tessera.enforcement.shares): the
+ * cores guaranteed to the GPU's limited claims and how many best-effort claims it has; 0 and
+ * *g, *n set when read. */
+static int read_shares(const char *dir, const char *uuid, uint32_t *g, uint32_t *n)
+{
+    char path[TESSERA_LIMITS_MAX_PATH + TESSERA_UUID_STR_LEN + 2], buf[512];
+    if (snprintf(path, sizeof(path), "%s/%s", dir, uuid) >= (int)sizeof(path))
+        return -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return -1;
+    ssize_t len = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (len <= 0)
+        return -1;
+    buf[len] = '\0';
+    unsigned long gv = 101, nv = 0;
+    int version = 0;
+    for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        unsigned long v;
+        char key[32];
+        if (sscanf(line, "%31s %lu", key, &v) != 2)
+            continue;
+        if (!strcmp(key, "version"))
+            version = (int)v;
+        else if (!strcmp(key, "guaranteed"))
+            gv = v;
+        else if (!strcmp(key, "best-effort"))
+            nv = v;
+    }
+    if (version != 1 || gv > 100)
+        return -1;
+    *g = (uint32_t)gv;
+    *n = (uint32_t)nv;
+    return 0;
+}
+
+/* From NVML's newest samples of GPU g: the claim's share (sum over the host pids of the
+ * region's live slots, percent) and the GPU's idle time (100 - every process's share).
+ * 0 when there is a new sample with one of the claim's pids. C.mu held. */
+static int ctl_measure(tessera_region_header *h, int g, int *mine, int *idle)
 {
     nvmlProcessUtilizationSample_t sm[CTL_SAMPLES];
     unsigned int n = CTL_SAMPLES;
@@ -252,10 +302,11 @@ static int ctl_measure(tessera_region_header *h, int g)
     for (unsigned int i = 0; i < n; i++)
         if (sm[i].timeStamp > newest)
             newest = sm[i].timeStamp;
-    int total = 0, matched = 0;
+    int total = 0, all = 0, matched = 0;
     for (unsigned int i = 0; i < n; i++) {
         if (sm[i].timeStamp != newest)
             continue;
+        all += (int)sm[i].smUtil;
         for (uint32_t k = 0; k < hw; k++) {
             tessera_region_slot *sl = &slots[k];
             if (__atomic_load_n(&sl->state, __ATOMIC_ACQUIRE) != TESSERA_SLOT_LIVE ||
@@ -267,12 +318,29 @@ static int ctl_measure(tessera_region_header *h, int g)
         }
     }
     C.last_ts[g] = newest;
-    return matched ? total : -1;
+    *mine = total;
+    *idle = all >= 100 ? 0 : 100 - all;
+    return matched ? 0 : -1;
 }
 
-/* The outer loop: at most once per TS_PACE_CTL_NS per claim, correct the cost factor. */
-static void ctl_step(tessera_region_header *h, int g, uint32_t cores, uint64_t now)
+/* The share the pacer holds GPU g's claim to, in tenths of a percent (1000: not paced). */
+static uint32_t ctl_base(uint32_t cores, int lim)
 {
+    if (cores)
+        return cores * 10;
+    /* best effort: an equal part of what the limited claims' guarantees leave */
+    uint32_t gv, nv;
+    if (lim < 0 || !G.lim.shares[0] || read_shares(G.lim.shares, G.lim.gpus[lim].uuid, &gv, &nv))
+        return 1000;
+    return (100 - gv) * 10 / (nv ? nv : 1);
+}
+
+/* The outer loop: at most once per TS_PACE_CTL_NS per claim, correct the cost factor and,
+ * under a work-conserving policy or best effort, the part of the idle GPU time taken. */
+static void ctl_step(tessera_region_header *h, int g, uint32_t word, uint64_t now)
+{
+    uint32_t cores = word & 0xff, policy = (word >> 8) & 0xff;
+    int lim = (int)(word >> 16);
     tessera_region_gpu *gp = &h->gpus[g];
     uint32_t now_ms = (uint32_t)(now / 1000000ull);
     uint64_t w = __atomic_load_n(&gp->pace_scale, __ATOMIC_ACQUIRE);
@@ -280,27 +348,47 @@ static void ctl_step(tessera_region_header *h, int g, uint32_t cores, uint64_t n
         return;
     if (pthread_mutex_trylock(&C.mu) != 0)
         return;
-    uint64_t scale = w >> 32 ? w >> 32 : SCALE_ONE;
+    if (now >= C.next_try[g]) { /* the node's shares file, re-read every second */
+        C.base[g] = ctl_base(cores, lim);
+        C.next_try[g] = now + 1000000000ull;
+    }
+    uint64_t scale = PS_SCALE(w), bonus = PS_BONUS(w);
     /* claim this period for this process */
-    if (!__atomic_compare_exchange_n(&gp->pace_scale, &w, (scale << 32) | now_ms, 0,
+    if (!__atomic_compare_exchange_n(&gp->pace_scale, &w, PS_WORD(scale, bonus, now_ms), 0,
                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) ||
         !ctl_resolve() || !ctl_device(g, gp->uuid)) {
         pthread_mutex_unlock(&C.mu);
         return;
     }
-    int u = ctl_measure(h, g);
+    int u, idle;
+    int ok = ctl_measure(h, g, &u, &idle) == 0;
     uint64_t paced = __atomic_load_n(&gp->paced_ns, __ATOMIC_ACQUIRE);
     int held = paced != C.paced_seen[g];
     C.paced_seen[g] = paced;
-    if (u >= 0 && (held || (uint32_t)u > cores)) {
-        /* scale * (1 + (u/cores - 1)/2) = scale * (cores + u) / (2 cores) */
-        uint64_t ns = scale * (cores + (uint64_t)u) / (2ull * cores);
+    uint64_t base = C.base[g], ns = scale, nb = bonus;
+    if (ok && (policy == TESSERA_POLICY_WORK_CONSERVING || cores == 0)) {
+        /* idle time is shared in proportion to the guaranteed shares; the taken part decays
+         * while the GPU is full, so a claim below its guarantee gets it back */
+        if (idle > TS_PACE_IDLE)
+            nb = bonus + (uint64_t)(idle - TS_PACE_IDLE) * base / 100;
+        else
+            nb = bonus / 2;
+        if (base + nb > 1000)
+            nb = 1000 - base;
+    }
+    uint64_t target = base + bonus; /* tenths of a percent */
+    if (ok && target && target < 1000 && (held || (uint64_t)u * 10 > target)) {
+        /* scale * (1 + (u/target - 1)/2) */
+        ns = scale * (target + (uint64_t)u * 10) / (2ull * target);
         ns = ns < SCALE_MIN ? SCALE_MIN : ns > SCALE_MAX ? SCALE_MAX : ns;
-        uint64_t cur = (scale << 32) | now_ms;
-        __atomic_compare_exchange_n(&gp->pace_scale, &cur, (ns << 32) | now_ms, 0,
+    }
+    if (ns != scale || nb != bonus) {
+        uint64_t cur = PS_WORD(scale, bonus, now_ms);
+        __atomic_compare_exchange_n(&gp->pace_scale, &cur, PS_WORD(ns, nb, now_ms), 0,
                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-        ts_log(TS_DEBUG, "pacer: GPU %d measured %d%% of %u%%: scale %.3f -> %.3f", g, u, cores,
-               (double)scale / SCALE_ONE, (double)ns / SCALE_ONE);
+        ts_log(TS_DEBUG, "pacer: GPU %d measured %d%% (idle %d%%) of %.1f%%: scale %.3f -> %.3f",
+               g, u, idle, (double)target / 10, (double)scale / SCALE_ONE,
+               (double)ns / SCALE_ONE);
     }
     pthread_mutex_unlock(&C.mu);
 }
@@ -312,11 +400,12 @@ static void sleep_until(uint64_t t)
     }
 }
 
-CUresult ts_pace_launch(int g, uint32_t cores, uint64_t key, CUstream stream,
+CUresult ts_pace_launch(int g, uint32_t word, uint64_t key, CUstream stream,
                         ts_launch_thunk thunk, void *arg)
 {
     tessera_region_header *h = ts_region_hdr();
-    if (!h || g < 0 || g >= TESSERA_REGION_MAX_GPUS || cores == 0 || cores >= 100)
+    uint32_t cores = word & 0xff;
+    if (!h || g < 0 || g >= TESSERA_REGION_MAX_GPUS || cores >= 100)
         return thunk(arg);
     uint64_t now = ts_now_ns();
     pending *sample = NULL;
@@ -342,10 +431,12 @@ CUresult ts_pace_launch(int g, uint32_t cores, uint64_t key, CUstream stream,
 
     tessera_region_gpu *gp = &h->gpus[g];
     __atomic_add_fetch(&gp->launches, 1, __ATOMIC_RELAXED);
-    ctl_step(h, g, cores, now);
-    if (cost) {
-        uint64_t sw = __atomic_load_n(&gp->pace_scale, __ATOMIC_RELAXED) >> 32;
-        uint64_t inc = (sw ? cost * sw / SCALE_ONE : cost) * 100 / cores;
+    ctl_step(h, g, word, now);
+    uint64_t pw = __atomic_load_n(&gp->pace_scale, __ATOMIC_RELAXED);
+    /* the share held to: cores (or a best-effort part) plus the idle time taken, in 0.1 % */
+    uint64_t target = (cores ? cores * 10ull : C.base[g]) + PS_BONUS(pw);
+    if (cost && target && target < 1000) {
+        uint64_t inc = cost * PS_SCALE(pw) / SCALE_ONE * 1000 / target;
         uint64_t tat = __atomic_load_n(&gp->pace_tat_ns, __ATOMIC_ACQUIRE), base, ntat;
         do {
             base = tat > now ? tat : now;

@@ -19,6 +19,7 @@ from pathlib import Path
 from native_helpers import UUIDS, Build, Claim, MiB
 
 from tessera.enforcement.limits import GpuLimit
+from tessera.enforcement.shares import gpu_shares, write_shares
 
 # Layout of fake_sched.h (its _Static_asserts pin these numbers).
 _DEV_OFF = 128
@@ -37,6 +38,7 @@ class Tenant:
     kernel_us: int = 200
     kind: str = "kernel"
     streams: int = 1
+    policy: str = "strict"
 
 
 @dataclass(frozen=True)
@@ -83,17 +85,24 @@ def run_case(
     stamp: str = "scheduled",
     slice_us: int = 2000,
     extra_env: dict[str, str] | None = None,
+    node_shares: bool = True,
 ) -> Outcome:
     """Run the tenants together; measure each one's share of the GPU over ``seconds`` after
-    ``warmup``. ``stamp`` is the event model (``scheduled`` or ``record``)."""
+    ``warmup``. ``stamp`` is the event model (``scheduled`` or ``record``). ``node_shares``:
+    the harness writes the GPU's shares file as the node driver does, and every limits file
+    names its directory (without it, best-effort tenants are not held back)."""
     model = tmp / "fake-sched"
     env = {"FAKE_SCHED": str(model), "FAKE_SLICE_US": str(slice_us), "FAKE_EVENT_STAMP": stamp}
     env.update(extra_env or {})
     run_for = warmup + seconds + 1.0
     procs: list[subprocess.Popen[str]] = []
+    limits = [[GpuLimit(UUIDS[0], 100 * MiB, t.cores, t.policy)] for t in tenants]
+    shares = str(tmp / "shares") if node_shares else None
+    if shares:
+        write_shares(shares, gpu_shares(limits), sync=False)
     try:
         for i, t in enumerate(tenants):
-            c = Claim(tmp, build, [GpuLimit(UUIDS[0], 100 * MiB, t.cores)], name=f"tenant{i}")
+            c = Claim(tmp, build, limits[i], name=f"tenant{i}", shares=shares)
             procs.append(
                 c.spawn(
                     "tp_launch",
