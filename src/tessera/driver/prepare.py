@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tessera import CONFIG_API_VERSION, CONFIG_KIND
 from tessera.api.quantity import Quantity, QuantityError
 from tessera.enforcement._files import write_atomic
 from tessera.enforcement.layout import (
@@ -215,10 +216,6 @@ def _digest(plan: ClaimPlan) -> str:
     ).hexdigest()
 
 
-#: The opaque configuration of Tessera's devices (``spec.devices.config[].opaque.parameters``
-#: of a ResourceClaim or DeviceClass with ``driver: gpu.tessera.dev``).
-CONFIG_API_VERSION = "gpu.tessera.dev/v1alpha1"
-CONFIG_KIND = "ComputeConfig"
 
 
 def compute_policies(alloc: Mapping[str, Any], driver: str, what: str) -> dict[str, str]:

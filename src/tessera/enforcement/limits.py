@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from tessera import COMPUTE_POLICIES
 from tessera.enforcement._files import write_atomic
 
 LIMITS_PATH = "/etc/tessera/limits"
@@ -52,7 +53,7 @@ MAX_PATH = 4095
 MAX_FILE = 1024 * 1024
 CLAIM_MAX = 512
 _MAX_TOKENS = 8
-POLICIES = ("strict", "work-conserving")
+POLICIES = COMPUTE_POLICIES
 """Values of a ``gpu`` line's ``policy`` (the first is the default)."""
 _U64_MAX = 2**64 - 1
 _HEX = "0123456789abcdefABCDEF"
