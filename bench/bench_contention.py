@@ -62,8 +62,13 @@ def main() -> int:
             idle = f"{out.idle:.1f} %" if case.saturating else "—"
             print(f"| {case.name} | {cores} | {got} | {idle} |", flush=True)
             rows.append(
-                {"case": case.name, "shares": out.shares, "idle": out.idle, "errors": err,
-                 "saturating": case.saturating}
+                {
+                    "case": case.name,
+                    "shares": out.shares,
+                    "idle": out.idle,
+                    "errors": err,
+                    "saturating": case.saturating,
+                }
             )
     errs = [abs(e) for r in rows for e in r["errors"]]
     idles = [r["idle"] for r in rows if r["saturating"]]

@@ -151,12 +151,12 @@ class Case:
 
     @property
     def saturating(self) -> bool:
-        return sum(t.cores for t in self.tenants) == 100 or any(
-            t.cores == 0 for t in self.tenants
-        )
+        return sum(t.cores for t in self.tenants) == 100 or any(t.cores == 0 for t in self.tenants)
 
 
-def _t(*spec: tuple[int, int] | tuple[int, int, str] | tuple[int, int, str, int]) -> tuple[Tenant, ...]:
+def _t(
+    *spec: tuple[int, int] | tuple[int, int, str] | tuple[int, int, str, int],
+) -> tuple[Tenant, ...]:
     return tuple(Tenant(*s) for s in spec)
 
 

@@ -47,7 +47,9 @@ def test_the_model_time_slices_unpaced_tenants(tmp_path: Path, plain: Build) -> 
     assert out.idle <= 1, out
 
 
-def test_best_effort_tenants_are_held_to_what_guarantees_leave(tmp_path: Path, plain: Build) -> None:
+def test_best_effort_tenants_are_held_to_what_guarantees_leave(
+    tmp_path: Path, plain: Build
+) -> None:
     """Three best-effort neighbours: round-robin alone would give the claim 25 %; the node's
     shares file holds them to 70 % together."""
     tenants = [Tenant(30), Tenant(0), Tenant(0), Tenant(0)]
@@ -67,7 +69,9 @@ def test_strict_caps_and_work_conserving_takes_idle_time(tmp_path: Path, plain: 
     assert wc.shares[0] >= 80, wc
 
 
-def test_a_work_conserving_guarantee_beside_a_greedy_neighbour(tmp_path: Path, plain: Build) -> None:
+def test_a_work_conserving_guarantee_beside_a_greedy_neighbour(
+    tmp_path: Path, plain: Build
+) -> None:
     """Work-conserving 30 and a best-effort tenant that wants everything: the claim keeps 30,
     the GPU does not idle."""
     out = run_case(

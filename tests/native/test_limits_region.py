@@ -384,7 +384,10 @@ def test_fixed_path_wins_over_the_environment(
     fixed.write_text("version 1\nregion /r\ngpu nonsense\n")
     r = wide.run("tp_cuda", "link", "init", "dev", "0")
     assert r.stdout.splitlines() == ["init 0", "dev 0 2"]  # not even a context
-    assert "line 3: expected 'gpu <UUID> memory <bytes> cores <0-100>' [policy strict|work-conserving]" in r.stderr
+    assert (
+        "line 3: expected 'gpu <UUID> memory <bytes> cores <0-100>' [policy strict|work-conserving]"
+        in r.stderr
+    )
     assert "refusing GPU memory" in r.stderr
 
 

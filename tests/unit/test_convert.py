@@ -1064,7 +1064,12 @@ def test_api_rule_checker_catches_violations(breakage: Any) -> None:
 # ---- HAMi's GPU_CORE_UTILIZATION_POLICY ------------------------------------------------------------
 @pytest.mark.parametrize(
     ("env", "policy"),
-    [(None, "work-conserving"), ("default", "work-conserving"), ("FORCE", None), ("disable", "work-conserving")],
+    [
+        (None, "work-conserving"),
+        ("default", "work-conserving"),
+        ("FORCE", None),
+        ("disable", "work-conserving"),
+    ],
 )
 def test_the_core_policy_maps_to_the_opaque_config(env: str | None, policy: str | None) -> None:
     p = pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30})

@@ -451,8 +451,14 @@ def test_the_node_shares_files_sum_the_prepared_guarantees(
     devices: dict[str, NodeDevice], layout: Layout
 ) -> None:
     plans = [
-        plan_claim(claim(share("gpu-1", "4Gi", c), uid=u), ClaimRef("ns", "c", u), NODE,
-                   devices, LIBRARY, layout)
+        plan_claim(
+            claim(share("gpu-1", "4Gi", c), uid=u),
+            ClaimRef("ns", "c", u),
+            NODE,
+            devices,
+            LIBRARY,
+            layout,
+        )
         for u, c in (("u1", "30"), ("u2", "20"), ("u3", "0"))
     ]
     write_node_shares(layout, plans)

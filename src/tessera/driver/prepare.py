@@ -216,8 +216,6 @@ def _digest(plan: ClaimPlan) -> str:
     ).hexdigest()
 
 
-
-
 def compute_policies(alloc: Mapping[str, Any], driver: str, what: str) -> dict[str, str]:
     """The compute policy of each request, from ``status.allocation.devices.config`` (KEP-4381
     opaque device configuration: the DeviceClass's entries first, then the claim's; a later
@@ -245,11 +243,10 @@ def compute_policies(alloc: Mapping[str, Any], driver: str, what: str) -> dict[s
         extra = sorted(set(p) - {"apiVersion", "kind", "policy"})
         if extra:
             raise ClaimError(f"{where}: unknown field(s) {', '.join(extra)} (it has policy)")
-        policy = p.get("policy", POLICIES[0])
-        if policy not in POLICIES:
-            raise ClaimError(
-                f"{where}.policy: {policy!r} is not one of {', '.join(POLICIES)}"
-            )
+        value = p.get("policy", POLICIES[0])
+        if value not in POLICIES:
+            raise ClaimError(f"{where}.policy: {value!r} is not one of {', '.join(POLICIES)}")
+        policy = str(value)
         for req in c.get("requests") or [""]:
             if req == "":
                 out = dict.fromkeys(out, policy)
