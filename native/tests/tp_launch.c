@@ -6,6 +6,9 @@
  *       synchronise; print "util=<percent busy> launches=N elapsed_ms=E".
  *       KIND: kernel (default) | ex | coop | graph | mixed (alternates GRID_US and GRID_US*5)
  *       STREAMS: 1 (default: the NULL stream) .. 8 created streams, launched round-robin.
+ *   tp_launch evstamp SECONDS GRID_US
+ *       every 20 ms bracket one kernel of GRID_US with two events on a created, otherwise idle
+ *       stream; print "median_us=M samples=N" (the event-stamp question, fake_sched.h).
  *   tp_launch bench N
  *       N launches of zero-length kernels; print "ns_per_launch=X" (CPU cost of a launch).
  */
@@ -70,6 +73,36 @@ int main(int argc, char **argv)
                                NULL) != CUDA_SUCCESS)
                 return 1;
         printf("ns_per_launch=%.1f\n", (double)(now_ns() - t0) / (double)n);
+        return 0;
+    }
+    if (!strcmp(argv[1], "evstamp") && argc == 4) {
+        double secs = atof(argv[2]);
+        unsigned grid = (unsigned)strtoul(argv[3], NULL, 10);
+        CUstream st;
+        CUevent a, b;
+        if (cuStreamCreate(&st, 0) || cuEventCreate(&a, 0) || cuEventCreate(&b, 0))
+            return 1;
+        static double el[1024];
+        int n = 0;
+        uint64_t stop = now_ns() + (uint64_t)(secs * 1e9);
+        while (now_ns() < stop && n < 1024) {
+            float ms;
+            if (cuEventRecord(a, st) ||
+                cuLaunchKernel((CUfunction)(uintptr_t)0x3000, grid, 1, 1, 1, 1, 1, 0, st, NULL,
+                               NULL) ||
+                cuEventRecord(b, st) || cuEventSynchronize(b) || cuEventElapsedTime(&ms, a, b))
+                return 1;
+            el[n++] = ms * 1000.0;
+            struct timespec ts = {0, 20000000};
+            nanosleep(&ts, NULL);
+        }
+        for (int i = 1; i < n; i++) /* insertion sort: n is small */
+            for (int j = i; j > 0 && el[j] < el[j - 1]; j--) {
+                double t = el[j];
+                el[j] = el[j - 1];
+                el[j - 1] = t;
+            }
+        printf("median_us=%.1f samples=%d\n", n ? el[n / 2] : 0.0, n);
         return 0;
     }
     double secs = atof(argv[2]);

@@ -11,11 +11,14 @@ measured by ``bench/bench_contention.py`` (docs/benchmarks.md); these tests allo
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 from contention import MATRIX, Case, Tenant, errors, run_case
-from native_helpers import Build
+from native_helpers import UUIDS, Build, Claim, MiB
+
+from tessera.enforcement.limits import GpuLimit
 
 pytestmark = pytest.mark.native
 
@@ -79,3 +82,25 @@ def test_a_work_conserving_guarantee_beside_a_greedy_neighbour(
     )
     assert out.shares[0] >= 30 - TOLERANCE, out
     assert out.idle <= IDLE, out
+
+
+@pytest.mark.parametrize(
+    ("stamp", "low", "high"), [("scheduled", 190, 260), ("record", 1500, 2300)]
+)
+def test_the_two_event_stamp_models(
+    tmp_path: Path, plain: Build, stamp: str, low: float, high: float
+) -> None:
+    """A 200 µs kernel bracketed by events on an idle stream while a neighbour saturates the
+    GPU with 2 ms kernels: ~200 µs when events are stamped as the context runs, ~200 µs plus
+    the neighbour's slice when stamped at record time (the pessimistic model)."""
+    env = {"FAKE_SCHED": str(tmp_path / "model"), "FAKE_EVENT_STAMP": stamp}
+    lim = [GpuLimit(UUIDS[0], 100 * MiB, 100)]
+    hog = Claim(tmp_path, plain, lim, name="hog").spawn("tp_launch", "util", "3", "2000", **env)
+    try:
+        time.sleep(0.3)
+        out = Claim(tmp_path, plain, lim, name="a").run("tp_launch", "evstamp", "1.5", "200", **env)
+    finally:
+        hog.communicate(timeout=30)
+    fields = dict(kv.split("=") for kv in out.stdout.split())
+    assert int(fields["samples"]) >= 20
+    assert low <= float(fields["median_us"]) <= high, fields
