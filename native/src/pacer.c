@@ -13,7 +13,8 @@
  * The cost of a launch is a per-process estimate for its key (function and grid size, or
  * graph exec): the first launch of a key and every TS_PACE_SAMPLE_EVERY-th one after it is
  * bracketed by two CUDA events on the launch stream; when the end event has completed, the
- * elapsed time updates an exponential moving average (weight 1/4). Until a key has a sample,
+ * elapsed time updates a moving average that follows the samples' lower envelope (weight 1/2
+ * down, 1/16 up). Until a key has a sample,
  * the GPU-wide average of this process is used (0 at the very start, so the first launches
  * are free). Events are polled at most every TS_PACE_POLL_NS, never waited on.
  *
@@ -26,9 +27,15 @@
  *
  *     scale' = scale * (1 + (measured/target - 1) / 2)       (clamped to [1/64, 16])
  *
- * applied only while the pacer is holding the claim back (paced_ns grew) or when the claim is
+ * (a strict claim above its cap takes the full step, scale * measured/target), applied only while the pacer is holding the claim back (paced_ns grew) or when the claim is
  * above its share, so a claim that does not want its share keeps its factor. The measurement
  * never comes from the library's own bookkeeping, and only the claim's own region is written.
+ *
+ * The target is cores under the strict policy. Under work-conserving, and for a best-effort
+ * claim (cores 0: an equal part of what the node's shares file says the GPU's guarantees
+ * leave), it also grows into GPU time NVML shows idle, in proportion to the claim's part, and
+ * the grown part halves while the GPU is full and the other tenants are below their
+ * guarantees.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -103,6 +110,7 @@ static struct {
     uint64_t paced_seen[TESSERA_REGION_MAX_GPUS];
     uint64_t next_try[TESSERA_REGION_MAX_GPUS];
     uint64_t base[TESSERA_REGION_MAX_GPUS]; /* the share held to, tenths of a percent */
+    int64_t others[TESSERA_REGION_MAX_GPUS]; /* the other tenants' guarantees, tenths; -1 */
 } C = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 void ts_pacer_forget(void)
@@ -157,7 +165,20 @@ static est *lookup(uint64_t key)
     return &P.tab[i];
 }
 
-static void ema(uint64_t *v, uint64_t s) { *v = *v ? (*v * 3 + s) / 4 : s; }
+/* The estimate follows the lower envelope of the samples: down with weight 1/2, up with
+ * weight 1/16. A sample is the kernel's own time plus, on a shared GPU, any time another
+ * context ran between its events; the shortest samples are the cleanest, and an estimate that
+ * jumped with every inflated sample would swing the admitted work faster than the outer loop
+ * can follow. */
+static void ema(uint64_t *v, uint64_t s)
+{
+    if (!*v)
+        *v = s;
+    else if (s < *v)
+        *v = (*v + s) / 2;
+    else
+        *v = (*v * 15 + s) / 16;
+}
 
 /* mu held */
 static void poll_pending(uint64_t now)
@@ -323,16 +344,28 @@ static int ctl_measure(tessera_region_header *h, int g, int *mine, int *idle)
     return matched ? 0 : -1;
 }
 
-/* The share the pacer holds GPU g's claim to, in tenths of a percent (1000: not paced). */
-static uint32_t ctl_base(uint32_t cores, int lim)
+/* The share the pacer holds GPU g's claim to, in tenths of a percent (1000: not paced), and
+ * in *others what the GPU's other tenants are guaranteed together (tenths; -1: unknown, no
+ * shares file). */
+static uint32_t ctl_base(uint32_t cores, int lim, int64_t *others)
 {
-    if (cores)
-        return cores * 10;
-    /* best effort: an equal part of what the limited claims' guarantees leave */
     uint32_t gv, nv;
-    if (lim < 0 || !G.lim.shares[0] || read_shares(G.lim.shares, G.lim.gpus[lim].uuid, &gv, &nv))
+    int known = lim >= 0 && G.lim.shares[0] &&
+                read_shares(G.lim.shares, G.lim.gpus[lim].uuid, &gv, &nv) == 0;
+    if (cores) {
+        /* the others: the rest of the guarantees, and the best-effort tenants' part */
+        *others = known ? (int64_t)(gv > cores ? gv - cores : 0) * 10 + (nv ? (100 - gv) * 10 : 0)
+                        : -1;
+        return cores * 10;
+    }
+    if (!known) {
+        *others = -1;
         return 1000;
-    return (100 - gv) * 10 / (nv ? nv : 1);
+    }
+    /* best effort: an equal part of what the limited claims' guarantees leave */
+    uint32_t base = (100 - gv) * 10 / (nv ? nv : 1);
+    *others = 1000 - (int64_t)base;
+    return base;
 }
 
 /* The outer loop: at most once per TS_PACE_CTL_NS per claim, correct the cost factor and,
@@ -349,7 +382,7 @@ static void ctl_step(tessera_region_header *h, int g, uint32_t word, uint64_t no
     if (pthread_mutex_trylock(&C.mu) != 0)
         return;
     if (now >= C.next_try[g]) { /* the node's shares file, re-read every second */
-        C.base[g] = ctl_base(cores, lim);
+        C.base[g] = ctl_base(cores, lim, &C.others[g]);
         C.next_try[g] = now + 1000000000ull;
     }
     uint64_t scale = PS_SCALE(w), bonus = PS_BONUS(w);
@@ -367,19 +400,27 @@ static void ctl_step(tessera_region_header *h, int g, uint32_t word, uint64_t no
     C.paced_seen[g] = paced;
     uint64_t base = C.base[g], ns = scale, nb = bonus;
     if (ok && (policy == TESSERA_POLICY_WORK_CONSERVING || cores == 0)) {
-        /* idle time is shared in proportion to the guaranteed shares; the taken part decays
-         * while the GPU is full, so a claim below its guarantee gets it back */
+        /* idle time is shared in proportion to the guaranteed shares; the taken part halves
+         * while the GPU is full and the other tenants together are below their guarantees
+         * (one of them may be held back by this claim's turns), else it is kept */
+        int64_t used = 100 - idle - u; /* the others' share, percent */
+        int64_t oth = C.others[g];
+        int starving = oth < 0 ? used > 0 : used * 10 + 20 < oth;
         if (idle > TS_PACE_IDLE)
             nb = bonus + (uint64_t)(idle - TS_PACE_IDLE) * base / 100;
-        else
+        else if (starving)
             nb = bonus / 2;
         if (base + nb > 1000)
             nb = 1000 - base;
     }
     uint64_t target = base + bonus; /* tenths of a percent */
     if (ok && target && target < 1000 && (held || (uint64_t)u * 10 > target)) {
-        /* scale * (1 + (u/target - 1)/2) */
-        ns = scale * (target + (uint64_t)u * 10) / (2ull * target);
+        /* scale * (1 + (u/target - 1)/2); a strict claim above its cap: the full step,
+         * scale * u/target (a cap errs towards under-use) */
+        if (policy == TESSERA_POLICY_STRICT && cores && (uint64_t)u * 10 > target)
+            ns = scale * (uint64_t)u * 10 / target;
+        else
+            ns = scale * (target + (uint64_t)u * 10) / (2ull * target);
         ns = ns < SCALE_MIN ? SCALE_MIN : ns > SCALE_MAX ? SCALE_MAX : ns;
     }
     if (ns != scale || nb != bonus) {
