@@ -28,7 +28,7 @@ IDLE = float(os.environ.get("TESSERA_CONTENTION_IDLE", "5"))
 
 @pytest.mark.parametrize("case", MATRIX, ids=[c.name for c in MATRIX])
 def test_shares_hold_under_contention(tmp_path: Path, plain: Build, case: Case) -> None:
-    out = run_case(tmp_path, plain, list(case.tenants), seconds=2.0, warmup=1.5, stamp=case.stamp)
+    out = run_case(tmp_path, plain, list(case.tenants), seconds=2.0, warmup=2.0, stamp=case.stamp)
     err = errors(case, out)
     assert all(abs(e) <= TOLERANCE for e in err), (case.name, out)
     if case.saturating:
