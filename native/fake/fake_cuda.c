@@ -9,7 +9,9 @@
  * device. Kernels are simulated: a launch with gridDimX = N occupies this process's queue on
  * the device for N microseconds (a graph launch with a small integer as its handle for that
  * many microseconds); events are stamped with the simulated queue time. fakecuda_* functions
- * expose call counts, simulated busy time and physical usage to the test programs.
+ * expose call counts, simulated busy time and physical usage to the test programs. With
+ * $FAKE_SCHED set, launches, events and synchronisation go through the contention model of
+ * fake_sched.h instead: one time-sliced GPU shared by every process of the test.
  *
  * The fake models what the real driver does with memory, independently of the library's own
  * accounting: contexts own their allocations and free them when destroyed or reset; device
@@ -20,6 +22,7 @@
  */
 #define FAKE_STATE_DEFINE
 #include "fake_int.h"
+#include "fake_sched.h"
 
 /* ---- call counting ---------------------------------------------------------------------- */
 static struct {
@@ -178,6 +181,9 @@ uint64_t fk_chunk(void)
 struct CUevent_st {
     uint64_t t;
     int recorded;
+    int phys;     /* contention model: device of the last record, its event slot and generation */
+    uint32_t slot;
+    uint64_t gen;
 };
 struct CUgreenCtx_st {
     struct CUctx_st ctx;
@@ -612,6 +618,8 @@ EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned int flags)
         return CUDA_ERROR_INVALID_CONTEXT;
     struct CUstream_st *s = calloc(1, sizeof(*s));
     s->ctx = t_cur;
+    static int next_sidx;
+    s->sidx = 1 + __atomic_fetch_add(&next_sidx, 1, __ATOMIC_RELAXED) % (FS_STREAMS - 1);
     *ps = s;
     return CUDA_SUCCESS;
 }
@@ -660,6 +668,9 @@ EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
     return CUDA_SUCCESS;
 }
 
+static fs_state *sched_for(int phys);
+static void sched_sync(fs_state *st, int p);
+
 static void wait_until(uint64_t t)
 {
     uint64_t now = fake_now_ns();
@@ -675,6 +686,12 @@ static CUresult sync_ctx(struct CUctx_st *c)
 {
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
+    fs_state *st = sched_for(fk_phys(c->dev));
+    if (st) {
+        sched_sync(st, fk_phys(c->dev));
+        fk_sync_pools();
+        return CUDA_SUCCESS;
+    }
     pthread_mutex_lock(&g_mu);
     uint64_t t = g_queue_end[c->dev];
     pthread_mutex_unlock(&g_mu);
@@ -708,6 +725,156 @@ EXPORT CUresult cuStreamSynchronize(CUstream s)
 
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
 
+/* ---- the contention model (fake_sched.h) --------------------------------------------------- */
+/* the model when $FAKE_SCHED is set and the device is one it models, else NULL */
+static fs_state *sched_for(int phys) { return phys >= 0 && phys < FS_DEV ? fs_get() : NULL; }
+
+static int sched_sidx(CUstream s) { return real_stream(s) ? s->sidx : 0; }
+
+static void sched_sleep(uint64_t ns)
+{
+    if (ns < 20000)
+        ns = 20000;
+    if (ns > 2000000)
+        ns = 2000000;
+    struct timespec ts = {0, (long)ns};
+    nanosleep(&ts, NULL);
+}
+
+static CUresult sched_launch(fs_state *st, int p, int sidx, uint64_t dur)
+{
+    for (;;) {
+        fs_lock(st);
+        fs_advance(st, &st->dev[p], fake_now_ns());
+        fs_ctx *c = fs_ctx_of(st, p, 1);
+        if (!c) {
+            fs_unlock(st);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        fs_stream *q = &c->s[sidx];
+        uint64_t wait = 0;
+        if (c->queued_ns > FS_QUEUE_MAX_NS) /* push buffer full: the launch blocks */
+            wait = c->queued_ns - FS_QUEUE_MAX_NS;
+        else if (q->tail - q->head >= FS_RING - 1)
+            wait = 100000;
+        if (!wait) {
+            fs_item *last = q->tail != q->head ? &q->q[(q->tail - 1) % FS_RING] : NULL;
+            if (last && last->kind == FS_KERNEL)
+                last->left_ns += dur; /* kernels in a row on one stream: one segment */
+            else if (dur) {
+                fs_item *it = &q->q[q->tail % FS_RING];
+                it->kind = FS_KERNEL;
+                it->ev = 0;
+                it->left_ns = dur;
+                q->tail++;
+            }
+            c->queued_ns += dur;
+            fs_unlock(st);
+            return CUDA_SUCCESS;
+        }
+        fs_unlock(st);
+        sched_sleep(wait);
+    }
+}
+
+static CUresult sched_record(fs_state *st, CUevent e, int p, int sidx)
+{
+    static uint32_t next_slot;
+    static uint64_t next_gen;
+    for (;;) {
+        fs_lock(st);
+        fs_dev *d = &st->dev[p];
+        fs_advance(st, d, fake_now_ns());
+        fs_ctx *c = fs_ctx_of(st, p, 1);
+        if (!c) {
+            fs_unlock(st);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        fs_stream *q = &c->s[sidx];
+        if (q->tail - q->head >= FS_RING - 1) {
+            fs_unlock(st);
+            sched_sleep(100000);
+            continue;
+        }
+        if (!e->gen)
+            e->slot = next_slot++ % FS_EVENTS;
+        e->gen = ++next_gen;
+        e->phys = p;
+        e->t = (uint64_t)(c - d->ctx); /* context index */
+        e->recorded = 1;
+        fs_event *ev = &c->ev[e->slot];
+        ev->gen = e->gen;
+        ev->stamped = 0;
+        /* scheduled now: the context is the one being served, or the GPU has nothing else */
+        int scheduled = d->cur < 0 || &d->ctx[d->cur] == c || !fs_has_work(&d->ctx[d->cur]);
+        if (fs_stream_empty(q) && (scheduled || st->stamp_record)) {
+            ev->t = d->t;
+            ev->stamped = 1;
+        } else {
+            fs_item *it = &q->q[q->tail % FS_RING];
+            it->kind = FS_EVENT;
+            it->ev = e->slot;
+            it->left_ns = e->gen;
+            q->tail++;
+        }
+        fs_unlock(st);
+        return CUDA_SUCCESS;
+    }
+}
+
+/* 1 when the event has been stamped (or was never recorded), *t its stamp; lock not held */
+static int sched_event_done(fs_state *st, CUevent e, uint64_t *t, uint64_t *queued)
+{
+    fs_lock(st);
+    fs_dev *d = &st->dev[e->phys];
+    fs_advance(st, d, fake_now_ns());
+    fs_ctx *c = &d->ctx[e->t % FS_CTX];
+    fs_event *ev = &c->ev[e->slot];
+    int done = ev->gen != e->gen || ev->stamped || !c->live;
+    if (t)
+        *t = ev->gen == e->gen ? ev->t : d->t;
+    if (queued)
+        *queued = c->queued_ns;
+    fs_unlock(st);
+    return done;
+}
+
+/* wait until this process's context on p has no work left */
+static void sched_sync(fs_state *st, int p)
+{
+    for (;;) {
+        fs_lock(st);
+        fs_advance(st, &st->dev[p], fake_now_ns());
+        fs_ctx *c = fs_ctx_of(st, p, 0);
+        int busy = c && fs_has_work(c);
+        uint64_t q = c ? c->queued_ns : 0;
+        fs_unlock(st);
+        if (!busy)
+            return;
+        sched_sleep(q);
+    }
+}
+
+/* a process that exits takes its work with it (its busy time stays for the tests to read) */
+__attribute__((destructor)) static void sched_exit(void)
+{
+    fs_state *st = __atomic_load_n(&fs_p, __ATOMIC_ACQUIRE);
+    if (!st)
+        return;
+    fs_lock(st);
+    for (int p = 0; p < FS_DEV; p++) {
+        fs_advance(st, &st->dev[p], fake_now_ns());
+        fs_ctx *c = fs_ctx_of(st, p, 0);
+        if (c) {
+            c->live = 0;
+            c->queued_ns = 0;
+            for (int i = 0; i < FS_STREAMS; i++)
+                c->s[i].head = c->s[i].tail;
+        }
+    }
+    fs_unlock(st);
+}
+
 /* ---- kernels and events ------------------------------------------------------------------- */
 static CUresult simulate(int ordinal, uint64_t dur_ns)
 {
@@ -734,7 +901,9 @@ static CUresult launch(CUstream s, uint64_t dur_ns)
 {
     if (real_stream(s) && s->capturing)
         return CUDA_SUCCESS; /* recorded into the graph being captured; not run */
-    CUresult r = simulate(fk_stream_ordinal(s), dur_ns);
+    int o = fk_stream_ordinal(s), p = o < 0 ? -1 : fk_phys(o);
+    fs_state *st = sched_for(p);
+    CUresult r = st ? sched_launch(st, p, sched_sidx(s), dur_ns) : simulate(o, dur_ns);
     if (r == CUDA_SUCCESS)
         fault_at_launch(); /* launches are asynchronous: the fault shows from the next call */
     return r;
@@ -819,6 +988,10 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
     int o = fk_stream_ordinal(s);
     if (o < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    fs_state *st = sched_for(fk_phys(o));
+    if (st)
+        return sched_record(st, e, fk_phys(o), sched_sidx(s));
+    e->gen = 0;
     uint64_t now = fake_now_ns();
     pthread_mutex_lock(&g_mu);
     uint64_t end = g_queue_end[o];
@@ -828,18 +1001,37 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
     return CUDA_SUCCESS;
 }
 
+/* the stamp of a completed event: 1 and *t, or 0 while the GPU has not reached it */
+static int event_stamp(CUevent e, uint64_t *t, uint64_t *queued)
+{
+    if (e->recorded && e->gen) {
+        fs_state *st = fs_get();
+        return sched_event_done(st, e, t, queued);
+    }
+    *t = e->t;
+    if (queued)
+        *queued = e->recorded && e->t > fake_now_ns() ? e->t - fake_now_ns() : 0;
+    return !e->recorded || fake_now_ns() >= e->t;
+}
+
 EXPORT CUresult cuEventQuery(CUevent e)
 {
     FAULT();
-    return (!e->recorded || fake_now_ns() >= e->t) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    uint64_t t;
+    return event_stamp(e, &t, NULL) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent e)
 {
     COUNT();
     FAULT();
-    if (e->recorded)
-        wait_until(e->t);
+    uint64_t t, q;
+    while (!event_stamp(e, &t, &q)) {
+        if (e->gen)
+            sched_sleep(q);
+        else
+            wait_until(t);
+    }
     fk_sync_pools();
     return CUDA_SUCCESS;
 }
@@ -847,9 +1039,10 @@ EXPORT CUresult cuEventSynchronize(CUevent e)
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)
 {
     FAULT();
-    if (cuEventQuery(a) != CUDA_SUCCESS || cuEventQuery(b) != CUDA_SUCCESS)
+    uint64_t ta, tb;
+    if (!event_stamp(a, &ta, NULL) || !event_stamp(b, &tb, NULL))
         return CUDA_ERROR_NOT_READY;
-    *ms = (float)((double)((int64_t)(b->t - a->t)) / 1e6);
+    *ms = (float)((double)((int64_t)(tb - ta)) / 1e6);
     return CUDA_SUCCESS;
 }
 
@@ -865,7 +1058,20 @@ EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *arg
 }
 
 /* ---- test introspection ------------------------------------------------------------------- */
-EXPORT uint64_t fakecuda_busy_ns(int ordinal) { return ordinal >= 0 && ordinal < FAKE_MAX_DEV ? g_busy[ordinal] : 0; }
+EXPORT uint64_t fakecuda_busy_ns(int ordinal)
+{
+    int p = ordinal >= 0 ? fk_phys(ordinal) : -1;
+    fs_state *st = sched_for(p);
+    if (st) { /* GPU time the contention model gave this process */
+        fs_lock(st);
+        fs_advance(st, &st->dev[p], fake_now_ns());
+        fs_ctx *c = fs_ctx_of(st, p, 0);
+        uint64_t b = c ? c->busy_ns : 0;
+        fs_unlock(st);
+        return b;
+    }
+    return ordinal >= 0 && ordinal < FAKE_MAX_DEV ? g_busy[ordinal] : 0;
+}
 EXPORT uint64_t fakecuda_used(int ordinal)
 {
     int p = fk_phys(ordinal);

@@ -80,6 +80,7 @@ struct CUctx_st {
 };
 struct CUstream_st {
     struct CUctx_st *ctx;
+    int sidx; /* stream of the contention model (fake_sched.h): 1..FS_STREAMS-1 */
     int capturing;
     CUgraph graph;
 };

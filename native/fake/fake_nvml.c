@@ -9,8 +9,13 @@
  * driver/CUDA versions, lost GPUs, XID events and the r615 per-cgroup memory-limit calls,
  * NUMA affinity and NVLink peers, and MIG: GPU-instance profiles, existing GPU and compute
  * instances (MIG devices), and their creation and destruction (recorded in a log).
+ *
+ * With $FAKE_SCHED (the contention model, fake_sched.h), nvmlDeviceGetProcessUtilization
+ * reports each process's share of the GPU's time over the model's last sample period, as the
+ * real driver reports SM utilisation per host pid.
  */
 #define FAKE_STATE_DEFINE
+#include "fake_sched.h"
 #include "fake_state.h"
 #include "tessera_cuda.h"
 
@@ -95,6 +100,39 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
     u->gpu = s ? (unsigned)atoi(s) : 0;
     u->memory = 0;
     return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                    nvmlProcessUtilizationSample_t *u,
+                                                    unsigned int *count,
+                                                    unsigned long long last_seen)
+{
+    fs_state *st = device->cfg || device->index >= FS_DEV ? NULL : fs_get();
+    if (!st || !count)
+        return st ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
+    fs_lock(st);
+    fs_dev *d = &st->dev[device->index];
+    fs_advance(st, d, fake_now_ns());
+    unsigned n = 0;
+    for (uint32_t i = 0; i < d->nctx; i++) {
+        fs_ctx *c = &d->ctx[i];
+        if (!c->pid || !c->util_ts_us || c->util_ts_us <= last_seen)
+            continue;
+        if (u && n < *count) {
+            memset(&u[n], 0, sizeof(u[n]));
+            u[n].pid = (unsigned)c->pid;
+            u[n].timeStamp = c->util_ts_us;
+            u[n].smUtil = c->util_pct;
+        }
+        n++;
+    }
+    fs_unlock(st);
+    if (!u || n > *count) {
+        *count = n;
+        return u ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    *count = n;
+    return n ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
 }
 
 /*

@@ -8,7 +8,13 @@
  *   gpu_check oom CHUNK_MIB HOLD_S        allocate CHUNK_MIB chunks until refused, touch them,
  *                                         then keep launching kernels for HOLD_S seconds
  *   gpu_check calib US                    iterations of the work kernel that take US microseconds
- *   gpu_check work SECONDS ITERS          launch the work kernel back to back for SECONDS
+ *   gpu_check work SECONDS ITERS [STREAMS] launch the work kernel back to back for SECONDS
+ *                                         (round-robin over STREAMS created streams, default:
+ *                                         the NULL stream)
+ *   gpu_check evstamp SECONDS ITERS       every 20 ms, bracket one work kernel with two events
+ *                                         on a created stream that is otherwise idle; print the
+ *                                         elapsed times' min/median/max (µs): the event-stamp
+ *                                         question of docs/enforcement.md section 5
  *   gpu_check launches N                  N empty-kernel launches + sync; ns per launch
  *   gpu_check allocs N MIB                N alloc/free pairs of MIB; ns per pair
  *   gpu_check idle SECONDS                context + module + 256 bytes, then sleep (context size)
@@ -41,6 +47,7 @@ typedef struct CUmod_st *CUmodule;
     X(cuModuleLoadData)            \
     X(cuModuleGetFunction)         \
     X(cuLaunchKernel)              \
+    X(cuStreamCreate)              \
     X(cuEventCreate)               \
     X(cuEventRecord)               \
     X(cuEventSynchronize)          \
@@ -129,10 +136,18 @@ static void setup(void)
     CK(T.cuMemAlloc_v2(&out_buf, 256));
 }
 
-static CUresult work(unsigned long long iters)
+static CUresult work_on(unsigned long long iters, CUstream s)
 {
     void *args[] = {&iters, &out_buf};
-    return T.cuLaunchKernel(k_work, (unsigned)n_sm, 1, 1, 128, 1, 1, 0, NULL, args, NULL);
+    return T.cuLaunchKernel(k_work, (unsigned)n_sm, 1, 1, 128, 1, 1, 0, s, args, NULL);
+}
+
+static CUresult work(unsigned long long iters) { return work_on(iters, NULL); }
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
 static double time_work(unsigned long long iters)
@@ -198,17 +213,48 @@ int main(int argc, char **argv)
             it = (unsigned long long)((double)it * us / (t > 1 ? t : 1));
         }
         printf("iters=%llu\nkernel_us=%.1f\n", it, time_work(it));
-    } else if (!strcmp(mode, "work") && argc == 4) {
+    } else if (!strcmp(mode, "work") && (argc == 4 || argc == 5)) {
         double secs = atof(argv[2]);
         unsigned long long it = strtoull(argv[3], NULL, 10);
+        int ns = argc == 5 ? atoi(argv[4]) : 0;
+        CUstream st[8] = {NULL};
+        if (ns < 0 || ns > 8)
+            return 2;
+        for (int i = 0; i < ns; i++)
+            CK(T.cuStreamCreate(&st[i], 0));
         double t0 = now_s(), end = t0 + secs;
         unsigned long n = 0;
         while (now_s() < end) {
-            CK(work(it));
+            CK(work_on(it, ns ? st[n % (unsigned long)ns] : NULL));
             n++;
         }
         CK(T.cuCtxSynchronize());
         printf("kernels=%lu\nwall_s=%.3f\n", n, now_s() - t0);
+    } else if (!strcmp(mode, "evstamp") && argc == 4) {
+        double secs = atof(argv[2]);
+        unsigned long long it = strtoull(argv[3], NULL, 10);
+        CUstream st;
+        CUevent a, b;
+        CK(T.cuStreamCreate(&st, 0));
+        CK(T.cuEventCreate(&a, 0));
+        CK(T.cuEventCreate(&b, 0));
+        static double el[4096];
+        int n = 0;
+        double end = now_s() + secs;
+        while (now_s() < end && n < 4096) {
+            float ms;
+            CK(T.cuEventRecord(a, st));
+            CK(work_on(it, st));
+            CK(T.cuEventRecord(b, st));
+            CK(T.cuEventSynchronize(b));
+            CK(T.cuEventElapsedTime(&ms, a, b));
+            el[n++] = ms * 1000.0;
+            struct timespec ts = {0, 20000000};
+            nanosleep(&ts, NULL);
+        }
+        qsort(el, (size_t)n, sizeof(el[0]), cmp_double);
+        printf("samples=%d\nmin_us=%.1f\nmedian_us=%.1f\np90_us=%.1f\nmax_us=%.1f\n", n, el[0],
+               el[n / 2], el[n * 9 / 10], el[n - 1]);
     } else if (!strcmp(mode, "launches") && argc == 3) {
         unsigned long n = strtoul(argv[2], NULL, 10);
         for (int k = 0; k < 1000; k++)

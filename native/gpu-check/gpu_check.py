@@ -13,7 +13,16 @@ Checks (targets from issue 5):
      while the other keeps launching kernels;
   2. the same with PyTorch (torch.cuda.OutOfMemoryError, mem_get_info shows the limit);
   3. a 30/70 cores split: each tenant's share within 5 points;
-  4. library overhead on a launch-heavy loop (< 1 %) and on cuMemAlloc/cuMemFree.
+  4. library overhead on a launch-heavy loop (< 1 %) and on cuMemAlloc/cuMemFree;
+  5. (issue 23) the event-stamp question: process B saturates the GPU while process A
+     brackets a 200 µs kernel with events on an otherwise idle stream: is the elapsed time
+     ~200 µs (events stamped when A's context runs) or 200 µs plus the wait (stamped at
+     record time)? docs/enforcement.md section 5;
+  6. (issue 23) shares under contention, each within 3 points: 30/70 with 200 µs, 5 ms and
+     10 ms kernels, 30 on 4 streams beside 70, 30 beside a best-effort tenant (held by the
+     node's shares file), a work-conserving 30 alone (takes the idle GPU).
+
+    python3 native/gpu-check/gpu_check.py --only evstamp,contention   # checks 5 and 6 only
 """
 
 from __future__ import annotations
@@ -75,14 +84,26 @@ class Bench:
             self.how = "gcc, libcuda via dlopen/dlsym"
         self.n = 0
 
-    def claim(self, uuid: str, memory: int, cores: int, overhead: int) -> str:
+    def claim(self, uuid: str, memory: int, cores: int, overhead: int,
+              policy: str = "strict", shares: str | None = None) -> str:
         self.n += 1
         d = self.work / f"claim{self.n}"
         d.mkdir()
+        pol = "" if policy == "strict" else f" policy {policy}"
+        sh_line = f"shares {shares}\n" if shares else ""
         (d / "limits").write_text(
             f"version 1\nclaim gpu-check/c{self.n} uid-{self.n}\nregion {d / 'usage'}\n"
-            f"context-overhead {overhead}\ngpu {uuid} memory {memory} cores {cores}\n")
+            f"context-overhead {overhead}\n{sh_line}gpu {uuid} memory {memory} cores {cores}{pol}\n")
         return str(d / "limits")
+
+    def shares(self, uuid: str, guaranteed: int, best_effort: int) -> str:
+        """The node's shares directory, as the driver writes it (tessera.enforcement.shares)."""
+        d = self.work / f"shares{self.n}"
+        d.mkdir(exist_ok=True)
+        (d / uuid).write_text(
+            f"version 1\nguaranteed {guaranteed}\nbest-effort {best_effort}\n")
+        self.n += 1
+        return str(d)
 
     def env(self, limits: str | None) -> dict[str, str]:
         e = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "LD_PRELOAD"))}
@@ -254,6 +275,57 @@ def check_split(b: Bench, uuid: str, ctx: int) -> None:
     row("cores 30 alone", f"{share:.1f} %", "30 +/- 5", abs(share - 30) <= 5)
 
 
+def check_evstamp(b: Bench, uuid: str, ctx: int) -> None:
+    cal = b.run(None, "calib", "200")
+    alone = b.run(None, "evstamp", "4", cal["iters"])
+    big = b.run(None, "calib", "2000")["iters"]
+    hog = b.spawn(None, "work", "8", big)  # B: 2 ms kernels back to back
+    time.sleep(1)
+    busy = b.run(None, "evstamp", "4", cal["iters"])
+    hog.communicate(timeout=60)
+    med_a, med_b = float(alone["median_us"]), float(busy["median_us"])
+    model = "stamped when scheduled" if med_b < 2 * med_a + 100 else "stamped at record (+wait)"
+    row("event-stamp: 200 us kernel on an idle stream, alone / beside a saturating process",
+        f"median {med_a:.0f} / {med_b:.0f} us (p90 {float(busy['p90_us']):.0f}, max "
+        f"{float(busy['max_us']):.0f}): {model}", "(informational: which fake model)", None)
+
+
+def _share(r: dict[str, str], kus: float) -> float:
+    return 100.0 * int(r["kernels"]) * kus / 1e6 / float(r["wall_s"])
+
+
+def check_contention(b: Bench, uuid: str, ctx: int) -> None:
+    secs = 12
+    mem = LIMIT_MIB * MiB // 2
+    for kernel_us in (200, 5000, 10000):
+        cal = b.run(None, "calib", str(kernel_us))
+        iters, kus = cal["iters"], float(cal["kernel_us"])
+        cases = [("30/70", [(30, "strict", 0, None), (70, "strict", 0, None)])]
+        if kernel_us == 200:
+            cases.append(("30 on 4 streams / 70", [(30, "strict", 4, None), (70, "strict", 0, None)]))
+            cases.append(("work-conserving 30 alone", [(30, "work-conserving", 0, None)]))
+        if kernel_us == 5000:
+            sd = b.shares(uuid, 30, 1)
+            cases.append(("30 beside best effort", [(30, "strict", 0, sd), (0, "strict", 0, sd)]))
+        for name, tenants in cases:
+            procs = []
+            for cores, pol, streams, sd in tenants:
+                lim = b.claim(uuid, mem, cores, ctx, pol, sd)
+                args = ["work", str(secs), iters] + ([str(streams)] if streams else [])
+                procs.append((cores, pol, b.spawn(lim, *args)))
+            for cores, pol, p in procs:
+                share = _share(kv(p.communicate(timeout=secs + 60)[0]), kus)
+                if pol == "work-conserving":
+                    row(f"{name}, {kernel_us} us", f"{share:.1f} %", ">= 90 (takes idle time)",
+                        share >= 90)
+                elif cores:
+                    row(f"{name}, {kernel_us} us: cores {cores}", f"{share:.1f} %",
+                        f"{cores} +/- 3", abs(share - cores) <= 3)
+                else:
+                    row(f"{name}, {kernel_us} us: best effort", f"{share:.1f} %",
+                        "<= 70 + 3", share <= 73)
+
+
 def check_overhead(b: Bench, uuid: str, ctx: int) -> None:
     lim = b.claim(uuid, LIMIT_MIB * MiB, 100, ctx)
     base, hooked = [], []
@@ -275,9 +347,15 @@ def check_overhead(b: Bench, uuid: str, ctx: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--only", help="comma-separated checks: memory,torch,split,overhead,"
+                    "evstamp,contention (default: all)")
     args = ap.parse_args()
-    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("8 minutes")))
-    signal.alarm(8 * 60)
+    checks = {"memory": check_memory, "torch": check_torch, "split": check_split,
+              "overhead": check_overhead, "evstamp": check_evstamp,
+              "contention": check_contention}
+    chosen = [checks[c] for c in (args.only.split(",") if args.only else checks)]
+    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("9 minutes")))
+    signal.alarm(9 * 60)
     work = Path(tempfile.mkdtemp(prefix="tessera-gpu-check."))
     t0 = time.monotonic()
     try:
@@ -292,7 +370,7 @@ def main() -> int:
         print(f"GPU 0: {info['name']} {uuid}, {info['sms']} SMs, {int(info['total']) // MiB} MiB; "
               f"context+module {ctx // MiB} MiB (used as context-overhead); built with {b.how}",
               flush=True)
-        for f in (check_memory, check_torch, check_split, check_overhead):
+        for f in chosen:
             try:
                 f(b, uuid, ctx)
             except Exception as e:  # a failed check is a row, not the end of the run

@@ -13,7 +13,11 @@
  *     claim <namespace>/<name> <uid>          (optional, informational, at most once)
  *     region <absolute path>                  (required, exactly once)
  *     context-overhead <bytes>                (optional, at most once; default 0)
- *     gpu <UUID> memory <bytes> cores <0-100> (one line per GPU of the claim, 1..16 lines)
+ *     shares <absolute path>                  (optional, at most once: the node's per-GPU
+ *                                              shares directory, read-only, see below)
+ *     gpu <UUID> memory <bytes> cores <0-100> [policy strict|work-conserving]
+ *                                             (one line per GPU of the claim, 1..16 lines;
+ *                                              policy defaults to strict)
  *     unlimited <UUID>                        (0..32 lines: a device of the claim the container
  *                                              may use without limit, a whole GPU or MIG device
  *                                              or an adminAccess result)
@@ -34,11 +38,15 @@
  *  - Unknown keywords, extra tokens, lines longer than 4095 bytes (before the '\r' is removed),
  *    and any byte that is not printable ASCII, space or tab (NUL, other controls, >= 0x7f) are
  *    errors.
- *  - cores 0 means best effort (no compute limiter); cores 100 means the whole GPU (no limiter).
+ *  - cores 0 means best effort; cores 100 means the whole GPU (no limiter). Under `strict`,
+ *    0 < cores < 100 is a cap; under `work-conserving` it is the guaranteed share, and the
+ *    claim may also use idle GPU time (docs/enforcement.md section 5). A best-effort GPU is
+ *    paced only when `shares` names the directory where the node driver keeps, per GPU, the
+ *    cores guaranteed to the limited claims (tessera.enforcement.shares).
  *
  * Canonical form (what the Python writer emits, and what tessera_limits_format prints):
- *     version 1\n[claim ...\n]region ...\ncontext-overhead N\ngpu ... memory N cores N\n...
- *     [unlimited UUID\n...]
+ *     version 1\n[claim ...\n]region ...\ncontext-overhead N\n[shares ...\n]
+ *     gpu ... memory N cores N[ policy work-conserving]\n...[unlimited UUID\n...]
  * with the GPU lines, then the unlimited lines, each in file order.
  */
 #ifndef TESSERA_LIMITS_H
@@ -68,13 +76,18 @@ typedef struct tessera_limit_gpu {
     char uuid[TESSERA_UUID_STR_LEN]; /* normalised: prefix + lower-case canonical form */
     uint64_t memory;                 /* bytes, >= 1 */
     uint32_t cores;                  /* percent of SMs, 0..100 */
+    uint32_t policy;                 /* TESSERA_POLICY_* */
 } tessera_limit_gpu;
+
+#define TESSERA_POLICY_STRICT 0u          /* cores is a cap */
+#define TESSERA_POLICY_WORK_CONSERVING 1u /* cores is guaranteed; idle time may be used too */
 
 typedef struct tessera_limits {
     uint32_t version;
     char claim[TESSERA_CLAIM_MAX];             /* "" when absent: "<ns>/<name> <uid>" */
     char region[TESSERA_LIMITS_MAX_PATH + 1];  /* absolute path */
     uint64_t context_overhead;                 /* bytes charged per CUDA context */
+    char shares[TESSERA_LIMITS_MAX_PATH + 1];  /* per-GPU shares directory, "" when absent */
     uint32_t gpu_count;
     tessera_limit_gpu gpus[TESSERA_LIMITS_MAX_GPUS];
     uint32_t unlimited_count;

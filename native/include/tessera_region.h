@@ -69,7 +69,9 @@ typedef struct tessera_region_gpu {
     uint64_t pace_tat_ns;   /* 64: (atomic) pacer's theoretical arrival time, CLOCK_MONOTONIC ns */
     uint64_t launches;      /* 72: (atomic) launches seen by the pacer (all processes) */
     uint64_t paced_ns;      /* 80: (atomic) total ns launches were held back by the pacer */
-    uint64_t reserved;      /* 88 */
+    uint64_t pace_scale;    /* 88: (atomic) pacer's cost correction: high 32 bits the factor
+                               (16.16 fixed point, 0 = 1.0), low 32 bits when it was last set
+                               (CLOCK_MONOTONIC ms, truncated) */
 } tessera_region_gpu;       /* 96 bytes */
 
 typedef struct tessera_region_slot {

@@ -262,8 +262,8 @@ static void load_limits_locked(void)
             ts_log(TS_ERR, "region %s: GPU table full; refusing GPU memory", G.lim.region);
             G.closed = 1;
         }
-        if (l->cores > 0 && l->cores < 100)
-            G.pacing = 1;
+        if ((l->cores > 0 && l->cores < 100) || (l->cores == 0 && G.lim.shares[0]))
+            G.pacing = 1; /* a share, or best effort held to what the node's shares leave */
     }
     ts_log(TS_INFO, "limits from %s: %u GPU(s), region %s slot %d", path, G.lim.gpu_count,
            G.lim.region, G.region.slot);
@@ -352,6 +352,12 @@ void *ts_real_cuda(const char *name)
     return G.libcuda ? ts_real_dlsym(G.libcuda, name) : NULL;
 }
 
+void *ts_real_nvml(const char *name)
+{
+    nvml_init();
+    return G.libnvml ? ts_real_dlsym(G.libnvml, name) : NULL;
+}
+
 int ts_cuda_enter(void)
 {
     ts_cuda_init();
@@ -375,7 +381,7 @@ static int g_uncovered_logged[MAX_ORDINALS];
 
 dev_info ts_dev(CUdevice dev)
 {
-    dev_info none = {1, -1, 0, 0, 0};
+    dev_info none = {.resolved = 1, .g = -1, .lim = -1};
     if (dev < 0 || dev >= MAX_ORDINALS)
         return none;
     dev_info *d = &G.dev[dev];
@@ -398,6 +404,8 @@ dev_info ts_dev(CUdevice dev)
                                                  G.lim.gpus[i].memory, G.lim.gpus[i].cores);
             v.limit = G.lim.gpus[i].memory;
             v.cores = G.lim.gpus[i].cores;
+            v.policy = G.lim.gpus[i].policy;
+            v.lim = (int)i;
             break;
         }
     }
@@ -416,6 +424,8 @@ dev_info ts_dev(CUdevice dev)
         d->g = v.g;
         d->limit = v.limit;
         d->cores = v.cores;
+        d->policy = v.policy;
+        d->lim = v.lim;
         d->uncovered = v.uncovered;
         if (v.uncovered)
             memcpy(g_uncovered_uuid[dev], s, sizeof(s));
@@ -719,7 +729,9 @@ TS_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
 /* ---------------------------------------------------------------------------------------- */
 /* launches: paced to the compute share                                                      */
 
-/* 1 and the GPU entry/cores when launches on the current device must be paced. */
+/* 1 and the GPU entry and its pace word (TS_PACE_WORD: cores, policy, limits index) when
+ * launches on the current device must be paced: a share (0 < cores < 100), or best effort
+ * (cores 0) when the limits name the node's shares directory. */
 static int pace_target(int *g, uint32_t *cores)
 {
     if (TS_LIKELY(!G.pacing) || G.closed)
@@ -728,10 +740,10 @@ static int pace_target(int *g, uint32_t *cores)
     if (ts_current_dev(&dev) != 0)
         return 0;
     dev_info d = ts_dev(dev);
-    if (d.g < 0 || d.cores == 0 || d.cores >= 100)
+    if (d.g < 0 || d.cores >= 100 || (d.cores == 0 && !G.lim.shares[0]))
         return 0;
     *g = d.g;
-    *cores = d.cores;
+    *cores = TS_PACE_WORD(d.cores, d.policy, d.lim);
     return 1;
 }
 

@@ -66,6 +66,10 @@ TS_HIDDEN void ts_region_forget(ts_region *r);
 typedef CUresult (*ts_launch_thunk)(void *arg);
 /* Pace one launch on region GPU entry g with share cores (1..99). key identifies the work
  * (function and grid, or graph); stream is the launch stream. Calls thunk(arg) to launch. */
+/* What ts_pace_launch is told about a GPU: cores (bits 0-7), policy (8-15), limits index
+ * (16-31). */
+#define TS_PACE_WORD(cores, policy, lim) \
+    ((uint32_t)(cores) | ((uint32_t)(policy) << 8) | ((uint32_t)(lim) << 16))
 TS_HIDDEN CUresult ts_pace_launch(int g, uint32_t cores, uint64_t key, CUstream stream,
                                   ts_launch_thunk thunk, void *arg);
 TS_HIDDEN void ts_pacer_forget(void);
@@ -136,6 +140,8 @@ typedef struct dev_info {
     int g;        /* region GPU entry, -1 = not limited */
     uint64_t limit;
     uint32_t cores;
+    uint32_t policy; /* TESSERA_POLICY_* */
+    int lim;         /* index in G.lim.gpus, -1 none */
     int uncovered; /* limits loaded, and the GPU is in neither a gpu nor an unlimited line */
 } dev_info;
 
@@ -230,6 +236,7 @@ TS_HIDDEN void *ts_real_dlsym(void *handle, const char *name);
 
 /* ---- access to real driver entry points (hooks.c) -------------------------------------- */
 TS_HIDDEN void *ts_real_cuda(const char *name);
+TS_HIDDEN void *ts_real_nvml(const char *name); /* loads libnvidia-ml.so.1 on first use */
 TS_HIDDEN tessera_region_header *ts_region_hdr(void);
 
 TS_HIDDEN uint64_t ts_now_ns(void);

@@ -210,11 +210,24 @@ int tessera_limits_parse(const char *buf, size_t len, tessera_limits *out, char 
             if (nt != 2 || parse_u64(tok[1], tlen[1], &out->context_overhead) != 0)
                 return fail(err, errlen, lineno, "expected 'context-overhead <bytes>'");
             seen_overhead = 1;
+        } else if (tok_is(tok[0], tlen[0], "shares")) {
+            if (out->shares[0])
+                return fail(err, errlen, lineno, "duplicate 'shares'");
+            if (nt != 2)
+                return fail(err, errlen, lineno, "expected 'shares <absolute path>'");
+            if (tok[1][0] != '/')
+                return fail(err, errlen, lineno, "shares path must be absolute");
+            if (tlen[1] > TESSERA_LIMITS_MAX_PATH)
+                return fail(err, errlen, lineno, "shares path too long");
+            memcpy(out->shares, tok[1], tlen[1]);
+            out->shares[tlen[1]] = '\0';
         } else if (tok_is(tok[0], tlen[0], "gpu")) {
             uint64_t mem, cores;
-            if (nt != 6 || !tok_is(tok[2], tlen[2], "memory") || !tok_is(tok[4], tlen[4], "cores"))
+            if ((nt != 6 && nt != 8) || !tok_is(tok[2], tlen[2], "memory") ||
+                !tok_is(tok[4], tlen[4], "cores") || (nt == 8 && !tok_is(tok[6], tlen[6], "policy")))
                 return fail(err, errlen, lineno,
-                            "expected 'gpu <UUID> memory <bytes> cores <0-100>'");
+                            "expected 'gpu <UUID> memory <bytes> cores <0-100>' "
+                            "[policy strict|work-conserving]");
             if (out->gpu_count == TESSERA_LIMITS_MAX_GPUS)
                 return fail(err, errlen, lineno, "more than %d gpus", TESSERA_LIMITS_MAX_GPUS);
             tessera_limit_gpu *g = &out->gpus[out->gpu_count];
@@ -226,6 +239,11 @@ int tessera_limits_parse(const char *buf, size_t len, tessera_limits *out, char 
                 return fail(err, errlen, lineno, "memory must be a positive byte count");
             if (parse_u64(tok[5], tlen[5], &cores) != 0 || cores > 100)
                 return fail(err, errlen, lineno, "cores must be 0..100");
+            g->policy = TESSERA_POLICY_STRICT;
+            if (nt == 8 && tok_is(tok[7], tlen[7], "work-conserving"))
+                g->policy = TESSERA_POLICY_WORK_CONSERVING;
+            else if (nt == 8 && !tok_is(tok[7], tlen[7], "strict"))
+                return fail(err, errlen, lineno, "policy must be strict or work-conserving");
             g->memory = mem;
             g->cores = (uint32_t)cores;
             out->gpu_count++;
@@ -318,9 +336,12 @@ size_t tessera_limits_format(const tessera_limits *l, char *buf, size_t buflen)
         EMIT("claim %s\n", l->claim);
     EMIT("region %s\n", l->region);
     EMIT("context-overhead %llu\n", (unsigned long long)l->context_overhead);
+    if (l->shares[0])
+        EMIT("shares %s\n", l->shares);
     for (uint32_t i = 0; i < l->gpu_count; i++)
-        EMIT("gpu %s memory %llu cores %u\n", l->gpus[i].uuid,
-             (unsigned long long)l->gpus[i].memory, l->gpus[i].cores);
+        EMIT("gpu %s memory %llu cores %u%s\n", l->gpus[i].uuid,
+             (unsigned long long)l->gpus[i].memory, l->gpus[i].cores,
+             l->gpus[i].policy == TESSERA_POLICY_WORK_CONSERVING ? " policy work-conserving" : "");
     for (uint32_t i = 0; i < l->unlimited_count; i++)
         EMIT("unlimited %s\n", l->unlimited[i]);
 #undef EMIT

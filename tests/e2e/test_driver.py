@@ -272,11 +272,16 @@ def test_prepare_writes_limits_region_cdi_and_unprepare_removes(
         "/etc/tessera/limits",
         "/run/tessera/region",
         "/run/tessera/driver",  # the driver's reconciliation (driver/usage), read-only
+        "/run/tessera/shares",
         "/usr/lib/tessera/libtessera-enforce.so",
         "/etc/ld.so.preload",
     ]
-    assert [m["options"][0] for m in edits["mounts"]] == ["ro", "rw", "ro", "ro", "ro"]
+    assert [m["options"][0] for m in edits["mounts"]] == ["ro", "rw", "ro", "ro", "ro", "ro"]
     assert (env.state_dir / "claims" / meta["uid"] / "driver").is_dir()
+    # the node's shares file of the GPU: what its best-effort tenants are held to
+    assert (env.state_dir / "shares" / uuid).read_text() == (
+        "version 1\nguaranteed 20\nbest-effort 0\n"
+    )
     assert (
         env.state_dir / "ld.so.preload"
     ).read_text() == "/usr/lib/tessera/libtessera-enforce.so\n"
@@ -331,6 +336,7 @@ def test_prepare_writes_limits_region_cdi_and_unprepare_removes(
     assert done.claims[meta["uid"]].error == ""
     assert not spec_path.exists() and not (env.state_dir / "claims" / meta["uid"]).exists()
     assert json.loads((env.state_dir / "checkpoint.json").read_text())["claims"] == {}
+    assert not (env.state_dir / "shares" / uuid).exists()
     assert kubelet.unprepare([ref]).claims[meta["uid"]].error == ""  # idempotent
     kubelet.close()
 

@@ -52,6 +52,7 @@ class Claim:
         state: Path | None = None,
         name: str = "claim",
         unlimited: tuple[str, ...] = (),
+        shares: str | None = None,
     ) -> None:
         self.dir = tmp / name
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -65,6 +66,7 @@ class Claim:
             claim=f"default/{name}",
             claim_uid=f"uid-{name}",
             unlimited=unlimited,
+            shares=shares,
         )
         write_limits(self.limits_path, self.limits)
         self.state = str(state or (tmp / "fake-gpu-state"))

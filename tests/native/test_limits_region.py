@@ -45,6 +45,14 @@ SAMPLES = [
         claim_uid="0b5e1c2d-0000-4000-8000-000000000000",
         unlimited=(UUIDS[2], "MIG-0E5D1C2B-AAAA-4BBB-8CCC-000000000002"),
     ),
+    Limits(  # a work-conserving share beside a strict one; the node's shares directory
+        region="/run/tessera/region",
+        gpus=(
+            GpuLimit(UUIDS[0], 4096 * MiB, 30, "work-conserving"),
+            GpuLimit(UUIDS[1], 4096 * MiB, 0),
+        ),
+        shares="/run/tessera/shares",
+    ),
     Limits(
         region="/x",
         gpus=tuple(
@@ -72,12 +80,14 @@ def test_python_writer_and_c_parser_round_trip(tmp_path: Path, plain: Build, i: 
     back = read_limits(p)
     assert back == parse_limits(r.stdout)
     assert [g.uuid for g in back.gpus] == [g.uuid[:4] + g.uuid[4:].lower() for g in lim.gpus]
-    assert (back.region, back.context_overhead, back.claim, back.claim_uid) == (
+    assert (back.region, back.context_overhead, back.claim, back.claim_uid, back.shares) == (
         lim.region,
         lim.context_overhead,
         lim.claim,
         lim.claim_uid,
+        lim.shares,
     )
+    assert [g.policy for g in back.gpus] == [g.policy for g in lim.gpus]
 
 
 @pytest.mark.parametrize(
@@ -135,6 +145,18 @@ def test_python_writer_and_c_parser_round_trip(tmp_path: Path, plain: Build, i: 
         ("version 1\nregion /r\x01\n", 2, "control or non-ASCII byte 0x01"),
         ("version 1\nregion /r\u00e9\n", 0, "non-ASCII"),
         ("version 1\nregion /r x\n", 2, "expected 'region <absolute path>'"),
+        (
+            f"version 1\nregion /r\ngpu {UUIDS[0]} memory 1 cores 1 policy greedy\n",
+            3,
+            "policy must be strict or work-conserving",
+        ),
+        (
+            f"version 1\nregion /r\ngpu {UUIDS[0]} memory 1 cores 1 mode strict\n",
+            3,
+            "[policy strict|work-conserving]",
+        ),
+        ("version 1\nregion /r\nshares rel\n", 3, "shares path must be absolute"),
+        ("version 1\nregion /r\nshares /a\nshares /b\n", 4, "duplicate 'shares'"),
         ("version 1\nclaim ns-name uid\n", 2, "claim must be"),
         ("version 1\n" + "x" * 4096 + "\n", 2, "line longer than 4095 bytes"),
     ],
@@ -362,7 +384,10 @@ def test_fixed_path_wins_over_the_environment(
     fixed.write_text("version 1\nregion /r\ngpu nonsense\n")
     r = wide.run("tp_cuda", "link", "init", "dev", "0")
     assert r.stdout.splitlines() == ["init 0", "dev 0 2"]  # not even a context
-    assert "line 3: expected 'gpu <UUID> memory <bytes> cores <0-100>'" in r.stderr
+    assert (
+        "line 3: expected 'gpu <UUID> memory <bytes> cores <0-100>' [policy strict|work-conserving]"
+        in r.stderr
+    )
     assert "refusing GPU memory" in r.stderr
 
 

@@ -1137,3 +1137,34 @@ def test_mig_allocations_with_a_number_of_5000_digits_is_a_warning() -> None:
         "pod ns/p: annotation hami.io/vgpu-mig-allocations is not JSON (a number too long or "
         "nesting too deep); ignored"
     ]
+
+
+# ---- HAMi's GPU_CORE_UTILIZATION_POLICY ------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("env", "policy"),
+    [
+        (None, "work-conserving"),
+        ("default", "work-conserving"),
+        ("FORCE", None),
+        ("disable", "work-conserving"),
+    ],
+)
+def test_the_core_policy_maps_to_the_opaque_config(env: str | None, policy: str | None) -> None:
+    p = pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30})
+    if env is not None:
+        p["spec"]["containers"][0]["env"] = [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": env}]
+    conv = convert_pod(p)
+    devices = conv.templates[0]["spec"]["spec"]["devices"]
+    if policy is None:  # force: a hard cap, Tessera's default (strict): no config
+        assert "config" not in devices
+    else:
+        [cfg] = devices["config"]
+        assert cfg["requests"] == ["gpu"] and cfg["opaque"]["driver"] == "gpu.tessera.dev"
+        assert cfg["opaque"]["parameters"]["policy"] == policy
+    assert conv.requests[0].policy == (policy or "strict")
+    assert any("disable" in w for w in conv.warnings) == (env == "disable")
+
+
+def test_no_config_without_a_share_to_pace() -> None:
+    conv = convert_pod(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}))  # cores 0
+    assert "config" not in conv.templates[0]["spec"]["spec"]["devices"]

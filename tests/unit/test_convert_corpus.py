@@ -130,6 +130,20 @@ def spec_of(conv: Conversion, i: int = 0) -> dict[str, Any]:
 
 
 DISTINCT = [{"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/unit"}]
+# HAMi's default GPU_CORE_UTILIZATION_POLICY (unset) as Tessera's opaque device config.
+WORK_CONSERVING = [
+    {
+        "requests": ["gpu"],
+        "opaque": {
+            "driver": "gpu.tessera.dev",
+            "parameters": {
+                "apiVersion": "gpu.tessera.dev/v1alpha1",
+                "kind": "ComputeConfig",
+                "policy": "work-conserving",
+            },
+        },
+    }
+]
 LEVELS = (
     ("nvlink", "gpu.tessera.dev/nvlinkDomain"),
     ("numa", "gpu.tessera.dev/numaNode"),
@@ -239,7 +253,8 @@ def test_default_use() -> None:
                                     "capacity": {"requests": {"memory": "3000Mi", "cores": "30"}},
                                 },
                             }
-                        ]
+                        ],
+                        "config": WORK_CONSERVING,
                     }
                 }
             },
@@ -308,6 +323,7 @@ def test_use_memory_fraction_80gb_and_32gb() -> None:
                     }
                 ],
                 "constraints": DISTINCT,
+                "config": WORK_CONSERVING,
             }
         }
     )
@@ -437,6 +453,7 @@ def test_kueue_deployment_with_quoted_strings() -> None:
                     }
                 ],
                 "constraints": DISTINCT,
+                "config": WORK_CONSERVING,
             }
         }
     )

@@ -21,6 +21,7 @@ from tessera.driver.prepare import (
     node_devices,
     plan_claim,
     remove_files,
+    write_node_shares,
 )
 from tessera.driver.protos import kubelet_version
 from tessera.driver.publish import GpuRecord, desired_slices
@@ -93,6 +94,7 @@ def test_a_share_gets_exact_limits(devices: dict[str, NodeDevice], layout: Layou
     uuid = devices["gpu-3"].record.gpu.uuid
     assert plan.limits_text == (
         f"version 1\nclaim ns/c uid-1\nregion /run/tessera/region\ncontext-overhead {512 * MIB}\n"
+        "shares /run/tessera/shares\n"
         f"gpu {uuid} memory {8 * GIB} cores 20\n"
     )
     assert plan.region_gpus == ((uuid, 8 * GIB, 20),)
@@ -183,6 +185,7 @@ def test_whole_and_admin_devices_beside_a_share_are_listed_unlimited(
     u = {n: devices[f"gpu-{n}"].record.gpu.uuid for n in (1, 2, 4, 5)}
     assert plan.limits_text == (
         f"version 1\nclaim ns/c uid-1\nregion /run/tessera/region\ncontext-overhead {512 * MIB}\n"
+        "shares /run/tessera/shares\n"
         f"gpu {u[1]} memory {4 * GIB} cores 30\n"
         f"unlimited {u[2]}\nunlimited {u[4]}\nunlimited {u[5]}\n"
     )
@@ -373,3 +376,95 @@ def test_checkpoint_group_commit_applies_every_concurrent_update(tmp_path: Path)
     on_disk = json.loads((tmp_path / "checkpoint.json").read_text())["claims"]
     assert on_disk == {f"u{i}": {"state": "prepared", "plan": {"i": i}} for i in range(50)}
     assert 1 <= len(writes) <= 50
+
+
+def _config(policy: Any, requests: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    c: dict[str, Any] = {
+        "source": "FromClaim",
+        "opaque": {
+            "driver": "gpu.tessera.dev",
+            "parameters": {
+                "apiVersion": "gpu.tessera.dev/v1alpha1",
+                "kind": "ComputeConfig",
+                "policy": policy,
+                **extra,
+            },
+        },
+    }
+    if requests is not None:
+        c["requests"] = requests
+    return c
+
+
+def test_the_opaque_config_selects_the_policy_per_request(
+    devices: dict[str, NodeDevice], layout: Layout
+) -> None:
+    c = claim(share("gpu-1", "4Gi", "30", "a"), share("gpu-2", "4Gi", "20", "b"))
+    c["status"]["allocation"]["devices"]["config"] = [
+        {**_config("work-conserving"), "source": "FromClass"},  # the DeviceClass's default
+        _config("strict", ["b"]),  # the claim's, for request b only
+    ]
+    plan = plan_claim(c, REF, NODE, devices, LIBRARY, layout)
+    lim = parse_limits(plan.limits_text or "")
+    assert [(g.cores, g.policy) for g in lim.gpus] == [(30, "work-conserving"), (20, "strict")]
+    assert "cores 30 policy work-conserving\n" in (plan.limits_text or "")
+    assert lim.shares == "/run/tessera/shares"
+    mounts = {m["containerPath"]: m for m in plan.cdi_spec["containerEdits"]["mounts"]}
+    assert mounts["/run/tessera/shares"]["hostPath"] == str(layout.shares_dir)
+    assert "ro" in mounts["/run/tessera/shares"]["options"]
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        (
+            _config("fast"),
+            "ResourceClaim ns/c: status.allocation.devices.config[0].opaque.parameters.policy: "
+            "'fast' is not one of strict, work-conserving",
+        ),
+        (
+            _config("strict", weight=2),
+            "ResourceClaim ns/c: status.allocation.devices.config[0].opaque.parameters: "
+            "unknown field(s) weight (it has policy)",
+        ),
+    ],
+)
+def test_a_bad_opaque_config_is_a_clear_claim_error(
+    devices: dict[str, NodeDevice], layout: Layout, cfg: dict[str, Any], message: str
+) -> None:
+    c = claim(share("gpu-1", "4Gi", "30"))
+    c["status"]["allocation"]["devices"]["config"] = [cfg]
+    with pytest.raises(ClaimError) as e:
+        plan_claim(c, REF, NODE, devices, LIBRARY, layout)
+    assert str(e.value) == message
+
+
+def test_another_drivers_config_is_ignored(devices: dict[str, NodeDevice], layout: Layout) -> None:
+    c = claim(share("gpu-1", "4Gi", "30"))
+    c["status"]["allocation"]["devices"]["config"] = [
+        {"opaque": {"driver": "other.example.com", "parameters": {"policy": 7}}}
+    ]
+    plan = plan_claim(c, REF, NODE, devices, LIBRARY, layout)
+    assert parse_limits(plan.limits_text or "").gpus[0].policy == "strict"
+
+
+def test_the_node_shares_files_sum_the_prepared_guarantees(
+    devices: dict[str, NodeDevice], layout: Layout
+) -> None:
+    plans = [
+        plan_claim(
+            claim(share("gpu-1", "4Gi", c), uid=u),
+            ClaimRef("ns", "c", u),
+            NODE,
+            devices,
+            LIBRARY,
+            layout,
+        )
+        for u, c in (("u1", "30"), ("u2", "20"), ("u3", "0"))
+    ]
+    write_node_shares(layout, plans)
+    uuid = devices["gpu-1"].record.gpu.uuid
+    text = (layout.shares_dir / uuid).read_text()
+    assert text == "version 1\nguaranteed 50\nbest-effort 1\n"
+    write_node_shares(layout, plans[:0])  # every claim unprepared: the file goes
+    assert not (layout.shares_dir / uuid).exists()

@@ -15,7 +15,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+from tessera import (
+    COMPUTE_POLICIES,
+    CONFIG_API_VERSION,
+    CONFIG_KIND,
+    DEVICE_CLASS_NAME,
+    DRIVER_NAME,
+)
 from tessera.api.errors import TesseraError
 from tessera.api.quantity import Format, Quantity, QuantityError
 
@@ -76,6 +82,8 @@ class ContainerRequest:
     * ``family``: ``"nvidia"`` or ``"volcano"`` (which resource names were used).
     * ``init``: the container is an initContainer.
     * ``claim_name`` / ``template_name``: the pod claim and ResourceClaimTemplate it got.
+    * ``policy``: the compute policy (``strict`` / ``work-conserving``) HAMi's
+      ``GPU_CORE_UTILIZATION_POLICY`` maps to (:func:`core_policy`).
     """
 
     container: str
@@ -88,6 +96,7 @@ class ContainerRequest:
     init: bool = False
     claim_name: str = ""
     template_name: str = ""
+    policy: str = COMPUTE_POLICIES[1]
 
     @property
     def whole_memory(self) -> bool:
@@ -714,6 +723,34 @@ def _subrequests(
     return subs
 
 
+#: HAMi's ``GPU_CORE_UTILIZATION_POLICY`` (container env, set by HAMi's webhook from
+#: ``gpuCorePolicy``): ``force`` always limits, ``disable`` never does, anything else (the
+#: default) limits only while the GPU is shared. Tessera's ``strict`` is ``force``; its
+#: ``work-conserving`` (guaranteed cores, idle time shared) is the default's intent.
+HAMI_CORE_POLICY_ENV = "GPU_CORE_UTILIZATION_POLICY"
+
+
+def core_policy(container: Mapping[str, Any]) -> tuple[str, str | None]:
+    """The Tessera compute policy of a HAMi container, and a warning or None.
+
+    Reads ``env[].value`` of :data:`HAMI_CORE_POLICY_ENV` (case-insensitive, as HAMi-core):
+    ``force`` -> ``strict``; unset or ``default`` -> ``work-conserving``; ``disable`` ->
+    ``work-conserving`` with a warning (Tessera still guarantees the cores)."""
+    value = None
+    for e in container.get("env") or []:
+        if isinstance(e, Mapping) and e.get("name") == HAMI_CORE_POLICY_ENV:
+            value = e.get("value")
+    v = str(value or "default").lower()
+    if v == "force":
+        return "strict", None
+    if v == "disable":
+        return "work-conserving", (
+            f"{HAMI_CORE_POLICY_ENV}=disable: the claim is work-conserving (its cores are "
+            "guaranteed and it may use idle GPU time); Tessera has no unlimited share"
+        )
+    return "work-conserving", None
+
+
 def _device_request(
     req: ContainerRequest,
     selectors: Sequence[str],
@@ -768,6 +805,21 @@ def _claim_spec(
                 constraints.append({"requests": refs, "matchAttribute": attr})
     if constraints:
         devices["constraints"] = constraints
+    if 0 < req.cores < 100 and req.policy != COMPUTE_POLICIES[0]:
+        # what HAMi's GPU_CORE_UTILIZATION_POLICY means, as Tessera's opaque device config
+        devices["config"] = [
+            {
+                "requests": [REQUEST_NAME],
+                "opaque": {
+                    "driver": DRIVER_NAME,
+                    "parameters": {
+                        "apiVersion": CONFIG_API_VERSION,
+                        "kind": CONFIG_KIND,
+                        "policy": req.policy,
+                    },
+                },
+            }
+        ]
     return {"devices": devices}
 
 
@@ -963,6 +1015,10 @@ def convert_pod(
         _strip(out_c, fam)
         if req is None:
             continue
+        policy, why = core_policy(c)
+        if why and 0 < req.cores < 100:
+            ctx.warn(cname, why)
+        req = replace(req, policy=policy)
         sc = c.get("securityContext") or {}
         if isinstance(sc, Mapping) and sc.get("privileged") is True:
             raise ctx.error(

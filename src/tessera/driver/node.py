@@ -102,6 +102,7 @@ from .prepare import (
     node_devices,
     plan_claim,
     remove_files,
+    write_node_shares,
     write_preload,
 )
 from .publish import GpuRegistry, Publisher
@@ -844,6 +845,8 @@ class NodeDriver:
                             error=f"ResourceClaim {fetched[uid]['metadata'].get('namespace')}/"
                             f"{fetched[uid]['metadata'].get('name')}: checkpoint: {e}"
                         )
+            if new:
+                self._write_shares()
             for uid, plan in plans.items():
                 out[uid] = PrepareResult(devices=plan.devices)
             t2 = time.perf_counter()
@@ -1049,9 +1052,24 @@ class NodeDriver:
                 out[ref.uid] = ""
             if gone:
                 self.checkpoint.update(drop=gone)
+                self._write_shares()
         finally:
             self._release_claims(locks)
         return out
+
+    def _write_shares(self) -> None:
+        """The node's per-GPU shares files, from every prepared claim in the checkpoint (what
+        best-effort tenants are held to); a failure is logged, pacing then keeps the last."""
+        assert self.checkpoint is not None
+        plans = [
+            ClaimPlan.from_json(e["plan"])
+            for e in self.checkpoint.entries().values()
+            if e.get("state") == PREPARED and e.get("plan")
+        ]
+        try:
+            write_node_shares(self.layout, plans)
+        except (OSError, ValueError) as e:
+            self.log(f"warning: writing the GPU shares files in {self.layout.shares_dir}: {e}")
 
     # ---- background work -----------------------------------------------------------------
     def _on_xid(self, uuid: str, xid: int) -> None:

@@ -20,7 +20,8 @@ Per result (``status.allocation.devices.results[]``, KEP-4381 / KEP-5075):
   ``shareID``: every MIG instance) gets no limits;
 * otherwise the device gets ``memory`` bytes and ``cores`` percent in the limits file, under
   the UUID the container sees (a GPU's, or a MIG device's: the whole dynamic-MIG GPU that
-  claims share is one MIG instance).
+  claims share is one MIG instance), with the compute policy its request's opaque
+  configuration selects (:func:`compute_policies`; ``strict`` by default).
 
 A claim with at least one limited device gets the limits file (read-only at
 ``/etc/tessera/limits``; its whole and ``adminAccess`` devices are listed there as
@@ -43,23 +44,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tessera import CONFIG_API_VERSION, CONFIG_KIND
 from tessera.api.quantity import Quantity, QuantityError
 from tessera.enforcement._files import write_atomic
 from tessera.enforcement.layout import (
     CONTAINER_DRIVER_DIR,
     CONTAINER_LIBRARY_DIR,
     CONTAINER_REGION,
+    CONTAINER_SHARES,
     DRIVER_DIR,
     LD_SO_PRELOAD,
     LIMITS_FILE,
     PRELOAD_FILE,
     REGION_FILE,
+    SHARES_SUBDIR,
     claim_dir,
 )
 from tessera.enforcement.limits import (
     DEFAULT_CONTEXT_OVERHEAD,
     LIMITS_PATH,
     MAX_UNLIMITED,
+    POLICIES,
     GpuLimit,
     Limits,
     format_limits,
@@ -68,6 +73,7 @@ from tessera.enforcement.limits import (
     write_limits,
 )
 from tessera.enforcement.region import FILE_SIZE, MAGIC, create_region
+from tessera.enforcement.shares import gpu_shares, write_shares
 from tessera.inventory.mig import MigPlacement, mig_placement
 from tessera.inventory.model import MigDevice
 
@@ -124,6 +130,11 @@ class Layout:
     @property
     def preload_file(self) -> Path:
         return self.state_dir / PRELOAD_FILE
+
+    @property
+    def shares_dir(self) -> Path:
+        """The node's per-GPU shares files (:mod:`tessera.enforcement.shares`)."""
+        return self.state_dir / SHARES_SUBDIR
 
     @property
     def cdi_kind(self) -> str:
@@ -209,6 +220,44 @@ def _digest(plan: ClaimPlan) -> str:
     return hashlib.sha256(
         json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     ).hexdigest()
+
+
+def compute_policies(alloc: Mapping[str, Any], driver: str, what: str) -> dict[str, str]:
+    """The compute policy of each request, from ``status.allocation.devices.config`` (KEP-4381
+    opaque device configuration: the DeviceClass's entries first, then the claim's; a later
+    entry overrides an earlier one; an entry without ``requests`` applies to every request).
+
+    Returns ``{request name: policy}``, ``""`` for every request an entry without
+    ``requests`` covers. A parameter object is ``{"apiVersion": "gpu.tessera.dev/v1alpha1",
+    "kind": "ComputeConfig", "policy": "strict" | "work-conserving"}``. Other drivers'
+    entries are ignored. Raises :class:`ClaimError` naming the entry and field.
+    """
+    out: dict[str, str] = {}
+    for i, c in enumerate((alloc.get("devices") or {}).get("config") or []):
+        opaque = c.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        where = f"{what}: status.allocation.devices.config[{i}].opaque.parameters"
+        p = opaque.get("parameters")
+        if not isinstance(p, Mapping):
+            raise ClaimError(f"{where}: expected an object with apiVersion {CONFIG_API_VERSION}")
+        if p.get("apiVersion") != CONFIG_API_VERSION or p.get("kind") != CONFIG_KIND:
+            raise ClaimError(
+                f"{where}: apiVersion/kind is {p.get('apiVersion')!r}/{p.get('kind')!r}; "
+                f"write apiVersion {CONFIG_API_VERSION}, kind {CONFIG_KIND}"
+            )
+        extra = sorted(set(p) - {"apiVersion", "kind", "policy"})
+        if extra:
+            raise ClaimError(f"{where}: unknown field(s) {', '.join(extra)} (it has policy)")
+        value = p.get("policy", POLICIES[0])
+        if value not in POLICIES:
+            raise ClaimError(f"{where}.policy: {value!r} is not one of {', '.join(POLICIES)}")
+        policy = str(value)
+        for req in c.get("requests") or [""]:
+            if req == "":
+                out = dict.fromkeys(out, policy)
+            out[str(req).split("/", 1)[0]] = policy
+    return out
 
 
 def _bytes(value: Any, where: str) -> int:
@@ -316,6 +365,7 @@ def plan_claim(
             f"{what}: allocated to pool(s) {', '.join(pools)}, not to this node {node!r}"
         )
 
+    policies = compute_policies(alloc, driver, what)
     prepared: list[PreparedDevice] = []
     limits: dict[str, GpuLimit] = {}
     unlimited: list[str] = []  # whole and adminAccess devices: the claim's, not limited
@@ -418,11 +468,15 @@ def plan_claim(
         limited = not admin and not whole
         if limited:
             prev = limits.get(visible)
-            # Two shares of one device in one claim: the container may use both.
+            req = request.split("/", 1)[0]
+            policy = policies.get(req, policies.get("", POLICIES[0]))
+            # Two shares of one device in one claim: the container may use both (strict if
+            # either is).
             limits[visible] = GpuLimit(
                 visible,
                 mem + (prev.memory if prev else 0),
                 min(100, cores + (prev.cores if prev else 0)),
+                POLICIES[0] if prev and POLICIES[0] in (prev.policy, policy) else policy,
             )
             mig_limited = mig_limited or is_mig
         elif visible not in unlimited:
@@ -468,6 +522,7 @@ def plan_claim(
                 context_overhead=layout.context_overhead,
                 claim=f"{ref.namespace}/{ref.name}",
                 claim_uid=ref.uid,
+                shares=CONTAINER_SHARES,
                 # The library refuses a visible GPU in no line of the file (a second claim's):
                 # the claim's own whole devices are listed. A MIG name without a UUID form is
                 # left out (the library could not match it anyway).
@@ -532,6 +587,12 @@ def _cdi_spec(
                 "containerPath": CONTAINER_DRIVER_DIR,
                 "type": "bind",
                 "options": ["ro", "nosuid", "nodev", "bind"],
+            },
+            {  # the node's per-GPU shares, which best-effort tenants are held to
+                "hostPath": str(layout.shares_dir),
+                "containerPath": CONTAINER_SHARES,
+                "type": "bind",
+                "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
             },
         ]
         if layout.library is not None:
@@ -612,6 +673,7 @@ def materialize(plan: ClaimPlan, layout: Layout) -> bool:
     Raises ``OSError``."""
     wrote = False
     if plan.limits_text is not None:
+        layout.shares_dir.mkdir(parents=True, exist_ok=True)  # mounted by the CDI spec
         cdir = layout.claim_dir(plan.ref.uid)
         cdir.mkdir(parents=True, exist_ok=True)
         (cdir / DRIVER_DIR).mkdir(mode=0o755, exist_ok=True)
@@ -632,6 +694,17 @@ def materialize(plan: ClaimPlan, layout: Layout) -> bool:
         write_atomic(str(path), spec, 0o644, ".tessera-cdi.", sync=False)
         wrote = True
     return wrote
+
+
+def write_node_shares(layout: Layout, plans: Iterable[ClaimPlan]) -> None:
+    """Write the node's per-GPU shares files (:mod:`tessera.enforcement.shares`) from the
+    limits of every prepared claim (``plans``), and remove those of GPUs no claim limits.
+    Raises ``OSError``, and ``ValueError`` when a GPU's claims guarantee more than 100 cores."""
+    write_shares(
+        str(layout.shares_dir),
+        gpu_shares(parse_limits(p.limits_text).gpus for p in plans if p.limits_text),
+        sync=False,
+    )
 
 
 def remove_files(uid: str, layout: Layout) -> None:

@@ -11,11 +11,13 @@ On the host (``tessera driver --state-dir``, default :data:`DEFAULT_STATE_DIR`):
     <state-dir>/claims/<claim-uid>/driver/usage  what the claim holds beyond its charges, per
                                                GPU, by NVML's per-process figures (reconcile.py)
     <state-dir>/ld.so.preload                  one line naming the library's container path
+    <state-dir>/shares/<GPU UUID>              the GPU's guaranteed cores (0444; shares.py)
 
 ``<state-dir>/claims`` is the monitor's ``--region-dir`` (default :data:`DEFAULT_CLAIMS_DIR`:
 the driver's default state dir's, so the two defaults meet). In the container (CDI mounts)
-the limits file is :data:`CONTAINER_LIMITS`, the region :data:`CONTAINER_REGION` and the
-library lives in :data:`CONTAINER_LIBRARY_DIR`.
+the limits file is :data:`CONTAINER_LIMITS`, the region :data:`CONTAINER_REGION`, the shares
+directory (read-only) :data:`CONTAINER_SHARES` and the library lives in
+:data:`CONTAINER_LIBRARY_DIR`.
 """
 
 from __future__ import annotations
@@ -43,12 +45,16 @@ DRIVER_USAGE_FILE = "usage"
 #: The host file mounted as the container's ``/etc/ld.so.preload``.
 PRELOAD_FILE = "ld.so.preload"
 
+#: The directory under the state dir with the node's per-GPU shares files.
+SHARES_SUBDIR = "shares"
+
 #: Container paths the CDI spec mounts the claim's files at.
 CONTAINER_LIMITS = LIMITS_PATH
 CONTAINER_REGION = "/run/tessera/region"
 #: The claim's driver directory in the container: next to the region, where the library looks.
 CONTAINER_DRIVER_DIR = "/run/tessera/driver"
 CONTAINER_LIBRARY_DIR = "/usr/lib/tessera"
+CONTAINER_SHARES = "/run/tessera/shares"
 LD_SO_PRELOAD = "/etc/ld.so.preload"
 
 

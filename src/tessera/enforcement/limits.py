@@ -12,8 +12,16 @@ Format, version 1 (printable ASCII, one statement per line)::
     claim <namespace>/<name> <uid>            (optional)
     region <absolute path>
     context-overhead <bytes>                  (optional, default 0)
-    gpu <UUID> memory <bytes> cores <0-100>   (1..16 lines)
+    shares <absolute path>                    (optional: the node's per-GPU shares directory)
+    gpu <UUID> memory <bytes> cores <0-100> [policy strict|work-conserving]   (1..16 lines)
     unlimited <UUID>                          (0..32 lines)
+
+``policy`` (default ``strict``, omitted from the canonical text) says what ``cores`` promises:
+under ``strict`` it is a cap, under ``work-conserving`` the guaranteed share, and the claim may
+also use GPU time the others leave idle. ``shares`` names the directory, mounted read-only,
+where the node driver keeps for each GPU the cores guaranteed to its limited claims
+(:mod:`tessera.enforcement.shares`); a best-effort GPU (``cores 0``) is held to what they leave
+only when it is given (docs/enforcement.md section 5).
 
 An ``unlimited`` line names a device of the claim that the container may use without limit (a
 whole GPU or MIG device, or an ``adminAccess`` result). The library refuses contexts and memory
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from tessera import COMPUTE_POLICIES
 from tessera.enforcement._files import write_atomic
 
 LIMITS_PATH = "/etc/tessera/limits"
@@ -64,6 +73,8 @@ MAX_PATH = 4095
 MAX_FILE = 1024 * 1024
 CLAIM_MAX = 512
 _MAX_TOKENS = 8
+POLICIES = COMPUTE_POLICIES
+"""Values of a ``gpu`` line's ``policy`` (the first is the default)."""
 _U64_MAX = 2**64 - 1
 _HEX = "0123456789abcdefABCDEF"
 
@@ -86,12 +97,14 @@ class GpuLimit:
 
     ``uuid``: ``GPU-``/``MIG-`` + 8-4-4-4-12 hex (normalised to lower case by the parser);
     ``memory``: bytes, >= 1; ``cores``: percent of the GPU's SMs, 0..100 (0 = best effort,
-    100 = whole GPU; neither is paced).
+    100 = whole GPU); ``policy``: one of :data:`POLICIES`, what ``cores`` promises (a cap, or
+    a guaranteed share that may also use idle GPU time).
     """
 
     uuid: str
     memory: int
     cores: int
+    policy: str = POLICIES[0]
 
 
 @dataclass(frozen=True)
@@ -102,7 +115,8 @@ class Limits:
     ``gpus``: 1..16 :class:`GpuLimit` in file order; ``context_overhead``: bytes charged per
     CUDA context; ``claim``: ``"<namespace>/<name>"`` and ``claim_uid``: the ResourceClaim UID,
     both informational and either both set or both ``None``; ``unlimited``: 0..32 UUIDs of
-    the claim's devices the container may use without limit (``unlimited`` lines, file order).
+    the claim's devices the container may use without limit (``unlimited`` lines, file order);
+    ``shares``: absolute path of the node's per-GPU shares directory, or ``None``.
     """
 
     region: str
@@ -111,6 +125,7 @@ class Limits:
     claim: str | None = None
     claim_uid: str | None = None
     unlimited: tuple[str, ...] = ()
+    shares: str | None = None
     version: int = field(default=VERSION)
 
 
@@ -173,6 +188,7 @@ def parse_limits(data: bytes | str) -> Limits:
     region: str | None = None
     claim: tuple[str, str] | None = None
     overhead: int | None = None
+    shares: str | None = None
     gpus: list[GpuLimit] = []
     unlimited: list[str] = []
     lineno = 0
@@ -231,9 +247,28 @@ def parse_limits(data: bytes | str) -> Limits:
             if v is None:
                 raise LimitsError(lineno, "expected 'context-overhead <bytes>'")
             overhead = v
+        elif key == "shares":
+            if shares is not None:
+                raise LimitsError(lineno, "duplicate 'shares'")
+            if len(toks) != 2:
+                raise LimitsError(lineno, "expected 'shares <absolute path>'")
+            if not toks[1].startswith("/"):
+                raise LimitsError(lineno, "shares path must be absolute")
+            if len(toks[1]) > MAX_PATH:
+                raise LimitsError(lineno, "shares path too long")
+            shares = toks[1]
         elif key == "gpu":
-            if len(toks) != 6 or toks[2] != "memory" or toks[4] != "cores":
-                raise LimitsError(lineno, "expected 'gpu <UUID> memory <bytes> cores <0-100>'")
+            if (
+                len(toks) not in (6, 8)
+                or toks[2] != "memory"
+                or toks[4] != "cores"
+                or (len(toks) == 8 and toks[6] != "policy")
+            ):
+                raise LimitsError(
+                    lineno,
+                    "expected 'gpu <UUID> memory <bytes> cores <0-100>' "
+                    "[policy strict|work-conserving]",
+                )
             if len(gpus) == MAX_GPUS:
                 raise LimitsError(lineno, f"more than {MAX_GPUS} gpus")
             uuid = _new_uuid(toks[1], lineno, gpus, unlimited)
@@ -243,7 +278,10 @@ def parse_limits(data: bytes | str) -> Limits:
             cores = _u64(toks[5])
             if cores is None or cores > 100:
                 raise LimitsError(lineno, "cores must be 0..100")
-            gpus.append(GpuLimit(uuid, mem, cores))
+            policy = toks[7] if len(toks) == 8 else POLICIES[0]
+            if policy not in POLICIES:
+                raise LimitsError(lineno, "policy must be strict or work-conserving")
+            gpus.append(GpuLimit(uuid, mem, cores, policy))
         elif key == "unlimited":
             if len(toks) != 2:
                 raise LimitsError(lineno, "expected 'unlimited <UUID>'")
@@ -265,6 +303,7 @@ def parse_limits(data: bytes | str) -> Limits:
         claim=claim[0] if claim else None,
         claim_uid=claim[1] if claim else None,
         unlimited=tuple(unlimited),
+        shares=shares,
     )
 
 
@@ -286,8 +325,11 @@ def format_limits(limits: Limits) -> str:
         out.append(f"claim {norm.claim} {norm.claim_uid}\n")
     out.append(f"region {norm.region}\n")
     out.append(f"context-overhead {norm.context_overhead}\n")
+    if norm.shares is not None:
+        out.append(f"shares {norm.shares}\n")
     for g in norm.gpus:
-        out.append(f"gpu {g.uuid} memory {g.memory} cores {g.cores}\n")
+        pol = "" if g.policy == POLICIES[0] else f" policy {g.policy}"
+        out.append(f"gpu {g.uuid} memory {g.memory} cores {g.cores}{pol}\n")
     for u in norm.unlimited:
         out.append(f"unlimited {u}\n")
     text = "".join(out)

@@ -9,7 +9,7 @@ little-endian and naturally aligned::
                          generation u64 | context_overhead u64 | reserved 16 |
                          gpus[16] x 96 bytes
     gpu        96 bytes  uuid char[48] | memory_limit u64 | cores u32 | flags u32 |
-                         pace_tat_ns u64 | launches u64 | paced_ns u64 | reserved u64
+                         pace_tat_ns u64 | launches u64 | paced_ns u64 | pace_scale u64
     slot      224 bytes  state u32 | pid i32 | pid_ns u64 | start_time u64 | generation u64 |
                          used u64[16] | contexts u32[16]
     file   230976 bytes  header + 1024 slots
