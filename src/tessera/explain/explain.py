@@ -39,13 +39,21 @@ from tessera.allocator import (
 )
 from tessera.allocator.core import slice_on_node
 from tessera.allocator.model import DeviceID, node_selector_matches
-from tessera.allocator.record import CelError, CountersShort, InUse, SelectorFalse, fmt_value
+from tessera.allocator.record import (
+    CelError,
+    CountersShort,
+    DeviceRecord,
+    InUse,
+    SelectorFalse,
+    fmt_value,
+)
 from tessera.api.errors import TesseraError
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
 from tessera.cel import CelCompileError, CelRuntimeError, compile_selector
 from tessera.explain import celtools
 from tessera.sim.cluster import Cluster
+from tessera.sim.reasons import needs_text
 from tessera.sim.simulate import (
     EXTENDED_POD_CLAIM,
     SimResult,
@@ -143,6 +151,9 @@ class Explanation:
     nodes: list[NodeExplanation] = field(default_factory=list)
     hami: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: ``claim NS/NAME, request REQ`` -> what it asks of each device, over every node
+    #: explained (:func:`cluster_wants`).
+    wants: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (field names as above)."""
@@ -173,25 +184,34 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def wants(rr: RequestRecord) -> str:
+def wants(rr: RequestRecord, devs: Sequence[DeviceRecord] | None = None) -> str:
     """What a request asks of each device, every capacity it consumes included: the amounts it
     names, and for the ones it does not name the request policy's default (dra-spec.md 2.2),
-    e.g. ``1 device × cores 50, memory: all of it (the request policy's default) (class c)``."""
-    n = "all matching devices" if rr.all_mode else _plural(rr.count, "device")
-    caps = [f"{k} {v.canonical()}" for k, v in rr.capacity.items()]
-    defaults: dict[str, set[tuple[bool, str]]] = {}
-    for dr in rr.matching:
-        for u in dr.uses or ():
-            if u.requested is None:
-                defaults.setdefault(u.name, set()).add((u.needs == u.total, u.amount(u.needs)))
-    for k, vals in defaults.items():
-        if all(whole for whole, _ in vals):
-            caps.append(f"{k}: all of it (the request policy's default)")
-        elif len(vals) == 1:
-            caps.append(f"{k} {next(iter(vals))[1]} (the request policy's default)")
-        else:
-            caps.append(f"{k}: each device's request policy default")
-    return f"{n}{' × ' + ', '.join(caps) if caps else ''} (class {rr.class_name})"
+    e.g. ``1 device with cores 50 and all of the device's memory (...) (class c)``. ``devs``:
+    the device records the statement is about (default: this record's matching devices, else
+    all of them). The text is :func:`tessera.sim.reasons.needs_text`, the one simulate's
+    pending reasons use."""
+    if devs is None:
+        devs = rr.matching or rr.devices
+    return f"{needs_text(rr, devs)} (class {rr.class_name})"
+
+
+def cluster_wants(
+    records: Sequence[tuple[NodeRecord, Sequence[Mapping[str, Any]]]],
+) -> dict[str, str]:
+    """``claim NS/NAME, request REQ`` -> :func:`wants` over every node's record of it (the
+    matching devices of all nodes, else all their devices): one statement for the cluster, as
+    ``simulate``'s pending reason makes it. ``records``: (record, the claims it is about)."""
+    first: dict[str, RequestRecord] = {}
+    matching: dict[str, list[DeviceRecord]] = {}
+    every: dict[str, list[DeviceRecord]] = {}
+    for rec, claims in records:
+        for rr in rec.requests:
+            k = f"claim {_claim_ref(claims[rr.claim_index])}, request {rr.name}"
+            first.setdefault(k, rr)
+            matching.setdefault(k, []).extend(rr.matching)
+            every.setdefault(k, []).extend(rr.devices)
+    return {k: wants(rr, matching[k] or every[k]) for k, rr in first.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -715,6 +735,7 @@ def _explain_pod(
         except ValueError:
             conv_requests = []
     ex = _Explainer(sim, before)
+    recs: list[tuple[NodeRecord, Sequence[Mapping[str, Any]]]] = []
     if node_name:
         exp.placements = _placements(sim, own, before) + [
             p + " (allocated earlier, for another pod)" for p in _placements(sim, done, None)
@@ -730,7 +751,11 @@ def _explain_pod(
                     )
                 exp.nodes.append(NodeExplanation(node.name, "fits", f"scheduled here: {why}"))
                 break
-            exp.nodes.append(ex.node(node, pod, own, done, all_devices)[0])
+            ne, rec = ex.node(node, pod, own, done, all_devices)
+            exp.nodes.append(ne)
+            if rec is not None:
+                recs.append((rec, own))
+        exp.wants = cluster_wants(recs)
         exp.notes.append(
             "kube-scheduler picks any node where the pod fits (ties broken at random); the simulation takes the first"
         )
@@ -745,6 +770,9 @@ def _explain_pod(
         ne, rec = ex.node(node, pod, todo, done, all_devices)
         exp.nodes.append(ne)
         per_node.append((ne, rec, todo))
+        if rec is not None:
+            recs.append((rec, todo))
+    exp.wants = cluster_wants(recs)
     if exp.reason.startswith("allocation error"):
         exp.notes.append(
             "an allocator error (not 'no room') stops scheduling of the pod on every node: the scheduler retries it "
@@ -824,7 +852,7 @@ def render_text(exp: Explanation) -> str:
         lines.append(f"  {h}")
     for n in exp.notes:
         lines.append(f"  note: {n}")
-    wants: dict[str, str] = {}
+    wants: dict[str, str] = dict(exp.wants)
     for ne in exp.nodes:
         for r in ne.requests:
             wants.setdefault(f"claim {r.claim}, request {r.request}", r.wants)
