@@ -28,6 +28,7 @@ from tessera.allocator.model import (
     Exact,
     Node,
     Slice,
+    TaintRule,
     UnsupportedAttribute,
     device_on_node,
     exact,
@@ -202,11 +203,25 @@ class Pool:
 class SliceIndex:
     """All published slices, indexed for per-node pool gathering."""
 
-    def __init__(self, slices: Iterable[Slice | Mapping[str, Any]]) -> None:
+    def __init__(
+        self,
+        slices: Iterable[Slice | Mapping[str, Any]],
+        taint_rules: Sequence[TaintRule] = (),
+    ) -> None:
+        """``taint_rules``: DeviceTaintRules whose taints are merged into the devices they
+        select (upstream's ``ListWithDeviceTaintRules``), after the slice's own taints."""
         shared = Descriptions()  # devices publishing the same capacities and values share them
         self.slices: list[Slice] = [
             s if isinstance(s, Slice) else slice_from_dict(dict(s), shared) for s in slices
         ]
+        if taint_rules:
+            for s in self.slices:
+                for d in s.devices:
+                    added = tuple(
+                        r.taint for r in taint_rules if r.selects(d.driver, d.pool, d.name)
+                    )
+                    if added:
+                        d.taints = d.taints + added
         self.by_node: dict[str, list[Slice]] = {}
         self.unpinned: list[Slice] = []
         self.by_pool: dict[tuple[str, str], list[Slice]] = {}
@@ -1425,7 +1440,7 @@ class _Search:
                 ):
                     self._uncharge(pool, counter_charge)
                     if rec is not None:
-                        rec.refuse(rd, d, Tainted(t.key, t.value, t.effect, rd.name))
+                        rec.refuse(rd, d, Tainted(t.key, t.value, t.effect, rd.name, t.rule))
                     return None
         added: list[_Constraint] = []
         for con in cd.constraints:

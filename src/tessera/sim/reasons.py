@@ -210,11 +210,7 @@ def _now(now: Sequence[_Seen], noun: str) -> str:
             if isinstance(r, CountersShort):
                 sets.setdefault(f"{s.dr.device.pool}/{r.counter_set}", {})[r.counter] = r
         elif isinstance(r, Tainted):
-            key = (
-                f"tainted {r.key_}={r.value}:{r.effect} (not tolerated)"
-                if r.value
-                else f"tainted {r.key_}:{r.effect} (not tolerated)"
-            )
+            key = f"tainted {r.taint()} (not tolerated)"
             others[key] = others.get(key, 0) + 1
         elif isinstance(r, ConstraintFailed):
             key = f"without attribute {r.attribute} (constraint #{r.index})"

@@ -30,13 +30,15 @@ from tessera.allocator import (
     NodeAllocationError,
     NodeRecord,
     SliceIndex,
+    taint_rule_from_dict,
 )
+from tessera.allocator.core import tolerates
 from tessera.allocator.model import Device, node_selector_matches
 from tessera.allocator.record import alternatives
 from tessera.api.deviceclass import device_class, served_extended_resources
 from tessera.api.errors import ManifestError
 from tessera.api.heap import collector_paused
-from tessera.api.loader import Manifest
+from tessera.api.loader import CLUSTER_SCOPED_KINDS, Manifest
 from tessera.api.quantity import Quantity
 from tessera.api.uids import uuid5_url
 from tessera.api.validation import DRA_V1BETA2, check
@@ -392,8 +394,6 @@ def untolerated_taint(
     TaintToleration filter), or None."""
     if not taints:
         return None
-    from tessera.allocator.core import tolerates
-
     tols = (pod.get("spec") or {}).get("tolerations") or []
     for t in taints:
         if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(
@@ -483,6 +483,8 @@ class Simulation:
         self.templates: dict[tuple[str, str], dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: list[Manifest] = []
+        #: DeviceTaintRules (API objects), merged into the devices they select.
+        self.taint_rules: list[dict[str, Any]] = []
         slices = [s for n in cluster.nodes for s in n.slices]
         slice_names = {_name(s): s for s in slices}
         seen: dict[tuple[str, str, str], Manifest] = {}
@@ -514,18 +516,26 @@ class Simulation:
                 and m.obj.get("spec") == default_device_class()["spec"]
             ):
                 continue
-            key = (kind, m.namespace if kind != "DeviceClass" else "", m.name)
-            if kind in ("DeviceClass", "ResourceClaimTemplate", "ResourceClaim", "Pod"):
+            key = (kind, m.namespace if kind not in CLUSTER_SCOPED_KINDS else "", m.name)
+            if kind in (
+                "DeviceClass",
+                "DeviceTaintRule",
+                "ResourceClaimTemplate",
+                "ResourceClaim",
+                "Pod",
+            ):
                 if key in seen:
                     raise _dup(
                         m,
                         f"duplicate {kind} name (first in {seen[key].source}): names must be unique",
                     )
                 seen[key] = m
-                if kind != "Pod":  # a Pod has no selectors (its schema has no place for them)
+                if kind not in ("Pod", "DeviceTaintRule"):  # no CEL selectors in these
                     _check_selectors(m)
             if kind == "DeviceClass":
                 self.classes[m.name] = m.obj
+            elif kind == "DeviceTaintRule":
+                self.taint_rules.append(m.obj)
             elif kind == "ResourceClaimTemplate":
                 self.templates[(m.namespace, m.name)] = m.obj
             elif kind == "ResourceClaim":
@@ -558,13 +568,14 @@ class Simulation:
         #: by pod ``namespace/name``, for explain.
         self.extended_pending: dict[str, dict[str, Any]] = {}
         self.slices = slices
-        self.index = SliceIndex(slices)
+        self.index = SliceIndex(slices, [taint_rule_from_dict(r) for r in self.taint_rules])
         # Without DRAConsumableCapacity kube-scheduler counts every result as dedicated.
         self.state = AllocatedState(
             consumable_capacity=(features or Features()).consumable_capacity
         )
         for c in self.claims.values():
             self.state.add_claim(c)
+        self._warn_evicted()
         # Allocations are only ever added here, never released, so a node that cannot satisfy
         # a set of claim specs now never will: per pod shape, the first node still worth trying.
         self._cursor: dict[str | None, tuple[int, dict[str, int]]] = {}
@@ -590,6 +601,42 @@ class Simulation:
         # GPU memory sizes for HAMi's gpumem-percentage (the same function as `tessera convert`).
         self.memory_sizes = gpu_memory_sizes(self.slices)
         self._check_classes(manifests)
+
+    def _warn_evicted(self) -> None:
+        """A claim already allocated on a device tainted ``NoExecute`` (by its slice or a
+        DeviceTaintRule), whose result does not tolerate the taint: in the cluster the device
+        taint eviction controller (KEP-5055) evicts the pods using it. The simulation keeps the
+        allocation; one warning per claim names the device, the taint and the rule."""
+        devices = {
+            d.id: d
+            for d in self.index.devices()
+            if any(t.effect == "NoExecute" for t in d.taints)
+        }
+        if not devices:
+            return
+        for c in self.claims.values():
+            alloc = (c.get("status") or {}).get("allocation") or {}
+            for r in (alloc.get("devices") or {}).get("results") or []:
+                d = devices.get((r.get("driver"), r.get("pool"), r.get("device")))
+                hit = next(
+                    (
+                        t
+                        for t in (d.taints if d is not None else ())
+                        if t.effect == "NoExecute"
+                        and not tolerates(r.get("tolerations") or [], t.key, t.value, t.effect)
+                    ),
+                    None,
+                )
+                if hit is not None:
+                    md = c.get("metadata") or {}
+                    self.warnings.append(
+                        f"ResourceClaim {md.get('namespace', 'default')}/{md.get('name', '')}: device "
+                        f"{'/'.join(d.id) if d else ''} has taint {hit.text()}"
+                        f"{f' from DeviceTaintRule {hit.rule}' if hit.rule else ''}, not tolerated by "
+                        "its allocation: in the cluster the pods using "
+                        "the claim are evicted (the simulation keeps the allocation)"
+                    )
+                    break
 
     def _check_classes(self, manifests: Iterable[Manifest]) -> None:
         """A request naming a DeviceClass the simulation lacks is not bad input: kube-scheduler
@@ -740,6 +787,7 @@ class Simulation:
         objects: list[dict[str, Any]] = []
         objects.extend(self.classes.values())
         objects.extend(self.slices)
+        objects.extend(self.taint_rules)
         objects.extend(out_templates)
         objects.extend(self.claims.values())
         objects.extend(out_pods)
