@@ -54,8 +54,10 @@ from tessera.cel import CelCompileError, CelRuntimeError, compile_selector
 from tessera.explain import celtools
 from tessera.sim.cluster import Cluster
 from tessera.sim.reasons import needs_text
+from tessera.sim.policies import rank_text
 from tessera.sim.simulate import (
     EXTENDED_POD_CLAIM,
+    Choice,
     SimResult,
     Simulation,
     generated_claim_name,
@@ -578,8 +580,10 @@ def explain(
     seed: int = 0,
     all_devices: bool = False,
     class_map: Mapping[str, str] | None = None,
+    policy: str = "first-fit",
 ) -> Explanation:
-    """Simulate ``manifests`` on ``cluster`` and explain ``target``.
+    """Simulate ``manifests`` on ``cluster`` (placement ``policy``, as simulate's
+    ``--policy``) and explain ``target``.
 
     ``target``: a pod (``namespace/name`` or ``name``) or a ResourceClaim (same forms; claims
     made from templates are named ``<pod>-<pod claim name>``). ``all_devices`` keeps the
@@ -588,7 +592,7 @@ def explain(
     target is unknown or ambiguous, and whatever :class:`Simulation` raises for bad input.
     """
     sim, result, snaps = _run(
-        cluster, manifests, lambda ref: _matches(ref, target), seed, class_map
+        cluster, manifests, lambda ref: _matches(ref, target), seed, class_map, policy
     )
     if len(snaps) > 1:
         raise ExplainError(
@@ -614,7 +618,7 @@ def explain(
         if any(c is sim.claims[key] for _, c in _pod_claims(obj, sim)):
             pref = _claim_ref(obj)
             sim2, result2, snaps2 = _run(
-                cluster, manifests, lambda ref, pref=pref: ref == pref, seed, class_map
+                cluster, manifests, lambda ref, pref=pref: ref == pref, seed, class_map, policy
             )
             exp = _explain_pod(
                 sim2, result2, manifests, pref, snaps2[pref], f"{key[0]}/{key[1]}", all_devices
@@ -643,8 +647,10 @@ def _run(
     want: Any,
     seed: int,
     class_map: Mapping[str, str] | None = None,
+    policy: str = "first-fit",
 ) -> tuple[Simulation, SimResult, dict[str, AllocatedState]]:
-    sim = Simulation(cluster, manifests, seed=seed, class_map=class_map)
+    sim = Simulation(cluster, manifests, seed=seed, class_map=class_map, policy=policy)
+    sim.record_choices = True
     snaps: dict[str, AllocatedState] = {}
 
     def on_pod(ref: str) -> None:
@@ -740,9 +746,11 @@ def _explain_pod(
         exp.placements = _placements(sim, own, before) + [
             p + " (allocated earlier, for another pod)" for p in _placements(sim, done, None)
         ]
-        for node in sim.nodes:
+        choice = sim.choices.get(ref)
+        for i in _ranked_order(sim, choice, node_name):
+            node = sim.nodes[i]
             if node.name == node_name:
-                why = "first node in cluster order where every claim fits"
+                why = _chosen_text(choice, i)
                 if not own:
                     why = (
                         "its claims were already allocated there"
@@ -750,15 +758,27 @@ def _explain_pod(
                         else "it has no claims to allocate"
                     )
                 exp.nodes.append(NodeExplanation(node.name, "fits", f"scheduled here: {why}"))
-                break
+                continue
+            if choice is not None and i in choice.fits:
+                exp.nodes.append(
+                    NodeExplanation(node.name, "fits", _not_chosen_text(choice, i, node_name))
+                )
+                continue
             ne, rec = ex.node(node, pod, own, done, all_devices)
             exp.nodes.append(ne)
             if rec is not None:
                 recs.append((rec, own))
         exp.wants = cluster_wants(recs)
-        exp.notes.append(
-            "kube-scheduler picks any node where the pod fits (ties broken at random); the simulation takes the first"
-        )
+        if choice is not None and (choice.tiers or choice.policy.nodes != "first-fit"):
+            name = choice.policy.gpus if choice.tiers else choice.policy.nodes
+            exp.notes.append(
+                f"placed by Tessera's {name} planning policy; kube-scheduler itself picks any node where the pod fits "
+                "(ties broken at random)"
+            )
+        else:
+            exp.notes.append(
+                "kube-scheduler picks any node where the pod fits (ties broken at random); the simulation takes the first"
+            )
         return exp
     todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
     if (not claims and exp.reason) or sim.missing_class(todo):
@@ -781,6 +801,34 @@ def _explain_pod(
     by_pc = {pc: c for pc, c in claims}
     exp.hami = _hami_lines(conv_requests, by_pc, per_node)
     return exp
+
+
+def _ranked_order(sim: Simulation, choice: Choice | None, node_name: str) -> list[int]:
+    """The nodes to report for a scheduled pod, as the simulation's scan met them: those known
+    not to fit (skipped, in cluster order), then those it tried, in the policy's order. Without
+    a record (the pod's claims were allocated already): cluster order up to its node."""
+    if choice is None:
+        names = [n.name for n in sim.nodes]
+        return list(range(names.index(node_name) + 1 if node_name in names else len(names)))
+    return [*range(choice.skipped), *choice.examined]
+
+
+def _chosen_text(choice: Choice | None, i: int) -> str:
+    """Why the chosen node won, in the policy's own ranking (:func:`placement_rank`)."""
+    if choice is None:
+        return "first node in cluster order where every claim fits"
+    rank = choice.fits[i]
+    if len(choice.fits) == 1 and choice.policy.nodes == "first-fit" and not choice.tiers:
+        return "first node in cluster order where every claim fits"
+    name = choice.policy.gpus if choice.tiers else choice.policy.nodes
+    return f"ranked first by the {name} policy: {rank_text(choice.policy, rank, choice.tiers)}"
+
+
+def _not_chosen_text(choice: Choice, i: int, chosen: str) -> str:
+    return (
+        f"not chosen: {rank_text(choice.policy, choice.fits[i], choice.tiers)} "
+        f"(ranked below {chosen})"
+    )
 
 
 def _unbound(pod: Mapping[str, Any]) -> dict[str, Any]:

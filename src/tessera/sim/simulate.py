@@ -56,11 +56,14 @@ from tessera.sim.extended import (
 )
 from tessera.sim.policies import (
     POLICIES,
+    PlacementRank,
     PodPolicy,
     device_rank,
+    has_multi_gpu_request,
     max_prioritized_list_score,
     node_usage,
     order_nodes,
+    placement_rank,
     pod_policy,
     prioritized_list_score,
     topology_variants,
@@ -156,6 +159,25 @@ class Placement:
 class Pending:
     pod: str
     reason: str
+
+
+#: _try_node's answer when only tiers no better than the best so far fit (not a refusal).
+_NOT_BETTER = "not better than the best placement so far"
+
+
+@dataclass(slots=True)
+class Choice:
+    """How the scan chose a pod's node (kept with ``Simulation.record_choices``, for
+    ``explain``): the pod's policy, whether topology tiers ranked it, the nodes not tried
+    because they are known not to fit (the first ``skipped`` in cluster order), the node
+    indices tried in order, and the rank (:func:`~tessera.sim.policies.placement_rank`) of
+    each node where the claims fit. The chosen node is the one of lowest rank."""
+
+    policy: PodPolicy
+    tiers: bool
+    skipped: int
+    examined: list[int]
+    fits: dict[int, PlacementRank]
 
 
 @dataclass
@@ -583,6 +605,10 @@ class Simulation:
         self._node_usage: list[Fraction] = [Fraction(0) for _ in self.nodes]
         self._usage_stale: set[int] = set()
         self._placed = 0
+        self._tier = 0  # the topology tier _try_node reached
+        #: With ``record_choices`` (explain sets it), each scheduled pod's :class:`Choice`.
+        self.record_choices = False
+        self.choices: dict[str, Choice] = {}
         #: Claims of the pods scheduled so far (placed or not): progress output's claims per second.
         self.claims_seen = 0
         # Pending pods whose claims fit on no node: explained once the run is over (against
@@ -1018,9 +1044,16 @@ class Simulation:
         # otherwise equal nodes. With first-fit, the scan goes on past the first fit only while a
         # better score is still possible; other node policies take their first fit.
         top = specs.top_score
-        best: tuple[int, int, list[dict[str, Any]]] | None = None
-        for i in order:
+        # The topology GPU policy ranks placements by tier (TOPOLOGY_TIERS) before anything
+        # else: the scan goes on past a fit while a better tier is possible, trying only the
+        # stricter tiers on the nodes after it.
+        tiers = policy.gpus == "topology" and has_multi_gpu_request(todo)
+        best: tuple[PlacementRank, int, list[dict[str, Any]]] | None = None
+        examined: list[int] = []
+        fits: dict[int, PlacementRank] = {}
+        for pos, i in enumerate(order):
             node = self.nodes[i]
+            examined.append(i)
             # Node affinity and taints are the scheduler's first filters: a node the pod does not
             # select (or whose taint it does not tolerate) says so even when the claims' shape is
             # known not to fit there.
@@ -1032,7 +1065,11 @@ class Simulation:
             ):
                 why: str | AllocationError | list[dict[str, Any]] = known
             else:
-                why = self._try_node(pod, node, todo, done, policy)
+                why = self._try_node(
+                    pod, node, todo, done, policy, best[0].tier if best and tiers else None
+                )
+                if why is _NOT_BETTER:
+                    continue
                 if isinstance(why, NodeAllocationError):
                     # Upstream's ErrFailedAllocationOnNode: this node's reason, not the pod's.
                     why = str(why)
@@ -1043,19 +1080,27 @@ class Simulation:
             if isinstance(why, AllocationError):
                 return None, f"allocation error: {why}", claims
             if isinstance(why, list):
+                # Other node policies take their first fit: the score counts under first-fit.
                 score = prioritized_list_score(todo, why) if top else 0  # no firstAvailable: 0
+                first_fit = policy.nodes == "first-fit"
+                rank = placement_rank(
+                    self._tier if tiers else 0, score if first_fit else 0, pos
+                )
+                fits[i] = rank
                 if best is None:
                     if key is not None:
                         self._cursor[key] = (i, counts)
                     prefix = False
-                if best is None or score > best[0]:
-                    best = (score, i, why)
-                if score >= top or policy.nodes != "first-fit":
+                if best is None or rank < best[0]:
+                    best = (rank, i, why)
+                if best[0].tier == 0 and (score >= top or not first_fit):
                     break
                 continue
             counts[why] = counts.get(why, 0) + 1
             if prefix and key is not None:
                 self._cursor[key] = (i + 1, dict(counts))
+        if self.record_choices:
+            self.choices[ref] = Choice(policy, tiers, start if key else 0, examined, fits)
         if best is not None:
             _, i, results = best
             node = self.nodes[i]
@@ -1116,9 +1161,12 @@ class Simulation:
         todo: list[dict[str, Any]],
         done: list[dict[str, Any]],
         policy: PodPolicy,
+        below_tier: int | None = None,
     ) -> str | AllocationError | list[dict[str, Any]]:
         """The allocation results of ``todo`` on ``node`` (one per claim, nothing recorded yet);
-        else the scheduler's reason (or error)."""
+        else the scheduler's reason (or error). Under the topology GPU policy the tier reached
+        is left in ``self._tier``; ``below_tier``: try only the tiers better than it, and
+        return :data:`_NOT_BETTER` when none fits."""
         if not pod_fits_node(pod, node):
             names = affinity_node_names(pod)
             if names is not None and node.name not in names:
@@ -1135,18 +1183,21 @@ class Simulation:
                 return "resourceclaim not available on the node"
         rank = device_rank(policy.gpus, self.state)
         variants = topology_variants(todo) if policy.gpus == "topology" else [todo]
+        if below_tier is not None:
+            variants = variants[:below_tier]
         results = None
         try:
-            for variant in variants:
+            for tier, variant in enumerate(variants):
                 # The stricter variants are copies made for this try: not memoised.
                 transient = any(v is not c for v, c in zip(variant, todo, strict=True))
                 results = self.allocator.allocate(node, variant, rank, transient=transient)
                 if results is not None:
+                    self._tier = tier
                     break
         except AllocationError as e:
             return e
         if results is None:
-            return "cannot allocate all claims"
+            return _NOT_BETTER if below_tier is not None else "cannot allocate all claims"
         return list(results)
 
     # ------------------------------------------------------------------------------------------
