@@ -41,13 +41,16 @@ def example_driver(corpus: Path) -> list[Manifest]:
     slices = (d / "dra-example-driver__README__kubectl-get-resourceslice-8gpu.yaml").read_text()
     tpl = (d / "dra-example-driver__helm_templates__deviceclass.helm-template.yaml").read_text()
     cls = "\n".join(
-        line.replace('{{ include "dra-example-driver.resourceApiVersion" . }}', "resource.k8s.io/v1")
-        .replace('{{ include "dra-example-driver.driverName" . }}', "gpu.example.com")
+        line.replace(
+            '{{ include "dra-example-driver.resourceApiVersion" . }}', "resource.k8s.io/v1"
+        ).replace('{{ include "dra-example-driver.driverName" . }}', "gpu.example.com")
         for line in tpl.splitlines()
         if "{{-" not in line and "extendedResourceName" not in line
     )
     pods = list(
-        expand_workloads(load_file(d / "dra-example-driver__demo_examples__basic-resourceclaimtemplate.yaml"))
+        expand_workloads(
+            load_file(d / "dra-example-driver__demo_examples__basic-resourceclaimtemplate.yaml")
+        )
     )
     return docs(slices.split("\n", 1)[1], "slices.yaml") + docs(cls, "class.yaml") + pods
 
@@ -80,12 +83,19 @@ def test_the_example_drivers_noexecute_rule_keeps_both_pods_off(corpus: Path) ->
     ]
     # A cluster-scoped object is named without a namespace.
     assert any(
-        w.endswith("DeviceTaintRule example: resource.k8s.io/v1beta2 is read as resource.k8s.io/v1 (the same shape)")
+        w.endswith(
+            "DeviceTaintRule example: resource.k8s.io/v1beta2 is read as resource.k8s.io/v1 (the same shape)"
+        )
         for w in res.warnings
     )
-    assert not any("DeviceTaintRule default/" in w or "is not simulated" in w and "DeviceTaintRule" in w for w in res.warnings)
+    assert not any(
+        "DeviceTaintRule default/" in w or ("is not simulated" in w and "DeviceTaintRule" in w)
+        for w in res.warnings
+    )
     # The rule travels with simulate's output (fed back, it still applies).
-    assert [o["metadata"]["name"] for o in res.objects if o["kind"] == "DeviceTaintRule"] == ["example"]
+    assert [o["metadata"]["name"] for o in res.objects if o["kind"] == "DeviceTaintRule"] == [
+        "example"
+    ]
 
 
 def test_explain_names_the_taint_and_the_rule(corpus: Path) -> None:
@@ -125,7 +135,10 @@ def test_empty_selector_selects_every_device_and_an_omitted_one_none(corpus: Pat
     base = example_driver(corpus)
     every = Simulation(worker(), base + docs(rule("{}"))).run()
     assert [p.pod for p in every.pending] == [f"{NS}/pod0", f"{NS}/pod1"]
-    assert "tainted example.com/maintenance=planned:NoSchedule (DeviceTaintRule fence)" in every.pending[0].reason
+    assert (
+        "tainted example.com/maintenance=planned:NoSchedule (DeviceTaintRule fence)"
+        in every.pending[0].reason
+    )
     none = Simulation(worker(), base + docs(rule(None))).run()
     assert len(none.placements) == 2
     # Effect None only informs.
@@ -142,7 +155,9 @@ def test_a_tolerating_request_is_placed_and_its_result_carries_the_toleration(co
     res = Simulation(worker(), ms + docs(rule("{}"))).run()
     assert len(res.placements) == 2
     claims = [o for o in res.objects if o["kind"] == "ResourceClaim"]
-    assert [r["tolerations"] for c in claims for r in c["status"]["allocation"]["devices"]["results"]] == [
+    assert [
+        r["tolerations"] for c in claims for r in c["status"]["allocation"]["devices"]["results"]
+    ] == [
         [tol],
         [tol],
     ]
@@ -150,8 +165,12 @@ def test_a_tolerating_request_is_placed_and_its_result_carries_the_toleration(co
 
 def test_noexecute_rule_on_an_allocated_claim_warns_of_eviction(corpus: Path) -> None:
     first = Simulation(worker(), example_driver(corpus)).run()
-    kept = [o for o in first.objects if o["kind"] in ("ResourceSlice", "DeviceClass", "ResourceClaim")]
-    again = docs(yaml.safe_dump_all(kept)) + docs(rule("{device: gpu-1}", effect="NoExecute", name="drain"))
+    kept = [
+        o for o in first.objects if o["kind"] in ("ResourceSlice", "DeviceClass", "ResourceClaim")
+    ]
+    again = docs(yaml.safe_dump_all(kept)) + docs(
+        rule("{device: gpu-1}", effect="NoExecute", name="drain")
+    )
     res = Simulation(worker(), again).run()
     assert [w for w in res.warnings if "evicted" in w] == [
         f"ResourceClaim {NS}/pod1-gpu: device gpu.example.com/dra-example-driver-cluster-worker/gpu-1 has "
@@ -168,8 +187,16 @@ def test_noexecute_rule_on_an_allocated_claim_warns_of_eviction(corpus: Path) ->
             "spec.taint.effect",
             "",
         ),
-        ("{deviceSelector: {}, taint: {key: example.com/x}}", "spec.taint.effect", "required: one of None, NoSchedule, NoExecute (missing)"),
-        ("{deviceSelector: {}, taint: {effect: NoSchedule}}", "spec.taint.key", "required: a label key such as example.com/fenced"),
+        (
+            "{deviceSelector: {}, taint: {key: example.com/x}}",
+            "spec.taint.effect",
+            "required: one of None, NoSchedule, NoExecute (missing)",
+        ),
+        (
+            "{deviceSelector: {}, taint: {effect: NoSchedule}}",
+            "spec.taint.key",
+            "required: a label key such as example.com/fenced",
+        ),
         ("{deviceSelector: {}}", "spec.taint", "required: {key, value, effect}"),
         (
             "{deviceSelector: {device: GPU_0}, taint: {key: k, effect: NoSchedule}}",
@@ -186,10 +213,16 @@ def test_noexecute_rule_on_an_allocated_claim_warns_of_eviction(corpus: Path) ->
             "spec.taint.value",
             "'not ok' must be a label value: at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric",
         ),
-        ("{deviceSelector: {cel: x}, taint: {key: k, effect: NoSchedule}}", "spec.deviceSelector", ""),
+        (
+            "{deviceSelector: {cel: x}, taint: {key: k, effect: NoSchedule}}",
+            "spec.deviceSelector",
+            "",
+        ),
     ],
 )
-def test_invalid_rules_are_refused_naming_object_and_field(spec: str, field: str, message: str) -> None:
+def test_invalid_rules_are_refused_naming_object_and_field(
+    spec: str, field: str, message: str
+) -> None:
     text = f"apiVersion: resource.k8s.io/v1\nkind: DeviceTaintRule\nmetadata: {{name: bad}}\nspec: {spec}\n"
     with pytest.raises(ManifestError) as e:
         Simulation(worker(), docs(text))

@@ -615,5 +615,5 @@ spec:
         "claim default/big, request gpus": "9 devices with all of the device's memory (the request "
         f"names no memory, so the request policy's default applies) and {cores} (class gpu.tessera.dev)"
     }
-    assert f"  claim default/big, request gpus wants 9 devices with" in render_text(exp)
+    assert "  claim default/big, request gpus wants 9 devices with" in render_text(exp)
     assert "cores 0" not in render_text(exp)

@@ -17,12 +17,16 @@ from tessera.sim.cluster import Cluster, cluster_from_dict
 from tessera.sim.simulate import Simulation
 
 EX = examples_dir()
-INV = EX / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+INV = (
+    EX / "inventories" / "gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
+)
 TOPO = EX / "topologies" / "litgpt__tests_test_utils__topo-m.8xGPU-NV12-10nic.txt"
 
 
 def two_h100() -> Cluster:
-    nodes = [{"name": n, "inventory": str(INV), "topology": str(TOPO)} for n in ("h100-a", "h100-b")]
+    nodes = [
+        {"name": n, "inventory": str(INV), "topology": str(TOPO)} for n in ("h100-a", "h100-b")
+    ]
     doc = {"apiVersion": "tessera.dev/v1alpha1", "kind": "Cluster", "metadata": {"name": "two"}}
     return cluster_from_dict({**doc, "nodes": nodes}, EX, "two.yaml")
 
@@ -80,7 +84,9 @@ spec:
 
 def docs(text: str) -> list[Manifest]:
     return list(
-        expand_workloads(Manifest(o, Source("w.yaml", d)) for d, o in parse_documents(text, "w.yaml"))
+        expand_workloads(
+            Manifest(o, Source("w.yaml", d)) for d, o in parse_documents(text, "w.yaml")
+        )
     )
 
 
@@ -134,7 +140,12 @@ def test_hami_topology_aware_annotation_ranks_the_same_way() -> None:
     )
     ms = docs(busy("h100-a", [3, 4, 5, 6]) + "---" + busy("h100-b", [0, 1, 2]) + "---" + train)
     res = Simulation(two_h100(), ms).run()
-    assert devices_of(res, "train") == ["h100-b/gpu-4", "h100-b/gpu-5", "h100-b/gpu-6", "h100-b/gpu-7"]
+    assert devices_of(res, "train") == [
+        "h100-b/gpu-4",
+        "h100-b/gpu-5",
+        "h100-b/gpu-6",
+        "h100-b/gpu-7",
+    ]
     exp = explain(two_h100(), ms, "train")
     assert [(n.node, n.summary) for n in exp.nodes] == [
         (

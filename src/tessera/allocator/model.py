@@ -123,7 +123,9 @@ class Taint:
 
     def text(self) -> str:
         """``key=value:effect`` (``key:effect`` without a value), kubectl's spelling."""
-        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+        return (
+            f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +161,9 @@ def taint_rule_from_dict(obj: Mapping[str, Any]) -> TaintRule:
     t = spec.get("taint") or {}
     sel = spec.get("deviceSelector")
     name = str(md.get("name") or "")
-    taint = Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""), name)
+    taint = Taint(
+        str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""), name
+    )
     if sel is None:
         return TaintRule(name, taint, selects_none=True)
     return TaintRule(

@@ -350,7 +350,11 @@ class Tainted(Refusal):
 
     def taint(self) -> str:
         """``key=value:effect``, with ``(DeviceTaintRule NAME)`` for a rule's taint."""
-        t = f"{self.key_}={self.value}:{self.effect}" if self.value else f"{self.key_}:{self.effect}"
+        t = (
+            f"{self.key_}={self.value}:{self.effect}"
+            if self.value
+            else f"{self.key_}:{self.effect}"
+        )
         return f"{t} (DeviceTaintRule {self.rule})" if self.rule else t
 
     def text(self) -> str:

@@ -778,9 +778,7 @@ def device_taint_problems(taint: Any, path: str) -> list[FieldProblem]:
     if kp:
         out.append(FieldProblem(f"{path}.key", kp))
     v = taint.get("value")
-    if v not in (None, "") and not (
-        isinstance(v, str) and len(v) <= 63 and LABEL_NAME.match(v)
-    ):
+    if v not in (None, "") and not (isinstance(v, str) and len(v) <= 63 and LABEL_NAME.match(v)):
         out.append(
             FieldProblem(
                 f"{path}.value",
@@ -842,7 +840,8 @@ def device_taint_rule_problems(obj: dict[str, Any]) -> list[FieldProblem]:
     if len(conds) > MAX_TAINT_RULE_CONDITIONS:
         out.append(
             FieldProblem(
-                "status.conditions", f"at most {MAX_TAINT_RULE_CONDITIONS} conditions, got {len(conds)}"
+                "status.conditions",
+                f"at most {MAX_TAINT_RULE_CONDITIONS} conditions, got {len(conds)}",
             )
         )
     return out

@@ -42,7 +42,6 @@ from tessera.allocator.model import DeviceID, node_selector_matches
 from tessera.allocator.record import (
     CelError,
     CountersShort,
-    DeviceRecord,
     InUse,
     SelectorFalse,
     fmt_value,
@@ -53,8 +52,8 @@ from tessera.api.quantity import Quantity
 from tessera.cel import CelCompileError, CelRuntimeError, compile_selector
 from tessera.explain import celtools
 from tessera.sim.cluster import Cluster
-from tessera.sim.reasons import needs_text
 from tessera.sim.policies import rank_text
+from tessera.sim.reasons import needs_text
 from tessera.sim.simulate import (
     EXTENDED_POD_CLAIM,
     Choice,
@@ -588,7 +587,7 @@ def explain(
     ``target``: a pod (``namespace/name`` or ``name``) or a ResourceClaim (same forms; claims
     made from templates are named ``<pod>-<pod claim name>``). ``all_devices`` keeps the
     per-device verdicts (``RequestOnNode.devices``); ``class_map`` is simulate's
-    ``--class-map`` (:func:`tessera.sim.simulate.map_device_classes`). Raises :class:`ExplainError` when the
+    ``--class-map`` (:func:`tessera.sim.classmap.map_device_classes`). Raises :class:`ExplainError` when the
     target is unknown or ambiguous, and whatever :class:`Simulation` raises for bad input.
     """
     sim, result, snaps = _run(

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from tessera.allocator.model import AllocatedState, Device
 from tessera import DRIVER_NAME
+from tessera.allocator.model import AllocatedState, Device
 
 POLICIES = ("first-fit", "binpack", "spread", "topology")
 NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"

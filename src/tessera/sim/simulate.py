@@ -11,7 +11,6 @@ not defined). Node CPU and memory are not modelled.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import json
 import random
@@ -44,6 +43,7 @@ from tessera.api.uids import uuid5_url
 from tessera.api.validation import DRA_V1BETA2, check
 from tessera.api.workloads import foreign_workload
 from tessera.convert import gpu_memory_sizes
+from tessera.sim.classmap import map_device_classes
 from tessera.sim.cluster import Cluster
 from tessera.sim.extended import (
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,
@@ -75,51 +75,6 @@ BETA2 = DRA_V1BETA2
 # The NVIDIA DRA driver's DeviceClasses (k8s-dra-driver-gpu): its class, driver and attribute
 # domain for full GPUs are all gpu.nvidia.com, as Tessera's are all gpu.tessera.dev.
 NVIDIA_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
-
-
-def map_device_classes(
-    manifests: Sequence[Manifest], class_map: Mapping[str, str], notes: list[str]
-) -> list[Manifest]:
-    """``--class-map FROM=TO``: ResourceClaims and ResourceClaimTemplates whose requests name
-    DeviceClass FROM get TO instead, and in those requests' selectors the string literal
-    ``"FROM"`` becomes ``"TO"`` (the NVIDIA DRA driver's attribute and capacity domain is its
-    class name, ``gpu.nvidia.com``, as Tessera's is ``gpu.tessera.dev``; the attribute names
-    Tessera publishes are the driver's: productName, uuid, index, architecture, ...). Returns new
-    manifests (inputs untouched); appends one note per changed object to ``notes``."""
-    out: list[Manifest] = []
-    for m in manifests:
-        if m.kind not in ("ResourceClaim", "ResourceClaimTemplate"):
-            out.append(m)
-            continue
-        obj = copy.deepcopy(m.obj)
-        spec = obj.get("spec") or {}
-        if m.kind == "ResourceClaimTemplate":
-            spec = spec.get("spec") or {}
-        changed: list[str] = []
-        for r in (spec.get("devices") or {}).get("requests") or []:
-            for sub in ([r["exactly"]] if r.get("exactly") else []) + list(
-                r.get("firstAvailable") or []
-            ):
-                src = sub.get("deviceClassName")
-                if src not in class_map:
-                    continue
-                dst = class_map[src]
-                sub["deviceClassName"] = dst
-                for sel in sub.get("selectors") or []:
-                    cel = (sel or {}).get("cel") or {}
-                    if isinstance(cel.get("expression"), str):
-                        cel["expression"] = (
-                            cel["expression"]
-                            .replace(f'"{src}"', f'"{dst}"')
-                            .replace(f"'{src}'", f"'{dst}'")
-                        )
-                changed.append(f"{src} -> {dst}")
-        if changed:
-            notes.append(f"{m.source}: {m.ref()}: --class-map: {', '.join(sorted(set(changed)))}")
-            out.append(dataclasses.replace(m, obj=obj))
-        else:
-            out.append(m)
-    return out
 
 
 def default_device_class() -> dict[str, Any]:
@@ -634,9 +589,7 @@ class Simulation:
         taint eviction controller (KEP-5055) evicts the pods using it. The simulation keeps the
         allocation; one warning per claim names the device, the taint and the rule."""
         devices = {
-            d.id: d
-            for d in self.index.devices()
-            if any(t.effect == "NoExecute" for t in d.taints)
+            d.id: d for d in self.index.devices() if any(t.effect == "NoExecute" for t in d.taints)
         }
         if not devices:
             return
@@ -1083,9 +1036,7 @@ class Simulation:
                 # Other node policies take their first fit: the score counts under first-fit.
                 score = prioritized_list_score(todo, why) if top else 0  # no firstAvailable: 0
                 first_fit = policy.nodes == "first-fit"
-                rank = placement_rank(
-                    self._tier if tiers else 0, score if first_fit else 0, pos
-                )
+                rank = placement_rank(self._tier if tiers else 0, score if first_fit else 0, pos)
                 fits[i] = rank
                 if best is None:
                     if key is not None:
