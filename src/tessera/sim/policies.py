@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from tessera import DRIVER_NAME
 from tessera.allocator.model import AllocatedState, Device
+from tessera.convert.convert import TOPOLOGY_ATTRIBUTES
 
 POLICIES = ("first-fit", "binpack", "spread", "topology")
 NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
@@ -132,8 +132,8 @@ def order_nodes(policy: str, node_usage: Sequence[Fraction]) -> list[int]:
     return idx
 
 
-NVLINK_ATTRIBUTE = f"{DRIVER_NAME}/nvlinkDomain"
-NUMA_ATTRIBUTE = f"{DRIVER_NAME}/numaNode"
+#: The attributes the conversion's topology levels match (one definition: tessera.convert).
+NVLINK_ATTRIBUTE, NUMA_ATTRIBUTE = TOPOLOGY_ATTRIBUTES
 #: The topology policy's tiers, best first: what each multi-GPU request's GPUs share, and the
 #: attributes its stricter copy of the claims matches (``matchAttribute``). A placement split
 #: across NUMA nodes (tiers 2 and 3) never ranks above one that is not (tiers 0 and 1).
