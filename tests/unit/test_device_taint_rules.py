@@ -247,3 +247,61 @@ def test_cli_simulate_json_pending_names_the_rule(corpus: Path, tmp_path: Path) 
         in p["status"]["conditions"][0]["message"]
         for p in pods
     )
+
+
+class _FakeClient:
+    """The two calls live reading makes; ``served``: kind -> objects (absent: not served)."""
+
+    server = "https://10.0.0.1:6443"
+
+    def __init__(self, served: dict[str, list[dict[str, object]]]) -> None:
+        self.served = served
+
+    def list_pages(self, api_version: str, kind: str, *, limit: int = 500):  # type: ignore[no-untyped-def]
+        from tessera.kube.client import ApiError
+
+        if kind not in self.served:
+            raise ApiError("discover", f"{kind} in {api_version}", 404, "NotFound", "not served")
+        items = [{"apiVersion": api_version, "kind": kind, **o} for o in self.served[kind]]
+        yield items
+
+
+def test_live_mode_reads_rules_and_a_cluster_without_the_kind_has_none(corpus: Path) -> None:
+    from tessera.kube.live import LiveClusterError, live_manifests
+
+    base = example_driver(corpus)
+    served: dict[str, list[dict[str, object]]] = {
+        k: []
+        for k in (
+            "Node",
+            "DeviceClass",
+            "ResourceSlice",
+            "ResourceClaimTemplate",
+            "ResourceClaim",
+            "Pod",
+        )
+    }
+    for m in base:
+        if m.kind in served:
+            served[m.kind].append(
+                {k: v for k, v in m.obj.items() if k not in ("apiVersion", "kind")}
+            )
+    rule_obj = yaml.safe_load(rule("{device: gpu-0}"))
+    with_rules = {
+        **served,
+        "DeviceTaintRule": [{"metadata": rule_obj["metadata"], "spec": rule_obj["spec"]}],
+    }
+    ms = live_manifests(_FakeClient(with_rules))  # type: ignore[arg-type]
+    assert [m.ref() for m in ms if m.kind == "DeviceTaintRule"] == ["DeviceTaintRule fence"]
+    # Pending pods of the cluster keep away from the fenced device.
+    res = Simulation(worker(), ms).run()
+    assert placed(res) == [
+        (f"{NS}/pod0", f"gpu.example.com/{NODE}/gpu-1"),
+        (f"{NS}/pod1", f"gpu.example.com/{NODE}/gpu-2"),
+    ]
+    # A cluster that does not serve DeviceTaintRule (DRADeviceTaintRules off) has none.
+    assert not [m for m in live_manifests(_FakeClient(served)) if m.kind == "DeviceTaintRule"]  # type: ignore[arg-type]
+    # Any other kind missing is still an error.
+    del served["ResourceSlice"]
+    with pytest.raises(LiveClusterError):
+        live_manifests(_FakeClient(served))  # type: ignore[arg-type]
