@@ -8,7 +8,9 @@ asking a share or a whole GPU, with tolerations that match the rules' taints by 
 miss them. Single node (the corpus' 8x H100), so nothing is random on the scheduler's side:
 the set of scheduled and pending pods, the scheduler part of each pending reason and every
 claim's allocation (device, consumed capacity, tolerations copied into the result) must be
-what ``tessera simulate`` predicts from the same objects.
+what ``tessera simulate`` predicts from the same objects; a pod the device taint eviction
+controller deletes (a NoExecute taint its claim tolerates only without ``effect: NoExecute``)
+is one simulate reports "scheduled on NODE, then evicted".
 ``TESSERA_TAINT_SEEDS=START:STOP`` explores other seeds (default 0:4).
 """
 
@@ -22,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from tessera.kube.client import Obj
-from tessera.kube.workloads import apply_objects, gpu_claim_template, gpu_pod
+from tessera.kube.client import ApiError, KubeClient, Obj
+from tessera.kube.workloads import apply_objects, gpu_claim_template, gpu_pod, wait_for
 
 from .conftest import H100_INVENTORY, StartCluster, corpus_node
 from .test_simulate import (
@@ -156,17 +158,23 @@ def test_device_taint_rules_match_the_scheduler(fresh_cluster: StartCluster, see
     sim_objects: list[Obj] = list(copy.deepcopy(rule_objs))
     verdicts: dict[str, tuple[str | None, str]] = {}
     for tpl, pod in workload(rng, taints, ns):
+        name = pod["metadata"]["name"]
         apply_objects(client, [tpl, pod])
         sim_objects += [tpl, pod]
-        verdicts[pod["metadata"]["name"]] = wait_verdict(client, pod["metadata"]["name"], ns)
+        # What simulate expects of this pod decides how long to watch it: a pod it predicts
+        # evicted must disappear (and its claim with it) before the next pod comes.
+        expect = simulate(nodes, sim_objects)
+        evicted = any(p.pod == f"{ns}/{name}" and EVICTED in p.reason for p in expect.pending)
+        verdicts[name] = _verdict(client, name, ns, evicted)
     result = simulate(nodes, sim_objects)
     live_scheduled = [p for p, (node, _) in verdicts.items() if node is not None]
     live_pending = {p: scheduler_part(msg) for p, (node, msg) in verdicts.items() if node is None}
     context = f"seed {seed}: rules {[r['spec'] for r in rule_objs]}"
     assert [r.split("/")[1] for r in result.scheduled] == live_scheduled, context
-    assert {p.pod.split("/")[1]: scheduler_part(p.reason) for p in result.pending} == (
-        live_pending
-    ), context
+    assert {
+        p.pod.split("/")[1]: EVICTED if EVICTED in p.reason else scheduler_part(p.reason)
+        for p in result.pending
+    } == live_pending, context
     live_allocs = live_allocations(client, ns)
     sim_allocs = sim_allocations(result)
     for pod, refs in live_allocs.items():
@@ -176,3 +184,41 @@ def test_device_taint_rules_match_the_scheduler(fresh_cluster: StartCluster, see
         assert {ref: _tolerations(a) for ref, a in refs.items()} == {
             ref: _tolerations(a) for ref, a in sim_allocs[pod].items()
         }, (context, pod)
+
+
+EVICTED = ", then evicted: "
+
+
+def _verdict(client: KubeClient, name: str, ns: str, evicted: bool) -> tuple[str | None, str]:
+    """The scheduler's verdict; for a pod simulate predicts evicted, ``(None, EVICTED)`` once
+    the eviction controller deleted it and its generated claim is gone (or the verdict, if the
+    pod stays)."""
+    try:
+        node, msg = wait_verdict(client, name, ns)
+    except ApiError as e:
+        if e.status != 404:
+            raise
+        return None, EVICTED  # deleted before the verdict was read
+    if not evicted or node is None:
+        return node, msg
+
+    def gone() -> bool | None:
+        try:
+            client.get("v1", "Pod", name, ns)
+            return None
+        except ApiError as e:
+            if e.status != 404:
+                raise
+        try:
+            client.get(RESOURCE, "ResourceClaim", f"{name}-gpu", ns)
+            return None
+        except ApiError as e:
+            if e.status != 404:
+                raise
+        return True
+
+    try:
+        wait_for(gone, timeout=30, what=f"the eviction of pod {ns}/{name}")
+    except Exception:
+        return node, msg
+    return None, EVICTED

@@ -172,10 +172,11 @@ def test_noexecute_rule_on_an_allocated_claim_warns_of_eviction(corpus: Path) ->
         rule("{device: gpu-1}", effect="NoExecute", name="drain")
     )
     res = Simulation(worker(), again).run()
-    assert [w for w in res.warnings if "evicted" in w] == [
+    assert [w for w in res.warnings if "evicts" in w] == [
         f"ResourceClaim {NS}/pod1-gpu: device gpu.example.com/dra-example-driver-cluster-worker/gpu-1 has "
-        "taint example.com/maintenance=planned:NoExecute from DeviceTaintRule drain, not tolerated by its "
-        "allocation: in the cluster the pods using the claim are evicted (the simulation keeps the allocation)"
+        "taint example.com/maintenance=planned:NoExecute (DeviceTaintRule drain) and no toleration with "
+        "effect NoExecute for it: the device taint eviction controller evicts the pods using it (the "
+        "simulation keeps the allocation)"
     ]
 
 
@@ -305,3 +306,51 @@ def test_live_mode_reads_rules_and_a_cluster_without_the_kind_has_none(corpus: P
     del served["ResourceSlice"]
     with pytest.raises(LiveClusterError):
         live_manifests(_FakeClient(served))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("toleration", "outcome"),
+    [
+        # Found by the differential against the real cluster: the scheduler allocates with a
+        # toleration that names no effect, kube-controller-manager's eviction controller then
+        # deletes the pod (it counts only tolerations with effect NoExecute).
+        ({"operator": "Exists"}, ""),
+        ({"key": "example.com/maintenance", "operator": "Exists"}, ""),
+        ({"key": "example.com/maintenance", "operator": "Exists", "effect": "NoExecute"}, "placed"),
+        (
+            {
+                "key": "example.com/maintenance",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 60,
+            },
+            " after the toleration's tolerationSeconds (60 s)",
+        ),
+    ],
+)
+def test_a_pod_the_eviction_controller_deletes_never_runs(
+    corpus: Path, toleration: dict[str, object], outcome: str
+) -> None:
+    ms = example_driver(corpus)
+    for m in ms:
+        if m.kind == "ResourceClaimTemplate":
+            m.obj["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [toleration]
+    res = Simulation(worker(), ms + docs(rule("{}", effect="NoExecute"))).run()
+    if outcome == "placed":
+        assert len(res.placements) == 2 and res.pending == []
+        return
+    assert res.placements == []
+    assert [(p.pod, p.reason) for p in res.pending] == [
+        (
+            f"{NS}/{p}",
+            f"scheduled on {NODE}, then evicted: device gpu.example.com/{NODE}/gpu-0 has taint "
+            "example.com/maintenance=planned:NoExecute (DeviceTaintRule fence) and no toleration with effect "
+            f"NoExecute for it: the device taint eviction controller evicts the pods using it{outcome}",
+        )
+        for p in ("pod0", "pod1")
+    ]
+    exp = explain(worker(), ms + docs(rule("{}", effect="NoExecute")), f"{NS}/pod0")
+    assert exp.status == "pending" and exp.nodes[0].verdict == "fits"
+    assert any(
+        "a request toleration with effect NoExecute for the taint keeps it" in n for n in exp.notes
+    )

@@ -28,6 +28,7 @@ from tessera.allocator.model import (
     Exact,
     Node,
     Slice,
+    Taint,
     TaintRule,
     UnsupportedAttribute,
     device_on_node,
@@ -617,6 +618,34 @@ def tolerates(tols: Sequence[Mapping[str, Any]], key: str, value: str, effect: s
         if op == "Exists" or (t.get("value") or "") == value:
             return True
     return False
+
+
+def evicting_taint(
+    taints: Iterable[Taint], tolerations: Sequence[Mapping[str, Any]]
+) -> tuple[Taint, int | None] | None:
+    """The first ``NoExecute`` taint for which kube-controller-manager's device taint eviction
+    controller (KEP-5055) evicts the pods using an allocation result with ``tolerations``, and
+    after how many seconds (``None``: at once), or None. That controller counts only
+    tolerations whose ``effect`` is ``NoExecute`` (one without an effect lets the scheduler
+    allocate the device but does not stop the eviction); one without ``tolerationSeconds``
+    tolerates for ever, else the shortest matching ``tolerationSeconds`` (at least 0) applies.
+    Kubernetes v1.37.2's ``devicetainteviction`` controller."""
+    for t in taints:
+        if t.effect != "NoExecute":
+            continue
+        seconds: int | None = None
+        forever = False
+        for tol in tolerations:
+            if tol.get("effect") != "NoExecute" or not tolerates([tol], t.key, t.value, t.effect):
+                continue
+            ts = tol.get("tolerationSeconds")
+            if ts is None:
+                forever = True
+                break
+            seconds = max(int(ts), 0) if seconds is None else min(seconds, max(int(ts), 0))
+        if not forever:
+            return t, seconds
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

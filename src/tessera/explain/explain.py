@@ -780,6 +780,12 @@ def _explain_pod(
             )
         return exp
     todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
+    if ", then evicted: " in exp.reason:
+        exp.notes.append(
+            "the claims fit (below), but the pod would not run: kube-scheduler binds it and the device taint "
+            "eviction controller deletes it; a request toleration with effect NoExecute for the taint keeps it "
+            "(one without an effect only lets the scheduler allocate the device)"
+        )
     if (not claims and exp.reason) or sim.missing_class(todo):
         # Refused before any allocation (kube-scheduler's PreFilter): no per-node account.
         exp.notes.append(exp.reason)

@@ -31,7 +31,7 @@ from tessera.allocator import (
     SliceIndex,
     taint_rule_from_dict,
 )
-from tessera.allocator.core import tolerates
+from tessera.allocator.core import evicting_taint, tolerates
 from tessera.allocator.model import Device, node_selector_matches
 from tessera.allocator.record import alternatives
 from tessera.api.deviceclass import device_class, served_extended_resources
@@ -552,7 +552,6 @@ class Simulation:
         )
         for c in self.claims.values():
             self.state.add_claim(c)
-        self._warn_evicted()
         # Allocations are only ever added here, never released, so a node that cannot satisfy
         # a set of claim specs now never will: per pod shape, the first node still worth trying.
         self._cursor: dict[str | None, tuple[int, dict[str, int]]] = {}
@@ -582,40 +581,49 @@ class Simulation:
         # GPU memory sizes for HAMi's gpumem-percentage (the same function as `tessera convert`).
         self.memory_sizes = gpu_memory_sizes(self.slices)
         self._check_classes(manifests)
+        self._warn_evicted()
 
     def _warn_evicted(self) -> None:
         """A claim already allocated on a device tainted ``NoExecute`` (by its slice or a
         DeviceTaintRule), whose result does not tolerate the taint: in the cluster the device
         taint eviction controller (KEP-5055) evicts the pods using it. The simulation keeps the
         allocation; one warning per claim names the device, the taint and the rule."""
-        devices = {
-            d.id: d for d in self.index.devices() if any(t.effect == "NoExecute" for t in d.taints)
-        }
-        if not devices:
+        if not any(t.effect == "NoExecute" for d in self.index.devices() for t in d.taints):
             return
         for c in self.claims.values():
+            why = self.eviction([c])
+            if why is not None:
+                md = c.get("metadata") or {}
+                self.warnings.append(
+                    f"ResourceClaim {md.get('namespace', 'default')}/{md.get('name', '')}: {why} "
+                    "(the simulation keeps the allocation)"
+                )
+
+    def eviction(self, claims: Sequence[Mapping[str, Any]]) -> str | None:
+        """Why the device taint eviction controller evicts the pods using ``claims`` (their
+        ``status.allocation``): the first result on a device with a ``NoExecute`` taint its
+        tolerations do not stop (:func:`~tessera.allocator.core.evicting_taint`), in words;
+        None when nothing evicts them."""
+        for c in claims:
             alloc = (c.get("status") or {}).get("allocation") or {}
             for r in (alloc.get("devices") or {}).get("results") or []:
-                d = devices.get((r.get("driver"), r.get("pool"), r.get("device")))
-                hit = next(
-                    (
-                        t
-                        for t in (d.taints if d is not None else ())
-                        if t.effect == "NoExecute"
-                        and not tolerates(r.get("tolerations") or [], t.key, t.value, t.effect)
-                    ),
-                    None,
+                d = self._device(str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
+                hit = evicting_taint(d.taints, r.get("tolerations") or []) if d else None
+                if hit is None or d is None:
+                    continue
+                t, seconds = hit
+                rule = f" (DeviceTaintRule {t.rule})" if t.rule else ""
+                when = (
+                    ""
+                    if seconds is None
+                    else f" after the toleration's tolerationSeconds ({seconds} s)"
                 )
-                if hit is not None:
-                    md = c.get("metadata") or {}
-                    self.warnings.append(
-                        f"ResourceClaim {md.get('namespace', 'default')}/{md.get('name', '')}: device "
-                        f"{'/'.join(d.id) if d else ''} has taint {hit.text()}"
-                        f"{f' from DeviceTaintRule {hit.rule}' if hit.rule else ''}, not tolerated by "
-                        "its allocation: in the cluster the pods using "
-                        "the claim are evicted (the simulation keeps the allocation)"
-                    )
-                    break
+                return (
+                    f"device {'/'.join(d.id)} has taint {t.text()}{rule} and no toleration with "
+                    "effect NoExecute for it: the device taint eviction controller evicts the pods "
+                    f"using it{when}"
+                )
+        return None
 
     def _check_classes(self, manifests: Iterable[Manifest]) -> None:
         """A request naming a DeviceClass the simulation lacks is not bad input: kube-scheduler
@@ -1055,6 +1063,11 @@ class Simulation:
         if best is not None:
             _, i, results = best
             node = self.nodes[i]
+            why_evicted = self.eviction([{"status": {"allocation": res}} for res in results] + done)
+            if why_evicted is not None:
+                # kube-scheduler binds the pod, the eviction controller deletes it: it never
+                # runs, and its template claims go with it (nothing stays allocated).
+                return None, f"scheduled on {node.name}, then evicted: {why_evicted}", claims
             for c, res in zip(todo, results, strict=True):
                 c["status"] = {"allocation": res}
                 self.state.add_claim(c)
