@@ -17,13 +17,16 @@ is one simulate reports "scheduled on NODE, then evicted".
 from __future__ import annotations
 
 import copy
+import json
 import os
 import random
 import time
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from tessera.cli import main
 from tessera.kube.client import ApiError, KubeClient, Obj
 from tessera.kube.workloads import apply_objects, gpu_claim_template, gpu_pod, wait_for
 
@@ -222,3 +225,41 @@ def _verdict(client: KubeClient, name: str, ns: str, evicted: bool) -> tuple[str
     except Exception:
         return node, msg
     return None, EVICTED
+
+
+def test_live_mode_reads_the_clusters_rules(fresh_cluster: StartCluster) -> None:
+    """`simulate --kubeconfig` reads the cluster's DeviceTaintRules: the pod the real scheduler
+    left pending because of a rule is pending in the simulation, for that rule."""
+    nodes = [corpus_node(NODE, H100_INVENTORY)]
+    live = fresh_cluster(nodes)
+    client = live.client
+    fence = {
+        "apiVersion": RESOURCE,
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": "fence"},
+        "spec": {
+            "deviceSelector": {"driver": DRIVER},
+            "taint": {"key": KEYS[0], "value": "planned", "effect": "NoSchedule"},
+        },
+    }
+    apply_objects(client, [fence])
+    time.sleep(3)
+    apply_objects(
+        client,
+        [gpu_claim_template("t", memory="10Gi", cores="10"), gpu_pod("blocked", template="t")],
+    )
+    node, msg = wait_verdict(client, "blocked", "default")
+    assert (
+        node is None
+        and scheduler_part(msg) == "0/1 nodes are available: 1 cannot allocate all claims"
+    )
+    r = CliRunner().invoke(main, ["simulate", "--kubeconfig", str(live.kubeconfig), "-o", "json"])
+    assert r.exit_code == 0, r.output
+    items = json.loads(r.stdout)["items"]
+    assert [o["metadata"]["name"] for o in items if o["kind"] == "DeviceTaintRule"] == ["fence"]
+    (pod,) = [o for o in items if o["kind"] == "Pod"]
+    msg = pod["status"]["conditions"][0]["message"]
+    assert (
+        "8 GPUs tainted example.com/maintenance=planned:NoSchedule (DeviceTaintRule fence) (not tolerated)"
+        in msg
+    ), msg
