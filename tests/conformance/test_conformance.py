@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera.allocator import AllocatedState, AllocationError, Allocator, Features, Node
+from tessera.allocator import (
+    AllocatedState,
+    AllocationError,
+    Allocator,
+    Features,
+    Node,
+    SliceIndex,
+    taint_rule_from_dict,
+)
 from tessera.api.quantity import Quantity
 
 SCENARIOS = sorted((Path(__file__).parent / "scenarios").glob("*.yaml"))
@@ -36,7 +44,9 @@ def run_scenario(sc: dict[str, Any], calls: int = 1) -> tuple[str, list[dict[str
     classes = {c["metadata"]["name"]: c for c in sc.get("classes") or []}
     features = Features.from_names(sc.get("features") or [])
     state = AllocatedState.from_claims(sc.get("allocated") or [], features.consumable_capacity)
-    alloc = Allocator(sc.get("slices") or [], classes, state, features, random.Random(0))
+    rules = [taint_rule_from_dict(r) for r in sc.get("taintRules") or []]
+    index = SliceIndex(sc.get("slices") or [], rules)
+    alloc = Allocator(index, classes, state, features, random.Random(0))
     claims = sc.get("claims") or []
     out: tuple[str, list[dict[str, Any] | None]] = ("", [None] * len(claims))
     for _ in range(calls):

@@ -5,7 +5,9 @@ error message or the same results in the same order (tests/conformance/compare.p
 A scenario has two nodes and one to three pools published for them in every way a slice can
 target nodes (nodeName, a label selector, allNodes, perDeviceNodeSelection); shareable and
 dedicated devices with and without request policies, scalar and list attributes (an empty list
-now and then), shared counters, taints of every effect, binding conditions; earlier
+now and then), shared counters, taints of every effect (on the device, or through a
+DeviceTaintRule with any selector: Tessera merges the rules itself, upstream's allocator gets
+the slices with them merged as kube-scheduler merges them), binding conditions; earlier
 allocations (dedicated, shares, admin); now and then an invalid or incomplete pool; and one to
 three claims of one to three requests: counts 1 to 4 or allocationMode All, firstAvailable,
 capacity requests, selectors, admin access, tolerations that match or miss by any field,
@@ -19,6 +21,7 @@ wide; the README of this directory gives the figures).
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 from collections import Counter
@@ -407,10 +410,13 @@ def scenario(seed: int, cov: Counter[str] | None = None) -> dict[str, Any]:
         gpu_class["config"] = [{"opaque": {"driver": DRIVER, "parameters": {"class": "gpu"}}}]
         cov["class config"] += 1
     node = NODES[target]
+    # Drawn last, so that the rest of every seed's scenario is what it was before rules.
+    rules = _taint_rules(rng, visible, cov) if rng.random() < 0.3 else []
     return {
         "name": f"random-{seed}",
         "features": feats,
         "node": node,
+        **({"taintRules": rules} if rules else {}),
         "classes": [
             {
                 "apiVersion": "resource.k8s.io/v1",
@@ -429,6 +435,75 @@ def scenario(seed: int, cov: Counter[str] | None = None) -> dict[str, Any]:
         "allocated": allocated,
         "claims": claims,
     }
+
+
+def _taint_rules(
+    rng: random.Random, visible: list[tuple[str, str, dict[str, Any]]], cov: Counter[str]
+) -> list[dict[str, Any]]:
+    """One or two DeviceTaintRules (KEP-5055): selectors omitted, empty, or by driver, pool and
+    device (of a published device, or of none), taints of every effect."""
+    out = []
+    for i in range(rng.randint(1, 2)):
+        driver, pool, dev = rng.choice(visible)
+        kind = rng.choice(
+            ["omitted", "empty", "driver", "pool", "device", "driver+pool+device", "miss"]
+        )
+        sel: dict[str, Any] | None = {
+            "omitted": None,
+            "empty": {},
+            "driver": {"driver": driver},
+            "pool": {"pool": pool},
+            "device": {"device": dev.get("name")},
+            "driver+pool+device": {"driver": driver, "pool": pool, "device": dev.get("name")},
+            "miss": {"driver": driver, "pool": "pool-9"},
+        }[kind]
+        effect = rng.choice(["NoSchedule", "NoExecute", "None"])
+        spec: dict[str, Any] = {
+            "taint": {
+                "key": rng.choice(["k1", "k2"]),
+                "value": rng.choice(["v1", "v2"]),
+                "effect": effect,
+            }
+        }
+        if sel is not None:
+            spec["deviceSelector"] = sel
+        cov[f"taint rule {kind}"] += 1
+        cov[f"taint rule {effect}"] += 1
+        out.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceTaintRule",
+                "metadata": {"name": f"rule-{i}"},
+                "spec": spec,
+            }
+        )
+    return out
+
+
+def with_rules_merged(sc: dict[str, Any]) -> dict[str, Any]:
+    """The scenario as kube-scheduler's allocator sees it (``ListWithDeviceTaintRules``): each
+    rule's taint appended to the taints of every device its selector selects (an omitted
+    selector selects none, an empty one all), and no rules. Written here, independently of
+    ``tessera.allocator``'s ``TaintRule``."""
+    rules = sc.get("taintRules") or []
+    if not rules:
+        return sc
+    out = copy.deepcopy({k: v for k, v in sc.items() if k != "taintRules"})
+    for sl in out.get("slices") or []:
+        spec = sl["spec"]
+        for d in spec.get("devices") or []:
+            for r in rules:
+                sel = r["spec"].get("deviceSelector")
+                if sel is None:
+                    continue
+                want = {
+                    "driver": spec["driver"],
+                    "pool": spec["pool"]["name"],
+                    "device": d.get("name"),
+                }
+                if all(sel.get(k) in (None, "", v) for k, v in want.items()):
+                    d.setdefault("taints", []).append(dict(r["spec"]["taint"]))
+    return out
 
 
 def coverage(seeds: range) -> tuple[Counter[str], Counter[str]]:
@@ -455,7 +530,7 @@ def coverage(seeds: range) -> tuple[Counter[str], Counter[str]]:
 def test_random_scenario_agrees_with_upstream(seed: int) -> None:
     sc = scenario(seed)
     err, results = run_scenario(sc)
-    assert_same(sc, err, results, run_upstream(sc, timeout=60), exact=False)
+    assert_same(sc, err, results, run_upstream(with_rules_merged(sc), timeout=60), exact=False)
 
 
 def test_random_scenarios_cover_every_construct_and_outcome() -> None:
@@ -479,6 +554,16 @@ def test_random_scenarios_cover_every_construct_and_outcome() -> None:
         "taint NoSchedule",
         "taint NoExecute",
         "taint None",
+        "taint rule omitted",
+        "taint rule empty",
+        "taint rule driver",
+        "taint rule pool",
+        "taint rule device",
+        "taint rule driver+pool+device",
+        "taint rule miss",
+        "taint rule NoSchedule",
+        "taint rule NoExecute",
+        "taint rule None",
         "toleration Exists",
         "toleration Equal",
         "toleration Exists empty key",

@@ -78,7 +78,7 @@ class Live:
                 "--kubeconfig",
                 str(self.kubeconfig),
                 "get",
-                "nodes,deviceclasses,resourceslices,resourceclaimtemplates,resourceclaims,pods",
+                "nodes,deviceclasses,resourceslices,devicetaintrules,resourceclaimtemplates,resourceclaims,pods",
                 "-A",
                 "-o",
                 "yaml",

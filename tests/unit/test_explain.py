@@ -239,7 +239,7 @@ def test_hami_percentage_two_gpus_on_one_gpu_node(corpus: Path) -> None:
     r = exp.nodes[0].requests[-1]
     assert (
         r.request == "gpu/any-mem-0"
-        and r.wants == "2 devices × memory 16255Mi, cores 30 (class gpu.tessera.dev)"
+        and r.wants == "2 devices with memory 16255Mi and cores 30 (class gpu.tessera.dev)"
     )
     assert r.notes == ["needs 2 devices, 1 fit on their own"]
 
@@ -493,7 +493,8 @@ def test_default_memory_is_named_as_the_blocker_on_a_1080ti() -> None:
     ]
     assert (
         exp.nodes[0].requests[0].wants
-        == "1 device × cores 50, memory: all of it (the request policy's default) (class gpu.tessera.dev)"
+        == "1 device with cores 50 and memory 11Gi (all of it: the request names no memory, so the request "
+        "policy's default applies) (class gpu.tessera.dev)"
     )
 
 
@@ -575,3 +576,44 @@ status:
         "now: 1 device in use (allocated whole to another claim); 1 device with shared counters used up "
         "(n1/gpu-0: mem 0 of 8Gi left)"
     )
+
+
+def test_simulate_and_explain_state_the_same_cores_for_a_pending_pod() -> None:
+    # Issue 22.11: 9 whole devices on the bundled cluster (H100s, V100Ss, A5000s: cores
+    # default 0; the A100's 4 static MIG instances: cores 100, no policy) fit on no node.
+    # simulate said "cores 100 (all of it on 4 of the 22 devices ...)", explain "cores 0"
+    # (its line came from the first node's record only).
+    from tessera.sim.simulate import Simulation
+
+    ex = examples_dir()
+    text = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: big}
+spec:
+  devices:
+    requests:
+    - name: gpus
+      exactly: {deviceClassName: gpu.tessera.dev, count: 9}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: train}
+spec:
+  resourceClaims: [{name: g, resourceClaimName: big}]
+  containers: [{name: c, image: x, resources: {claims: [{name: g}]}}]
+"""
+    cluster = load_cluster(ex / "cluster.yaml")
+    res = Simulation(cluster, docs(text)).run()
+    cores = (
+        "cores 100 (all of it on 4 of the 22 devices that have it, 0 on the others: "
+        "the request names no cores, so the request policy's default applies)"
+    )
+    assert cores in res.pending[0].reason
+    exp = explain(cluster, docs(text), "train")
+    assert exp.wants == {
+        "claim default/big, request gpus": "9 devices with all of the device's memory (the request "
+        f"names no memory, so the request policy's default applies) and {cores} (class gpu.tessera.dev)"
+    }
+    assert "  claim default/big, request gpus wants 9 devices with" in render_text(exp)
+    assert "cores 0" not in render_text(exp)

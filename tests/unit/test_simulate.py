@@ -335,7 +335,7 @@ def test_class_map_runs_nvidia_driver_claims_on_tessera_gpus(corpus: Path) -> No
 
 
 def test_class_map_rewrites_the_driver_domain_in_selectors() -> None:
-    from tessera.sim.simulate import map_device_classes
+    from tessera.sim.classmap import map_device_classes
 
     text = """
 apiVersion: resource.k8s.io/v1
@@ -356,11 +356,17 @@ spec:
     assert exactly == {
         "deviceClassName": "gpu.tessera.dev",
         "selectors": [
+            # The NVIDIA class's own selector comes first: its full GPUs only.
+            {
+                "cel": {
+                    "expression": "device.driver == 'gpu.tessera.dev' && device.attributes['gpu.tessera.dev'].type == 'gpu'"
+                }
+            },
             {
                 "cel": {
                     "expression": 'device.attributes["gpu.tessera.dev"].productName == "NVIDIA A100-SXM4-80GB"'
                 }
-            }
+            },
         ],
     }
     assert notes == [

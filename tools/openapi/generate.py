@@ -48,7 +48,13 @@ ROOTS: dict[str, tuple[str, str]] = {
 }
 # Only v1 of resource.k8s.io: the control plane (like a default kube-apiserver of this version)
 # does not serve the beta versions, so their objects are refused as kubectl would refuse them.
-for _k in ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice"):
+for _k in (
+    "ResourceClaim",
+    "ResourceClaimTemplate",
+    "DeviceClass",
+    "ResourceSlice",
+    "DeviceTaintRule",
+):
     ROOTS[f"resource.k8s.io/v1/{_k}"] = ("apis/resource.k8s.io/v1", f"io.k8s.api.resource.v1.{_k}")
 
 INT_BOUNDS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}

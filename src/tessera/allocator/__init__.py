@@ -14,7 +14,15 @@ from tessera.allocator.core import (
     gather_pools,
     violates_policy,
 )
-from tessera.allocator.model import AllocatedState, Device, Node, Slice, slice_from_dict
+from tessera.allocator.model import (
+    AllocatedState,
+    Device,
+    Node,
+    Slice,
+    TaintRule,
+    slice_from_dict,
+    taint_rule_from_dict,
+)
 from tessera.allocator.record import (
     CapacityShort,
     CapacityUse,
@@ -43,9 +51,11 @@ __all__ = [
     "SelectorError",
     "Slice",
     "SliceIndex",
+    "TaintRule",
     "consumed_amount",
     "consumption",
     "gather_pools",
     "slice_from_dict",
+    "taint_rule_from_dict",
     "violates_policy",
 ]

@@ -28,6 +28,8 @@ from tessera.allocator.model import (
     Exact,
     Node,
     Slice,
+    Taint,
+    TaintRule,
     UnsupportedAttribute,
     device_on_node,
     exact,
@@ -202,11 +204,25 @@ class Pool:
 class SliceIndex:
     """All published slices, indexed for per-node pool gathering."""
 
-    def __init__(self, slices: Iterable[Slice | Mapping[str, Any]]) -> None:
+    def __init__(
+        self,
+        slices: Iterable[Slice | Mapping[str, Any]],
+        taint_rules: Sequence[TaintRule] = (),
+    ) -> None:
+        """``taint_rules``: DeviceTaintRules whose taints are merged into the devices they
+        select (upstream's ``ListWithDeviceTaintRules``), after the slice's own taints."""
         shared = Descriptions()  # devices publishing the same capacities and values share them
         self.slices: list[Slice] = [
             s if isinstance(s, Slice) else slice_from_dict(dict(s), shared) for s in slices
         ]
+        if taint_rules:
+            for s in self.slices:
+                for d in s.devices:
+                    added = tuple(
+                        r.taint for r in taint_rules if r.selects(d.driver, d.pool, d.name)
+                    )
+                    if added:
+                        d.taints = d.taints + added
         self.by_node: dict[str, list[Slice]] = {}
         self.unpinned: list[Slice] = []
         self.by_pool: dict[tuple[str, str], list[Slice]] = {}
@@ -602,6 +618,34 @@ def tolerates(tols: Sequence[Mapping[str, Any]], key: str, value: str, effect: s
         if op == "Exists" or (t.get("value") or "") == value:
             return True
     return False
+
+
+def evicting_taint(
+    taints: Iterable[Taint], tolerations: Sequence[Mapping[str, Any]]
+) -> tuple[Taint, int | None] | None:
+    """The first ``NoExecute`` taint for which kube-controller-manager's device taint eviction
+    controller (KEP-5055) evicts the pods using an allocation result with ``tolerations``, and
+    after how many seconds (``None``: at once), or None. That controller counts only
+    tolerations whose ``effect`` is ``NoExecute`` (one without an effect lets the scheduler
+    allocate the device but does not stop the eviction); one without ``tolerationSeconds``
+    tolerates for ever, else the shortest matching ``tolerationSeconds`` (at least 0) applies.
+    Kubernetes v1.37.2's ``devicetainteviction`` controller."""
+    for t in taints:
+        if t.effect != "NoExecute":
+            continue
+        seconds: int | None = None
+        forever = False
+        for tol in tolerations:
+            if tol.get("effect") != "NoExecute" or not tolerates([tol], t.key, t.value, t.effect):
+                continue
+            ts = tol.get("tolerationSeconds")
+            if ts is None:
+                forever = True
+                break
+            seconds = max(int(ts), 0) if seconds is None else min(seconds, max(int(ts), 0))
+        if not forever:
+            return t, seconds
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1425,7 +1469,7 @@ class _Search:
                 ):
                     self._uncharge(pool, counter_charge)
                     if rec is not None:
-                        rec.refuse(rd, d, Tainted(t.key, t.value, t.effect, rd.name))
+                        rec.refuse(rd, d, Tainted(t.key, t.value, t.effect, rd.name, t.rule))
                     return None
         added: list[_Constraint] = []
         for con in cd.constraints:

@@ -113,9 +113,66 @@ class Capacity:
 
 @dataclass(frozen=True, slots=True)
 class Taint:
+    """A device taint (KEP-5055): published in the slice, or added by the DeviceTaintRule
+    named ``rule`` ("" for a slice's own)."""
+
     key: str
     value: str
     effect: str
+    rule: str = ""
+
+    def text(self) -> str:
+        """``key=value:effect`` (``key:effect`` without a value), kubectl's spelling."""
+        return (
+            f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TaintRule:
+    """A ``resource.k8s.io/v1`` DeviceTaintRule (KEP-5055, DRADeviceTaintRules, GA in 1.37):
+    ``spec.taint`` added to every device its ``spec.deviceSelector`` selects. Each of
+    ``driver``, ``pool``, ``device`` narrows the selection when set (``None``: any); an empty
+    selector selects every device; a rule without a selector (``selects_none``) selects none.
+    The scheduler sees slices with these taints merged in, as if the driver published them."""
+
+    name: str
+    taint: Taint
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+    selects_none: bool = False
+
+    def selects(self, driver: str, pool: str, device: str) -> bool:
+        if self.selects_none:
+            return False
+        return (
+            (self.driver is None or self.driver == driver)
+            and (self.pool is None or self.pool == pool)
+            and (self.device is None or self.device == device)
+        )
+
+
+def taint_rule_from_dict(obj: Mapping[str, Any]) -> TaintRule:
+    """A validated DeviceTaintRule object (API shape) as a :class:`TaintRule`. Empty strings in
+    the selector count as unset (``omitempty`` fields)."""
+    md = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    t = spec.get("taint") or {}
+    sel = spec.get("deviceSelector")
+    name = str(md.get("name") or "")
+    taint = Taint(
+        str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""), name
+    )
+    if sel is None:
+        return TaintRule(name, taint, selects_none=True)
+    return TaintRule(
+        name,
+        taint,
+        driver=sel.get("driver") or None,
+        pool=sel.get("pool") or None,
+        device=sel.get("device") or None,
+    )
 
 
 @dataclass(eq=False, slots=True)

@@ -346,14 +346,19 @@ class Tainted(Refusal):
     value: str
     effect: str
     request: str
+    rule: str = ""  # the DeviceTaintRule that added the taint ("" for the slice's own)
 
-    def text(self) -> str:
-        taint = (
+    def taint(self) -> str:
+        """``key=value:effect``, with ``(DeviceTaintRule NAME)`` for a rule's taint."""
+        t = (
             f"{self.key_}={self.value}:{self.effect}"
             if self.value
             else f"{self.key_}:{self.effect}"
         )
-        return f"taint {taint} not tolerated: add a toleration to request {self.request}"
+        return f"{t} (DeviceTaintRule {self.rule})" if self.rule else t
+
+    def text(self) -> str:
+        return f"taint {self.taint()} not tolerated: add a toleration to request {self.request}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,40 @@ from tessera.api.workloads import WORKLOAD_KINDS, pod_template
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_API_VERSION = "resource.k8s.io/v1"
 RESOURCE_KINDS = ("ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
+#: Kinds the API server keeps without a namespace (``kubectl api-resources --namespaced=false``,
+#: the ones a user's manifests commonly hold): messages name them ``Kind name``, without the
+#: ``metadata.namespace`` they may carry (the API server ignores it).
+CLUSTER_SCOPED_KINDS = frozenset(
+    {
+        "ResourceSlice",
+        "DeviceClass",
+        "DeviceTaintRule",
+        "ResourcePoolStatusRequest",
+        "Node",
+        "Namespace",
+        "PersistentVolume",
+        "StorageClass",
+        "CSIDriver",
+        "CSINode",
+        "VolumeAttachment",
+        "PriorityClass",
+        "RuntimeClass",
+        "IngressClass",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "APIService",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+        "CertificateSigningRequest",
+        "FlowSchema",
+        "PriorityLevelConfiguration",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -82,7 +116,7 @@ def object_ref(obj: dict[str, Any]) -> str:
     kind = _text(obj.get("kind", "?"))
     md = _meta(obj)
     name = _text(md.get("name") or md.get("generateName") or "<unnamed>")
-    if kind in ("ResourceSlice", "DeviceClass", "Node"):
+    if kind in CLUSTER_SCOPED_KINDS:
         return f"{kind} {name}"
     return f"{kind} {_text(md.get('namespace') or 'default')}/{name}"
 

@@ -458,6 +458,7 @@ READ_KINDS: dict[str, str] = {
     "ResourceClaimTemplate": RESOURCE_API_VERSION,
     "DeviceClass": RESOURCE_API_VERSION,
     "ResourceSlice": RESOURCE_API_VERSION,
+    "DeviceTaintRule": RESOURCE_API_VERSION,
 }
 _RETIRED = {
     "resource.k8s.io/v1alpha1": "retired (the first DRA API, removed in Kubernetes 1.27)",
@@ -470,7 +471,13 @@ _RETIRED = {
 #: ``resource.k8s.io/v1beta2`` has v1's shape (KEP-4381): its DRA objects are read, and
 #: validated, as v1 (``simulate`` says so in a note). Kubernetes v1.37 no longer serves it.
 DRA_V1BETA2 = "resource.k8s.io/v1beta2"
-_DRA_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice")
+_DRA_KINDS = (
+    "ResourceClaim",
+    "ResourceClaimTemplate",
+    "DeviceClass",
+    "ResourceSlice",
+    "DeviceTaintRule",
+)
 
 
 def _schema_version(kind: str, av: Any) -> Any:
@@ -488,6 +495,8 @@ def _api_version_problem(kind: str, av: Any) -> FieldProblem | None:
     if isinstance(av, str) and kubernetes().has(f"{av}/{kind}"):
         return None
     why = _RETIRED.get(av, "not served") if isinstance(av, str) else "missing or not a string"
+    if kind == "DeviceTaintRule" and av == "resource.k8s.io/v1alpha3":
+        why = "an alpha version, off by default (DeviceTaintRule is GA in resource.k8s.io/v1)"
     return FieldProblem(
         "apiVersion", f"{av!r} is {why}: write {want} (Kubernetes {_k8s()} serves {kind} there)"
     )
@@ -741,6 +750,103 @@ def spec_path(template_path: str) -> str:
     return f"{template_path}.spec" if template_path else "spec"
 
 
+LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+MAX_TAINT_RULE_CONDITIONS = 8
+TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
+
+
+def label_key_problem(key: object) -> str | None:
+    """Problem with a label key (``[prefix/]name``: prefix a DNS subdomain <= 253, name <= 63
+    alphanumerics, '-', '_', '.'; upstream ``IsQualifiedName``), or None."""
+    if not isinstance(key, str) or not key:
+        return "required: a label key such as example.com/fenced"
+    prefix, sep, name = key.rpartition("/")
+    if sep and not is_dns_subdomain(prefix):
+        return f"{key!r}: prefix {prefix!r} must be a lower-case DNS subdomain"
+    if len(name) > 63 or not LABEL_NAME.match(name):
+        return f"{key!r}: name {name!r} must be at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+    return None
+
+
+def device_taint_problems(taint: Any, path: str) -> list[FieldProblem]:
+    """A ``DeviceTaint`` (KEP-5055): ``key`` a label key, ``value`` a label value (may be
+    empty), ``effect`` one of None, NoSchedule, NoExecute (required)."""
+    if not isinstance(taint, dict):
+        return [FieldProblem(path, "required: {key, value, effect}")]
+    out: list[FieldProblem] = []
+    kp = label_key_problem(taint.get("key"))
+    if kp:
+        out.append(FieldProblem(f"{path}.key", kp))
+    v = taint.get("value")
+    if v not in (None, "") and not (isinstance(v, str) and len(v) <= 63 and LABEL_NAME.match(v)):
+        out.append(
+            FieldProblem(
+                f"{path}.value",
+                f"{v!r} must be a label value: at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric",
+            )
+        )
+    eff = taint.get("effect")
+    if eff not in TAINT_EFFECTS:
+        got = "missing" if eff in (None, "") else f"got {eff!r}"
+        out.append(
+            FieldProblem(f"{path}.effect", f"required: one of {', '.join(TAINT_EFFECTS)} ({got})")
+        )
+    return out
+
+
+def device_taint_rule_problems(obj: dict[str, Any]) -> list[FieldProblem]:
+    """``resource.k8s.io/v1`` DeviceTaintRule (KEP-5055, DRADeviceTaintRules; dra-spec.md
+    1.7): ``metadata.name`` a DNS subdomain; ``spec.deviceSelector`` (optional: without it
+    no device is tainted) with ``driver`` a DNS subdomain <= 63, ``pool`` '/'-separated DNS
+    subdomains <= 253, ``device`` a DNS label; ``spec.taint`` required
+    (:func:`device_taint_problems`); at most 8 ``status.conditions``."""
+    out: list[FieldProblem] = []
+    md = obj.get("metadata") or {}
+    if not is_dns_subdomain(md.get("name")):
+        out.append(FieldProblem("metadata.name", f"{md.get('name')!r} must be a DNS subdomain"))
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return [*out, FieldProblem("spec", "required: deviceSelector and taint")]
+    sel = spec.get("deviceSelector")
+    if sel is not None:
+        drv, pool, dev = sel.get("driver"), sel.get("pool"), sel.get("device")
+        if drv is not None and not is_dns_subdomain(drv, 63):
+            out.append(
+                FieldProblem(
+                    "spec.deviceSelector.driver",
+                    f"{drv!r} must be a driver name: a lower-case DNS subdomain of at most 63 characters",
+                )
+            )
+        if pool is not None and not (
+            isinstance(pool, str)
+            and len(pool) <= 253
+            and all(is_dns_subdomain(p) for p in pool.split("/"))
+        ):
+            out.append(
+                FieldProblem(
+                    "spec.deviceSelector.pool",
+                    f"{pool!r} must be a pool name: '/'-separated DNS subdomains, at most 253 characters",
+                )
+            )
+        if dev is not None and not is_dns_label(dev):
+            out.append(
+                FieldProblem(
+                    "spec.deviceSelector.device",
+                    f"{dev!r} must be a device name: a DNS label (at most 63 of a-z, 0-9, '-')",
+                )
+            )
+    out.extend(device_taint_problems(spec.get("taint"), "spec.taint"))
+    conds = (obj.get("status") or {}).get("conditions") or []
+    if len(conds) > MAX_TAINT_RULE_CONDITIONS:
+        out.append(
+            FieldProblem(
+                "status.conditions",
+                f"at most {MAX_TAINT_RULE_CONDITIONS} conditions, got {len(conds)}",
+            )
+        )
+    return out
+
+
 def manifest_problems(m: Manifest) -> list[FieldProblem]:
     """Everything the API server would refuse in ``m``, in this order: an apiVersion it does not
     serve, structural problems (unknown fields, wrong types: :func:`schema_problems`), then the
@@ -775,6 +881,8 @@ def manifest_problems(m: Manifest) -> list[FieldProblem]:
                 else FieldProblem("spec", text)
             )
         return probs
+    if kind == "DeviceTaintRule":
+        return device_taint_rule_problems(obj)
     if kind == "Pod":
         return pod_spec_problems(obj.get("spec"), "spec") + pod_status_problems(obj)
     if kind in TEMPLATE_PATHS:

@@ -114,7 +114,9 @@ def cluster_inputs(f: F) -> F:
         multiple=True,
         metavar="FROM=TO",
         help="Run requests for DeviceClass FROM with class TO, e.g. the NVIDIA DRA driver's "
-        '--class-map gpu.nvidia.com=gpu.tessera.dev (selectors\' "FROM" domain becomes "TO"). Repeatable.',
+        "--class-map gpu.nvidia.com=gpu.tessera.dev --class-map mig.nvidia.com=gpu.tessera.dev "
+        "(FROM's selectors are kept; attributes in selectors and constraints are mapped to TO's driver, "
+        "those without an equivalent get a warning). Repeatable.",
     )(f)
     f = click.option(
         "--add-node",

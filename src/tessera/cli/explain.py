@@ -36,6 +36,13 @@ from tessera.cli._common import (
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed for shareIDs, as in simulate."
 )
+@click.option(
+    "--policy",
+    type=click.Choice(["first-fit", "binpack", "spread", "topology"]),
+    default="first-fit",
+    show_default=True,
+    help="Placement policy of the simulation explained, as in simulate; the nodes are reported in its ranking.",
+)
 @input_limits
 def explain(
     target: str,
@@ -48,6 +55,7 @@ def explain(
     output: str,
     all_devices: bool,
     seed: int,
+    policy: str,
     max_input_size: int | None,
     max_pods: int | None,
 ) -> None:
@@ -75,6 +83,7 @@ def explain(
             seed=seed,
             all_devices=all_devices,
             class_map=class_map(class_maps),
+            policy=policy,
         )
         for w in notes:
             warn(w)

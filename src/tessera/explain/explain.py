@@ -39,15 +39,24 @@ from tessera.allocator import (
 )
 from tessera.allocator.core import slice_on_node
 from tessera.allocator.model import DeviceID, node_selector_matches
-from tessera.allocator.record import CelError, CountersShort, InUse, SelectorFalse, fmt_value
+from tessera.allocator.record import (
+    CelError,
+    CountersShort,
+    InUse,
+    SelectorFalse,
+    fmt_value,
+)
 from tessera.api.errors import TesseraError
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
 from tessera.cel import CelCompileError, CelRuntimeError, compile_selector
 from tessera.explain import celtools
 from tessera.sim.cluster import Cluster
+from tessera.sim.policies import rank_text
+from tessera.sim.reasons import needs_text
 from tessera.sim.simulate import (
     EXTENDED_POD_CLAIM,
+    Choice,
     SimResult,
     Simulation,
     generated_claim_name,
@@ -143,6 +152,9 @@ class Explanation:
     nodes: list[NodeExplanation] = field(default_factory=list)
     hami: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: ``claim NS/NAME, request REQ`` -> what it asks of each device, over every node
+    #: explained (:func:`cluster_wants`).
+    wants: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (field names as above)."""
@@ -173,25 +185,34 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def wants(rr: RequestRecord) -> str:
+def wants(rr: RequestRecord, devs: Sequence[DeviceRecord] | None = None) -> str:
     """What a request asks of each device, every capacity it consumes included: the amounts it
     names, and for the ones it does not name the request policy's default (dra-spec.md 2.2),
-    e.g. ``1 device × cores 50, memory: all of it (the request policy's default) (class c)``."""
-    n = "all matching devices" if rr.all_mode else _plural(rr.count, "device")
-    caps = [f"{k} {v.canonical()}" for k, v in rr.capacity.items()]
-    defaults: dict[str, set[tuple[bool, str]]] = {}
-    for dr in rr.matching:
-        for u in dr.uses or ():
-            if u.requested is None:
-                defaults.setdefault(u.name, set()).add((u.needs == u.total, u.amount(u.needs)))
-    for k, vals in defaults.items():
-        if all(whole for whole, _ in vals):
-            caps.append(f"{k}: all of it (the request policy's default)")
-        elif len(vals) == 1:
-            caps.append(f"{k} {next(iter(vals))[1]} (the request policy's default)")
-        else:
-            caps.append(f"{k}: each device's request policy default")
-    return f"{n}{' × ' + ', '.join(caps) if caps else ''} (class {rr.class_name})"
+    e.g. ``1 device with cores 50 and all of the device's memory (...) (class c)``. ``devs``:
+    the device records the statement is about (default: this record's matching devices, else
+    all of them). The text is :func:`tessera.sim.reasons.needs_text`, the one simulate's
+    pending reasons use."""
+    if devs is None:
+        devs = rr.matching or rr.devices
+    return f"{needs_text(rr, devs)} (class {rr.class_name})"
+
+
+def cluster_wants(
+    records: Sequence[tuple[NodeRecord, Sequence[Mapping[str, Any]]]],
+) -> dict[str, str]:
+    """``claim NS/NAME, request REQ`` -> :func:`wants` over every node's record of it (the
+    matching devices of all nodes, else all their devices): one statement for the cluster, as
+    ``simulate``'s pending reason makes it. ``records``: (record, the claims it is about)."""
+    first: dict[str, RequestRecord] = {}
+    matching: dict[str, list[DeviceRecord]] = {}
+    every: dict[str, list[DeviceRecord]] = {}
+    for rec, claims in records:
+        for rr in rec.requests:
+            k = f"claim {_claim_ref(claims[rr.claim_index])}, request {rr.name}"
+            first.setdefault(k, rr)
+            matching.setdefault(k, []).extend(rr.matching)
+            every.setdefault(k, []).extend(rr.devices)
+    return {k: wants(rr, matching[k] or every[k]) for k, rr in first.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,17 +579,19 @@ def explain(
     seed: int = 0,
     all_devices: bool = False,
     class_map: Mapping[str, str] | None = None,
+    policy: str = "first-fit",
 ) -> Explanation:
-    """Simulate ``manifests`` on ``cluster`` and explain ``target``.
+    """Simulate ``manifests`` on ``cluster`` (placement ``policy``, as simulate's
+    ``--policy``) and explain ``target``.
 
     ``target``: a pod (``namespace/name`` or ``name``) or a ResourceClaim (same forms; claims
     made from templates are named ``<pod>-<pod claim name>``). ``all_devices`` keeps the
     per-device verdicts (``RequestOnNode.devices``); ``class_map`` is simulate's
-    ``--class-map`` (:func:`tessera.sim.simulate.map_device_classes`). Raises :class:`ExplainError` when the
+    ``--class-map`` (:func:`tessera.sim.classmap.map_device_classes`). Raises :class:`ExplainError` when the
     target is unknown or ambiguous, and whatever :class:`Simulation` raises for bad input.
     """
     sim, result, snaps = _run(
-        cluster, manifests, lambda ref: _matches(ref, target), seed, class_map
+        cluster, manifests, lambda ref: _matches(ref, target), seed, class_map, policy
     )
     if len(snaps) > 1:
         raise ExplainError(
@@ -594,7 +617,7 @@ def explain(
         if any(c is sim.claims[key] for _, c in _pod_claims(obj, sim)):
             pref = _claim_ref(obj)
             sim2, result2, snaps2 = _run(
-                cluster, manifests, lambda ref, pref=pref: ref == pref, seed, class_map
+                cluster, manifests, lambda ref, pref=pref: ref == pref, seed, class_map, policy
             )
             exp = _explain_pod(
                 sim2, result2, manifests, pref, snaps2[pref], f"{key[0]}/{key[1]}", all_devices
@@ -623,8 +646,10 @@ def _run(
     want: Any,
     seed: int,
     class_map: Mapping[str, str] | None = None,
+    policy: str = "first-fit",
 ) -> tuple[Simulation, SimResult, dict[str, AllocatedState]]:
-    sim = Simulation(cluster, manifests, seed=seed, class_map=class_map)
+    sim = Simulation(cluster, manifests, seed=seed, class_map=class_map, policy=policy)
+    sim.record_choices = True
     snaps: dict[str, AllocatedState] = {}
 
     def on_pod(ref: str) -> None:
@@ -715,13 +740,16 @@ def _explain_pod(
         except ValueError:
             conv_requests = []
     ex = _Explainer(sim, before)
+    recs: list[tuple[NodeRecord, Sequence[Mapping[str, Any]]]] = []
     if node_name:
         exp.placements = _placements(sim, own, before) + [
             p + " (allocated earlier, for another pod)" for p in _placements(sim, done, None)
         ]
-        for node in sim.nodes:
+        choice = sim.choices.get(ref)
+        for i in _ranked_order(sim, choice, node_name):
+            node = sim.nodes[i]
             if node.name == node_name:
-                why = "first node in cluster order where every claim fits"
+                why = _chosen_text(choice, i)
                 if not own:
                     why = (
                         "its claims were already allocated there"
@@ -729,13 +757,35 @@ def _explain_pod(
                         else "it has no claims to allocate"
                     )
                 exp.nodes.append(NodeExplanation(node.name, "fits", f"scheduled here: {why}"))
-                break
-            exp.nodes.append(ex.node(node, pod, own, done, all_devices)[0])
-        exp.notes.append(
-            "kube-scheduler picks any node where the pod fits (ties broken at random); the simulation takes the first"
-        )
+                continue
+            if choice is not None and i in choice.fits:
+                exp.nodes.append(
+                    NodeExplanation(node.name, "fits", _not_chosen_text(choice, i, node_name))
+                )
+                continue
+            ne, rec = ex.node(node, pod, own, done, all_devices)
+            exp.nodes.append(ne)
+            if rec is not None:
+                recs.append((rec, own))
+        exp.wants = cluster_wants(recs)
+        if choice is not None and (choice.tiers or choice.policy.nodes != "first-fit"):
+            name = choice.policy.gpus if choice.tiers else choice.policy.nodes
+            exp.notes.append(
+                f"placed by Tessera's {name} planning policy; kube-scheduler itself picks any node where the pod fits "
+                "(ties broken at random)"
+            )
+        else:
+            exp.notes.append(
+                "kube-scheduler picks any node where the pod fits (ties broken at random); the simulation takes the first"
+            )
         return exp
     todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
+    if ", then evicted: " in exp.reason:
+        exp.notes.append(
+            "the claims fit (below), but the pod would not run: kube-scheduler binds it and the device taint "
+            "eviction controller deletes it; a request toleration with effect NoExecute for the taint keeps it "
+            "(one without an effect only lets the scheduler allocate the device)"
+        )
     if (not claims and exp.reason) or sim.missing_class(todo):
         # Refused before any allocation (kube-scheduler's PreFilter): no per-node account.
         exp.notes.append(exp.reason)
@@ -745,6 +795,9 @@ def _explain_pod(
         ne, rec = ex.node(node, pod, todo, done, all_devices)
         exp.nodes.append(ne)
         per_node.append((ne, rec, todo))
+        if rec is not None:
+            recs.append((rec, todo))
+    exp.wants = cluster_wants(recs)
     if exp.reason.startswith("allocation error"):
         exp.notes.append(
             "an allocator error (not 'no room') stops scheduling of the pod on every node: the scheduler retries it "
@@ -753,6 +806,34 @@ def _explain_pod(
     by_pc = {pc: c for pc, c in claims}
     exp.hami = _hami_lines(conv_requests, by_pc, per_node)
     return exp
+
+
+def _ranked_order(sim: Simulation, choice: Choice | None, node_name: str) -> list[int]:
+    """The nodes to report for a scheduled pod, as the simulation's scan met them: those known
+    not to fit (skipped, in cluster order), then those it tried, in the policy's order. Without
+    a record (the pod's claims were allocated already): cluster order up to its node."""
+    if choice is None:
+        names = [n.name for n in sim.nodes]
+        return list(range(names.index(node_name) + 1 if node_name in names else len(names)))
+    return [*range(choice.skipped), *choice.examined]
+
+
+def _chosen_text(choice: Choice | None, i: int) -> str:
+    """Why the chosen node won, in the policy's own ranking (:func:`placement_rank`)."""
+    if choice is None:
+        return "first node in cluster order where every claim fits"
+    rank = choice.fits[i]
+    if len(choice.fits) == 1 and choice.policy.nodes == "first-fit" and not choice.tiers:
+        return "first node in cluster order where every claim fits"
+    name = choice.policy.gpus if choice.tiers else choice.policy.nodes
+    return f"ranked first by the {name} policy: {rank_text(choice.policy, rank, choice.tiers)}"
+
+
+def _not_chosen_text(choice: Choice, i: int, chosen: str) -> str:
+    return (
+        f"not chosen: {rank_text(choice.policy, choice.fits[i], choice.tiers)} "
+        f"(ranked below {chosen})"
+    )
 
 
 def _unbound(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -824,7 +905,7 @@ def render_text(exp: Explanation) -> str:
         lines.append(f"  {h}")
     for n in exp.notes:
         lines.append(f"  note: {n}")
-    wants: dict[str, str] = {}
+    wants: dict[str, str] = dict(exp.wants)
     for ne in exp.nodes:
         for r in ne.requests:
             wants.setdefault(f"claim {r.claim}, request {r.request}", r.wants)

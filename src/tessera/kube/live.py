@@ -1,7 +1,9 @@
 """Read a live cluster for ``tessera simulate --kubeconfig`` and ``tessera explain --kubeconfig``.
 
 What is read (read-only: ``list`` on each, paginated with the API's ``limit``/``continue``):
-Nodes, DeviceClasses, ResourceSlices, ResourceClaimTemplates (for pending pods whose claims
+Nodes, DeviceClasses, ResourceSlices, DeviceTaintRules (their taints are merged into the
+devices they select, as kube-scheduler merges them; a cluster that does not serve the kind,
+DRADeviceTaintRules off, has none), ResourceClaimTemplates (for pending pods whose claims
 the claim controller has not made yet), ResourceClaims (with their ``status.allocation`` and
 ``status.reservedFor``) and Pods. The objects become :class:`~tessera.api.loader.Manifest`\\ s
 through :func:`tessera.api.loader.load_objects`, so they are validated and simulated exactly
@@ -40,10 +42,13 @@ LIVE_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "Node"),
     (RESOURCE_API, "DeviceClass"),
     (RESOURCE_API, "ResourceSlice"),
+    (RESOURCE_API, "DeviceTaintRule"),
     (RESOURCE_API, "ResourceClaimTemplate"),
     (RESOURCE_API, "ResourceClaim"),
     ("v1", "Pod"),
 )
+#: Kinds a cluster may not serve (a feature gate off): not served means none exist.
+OPTIONAL_KINDS = frozenset({"DeviceTaintRule"})
 #: ``Manifest.extra`` key saying what a pod was in the cluster: ``bound`` or ``pending``.
 LIVE_STATE = "live"
 
@@ -119,6 +124,8 @@ def read_objects(
                 if on_page is not None:
                     on_page(kind, len(page))
         except ApiError as e:
+            if kind in OPTIONAL_KINDS and e.reason == "NotFound":
+                continue
             raise LiveClusterError(api_problem(e, client.server)) from e
     return out
 

@@ -7,10 +7,13 @@ A policy has two halves, as in HAMi: which **node** to try first, and which **GP
 | ``first-fit`` | cluster order | upstream order (pool, slice, device) -- what kube-scheduler does |
 | ``binpack`` | most allocated first | most allocated first |
 | ``spread`` | least allocated first | least allocated first |
-| ``topology`` | most allocated first | a multi-GPU request first tries GPUs of one NVLink domain, then of one NUMA node, then any; single GPUs binpack |
+| ``topology`` | the best topology tier anywhere in the cluster, then most allocated first | a multi-GPU request takes, in this order of preference, GPUs of one NVLink domain and one NUMA node, of one NUMA node, of one NVLink domain, then any; single GPUs binpack |
 
 "Allocated" is the fraction of memory plus the fraction of cores booked (0..2 per GPU; a GPU
-held by a dedicated allocation counts as full). Ties keep cluster / upstream order. Pods may
+held by a dedicated allocation counts as full). Ties keep cluster / upstream order. Under
+``topology`` a placement split across NUMA nodes never ranks above one that is not, on any
+node: the nodes are ranked by :func:`placement_rank` (the tier, then kube-scheduler's
+``firstAvailable`` score, then the node order), and ``explain`` reports that ranking. Pods may
 choose per pod with HAMi's annotations ``hami.io/node-scheduler-policy`` (binpack | spread)
 and ``hami.io/gpu-scheduler-policy`` (binpack | spread | topology-aware).
 """
@@ -129,21 +132,76 @@ def order_nodes(policy: str, node_usage: Sequence[Fraction]) -> list[int]:
     return idx
 
 
-def topology_variants(claims: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Stricter copies of ``claims`` to try first: multi-GPU requests kept on one NVLink domain,
-    then on one NUMA node. The last variant is the claims unchanged. Only the search sees the
-    copies; any allocation they yield satisfies the original claims too.
-    """
-    multi = [
-        r.get("name")
+#: The attributes the conversion's topology levels match (one definition: tessera.convert).
+NVLINK_ATTRIBUTE, NUMA_ATTRIBUTE = TOPOLOGY_ATTRIBUTES
+#: The topology policy's tiers, best first: what each multi-GPU request's GPUs share, and the
+#: attributes its stricter copy of the claims matches (``matchAttribute``). A placement split
+#: across NUMA nodes (tiers 2 and 3) never ranks above one that is not (tiers 0 and 1).
+TOPOLOGY_TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("one NVLink domain and one NUMA node", (NVLINK_ATTRIBUTE, NUMA_ATTRIBUTE)),
+    ("one NUMA node", (NUMA_ATTRIBUTE,)),
+    ("one NVLink domain, split across NUMA nodes", (NVLINK_ATTRIBUTE,)),
+    ("no shared NVLink domain or NUMA node", ()),
+)
+
+
+@dataclass(frozen=True, order=True)
+class PlacementRank:
+    """How a node's placement of a pod's claims ranks (lower is better): the topology tier
+    (index into :data:`TOPOLOGY_TIERS`; 0 for a pod without multi-GPU requests or under
+    another GPU policy), minus kube-scheduler's ``firstAvailable`` score
+    (:func:`prioritized_list_score`), then the node's position in the policy's node order."""
+
+    tier: int
+    neg_score: int
+    position: int
+
+
+def placement_rank(tier: int, score: int, position: int) -> PlacementRank:
+    """The one ranking of placements ``simulate`` picks by and ``explain`` reports."""
+    return PlacementRank(tier, -score, position)
+
+
+def node_order_text(policy: PodPolicy) -> str:
+    """How the policy orders the nodes, in words (for ``explain``)."""
+    return {
+        "binpack": "most allocated first",
+        "spread": "least allocated first",
+    }.get(policy.nodes, "in cluster order")
+
+
+def rank_text(policy: PodPolicy, rank: PlacementRank, multi_gpu: bool) -> str:
+    """``rank`` in words: the topology tier (``topology`` with a multi-GPU request), the
+    ``firstAvailable`` score where it counts, the node order."""
+    parts = []
+    if policy.gpus == "topology" and multi_gpu:
+        parts.append(f"GPUs on {TOPOLOGY_TIERS[rank.tier][0]}")
+    if rank.neg_score:
+        parts.append(f"firstAvailable score {-rank.neg_score}")
+    parts.append(f"node #{rank.position + 1} {node_order_text(policy)}")
+    return ", ".join(parts)
+
+
+def has_multi_gpu_request(claims: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a claim has an ``exactly`` request for more than one device."""
+    return any(
+        int((r.get("exactly") or {}).get("count") or 1) > 1
         for c in claims
         for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or []
-        if int((r.get("exactly") or {}).get("count") or 1) > 1
-    ]
-    if not multi:
+    )
+
+
+def topology_variants(claims: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Stricter copies of ``claims`` to try first, one per tier of :data:`TOPOLOGY_TIERS`
+    (variant i is tier i): each multi-GPU request's devices constrained to match the tier's
+    attributes. The last variant is the claims unchanged; without a multi-GPU request it is
+    the only one. Only the search sees the copies; any allocation they yield satisfies the
+    original claims too.
+    """
+    if not has_multi_gpu_request(claims):
         return [list(claims)]
     variants = []
-    for attr in TOPOLOGY_ATTRIBUTES:
+    for _, attrs in TOPOLOGY_TIERS[:-1]:
         variant = []
         for c in claims:
             c2 = copy.deepcopy(c)
@@ -155,7 +213,8 @@ def topology_variants(claims: Sequence[dict[str, Any]]) -> list[list[dict[str, A
             ]
             cons = devs.setdefault("constraints", [])
             for n in names:
-                cons.append({"requests": [n], "matchAttribute": attr})
+                for attr in attrs:
+                    cons.append({"requests": [n], "matchAttribute": attr})
             variant.append(c2)
         variants.append(variant)
     variants.append(list(claims))

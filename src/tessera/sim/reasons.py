@@ -60,20 +60,22 @@ def _noun(devs: Sequence[_Seen]) -> str:
     return "GPU" if devs and all(s.dr.device.driver == DRIVER_NAME for s in devs) else "device"
 
 
-def needs_text(rr: RequestRecord, devs: Sequence[_Seen]) -> str:
-    """Every capacity the request consumes per device: ``memory 8Gi and cores 50``; a capacity
-    it does not name is consumed at the request policy's default (all of it without one). A
-    default of zero consumes nothing and is left out."""
+def needs_text(rr: RequestRecord, devs: Sequence[DeviceRecord]) -> str:
+    """Every capacity the request consumes per device: ``9 devices with memory 8Gi and cores
+    50``; a capacity it does not name is consumed at the request policy's default (all of it
+    without one, dra-spec.md 2.2), said once over ``devs`` (the request's device records, from
+    every node the statement is about). A default of zero consumes nothing and is left out.
+    One text for ``simulate``'s pending reasons and ``explain``'s "wants" lines."""
     named = [f"{k} {v.canonical()}" for k, v in rr.capacity.items()]
     defaults: dict[str, dict[tuple[bool, int, int], tuple[Fraction, Format]]] = {}
     having: dict[str, int] = {}
     zero: dict[str, int] = {}  # devices whose default for it is 0 (they consume none)
     counted = 0
-    for s in devs:
-        if s.dr.uses is None:
+    for dr in devs:
+        if dr.uses is None:
             continue
         counted += 1
-        for u in s.dr.uses:
+        for u in dr.uses:
             if u.requested is None and u.needs:
                 key = (u.needs == u.total, u.needs.numerator, u.needs.denominator)  # ints hash fast
                 defaults.setdefault(u.name, {})[key] = (u.needs, u.format)
@@ -122,7 +124,7 @@ def request_clause(
     """One request's clause over the nodes in ``seen`` (its devices, node by node)."""
     matching = [s for s in seen if s.dr.matches]
     noun = _noun(matching or seen)
-    head = f"needs {needs_text(rr, matching or seen)}"
+    head = f"needs {needs_text(rr, [s.dr for s in matching or seen])}"
     if not matching:
         return f"{head}; none of the {_plural(len(seen), noun)} {scope} matches its selectors"
     fitting = [s for s in matching if s.dr.alone is None]
@@ -208,11 +210,7 @@ def _now(now: Sequence[_Seen], noun: str) -> str:
             if isinstance(r, CountersShort):
                 sets.setdefault(f"{s.dr.device.pool}/{r.counter_set}", {})[r.counter] = r
         elif isinstance(r, Tainted):
-            key = (
-                f"tainted {r.key_}={r.value}:{r.effect} (not tolerated)"
-                if r.value
-                else f"tainted {r.key_}:{r.effect} (not tolerated)"
-            )
+            key = f"tainted {r.taint()} (not tolerated)"
             others[key] = others.get(key, 0) + 1
         elif isinstance(r, ConstraintFailed):
             key = f"without attribute {r.attribute} (constraint #{r.index})"

@@ -11,7 +11,6 @@ not defined). Node CPU and memory are not modelled.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import json
 import random
@@ -30,18 +29,21 @@ from tessera.allocator import (
     NodeAllocationError,
     NodeRecord,
     SliceIndex,
+    taint_rule_from_dict,
 )
+from tessera.allocator.core import evicting_taint, tolerates
 from tessera.allocator.model import Device, node_selector_matches
 from tessera.allocator.record import alternatives
 from tessera.api.deviceclass import device_class, served_extended_resources
 from tessera.api.errors import ManifestError
 from tessera.api.heap import collector_paused
-from tessera.api.loader import Manifest
+from tessera.api.loader import CLUSTER_SCOPED_KINDS, Manifest
 from tessera.api.quantity import Quantity
 from tessera.api.uids import uuid5_url
 from tessera.api.validation import DRA_V1BETA2, check
 from tessera.api.workloads import foreign_workload
 from tessera.convert import gpu_memory_sizes
+from tessera.sim.classmap import map_device_classes
 from tessera.sim.cluster import Cluster
 from tessera.sim.extended import (
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,
@@ -54,11 +56,14 @@ from tessera.sim.extended import (
 )
 from tessera.sim.policies import (
     POLICIES,
+    PlacementRank,
     PodPolicy,
     device_rank,
+    has_multi_gpu_request,
     max_prioritized_list_score,
     node_usage,
     order_nodes,
+    placement_rank,
     pod_policy,
     prioritized_list_score,
     topology_variants,
@@ -70,51 +75,6 @@ BETA2 = DRA_V1BETA2
 # The NVIDIA DRA driver's DeviceClasses (k8s-dra-driver-gpu): its class, driver and attribute
 # domain for full GPUs are all gpu.nvidia.com, as Tessera's are all gpu.tessera.dev.
 NVIDIA_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
-
-
-def map_device_classes(
-    manifests: Sequence[Manifest], class_map: Mapping[str, str], notes: list[str]
-) -> list[Manifest]:
-    """``--class-map FROM=TO``: ResourceClaims and ResourceClaimTemplates whose requests name
-    DeviceClass FROM get TO instead, and in those requests' selectors the string literal
-    ``"FROM"`` becomes ``"TO"`` (the NVIDIA DRA driver's attribute and capacity domain is its
-    class name, ``gpu.nvidia.com``, as Tessera's is ``gpu.tessera.dev``; the attribute names
-    Tessera publishes are the driver's: productName, uuid, index, architecture, ...). Returns new
-    manifests (inputs untouched); appends one note per changed object to ``notes``."""
-    out: list[Manifest] = []
-    for m in manifests:
-        if m.kind not in ("ResourceClaim", "ResourceClaimTemplate"):
-            out.append(m)
-            continue
-        obj = copy.deepcopy(m.obj)
-        spec = obj.get("spec") or {}
-        if m.kind == "ResourceClaimTemplate":
-            spec = spec.get("spec") or {}
-        changed: list[str] = []
-        for r in (spec.get("devices") or {}).get("requests") or []:
-            for sub in ([r["exactly"]] if r.get("exactly") else []) + list(
-                r.get("firstAvailable") or []
-            ):
-                src = sub.get("deviceClassName")
-                if src not in class_map:
-                    continue
-                dst = class_map[src]
-                sub["deviceClassName"] = dst
-                for sel in sub.get("selectors") or []:
-                    cel = (sel or {}).get("cel") or {}
-                    if isinstance(cel.get("expression"), str):
-                        cel["expression"] = (
-                            cel["expression"]
-                            .replace(f'"{src}"', f'"{dst}"')
-                            .replace(f"'{src}'", f"'{dst}'")
-                        )
-                changed.append(f"{src} -> {dst}")
-        if changed:
-            notes.append(f"{m.source}: {m.ref()}: --class-map: {', '.join(sorted(set(changed)))}")
-            out.append(dataclasses.replace(m, obj=obj))
-        else:
-            out.append(m)
-    return out
 
 
 def default_device_class() -> dict[str, Any]:
@@ -154,6 +114,25 @@ class Placement:
 class Pending:
     pod: str
     reason: str
+
+
+#: _try_node's answer when only tiers no better than the best so far fit (not a refusal).
+_NOT_BETTER = "not better than the best placement so far"
+
+
+@dataclass(slots=True)
+class Choice:
+    """How the scan chose a pod's node (kept with ``Simulation.record_choices``, for
+    ``explain``): the pod's policy, whether topology tiers ranked it, the nodes not tried
+    because they are known not to fit (the first ``skipped`` in cluster order), the node
+    indices tried in order, and the rank (:func:`~tessera.sim.policies.placement_rank`) of
+    each node where the claims fit. The chosen node is the one of lowest rank."""
+
+    policy: PodPolicy
+    tiers: bool
+    skipped: int
+    examined: list[int]
+    fits: dict[int, PlacementRank]
 
 
 @dataclass
@@ -392,8 +371,6 @@ def untolerated_taint(
     TaintToleration filter), or None."""
     if not taints:
         return None
-    from tessera.allocator.core import tolerates
-
     tols = (pod.get("spec") or {}).get("tolerations") or []
     for t in taints:
         if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(
@@ -483,6 +460,8 @@ class Simulation:
         self.templates: dict[tuple[str, str], dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: list[Manifest] = []
+        #: DeviceTaintRules (API objects), merged into the devices they select.
+        self.taint_rules: list[dict[str, Any]] = []
         slices = [s for n in cluster.nodes for s in n.slices]
         slice_names = {_name(s): s for s in slices}
         seen: dict[tuple[str, str, str], Manifest] = {}
@@ -514,18 +493,26 @@ class Simulation:
                 and m.obj.get("spec") == default_device_class()["spec"]
             ):
                 continue
-            key = (kind, m.namespace if kind != "DeviceClass" else "", m.name)
-            if kind in ("DeviceClass", "ResourceClaimTemplate", "ResourceClaim", "Pod"):
+            key = (kind, m.namespace if kind not in CLUSTER_SCOPED_KINDS else "", m.name)
+            if kind in (
+                "DeviceClass",
+                "DeviceTaintRule",
+                "ResourceClaimTemplate",
+                "ResourceClaim",
+                "Pod",
+            ):
                 if key in seen:
                     raise _dup(
                         m,
                         f"duplicate {kind} name (first in {seen[key].source}): names must be unique",
                     )
                 seen[key] = m
-                if kind != "Pod":  # a Pod has no selectors (its schema has no place for them)
+                if kind not in ("Pod", "DeviceTaintRule"):  # no CEL selectors in these
                     _check_selectors(m)
             if kind == "DeviceClass":
                 self.classes[m.name] = m.obj
+            elif kind == "DeviceTaintRule":
+                self.taint_rules.append(m.obj)
             elif kind == "ResourceClaimTemplate":
                 self.templates[(m.namespace, m.name)] = m.obj
             elif kind == "ResourceClaim":
@@ -558,7 +545,7 @@ class Simulation:
         #: by pod ``namespace/name``, for explain.
         self.extended_pending: dict[str, dict[str, Any]] = {}
         self.slices = slices
-        self.index = SliceIndex(slices)
+        self.index = SliceIndex(slices, [taint_rule_from_dict(r) for r in self.taint_rules])
         # Without DRAConsumableCapacity kube-scheduler counts every result as dedicated.
         self.state = AllocatedState(
             consumable_capacity=(features or Features()).consumable_capacity
@@ -572,6 +559,10 @@ class Simulation:
         self._node_usage: list[Fraction] = [Fraction(0) for _ in self.nodes]
         self._usage_stale: set[int] = set()
         self._placed = 0
+        self._tier = 0  # the topology tier _try_node reached
+        #: With ``record_choices`` (explain sets it), each scheduled pod's :class:`Choice`.
+        self.record_choices = False
+        self.choices: dict[str, Choice] = {}
         #: Claims of the pods scheduled so far (placed or not): progress output's claims per second.
         self.claims_seen = 0
         # Pending pods whose claims fit on no node: explained once the run is over (against
@@ -590,6 +581,49 @@ class Simulation:
         # GPU memory sizes for HAMi's gpumem-percentage (the same function as `tessera convert`).
         self.memory_sizes = gpu_memory_sizes(self.slices)
         self._check_classes(manifests)
+        self._warn_evicted()
+
+    def _warn_evicted(self) -> None:
+        """A claim already allocated on a device tainted ``NoExecute`` (by its slice or a
+        DeviceTaintRule), whose result does not tolerate the taint: in the cluster the device
+        taint eviction controller (KEP-5055) evicts the pods using it. The simulation keeps the
+        allocation; one warning per claim names the device, the taint and the rule."""
+        if not any(t.effect == "NoExecute" for d in self.index.devices() for t in d.taints):
+            return
+        for c in self.claims.values():
+            why = self.eviction([c])
+            if why is not None:
+                md = c.get("metadata") or {}
+                self.warnings.append(
+                    f"ResourceClaim {md.get('namespace', 'default')}/{md.get('name', '')}: {why} "
+                    "(the simulation keeps the allocation)"
+                )
+
+    def eviction(self, claims: Sequence[Mapping[str, Any]]) -> str | None:
+        """Why the device taint eviction controller evicts the pods using ``claims`` (their
+        ``status.allocation``): the first result on a device with a ``NoExecute`` taint its
+        tolerations do not stop (:func:`~tessera.allocator.core.evicting_taint`), in words;
+        None when nothing evicts them."""
+        for c in claims:
+            alloc = (c.get("status") or {}).get("allocation") or {}
+            for r in (alloc.get("devices") or {}).get("results") or []:
+                d = self._device(str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
+                hit = evicting_taint(d.taints, r.get("tolerations") or []) if d else None
+                if hit is None or d is None:
+                    continue
+                t, seconds = hit
+                rule = f" (DeviceTaintRule {t.rule})" if t.rule else ""
+                when = (
+                    ""
+                    if seconds is None
+                    else f" after the toleration's tolerationSeconds ({seconds} s)"
+                )
+                return (
+                    f"device {'/'.join(d.id)} has taint {t.text()}{rule} and no toleration with "
+                    "effect NoExecute for it: the device taint eviction controller evicts the pods "
+                    f"using it{when}"
+                )
+        return None
 
     def _check_classes(self, manifests: Iterable[Manifest]) -> None:
         """A request naming a DeviceClass the simulation lacks is not bad input: kube-scheduler
@@ -740,6 +774,7 @@ class Simulation:
         objects: list[dict[str, Any]] = []
         objects.extend(self.classes.values())
         objects.extend(self.slices)
+        objects.extend(self.taint_rules)
         objects.extend(out_templates)
         objects.extend(self.claims.values())
         objects.extend(out_pods)
@@ -970,9 +1005,16 @@ class Simulation:
         # otherwise equal nodes. With first-fit, the scan goes on past the first fit only while a
         # better score is still possible; other node policies take their first fit.
         top = specs.top_score
-        best: tuple[int, int, list[dict[str, Any]]] | None = None
-        for i in order:
+        # The topology GPU policy ranks placements by tier (TOPOLOGY_TIERS) before anything
+        # else: the scan goes on past a fit while a better tier is possible, trying only the
+        # stricter tiers on the nodes after it.
+        tiers = policy.gpus == "topology" and has_multi_gpu_request(todo)
+        best: tuple[PlacementRank, int, list[dict[str, Any]]] | None = None
+        examined: list[int] = []
+        fits: dict[int, PlacementRank] = {}
+        for pos, i in enumerate(order):
             node = self.nodes[i]
+            examined.append(i)
             # Node affinity and taints are the scheduler's first filters: a node the pod does not
             # select (or whose taint it does not tolerate) says so even when the claims' shape is
             # known not to fit there.
@@ -984,7 +1026,11 @@ class Simulation:
             ):
                 why: str | AllocationError | list[dict[str, Any]] = known
             else:
-                why = self._try_node(pod, node, todo, done, policy)
+                why = self._try_node(
+                    pod, node, todo, done, policy, best[0].tier if best and tiers else None
+                )
+                if why is _NOT_BETTER:
+                    continue
                 if isinstance(why, NodeAllocationError):
                     # Upstream's ErrFailedAllocationOnNode: this node's reason, not the pod's.
                     why = str(why)
@@ -995,22 +1041,33 @@ class Simulation:
             if isinstance(why, AllocationError):
                 return None, f"allocation error: {why}", claims
             if isinstance(why, list):
+                # Other node policies take their first fit: the score counts under first-fit.
                 score = prioritized_list_score(todo, why) if top else 0  # no firstAvailable: 0
+                first_fit = policy.nodes == "first-fit"
+                rank = placement_rank(self._tier if tiers else 0, score if first_fit else 0, pos)
+                fits[i] = rank
                 if best is None:
                     if key is not None:
                         self._cursor[key] = (i, counts)
                     prefix = False
-                if best is None or score > best[0]:
-                    best = (score, i, why)
-                if score >= top or policy.nodes != "first-fit":
+                if best is None or rank < best[0]:
+                    best = (rank, i, why)
+                if best[0].tier == 0 and (score >= top or not first_fit):
                     break
                 continue
             counts[why] = counts.get(why, 0) + 1
             if prefix and key is not None:
                 self._cursor[key] = (i + 1, dict(counts))
+        if self.record_choices:
+            self.choices[ref] = Choice(policy, tiers, start if key else 0, examined, fits)
         if best is not None:
             _, i, results = best
             node = self.nodes[i]
+            why_evicted = self.eviction([{"status": {"allocation": res}} for res in results] + done)
+            if why_evicted is not None:
+                # kube-scheduler binds the pod, the eviction controller deletes it: it never
+                # runs, and its template claims go with it (nothing stays allocated).
+                return None, f"scheduled on {node.name}, then evicted: {why_evicted}", claims
             for c, res in zip(todo, results, strict=True):
                 c["status"] = {"allocation": res}
                 self.state.add_claim(c)
@@ -1068,9 +1125,12 @@ class Simulation:
         todo: list[dict[str, Any]],
         done: list[dict[str, Any]],
         policy: PodPolicy,
+        below_tier: int | None = None,
     ) -> str | AllocationError | list[dict[str, Any]]:
         """The allocation results of ``todo`` on ``node`` (one per claim, nothing recorded yet);
-        else the scheduler's reason (or error)."""
+        else the scheduler's reason (or error). Under the topology GPU policy the tier reached
+        is left in ``self._tier``; ``below_tier``: try only the tiers better than it, and
+        return :data:`_NOT_BETTER` when none fits."""
         if not pod_fits_node(pod, node):
             names = affinity_node_names(pod)
             if names is not None and node.name not in names:
@@ -1087,18 +1147,21 @@ class Simulation:
                 return "resourceclaim not available on the node"
         rank = device_rank(policy.gpus, self.state)
         variants = topology_variants(todo) if policy.gpus == "topology" else [todo]
+        if below_tier is not None:
+            variants = variants[:below_tier]
         results = None
         try:
-            for variant in variants:
+            for tier, variant in enumerate(variants):
                 # The stricter variants are copies made for this try: not memoised.
                 transient = any(v is not c for v, c in zip(variant, todo, strict=True))
                 results = self.allocator.allocate(node, variant, rank, transient=transient)
                 if results is not None:
+                    self._tier = tier
                     break
         except AllocationError as e:
             return e
         if results is None:
-            return "cannot allocate all claims"
+            return _NOT_BETTER if below_tier is not None else "cannot allocate all claims"
         return list(results)
 
     # ------------------------------------------------------------------------------------------
