@@ -43,6 +43,7 @@ finish, removes only its own sockets and logs what it did.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -101,6 +102,7 @@ from .prepare import (
     materialize,
     node_devices,
     plan_claim,
+    plan_stale,
     remove_files,
     write_node_shares,
     write_preload,
@@ -288,6 +290,7 @@ class NodeDriver:
             )
         if self.mig is not None and self.recover_mig():
             inv = self._discover()
+        self._reconcile_claims(inv)
         self.registry.update(self._foreign_only(inv), {})
         self.backend = backends.detect(
             cfg.enforcement_backend,
@@ -628,6 +631,66 @@ class NodeDriver:
                 )
             finally:
                 self._release_claims([lk])
+
+    # ---- what a reboot took away ----------------------------------------------------------
+    def _reconcile_claims(self, inv: Inventory) -> None:
+        """At start: check every prepared claim's recorded plan against the GPUs and MIG
+        devices NVML lists now (:func:`~.prepare.plan_stale`). A stale plan (a GPU gone or at
+        another minor, a MIG instance gone: a reboot) is never answered again: its files are
+        removed and its entry dropped, so the kubelet's next prepare plans the claim afresh from
+        its allocation (a vanished GPU then fails it in one line); a claim with dynamic-MIG
+        slots keeps them as a ``preparing`` entry (the placements stay the driver's), and the
+        retry makes its instances again. One checkpoint write; each claim under its lock (one
+        another instance holds is left alone)."""
+        assert self.checkpoint is not None
+        gpus = {
+            ng.gpu.uuid: (ng.minor, frozenset(m.uuid for m in ng.gpu.mig_devices if m.uuid))
+            for ng in inv.gpus
+        }
+        put: dict[str, dict[str, Any]] = {}
+        drop: list[str] = []
+        locks: list[FileLock] = []
+        try:
+            for uid, entry in sorted(self.checkpoint.entries().items()):
+                if entry.get("state") != PREPARED:
+                    continue
+                plan = ClaimPlan.from_json(entry["plan"])
+                why = plan_stale(plan, gpus)
+                if why is None:
+                    continue
+                lk = self._lock_for(uid)
+                if not lk.acquire(blocking=False):
+                    continue
+                locks.append(lk)
+                remove_files(uid, self.layout)
+                ref = plan.ref
+                if plan.mig:
+                    put[uid] = {
+                        "state": PREPARING,
+                        "since": time.time(),
+                        "claim": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
+                        "slots": [
+                            dataclasses.replace(m, gi=None, ci=None, uuid=None).to_json()
+                            for m in plan.mig
+                        ],
+                    }
+                else:
+                    drop.append(uid)
+                self.log(
+                    f"ResourceClaim {ref.namespace}/{ref.name}: its recorded plan is stale: {why}; "
+                    "removed its files and prepared state: the kubelet's next prepare plans it "
+                    "again from its allocation"
+                    + (" (its MIG placements stay recorded and are made again)" if plan.mig else "")
+                )
+            if put or drop:
+                try:
+                    self.checkpoint.update(put=put, drop=drop)
+                except OSError as e:
+                    raise DriverStartError(
+                        f"--state-dir {self.cfg.state_dir}: checkpoint: {e.strerror or e}"
+                    ) from e
+        finally:
+            self._release_claims(locks)
 
     # ---- files left by a crash -----------------------------------------------------------
     def _reconcile_files(self) -> None:

@@ -712,6 +712,51 @@ def _cdi_spec(
     }
 
 
+def plan_stale(
+    plan: ClaimPlan, gpus: Mapping[str, tuple[int | None, frozenset[str]]]
+) -> str | None:
+    """Why a recorded (checkpointed) plan no longer matches the node, or None when it does.
+
+    ``gpus``: the GPUs NVML lists now, ``{GPU UUID: (device minor, UUIDs of its MIG devices)}``.
+    A plan is stale when a GPU it hands out is gone (vanished, or replaced by another UUID), when
+    its GPU's device node moved (another minor after a reboot: the CDI spec names the old
+    ``/dev/nvidia<N>``), or when a MIG device it names does not exist (dynamic instances are gone
+    after a reboot; the recorded MIG UUID would be stale: NVIDIA's DRA driver #951). Each
+    reason is one line naming the device and what changed.
+    """
+    gpu_of: dict[str, str] = {}
+    for e in plan.status:
+        data = e.get("data") or {}
+        device = str(e.get("device"))
+        gpu = str(data.get("parentUUID") or data.get("uuid") or "")
+        gpu_of[device] = gpu
+        if gpu not in gpus:
+            return f"GPU {gpu} ({device}) is gone from this node"
+        mig = str(data.get("uuid") or "")
+        # (a MIG name without a UUID, GPU/gi/ci, cannot be checked)
+        if data.get("parentUUID") and "/" not in mig and mig not in gpus[gpu][1]:
+            return (
+                f"MIG device {data.get('uuid')} ({device} of GPU {gpu}) no longer exists "
+                "(its instance was destroyed, e.g. by a reboot)"
+            )
+    prefix = f"{plan.ref.uid}-"
+    for d in plan.cdi_spec.get("devices") or []:
+        name = str(d.get("name", ""))
+        device = name[len(prefix) :].split("-", 1)[-1] if name.startswith(prefix) else ""
+        owner = gpu_of.get(device)
+        if owner is None:
+            continue
+        minor = gpus[owner][0]
+        for n in (d.get("containerEdits") or {}).get("deviceNodes") or []:
+            tail = str(n.get("path", "")).removeprefix("/dev/nvidia")
+            if tail.isdigit() and minor is not None and int(tail) != minor:
+                return (
+                    f"GPU {owner} ({device}) is /dev/nvidia{minor} now, not /dev/nvidia{tail} as "
+                    "recorded (its index moved)"
+                )
+    return None
+
+
 def _region_ok(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
