@@ -125,6 +125,16 @@ REQUIRED_ACCESS: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
+#: How a claim's error ends when a file-system fault stopped its prepare and nothing stayed.
+NOT_KEPT = "; nothing of the claim was kept: the kubelet's retry prepares it once that is fixed"
+
+
+def io_fault(e: OSError) -> str:
+    """A file-system fault at prepare (a full disk, a read-only state directory, a failed
+    fsync) in words: what the OS said and the path."""
+    return f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
+
+
 class DriverStartError(TesseraError, RuntimeError):
     """The driver cannot start; the message is one line saying what is missing and what to do."""
 
@@ -835,9 +845,20 @@ class NodeDriver:
             except ApiError as e:
                 out[ref.uid] = self._claim_error(ref, e)
         todo = [r for r in claims if r.uid not in out]
-        locks = [self._lock_for(u) for u in sorted({r.uid for r in todo})]
-        for lk in locks:
-            lk.acquire()
+        locks = []
+        for u in sorted({r.uid for r in todo}):
+            lk = self._lock_for(u)
+            try:
+                lk.acquire()
+            except OSError as e:
+                # A read-only or full state directory: this claim fails, the others go on.
+                ref = next(r for r in todo if r.uid == u)
+                out[u] = PrepareResult(
+                    error=f"ResourceClaim {ref.namespace}/{ref.name}: its lock: {io_fault(e)}{NOT_KEPT}"
+                )
+                continue
+            locks.append(lk)
+        todo = [r for r in todo if r.uid not in out]
         new: dict[str, dict[str, Any]] = {}
         plans: dict[str, ClaimPlan] = {}
         try:
@@ -891,10 +912,21 @@ class NodeDriver:
                 try:
                     materialize(plan, self.layout)
                 except OSError as e:
+                    recorded = new.pop(uid, None) is None
+                    if not recorded:
+                        # Not recorded: nothing of it may stay (each file was written whole or
+                        # not at all; those written before the fault go too).
+                        self._remove_quietly(uid)
                     out[uid] = PrepareResult(
-                        error=f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: writing its files: {e}"
+                        error=f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: writing its "
+                        f"files: {io_fault(e)}"
+                        + (
+                            "; it stays prepared, and its files are written again at the "
+                            "kubelet's retry"
+                            if recorded
+                            else NOT_KEPT
+                        )
                     )
-                    new.pop(uid, None)
                     plans.pop(uid)
             t1 = time.perf_counter()
             if new:
@@ -902,11 +934,12 @@ class NodeDriver:
                     self.checkpoint.update(put=new)
                 except OSError as e:
                     for uid in new:
-                        remove_files(uid, self.layout)
+                        self._remove_quietly(uid)
                         plans.pop(uid, None)
                         out[uid] = PrepareResult(
                             error=f"ResourceClaim {fetched[uid]['metadata'].get('namespace')}/"
-                            f"{fetched[uid]['metadata'].get('name')}: checkpoint: {e}"
+                            f"{fetched[uid]['metadata'].get('name')}: recording it in the "
+                            f"checkpoint: {io_fault(e)}{NOT_KEPT}"
                         )
             if new:
                 self._write_shares()
@@ -923,6 +956,14 @@ class NodeDriver:
             if uid in plans:
                 self._status_q.put(plans[uid])
         return out
+
+    def _remove_quietly(self, uid: str) -> None:
+        """Remove the files of a claim whose prepare failed; a removal that fails too (a
+        read-only directory) is logged, and start-up or the next prepare removes them."""
+        try:
+            remove_files(uid, self.layout)
+        except OSError as e:
+            self.log(f"claim {uid}: removing the files of a failed prepare: {io_fault(e)}")
 
     def _foreign_problem(self, uid: str, slots: Sequence[MigSlot]) -> str | None:
         """Why the placements of ``slots`` are taken by instances the driver did not make (or
