@@ -3,7 +3,7 @@ process, the fake NVML, a live control plane, a fake kubelet over the real socke
 state directory on a 2 MiB tmpfs mounted for the test, which is filled up (a full disk) and
 made read-only (a read-only bind mount over it); the CDI directory is removed while the driver runs; and a failing fsync
 is injected (no file system here fails fsync on demand): the driver process runs with
-``os.fsync`` wrapped to raise EIO while a flag file exists.
+``os.fsync`` and ``os.fdatasync`` wrapped to raise EIO while a flag file exists.
 
 Each fault must give the claim one clear line, leave nothing of it (no claim directory, CDI
 spec, temporary file or checkpoint entry), leave the other claims of the call prepared, and
@@ -28,16 +28,18 @@ from .driverkit import DriverEnv, DriverProcess, allocated_claim
 pytestmark = pytest.mark.cluster
 
 DRIVER = "gpu.tessera.dev"
-#: ``python -c`` program: ``tessera`` with ``os.fsync`` failing (EIO) while the flag file named
+#: ``python -c`` program: ``tessera`` with ``os.fsync`` and ``os.fdatasync`` failing (EIO) while the flag file named
 #: by ``$TESSERA_TEST_FAIL_FSYNC`` exists.
 FSYNC_SEAM = """
 import errno, os, runpy, sys
-_fsync, _flag = os.fsync, os.environ["TESSERA_TEST_FAIL_FSYNC"]
-def fsync(fd):
-    if os.path.exists(_flag):
-        raise OSError(errno.EIO, os.strerror(errno.EIO))
-    return _fsync(fd)
-os.fsync = fsync
+_flag = os.environ["TESSERA_TEST_FAIL_FSYNC"]
+def failing(real):
+    def sync(fd):
+        if os.path.exists(_flag):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(fd)
+    return sync
+os.fsync, os.fdatasync = failing(os.fsync), failing(os.fdatasync)
 sys.argv = ["tessera", *sys.argv[1:]]
 runpy.run_module("tessera", run_name="__main__", alter_sys=True)
 """
