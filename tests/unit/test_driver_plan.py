@@ -21,6 +21,7 @@ from tessera.driver.prepare import (
     materialize,
     node_devices,
     plan_claim,
+    plan_stale,
     remove_files,
     write_node_shares,
 )
@@ -506,3 +507,21 @@ def test_the_node_shares_files_sum_the_prepared_guarantees(
     assert text == "version 1\nguaranteed 50\nbest-effort 1\n"
     write_node_shares(layout, plans[:0])  # every claim unprepared: the file goes
     assert not (layout.shares_dir / uuid).exists()
+
+
+def test_a_recorded_plan_is_stale_when_its_gpu_moved_or_vanished(
+    devices: dict[str, NodeDevice], layout: Layout
+) -> None:
+    """After a reboot the checkpoint's plan is checked against NVML: the GPU by UUID, its device
+    minor (the spec names /dev/nvidia<minor>), and MIG devices by UUID."""
+    plan = plan_claim(claim(share("gpu-3", "4Gi", "10")), REF, NODE, devices, LIBRARY, layout)
+    u3 = devices["gpu-3"].record.gpu.uuid
+    now = {r.record.gpu.uuid: (r.record.minor, frozenset()) for r in devices.values()}
+    assert plan_stale(plan, now) is None
+    assert plan_stale(ClaimPlan.from_json(plan.to_json()), now) is None
+    moved = {**now, u3: (4, frozenset())}
+    assert plan_stale(plan, moved) == (
+        f"GPU {u3} (gpu-3) is /dev/nvidia4 now, not /dev/nvidia3 as recorded (its index moved)"
+    )
+    gone = {k: v for k, v in now.items() if k != u3}
+    assert plan_stale(plan, gone) == f"GPU {u3} (gpu-3) is gone from this node"

@@ -13,6 +13,9 @@
 6. MIG instances the driver made are recovered (:meth:`NodeDriver.recover_mig`): those of an
    interrupted unprepare, or of an interrupted prepare whose claim is gone, are destroyed;
    those of a prepare still in progress are adopted (the kubelet's retry uses them);
+   then every prepared claim's recorded plan is checked against what NVML lists
+   (:meth:`NodeDriver._reconcile_claims`: after a reboot a GPU may be gone or at another
+   minor, a MIG instance gone): a stale claim is planned again at the kubelet's next prepare;
 7. discovery (the driver's own MIG instances left out: what remains was made by someone else);
 8. the enforcement backend is chosen (:mod:`tessera.driver.backend`);
 9. the ResourceSlices are published (:mod:`tessera.driver.publish`; a dynamic-MIG setting the
