@@ -677,14 +677,17 @@ class NodeDriver:
                 locks.append(lk)
                 remove_files(uid, self.layout)
                 ref = plan.ref
-                if plan.mig:
+                # Placements on a GPU that is gone hold nothing any more (and NVML could not
+                # destroy them at unprepare): only those on present GPUs stay recorded.
+                kept = [m for m in plan.mig if m.gpu_uuid in gpus]
+                if kept:
                     put[uid] = {
                         "state": PREPARING,
                         "since": time.time(),
                         "claim": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
                         "slots": [
                             dataclasses.replace(m, gi=None, ci=None, uuid=None).to_json()
-                            for m in plan.mig
+                            for m in kept
                         ],
                     }
                 else:
@@ -693,7 +696,7 @@ class NodeDriver:
                     f"ResourceClaim {ref.namespace}/{ref.name}: its recorded plan is stale: {why}; "
                     "removed its files and prepared state: the kubelet's next prepare plans it "
                     "again from its allocation"
-                    + (" (its MIG placements stay recorded and are made again)" if plan.mig else "")
+                    + (" (its MIG placements stay recorded and are made again)" if kept else "")
                 )
             if put or drop:
                 try:
