@@ -567,7 +567,7 @@ def test_malformed_claims_get_per_claim_errors(
     assert "allocated to pool(s) another-node, not to this node" in errors["elsewhere"]
     assert "has no result of driver gpu.tessera.dev (drivers: nic.example.com)" in errors["foreign"]
     assert "'bandwidth' is not a capacity of GPU" in errors["badcap"]
-    assert "consumedCapacity.memory: 100Gi is outside 1..85520809984 bytes" in errors["toobig"]
+    assert "consumedCapacity.memory: 100Gi is outside 1..84943044608 bytes" in errors["toobig"]
     assert "'gpu-42' is not a device of node" in errors["nodevice"]
     assert "status.allocation is empty: the claim is not allocated" in errors["pending"]
     assert "NotFound" in errors["no-such-claim"]

@@ -249,7 +249,11 @@ def test_sigkill_100_times_during_prepare_and_unprepare(
             assert [(g.uuid, g.memory, g.cores) for g in lim.gpus] == [expect[uid]]
             reg = read_region(str(env.state_dir / "claims" / uid / "region"))
             assert [(g.uuid, g.memory_limit, g.cores) for g in reg.gpus] == [expect[uid]]
-            assert sorted(os.listdir(env.state_dir / "claims" / uid)) == ["limits", "region"]
+            assert sorted(os.listdir(env.state_dir / "claims" / uid)) == [
+                "driver",
+                "limits",
+                "region",
+            ]
             spec = json.loads((env.cdi_dir / f"gpu.tessera.dev-claim_{uid}.json").read_text())
             assert spec["containerEdits"]["env"][0] == f"NVIDIA_VISIBLE_DEVICES={expect[uid][0]}"
         leftovers = [p.name for p in env.state_dir.iterdir() if p.name.startswith(".")]

@@ -4,6 +4,7 @@ GPUs of a real inventory (8x H100 80GB HBM3), and the driver's checkpoint and pr
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from tessera.driver.prepare import (
     materialize,
     node_devices,
     plan_claim,
+    plan_stale,
     remove_files,
     write_node_shares,
 )
@@ -151,10 +153,6 @@ def test_whole_gpu_and_admin_access_have_no_limits(
         and whole.backend == "none"
         and "mounts" not in whole.cdi_spec["containerEdits"]
     )
-    dedicated = dict(share("gpu-0", None, None))
-    dedicated.pop("shareID")
-    dedicated.pop("consumedCapacity")
-    assert plan_claim(claim(dedicated), REF, NODE, devices, LIBRARY, layout).limits_text is None
     admin = {**share("gpu-0", "1Gi", "10"), "adminAccess": True}
     plan = plan_claim(claim(admin), REF, NODE, devices, LIBRARY, layout)
     assert plan.limits_text is None and plan.status[0]["data"]["enforcementBackend"] == "none"
@@ -166,9 +164,7 @@ def test_whole_and_admin_devices_beside_a_share_are_listed_unlimited(
     """The library refuses a visible GPU in no line of the limits file (a second claim's), so
     the claim's own whole and adminAccess devices are written as ``unlimited`` lines."""
     full = devices["gpu-2"].record.gpu.usable_memory_bytes
-    dedicated = dict(share("gpu-5", None, None, "ded"))
-    dedicated.pop("shareID")
-    dedicated.pop("consumedCapacity")
+    dedicated = share("gpu-5", str(full), "0", "ded")
     plan = plan_claim(
         claim(
             share("gpu-1", "4Gi", "30"),
@@ -227,6 +223,49 @@ def test_bad_allocations_are_claim_errors(
         ClaimError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
     ):
         plan_claim(claim(result), REF, NODE, devices, LIBRARY, layout)
+
+
+def test_allocations_prepare_cannot_enforce_are_refused_not_prepared_whole(
+    devices: dict[str, NodeDevice], layout: Layout
+) -> None:
+    """An allocator without consumable capacity (KAI up to v0.17) hands a shared GPU to a claim
+    with no shareID and no consumedCapacity: before, prepare gave that claim the whole GPU
+    (no limits file) while other claims held shares of it. And a shareID on a device that is
+    dedicated in today's slices comes from a slice version the driver no longer publishes."""
+    stable = {
+        k: v
+        for k, v in share("gpu-3", None, None).items()
+        if k not in ("shareID", "consumedCapacity")
+    }
+    u3 = devices["gpu-3"].record.gpu.uuid
+    with pytest.raises(ClaimError) as e:
+        plan_claim(claim(stable), REF, NODE, devices, LIBRARY, layout)
+    assert str(e.value).startswith(
+        "ResourceClaim ns/c: status.allocation.devices.results[0].shareID: missing, but gpu-3 "
+        f"(GPU {u3}) is shared (published with allowMultipleAllocations)"
+    )
+    assert "KAI up to v0.17" in str(e.value) and "\n" not in str(e.value)
+    no_memory = share("gpu-3", None, "10")
+    with pytest.raises(
+        ClaimError, match=r"results\[0\]\.consumedCapacity: has no memory for share"
+    ):
+        plan_claim(claim(no_memory), REF, NODE, devices, LIBRARY, layout)
+    # The same GPU once it is dedicated (a MIG-mode GPU's instance, a unified-memory GPU):
+    # what an allocation from the older, shared slice carries is refused.
+    dedicated = {n: replace(d, shareable=False) for n, d in devices.items()}
+    with pytest.raises(
+        ClaimError,
+        match=r"results\[0\]\.shareID: gpu-3 \(GPU .*\) is not shared in the ResourceSlice this node publishes now",
+    ):
+        plan_claim(claim(share("gpu-3", "4Gi", "10")), REF, NODE, dedicated, LIBRARY, layout)
+    # Admin access is handed the device without limits, share or not.
+    admin = {**stable, "adminAccess": True}
+    assert plan_claim(claim(admin), REF, NODE, devices, LIBRARY, layout).limits_text is None
+    # A device the slices no longer have names that in its error.
+    with pytest.raises(
+        ClaimError, match="allocated from a ResourceSlice this driver no longer publishes"
+    ):
+        plan_claim(claim(share("gpu-8", "4Gi", "10")), REF, NODE, devices, LIBRARY, layout)
 
 
 def test_replaced_or_unallocated_claims(devices: dict[str, NodeDevice], layout: Layout) -> None:
@@ -468,3 +507,21 @@ def test_the_node_shares_files_sum_the_prepared_guarantees(
     assert text == "version 1\nguaranteed 50\nbest-effort 1\n"
     write_node_shares(layout, plans[:0])  # every claim unprepared: the file goes
     assert not (layout.shares_dir / uuid).exists()
+
+
+def test_a_recorded_plan_is_stale_when_its_gpu_moved_or_vanished(
+    devices: dict[str, NodeDevice], layout: Layout
+) -> None:
+    """After a reboot the checkpoint's plan is checked against NVML: the GPU by UUID, its device
+    minor (the spec names /dev/nvidia<minor>), and MIG devices by UUID."""
+    plan = plan_claim(claim(share("gpu-3", "4Gi", "10")), REF, NODE, devices, LIBRARY, layout)
+    u3 = devices["gpu-3"].record.gpu.uuid
+    now = {r.record.gpu.uuid: (r.record.minor, frozenset()) for r in devices.values()}
+    assert plan_stale(plan, now) is None
+    assert plan_stale(ClaimPlan.from_json(plan.to_json()), now) is None
+    moved = {**now, u3: (4, frozenset())}
+    assert plan_stale(plan, moved) == (
+        f"GPU {u3} (gpu-3) is /dev/nvidia4 now, not /dev/nvidia3 as recorded (its index moved)"
+    )
+    gone = {k: v for k, v in now.items() if k != u3}
+    assert plan_stale(plan, gone) == f"GPU {u3} (gpu-3) is gone from this node"

@@ -66,7 +66,8 @@ class FileLock:
         if fd is None:
             return
         if remove:
-            with contextlib.suppress(FileNotFoundError):
+            # A read-only or full state directory keeps the file: the next holder reuses it.
+            with contextlib.suppress(OSError):
                 os.unlink(self.path)
         os.close(fd)  # closing the only descriptor of this open file releases the flock
 

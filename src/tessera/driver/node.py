@@ -13,6 +13,9 @@
 6. MIG instances the driver made are recovered (:meth:`NodeDriver.recover_mig`): those of an
    interrupted unprepare, or of an interrupted prepare whose claim is gone, are destroyed;
    those of a prepare still in progress are adopted (the kubelet's retry uses them);
+   then every prepared claim's recorded plan is checked against what NVML lists
+   (:meth:`NodeDriver._reconcile_claims`: after a reboot a GPU may be gone or at another
+   minor, a MIG instance gone): a stale claim is planned again at the kubelet's next prepare;
 7. discovery (the driver's own MIG instances left out: what remains was made by someone else);
 8. the enforcement backend is chosen (:mod:`tessera.driver.backend`);
 9. the ResourceSlices are published (:mod:`tessera.driver.publish`; a dynamic-MIG setting the
@@ -43,6 +46,7 @@ finish, removes only its own sockets and logs what it did.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -101,6 +105,7 @@ from .prepare import (
     materialize,
     node_devices,
     plan_claim,
+    plan_stale,
     remove_files,
     write_node_shares,
     write_preload,
@@ -121,6 +126,16 @@ REQUIRED_ACCESS: tuple[tuple[str, str, str, str], ...] = (
     ("patch", "resource.k8s.io", "resourceslices", ""),
     ("delete", "resource.k8s.io", "resourceslices", ""),
 )
+
+
+#: How a claim's error ends when a file-system fault stopped its prepare and nothing stayed.
+NOT_KEPT = "; nothing of the claim was kept: the kubelet's retry prepares it once that is fixed"
+
+
+def io_fault(e: OSError) -> str:
+    """A file-system fault at prepare (a full disk, a read-only state directory, a failed
+    fsync) in words: what the OS said and the path."""
+    return f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
 
 
 class DriverStartError(TesseraError, RuntimeError):
@@ -288,6 +303,7 @@ class NodeDriver:
             )
         if self.mig is not None and self.recover_mig():
             inv = self._discover()
+        self._reconcile_claims(inv)
         self.registry.update(self._foreign_only(inv), {})
         self.backend = backends.detect(
             cfg.enforcement_backend,
@@ -629,6 +645,69 @@ class NodeDriver:
             finally:
                 self._release_claims([lk])
 
+    # ---- what a reboot took away ----------------------------------------------------------
+    def _reconcile_claims(self, inv: Inventory) -> None:
+        """At start: check every prepared claim's recorded plan against the GPUs and MIG
+        devices NVML lists now (:func:`~.prepare.plan_stale`). A stale plan (a GPU gone or at
+        another minor, a MIG instance gone: a reboot) is never answered again: its files are
+        removed and its entry dropped, so the kubelet's next prepare plans the claim afresh from
+        its allocation (a vanished GPU then fails it in one line); a claim with dynamic-MIG
+        slots keeps them as a ``preparing`` entry (the placements stay the driver's), and the
+        retry makes its instances again. One checkpoint write; each claim under its lock (one
+        another instance holds is left alone)."""
+        assert self.checkpoint is not None
+        gpus = {
+            ng.gpu.uuid: (ng.minor, frozenset(m.uuid for m in ng.gpu.mig_devices if m.uuid))
+            for ng in inv.gpus
+        }
+        put: dict[str, dict[str, Any]] = {}
+        drop: list[str] = []
+        locks: list[FileLock] = []
+        try:
+            for uid, entry in sorted(self.checkpoint.entries().items()):
+                if entry.get("state") != PREPARED:
+                    continue
+                plan = ClaimPlan.from_json(entry["plan"])
+                why = plan_stale(plan, gpus)
+                if why is None:
+                    continue
+                lk = self._lock_for(uid)
+                if not lk.acquire(blocking=False):
+                    continue
+                locks.append(lk)
+                remove_files(uid, self.layout)
+                ref = plan.ref
+                # Placements on a GPU that is gone hold nothing any more (and NVML could not
+                # destroy them at unprepare): only those on present GPUs stay recorded.
+                kept = [m for m in plan.mig if m.gpu_uuid in gpus]
+                if kept:
+                    put[uid] = {
+                        "state": PREPARING,
+                        "since": time.time(),
+                        "claim": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
+                        "slots": [
+                            dataclasses.replace(m, gi=None, ci=None, uuid=None).to_json()
+                            for m in kept
+                        ],
+                    }
+                else:
+                    drop.append(uid)
+                self.log(
+                    f"ResourceClaim {ref.namespace}/{ref.name}: its recorded plan is stale: {why}; "
+                    "removed its files and prepared state: the kubelet's next prepare plans it "
+                    "again from its allocation"
+                    + (" (its MIG placements stay recorded and are made again)" if kept else "")
+                )
+            if put or drop:
+                try:
+                    self.checkpoint.update(put=put, drop=drop)
+                except OSError as e:
+                    raise DriverStartError(
+                        f"--state-dir {self.cfg.state_dir}: checkpoint: {e.strerror or e}"
+                    ) from e
+        finally:
+            self._release_claims(locks)
+
     # ---- files left by a crash -----------------------------------------------------------
     def _reconcile_files(self) -> None:
         """At start: remove the files of claims the checkpoint does not record as prepared,
@@ -772,9 +851,20 @@ class NodeDriver:
             except ApiError as e:
                 out[ref.uid] = self._claim_error(ref, e)
         todo = [r for r in claims if r.uid not in out]
-        locks = [self._lock_for(u) for u in sorted({r.uid for r in todo})]
-        for lk in locks:
-            lk.acquire()
+        locks = []
+        for u in sorted({r.uid for r in todo}):
+            lk = self._lock_for(u)
+            try:
+                lk.acquire()
+            except OSError as e:
+                # A read-only or full state directory: this claim fails, the others go on.
+                ref = next(r for r in todo if r.uid == u)
+                out[u] = PrepareResult(
+                    error=f"ResourceClaim {ref.namespace}/{ref.name}: its lock: {io_fault(e)}{NOT_KEPT}"
+                )
+                continue
+            locks.append(lk)
+        todo = [r for r in todo if r.uid not in out]
         new: dict[str, dict[str, Any]] = {}
         plans: dict[str, ClaimPlan] = {}
         try:
@@ -828,10 +918,21 @@ class NodeDriver:
                 try:
                     materialize(plan, self.layout)
                 except OSError as e:
+                    recorded = new.pop(uid, None) is None
+                    if not recorded:
+                        # Not recorded: nothing of it may stay (each file was written whole or
+                        # not at all; those written before the fault go too).
+                        self._remove_quietly(uid)
                     out[uid] = PrepareResult(
-                        error=f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: writing its files: {e}"
+                        error=f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: writing its "
+                        f"files: {io_fault(e)}"
+                        + (
+                            "; it stays prepared, and its files are written again at the "
+                            "kubelet's retry"
+                            if recorded
+                            else NOT_KEPT
+                        )
                     )
-                    new.pop(uid, None)
                     plans.pop(uid)
             t1 = time.perf_counter()
             if new:
@@ -839,11 +940,12 @@ class NodeDriver:
                     self.checkpoint.update(put=new)
                 except OSError as e:
                     for uid in new:
-                        remove_files(uid, self.layout)
+                        self._remove_quietly(uid)
                         plans.pop(uid, None)
                         out[uid] = PrepareResult(
                             error=f"ResourceClaim {fetched[uid]['metadata'].get('namespace')}/"
-                            f"{fetched[uid]['metadata'].get('name')}: checkpoint: {e}"
+                            f"{fetched[uid]['metadata'].get('name')}: recording it in the "
+                            f"checkpoint: {io_fault(e)}{NOT_KEPT}"
                         )
             if new:
                 self._write_shares()
@@ -860,6 +962,14 @@ class NodeDriver:
             if uid in plans:
                 self._status_q.put(plans[uid])
         return out
+
+    def _remove_quietly(self, uid: str) -> None:
+        """Remove the files of a claim whose prepare failed; a removal that fails too (a
+        read-only directory) is logged, and start-up or the next prepare removes them."""
+        try:
+            remove_files(uid, self.layout)
+        except OSError as e:
+            self.log(f"claim {uid}: removing the files of a failed prepare: {io_fault(e)}")
 
     def _foreign_problem(self, uid: str, slots: Sequence[MigSlot]) -> str | None:
         """Why the placements of ``slots`` are taken by instances the driver did not make (or

@@ -275,13 +275,16 @@ class NodeDevice:
     """A published device of this node, as prepare needs it: ``name``; ``record``, the GPU (a
     MIG device's parent); ``memory``, the bytes of its ``memory`` capacity (None: it publishes
     none, a unified-memory GPU); ``mig``, the existing MIG device it is (static MIG);
-    ``placement``, the instance to create for it (dynamic MIG, :func:`mig_placement`)."""
+    ``placement``, the instance to create for it (dynamic MIG, :func:`mig_placement`);
+    ``shareable``, published with ``allowMultipleAllocations`` (KEP-5075: claims share it, each
+    allocation has a ``shareID`` and a ``consumedCapacity``)."""
 
     name: str
     record: GpuRecord
     memory: int | None
     mig: MigDevice | None = None
     placement: MigPlacement | None = None
+    shareable: bool = False
 
 
 def node_devices(
@@ -314,8 +317,67 @@ def node_devices(
                     ),
                     None,
                 )
-            out[d["name"]] = NodeDevice(d["name"], rec, memory, mig, mig_placement(d))
+            out[d["name"]] = NodeDevice(
+                d["name"],
+                rec,
+                memory,
+                mig,
+                mig_placement(d),
+                bool(d.get("allowMultipleAllocations")),
+            )
     return out
+
+
+#: Where the schedulers whose allocations prepare can enforce are listed.
+SCHEDULERS_DOC = "docs/driver.md, 'Schedulers'"
+
+
+def check_sharing(
+    result: Mapping[str, Any], dev: NodeDevice, where: str, thing: str, driver: str
+) -> None:
+    """Refuse an allocation result that prepare could not enforce as allocated (KEP-5075).
+
+    A device published with ``allowMultipleAllocations`` is shared: an allocator with
+    consumable capacity (``DRAConsumableCapacity``) gives every result on it a ``shareID`` and
+    a ``consumedCapacity`` listing each capacity. A result without them comes from an allocator
+    with the upstream stable feature set (KAI up to v0.17), which counts the device as free
+    while other claims hold shares of it: preparing it whole would hand out a GPU that is not
+    this claim's, so it is refused. A ``shareID`` or ``consumedCapacity`` on a device published
+    dedicated now means the claim was allocated from a slice this driver no longer publishes
+    (the GPU went into MIG mode, the dynamic-MIG setting changed): refused too. An
+    ``adminAccess`` result is exempt (it gets the device without limits by design).
+
+    ``where``: the result's field path; ``thing``: the device as errors name it. Raises
+    :class:`ClaimError`.
+    """
+    if result.get("adminAccess"):
+        return
+    share = result.get("shareID")
+    consumed = result.get("consumedCapacity") or {}
+    if dev.shareable:
+        if share is None:
+            raise ClaimError(
+                f"{where}.shareID: missing, but {dev.name} ({thing}) is shared (published with "
+                "allowMultipleAllocations): the allocation was made without consumable capacity "
+                "(DRAConsumableCapacity; e.g. KAI up to v0.17), which does not count the other "
+                "claims' shares of this GPU; refused rather than prepared whole. Allocate it with "
+                f"a scheduler that has consumable capacity ({SCHEDULERS_DOC})"
+            )
+        keys = {k.split("/", 1)[1] if k.startswith(driver + "/") else k for k in consumed}
+        if dev.memory is not None and "memory" not in keys:
+            raise ClaimError(
+                f"{where}.consumedCapacity: has no memory for share {share} of {dev.name} "
+                f"({thing}): an allocator with consumable capacity lists every capacity of a "
+                "shared device; refused rather than prepared with all of its memory "
+                f"({SCHEDULERS_DOC})"
+            )
+    elif share is not None or consumed:
+        what = "shareID" if share is not None else "consumedCapacity"
+        raise ClaimError(
+            f"{where}.{what}: {dev.name} ({thing}) is not shared in the ResourceSlice this node "
+            "publishes now: the claim was allocated from a version of it this driver no longer "
+            "publishes; delete the claim (and its pod) so that it is allocated again"
+        )
 
 
 def plan_claim(
@@ -380,7 +442,9 @@ def plan_claim(
         dev = devices.get(name)
         if dev is None:
             raise ClaimError(
-                f"{field_path}.device: {name!r} is not a device of node {node} (devices: {', '.join(sorted(devices)) or 'none'})"
+                f"{field_path}.device: {name!r} is not a device of node {node} (devices: {', '.join(sorted(devices)) or 'none'}): "
+                "allocated from a ResourceSlice this driver no longer publishes; delete the claim "
+                "(and its pod) so that it is allocated again"
             )
         rec = dev.record
         if rec.health == "missing":
@@ -391,6 +455,7 @@ def plan_claim(
         is_mig = dev.mig is not None or dev.placement is not None
         thing = f"MIG device {name} of GPU {gpu.uuid}" if is_mig else f"GPU {gpu.uuid}"
         consumed = r.get("consumedCapacity") or {}
+        check_sharing(r, dev, field_path, thing, driver)
         # A unified-memory GPU (memory unknown) is published whole, without a memory capacity.
         full = dev.memory
         mem = full or 0
@@ -645,6 +710,51 @@ def _cdi_spec(
         "devices": devices,
         "containerEdits": edits,
     }
+
+
+def plan_stale(
+    plan: ClaimPlan, gpus: Mapping[str, tuple[int | None, frozenset[str]]]
+) -> str | None:
+    """Why a recorded (checkpointed) plan no longer matches the node, or None when it does.
+
+    ``gpus``: the GPUs NVML lists now, ``{GPU UUID: (device minor, UUIDs of its MIG devices)}``.
+    A plan is stale when a GPU it hands out is gone (vanished, or replaced by another UUID), when
+    its GPU's device node moved (another minor after a reboot: the CDI spec names the old
+    ``/dev/nvidia<N>``), or when a MIG device it names does not exist (dynamic instances are gone
+    after a reboot; the recorded MIG UUID would be stale: NVIDIA's DRA driver #951). Each
+    reason is one line naming the device and what changed.
+    """
+    gpu_of: dict[str, str] = {}
+    for e in plan.status:
+        data = e.get("data") or {}
+        device = str(e.get("device"))
+        gpu = str(data.get("parentUUID") or data.get("uuid") or "")
+        gpu_of[device] = gpu
+        if gpu not in gpus:
+            return f"GPU {gpu} ({device}) is gone from this node"
+        mig = str(data.get("uuid") or "")
+        # (a MIG name without a UUID, GPU/gi/ci, cannot be checked)
+        if data.get("parentUUID") and "/" not in mig and mig not in gpus[gpu][1]:
+            return (
+                f"MIG device {data.get('uuid')} ({device} of GPU {gpu}) no longer exists "
+                "(its instance was destroyed, e.g. by a reboot)"
+            )
+    prefix = f"{plan.ref.uid}-"
+    for d in plan.cdi_spec.get("devices") or []:
+        name = str(d.get("name", ""))
+        device = name[len(prefix) :].split("-", 1)[-1] if name.startswith(prefix) else ""
+        owner = gpu_of.get(device)
+        if owner is None:
+            continue
+        minor = gpus[owner][0]
+        for n in (d.get("containerEdits") or {}).get("deviceNodes") or []:
+            tail = str(n.get("path", "")).removeprefix("/dev/nvidia")
+            if tail.isdigit() and minor is not None and int(tail) != minor:
+                return (
+                    f"GPU {owner} ({device}) is /dev/nvidia{minor} now, not /dev/nvidia{tail} as "
+                    "recorded (its index moved)"
+                )
+    return None
 
 
 def _region_ok(path: Path) -> bool:

@@ -30,7 +30,9 @@ def write_atomic(
                 os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = path  # (fsync, fallocate: name the file the error is about)
         raise
