@@ -22,6 +22,10 @@
  *   * The model is advanced lazily, to wall time (CLOCK_MONOTONIC), on each call under a
  *     process-shared robust mutex; callers that wait sleep.
  *
+ * A context's pid is its process's host pid (the first NSpid of /proc/self/status, the pid in
+ * the namespace of the /proc the process sees: the host's unless the test mounted its own),
+ * as the real driver and NVML report host pids whatever pid namespace the process runs in.
+ *
  * What the tests read: each context's busy_ns (GPU time the model gave it), the device's
  * idle_ns and model time t (the layout below; tests/native/fake_sched.py parses it). The fake
  * NVML reports per-process utilisation (nvmlDeviceGetProcessUtilization) from the same
@@ -30,8 +34,11 @@
 #ifndef FAKE_SCHED_H
 #define FAKE_SCHED_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
 
 #include "fake_state.h"
 
@@ -296,13 +303,43 @@ static inline void fs_advance(fs_state *s, fs_dev *d, uint64_t now)
         fs_stamp_heads(&d->ctx[d->cur], d->t);
 }
 
+/* This process's pid as the driver sees it (the module comment), getpid() where /proc
+ * shows no NSpid. */
+static inline int32_t fs_host_pid(void)
+{
+    static int32_t cached, cached_for;
+    int32_t self = (int32_t)getpid();
+    if (cached && cached_for == self)
+        return cached;
+    int32_t hp = self;
+    FILE *f = fopen("/proc/self/status", "re");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof(line), f))
+            if (sscanf(line, "NSpid: %d", &hp) == 1)
+                break;
+        fclose(f);
+    }
+    cached = hp;
+    cached_for = self;
+    return hp;
+}
+
+/* a host pid no process has any more (kill cannot see outside a pid namespace: /proc can) */
+static inline int fs_pid_gone(int32_t pid)
+{
+    char path[32];
+    snprintf(path, sizeof(path), "/proc/%d", (int)pid);
+    return kill(pid, 0) != 0 && errno == ESRCH && access(path, F_OK) != 0;
+}
+
 /* this process's context on physical device p (created on first use), lock held */
 static inline fs_ctx *fs_ctx_of(fs_state *s, int p, int create)
 {
     if (p < 0 || p >= FS_DEV)
         return NULL;
     fs_dev *d = &s->dev[p];
-    int32_t pid = (int32_t)getpid();
+    int32_t pid = fs_host_pid();
     for (uint32_t i = 0; i < d->nctx; i++)
         if (d->ctx[i].pid == pid && d->ctx[i].live)
             return &d->ctx[i];
@@ -313,7 +350,7 @@ static inline fs_ctx *fs_ctx_of(fs_state *s, int p, int create)
         slot = (int)d->nctx++;
     else
         for (int i = 0; i < FS_CTX; i++)
-            if (!d->ctx[i].live || (kill(d->ctx[i].pid, 0) != 0 && errno == ESRCH)) {
+            if (!d->ctx[i].live || fs_pid_gone(d->ctx[i].pid)) {
                 slot = i;
                 break;
             }

@@ -528,18 +528,28 @@ int ts_stream_dev(CUstream s, CUdevice *dev)
  * The node driver, which sees host pids and NVML's per-process used memory, writes per GPU of
  * the claim what the claim's processes hold beyond their charges (contexts, modules,
  * __device__ globals and local memory larger than context-overhead, the slack of shared pages)
- * into <region's directory>/driver/usage, a directory only it writes and the claim's containers
- * mount read-only:
- *     version 1
+ * and the host pid of each live slot into <region's directory>/driver/usage, a directory only
+ * it writes and the claim's containers mount read-only (tessera.enforcement.reconcile writes
+ * it; this is its one reader):
+ *     version 2
  *     gpu <UUID> unaccounted <bytes>
- * That much is held back from the claim's limit at every charge and counted as used by the
- * queries. Read again at most once a second; a missing or unreadable file counts 0. */
+ *     pid <slot index> <slot generation> <pid in the slot's namespace> <host pid>
+ * The unaccounted bytes are held back from the claim's limit at every charge and counted as
+ * used by the queries; the pid lines (version 2 and later) let the pacer find the claim's
+ * processes in NVML's per-process utilisation when they live in a pid namespace of their own.
+ * Read again at most once a second; a missing or unreadable file counts 0 and maps no pid. */
+#define DRV_USAGE_MAX (64 * 1024)
 static struct {
     pthread_mutex_t mu;
     uint64_t read_at; /* ts_now_ns() of the last reading, 0 never */
     uint64_t extra[TESSERA_REGION_MAX_GPUS];
+    uint64_t gen[TESSERA_REGION_MAX_SLOTS]; /* the mapped slot's generation, 0 none */
+    int32_t ns_pid[TESSERA_REGION_MAX_SLOTS];
+    uint32_t host_pid[TESSERA_REGION_MAX_SLOTS];
+    char buf[DRV_USAGE_MAX + 1];
 } g_drv = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
+/* g_drv.mu held */
 static void driver_usage_read(void)
 {
     uint64_t extra[TESSERA_REGION_MAX_GPUS] = {0};
@@ -553,17 +563,36 @@ static void driver_usage_read(void)
         fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     }
     struct stat st;
-    char buf[4096];
-    ssize_t n = 0;
+    char *buf = g_drv.buf;
+    size_t n = 0;
     if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
-        n = read(fd, buf, sizeof(buf) - 1);
+        while (n < DRV_USAGE_MAX) {
+            ssize_t r = read(fd, buf + n, DRV_USAGE_MAX - n);
+            if (r <= 0)
+                break;
+            n += (size_t)r;
+        }
     if (fd >= 0)
         close(fd);
-    buf[n > 0 ? n : 0] = '\0';
+    buf[n] = '\0';
+    memset(g_drv.gen, 0, sizeof(g_drv.gen));
+    unsigned version = 0;
     for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line;
          line = strtok_r(NULL, "\n", &save)) {
         char uuid[65];
-        unsigned long long bytes;
+        unsigned long long bytes, gen;
+        unsigned slot, hp;
+        int nsp;
+        if (sscanf(line, "version %u", &version) == 1)
+            continue;
+        if (version >= 2 &&
+            sscanf(line, "pid %u %llu %d %u", &slot, &gen, &nsp, &hp) == 4 &&
+            slot < TESSERA_REGION_MAX_SLOTS && gen && hp) {
+            g_drv.gen[slot] = gen;
+            g_drv.ns_pid[slot] = nsp;
+            g_drv.host_pid[slot] = hp;
+            continue;
+        }
         if (sscanf(line, "gpu %64s unaccounted %llu", uuid, &bytes) != 2)
             continue;
         for (int g = 0; G.region.hdr && g < TESSERA_REGION_MAX_GPUS; g++)
@@ -573,17 +602,36 @@ static void driver_usage_read(void)
     memcpy(g_drv.extra, extra, sizeof(extra));
 }
 
+/* g_drv.mu held: the file read at most once a second */
+static void driver_usage_fresh(void)
+{
+    uint64_t now = ts_now_ns();
+    if (!g_drv.read_at || now - g_drv.read_at >= 1000000000ull) {
+        driver_usage_read();
+        g_drv.read_at = now;
+    }
+}
+
+uint32_t ts_driver_host_pid(uint32_t slot, uint64_t generation, int32_t ns_pid)
+{
+    if (slot >= TESSERA_REGION_MAX_SLOTS || !generation)
+        return 0;
+    pthread_mutex_lock(&g_drv.mu);
+    driver_usage_fresh();
+    uint32_t hp = g_drv.gen[slot] == generation && g_drv.ns_pid[slot] == ns_pid
+                      ? g_drv.host_pid[slot]
+                      : 0;
+    pthread_mutex_unlock(&g_drv.mu);
+    return hp;
+}
+
 /* Bytes the node found claim-held beyond the charges on region entry g. */
 static uint64_t driver_extra(int g)
 {
     if (g < 0 || g >= TESSERA_REGION_MAX_GPUS)
         return 0;
-    uint64_t now = ts_now_ns();
     pthread_mutex_lock(&g_drv.mu);
-    if (!g_drv.read_at || now - g_drv.read_at >= 1000000000ull) {
-        driver_usage_read();
-        g_drv.read_at = now;
-    }
+    driver_usage_fresh();
     uint64_t e = g_drv.extra[g];
     pthread_mutex_unlock(&g_drv.mu);
     return e;

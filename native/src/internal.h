@@ -73,6 +73,9 @@ typedef CUresult (*ts_launch_thunk)(void *arg);
 TS_HIDDEN CUresult ts_pace_launch(int g, uint32_t cores, uint64_t key, CUstream stream,
                                   ts_launch_thunk thunk, void *arg);
 TS_HIDDEN void ts_pacer_forget(void);
+/* The host pid the node driver mapped region slot `slot` to (driver/usage `pid` lines), 0
+ * when it mapped none to the slot with this generation and namespace pid (hooks.c). */
+TS_HIDDEN uint32_t ts_driver_host_pid(uint32_t slot, uint64_t generation, int32_t ns_pid);
 
 /* ---- the hook table (hooks.c) ------------------------------------------------------------- */
 enum {

@@ -23,7 +23,9 @@
  * claim under-uses its share. An outer loop corrects that: once per TS_PACE_CTL_NS one process
  * of the claim reads the GPU time the driver itself reports for the claim's processes (NVML's
  * per-process utilisation, nvmlDeviceGetProcessUtilization, for the host pids of the region's
- * live slots) and scales every cost by a factor kept in the region (pace_scale):
+ * live slots: a slot's own pid in the initial pid namespace, else the host pid the node driver
+ * mapped that slot to in driver/usage, matched to the slot's generation and pid) and scales
+ * every cost by a factor kept in the region (pace_scale):
  *
  *     scale' = scale * (1 + (measured/target - 1) / 2)       (clamped to [1/64, 16])
  *
@@ -323,15 +325,28 @@ static int ctl_measure(tessera_region_header *h, int g, int *mine, int *idle)
     for (unsigned int i = 0; i < n; i++)
         if (sm[i].timeStamp > newest)
             newest = sm[i].timeStamp;
+    /* the host pids of the live slots */
+    static uint32_t host[TESSERA_REGION_MAX_SLOTS]; /* C.mu held */
+    uint32_t nh = 0;
+    for (uint32_t k = 0; k < hw; k++) {
+        tessera_region_slot *sl = &slots[k];
+        if (__atomic_load_n(&sl->state, __ATOMIC_ACQUIRE) != TESSERA_SLOT_LIVE)
+            continue;
+        int32_t pid = __atomic_load_n(&sl->pid, __ATOMIC_RELAXED);
+        uint32_t hp = sl->pid_ns == PROC_PID_INIT_INO
+                          ? (uint32_t)pid
+                          : ts_driver_host_pid(k, __atomic_load_n(&sl->generation,
+                                                                  __ATOMIC_RELAXED), pid);
+        if (hp)
+            host[nh++] = hp;
+    }
     int total = 0, all = 0, matched = 0;
     for (unsigned int i = 0; i < n; i++) {
         if (sm[i].timeStamp != newest)
             continue;
         all += (int)sm[i].smUtil;
-        for (uint32_t k = 0; k < hw; k++) {
-            tessera_region_slot *sl = &slots[k];
-            if (__atomic_load_n(&sl->state, __ATOMIC_ACQUIRE) != TESSERA_SLOT_LIVE ||
-                sl->pid_ns != PROC_PID_INIT_INO || (unsigned int)sl->pid != sm[i].pid)
+        for (uint32_t k = 0; k < nh; k++) {
+            if (host[k] != sm[i].pid)
                 continue;
             total += (int)sm[i].smUtil;
             matched = 1;

@@ -10,8 +10,11 @@ tenant stops; nothing the enforcement library records is used. Shared by
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import struct
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +22,8 @@ from pathlib import Path
 from native_helpers import UUIDS, Build, Claim, MiB
 
 from tessera.enforcement.limits import GpuLimit
+from tessera.enforcement.reconcile import reconcile_claim
+from tessera.enforcement.region import RegionError, read_region
 from tessera.enforcement.shares import gpu_shares, write_shares
 
 # Layout of fake_sched.h (its _Static_asserts pin these numbers).
@@ -75,6 +80,48 @@ def read_model(path: Path, dev: int = 0) -> Snapshot | None:
     return Snapshot(t, idle, busy)
 
 
+def _unshare_prefix() -> list[str]:
+    """``unshare`` putting the command in a pid namespace of its own (the process is pid 1
+    there); as root directly, else in a user namespace too. The host's /proc stays mounted, as
+    the node driver's is with ``hostPID``."""
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return ["unshare", *user, "--pid", "--kill-child"]
+
+
+def _child_pid(p: subprocess.Popen[str], timeout: float = 10) -> int:
+    """The host pid of the process ``unshare`` (``p``) forked into the new namespace."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            kids = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
+        except OSError:
+            kids = []
+        if kids:
+            return int(kids[0])
+        time.sleep(0.01)
+    raise AssertionError(f"unshare (pid {p.pid}) forked no process")
+
+
+def _driver_loop(
+    claims: list[Claim], stop: threading.Event, stale: bool, period: float = 0.1
+) -> None:
+    """What the node driver's reconcile does for each claim (``NodeDriver.reconcile``): map
+    the region's live slots to host pids and write ``driver/usage`` (no NVML memory figures
+    here: nothing unaccounted). ``stale``: each slot's line names another claim of the slot (a
+    generation that is not the slot's, as a file written before the slot was reused does)."""
+    while not stop.is_set():
+        for c in claims:
+            try:
+                snap = read_region(c.region)
+                if stale:
+                    old = [dataclasses.replace(s, generation=s.generation + 1) for s in snap.slots]
+                    snap = dataclasses.replace(snap, slots=tuple(old))
+                reconcile_claim(c.dir, snap, {})
+            except (RegionError, OSError):
+                pass  # the region is not created yet
+        stop.wait(period)
+
+
 def run_case(
     tmp: Path,
     build: Build,
@@ -86,23 +133,35 @@ def run_case(
     slice_us: int = 2000,
     extra_env: dict[str, str] | None = None,
     node_shares: bool = True,
+    pid_namespaces: bool = False,
+    driver_pids: str = "",
 ) -> Outcome:
     """Run the tenants together; measure each one's share of the GPU over ``seconds`` after
     ``warmup``. ``stamp`` is the event model (``scheduled`` or ``record``). ``node_shares``:
     the harness writes the GPU's shares file as the node driver does, and every limits file
-    names its directory (without it, best-effort tenants are not held back)."""
+    names its directory (without it, best-effort tenants are not held back).
+    ``pid_namespaces``: each tenant runs in a pid namespace of its own, as in a pod.
+    ``driver_pids``: ``current``, a thread does the node driver's reconcile every 100 ms (each
+    claim's ``driver/usage`` with its slots' host pids); ``stale``, the same with each line
+    naming another generation of its slot."""
     model = tmp / "fake-sched"
     env = {"FAKE_SCHED": str(model), "FAKE_SLICE_US": str(slice_us), "FAKE_EVENT_STAMP": stamp}
     env.update(extra_env or {})
     run_for = warmup + seconds + 1.0
     procs: list[subprocess.Popen[str]] = []
+    claims: list[Claim] = []
     limits = [[GpuLimit(UUIDS[0], 100 * MiB, t.cores, t.policy)] for t in tenants]
     shares = str(tmp / "shares") if node_shares else None
     if shares:
         write_shares(shares, gpu_shares(limits), sync=False)
+    stop = threading.Event()
+    driver = threading.Thread(
+        target=_driver_loop, args=(claims, stop, driver_pids == "stale"), daemon=True
+    )
     try:
         for i, t in enumerate(tenants):
             c = Claim(tmp, build, limits[i], name=f"tenant{i}", shares=shares)
+            claims.append(c)
             procs.append(
                 c.spawn(
                     "tp_launch",
@@ -111,10 +170,13 @@ def run_case(
                     str(t.kernel_us),
                     t.kind,
                     str(t.streams),
+                    wrap=tuple(_unshare_prefix()) if pid_namespaces else (),
                     **env,
                 )
             )
-        pids = [p.pid for p in procs]
+        if driver_pids:
+            driver.start()
+        pids = [_child_pid(p) if pid_namespaces else p.pid for p in procs]
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             snap = read_model(model)
@@ -130,6 +192,9 @@ def run_case(
             _out, err = p.communicate(timeout=60)
             assert p.returncode == 0, err
     finally:
+        stop.set()
+        if driver.is_alive():
+            driver.join()
         for p in procs:
             if p.poll() is None:
                 p.kill()

@@ -106,9 +106,12 @@ class Claim:
         """Run tp_cuda and return its stdout lines."""
         return self.run("tp_cuda", mode, *cmds, **kw).stdout.splitlines()
 
-    def spawn(self, prog: str, *args: str, **kw: str) -> subprocess.Popen[str]:
+    def spawn(
+        self, prog: str, *args: str, wrap: tuple[str, ...] = (), **kw: str
+    ) -> subprocess.Popen[str]:
+        """Start ``prog`` (under the command ``wrap``, e.g. ``unshare ...``, when given)."""
         return subprocess.Popen(
-            [self.build.prog(prog), *args],
+            [*wrap, self.build.prog(prog), *args],
             env=self.env(**kw),  # type: ignore[arg-type]
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -19,7 +19,7 @@ import pytest
 from native_helpers import UUIDS, Build, Claim, MiB, Stepped
 
 from tessera.enforcement.limits import GpuLimit
-from tessera.enforcement.reconcile import host_pid, unaccounted, write_driver_usage
+from tessera.enforcement.reconcile import host_pid, reconcile_claim, unaccounted
 from tessera.enforcement.region import read_region
 
 pytestmark = pytest.mark.native
@@ -48,9 +48,11 @@ def _per_process(c: Claim) -> dict[str, dict[int, int]]:
 
 
 def _reconcile(c: Claim) -> dict[str, int]:
-    values = unaccounted(read_region(c.region), _per_process(c))
-    write_driver_usage(c.dir, values)
-    return values
+    """The node driver's reconcile of claim ``c`` (``reconcile_claim``); returns the
+    unaccounted bytes per GPU it wrote."""
+    snap, figures = read_region(c.region), _per_process(c)
+    reconcile_claim(c.dir, snap, figures)
+    return unaccounted(snap, figures)
 
 
 def test_a_context_larger_than_the_overhead_is_held_back(tmp_path: Path, plain: Build) -> None:
@@ -66,7 +68,8 @@ def test_a_context_larger_than_the_overhead_is_held_back(tmp_path: Path, plain: 
         assert host_pid(slot) == a.p.pid
         assert _reconcile(c) == {UUIDS[0]: real - ovh}  # 212 MiB the charge does not show
         assert (c.dir / "driver" / "usage").read_text() == (
-            f"version 1\ngpu {UUIDS[0]} unaccounted {real - ovh}\n"
+            f"version 2\ngpu {UUIDS[0]} unaccounted {real - ovh}\n"
+            f"pid {slot.index} {slot.generation} {slot.pid} {a.p.pid}\n"
         )
         assert os.stat(c.dir / "driver" / "usage").st_mode & 0o777 == 0o444
         # a second process: the claim's charges (364 + 300 MiB) and the 212 MiB held back

@@ -6,7 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tessera.enforcement.reconcile import format_driver_usage, host_pid, unaccounted
+from tessera.enforcement.reconcile import (
+    format_driver_usage,
+    host_pid,
+    reconcile_claim,
+    unaccounted,
+)
 from tessera.enforcement.region import RegionGpu, RegionSlot, RegionSnapshot
 
 MiB = 1 << 20
@@ -50,4 +55,29 @@ def test_unaccounted_sums_what_each_process_holds_beyond_its_charge() -> None:
     # slot 2 has no host process
     got = unaccounted(snap, figures, lambda s: pids[s.index])
     assert got == {UUID: 212 * MiB}
-    assert format_driver_usage(got) == f"version 1\ngpu {UUID} unaccounted {212 * MiB}\n"
+    assert format_driver_usage(got) == f"version 2\ngpu {UUID} unaccounted {212 * MiB}\n"
+
+
+def test_the_claim_file_maps_each_live_slot_to_its_host_pid(tmp_path: Path) -> None:
+    """``reconcile_claim`` writes the unaccounted bytes and, per slot with a host process, its
+    index, generation, namespace pid and host pid (the lines the pacer matches, hooks.c)."""
+    slots = (
+        RegionSlot(3, 1, 77, 900, 5, (364 * MiB,), (1,), True),
+        RegionSlot(0, 1, 78, 950, 2, (0,), (1,), True),
+        RegionSlot(1, 9, 78, 990, 4, (0,), (1,), True),
+    )
+    snap = RegionSnapshot(1, 5, 0, 4, (RegionGpu(0, UUID, 1 << 30, 0, 0, 0, 0),), slots)
+    pids = {3: 4100, 0: 4200, 1: None}  # slot 1's process has exited
+    seen: list[int] = []
+
+    def pid_of(s: RegionSlot) -> int | None:
+        seen.append(s.index)
+        return pids[s.index]
+
+    path = reconcile_claim(tmp_path, snap, {UUID: {4100: 576 * MiB}}, pid_of)
+    assert path == tmp_path / "driver" / "usage"
+    assert path.read_text() == (
+        f"version 2\ngpu {UUID} unaccounted {212 * MiB}\npid 0 2 1 4200\npid 3 5 1 4100\n"
+    )
+    assert sorted(seen) == [0, 1, 3]  # one /proc scan per slot, shared by both parts
+    assert path.stat().st_mode & 0o777 == 0o444

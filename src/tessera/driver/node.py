@@ -1226,12 +1226,13 @@ class NodeDriver:
     def reconcile(self) -> None:
         """Reconcile every prepared claim's charge with NVML's per-process figures
         (:mod:`tessera.enforcement.reconcile`): write into each claim directory's
-        ``driver/usage`` what its processes hold beyond their charges. Needs NVML and the
+        ``driver/usage`` what its processes hold beyond their charges and each live slot's
+        host pid (:func:`~tessera.enforcement.reconcile.reconcile_claim`). Needs NVML and the
         host's PID namespace (the chart runs the driver with ``hostPID``); without NVML it does
         nothing. A claim whose region cannot be read is skipped."""
         if self.nvml is None:
             return
-        from tessera.enforcement.reconcile import nvml_per_process, unaccounted, write_driver_usage
+        from tessera.enforcement.reconcile import nvml_per_process, reconcile_claim
         from tessera.enforcement.region import RegionError, read_region
 
         try:
@@ -1245,7 +1246,7 @@ class NodeDriver:
             if not region.is_file():
                 continue
             try:
-                write_driver_usage(d, unaccounted(read_region(str(region)), figures))
+                reconcile_claim(d, read_region(str(region)), figures)
             except (RegionError, OSError) as e:
                 self.log(f"reconcile: claim {d.name}: {e}")
 

@@ -16,7 +16,19 @@ driver (:meth:`tessera.driver.node.NodeDriver.reconcile`), never in a tenant's c
 2. :func:`unaccounted` sums per GPU of the claim ``max(0, NVML figure - slot charge)``;
 3. :func:`write_driver_usage` writes that into ``<claim dir>/driver/usage``, a directory only
    the driver writes and the claim's containers mount read-only; the library holds that much
-   back from the claim's limit at every charge and counts it as used in the queries.
+   back from the claim's limit at every charge and counts it as used in the queries. The same
+   file carries the slot -> host pid mapping of step 1, which the pacer's correction loop needs
+   to find the claim's processes in NVML's per-process utilisation when they run in a pid
+   namespace of their own (docs/enforcement.md section 5).
+
+:func:`reconcile_claim` does the three steps for one claim. The file (``version 2``)::
+
+    version 2
+    gpu <UUID> unaccounted <bytes>
+    pid <slot index> <slot generation> <pid in the slot's namespace> <host pid>
+
+``native/src/hooks.c`` is its one reader; a ``pid`` line is used only while the slot still
+has that generation and pid, so a mapping written before the slot was reused is never used.
 """
 
 from __future__ import annotations
@@ -96,21 +108,52 @@ def unaccounted(
     return out
 
 
-def format_driver_usage(values: Mapping[str, int]) -> str:
-    """The ``driver/usage`` text: ``version 1`` and one ``gpu <UUID> unaccounted <bytes>``
-    line per GPU (the format ``native/src/hooks.c`` reads)."""
-    lines = ["version 1"] + [f"gpu {u} unaccounted {int(b)}" for u, b in sorted(values.items())]
+#: ``driver/usage`` format version (module docstring); 2 added the ``pid`` lines.
+DRIVER_USAGE_VERSION = 2
+
+
+def format_driver_usage(
+    values: Mapping[str, int], pids: Mapping[RegionSlot, int] | None = None
+) -> str:
+    """The ``driver/usage`` text (the format ``native/src/hooks.c`` reads, module docstring):
+    ``version 2``, one ``gpu <UUID> unaccounted <bytes>`` line per GPU of ``values``, and one
+    ``pid <slot index> <generation> <namespace pid> <host pid>`` line per slot of ``pids``
+    (slot -> its host pid, from :func:`host_pid`), in slot order."""
+    lines = [f"version {DRIVER_USAGE_VERSION}"]
+    lines += [f"gpu {u} unaccounted {int(b)}" for u, b in sorted(values.items())]
+    for s, hp in sorted((pids or {}).items(), key=lambda kv: kv[0].index):
+        lines.append(f"pid {s.index} {s.generation} {s.pid} {int(hp)}")
     return "\n".join(lines) + "\n"
 
 
-def write_driver_usage(claim_dir: str | Path, values: Mapping[str, int]) -> Path:
-    """Replace ``<claim_dir>/driver/usage`` (mode 0444, atomic rename in a directory the
-    containers mount read-only, so a new file is seen there). Returns its path."""
+def write_driver_usage(
+    claim_dir: str | Path,
+    values: Mapping[str, int],
+    pids: Mapping[RegionSlot, int] | None = None,
+) -> Path:
+    """Replace ``<claim_dir>/driver/usage`` with :func:`format_driver_usage` of ``values`` and
+    ``pids`` (mode 0444, atomic rename in a directory the containers mount read-only, so a
+    new file is seen there). Returns its path. Raises OSError."""
     d = Path(claim_dir) / DRIVER_DIR
     d.mkdir(mode=0o755, exist_ok=True)
     path = d / DRIVER_USAGE_FILE
-    write_atomic(str(path), format_driver_usage(values).encode(), 0o444, ".usage.")
+    write_atomic(str(path), format_driver_usage(values, pids).encode(), 0o444, ".usage.")
     return path
+
+
+def reconcile_claim(
+    claim_dir: str | Path,
+    snap: RegionSnapshot,
+    per_process: PerProcess,
+    pid_of: Callable[[RegionSlot], int | None] = host_pid,
+) -> Path:
+    """One claim's reconcile: map each live slot of ``snap`` to its host pid once
+    (``pid_of``), write the unaccounted bytes per GPU and that mapping (slots with a host
+    process) into ``<claim_dir>/driver/usage``. Returns its path. Raises OSError."""
+    found = {s.index: pid_of(s) for s in snap.slots}
+    pids = {s: hp for s in snap.slots if (hp := found[s.index]) is not None}
+    values = unaccounted(snap, per_process, lambda s: found.get(s.index))
+    return write_driver_usage(claim_dir, values, pids)
 
 
 def nvml_per_process(nvml: object) -> dict[str, dict[int, int]]:
