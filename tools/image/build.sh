@@ -176,6 +176,8 @@ mapfile -t olds < <(
     | grep '|tessera.local/tessera-build:' | sort -r | tail -n +4 | cut -d'|' -f2
 )
 for old in ${olds[@]+"${olds[@]}"}; do buildah rmi "$old" >/dev/null 2>&1 || true; done
-size="$(buildah images --noheading --format '{{.Size}}' "$image" | head -n 1)"
+# sed reads every line: `head` would close the pipe early and, under pipefail, buildah's
+# SIGPIPE (exit 141) would fail a finished build (seen on a fresh storage, two names listed).
+size="$(buildah images --noheading --format '{{.Size}}' "$image" | sed -n 1p)"
 log "built $image ($size) and $archive ($(du -h "$archive" | cut -f1)) in $((SECONDS - started)) s"
 report
