@@ -795,6 +795,29 @@ def test_concurrent_admissions_write_a_template_once_and_a_due_stamp_does_not_de
     asyncio.run(scenario())
 
 
+def test_a_second_webhook_stamps_a_template_that_carries_a_device_config(hooked: Hooked) -> None:
+    """A webhook replica that did not create a template refreshes its stamp (create: 409, then a
+    merge patch of the annotation). The API server compares the immutable spec of the patched
+    object with the stored one, opaque parameters byte for byte: a template created with JSON
+    other than Go's compact form was refused ("field is immutable") and every pod of that shape
+    denied while a rollout brought up new replicas. Real API server, two stores."""
+    h = hooked
+    ns = h.namespace()
+    view = ClusterView.static(h.client.list(RESOURCE, "ResourceSlice"))
+    pod = _pod("p", {"nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30})  # work-conserving
+    for i in range(2):  # two replicas: the first creates, the second finds it there
+        store = TemplateStore(h.client, refresh=10, trusted=20)
+        hook = Webhook(view, store)
+        status, answer = asyncio.run(
+            hook.admit(json.dumps(_review(pod, uid=f"u-{i}", namespace=ns)).encode())
+        )
+        assert status == 200 and answer["response"]["allowed"], answer["response"]
+        assert (store.stats.created, store.stats.refreshed) == ((1, 0) if i == 0 else (0, 1))
+    (t,) = h.client.list(RESOURCE, "ResourceClaimTemplate", ns)
+    [cfg] = t["spec"]["spec"]["devices"]["config"]
+    assert cfg["opaque"]["parameters"]["policy"] == "work-conserving"
+
+
 # ---- bad input at admission -------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("limits", "annotations", "denied", "text"),

@@ -248,7 +248,15 @@ class KubeClient:
         url = self._prefix + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        data = None if body is None else json.dumps(body).encode()
+        # Go's compact form with sorted keys: the API server keeps the bytes of a RawExtension
+        # (opaque device parameters) as sent and compares them byte for byte with the re-encoded
+        # object when an immutable spec is updated, so other spacing or key order makes a later metadata
+        # patch of a ResourceClaimTemplate "field is immutable".
+        data = (
+            None
+            if body is None
+            else json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+        )
         headers = {"Accept": "application/json"}
         token = self._bearer_token()
         if token:
