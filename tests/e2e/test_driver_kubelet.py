@@ -25,6 +25,7 @@ import pytest
 
 from tessera.driver.publish import BACKEND_ATTRIBUTE
 from tessera.enforcement import library_path
+from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD
 from tessera.inventory import load_inventory
 from tessera.kube.localinstall import PROBE_SOURCE
 from tessera.kube.workloads import apply_objects, delete_pod, pod_claims, wait_for
@@ -32,6 +33,9 @@ from tessera.kube.workloads import apply_objects, delete_pod, pod_claims, wait_f
 from .conftest import LiveNode
 from .driverkit import *  # noqa: F403 (fixtures)
 from .driverkit import GIB, H100, node_slices, nvml_config
+
+#: the driver's default context-overhead, charged to each CUDA context of a share
+CTX = DEFAULT_CONTEXT_OVERHEAD
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node]
 
@@ -320,7 +324,7 @@ def test_a_pod_gets_its_share_enforced_inside_the_container(
                 probe_image,
                 drv,
                 node.name,
-                [4 * GIB, 4 * GIB, 1 << 20],
+                [4 * GIB, 4 * GIB - CTX, 1 << 20],
                 template="share-8g",
             ),
         ],
@@ -332,7 +336,8 @@ def test_a_pod_gets_its_share_enforced_inside_the_container(
         "version 1",
         f"claim {ns}/{claim['metadata']['name']} {uid}",
         "region /run/tessera/region",
-        f"context-overhead {512 * 2**20}",
+        f"context-overhead {CTX}",
+        "shares /run/tessera/shares",
         f"gpu {uuid} memory {8 * GIB} cores 20",
     ]
     assert section(log, "preload") == ["/usr/lib/tessera/libtessera-enforce.so"]
@@ -343,9 +348,9 @@ def test_a_pod_gets_its_share_enforced_inside_the_container(
         "device 0",
         f"totalmem 0 {8 * GIB}",
         "ctx 0",
-        f"meminfo 0 free={8 * GIB} total={8 * GIB}",
+        f"meminfo 0 free={8 * GIB - CTX} total={8 * GIB}",  # the context's share is used
         f"alloc {4 * GIB} 0",
-        f"alloc {4 * GIB} 0",
+        f"alloc {4 * GIB - CTX} 0",
         f"alloc {1 << 20} 2",
     ]  # 2: CUDA_ERROR_OUT_OF_MEMORY
     # The library says why on stderr (its wording is the library's: only the figures are checked).
@@ -375,8 +380,12 @@ def test_two_pods_on_one_gpu_see_their_own_limits(
         [
             template("t8", ns, "8Gi", 20),
             template("t4", ns, "4Gi", 10),
-            probe_pod("big", ns, probe_image, drv, node.name, [8 * GIB, 1 << 20], template="t8"),
-            probe_pod("small", ns, probe_image, drv, node.name, [4 * GIB, 1 << 20], template="t4"),
+            probe_pod(
+                "big", ns, probe_image, drv, node.name, [8 * GIB - CTX, 1 << 20], template="t8"
+            ),
+            probe_pod(
+                "small", ns, probe_image, drv, node.name, [4 * GIB - CTX, 1 << 20], template="t4"
+            ),
         ],
     )
     logs = {p: wait_log(node, p, ns, "--- done") for p in ("big", "small")}
@@ -388,8 +397,10 @@ def test_two_pods_on_one_gpu_see_their_own_limits(
     assert section(logs["small"], "limits")[-1] == f"gpu {u_small} memory {4 * GIB} cores 10"
     assert f"totalmem 0 {8 * GIB}" in section(logs["big"], "probe")
     assert f"totalmem 0 {4 * GIB}" in section(logs["small"], "probe")
-    assert section(logs["big"], "probe")[-2:] == [f"alloc {8 * GIB} 0", f"alloc {1 << 20} 2"]
-    assert section(logs["small"], "probe")[-2:] == [f"alloc {4 * GIB} 0", f"alloc {1 << 20} 2"]
+    # each process's context takes CTX of its share, allocations the rest
+    big, small = section(logs["big"], "probe")[-2:], section(logs["small"], "probe")[-2:]
+    assert big == [f"alloc {8 * GIB - CTX} 0", f"alloc {1 << 20} 2"]
+    assert small == [f"alloc {4 * GIB - CTX} 0", f"alloc {1 << 20} 2"]
     uids = [c["metadata"]["uid"] for c in (c_big, c_small)]
     for p in ("big", "small"):
         delete_pod(node.client, p, ns, wait=60)
@@ -428,10 +439,11 @@ def test_a_shared_claims_pods_draw_on_one_budget(
             },
         }
     )
-    # The first pod takes 6 GiB and keeps it; the second is then refused 4 GiB but gets 2 GiB.
+    # The first pod takes 5 GiB and keeps it (with its context, 5.5 GiB of the 8); the second's
+    # context takes 0.5 GiB more: it is then refused 4 GiB but gets 2 GiB.
     apply_objects(
         node.client,
-        [probe_pod("first", ns, probe_image, drv, node.name, [6 * GIB], claim="shared", hold=True)],
+        [probe_pod("first", ns, probe_image, drv, node.name, [5 * GIB], claim="shared", hold=True)],
     )
     first = wait_log(node, "first", ns, "holding")
     apply_objects(
@@ -453,7 +465,7 @@ def test_a_shared_claims_pods_draw_on_one_budget(
     uid = claim["metadata"]["uid"]
     assert sorted(r["name"] for r in claim["status"]["reservedFor"]) == ["first", "second"]
     assert section(first, "limits") == section(second, "limits")  # one claim, one limits file
-    assert f"alloc {6 * GIB} 0" in first
+    assert f"alloc {5 * GIB} 0" in first
     assert section(second, "probe")[-3:] == [
         f"alloc {4 * GIB} 2",
         f"alloc {2 * GIB} 0",

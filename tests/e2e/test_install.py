@@ -252,25 +252,30 @@ def test_hami_pods_are_converted_scheduled_prepared_and_enforced(release: Releas
     uuid = _uuid_of(release, res)
     limits = node.exec("gpu-pod", "hami-default", "cat", "/etc/tessera/limits").splitlines()
     assert limits[0] == "version 1"
-    assert f"gpu {uuid} memory {3000 * MIB} cores 30" in limits
+    # HAMi's default GPU_CORE_UTILIZATION_POLICY: work-conserving (docs/enforcement.md 5)
+    assert f"gpu {uuid} memory {3000 * MIB} cores 30 policy work-conserving" in limits
     assert node.exec("gpu-pod", "hami-default", "cat", "/etc/ld.so.preload").strip() == (
         "/usr/lib/tessera/libtessera-enforce.so"
     )
-    assert _probe(release, "gpu-pod", "hami-default", 2000 * MIB, 1000 * MIB, MIB) == [
+    # The share is the process's whole footprint: its CUDA context takes the driver's
+    # context-overhead (512 MiB) of the 3000 MiB, allocations the rest.
+    assert _probe(release, "gpu-pod", "hami-default", 2000 * MIB, 488 * MIB, MIB) == [
         "preloaded yes",
         "init 0",
         "device 0",
         f"totalmem 0 {3000 * MIB}",
         "ctx 0",
-        f"meminfo 0 free={3000 * MIB} total={3000 * MIB}",
+        f"meminfo 0 free={2488 * MIB} total={3000 * MIB}",
         f"alloc {2000 * MIB} 0",
-        f"alloc {1000 * MIB} 0",
+        f"alloc {488 * MIB} 0",
         f"alloc {MIB} 2",
     ]
 
     # use_sharing_card: 40 % and 60 % of one GPU's memory (80 GB H100: the webhook reads the
-    # size from the node agent's slices), cores 60 and 40.
-    gpu_mem = release.host.gpus[0].memory_bytes
+    # size from the node agent's slices: what a GPU publishes, its memory less the driver's
+    # reserve), cores 60 and 40.
+    gpu = release.host.gpus[0]
+    gpu_mem = gpu.memory_bytes - gpu.memory_reserved_bytes
     seen = {}
     for pod, pct, cores in (("gpu-pod1", 40, 60), ("gpu-pod2", 60, 40)):
         [claim] = _claims(release, pod, "hami-sharing")
@@ -312,7 +317,8 @@ def test_monitor_exports_each_share_and_the_alert_fires(release: Release, tmp_pa
     fast.write_text(yaml.safe_dump(rules))
     [claim] = _claims(release, "gpu-pod", "hami-default")
     cname = claim["metadata"]["name"]
-    # Hold 2900 of 3000 MiB (97 %) in the container until the alert fired.
+    # Hold 2900 of 3000 MiB (97 %) in the container until the alert fired: the context's
+    # 512 MiB and 2388 MiB of allocations.
     kubectl = [str(node.bin_dir / "kubectl"), f"--kubeconfig={node.kubeconfig}"]
     holder = subprocess.Popen(
         [
@@ -326,7 +332,7 @@ def test_monitor_exports_each_share_and_the_alert_fires(release: Release, tmp_pa
             f"FAKE_GPUS={release.host.fake_gpus_env()}",
             "PROBE_HOLD=1",
             "/opt/probe/cuda_probe",
-            str(2900 * MIB),
+            str(2388 * MIB),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -472,7 +478,11 @@ def test_upgrade_rolls_node_agent_and_webhook_without_refusing_or_delaying_pods(
     rolled = _create_and_time(release, ns, [f"roll-{i}" for i in range(12)], 1.0)
     upgrader.join()
     assert done, "helm upgrade did not finish"
-    after = {p["metadata"]["name"] for p in release.pods()}
+    # An old pod may still be ending (the webhook drains for webhook.drainSeconds): replaced
+    # means every pod of before is gone or being deleted.
+    after = {
+        p["metadata"]["name"] for p in release.pods() if not p["metadata"].get("deletionTimestamp")
+    }
     assert not (before & after), "the upgrade did not replace every Tessera pod"
     slowest_base = max(base.values())
     release.times["roll_slowest_s"] = max(rolled.values())
