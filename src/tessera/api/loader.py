@@ -449,6 +449,20 @@ def _job_pods(obj: dict[str, Any], m: Manifest, base: str) -> tuple[int, str]:
     return parallelism, f"{base}.parallelism"
 
 
+def template_with_spec(m: Manifest, template: Any, path: str) -> dict[str, Any]:
+    """``template`` (the workload ``m``'s pod template at ``path``) when it is an object with a
+    ``spec`` object. Raises :class:`ManifestError` naming ``m`` and ``path`` otherwise."""
+    if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
+        raise ManifestError(
+            "missing pod template: a workload needs a pod template with a spec",
+            file=m.source.file,
+            doc=m.source.doc,
+            obj=m.ref(),
+            field=path,
+        )
+    return template
+
+
 def expand_workloads(
     manifests: Iterable[Manifest],
     *,
@@ -505,14 +519,7 @@ def expand_workloads(
                 field=field,
             )
         pods += replicas
-        if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
-            raise ManifestError(
-                "missing pod template: a workload needs a pod template with a spec",
-                file=m.source.file,
-                doc=m.source.doc,
-                obj=m.ref(),
-                field=tpath,
-            )
+        template = template_with_spec(m, template, tpath)
         base = object_name(obj) or "workload"
         ns = (obj.get("metadata") or {}).get("namespace")
         for i in range(replicas):

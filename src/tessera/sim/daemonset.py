@@ -23,7 +23,7 @@ from typing import Any
 
 from tessera.allocator.model import Node
 from tessera.api.errors import ManifestError
-from tessera.api.loader import Manifest, object_name
+from tessera.api.loader import Manifest, object_name, template_with_spec
 from tessera.api.uids import uuid5_url
 from tessera.api.validation import is_dns_subdomain
 from tessera.api.workloads import pod_template
@@ -124,15 +124,8 @@ def expand_daemonsets(
         if m.kind != "DaemonSet":
             yield m
             continue
-        template, tpath = pod_template(m.obj, "DaemonSet")
-        if template is None or not isinstance(template.get("spec"), dict):
-            raise ManifestError(
-                "missing pod template: a workload needs a pod template with a spec",
-                file=m.source.file,
-                doc=m.source.doc,
-                obj=m.ref(),
-                field=tpath,
-            )
+        raw, tpath = pod_template(m.obj, "DaemonSet")
+        template = template_with_spec(m, raw, tpath)
         spec = template["spec"]
         targets = [n for n in nodes if eligible(spec, n)]
         if pods + len(targets) > max_pods:
