@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from corpus_paths import corpus_path
+from tessera.api.slice_validation import validate_resource_slice
 from tessera.inventory import (
     GPU,
     InventoryError,
@@ -15,7 +16,6 @@ from tessera.inventory import (
     build_resource_slices,
     parse_inventory,
     parse_topology,
-    validate_resource_slice,
 )
 
 CORPUS = corpus_path()

@@ -18,6 +18,7 @@ import yaml
 from click.testing import CliRunner
 
 from corpus_paths import corpus_path
+from tessera.api.slice_validation import validate_resource_slice
 from tessera.cli import main
 from tessera.inventory import (
     MissingFieldError,
@@ -25,7 +26,6 @@ from tessera.inventory import (
     capture,
     parse_inventory,
     publication_warnings,
-    validate_resource_slice,
 )
 
 CORPUS = corpus_path()

@@ -10,8 +10,8 @@ import pytest
 
 import tessera
 from corpus_paths import corpus_path
+from tessera.api.slice_validation import validate_resource_slice as validate
 from tessera.inventory import build_resource_slices, load_inventory, load_topology
-from tessera.inventory import validate_resource_slice as validate
 
 EXAMPLES = Path(tessera.__file__).resolve().parent / "examples"
 

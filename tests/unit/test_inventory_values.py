@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from corpus_paths import corpus_path
+from tessera.api.slice_validation import validate_resource_slice
 from tessera.inventory import (
     GPU,
     InventoryError,
@@ -24,7 +25,6 @@ from tessera.inventory import (
     load_topology,
     parse_inventory,
     parse_topology,
-    validate_resource_slice,
 )
 from tessera.inventory.model import derive_architecture, normalize_bus_id, pcie_root_of, to_semver
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from corpus_paths import corpus_path
 from tessera.api.loader import Manifest, Source
+from tessera.api.slice_validation import validate_resource_slice
 from tessera.cli import main
 from tessera.explain.explain import explain
 from tessera.explain.lint import lint
@@ -27,7 +28,6 @@ from tessera.inventory import (
     load_inventory,
     parse_inventory,
     publication_warnings,
-    validate_resource_slice,
 )
 from tessera.inventory.mig import (
     A30_24GB,

@@ -870,7 +870,7 @@ def manifest_problems(m: Manifest) -> list[FieldProblem]:
     if kind == "DeviceClass":
         return device_class_problems(obj)
     if kind == "ResourceSlice":
-        from tessera.inventory.validate import validate_resource_slice
+        from tessera.api.slice_validation import validate_resource_slice
 
         probs = []
         for text in validate_resource_slice(obj):

@@ -79,8 +79,8 @@ def convert(
     Exit status: 0; 2 on bad input (nothing is written).
     """
     from tessera.api.deviceclass import device_class, served_extended_resources
+    from tessera.api.slice_validation import validate_resource_slice
     from tessera.convert import convert_object, gpu_memory_sizes
-    from tessera.inventory import validate_resource_slice
 
     try:
         if out_dir is not None and "-" in manifests:

@@ -6,7 +6,6 @@
 - :func:`parse_topology` / :func:`load_topology`: ``nvidia-smi topo -m`` -> :class:`Topology`.
 - :func:`build_resource_slices`: GPUs (+ topology) -> ResourceSlice dicts of one node pool;
   :func:`publication_warnings`: what it could not publish in full (unified memory, MIG unknown).
-- :func:`validate_resource_slice`: the API server's rules for a ResourceSlice, as a problem list.
 - :mod:`tessera.inventory.mig`: MIG profile tables, dynamic MIG (:class:`DynamicMIG`), counters,
   and what the node driver creates for an allocated device (docs/mig.md).
 
@@ -25,7 +24,6 @@ from .mig import DynamicMIG, MigPlacement, mig_placement, parse_dynamic_mig
 from .model import GPU, MigDevice, MigModel, MigProfile, Topology
 from .parse import load_inventory, load_topology, parse_inventory, parse_topology
 from .slices import build_resource_slices, publication_warnings
-from .validate import validate_resource_slice
 
 __all__ = [
     "GPU",
@@ -48,5 +46,4 @@ __all__ = [
     "parse_inventory",
     "parse_topology",
     "publication_warnings",
-    "validate_resource_slice",
 ]

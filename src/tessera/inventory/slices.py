@@ -7,6 +7,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tessera.api.quantity import Quantity
+from tessera.api.slice_validation import (
+    MAX_COUNTER_SETS,
+    MAX_DEVICES,
+    MAX_DEVICES_WITH_COUNTERS,
+    MAX_STRING,
+    is_dns_subdomain,
+    validate_resource_slice,
+)
 
 from .errors import SliceBuildError
 from .mig import (
@@ -20,14 +28,6 @@ from .mig import (
     placement_device_name,
 )
 from .model import GPU, MIB, MigDevice, MigModel, MigProfile, Topology, pcie_root_of, to_semver
-from .validate import (
-    MAX_COUNTER_SETS,
-    MAX_DEVICES,
-    MAX_DEVICES_WITH_COUNTERS,
-    MAX_STRING,
-    is_dns_subdomain,
-    validate_resource_slice,
-)
 
 DRIVER = "gpu.tessera.dev"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"

@@ -203,16 +203,6 @@ def _dup(m: Manifest, message: str) -> ManifestError:
     )
 
 
-def _check_slice(m: Manifest) -> None:
-    """API validation of a ResourceSlice given as input (the API server would reject these)."""
-    from tessera.inventory import validate_resource_slice
-
-    problems = validate_resource_slice(m.obj)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ManifestError(problems[0] + more, file=m.source.file, doc=m.source.doc, obj=m.ref())
-
-
 def _check_selectors(m: Manifest) -> None:
     """CEL selectors must compile and be within the cost limit, as the API server checks on create."""
     from tessera.cel import CelCompileError, CelCostError, check_selector
@@ -262,32 +252,6 @@ def _check_selectors(m: Manifest) -> None:
                     obj=m.ref(),
                     field=f"{where}[{k}].cel.expression",
                 ) from None
-
-
-def _check_pod(m: Manifest) -> None:
-    """What the API server rejects in a Pod that simulation would otherwise accept."""
-    spec = m.obj.get("spec") or {}
-    ctrs = spec.get("containers")
-    if not isinstance(ctrs, list) or not ctrs:
-        raise ManifestError(
-            "a Pod needs at least one container",
-            file=m.source.file,
-            doc=m.source.doc,
-            obj=m.ref(),
-            field="spec.containers",
-        )
-    declared = {pc.get("name") for pc in spec.get("resourceClaims") or [] if isinstance(pc, dict)}
-    for part in ("initContainers", "containers"):
-        for i, c in enumerate(spec.get(part) or []):
-            for j, rc in enumerate(((c or {}).get("resources") or {}).get("claims") or []):
-                if rc.get("name") not in declared:
-                    raise ManifestError(
-                        f"claim {rc.get('name')!r} is not declared in spec.resourceClaims: add it there",
-                        file=m.source.file,
-                        doc=m.source.doc,
-                        obj=m.ref(),
-                        field=f"spec.{part}[{i}].resources.claims[{j}].name",
-                    )
 
 
 _HAMI_MARKS = ("hami.io/", "nvidia.com/", "volcano.sh/")
@@ -483,7 +447,6 @@ class Simulation:
                         m,
                         "a ResourceSlice of this name is already published (by a cluster node or an earlier file)",
                     )
-                _check_slice(m)
                 slice_names[m.name] = m.obj
                 slices.append(m.obj)
                 continue
@@ -523,7 +486,6 @@ class Simulation:
                     claim["spec"] = whole_gpu_spec(claim.get("spec") or {})
                 self.claims[(m.namespace, m.name)] = claim
             elif kind == "Pod":
-                _check_pod(m)
                 self.pods.append(m)
             else:
                 self.warnings.append(
