@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXTRA = [
     'device.driver == "gpu.tessera.dev" && device.allowMultipleAllocations',
     'device.capacity["gpu.tessera.dev"].memory.compareTo(quantity("40Gi")) >= 0',
-    'has(device.attributes["gpu.tessera.dev"].productName) && device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("h100")',
+    'has(device.attributes["gpu.tessera.dev"].productName) && '
+    'device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("h100")',
     'device.attributes["gpu.tessera.dev"].?numaNode.orValue(-1) == 0',
     'cel.bind(g, device.attributes["gpu.tessera.dev"], g.type == "gpu" && g.?index.orValue(-1) >= 0)',
     'device.attributes["gpu.tessera.dev"].productName in ["NVIDIA H100 80GB HBM3", "Tesla V100S-PCIE-32GB"]',

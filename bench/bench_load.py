@@ -59,7 +59,10 @@ def _template(name: str, memory: str, cores: str) -> dict[str, Any]:
                                 "selectors": [
                                     {
                                         "cel": {
-                                            "expression": 'device.attributes["gpu.tessera.dev"].productName.startsWith("NVIDIA")'
+                                            "expression": (
+                                                'device.attributes["gpu.tessera.dev"]'
+                                                '.productName.startsWith("NVIDIA")'
+                                            )
                                         }
                                     }
                                 ],

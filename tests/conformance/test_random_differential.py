@@ -202,8 +202,10 @@ def _request(
     sels = [
         f'device.attributes["{DRIVER}"].model == "a"',
         f'device.attributes["{DRIVER}"].numa == 1',
-        f'has(device.capacity["{DRIVER}"].memory) && device.capacity["{DRIVER}"].memory.compareTo(quantity("16Gi")) >= 0',
-        f'has(device.capacity["{DRIVER}"].memory) && device.capacity["{DRIVER}"].memory.compareTo(quantity("16Gi")) >= 0',
+        f'has(device.capacity["{DRIVER}"].memory) && '
+        f'device.capacity["{DRIVER}"].memory.compareTo(quantity("16Gi")) >= 0',
+        f'has(device.capacity["{DRIVER}"].memory) && '
+        f'device.capacity["{DRIVER}"].memory.compareTo(quantity("16Gi")) >= 0',
         f'device.attributes["{DRIVER}"].driverVersion.isGreaterThan(semver("1.1.0"))',
     ]
     if rng.random() < 0.2:  # unguarded: a device without memory is a CEL runtime error

@@ -252,8 +252,8 @@ def test_up_moves_to_other_ports_when_one_was_taken_meanwhile(
         c.up(Inventory(), build_binaries=False, die_with_parent=True, progress=said.append)
         assert len(picked) == 2
         assert (
-            "kube-apiserver could not bind its port (taken by another process meanwhile); starting the control plane again on other ports"
-            in said
+            "kube-apiserver could not bind its port (taken by another process meanwhile); starting the control "
+            "plane again on other ports" in said
         )
         assert c.status().state == "running"
         assert c.server == f"https://127.0.0.1:{picked[1][2]}"

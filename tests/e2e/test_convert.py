@@ -94,7 +94,10 @@ def test_unified_memory_gpu_is_handed_out_whole_by_the_real_scheduler(
     node = corpus_node("spark", GB10_INVENTORY)
     (dev,) = [d for s in node.slices for d in s["spec"]["devices"]]
     assert "allowMultipleAllocations" not in dev and set(dev["capacity"]) == {"cores"}
-    pod = "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: c\n    image: x\n    resources: {{limits: {{{res}}}}}\n"
+    pod = (
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: c\n    image: "
+        "x\n    resources: {{limits: {{{res}}}}}\n"
+    )
     files = []
     for name, res in [
         ("whole", "nvidia.com/gpu: 1"),

@@ -786,7 +786,8 @@ def test_cli_start_errors_are_one_line_exit_2(
     kc.write_text(yaml.safe_dump(admin))
     rc, err = run("--nvml-library", str(env.nvml_lib), kubeconfig=kc)
     assert rc == 2 and err == [
-        "tessera: error: the API server denies this identity: get resourceclaims, list resourceslices, create resourceslices, "
+        "tessera: error: the API server denies this identity: get resourceclaims, list resourceslices, create "
+        "resourceslices, "
         "patch resourceslices, delete resourceslices (group resource.k8s.io); grant the driver's ServiceAccount the "
         "ClusterRole in docs/driver.md"
     ]

@@ -349,7 +349,8 @@ def test_placement_held_by_someone_elses_instance_is_refused(
         (
             "{gpus: [0], profiles: [1g.5gb]}",
             None,
-            "--dynamic-mig: dynamicMIG.profiles: profile '1g.5gb' does not exist on this node's dynamic MIG GPUs (H100 80GB); "
+            "--dynamic-mig: dynamicMIG.profiles: profile '1g.5gb' does not exist on this node's dynamic MIG "
+            "GPUs (H100 80GB); "
             "their profiles: 1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb",
         ),
         (

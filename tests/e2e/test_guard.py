@@ -93,7 +93,8 @@ def test_hami_annotations_refuse_start(driver_env: DriverEnv) -> None:
     _set_allocatable(env.client, env.node, {"nvidia.com/gpu": "80"})
     (line,) = _refused(env)
     assert (
-        f"Node {env.node} status.allocatable nvidia.com/gpu: 80; Node {env.node} annotation hami.io/node-nvidia-register; "
+        f"Node {env.node} status.allocatable nvidia.com/gpu: 80; Node {env.node} annotation "
+        "hami.io/node-nvidia-register; "
         f"Node {env.node} annotation hami.io/node-handshake-nvidia. "
     ) in line
 

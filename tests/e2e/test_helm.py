@@ -583,7 +583,10 @@ def test_node_agent_writes_only_its_own_nodes_slices(env: Env) -> None:
     agent = KubeClient.from_kubeconfig(
         env.tools.token_kubeconfig(env.client, f"{RELEASE}-node", NS, pod=pod)
     )
-    policy = f"ValidatingAdmissionPolicy '{RELEASE}-node-resourceslices' with binding '{RELEASE}-node-resourceslices' denied request: "
+    policy = (
+        f"ValidatingAdmissionPolicy '{RELEASE}-node-resourceslices' with binding "
+        f"'{RELEASE}-node-resourceslices' denied request: "
+    )
 
     def refused(call: Any, message: str) -> None:
         with pytest.raises(ApiError) as e:
@@ -1055,7 +1058,8 @@ def test_install_upgrade_uninstall(fresh_cluster: StartCluster, tmp_path: Path) 
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
-        f"DeviceClass gpu.tessera.dev: used by 1 object(s): ResourceClaim default/still-used; kept (detached from release {NS}/{RELEASE})",
+        "DeviceClass gpu.tessera.dev: used by 1 object(s): ResourceClaim default/still-used; kept (detached "
+        f"from release {NS}/{RELEASE})",
         "DeviceClass mig.gpu.tessera.dev: unused",
     ]
     out = tools.helm("uninstall", RELEASE, "-n", NS, "--no-hooks").stdout
@@ -1188,7 +1192,8 @@ def test_migration_guide_shows_what_moves(env: Env, tmp_path: Path) -> None:
         with pytest.raises(
             SecondManagerError,
             match=re.escape(
-                "Node gpu-3 annotation hami.io/node-nvidia-register; Node gpu-3 annotation hami.io/node-handshake-nvidia"
+                "Node gpu-3 annotation hami.io/node-nvidia-register; Node gpu-3 annotation "
+                "hami.io/node-handshake-nvidia"
             ),
         ):
             check_node(env.client, "gpu-3", ["GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec"])

@@ -128,7 +128,8 @@ def test_kubeconfig_errors(tmp_path: Path) -> None:
         KubeClient.from_kubeconfig(tmp_path / "missing")
     kc = tmp_path / "kc"
     kc.write_text(
-        "current-context: c\ncontexts: [{name: c, context: {cluster: x, user: u}}]\nclusters: [{name: x, cluster: {}}]\nusers: [{name: u, user: {}}]\n"
+        "current-context: c\ncontexts: [{name: c, context: {cluster: x, user: u}}]\nclusters: [{name: x, "
+        "cluster: {}}]\nusers: [{name: u, user: {}}]\n"
     )
     with pytest.raises(KubeconfigError, match=r"clusters\[x\].server is missing"):
         KubeClient.from_kubeconfig(kc)

@@ -286,7 +286,7 @@ metadata: {name: new-ten, namespace: team-b}
 spec:
   resourceClaims: [{name: gpu, resourceClaimTemplateName: ten}]
   containers: [{name: main, image: x, resources: {claims: [{name: gpu}]}}]
-"""
+"""  # noqa: E501
 
 
 def test_simulate_new_workloads_on_top_of_the_live_allocations(live: Live) -> None:

@@ -83,7 +83,7 @@ def _hami(name: str, node: str, limits: dict[str, Any], mode: str | None = None)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": {
         "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0,
         "nodeSelector": {"tessera.dev/test-node": node},
-        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}]}}  # fmt: skip
+        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}]}}  # fmt: skip  # noqa: E501
 
 
 def _template(name: str, *, memory: str | None = None, cores: int | None = None, selectors: tuple[str, ...] = (),

@@ -214,7 +214,8 @@ def up_when_the_machine_is_free(
         if record is not None:
             if time.monotonic() > deadline:
                 pytest.fail(
-                    f"this machine's node stayed busy for {NODE_LOCK_WAIT:.0f} s: {describe_holder(record, holder_alive(record))}"
+                    f"this machine's node stayed busy for {NODE_LOCK_WAIT:.0f} s: "
+                    f"{describe_holder(record, holder_alive(record))}"
                 )
             time.sleep(2)
             continue

@@ -139,7 +139,7 @@ def net_image(kube_node: LiveNode) -> str:
     """busybox (sh, wget, httpd, nc, timeout; its ``wget -T`` crashes: ``timeout`` instead), the host's ``openssl`` with its libraries, and a page
     for httpd to serve. busybox's own TLS gets "alert code 40: handshake failure" from
     kube-apiserver v1.37.2 (seen here); with ``openssl`` on the PATH, busybox's wget runs
-    ``openssl s_client`` for https instead, as it does on the host."""
+    ``openssl s_client`` for https instead, as it does on the host."""  # noqa: E501
     openssl = shutil.which("openssl")
     assert openssl is not None, "openssl not found (apt-get install openssl)"
     return kube_node.image(

@@ -176,7 +176,8 @@ def test_selector_typed_for_selectors(
 ) -> None:
     f = tmp_path / "claim.yaml"
     f.write_text(
-        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: typo}\nspec:\n  devices:\n    requests:\n"
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: typo}\nspec:\n  devices:\n    "
+        "requests:\n"
         "    - name: gpu\n      exactly:\n        deviceClassName: gpu.tessera.dev\n"
         "        selector:\n        - cel: {expression: 'true'}\n"
     )

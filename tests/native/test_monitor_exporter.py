@@ -244,7 +244,10 @@ def test_hami_names_answer_promql(stack: Stack) -> None:
 
 def test_tessera_names_answer_promql(stack: Stack) -> None:
     prom = stack.prom
-    sel = 'dra_claim_namespace="team-a", dra_claim_name="trainer-0-gpu", dra_pool_name="gpu-node-1", dra_device_name="gpu-0"'
+    sel = (
+        'dra_claim_namespace="team-a", dra_claim_name="trainer-0-gpu", dra_pool_name="gpu-node-1", '
+        'dra_device_name="gpu-0"'
+    )
     assert prom.value(f"tessera_share_memory_used_bytes{{{sel}}}") == 120 * MiB
     assert prom.value(f"tessera_share_memory_limit_bytes{{{sel}}}") == 128 * MiB
     assert prom.value(f"tessera_share_cores_ratio{{{sel}}}") == 0.3
@@ -264,7 +267,8 @@ def test_tessera_names_answer_promql(stack: Stack) -> None:
     )
     # Joins on the device: the share's bytes against the GPU's (NVML) total, by UUID.
     frac = prom.value(
-        f'tessera_share_memory_used_bytes{{UUID="{UUIDS[1]}"}} / on (node, UUID) group_left() tessera_gpu_memory_total_bytes'
+        f'tessera_share_memory_used_bytes{{UUID="{UUIDS[1]}"}} / on (node, UUID) group_left() '
+        "tessera_gpu_memory_total_bytes"
     )
     assert frac == 500 * MiB / PHYS
     assert prom.value(f'tessera_gpu_memory_used_bytes{{UUID="{UUIDS[1]}", gpu="1"}}') == 500 * MiB

@@ -82,7 +82,8 @@ def test_comprehension_variables_are_declared() -> None:
     a = allocator(rslice({"name": "d1", "attributes": {"model": {"string": "h100"}}}))
     sel = {
         "cel": {
-            "expression": 'device.attributes["driver-a"].all(k, k != "x") && ["h100"].exists(m, m == device.attributes["driver-a"].model)'
+            "expression": 'device.attributes["driver-a"].all(k, k != "x") && ["h100"].exists(m, m == '
+            'device.attributes["driver-a"].model)'
         }
     }
     res = a.allocate(NODE, [rclaim(exact(selectors=[sel]))])

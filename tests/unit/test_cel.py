@@ -195,7 +195,8 @@ def test_kubernetes_environment(expr: str, want: bool) -> None:
         ("1 / 0 == 1", "division by zero"),
         ("[1][1] == 1", "index out of bounds: 1"),
         (
-            '{"a": 1}.transformMapEntry(k, v, {"b": v}).size() == 1 && [1, 1].transformMapEntry(i, v, {v: i}).size() == 1',
+            '{"a": 1}.transformMapEntry(k, v, {"b": v}).size() == 1 && [1, 1].transformMapEntry(i, v, {v: '
+            "i}).size() == 1",
             "insert failed: key 1 already exists",
         ),
     ],

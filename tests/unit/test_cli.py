@@ -233,7 +233,10 @@ def test_compare_on_the_default() -> None:
     assert rows["spread"]["gpusUsed"] > rows["binpack"]["gpusUsed"]
 
 
-POD = "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: c\n    image: x\n    resources: {{limits: {{{res}}}}}\n"
+POD = (
+    "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: c\n    image: x\n "
+    "   resources: {{limits: {{{res}}}}}\n"
+)
 
 
 def test_duplicate_pod_names_are_an_error(tmp_path: Path) -> None:

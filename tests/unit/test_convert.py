@@ -452,7 +452,8 @@ def test_percentage_becomes_first_available_per_memory_size() -> None:
                 "selectors": [
                     {
                         "cel": {
-                            "expression": 'has(device.capacity["gpu.tessera.dev"].memory) && device.capacity["gpu.tessera.dev"].memory == quantity("81559Mi")'
+                            "expression": 'has(device.capacity["gpu.tessera.dev"].memory) && '
+                            'device.capacity["gpu.tessera.dev"].memory == quantity("81559Mi")'
                         }
                     }
                 ],
@@ -467,7 +468,8 @@ def test_percentage_becomes_first_available_per_memory_size() -> None:
                 "selectors": [
                     {
                         "cel": {
-                            "expression": 'has(device.capacity["gpu.tessera.dev"].memory) && device.capacity["gpu.tessera.dev"].memory == quantity("32510Mi")'
+                            "expression": 'has(device.capacity["gpu.tessera.dev"].memory) && '
+                            'device.capacity["gpu.tessera.dev"].memory == quantity("32510Mi")'
                         }
                     }
                 ],
@@ -916,7 +918,8 @@ def test_cel_literals_are_escaped() -> None:
     literal = '["GPU-\\"x\\\\\\" || true || \\"\\n\\t\\u0001"]'
     assert (
         expr
-        == f"(has({ATTRS}.uuid) && {ATTRS}.uuid in {literal}) || (has({ATTRS}.parentUUID) && {ATTRS}.parentUUID in {literal})"
+        == f"(has({ATTRS}.uuid) && {ATTRS}.uuid in {literal}) || (has({ATTRS}.parentUUID) && {ATTRS}.parentUUID "
+        f"in {literal})"
     )
     assert cel_eval(expr, device(uuid=nasty.strip()))
     assert not cel_eval(expr, device(uuid="GPU-other"))

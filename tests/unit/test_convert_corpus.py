@@ -302,7 +302,8 @@ def test_use_memory_fraction_80gb_and_32gb() -> None:
             "selectors": [
                 {
                     "cel": {
-                        "expression": f'has(device.capacity["gpu.tessera.dev"].memory) && device.capacity["gpu.tessera.dev"].memory == quantity("{size}")'
+                        "expression": 'has(device.capacity["gpu.tessera.dev"].memory) && '
+                        f'device.capacity["gpu.tessera.dev"].memory == quantity("{size}")'
                     }
                 }
             ],

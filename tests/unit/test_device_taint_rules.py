@@ -212,7 +212,8 @@ def test_noexecute_rule_on_an_allocated_claim_warns_of_eviction(corpus: Path) ->
         (
             "{deviceSelector: {}, taint: {key: k, value: not ok, effect: NoSchedule}}",
             "spec.taint.value",
-            "'not ok' must be a label value: at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric",
+            "'not ok' must be a label value: at most 63 alphanumerics, '-', '_' or '.', starting and ending "
+            "alphanumeric",
         ),
         (
             "{deviceSelector: {cel: x}, taint: {key: k, effect: NoSchedule}}",

@@ -149,13 +149,16 @@ def test_default_hami_uuid_pinned_names_the_false_subexpression() -> None:
     exp = _default("hami-uuid-pinned")
     assert exp.hami == [
         "HAMi request (container ubuntu-container): 1 GPU × gpumem all of each GPU's memory, gpucores 100 — no GPU on "
-        "any node matches the pod's device selectors (HAMi annotations such as nvidia.com/use-gputype or nvidia.com/use-gpuuuid)"
+        "any node matches the pod's device selectors (HAMi annotations such as nvidia.com/use-gputype or "
+        "nvidia.com/use-gpuuuid)"
     ]
     v100 = _groups(_node(exp, "v100s-node"))
     assert len(v100) == 1 and v100[0][0] == 8
     sel = (
-        '`(has(device.attributes["gpu.tessera.dev"].uuid) && device.attributes["gpu.tessera.dev"].uuid in ["GPU-123456"]) || '
-        '(has(device.attributes["gpu.tessera.dev"].parentUUID) && device.attributes["gpu.tessera.dev"].parentUUID in ["GPU-123456"])`'
+        '`(has(device.attributes["gpu.tessera.dev"].uuid) && device.attributes["gpu.tessera.dev"].uuid in '
+        '["GPU-123456"]) || '
+        '(has(device.attributes["gpu.tessera.dev"].parentUUID) && '
+        'device.attributes["gpu.tessera.dev"].parentUUID in ["GPU-123456"])`'
     )
     assert v100[0][1].startswith(
         f'request gpu selector #0 is false: {sel} (uuid = "GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e", '
@@ -179,7 +182,8 @@ def test_default_scheduled_pod_says_where_and_why() -> None:
     ]
     assert exp.placements[0] == (
         "claim default/trainer-1-gpus, request gpus: gpu.tessera.dev/h100-node/gpu-3 "
-        "(GPU-afe9f2ed-9dd0-572c-3cd8-b42b58b3bc99, NVIDIA H100 80GB HBM3), shared: memory 40Gi of 81008Mi free, cores 50 of 100 free"
+        "(GPU-afe9f2ed-9dd0-572c-3cd8-b42b58b3bc99, NVIDIA H100 80GB HBM3), shared: memory 40Gi of 81008Mi "
+        "free, cores 50 of 100 free"
     )
 
 
@@ -266,8 +270,10 @@ def test_hami_card_type_selector_shows_device_value(corpus: Path) -> None:
     assert _groups(exp.nodes[0]) == [
         (
             1,
-            f'request gpu/{level} selector #0 is false: `device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("a100") || '
-            'device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("v100")` (productName = "NVIDIA A10")',
+            f"request gpu/{level} selector #0 is false: "
+            '`device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("a100") || '
+            'device.attributes["gpu.tessera.dev"].productName.lowerAscii().contains("v100")` (productName = '
+            '"NVIDIA A10")',
         )
         for level in ("nvlink", "numa", "any")
     ]
@@ -372,7 +378,10 @@ def test_incomplete_pool() -> None:
 
 def test_match_attribute_across_two_gpus_without_nvlink() -> None:
     req = CAP + "        count: 2\n        capacity: {requests: {memory: 40Gi}}"
-    cons = "    constraints:\n    - matchAttribute: gpu.tessera.dev/nvlinkDomain\n    - distinctAttribute: gpu.tessera.dev/uuid"
+    cons = (
+        "    constraints:\n    - matchAttribute: gpu.tessera.dev/nvlinkDomain\n    - distinctAttribute: "
+        "gpu.tessera.dev/uuid"
+    )
     exp = explain(
         one_node(gpu(0, 80, nvlinkDomain=0), gpu(1, 80, nvlinkDomain=1)),
         docs(claim_pod("pair", req, cons)),
@@ -436,7 +445,7 @@ def test_cli_explain_unknown_exits_2() -> None:
 GTX1080TI_CSV = """\
 index, uuid, name, memory.total [MiB], pci.bus_id, driver_version, compute_cap, mig.mode.current
 0, GPU-5d2a8e1c-1f0b-7c43-9e1a-3b8f2d6c4a10, NVIDIA GeForce GTX 1080 Ti, 11264 MiB, 00000000:01:00.0, 535.161.08, 6.1, [N/A]
-"""
+"""  # noqa: E501
 
 HAMI_ON_1080TI = """
 apiVersion: v1

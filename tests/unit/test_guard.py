@@ -27,7 +27,7 @@ from tessera.inventory import build_resource_slices, load_inventory
 HAMI_ANNOTATIONS_FILE = (
     "inventories/HAMi__docs_develop_protocol__node-register-annotations.2xV100-PCIE-32GB.txt"
 )
-NVIDIA_FULL_GPU = "dra-manifests/dra-driver-nvidia-gpu__docs_reference_resourceslice-attributes__full-gpu-A100-PCIE-40GB.fragment.yaml"
+NVIDIA_FULL_GPU = "dra-manifests/dra-driver-nvidia-gpu__docs_reference_resourceslice-attributes__full-gpu-A100-PCIE-40GB.fragment.yaml"  # noqa: E501
 NVIDIA_MIG = "dra-manifests/dra-driver-nvidia-gpu__docs_reference_resourceslice-attributes__mig-1g.5gb.fragment.yaml"
 A5000 = "inventories/telegraf__nvidia_smi_testdata__dual_a5000-v13.xml"
 
@@ -141,14 +141,16 @@ def test_another_dra_driver_publishing_the_same_gpu(corpus: Path) -> None:
     ]
     # A MIG device of it names the GPU in parentUUID.
     assert [s.detail for s in slice_signs([nvidia_slice(mig)], [uuid])] == [
-        "DRA driver gpu.nvidia.com publishes GPU-2fa81118-5a5f-aa66-7660-471eed407181 (ResourceSlice gpu-1-gpu.nvidia.com-x7k2p)"
+        "DRA driver gpu.nvidia.com publishes GPU-2fa81118-5a5f-aa66-7660-471eed407181 (ResourceSlice "
+        "gpu-1-gpu.nvidia.com-x7k2p)"
     ]
     # ... or its own MIG UUID, when this node discovered that MIG device.
     assert [
         s.detail
         for s in slice_signs([nvidia_slice(mig)], ["MIG-1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d"])
     ] == [
-        "DRA driver gpu.nvidia.com publishes MIG-1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d (ResourceSlice gpu-1-gpu.nvidia.com-x7k2p)"
+        "DRA driver gpu.nvidia.com publishes MIG-1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d (ResourceSlice "
+        "gpu-1-gpu.nvidia.com-x7k2p)"
     ]
     # Other GPUs: nothing in common.
     assert slice_signs([nvidia_slice(full)], ["GPU-00000000-0000-0000-0000-000000000000"]) == []

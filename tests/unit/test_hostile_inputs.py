@@ -110,7 +110,8 @@ def write(tmp: Path, name: str, text: str | bytes) -> str:
         ),
         (
             "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: s}\n"
-            "spec: {driver: d.example.com, pool: {name: p, resourceSliceCount: 1}, sharedCounters: [{name: c, counters: 5}]}\n",
+            "spec: {driver: d.example.com, pool: {name: p, resourceSliceCount: 1}, sharedCounters: [{name: c, "
+            "counters: 5}]}\n",
             "spec.sharedCounters[0].counters",
             "must be an object, got an integer",
         ),
@@ -133,7 +134,8 @@ def test_selector_typed_for_selectors_is_refused_with_the_closest_name(tmp_path:
     )
     line = bad("simulate", "--cluster", CLUSTER, f)
     assert line.endswith(
-        "ResourceClaim default/c1: spec.devices.requests[0].exactly.selector: unknown field 'selector': did you mean 'selectors'?"
+        "ResourceClaim default/c1: spec.devices.requests[0].exactly.selector: unknown field 'selector': did you "
+        "mean 'selectors'?"
     )
     code, out, _ = run("lint", f)
     assert code == 1
@@ -523,7 +525,8 @@ def test_cluster_count_labels_and_taints(tmp_path: Path) -> None:
             f"  containers: [{{name: c, image: x, resources: {{limits: {{nvidia.com/gpu: 8}}}}}}]\n"
             for i in range(3)
         )
-        + "---\napiVersion: v1\nkind: Pod\nmetadata: {name: untolerated}\nspec:\n  nodeSelector: {kubernetes.io/hostname: tainted}\n  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]\n"
+        + "---\napiVersion: v1\nkind: Pod\nmetadata: {name: untolerated}\nspec:\n  nodeSelector: "
+        "{kubernetes.io/hostname: tainted}\n  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]\n"  # noqa: E501
     )
     m = write(tmp_path, "pods.yaml", pods)
     code, out, _ = run("simulate", "--cluster", f, m, "-o", "json")
@@ -584,7 +587,10 @@ def test_attached_gpus_count_that_differs_is_said(tmp_path: Path) -> None:
 
 
 def test_bom_in_csv_inventory_and_topology(corpus: Path, tmp_path: Path) -> None:
-    csv = "\ufeffuuid, name, memory.total [MiB]\nGPU-ef1b2c9b-38d8-2090-2bd1-f567a3eb42a6, Tesla P100-PCIE-16GB, 16384 MiB\n"
+    csv = (
+        "\ufeffuuid, name, memory.total [MiB]\nGPU-ef1b2c9b-38d8-2090-2bd1-f567a3eb42a6, Tesla "
+        "P100-PCIE-16GB, 16384 MiB\n"
+    )
     inv = write(tmp_path, "p100.csv", csv.encode("utf-8"))
     topo = (
         "\ufeff"
@@ -658,7 +664,10 @@ def test_count_zero_is_defaulted_as_the_api_server_does(tmp_path: Path) -> None:
 
 
 def test_pending_reason_names_the_incomplete_pool(tmp_path: Path) -> None:
-    sl = "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: %s}\nspec:\n  driver: gpu.tessera.dev\n  nodeName: n1\n  pool: {name: n1, generation: 1, resourceSliceCount: %d}\n  devices: [{name: %s, capacity: {memory: {value: 80Gi}}}]\n"
+    sl = (
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: %s}\nspec:\n  driver: "
+        "gpu.tessera.dev\n  nodeName: n1\n  pool: {name: n1, generation: 1, resourceSliceCount: %d}\n  devices: [{name: %s, capacity: {memory: {value: 80Gi}}}]\n"  # noqa: E501
+    )
     f = write(
         tmp_path,
         "s.yaml",
@@ -866,7 +875,8 @@ def test_real_trees(corpus: Path, tmp_path: Path) -> None:
     write(
         d,
         "rule.yaml",
-        'apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata: {name: dcgm}\nspec:\n  groups:\n  - name: gpu\n    rules:\n    - alert: GpuHot\n      expr: DCGM_FI_DEV_GPU_TEMP > 85\n      annotations:\n        summary: "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} is hot"  # {{ not a template }}\n',
+        "apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata: {name: dcgm}\nspec:\n  groups:\n "
+        ' - name: gpu\n    rules:\n    - alert: GpuHot\n      expr: DCGM_FI_DEV_GPU_TEMP > 85\n      annotations:\n        summary: "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} is hot"  # {{ not a template }}\n',  # noqa: E501
     )
     write(
         d,

@@ -61,7 +61,8 @@ def test_string_attribute_limit_and_names() -> None:
         "spec.devices[0].attributes[productName].string: longer than 64 characters (65)",
         f"spec.devices[0].attributes[{'a' * 33}]: {'a' * 33!r} is not a C identifier of at most 32 characters",
         "spec.devices[0].attributes[bad/domain/name]: more than one '/'",
-        "spec.devices[0].attributes[two]: exactly one of int, bool, string, version must be set (found ['int', 'string'])",
+        "spec.devices[0].attributes[two]: exactly one of int, bool, string, version must be set (found ['int', "
+        "'string'])",
     ]
 
 
@@ -100,7 +101,8 @@ def test_slice_level_rules() -> None:
     assert validate(s) == [
         "spec.driver: 'GPU.tessera.dev' is not a lower-case DNS subdomain <= 63",
         "spec.pool.resourceSliceCount: 0 is not an integer > 0",
-        "spec: exactly one of nodeName, nodeSelector, allNodes, perDeviceNodeSelection must be set (found ['nodeName', 'allNodes'])",
+        "spec: exactly one of nodeName, nodeSelector, allNodes, perDeviceNodeSelection must be set (found "
+        "['nodeName', 'allNodes'])",
         "spec.devices[2].name: duplicate device name 'gpu-0'",
     ]
     assert validate({"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceSlice"}) == [

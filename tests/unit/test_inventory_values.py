@@ -36,7 +36,7 @@ A100_MIG_XML = "netdata-go.d.plugin__nvidia_smi_testdata__a100-sxm4-mig.xml"
 H100_MIG_CAPTURE = (
     "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-h100-mig__590.48.01.capture.txt"
 )
-RTX4080_CAPTURE = "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-geforce-rtx-4080-super__595.71.05.capture.txt"
+RTX4080_CAPTURE = "nvidia_gpu_exporter__internal_captures__linux-x86_64__nvidia-geforce-rtx-4080-super__595.71.05.capture.txt"  # noqa: E501
 HAMI = "HAMi__docs_develop_protocol__node-register-annotations.2xV100-PCIE-32GB.txt"
 
 
@@ -146,7 +146,7 @@ GTX1080TI_CSV = """\
 index, uuid, name, memory.free [MiB], memory.total [MiB], pci.bus_id, driver_version, compute_cap
 1, GPU-5d2a8e1c-1f0b-7c43-9e1a-3b8f2d6c4a11, NVIDIA GeForce GTX 1080 Ti, 11170 MiB, 11264 MiB, 00000000:02:00.0, 535.161.08, 6.1
 0, GPU-5d2a8e1c-1f0b-7c43-9e1a-3b8f2d6c4a10, NVIDIA GeForce GTX 1080 Ti, 8264 MiB, 11264 MiB, 00000000:01:00.0, 535.161.08, 6.1
-"""
+"""  # noqa: E501
 
 
 def test_query_gpu_csv_exact_values() -> None:

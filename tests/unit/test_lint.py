@@ -48,7 +48,8 @@ def test_kubernetes_website_examples(corpus: Path) -> None:
     ) == [
         # The DeviceClass is resource.k8s.io/v1beta2, the same shape as v1: accepted.
         # The page's YAML puts `expression` beside `cel`, not under it.
-        "kubernetes-website__examples_dra__resourceclaim.yaml (document 1): ResourceClaim default/example-resource-claim: "
+        "kubernetes-website__examples_dra__resourceclaim.yaml (document 1): ResourceClaim "
+        "default/example-resource-claim: "
         "spec.devices.requests[0].exactly.selectors[0].expression: unknown field 'expression'. "
         "fix: it belongs under 'cel' (indent it one level)",
     ]
@@ -56,7 +57,8 @@ def test_kubernetes_website_examples(corpus: Path) -> None:
 
 def test_dra_example_driver_cel_selector(corpus: Path) -> None:
     assert _lint(corpus, "dra-example-driver__demo_examples__cel-selector.yaml") == [
-        "dra-example-driver__demo_examples__cel-selector.yaml (document 2): ResourceClaimTemplate cel-selector/single-gpu-cel: "
+        "dra-example-driver__demo_examples__cel-selector.yaml (document 2): ResourceClaimTemplate "
+        "cel-selector/single-gpu-cel: "
         "spec.spec.devices.requests[0].exactly.deviceClassName: DeviceClass 'gpu.example.com' does not exist "
         "(known: gpu.tessera.dev). fix: name an existing DeviceClass or add its manifest to the input"
     ]
@@ -69,7 +71,8 @@ def test_gpu_cel_nomatch_against_a_tessera_cluster(corpus: Path) -> None:
     assert got == [
         "spec.spec.devices.requests[0].exactly.deviceClassName: DeviceClass 'gpu.nvidia.com' does not exist "
         "(known: gpu.tessera.dev). fix: name an existing DeviceClass or add its manifest to the input",
-        'spec.spec.devices.requests[0].exactly.selectors[0].cel.expression: `device.attributes["gpu.nvidia.com"].productName`: '
+        "spec.spec.devices.requests[0].exactly.selectors[0].cel.expression: "
+        '`device.attributes["gpu.nvidia.com"].productName`: '
         "no device publishes domain 'gpu.nvidia.com'; an unknown domain reads as an empty map, so `.productName` is a "
         "runtime error (no such key) that aborts scheduling. fix: use a published domain (gpu.tessera.dev, "
         "resource.kubernetes.io)",
@@ -140,12 +143,14 @@ def test_memory_as_attribute_domain() -> None:
 
 def test_quantity_and_semver_ordering() -> None:
     assert _one('device.capacity["gpu.tessera.dev"].memory >= quantity("40Gi")') == [
-        '`device.capacity["gpu.tessera.dev"].memory >= quantity("40Gi")` orders Quantity values with >=: Kubernetes CEL '
+        '`device.capacity["gpu.tessera.dev"].memory >= quantity("40Gi")` orders Quantity values with >=: '
+        "Kubernetes CEL "
         "has no such overload (the API server rejects it). fix: write "
         'device.capacity["gpu.tessera.dev"].memory.compareTo(quantity("40Gi")) >= 0'
     ]
     got = _one(
-        'has(device.attributes["gpu.tessera.dev"].driverVersion) && device.attributes["gpu.tessera.dev"].driverVersion < semver("550.0.0")'
+        'has(device.attributes["gpu.tessera.dev"].driverVersion) && '
+        'device.attributes["gpu.tessera.dev"].driverVersion < semver("550.0.0")'
     )
     assert got == [
         '`device.attributes["gpu.tessera.dev"].driverVersion < semver("550.0.0")` orders semver values with <: '
@@ -170,13 +175,15 @@ def test_domain_typo_and_attribute_typo() -> None:
 
 def test_unguarded_optional_attribute() -> None:
     assert _one('device.attributes["gpu.tessera.dev"].nvlinkDomain == 0') == [
-        '`device.attributes["gpu.tessera.dev"].nvlinkDomain` is read without has(): MIG devices publish no nvlinkDomain, '
+        '`device.attributes["gpu.tessera.dev"].nvlinkDomain` is read without has(): MIG devices publish no '
+        "nvlinkDomain, "
         "and reading it on a device without it is a runtime error that aborts scheduling of the pod. "
         'fix: guard it: has(device.attributes["gpu.tessera.dev"].nvlinkDomain) && ...'
     ]
     assert (
         _one(
-            'has(device.attributes["gpu.tessera.dev"].nvlinkDomain) && device.attributes["gpu.tessera.dev"].nvlinkDomain == 0'
+            'has(device.attributes["gpu.tessera.dev"].nvlinkDomain) && '
+            'device.attributes["gpu.tessera.dev"].nvlinkDomain == 0'
         )
         == []
     )
@@ -186,7 +193,8 @@ def test_with_cluster_runtime_error_counts_and_no_match() -> None:
     # The bundled A100 in MIG mode publishes no uuid for its MIG devices.
     assert _one('device.attributes["gpu.tessera.dev"].uuid == "GPU-1"', cluster=True) == [
         "CEL runtime error on 4 of 22 devices (e.g. gpu.tessera.dev/a100-mig-node/gpu-0-mig-3-0: no such key: uuid); "
-        "a runtime error aborts scheduling of the pod. fix: guard the read with has(...) so devices without it simply do not match"
+        "a runtime error aborts scheduling of the pod. fix: guard the read with has(...) so devices without it "
+        "simply do not match"
     ]
     assert _one(
         'device.attributes["gpu.tessera.dev"].productName == "NONEXISTENT-GPU-XYZ"', cluster=True
@@ -209,7 +217,8 @@ def test_optional_syntax_and_bind() -> None:
     )
     # A misspelt name stays a finding under .?: it is never present.
     assert _one('device.attributes["gpu.tessera.dev"].?uuidd.hasValue()') == [
-        '`device.attributes["gpu.tessera.dev"].?uuidd`: no device publishes attribute gpu.tessera.dev/uuidd; reading it '
+        '`device.attributes["gpu.tessera.dev"].?uuidd`: no device publishes attribute gpu.tessera.dev/uuidd; '
+        "reading it "
         'is a runtime error (no such key) that aborts scheduling. fix: write device.attributes["gpu.tessera.dev"].uuid'
     ]
 
@@ -247,7 +256,7 @@ apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {{name: c}}
 spec: {{devices: {{requests: [{{name: gpu, exactly: {{deviceClassName: gpu.tessera.dev, capacity: {{requests: {caps}}}}}}}]}}}}
-""")
+""")  # noqa: E501
     assert [f"{f.problem}. fix: {f.fix}" for f in lint([Manifest(obj, Source("x.yaml", 1))])] == [
         expected
     ]
@@ -257,7 +266,8 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(
         "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: ok}\nspec: {devices: {requests: "
-        "[{name: gpu, exactly: {deviceClassName: gpu.tessera.dev, capacity: {requests: {memory: 8Gi, cores: '20'}}}}]}}\n"
+        "[{name: gpu, exactly: {deviceClassName: gpu.tessera.dev, capacity: {requests: {memory: 8Gi, cores: "
+        "'20'}}}}]}}\n"
     )
     assert CliRunner().invoke(main, ["lint", str(good)]).exit_code == 0
     bad = tmp_path / "bad.yaml"

@@ -234,7 +234,8 @@ def test_a_full_a100_says_why_without_contradicting_itself() -> None:
         "default/p4",
     )
     assert exp.hami == [
-        "HAMi request (container c): 1 GPU × gpumem 4000 MiB, gpucores 0 — no node has 1 GPU with 4000 MiB and 0% cores free"
+        "HAMi request (container c): 1 GPU × gpumem 4000 MiB, gpucores 0 — no node has 1 GPU with 4000 MiB and "
+        "0% cores free"
     ]
 
 
@@ -283,7 +284,8 @@ def test_two_60gib_claims_are_not_both_promised_the_71gib_gpu_instance() -> None
     result = run_sim([h200], objs)
     assert placed(result) == {"a": ["gpu-0-mig-2-0"]}
     assert (
-        "5 GPUs in the cluster match its selectors: 3 GPUs can never hold it (memory 60Gi is more than any of them has: "
+        "5 GPUs in the cluster match its selectors: 3 GPUs can never hold it (memory 60Gi is more than any of "
+        "them has: "
         "the largest has 33280Mi, h200/gpu-0-mig-3-0); 1 GPU in use (allocated whole to another claim); "
         "1 GPU with shared counters used up (h200/gpu-0: memory of GPU instance 2 of gpu-0 (shared by its compute "
         "instances): 71424Mi of 71424Mi in use)"
@@ -456,7 +458,7 @@ def test_eight_dynamic_h100s_fill_slices_of_64_devices_and_one_counter_slice() -
     gpus = load_inventory(H100_8)
     slices = build_resource_slices("h100", gpus, dynamic_mig=DynamicMIG())
     # 26 devices per GPU, a GPU's devices kept in one slice of at most 64: 2 GPUs a slice.
-    assert [(s["metadata"]["name"], len(s["spec"].get("devices") or []), len(s["spec"].get("sharedCounters") or [])) for s in slices] == [
+    assert [(s["metadata"]["name"], len(s["spec"].get("devices") or []), len(s["spec"].get("sharedCounters") or [])) for s in slices] == [  # noqa: E501
         ("h100-gpu.tessera.dev-0", 52, 0), ("h100-gpu.tessera.dev-1", 52, 0),
         ("h100-gpu.tessera.dev-2", 52, 0), ("h100-gpu.tessera.dev-3", 52, 0),
         ("h100-gpu.tessera.dev-counters", 0, 8),
@@ -473,7 +475,7 @@ def test_eight_dynamic_h100s_fill_slices_of_64_devices_and_one_counter_slice() -
     devs = devices(only)
     assert [n for n in devs if n.startswith("gpu-0")] == [
         "gpu-0-mig-1g10gb-6", "gpu-0-mig-1g10gb-5", "gpu-0-mig-1g10gb-4", "gpu-0-mig-1g10gb-3",
-        "gpu-0-mig-1g10gb-2", "gpu-0-mig-1g10gb-1", "gpu-0-mig-1g10gb-0", "gpu-0-mig-3g40gb-4", "gpu-0-mig-3g40gb-0", "gpu-0",
+        "gpu-0-mig-1g10gb-2", "gpu-0-mig-1g10gb-1", "gpu-0-mig-1g10gb-0", "gpu-0-mig-3g40gb-4", "gpu-0-mig-3g40gb-0", "gpu-0",  # noqa: E501
     ]  # fmt: skip
     assert "consumesCounters" not in devs["gpu-2"] and attr(devs["gpu-1"], "migDynamic") is True
     assert len(devs) == 2 * 10 + 6
@@ -518,7 +520,8 @@ def test_seven_1g_instances_then_the_counter_is_named() -> None:
     assert placed(result) == {f"p{i}": [f"gpu-0-mig-1g10gb-{6 - i}"] for i in range(7)}
     assert pending(result)["p7"].endswith(
         "none has room now: 7 GPUs in use (allocated whole to another claim); "
-        "18 GPUs with shared counters used up (h100/gpu-0: memory slices of gpu-0: 7 of 8 used; compute slices of gpu-0: 7 of 7 used)"
+        "18 GPUs with shared counters used up (h100/gpu-0: memory slices of gpu-0: 7 of 8 used; compute slices "
+        "of gpu-0: 7 of 7 used)"
     )
     exp = explain(
         Cluster([n], "test"),
@@ -608,7 +611,7 @@ def test_hami_register_annotation_in_mig_mode_is_dynamic_with_nvml_profiles() ->
 def _cluster_file(tmp_path: Path, inventory: Path, dynamic: Any) -> Path:
     f = tmp_path / "cluster.yaml"
     f.write_text(yaml.safe_dump({"apiVersion": "tessera.dev/v1alpha1", "kind": "Cluster",
-                                 "nodes": [{"name": "n", "inventory": str(inventory), "dynamicMIG": dynamic}]}))  # fmt: skip
+                                 "nodes": [{"name": "n", "inventory": str(inventory), "dynamicMIG": dynamic}]}))  # fmt: skip  # noqa: E501
     return f
 
 
@@ -623,7 +626,8 @@ def test_bad_input_profile_the_model_lacks(tmp_path: Path) -> None:
     assert code == 2 and err.count("\n") == 1
     assert err == (
         f"tessera: error: {f}: node n: {H100_ONE}: dynamicMIG.profiles: profile '1g.5gb' does not exist on this node's "
-        "dynamic MIG GPUs (H100 80GB); their profiles: 1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb\n"
+        "dynamic MIG GPUs (H100 80GB); their profiles: 1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, "
+        "7g.80gb\n"
     )
 
 
@@ -669,7 +673,8 @@ def test_dynamic_gpu_with_mig_mode_disabled_is_warned_about() -> None:
     (w,) = publication_warnings(gpus, "h100.txt", DynamicMIG())
     assert w == (
         f"h100.txt: GPU 0 ({gpus[0].uuid}, NVIDIA H100 80GB HBM3) is published for dynamic MIG but its MIG mode is "
-        "disabled: the node driver must enable it (nvidia-smi -i 0 -mig 1; on Ampere GPUs this takes effect after a GPU "
+        "disabled: the node driver must enable it (nvidia-smi -i 0 -mig 1; on Ampere GPUs this takes effect "
+        "after a GPU "
         "reset) before it can create instances"
     )
 
@@ -687,12 +692,13 @@ def test_cluster_file_dynamic_mig(tmp_path: Path) -> None:
 
 def test_lint_counts_devices_that_share_counters() -> None:
     slices = build_resource_slices("h100", load_inventory(H100_ONE), dynamic_mig=DynamicMIG())
-    claim = dra_pod("three-3g", {}, count=3, selectors=(f'device.attributes["{D}"].?profile.orValue("") == "3g.40gb" || '
-                                                        f'device.attributes["{D}"].?profile.orValue("") == "4g.40gb"',))[0]  # fmt: skip
+    claim = dra_pod("three-3g", {}, count=3, selectors=(f'device.attributes["{D}"].?profile.orValue("") == ' '"3g.40gb" || '  # noqa: E501
+                                                        f'device.attributes["{D}"].?profile.orValue("") == ' '"4g.40gb"',))[0]  # fmt: skip  # noqa: E501
     (finding,) = lint([Manifest(claim, Source("c.yaml", 1))], slices)
     assert (finding.field, finding.problem) == (
         "spec.devices.requests[0].exactly.count",
-        "3 devices asked, but at most 2 of the devices matching this request can be allocated together on one node (h100): "
+        "3 devices asked, but at most 2 of the devices matching this request can be allocated together on one "
+        "node (h100): "
         "they consume shared counters (counter set gpu-0: 8 memory slices, 7 compute slices, media extensions)",
     )
     two = copy.deepcopy(claim)
@@ -740,7 +746,8 @@ def test_hami_mig_allocations_annotation_keeps_the_profile_hami_chose() -> None:
         == f'has(device.attributes["{D}"].profile) && device.attributes["{D}"].profile in ["2g.10gb"]'
     )
     assert conv.warnings == [
-        "pod default/p, container c: hami.io/vgpu-mig-allocations (written by HAMi's scheduler) recorded MIG profile(s) "
+        "pod default/p, container c: hami.io/vgpu-mig-allocations (written by HAMi's scheduler) recorded MIG "
+        "profile(s) "
         "2g.10gb: the claim asks for that profile; GPU and placement are chosen again"
     ]
     (gpu,) = load_inventory(H100_ONE)

@@ -359,7 +359,8 @@ spec:
             # The NVIDIA class's own selector comes first: its full GPUs only.
             {
                 "cel": {
-                    "expression": "device.driver == 'gpu.tessera.dev' && device.attributes['gpu.tessera.dev'].type == 'gpu'"
+                    "expression": "device.driver == 'gpu.tessera.dev' && "
+                    "device.attributes['gpu.tessera.dev'].type == 'gpu'"
                 }
             },
             {
@@ -396,7 +397,8 @@ spec:
     assert [(p.pod, p.reason) for p in res.pending] == [
         (
             "default/p",
-            "0/1 nodes are available: request gpu: device class gpu.tesera.dev does not exist. (did you mean gpu.tessera.dev?)",
+            "0/1 nodes are available: request gpu: device class gpu.tesera.dev does not exist. (did you mean "
+            "gpu.tessera.dev?)",
         )
     ]
     assert res.warnings == [
@@ -419,8 +421,10 @@ def test_v1beta2_is_read_as_v1_with_a_note(corpus: Path) -> None:
     assert sim.warnings[:2] == [
         f"{dra / 'kubernetes-website__examples_dra__deviceclass.yaml'} (document 1): DeviceClass example-device-class: "
         "resource.k8s.io/v1beta2 is read as resource.k8s.io/v1 (the same shape)",
-        f"{dra / 'kubernetes__scheduler_perf_dra_templates__resourceclaimtemplate-consumablecapacity.yaml'} (document 1): "
-        "ResourceClaimTemplate default/test-claim-template: resource.k8s.io/v1beta2 is read as resource.k8s.io/v1 (the same shape)",
+        f"{dra / 'kubernetes__scheduler_perf_dra_templates__resourceclaimtemplate-consumablecapacity.yaml'} "
+        "(document 1): "
+        "ResourceClaimTemplate default/test-claim-template: resource.k8s.io/v1beta2 is read as "
+        "resource.k8s.io/v1 (the same shape)",
     ]
 
 
@@ -771,7 +775,7 @@ spec:
     requests:
     - name: gpu
       exactly: {{deviceClassName: gpu, selectors: [{{cel: {{expression: '{gpu} && device.attributes["gpu.example.com"].numa == 1'}}}}]}}
-"""
+"""  # noqa: E501
         + "".join(
             f"""---
 apiVersion: v1

@@ -188,7 +188,8 @@ def test_requests_no_gpu_can_hold_are_admitted_with_warnings() -> None:
         "pod team-a/p, container c: nvidia.com/gpumem: 200000Mi is more than any device has: the largest memory of a "
         "matching device is 81008Mi (gpu.tessera.dev/h100-node/gpu-0); no device can satisfy this request; the pod "
         "stays pending until a GPU that can hold it is published",
-        "pod team-a/p, container c: the pod's GPU selection annotations (nvidia.com/use-gpuuuid, nvidia.com/nouse-gpuuuid, "
+        "pod team-a/p, container c: the pod's GPU selection annotations (nvidia.com/use-gpuuuid, "
+        "nvidia.com/nouse-gpuuuid, "
         "nvidia.com/use-gputype, nvidia.com/nouse-gputype): matches none of the 10 devices of class gpu.tessera.dev; "
         "the pod stays pending until a GPU that can hold it is published",
         "pod team-a/p, container c: nvidia.com/gpu: 9 GPUs on one node, but the most any node publishes is 8; the pod "

@@ -1022,7 +1022,8 @@ class _Search:
         cls = self.a.classes.get(cls_name)
         if cls is None:
             raise AllocationError(
-                f'{what}: could not retrieve device class {cls_name}: deviceclass.resource.k8s.io "{cls_name}" not found'
+                f'{what}: could not retrieve device class {cls_name}: deviceclass.resource.k8s.io "{cls_name}" '
+                "not found"
             )
         mode = r.get("allocationMode") or "ExactCount"
         caps = {
@@ -1051,7 +1052,8 @@ class _Search:
             for p in self.pools:
                 if not p.complete:
                     raise AllocationError(
-                        f"{what}: asks for all devices, but resource pool {p.driver}/{p.name} is currently being updated"
+                        f"{what}: asks for all devices, but resource pool {p.driver}/{p.name} is currently "
+                        "being updated"
                     )
                 if p.invalid:
                     raise AllocationError(
@@ -1107,7 +1109,8 @@ class _Search:
                         and (r.get("exactly") or {}).get("capacity") is not None
                     ):
                         raise AllocationError(
-                            f"claim {ref}, request {name}: has capacity requests, but the DRAConsumableCapacity feature is disabled"
+                            f"claim {ref}, request {name}: has capacity requests, but the DRAConsumableCapacity "
+                            "feature is disabled"
                         )
                     for sub in subs_in:
                         if sub.get("capacity") is not None:
@@ -1481,7 +1484,8 @@ class _Search:
                     rec.refuse(rd, d, self._constraint_refusal(cd, con, d))
                 if must:
                     raise AllocationError(
-                        f"claim {cd.ref}, request {rd.name.rpartition('/')[2]}: cannot add device {'/'.join(d.id)} because a claim constraint would not be satisfied"
+                        f"claim {cd.ref}, request {rd.name.rpartition('/')[2]}: cannot add device "
+                        f"{'/'.join(d.id)} because a claim constraint would not be satisfied"
                     )
                 return None
             added.append(con)

@@ -336,8 +336,8 @@ class Descriptions:
     them once and every :class:`Device` that publishes the same holds the same objects (its
     ``capacity`` mapping itself is shared, which the allocator's capacity memo keys on).
     Keys are the published object itself, else the ``repr`` of the published value (JSON
-    data: equal reprs are equal values of equal types). Shared objects are never modified. Values that cannot be read are not kept:
-    each device's error names its own slice and field.
+    data: equal reprs are equal values of equal types). Shared objects are never modified.
+    Values that cannot be read are not kept: each device's error names its own slice and field.
     """
 
     __slots__ = ("attributes", "by_id", "capacities")

@@ -149,7 +149,10 @@ class CelError(Refusal):
 
     def text(self) -> str:
         hint = " (guard the lookup with has(...))" if "no such key" in self.error else ""
-        return f"{self.owner} {self.name} selector #{self.index}: CEL {self.kind} error: {self.error}{hint}; this aborts scheduling of the pod"
+        return (
+            f"{self.owner} {self.name} selector #{self.index}: CEL {self.kind} error: {self.error}{hint}; "
+            "this aborts scheduling of the pod"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +205,10 @@ class PolicyViolation(Refusal):
                 step = pol.range_step.canonical() if pol.range_step is not None else "?"
                 why = f"{a} is not {pol.range_min.canonical()} plus a multiple of step {step}"
         elif pol.valid_values:
-            why = f"{a} is not one of the request policy's validValues ({', '.join(v.canonical() for v in pol.valid_values)})"
+            why = (
+                f"{a} is not one of the request policy's validValues "
+                f"({', '.join(v.canonical() for v in pol.valid_values)})"
+            )
         else:
             why = f"{a} violates the request policy"
         return f"{self.capacity}: {why}"
@@ -238,7 +244,8 @@ class CapacityShort(Refusal):
             if u.in_call:
                 held += f", {u.amount(u.in_call)} of it picked by this pod's other requests"
             parts.append(
-                f"{u.name} short by {u.amount(u.needs - u.free)} (needs {u.amount(u.needs)}{_how(u, inside=True)}, {held})"
+                f"{u.name} short by {u.amount(u.needs - u.free)} (needs "
+                f"{u.amount(u.needs)}{_how(u, inside=True)}, {held})"
             )
         return "; ".join(parts)
 
@@ -379,7 +386,10 @@ class ConstraintFailed(Refusal):
             return f"has no attribute {self.attribute}, which constraint #{self.index} ({self.kind}) needs"
         short = self.attribute.rpartition("/")[2]
         if not self.chosen:
-            return f"constraint #{self.index} {self.kind} {self.attribute} refused it ({short} = {fmt_value(self.value)})"
+            return (
+                f"constraint #{self.index} {self.kind} {self.attribute} refused it ({short} = "
+                f"{fmt_value(self.value)})"
+            )
         others = ", ".join(f"{n}: {fmt_value(v)}" for n, v in self.chosen)
         how = "differs from" if self.kind == "matchAttribute" else "repeats a value of"
         return (

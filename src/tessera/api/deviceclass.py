@@ -64,8 +64,9 @@ def mig_device_class(name: str = MIG_DEVICE_CLASS_NAME) -> dict[str, Any]:
 
 
 def class_users(objects: Iterable[Mapping[str, Any]], class_name: str) -> list[str]:
-    """``Kind namespace/name`` (``Kind name`` without a namespace) of every ResourceClaim and ResourceClaimTemplate (dicts, as the
-    API server returns them) with a request or subrequest naming DeviceClass ``class_name``
+    """``Kind namespace/name`` (``Kind name`` without a namespace) of every ResourceClaim and
+    ResourceClaimTemplate (dicts, as the API server returns them) with a request or subrequest
+    naming DeviceClass ``class_name``
     (``spec.devices.requests[].exactly.deviceClassName``, ``...firstAvailable[].deviceClassName``;
     a template's claim spec is ``spec.spec``). In input order."""
     out = []

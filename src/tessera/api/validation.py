@@ -764,7 +764,10 @@ def label_key_problem(key: object) -> str | None:
     if sep and not is_dns_subdomain(prefix):
         return f"{key!r}: prefix {prefix!r} must be a lower-case DNS subdomain"
     if len(name) > 63 or not LABEL_NAME.match(name):
-        return f"{key!r}: name {name!r} must be at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+        return (
+            f"{key!r}: name {name!r} must be at most 63 alphanumerics, '-', '_' or '.', starting and ending "
+            "alphanumeric"
+        )
     return None
 
 
@@ -782,7 +785,8 @@ def device_taint_problems(taint: Any, path: str) -> list[FieldProblem]:
         out.append(
             FieldProblem(
                 f"{path}.value",
-                f"{v!r} must be a label value: at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric",
+                f"{v!r} must be a label value: at most 63 alphanumerics, '-', '_' or '.', starting and ending "
+                "alphanumeric",
             )
         )
     eff = taint.get("effect")

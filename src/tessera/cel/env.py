@@ -86,7 +86,8 @@ NOT_IMPLEMENTED = frozenset(
 def _known(name: str, member: bool) -> bool:
     if name in NOT_IMPLEMENTED:
         raise _cost.CheckError(
-            f"{name}() of the Kubernetes CEL environment is not implemented by Tessera (device selectors do not need it)"
+            f"{name}() of the Kubernetes CEL environment is not implemented by Tessera (device selectors do not "
+            "need it)"
         )
     return known_function(name, member)
 

@@ -643,7 +643,10 @@ def _substring(s: Any, start: Any, end: Any = None) -> str:
     return s[start:e]
 
 
-_WS = " \t\n\v\f\r\u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+_WS = (
+    " \t\n\v\f\r\u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
 
 
 def _trim(s: Any) -> str:
@@ -724,7 +727,8 @@ def _format_one(verb: str, prec: int | None, v: Any) -> str:
         if isinstance(v, TypeValue):
             return v.name
         raise CelError(
-            f"string clause can only be used on strings, bools, bytes, ints, doubles, maps, lists, types, durations, and timestamps, was given {type_name(v)}"
+            "string clause can only be used on strings, bools, bytes, ints, doubles, maps, lists, types, "
+            f"durations, and timestamps, was given {type_name(v)}"
         )
     if verb == "d":
         if isinstance(v, int) and not isinstance(v, bool):
@@ -735,7 +739,8 @@ def _format_one(verb: str, prec: int | None, v: Any) -> str:
     if verb in "fe":
         if not _is_num(v):
             raise CelError(
-                f"{'fixed-point' if verb == 'f' else 'scientific'} clause can only be used on doubles, was given {type_name(v)}"
+                f"{'fixed-point' if verb == 'f' else 'scientific'} clause can only be used on doubles, was "
+                f"given {type_name(v)}"
             )
         p = 6 if prec is None else prec
         fv = float(v)

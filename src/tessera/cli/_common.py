@@ -123,13 +123,15 @@ def cluster_inputs(f: F) -> F:
         "add_nodes",
         multiple=True,
         metavar="NAME=INVENTORY[:TOPOLOGY]",
-        help="Add a hypothetical node after all others (e.g. to a --kubeconfig cluster): would it let the pending pods in? Repeatable.",
+        help="Add a hypothetical node after all others (e.g. to a --kubeconfig cluster): would it let the "
+        "pending pods in? Repeatable.",
     )(f)
     f = click.option(
         "--kubeconfig",
         type=click.Path(dir_okay=False),
         default=None,
-        help="Start from this live cluster (read only): its nodes, DeviceClasses, ResourceSlices, allocated ResourceClaims and pods.",
+        help="Start from this live cluster (read only): its nodes, DeviceClasses, ResourceSlices, allocated "
+        "ResourceClaims and pods.",
     )(f)
     return node_inputs(f)
 
@@ -271,7 +273,8 @@ def _inventory_node(spec: str, option: str, cluster: Cluster) -> SimNode:
     topology = load_topology(topo) if topo else None
     if any(n.name == name for n in cluster.nodes):
         raise TesseraError(
-            f"{option} {spec!r}: node {name!r} is already defined (by --cluster, --kubeconfig, a Node object or an earlier "
+            f"{option} {spec!r}: node {name!r} is already defined (by --cluster, --kubeconfig, a Node object or "
+            "an earlier "
             "--node/--add-node): use another name"
         )
     cluster.warnings.extend(publication_warnings(gpus, f"{option} {name}: {inv}"))

@@ -55,7 +55,8 @@ def cluster() -> None:
     "slice_files",
     multiple=True,
     type=click.Path(path_type=Path),
-    help="YAML file of resource.k8s.io/v1 ResourceSlices; a Node is registered for each distinct spec.nodeName. Repeatable.",
+    help="YAML file of resource.k8s.io/v1 ResourceSlices; a Node is registered for each distinct spec.nodeName. "
+    "Repeatable.",
 )
 @click.option(
     "--cluster",

@@ -124,7 +124,8 @@ def convert(
                     target = _out_path(arg, m.source.file, out_dir)
                     if target in targets and targets[target] != m.source.file:
                         raise UserError(
-                            f"{m.source.file} and {targets[target]} would both be written to {target}: convert them separately"
+                            f"{m.source.file} and {targets[target]} would both be written to {target}: convert "
+                            "them separately"
                         )
                     targets[target] = m.source.file
                 for t in res.templates:
@@ -133,7 +134,8 @@ def convert(
                     prior = templates.get(key)
                     if prior is not None and prior[0] != t:
                         raise ManifestError(
-                            f"needs ResourceClaimTemplate {key[0]}/{key[1]}, which {prior[1]} also needs with another spec: "
+                            f"needs ResourceClaimTemplate {key[0]}/{key[1]}, which {prior[1]} also needs with "
+                            "another spec: "
                             "rename one of the objects",
                             file=m.source.file,
                             doc=m.source.doc,

@@ -63,8 +63,9 @@ def explain(
 
     Takes the same inputs as `tessera simulate` (with none: the bundled default; with
     --kubeconfig: a live cluster, e.g. `tessera explain NS/POD --kubeconfig ~/.kube/config`
-    for a pod pending there), runs the simulation, then for the pod's claims reports per node and per device the first check that
-    refused it: selector sub-expression, capacity short by how much, request policy, taint,
+    for a pod pending there), runs the simulation, then for the pod's claims reports per node and
+    per device the first check that refused it: selector sub-expression, capacity short by how
+    much, request policy, taint,
     constraint, incomplete pool. HAMi-style pods get a line in HAMi's words as well.
     """
     from tessera.explain.explain import explain as run_explain

@@ -63,7 +63,8 @@ def _fmt_num(v: Fraction | None) -> str:
     type=click.Choice(["table", "wide", "json", "yaml"]),
     default="table",
     show_default=True,
-    help="table: kubectl-style columns, one line per row, free text cut to the terminal (UUIDs and shareIDs as unique prefixes); wide: every column, nothing cut.",
+    help="table: kubectl-style columns, one line per row, free text cut to the terminal (UUIDs and shareIDs as "
+    "unique prefixes); wide: every column, nothing cut.",
 )
 @click.option(
     "--seed",

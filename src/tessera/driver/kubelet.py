@@ -162,7 +162,8 @@ def _claim_refs(claims: Any) -> tuple[list[ClaimRef], dict[str, str]]:
         if missing:
             key = c.uid or f"{c.namespace}/{c.name}"
             bad[key] = (
-                f"claim {c.namespace}/{c.name} (uid {c.uid!r}): {', '.join(missing)} missing; the kubelet must send namespace, uid and name"
+                f"claim {c.namespace}/{c.name} (uid {c.uid!r}): {', '.join(missing)} missing; the kubelet must "
+                "send namespace, uid and name"
             )
             continue
         refs.append(ClaimRef(c.namespace, c.name, c.uid))

@@ -25,8 +25,9 @@ Per result (``status.allocation.devices.results[]``, KEP-4381 / KEP-5075):
 
 A claim with at least one limited device gets the limits file (read-only at
 ``/etc/tessera/limits``; its whole and ``adminAccess`` devices are listed there as
-``unlimited``, since the library refuses a GPU the file does not name), its usage region (read-write), the enforcement library and an
-``/etc/ld.so.preload`` naming it. Every claim gets its devices' nodes (a GPU's
+``unlimited``, since the library refuses a GPU the file does not name), its usage region
+(read-write), the enforcement library and an ``/etc/ld.so.preload`` naming it. Every claim
+gets its devices' nodes (a GPU's
 ``/dev/nvidia<minor>``; for a MIG device also its two ``/dev/nvidia-caps`` nodes), the control
 device nodes that exist, and ``NVIDIA_VISIBLE_DEVICES`` / ``CUDA_VISIBLE_DEVICES`` listing the
 UUIDs it sees (MIG UUIDs for MIG devices) in result order.
@@ -418,7 +419,8 @@ def plan_claim(
     if not ours:
         drivers = sorted({str(r.get("driver")) for r in results})
         raise ClaimError(
-            f"{what}: status.allocation.devices.results has no result of driver {driver} (drivers: {', '.join(drivers) or 'none'})"
+            f"{what}: status.allocation.devices.results has no result of driver {driver} (drivers: "
+            f"{', '.join(drivers) or 'none'})"
         )
     here = [(i, r) for i, r in ours if r.get("pool") == node]
     if not here:
@@ -442,7 +444,8 @@ def plan_claim(
         dev = devices.get(name)
         if dev is None:
             raise ClaimError(
-                f"{field_path}.device: {name!r} is not a device of node {node} (devices: {', '.join(sorted(devices)) or 'none'}): "
+                f"{field_path}.device: {name!r} is not a device of node {node} (devices: "
+                f"{', '.join(sorted(devices)) or 'none'}): "
                 "allocated from a ResourceSlice this driver no longer publishes; delete the claim "
                 "(and its pod) so that it is allocated again"
             )
@@ -464,13 +467,15 @@ def plan_claim(
             key = cap.split("/", 1)[1] if cap.startswith(driver + "/") else cap
             if key == "memory" and full is None:
                 raise ClaimError(
-                    f"{field_path}.consumedCapacity: 'memory' is not a capacity of GPU {gpu.uuid} (unified memory: it is published whole)"
+                    f"{field_path}.consumedCapacity: 'memory' is not a capacity of GPU {gpu.uuid} (unified "
+                    "memory: it is published whole)"
                 )
             if key == "memory":
                 mem = _bytes(value, f"{field_path}.consumedCapacity.memory")
                 if mem < 1 or mem > (full or 0):
                     raise ClaimError(
-                        f"{field_path}.consumedCapacity.memory: {value} is outside 1..{full} bytes, the memory of {thing}"
+                        f"{field_path}.consumedCapacity.memory: {value} is outside 1..{full} bytes, the memory "
+                        f"of {thing}"
                     )
             elif key == "cores":
                 cores = _bytes(value, f"{field_path}.consumedCapacity.cores")

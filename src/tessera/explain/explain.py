@@ -83,8 +83,9 @@ class DeviceVerdict:
     ``device``: ``driver/pool/device``. ``check``: ``node``, ``in-use``, ``class-selector``,
     ``selector``, ``cel-error``, ``capacity``, ``capacity-error`` (an amount the scheduler
     refuses to act on: negative, or past its range arithmetic), ``policy``, ``counters`` (a shared counter set,
-    KEP-4815, cannot give what the device consumes), ``taint``, ``constraint`` or ``fits``. ``reason``: the full text for this device; ``key``: the same text without
-    per-device values (identical keys are grouped); ``detail``: the per-device value part.
+    KEP-4815, cannot give what the device consumes), ``taint``, ``constraint`` or ``fits``.
+    ``reason``: the full text for this device; ``key``: the same text without per-device values
+    (identical keys are grouped); ``detail``: the per-device value part.
     """
 
     device: str
@@ -281,7 +282,10 @@ def verdict(
             if failing and failing != " ".join(r.expression.split()):
                 at = f" in `{failing}`"
         hint = " (guard the lookup with has(...))" if "no such key" in r.error else ""
-        msg = f"{r.owner} {r.name} selector #{r.index}: CEL {r.kind} error{at}: {r.error}{hint}; this aborts scheduling of the pod"
+        msg = (
+            f"{r.owner} {r.name} selector #{r.index}: CEL {r.kind} error{at}: {r.error}{hint}; this aborts "
+            "scheduling of the pod"
+        )
         return DeviceVerdict(did, r.check, msg, msg)
     if isinstance(r, InUse) and r.by == "allocated":
         owner = owners.get(d.id)
@@ -445,7 +449,8 @@ def explain_node(
     for r in ne.requests:
         need = "all" if "All" in r.wants or r.wants.startswith("all ") else r.wants.split(" ", 1)[0]
         parts.append(
-            f"claim {r.claim}, request {r.request}: {len(r.fitting)} of {_plural(r.considered, 'device')} fit (needs {need})"
+            f"claim {r.claim}, request {r.request}: {len(r.fitting)} of {_plural(r.considered, 'device')} fit "
+            f"(needs {need})"
         )
     ne.summary = (
         "cannot allocate all claims: " + "; ".join(parts) if parts else "cannot allocate all claims"
@@ -510,7 +515,8 @@ def _hami_lines(
                 )
         if not any_selectable:
             out.append(
-                f"{head} — no GPU on any node matches the pod's device selectors (HAMi annotations such as nvidia.com/use-gputype or nvidia.com/use-gpuuuid)"
+                f"{head} — no GPU on any node matches the pod's device selectors (HAMi annotations such as "
+                "nvidia.com/use-gputype or nvidia.com/use-gpuuuid)"
             )
         elif best[0] < hr.gpus:
             most = f" (most: {best[0]} on {best[1]})" if best[0] > 0 else ""
@@ -776,7 +782,8 @@ def _explain_pod(
             )
         else:
             exp.notes.append(
-                "kube-scheduler picks any node where the pod fits (ties broken at random); the simulation takes the first"
+                "kube-scheduler picks any node where the pod fits (ties broken at random); the simulation takes "
+                "the first"
             )
         return exp
     todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]

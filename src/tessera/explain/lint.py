@@ -765,7 +765,12 @@ def _static_reads(add: Any, field: str, expr: str, world: _World) -> None:
                 add(
                     field,
                     f"`{r.text}`: no device publishes domain {r.domain!r}; an unknown domain reads as an empty map, "
-                    f"so {'`.' + r.name + '` is a runtime error (no such key) that aborts scheduling' if r.name else 'nothing is found'}",
+                    "so "
+                    + (
+                        f"`.{r.name}` is a runtime error (no such key) that aborts scheduling"
+                        if r.name
+                        else "nothing is found"
+                    ),
                     f"write device.{r.kind}[{_q(near)}]"
                     if near
                     else f"use a published domain ({', '.join(sorted(world.domains))})",
@@ -843,7 +848,8 @@ def _static_reads(add: Any, field: str, expr: str, world: _World) -> None:
         lt, rt = celtools.text_of(c.left, expr), celtools.text_of(c.right, expr)
         add(
             field,
-            f"`{c.text}` orders {t} values with {c.op}: Kubernetes CEL has no such overload (the API server rejects it)",
+            f"`{c.text}` orders {t} values with {c.op}: Kubernetes CEL has no such overload (the API server "
+            "rejects it)",
             f"write {lt}.compareTo({rt}) {c.op} 0",
         )
 

@@ -138,7 +138,8 @@ H200_141GB = MigModel(
         _p("4g.71gb", 4, 4, (0,), 71168, 64),
         _p("7g.141gb", 7, 8, (0,), 143104, 132),
     ),
-    f"{_GUIDE}; memory/SMs: nvidia-smi mig -lgip in NVIDIA/mig-parted#120 (the corpus capture's instances hold as much or more)",
+    f"{_GUIDE}; memory/SMs: nvidia-smi mig -lgip in NVIDIA/mig-parted#120 (the corpus capture's instances hold "
+    "as much or more)",
 )
 B200_180GB = MigModel(
     "B200 180GB",
@@ -153,7 +154,8 @@ B200_180GB = MigModel(
         _p("4g.90gb", 4, 4, (0,), 91136, 72),
         _p("7g.180gb", 7, 8, (0,), 182784, 148),
     ),
-    f"{_GUIDE}; memory/SMs: nvidia-smi mig -lgip in NVIDIA/mig-parted#187 and NVML figures NVIDIA's DRA driver published on a B200",
+    f"{_GUIDE}; memory/SMs: nvidia-smi mig -lgip in NVIDIA/mig-parted#187 and NVML figures NVIDIA's DRA driver "
+    "published on a B200",
 )
 
 #: Every model Tessera has a table for, in lookup order.

@@ -66,7 +66,10 @@ def api_problem(e: ApiError, server: str) -> str:
     """One line for a failed read, saying how to fix it: unreachable server, missing
     permission (the read-only ClusterRole ``deploy/rbac/tessera-reader.yaml``), other errors."""
     if e.status == 0:
-        return f"cannot reach the API server {server}: {e.message}: check the kubeconfig's server and that the cluster runs"
+        return (
+            f"cannot reach the API server {server}: {e.message}: check the kubeconfig's server and that the "
+            "cluster runs"
+        )
     if e.status in (401, 403):
         return (
             f"the API server {server} refused {e.verb} {e.what} ({e.status} {e.reason}: {e.message}): "

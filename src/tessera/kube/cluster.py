@@ -1145,7 +1145,8 @@ class Cluster:
             kubelet_pid = int((self._read_state() or {})["components"]["kubelet"]["pid"])
             if not pid_alive(kubelet_pid):
                 raise ClusterError(
-                    f"kubelet exited; last lines of {self.log_dir / 'kubelet.log'}:\n{_tail(self.log_dir / 'kubelet.log')}"
+                    "kubelet exited; last lines of "
+                    f"{self.log_dir / 'kubelet.log'}:\n{_tail(self.log_dir / 'kubelet.log')}"
                 )
             if time.monotonic() > deadline:
                 raise ClusterError(

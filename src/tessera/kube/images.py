@@ -137,10 +137,9 @@ def is_static_elf(path: Path) -> bool:
         phnum = int.from_bytes(head[56:58], order)
         f.seek(phoff)
         table = f.read(phentsize * phnum)
-    for i in range(phnum):
-        if int.from_bytes(table[i * phentsize : i * phentsize + 4], order) == 3:  # PT_INTERP
-            return False
-    return True
+    return all(  # no PT_INTERP (3) entry
+        int.from_bytes(table[i * phentsize : i * phentsize + 4], order) != 3 for i in range(phnum)
+    )
 
 
 def find_busybox() -> Path:

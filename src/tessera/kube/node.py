@@ -389,7 +389,8 @@ def check_host() -> list[str]:
         )
     if nodenet.ip_binary() is None:
         problems.append(
-            "ip not found (up makes the pod bridge and routes with it): apt-get install iproute2 (tools/kube/node-deps.sh)"
+            "ip not found (up makes the pod bridge and routes with it): apt-get install iproute2 "
+            "(tools/kube/node-deps.sh)"
         )
     if nodenet.nft_binary() is None:
         problems.append(
@@ -417,7 +418,8 @@ def process_path(bins: Path) -> str:
         if shutil.which(tool, path=path) is None:
             raise NodeError(
                 f"{tool} is in the same directory as iptables ({shutil.which('iptables')}); the kubelet would add "
-                "iptables rules it never removes: run the node on a system with iptables in sbin (Debian), or without iptables"
+                "iptables rules it never removes: run the node on a system with iptables in sbin (Debian), or "
+                "without iptables"
             )
     return path
 
@@ -787,7 +789,8 @@ def claim_host(
                     problems = teardown(record, client=None, progress=say)
                     if problems:
                         raise NodeError(
-                            f"could not restore the host after the node of {record.get('stateDir')}: {'; '.join(problems)}"
+                            f"could not restore the host after the node of {record.get('stateDir')}: "
+                            f"{'; '.join(problems)}"
                         )
                     record = None
             if record is None:

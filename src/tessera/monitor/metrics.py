@@ -203,7 +203,8 @@ METRICS: tuple[MetricDef, ...] = (
     _m(
         "tessera_gpu_memory_utilization_ratio",
         "gauge",
-        "Fraction of the last NVML sample period in which device memory was read or written (utilization.memory / 100).",
+        "Fraction of the last NVML sample period in which device memory was read or written (utilization.memory "
+        "/ 100).",
         GPU_LABELS,
         "ratio",
         "nvml",

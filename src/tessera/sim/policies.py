@@ -16,7 +16,7 @@ node: the nodes are ranked by :func:`placement_rank` (the tier, then kube-schedu
 ``firstAvailable`` score, then the node order), and ``explain`` reports that ranking. Pods may
 choose per pod with HAMi's annotations ``hami.io/node-scheduler-policy`` (binpack | spread)
 and ``hami.io/gpu-scheduler-policy`` (binpack | spread | topology-aware).
-"""
+"""  # noqa: E501 (a table row)
 
 from __future__ import annotations
 

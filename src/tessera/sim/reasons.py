@@ -1,8 +1,9 @@
 """Pending reasons: the allocator's record of every node a pod could use, summed up per request.
 
 ``tessera simulate`` appends one clause per request (per ``firstAvailable`` subrequest; those
-refused alike share one: :func:`join_clauses`) to the scheduler's ``0/N nodes are available: ...`` message of a pod whose claims fit nowhere. Each
-clause is read from :class:`tessera.allocator.NodeRecord` (what the allocator decided, device
+refused alike share one: :func:`join_clauses`) to the scheduler's ``0/N nodes are available:
+...`` message of a pod whose claims fit nowhere. Each clause is read from
+:class:`tessera.allocator.NodeRecord` (what the allocator decided, device
 by device, with the numbers) and:
 
 * names every capacity the request consumes, the ones it does not name included (the request

@@ -625,7 +625,10 @@ class Simulation:
         close = difflib.get_close_matches(cls, list(self.classes), n=1)
         if close:
             return f" (did you mean {close[0]}?)"
-        return f" (known: {', '.join(sorted(self.classes))}; add the DeviceClass, or map it with --class-map {cls}=CLASS)"
+        return (
+            f" (known: {', '.join(sorted(self.classes))}; add the DeviceClass, or map it with --class-map "
+            f"{cls}=CLASS)"
+        )
 
     def missing_class(self, claims: Sequence[dict[str, Any]]) -> str | None:
         """PreFilter's check (validateDeviceClass): the first request of ``claims`` whose class
