@@ -153,7 +153,7 @@ def test_cluster_description_through_load_cluster(
     import types
     from dataclasses import dataclass, field
 
-    from tessera.kube.cluster import load_cluster_file
+    from tessera.cli.cluster import load_cluster_file
 
     slice_obj = session_nodes()[1].slices[0]
 
@@ -182,15 +182,3 @@ def test_cluster_description_through_load_cluster(
         ("cpu-only", {}),
     ]
     assert [s["metadata"]["name"] for s in inv.slices] == ["a5000-node-gpu.tessera.dev"]
-
-
-def test_cluster_description_without_loader_says_what_to_do(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from tessera.kube.cluster import load_cluster_file
-
-    monkeypatch.setitem(__import__("sys").modules, "tessera.sim.cluster", None)
-    with pytest.raises(
-        ClusterInputError, match=r"pass the node ResourceSlices with --slices instead"
-    ):
-        load_cluster_file(tmp_path / "c.yaml")

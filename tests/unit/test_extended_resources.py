@@ -20,8 +20,8 @@ from tessera.api.deviceclass import served_extended_resources
 from tessera.api.loader import Manifest, Source
 from tessera.cli import main
 from tessera.explain.lint import lint
+from tessera.scheduler.extended import extended_requests
 from tessera.sim.cluster import Cluster, SimNode
-from tessera.sim.extended import extended_requests
 from tessera.sim.simulate import Simulation
 
 NVIDIA_MIG = "dra-manifests/k8s-dra-driver-gpu__demo_specs_extended-resources__mig-1g-12gb.yaml"

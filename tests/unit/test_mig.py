@@ -708,7 +708,7 @@ def test_lint_counts_devices_that_share_counters() -> None:
 
 def test_counter_usage_subtracts_allocated_devices_once() -> None:
     from tessera.allocator import AllocatedState, SliceIndex
-    from tessera.sim.simulate import counter_usage
+    from tessera.scheduler.usage import counter_usage
 
     slices = build_resource_slices("h100", load_inventory(H100_ONE), dynamic_mig=DynamicMIG())
     state = AllocatedState()

@@ -21,7 +21,7 @@ from tessera.api.deviceclass import device_class, extended_resource_owner
 from tessera.convert import convert_pod
 from tessera.extender.prioritize import BadArgs, UsageView, prioritize, scores
 from tessera.inventory import build_resource_slices, load_inventory, load_topology
-from tessera.sim.policies import max_prioritized_list_score, prioritized_list_score
+from tessera.scheduler.policies import max_prioritized_list_score, prioritized_list_score
 from tessera.webhook.admission import BadReview, ClusterView, decide, parse_review
 from tessera.webhook.templates import HASH_LABEL, hashed_template, referenced_templates, spec_hash
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from tessera.api.errors import TesseraError
 from tessera.cli._common import examples_dir, fail
 from tessera.kube.build import BuildError
 from tessera.kube.cluster import (
@@ -24,9 +25,9 @@ from tessera.kube.cluster import (
     ClusterInputError,
     Inventory,
     default_state_dir,
-    load_cluster_file,
     load_slice_files,
 )
+from tessera.sim.cluster import load_cluster
 
 _state_dir_option = click.option(
     "--state-dir",
@@ -34,6 +35,29 @@ _state_dir_option = click.option(
     default=None,
     help=f"Where certificates, etcd data, logs, pids and the kubeconfig live [default: {default_state_dir()}].",
 )
+
+
+def load_cluster_file(path: Path, inventory: Inventory | None = None) -> Inventory:
+    """Read a cluster description (``tessera.sim.cluster.load_cluster``) into ``inventory``.
+
+    Every ``Cluster.nodes[i]`` (``.name``, ``.labels``, ``.slices``) becomes a node with
+    those labels and slices. Raises :class:`ClusterInputError` when the loader rejects the
+    file.
+    """
+    try:
+        described = load_cluster(Path(path))
+    except TesseraError as e:
+        raise ClusterInputError(f"--cluster {e}") from e
+    inv = inventory if inventory is not None else Inventory()
+    for node in described.nodes:
+        inv.add_node(
+            str(node.name),
+            {str(k): str(v) for k, v in dict(node.labels).items()},
+            getattr(node, "taints", []),
+        )
+        for j, s in enumerate(node.slices):
+            inv.add_slice(s, f"{path}: node {node.name}, slice {j}")
+    return inv
 
 
 def _progress(message: str) -> None:

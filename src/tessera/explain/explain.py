@@ -51,8 +51,8 @@ from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
 from tessera.cel import CelCompileError, CelRuntimeError, compile_selector
 from tessera.explain import celtools
+from tessera.scheduler.policies import rank_text
 from tessera.sim.cluster import Cluster
-from tessera.sim.policies import rank_text
 from tessera.sim.reasons import needs_text
 from tessera.sim.simulate import (
     EXTENDED_POD_CLAIM,

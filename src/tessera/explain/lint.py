@@ -591,7 +591,7 @@ def _check_counters(add: Any, path: str, body: Mapping[str, Any], world: _World)
     if not any(d.consumes_counters for devs in matching.values() for d in devs):
         return
     from tessera.allocator import AllocatedState
-    from tessera.sim.simulate import counter_usage
+    from tessera.scheduler.usage import counter_usage
 
     usage = counter_usage(world.index, AllocatedState())
     best: tuple[int, tuple[str, str], list[str]] = (0, ("", ""), [])

@@ -5,7 +5,7 @@ Request: ``ExtenderArgs`` ``{"Pod": {...}, "Nodes": {"items": [...]}}`` or, with
 ``[{"Host": name, "Score": 0..10}]`` (``MaxExtenderPriority`` = 10); kube-scheduler adds
 ``Score x weight x 10`` to each node's total.
 
-Scores follow :func:`tessera.sim.policies.order_nodes` over :func:`~tessera.sim.policies.node_usage`
+Scores follow :func:`tessera.scheduler.policies.order_nodes` over :func:`~tessera.scheduler.policies.node_usage`
 (what ``tessera simulate`` tries first is what scores highest): the nodes at the policy's best
 usage score 10, the next usage level 5, then 4, 3, ... 0. A pod without a node policy (and no
 ``--default-node-policy``) scores 0 everywhere, leaving the choice to the scheduler.
@@ -20,7 +20,7 @@ from typing import Any
 
 from tessera.allocator import SliceIndex
 from tessera.allocator.model import AllocatedState
-from tessera.sim.policies import node_usage, order_nodes, pod_policy
+from tessera.scheduler.policies import node_usage, order_nodes, pod_policy
 
 MAX_PRIORITY = 10
 #: Node policies (HAMi's ``hami.io/node-scheduler-policy`` values; ``first-fit``: no opinion).
@@ -32,7 +32,7 @@ class BadArgs(ValueError):
 
 
 class UsageView:
-    """Per node, the usage of its devices (:func:`~tessera.sim.policies.node_usage`) from
+    """Per node, the usage of its devices (:func:`~tessera.scheduler.policies.node_usage`) from
     ResourceSlices and allocated ResourceClaims. ``source`` returns ``(generation, slices,
     claims)``; usage is recomputed only when the generation changes."""
 

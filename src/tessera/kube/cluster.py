@@ -224,36 +224,6 @@ def load_slice_files(paths: Iterable[Path], inventory: Inventory | None = None) 
     return inv
 
 
-def load_cluster_file(path: Path, inventory: Inventory | None = None) -> Inventory:
-    """Read the lead's cluster description with ``tessera.sim.cluster.load_cluster``.
-
-    Every ``Cluster.nodes[i]`` (``.name``, ``.labels``, ``.slices``) becomes a node with
-    those labels and slices. Raises :class:`ClusterInputError` when the loader is not
-    available or rejects the file.
-    """
-    try:
-        from tessera.sim.cluster import load_cluster  # type: ignore[import-not-found,unused-ignore]
-    except ImportError as e:
-        raise ClusterInputError(
-            f"--cluster {path}: this Tessera build has no cluster-description loader "
-            f"(tessera.sim.cluster: {e}); pass the node ResourceSlices with --slices instead"
-        ) from e
-    try:
-        described = load_cluster(Path(path))
-    except TesseraError as e:
-        raise ClusterInputError(f"--cluster {e}") from e
-    inv = inventory if inventory is not None else Inventory()
-    for node in described.nodes:
-        inv.add_node(
-            str(node.name),
-            {str(k): str(v) for k, v in dict(node.labels).items()},
-            getattr(node, "taints", []),
-        )
-        for j, s in enumerate(node.slices):
-            inv.add_slice(s, f"{path}: node {node.name}, slice {j}")
-    return inv
-
-
 def node_object(
     spec: NodeSpec, capacity: Mapping[str, str] = DEFAULT_NODE_CAPACITY
 ) -> dict[str, Any]:

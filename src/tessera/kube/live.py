@@ -34,7 +34,7 @@ from typing import Any
 from tessera.api.errors import TesseraError
 from tessera.api.loader import Manifest, load_objects
 from tessera.kube.client import ApiError, KubeClient, Obj, api_problem
-from tessera.sim.simulate import unserved_extended_resources
+from tessera.scheduler.extended import requested_extended
 
 RESOURCE_API = "resource.k8s.io/v1"
 #: What is read, in this order (the order of the simulation's input).
@@ -94,7 +94,7 @@ def select_objects(objects: Iterable[Obj]) -> tuple[list[Obj], dict[int, str]]:
         if spec.get("nodeName"):
             if claims:
                 bound.append(p)
-        elif claims or unserved_extended_resources(p):
+        elif claims or requested_extended(p):
             pending.append(p)
     pending.sort(
         key=lambda p: (

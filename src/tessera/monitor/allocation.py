@@ -23,7 +23,7 @@ from tessera.api.quantity import Quantity
 from tessera.kube.client import KubeClient
 from tessera.kube.workloads import pod_claim_names
 from tessera.monitor.regions import PodRef
-from tessera.sim.simulate import gpu_usage
+from tessera.scheduler.usage import gpu_usage
 
 RESOURCE_API = "resource.k8s.io/v1"
 
@@ -159,7 +159,7 @@ def allocation_view(
     """The node's figures from its ResourceSlices (driver ``gpu.tessera.dev``, other
     drivers' slices are ignored), all ResourceClaims (those with results on the node's pools
     count) and the pods bound to the node. Per-GPU totals come from
-    :func:`tessera.sim.simulate.gpu_usage`, the same judgement ``tessera simulate`` prints."""
+    :func:`tessera.scheduler.usage.gpu_usage`, the same judgement ``tessera simulate`` prints."""
     mine = [
         dict(s)
         for s in slices

@@ -43,18 +43,15 @@ from tessera.api.uids import uuid5_url
 from tessera.api.validation import DRA_V1BETA2, check
 from tessera.api.workloads import foreign_workload
 from tessera.convert import gpu_memory_sizes
-from tessera.sim.classmap import map_device_classes
-from tessera.sim.cluster import Cluster
-from tessera.sim.extended import (
+from tessera.scheduler.extended import (
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,
     claim_name,
     extended_requests,
     is_extended_claim,
     owned_by,
-    requested_extended,
     spec_key,
 )
-from tessera.sim.policies import (
+from tessera.scheduler.policies import (
     POLICIES,
     PlacementRank,
     PodPolicy,
@@ -68,6 +65,9 @@ from tessera.sim.policies import (
     prioritized_list_score,
     topology_variants,
 )
+from tessera.scheduler.usage import GPUUsage, gpu_usage
+from tessera.sim.classmap import map_device_classes
+from tessera.sim.cluster import Cluster
 from tessera.sim.reasons import join_clauses, request_clauses
 
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
@@ -125,7 +125,7 @@ class Choice:
     """How the scan chose a pod's node (kept with ``Simulation.record_choices``, for
     ``explain``): the pod's policy, whether topology tiers ranked it, the nodes not tried
     because they are known not to fit (the first ``skipped`` in cluster order), the node
-    indices tried in order, and the rank (:func:`~tessera.sim.policies.placement_rank`) of
+    indices tried in order, and the rank (:func:`~tessera.scheduler.policies.placement_rank`) of
     each node where the claims fit. The chosen node is the one of lowest rank."""
 
     policy: PodPolicy
@@ -133,27 +133,6 @@ class Choice:
     skipped: int
     examined: list[int]
     fits: dict[int, PlacementRank]
-
-
-@dataclass
-class GPUUsage:
-    node: str
-    device: str
-    uuid: str | None
-    model: str | None
-    memory_allocated: Fraction
-    memory_capacity: Fraction | None
-    cores_allocated: Fraction
-    cores_capacity: Fraction | None
-    shares: int
-    dedicated: bool
-    driver: str = ""
-    pool: str = ""
-    #: The counter sets the device consumes (KEP-4815), one line each, e.g. ``memory slices of
-    #: gpu-0: 3 of 8 used, compute slices 3 of 7`` (``tessera.inventory.mig.describe_counters``).
-    counters: list[str] = field(default_factory=list)
-    #: An unallocated profile placement of a dynamic-MIG GPU: a possible instance, not hardware.
-    potential: bool = False
 
 
 @dataclass
@@ -283,12 +262,6 @@ def _fresh_pod(pod: dict[str, Any]) -> dict[str, Any]:
 #: The pod claim name under which a pod's synthesised extended-resource claim travels with
 #: its other claims (upstream's in-memory name of that claim; not a valid claim name).
 EXTENDED_POD_CLAIM = "<extended-resources>"
-
-
-def unserved_extended_resources(pod: dict[str, Any]) -> list[str]:
-    """Extended resources the pod asks for (after HAMi conversion), served or not: no simulated
-    node advertises any; a DeviceClass may serve them (:mod:`tessera.sim.extended`)."""
-    return requested_extended(pod)
 
 
 def whole_gpu_spec(spec: dict[str, Any]) -> dict[str, Any]:
@@ -749,7 +722,7 @@ class Simulation:
         self, pod: dict[str, Any], requests: list[dict[str, Any]]
     ) -> tuple[dict[str, Any] | None, str | None]:
         """The claim kube-scheduler synthesises for the pod's served extended resources
-        (:mod:`tessera.sim.extended`): the one it made in an earlier cycle (a pod read from a
+        (:mod:`tessera.scheduler.extended`): the one it made in an earlier cycle (a pod read from a
         cluster or from simulate's output: ``status.extendedResourceClaimStatus``, else an
         annotated claim the pod owns), else a new one, not yet stored. An earlier claim still
         unallocated is upstream's stale claim: the pod waits (reason returned)."""
@@ -1271,131 +1244,3 @@ class Simulation:
 
     def _gpu_usage(self) -> list[GPUUsage]:
         return gpu_usage(self.index, self.state, {n.name for n in self.cluster.nodes})
-
-
-@dataclass
-class CounterSetUsage:
-    """One shared counter set of a pool (KEP-4815): what it publishes and what is left once the
-    allocated devices that consume it are subtracted (``dra-spec.md`` 2.5: a shared device's
-    counters are charged once), with the allocated devices that hold it."""
-
-    driver: str
-    pool: str
-    name: str
-    published: dict[str, Fraction]
-    available: dict[str, Fraction]
-    holders: list[str] = field(default_factory=list)
-
-    def lines(
-        self, needed: dict[str, Fraction] | None = None, *, all_counters: bool = False
-    ) -> list[str]:
-        """``describe_counters`` of this set (see there)."""
-        from tessera.inventory.mig import describe_counters
-
-        return describe_counters(
-            self.name, self.published, self.available, needed, all_counters=all_counters
-        )
-
-
-def counter_usage(
-    index: SliceIndex, state: AllocatedState
-) -> dict[tuple[str, str, str], CounterSetUsage]:
-    """``{(driver, pool, counter set): usage}`` for every counter set published in ``index``
-    (the highest generation of each pool), against the allocations in ``state``. The one place
-    ``simulate``, ``explain`` and ``lint`` read counter availability from."""
-    newest: dict[tuple[str, str], int] = {}
-    for sl in index.slices:
-        key = (sl.driver, sl.pool)
-        newest[key] = max(newest.get(key, sl.generation), sl.generation)
-    out: dict[tuple[str, str, str], CounterSetUsage] = {}
-    for sl in index.slices:
-        if sl.generation != newest[(sl.driver, sl.pool)]:
-            continue
-        for cs, vals in sl.shared_counters.items():
-            out[(sl.driver, sl.pool, cs)] = CounterSetUsage(
-                sl.driver, sl.pool, cs, dict(vals), dict(vals)
-            )
-    for d in index.devices():
-        if not d.consumes_counters or not state.is_allocated(d.id):
-            continue
-        for cs, vals in d.consumes_counters:
-            u = out.get((d.driver, d.pool, cs))
-            if u is None:
-                continue
-            for c, v in vals.items():
-                if c in u.available:
-                    u.available[c] -= v
-            u.holders.append(d.name)
-    return out
-
-
-def counters_short(
-    d: Device, usage: Mapping[tuple[str, str, str], CounterSetUsage], state: AllocatedState
-) -> list[tuple[CounterSetUsage, list[str]]]:
-    """The counter sets ``d`` cannot be allocated from, each with the lines saying which of its
-    counters are short (``memory slices of gpu-0: 7 of 8 used (slice 3 needed, in use)``);
-    empty when its counters are free, or when it is a shared device whose counters its first
-    share already paid (dra-spec.md 2.5). A set its pool does not publish makes the pool
-    invalid, which the allocator reports itself: it is not listed here."""
-    if not d.consumes_counters or (d.allow_multiple and d.id in state.aggregated):
-        return []
-    out: list[tuple[CounterSetUsage, list[str]]] = []
-    for cs, vals in d.consumes_counters:
-        u = usage.get((d.driver, d.pool, cs))
-        if u is not None and any(
-            max(u.available.get(c, Fraction(0)), Fraction(0)) < v for c, v in vals.items()
-        ):
-            out.append((u, u.lines(dict(vals))))
-    return out
-
-
-def gpu_usage(
-    index: SliceIndex, state: AllocatedState, node_names: set[str] | frozenset[str] = frozenset()
-) -> list[GPUUsage]:
-    """Memory and cores allocated on every device of ``index`` against its capacity.
-
-    A device allocated without a shareID (dedicated) counts its whole capacity; a shared one
-    the sum of its shares' ``consumedCapacity`` (``AllocatedState.aggregated``). ``node``
-    is the slice's ``nodeName``, else the pool name when it names one of ``node_names``.
-    Used by ``tessera simulate``'s GPU table and by ``tessera monitor``'s allocation figures.
-    """
-    out: list[GPUUsage] = []
-    share_count: dict[tuple[str, str, str], int] = {}
-    for did, _ in state.shared:
-        share_count[did] = share_count.get(did, 0) + 1
-    usage = counter_usage(index, state)
-    for d in index.devices():
-        agg = state.aggregated.get(d.id, {})
-        shares = share_count.get(d.id, 0)
-        dedicated = d.id in state.dedicated
-        mem = d.capacity.get("memory")
-        cores = d.capacity.get("cores")
-        out.append(
-            GPUUsage(
-                node=d.node_name or (d.pool if d.pool in node_names else ""),
-                device=d.name,
-                uuid=d.attributes.get(f"{d.driver}/uuid"),
-                model=d.attributes.get(f"{d.driver}/productName"),
-                memory_allocated=(
-                    mem.value.value if dedicated and mem else Fraction(agg.get("memory", 0))
-                ),
-                memory_capacity=mem.value.value if mem else None,
-                cores_allocated=(
-                    cores.value.value if dedicated and cores else Fraction(agg.get("cores", 0))
-                ),
-                cores_capacity=cores.value.value if cores else None,
-                shares=shares,
-                dedicated=dedicated,
-                driver=d.driver,
-                pool=d.pool,
-                counters=[
-                    line
-                    for cs, _ in d.consumes_counters
-                    if (u := usage.get((d.driver, d.pool, cs))) is not None
-                    for line in u.lines(all_counters=True)
-                ],
-                potential=f"{d.driver}/placementStart" in d.attributes
-                and not state.is_allocated(d.id),
-            )
-        )
-    return out

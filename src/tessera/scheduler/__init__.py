@@ -1,0 +1,11 @@
+"""What kube-scheduler and the resourceclaim controller decide, with no loop and no I/O.
+
+- :mod:`tessera.scheduler.policies`: node and GPU orders (first-fit, binpack, spread,
+  topology; HAMi's policy annotations), prioritized-list scores, placement ranks.
+- :mod:`tessera.scheduler.extended`: extended resources served by a DeviceClass (KEP-5004):
+  which a pod requests, the claim the scheduler makes for them and its name.
+- :mod:`tessera.scheduler.usage`: memory, cores and shared counters allocated per device.
+
+Used by the simulation (:mod:`tessera.sim`), ``explain``/``lint``, the monitor and the
+scheduler extender alike, so each decision is made in one place (docs/architecture.md).
+"""
