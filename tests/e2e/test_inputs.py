@@ -145,40 +145,22 @@ def test_status_and_down_of_never_started_cluster(tmp_path: Path) -> None:
     assert Cluster(tmp_path).running_components() == []
 
 
-def test_cluster_description_through_load_cluster(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """--cluster goes through tessera.sim.cluster.load_cluster (the lead's loader); a stand-in
-    with the documented shape (nodes with .name, .labels, .slices) checks the adapter."""
-    import types
-    from dataclasses import dataclass, field
-
+def test_cluster_description_through_load_cluster() -> None:
+    """--cluster reads the bundled cluster file with the simulation's own loader
+    (tessera.sim.cluster.load_cluster): every node with its labels, taints and slices."""
+    from tessera.cli._common import examples_dir
     from tessera.cli.cluster import load_cluster_file
+    from tessera.sim.cluster import load_cluster
 
-    slice_obj = session_nodes()[1].slices[0]
-
-    @dataclass
-    class N:
-        name: str
-        labels: dict[str, str]
-        slices: list[dict[str, object]] = field(default_factory=list)
-
-    seen: list[Path] = []
-
-    def load_cluster(path: Path) -> object:
-        seen.append(path)
-        return types.SimpleNamespace(
-            nodes=[N("a5000-node", {"zone": "a"}, [slice_obj]), N("cpu-only", {})]
-        )
-
-    stub = types.ModuleType("tessera.sim.cluster")
-    stub.load_cluster = load_cluster  # type: ignore[attr-defined]
-    monkeypatch.setitem(__import__("sys").modules, "tessera.sim.cluster", stub)
-    desc = tmp_path / "cluster.yaml"
+    desc = examples_dir() / "cluster.yaml"
+    described = load_cluster(desc)
     inv = load_cluster_file(desc)
-    assert seen == [desc]
     assert [(n.name, n.labels) for n in inv.nodes] == [
-        ("a5000-node", {"zone": "a"}),
-        ("cpu-only", {}),
+        (n.name, dict(n.labels)) for n in described.nodes
     ]
-    assert [s["metadata"]["name"] for s in inv.slices] == ["a5000-node-gpu.tessera.dev"]
+    assert [s["metadata"]["name"] for s in inv.slices] == [
+        s["metadata"]["name"] for n in described.nodes for s in n.slices
+    ]
+    assert len(inv.slices) >= 2 and all(
+        s["spec"]["driver"] == "gpu.tessera.dev" for s in inv.slices
+    )
