@@ -396,19 +396,31 @@ def live_outcome(
     return pending_outcome(loaded, objects, added)
 
 
-def wait_for_termination() -> int:
-    """Block until SIGTERM or SIGINT arrives; return its number. For the long-running commands
-    (``tessera driver``, ``tessera monitor``), whose caller then stops what it serves.
+def catch_termination() -> list[int]:
+    """Catch SIGTERM and SIGINT from now on: each one's number is appended to the returned list
+    (read by :func:`wait_for_termination`). Called before a command says it is serving, so a
+    signal sent as soon as the caller reads that line is a clean stop, not a kill.
 
-    The handler only appends to a list, polled every 0.2 s: a handler that takes a lock (such as
+    The handler only appends to a list: a handler that takes a lock (such as
     ``threading.Event.set``) deadlocks when the signal interrupts the main thread while it holds
     that same lock."""
     import signal
-    import time
 
     got: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: got.append(signum))
+    return got
+
+
+def wait_for_termination(got: list[int] | None = None) -> int:
+    """Block until SIGTERM or SIGINT arrives; return its number. For the long-running commands
+    (``tessera driver``, ``tessera monitor``), whose caller then stops what it serves.
+    ``got``: the list of an earlier :func:`catch_termination` (else the signals are caught
+    from now on); polled every 0.2 s."""
+    import time
+
+    if got is None:
+        got = catch_termination()
     while not got:
         time.sleep(0.2)
     return got[0]

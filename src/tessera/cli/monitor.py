@@ -15,7 +15,13 @@ from pathlib import Path
 
 import click
 
-from tessera.cli._common import UserError, fail, logger, wait_for_termination
+from tessera.cli._common import (
+    UserError,
+    catch_termination,
+    fail,
+    logger,
+    wait_for_termination,
+)
 from tessera.monitor import DEFAULT_PORT
 from tessera.monitor.regions import DEFAULT_REGION_DIR
 
@@ -144,8 +150,9 @@ def monitor(
         f"NVML {nvml.count} GPU(s)" if nvml else "no NVML",
         f"API {api.client.server}" if api else "no API",
     ]
+    got = catch_termination()  # before the line callers wait for (tests stop it at once)
     _log(f"node {node}: serving {running.url} ({', '.join(sources)})")
-    sig = wait_for_termination()
+    sig = wait_for_termination(got)
     t0 = time.monotonic()
     running.stop()
     _log(f"stopped (signal {sig}) in {time.monotonic() - t0:.2f} s")
