@@ -48,10 +48,13 @@ class Tenant:
 
 @dataclass(frozen=True)
 class Outcome:
-    """Shares (percent of the window's GPU time, one per tenant, in order) and GPU idle %."""
+    """Shares (percent of the window's GPU time, one per tenant, in order) and GPU idle %.
+    ``usage``: each tenant's ``driver/usage`` lines read at the end of the window, while the
+    tenants still run (empty tuple when no driver loop ran or it had not written one yet)."""
 
     shares: tuple[float, ...]
     idle: float
+    usage: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,8 @@ def run_case(
         a = read_model(model)
         time.sleep(seconds)
         b = read_model(model)
+        # read now: once a tenant exits, the next reconcile drops its slot's pid line
+        usage = tuple(_usage_lines(c) for c in claims) if driver_pids else ()
         assert a and b, f"{model}: the tenants never used the fake GPU"
         for p in procs:
             _out, err = p.communicate(timeout=60)
@@ -202,7 +207,14 @@ def run_case(
     dt = b.t - a.t
     assert dt > 0
     shares = tuple(100.0 * (b.busy[p] - a.busy.get(p, 0)) / dt for p in pids)
-    return Outcome(shares, 100.0 * (b.idle_ns - a.idle_ns) / dt)
+    return Outcome(shares, 100.0 * (b.idle_ns - a.idle_ns) / dt, usage)
+
+
+def _usage_lines(c: Claim) -> tuple[str, ...]:
+    try:
+        return tuple((c.dir / "driver" / "usage").read_text().splitlines())
+    except FileNotFoundError:
+        return ()
 
 
 @dataclass(frozen=True)

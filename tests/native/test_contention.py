@@ -140,6 +140,6 @@ def test_tenants_in_their_own_pid_namespaces_are_corrected_by_the_drivers_host_p
     assert all(abs(e) <= TOLERANCE for e in errors(Case("", tuple(tenants)), mapped)), mapped
     assert mapped.idle <= IDLE, mapped
     # the tenant was pid 1 of its namespace, and the file mapped its slot to a host pid
-    usage = (tmp_path / "mapped" / "tenant0" / "driver" / "usage").read_text().splitlines()
+    usage = mapped.usage[0]
     assert usage[0] == "version 2", usage
     assert [ln.split()[3] for ln in usage if ln.startswith("pid ")] == ["1"], usage
