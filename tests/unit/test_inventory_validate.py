@@ -168,3 +168,39 @@ def test_bundled_default_node_inputs() -> None:
         len(load_topology(top / "litgpt__tests_test_utils__topo-m.8xGPU-NV12-10nic.txt").links)
         == 56
     )
+
+
+def test_counter_set_names_in_shared_counters_and_consumes_counters() -> None:
+    """The API server's rule for a list of counter sets (DNS-label names, unique, a counters
+    map) holds for a slice's ``sharedCounters`` and a device's ``consumesCounters`` alike."""
+    s = good()
+    counters = {"memory": {"value": "24Gi"}}
+    dev0(s)["consumesCounters"] = [
+        {"counterSet": "gpu-0", "counters": counters},
+        {"counterSet": "gpu-0", "counters": counters},
+    ]
+    shared = copy.deepcopy(s)
+    del shared["spec"]["devices"]
+    shared["spec"]["sharedCounters"] = [
+        {"name": "gpu-0", "counters": counters},
+        {"name": "gpu-0", "counters": counters},
+        {"counters": counters},
+    ]
+    assert validate(s) == [
+        "spec.devices[0].consumesCounters[1].counterSet: duplicate counter set 'gpu-0'"
+    ]
+    dev0(s)["consumesCounters"] = [{"counterSet": "GPU_1", "counters": {"memory": {}}}]
+    assert validate(s) == [
+        "spec.devices[0].consumesCounters[0].counterSet: 'GPU_1' is not a DNS label",
+        "spec.devices[0].consumesCounters[0].counters[memory].value: required",
+    ]
+    dev0(s)["consumesCounters"] = [
+        {"counterSet": f"gpu-{i}", "counters": counters} for i in range(3)
+    ]
+    assert validate(s) == ["spec.devices[0].consumesCounters: must be a list of at most 2 entries"]
+    assert validate(shared) == [
+        "spec.sharedCounters[1].name: duplicate counter set 'gpu-0'",
+        "spec.sharedCounters[2].name: None is not a DNS label",
+    ]
+    shared["spec"]["sharedCounters"] = {"gpu-0": counters}
+    assert validate(shared) == ["spec.sharedCounters: must be a list of at most 8 counter sets"]

@@ -249,18 +249,25 @@ def _counter_map(counters: Any, path: str, out: list[str]) -> None:
 def _consumes_counters(entries: Any, path: str, out: list[str]) -> None:
     if entries is None:
         return
-    if not isinstance(entries, list) or len(entries) > MAX_CONSUMES_COUNTERS:
-        out.append(f"{path}: must be a list of at most {MAX_CONSUMES_COUNTERS} entries")
+    _counter_sets(entries, path, "counterSet", MAX_CONSUMES_COUNTERS, "entries", out)
+
+
+def _counter_sets(entries: Any, path: str, key: str, limit: int, unit: str, out: list[str]) -> None:
+    """A list of at most ``limit`` counter sets, each named by its ``key`` field (a DNS label,
+    unique in the list) with a ``counters`` map: a slice's ``sharedCounters`` (``name``) and a
+    device's ``consumesCounters`` (``counterSet``) follow the same rule."""
+    if not isinstance(entries, list) or len(entries) > limit:
+        out.append(f"{path}: must be a list of at most {limit} {unit}")
         return
     seen: set[str] = set()
     for i, e in enumerate(entries):
-        cs = e.get("counterSet") if isinstance(e, dict) else None
-        if not is_dns_label(cs):
-            out.append(f"{path}[{i}].counterSet: {cs!r} is not a DNS label")
-        elif cs in seen:
-            out.append(f"{path}[{i}].counterSet: duplicate counter set {cs!r}")
+        name = e.get(key) if isinstance(e, dict) else None
+        if not is_dns_label(name):
+            out.append(f"{path}[{i}].{key}: {name!r} is not a DNS label")
+        elif name in seen:
+            out.append(f"{path}[{i}].{key}: duplicate counter set {name!r}")
         else:
-            seen.add(str(cs))
+            seen.add(str(name))
         _counter_map(
             e.get("counters") if isinstance(e, dict) else None, f"{path}[{i}].counters", out
         )
@@ -326,25 +333,7 @@ def validate_resource_slice(obj: Any) -> list[str]:
     if devices and shared:
         out.append("spec: a slice carries devices or sharedCounters, not both")
     if shared is not None:
-        if not isinstance(shared, list) or len(shared) > MAX_COUNTER_SETS:
-            out.append(
-                f"spec.sharedCounters: must be a list of at most {MAX_COUNTER_SETS} counter sets"
-            )
-        else:
-            set_names: set[str] = set()
-            for i, cs in enumerate(shared):
-                name = cs.get("name") if isinstance(cs, dict) else None
-                if not is_dns_label(name):
-                    out.append(f"spec.sharedCounters[{i}].name: {name!r} is not a DNS label")
-                elif name in set_names:
-                    out.append(f"spec.sharedCounters[{i}].name: duplicate counter set {name!r}")
-                else:
-                    set_names.add(str(name))
-                _counter_map(
-                    cs.get("counters") if isinstance(cs, dict) else None,
-                    f"spec.sharedCounters[{i}].counters",
-                    out,
-                )
+        _counter_sets(shared, "spec.sharedCounters", "name", MAX_COUNTER_SETS, "counter sets", out)
     reduced = False
     names: set[str] = set()
     for i, dev in enumerate(devices):
