@@ -56,13 +56,14 @@ def test_no_limiter_at_0_or_100(tmp_path: Path, plain: Build, cores: int) -> Non
 def test_every_launch_kind_is_paced(
     tmp_path: Path, plain: Build, procs: list[subprocess.Popen[str]]
 ) -> None:
-    kinds = ["ex", "coop", "graph", "mixed"]
-    claims = [Claim(tmp_path, plain, [GpuLimit(UUIDS[0], 100 * MiB, 40)], name=k) for k in kinds]
-    ps = [
-        c.spawn("tp_launch", "util", SECONDS, "150", k) for c, k in zip(claims, kinds, strict=True)
-    ]
-    procs.extend(ps)
-    utils = {k: _util(p) for k, p in zip(kinds, ps, strict=True)}
+    # one kind at a time: four busy tenants on a 2-core CI machine starve each other's CPU
+    # (measured 34-36 % each once, the same for every kind), which is not what this checks
+    utils = {}
+    for k in ["ex", "coop", "graph", "mixed"]:
+        c = Claim(tmp_path, plain, [GpuLimit(UUIDS[0], 100 * MiB, 40)], name=k)
+        p = c.spawn("tp_launch", "util", SECONDS, "150", k)
+        procs.append(p)
+        utils[k] = _util(p)
     assert all(abs(u - 40) <= 5 for u in utils.values()), utils
 
 
