@@ -21,6 +21,7 @@ from pathlib import Path
 
 from native_helpers import UUIDS, Build, Claim, MiB
 
+from tessera.enforcement.layout import DRIVER_DIR, DRIVER_USAGE_FILE
 from tessera.enforcement.limits import GpuLimit
 from tessera.enforcement.reconcile import reconcile_claim
 from tessera.enforcement.region import RegionError, read_region
@@ -212,7 +213,7 @@ def run_case(
 
 def _usage_lines(c: Claim) -> tuple[str, ...]:
     try:
-        return tuple((c.dir / "driver" / "usage").read_text().splitlines())
+        return tuple((c.dir / DRIVER_DIR / DRIVER_USAGE_FILE).read_text().splitlines())
     except FileNotFoundError:
         return ()
 
