@@ -38,7 +38,7 @@ from tessera.allocator import (
     RequestRecord,
 )
 from tessera.allocator.core import slice_on_node
-from tessera.allocator.model import DeviceID, node_selector_matches
+from tessera.allocator.model import DeviceID
 from tessera.allocator.record import (
     CelError,
     CountersShort,
@@ -51,6 +51,8 @@ from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
 from tessera.cel import CelCompileError, CelRuntimeError, compile_selector
 from tessera.explain import celtools
+from tessera.scheduler.claims import pod_claim_name
+from tessera.scheduler.nodes import node_refusal
 from tessera.scheduler.policies import rank_text
 from tessera.sim.cluster import Cluster
 from tessera.sim.reasons import needs_text
@@ -59,9 +61,6 @@ from tessera.sim.simulate import (
     Choice,
     SimResult,
     Simulation,
-    generated_claim_name,
-    pod_fits_node,
-    untolerated_taint,
 )
 
 MIB = 2**20
@@ -560,15 +559,8 @@ def _pod_claims(pod: Mapping[str, Any], sim: Simulation) -> list[tuple[str, dict
     ns = md.get("namespace") or "default"
     out = []
     for pc in (pod.get("spec") or {}).get("resourceClaims") or []:
-        if pc.get("resourceClaimName"):
-            key = (ns, pc["resourceClaimName"])
-        else:
-            generated = generated_claim_name(dict(pod), str(pc.get("name", "")))
-            key = (
-                ns,
-                generated or f"{md.get('name') or md.get('generateName')}-{pc.get('name', '')}",
-            )
-        c = sim.claims.get(key)
+        name = pod_claim_name(pod, pc, simulated=True)
+        c = sim.claims.get((ns, name)) if name is not None else None
         if c is not None:
             out.append((str(pc.get("name", "")), c))
     ext = sim.extended_claim_of(pod)  # the claim kube-scheduler synthesises (KEP-5004)
@@ -868,27 +860,12 @@ class _Explainer:
     ) -> tuple[NodeExplanation, NodeRecord | None]:
         """Pod-level refusals first (node affinity, untolerated node taints, claims allocated for
         another node), then the allocator's record for the claims still to allocate."""
-        if pod is not None and not pod_fits_node(_unbound(pod), node):
-            return NodeExplanation(
-                node.name, "refused", "didn't match Pod's node affinity/selector"
-            ), None
-        taint = (
-            untolerated_taint(pod, self.sim.taints.get(node.name, ())) if pod is not None else None
-        )
-        if taint is not None:
-            return NodeExplanation(
-                node.name,
-                "refused",
-                f"had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}",
-            ), None
-        for c in done:
-            sel = ((c.get("status") or {}).get("allocation") or {}).get("nodeSelector")
-            if sel is not None and not node_selector_matches(sel, node):
-                return NodeExplanation(
-                    node.name,
-                    "refused",
-                    f"resourceclaim not available on the node: claim {_claim_ref(c)} is allocated for another node",
-                ), None
+        if pod is None:  # a claim on its own: only where its allocated claims are available
+            refusal = node_refusal({}, node, (), done)
+        else:
+            refusal = node_refusal(_unbound(pod), node, self.sim.taints.get(node.name, ()), done)
+        if refusal is not None:
+            return NodeExplanation(node.name, "refused", refusal.explanation), None
         return explain_node(self.alloc, node, todo, owners=self.owners, all_devices=all_devices)
 
 

@@ -16,6 +16,7 @@ import yaml
 
 from tessera import DEVICE_CLASS_NAME
 from tessera.kube.client import ApiError, KubeClient, Obj
+from tessera.scheduler.claims import pod_claim_name
 
 T = TypeVar("T")
 
@@ -205,12 +206,8 @@ def pod_claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
     """Map each ``spec.resourceClaims[].name`` to the ResourceClaim's name (generated ones
     from ``status.resourceClaimStatuses``; missing until the claim controller made it)."""
     out: dict[str, str] = {}
-    generated = {
-        s["name"]: s.get("resourceClaimName")
-        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-    }
     for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
-        claim_name = ref.get("resourceClaimName") or generated.get(ref["name"])
+        claim_name = pod_claim_name(pod, ref)
         if claim_name:
             out[ref["name"]] = claim_name
     return out

@@ -1,5 +1,9 @@
 """What kube-scheduler and the resourceclaim controller decide, with no loop and no I/O.
 
+- :mod:`tessera.scheduler.nodes`: the node filters before allocation (NodeAffinity,
+  TaintToleration, a claim allocated for other nodes): one :func:`~tessera.scheduler.nodes.node_refusal`.
+- :mod:`tessera.scheduler.claims`: which ResourceClaim a pod's claim entry names (the
+  resourceclaim controller's claims made from templates).
 - :mod:`tessera.scheduler.policies`: node and GPU orders (first-fit, binpack, spread,
   topology; HAMi's policy annotations), prioritized-list scores, placement ranks.
 - :mod:`tessera.scheduler.extended`: extended resources served by a DeviceClass (KEP-5004):

@@ -27,8 +27,8 @@ from tessera.api.loader import Manifest, object_name, template_with_spec
 from tessera.api.uids import uuid5_url
 from tessera.api.validation import is_dns_subdomain
 from tessera.api.workloads import pod_template
+from tessera.scheduler.nodes import node_refusal
 from tessera.sim.cluster import SimNode
-from tessera.sim.simulate import pod_fits_node, untolerated_taint
 
 #: The tolerations the DaemonSet controller adds to every daemon pod, in its order
 #: (``k8s.io/kubernetes/pkg/controller/daemon/util.AddOrUpdateDaemonPodTolerations``).
@@ -94,11 +94,9 @@ def pin_to_node(affinity: Any, node: str) -> dict[str, Any]:
 def eligible(template_spec: dict[str, Any], node: SimNode) -> bool:
     """Whether the DaemonSet controller runs a pod of this template on ``node``
     (``nodeShouldRunDaemonPod``: nodeName, nodeSelector and required node affinity through
-    :func:`tessera.sim.simulate.pod_fits_node`, taints against the daemon tolerations)."""
+    :func:`tessera.scheduler.nodes.node_refusal`, taints against the daemon tolerations)."""
     probe = {"spec": {**template_spec, "tolerations": daemon_tolerations(template_spec)}}
-    if not pod_fits_node(probe, Node(node.name, node.labels)):
-        return False
-    return untolerated_taint(probe, node.taints) is None
+    return node_refusal(probe, Node(node.name, node.labels), node.taints) is None
 
 
 def _pod_name(base: str, node: str) -> str:

@@ -31,8 +31,8 @@ from tessera.allocator import (
     SliceIndex,
     taint_rule_from_dict,
 )
-from tessera.allocator.core import evicting_taint, tolerates
-from tessera.allocator.model import Device, node_selector_matches
+from tessera.allocator.core import evicting_taint
+from tessera.allocator.model import Device
 from tessera.allocator.record import alternatives
 from tessera.api.deviceclass import device_class, served_extended_resources
 from tessera.api.errors import ManifestError
@@ -43,6 +43,7 @@ from tessera.api.uids import uuid5_url
 from tessera.api.validation import DRA_V1BETA2, check
 from tessera.api.workloads import foreign_workload
 from tessera.convert import gpu_memory_sizes
+from tessera.scheduler.claims import generated_claim_name, pod_claim_name, template_claim_name
 from tessera.scheduler.extended import (
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,
     claim_name,
@@ -51,6 +52,7 @@ from tessera.scheduler.extended import (
     owned_by,
     spec_key,
 )
+from tessera.scheduler.nodes import node_refusal
 from tessera.scheduler.policies import (
     POLICIES,
     PlacementRank,
@@ -143,20 +145,6 @@ class SimResult:
     objects: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
     scheduled: list[str] = field(default_factory=list)
-
-
-def generated_claim_name(pod: dict[str, Any], pod_claim_name: str) -> str | None:
-    """The ResourceClaim the resource-claim controller made from a template for the pod's
-    claim entry ``pod_claim_name`` (``status.resourceClaimStatuses``), or None when the pod
-    carries none (files written by hand; the simulation then makes ``<pod>-<name>``)."""
-    for st in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
-        if (
-            isinstance(st, dict)
-            and st.get("name") == pod_claim_name
-            and st.get("resourceClaimName")
-        ):
-            return str(st["resourceClaimName"])
-    return None
 
 
 def _pod_uid(ref: str) -> str:
@@ -299,59 +287,6 @@ def _signature(claims: Sequence[dict[str, Any]]) -> str | None:
 
 
 _NO_NODE_CONSTRAINTS = json.dumps([None, None, None])
-
-
-def untolerated_taint(
-    pod: Mapping[str, Any], taints: Sequence[dict[str, str]]
-) -> dict[str, str] | None:
-    """The first NoSchedule/NoExecute node taint the pod does not tolerate (kube-scheduler's
-    TaintToleration filter), or None."""
-    if not taints:
-        return None
-    tols = (pod.get("spec") or {}).get("tolerations") or []
-    for t in taints:
-        if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(
-            tols, t.get("key", ""), t.get("value", ""), t["effect"]
-        ):
-            return t
-    return None
-
-
-def affinity_node_names(pod: Mapping[str, Any]) -> set[str] | None:
-    """The node names NodeAffinity's PreFilter narrows scheduling to: when every term of the
-    required node affinity has ``matchFields`` ``metadata.name In [...]`` (as the DaemonSet
-    controller pins its pods), the union over terms of each term's intersection; None when
-    some term does not name nodes (every node is a candidate)."""
-    req = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    )
-    terms = (req or {}).get("nodeSelectorTerms") or []
-    if not terms:
-        return None
-    out: set[str] = set()
-    for t in terms:
-        names: set[str] | None = None
-        for r in (t or {}).get("matchFields") or []:
-            if r.get("key") == "metadata.name" and r.get("operator") == "In":
-                vals = {str(v) for v in r.get("values") or []}
-                names = vals if names is None else names & vals
-        if names is None:
-            return None
-        out |= names
-    return out
-
-
-def pod_fits_node(pod: dict[str, Any], node: Node) -> bool:
-    spec = pod.get("spec") or {}
-    if spec.get("nodeName") and spec["nodeName"] != node.name:
-        return False
-    for k, v in (spec.get("nodeSelector") or {}).items():
-        if node.labels.get(k) != str(v):
-            return False
-    req = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    )
-    return not (req and not node_selector_matches(req, node))
 
 
 class Simulation:
@@ -803,11 +738,8 @@ class Simulation:
         for pc in (pod.get("spec") or {}).get("resourceClaims") or []:
             if not pc.get("resourceClaimTemplateName"):
                 continue
-            name = (
-                generated_claim_name(pod, str(pc.get("name", "")))
-                or f"{_name(pod)}-{pc.get('name', '')}"
-            )
-            if (ns, name) in self.claims:
+            name = pod_claim_name(pod, pc, simulated=True)
+            if name is not None and (ns, name) in self.claims:
                 out.append({"name": str(pc.get("name", "")), "resourceClaimName": name})
         return out
 
@@ -836,7 +768,7 @@ class Simulation:
                 tmpl = self.templates.get(tkey)
                 if tmpl is None:
                     return [], f'resourceclaimtemplate "{tkey[1]}" not found'
-                cname = generated or f"{_name(pod)}-{pcname}"
+                cname = generated or template_claim_name(_name(pod), pcname)
                 key = (ns, cname)
                 claim = self.claims.get(key)
                 if claim is None:
@@ -959,8 +891,7 @@ class Simulation:
             known = self._unsat[i].get(sig) if sig is not None else None
             if (
                 known is not None
-                and pod_fits_node(pod, node)
-                and untolerated_taint(pod, self.taints.get(node.name, ())) is None
+                and node_refusal(pod, node, self.taints.get(node.name, ()), done) is None
             ):
                 why: str | AllocationError | list[dict[str, Any]] = known
             else:
@@ -986,7 +917,7 @@ class Simulation:
                 fits[i] = rank
                 if best is None:
                     if key is not None:
-                        self._cursor[key] = (i, counts)
+                        self._cursor[key] = (i, dict(counts))
                     prefix = False
                 if best is None or rank < best[0]:
                     best = (rank, i, why)
@@ -1069,20 +1000,9 @@ class Simulation:
         else the scheduler's reason (or error). Under the topology GPU policy the tier reached
         is left in ``self._tier``; ``below_tier``: try only the tiers better than it, and
         return :data:`_NOT_BETTER` when none fits."""
-        if not pod_fits_node(pod, node):
-            names = affinity_node_names(pod)
-            if names is not None and node.name not in names:
-                # NodeAffinity's PreFilter narrowed the nodes (a DaemonSet pod's pin): the
-                # scheduler's word for a node it never filtered.
-                return "node(s) didn't satisfy plugin(s) [NodeAffinity]"
-            return "node(s) didn't match Pod's node affinity/selector"  # kube-scheduler's NodeAffinity wording
-        taint = untolerated_taint(pod, self.taints.get(node.name, ()))
-        if taint is not None:  # kube-scheduler's TaintToleration wording
-            return f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
-        for c in done:
-            sel = c["status"]["allocation"].get("nodeSelector")
-            if sel is not None and not node_selector_matches(sel, node):
-                return "resourceclaim not available on the node"
+        refusal = node_refusal(pod, node, self.taints.get(node.name, ()), done)
+        if refusal is not None:
+            return refusal.reason
         rank = device_rank(policy.gpus, self.state)
         variants = topology_variants(todo) if policy.gpus == "topology" else [todo]
         if below_tier is not None:
@@ -1110,17 +1030,11 @@ class Simulation:
         done: Sequence[dict[str, Any]] = (),
     ) -> list[NodeRecord]:
         """The allocator's record (:meth:`Allocator.diagnose`) for ``claims`` on every node the
-        pod may use (node affinity, and where its already-allocated claims are available),
-        against the current state."""
+        pod may use (:func:`tessera.scheduler.nodes.node_refusal`: node affinity, taints, where
+        its already-allocated claims are available), against the current state."""
         out = []
         for node in self.nodes:
-            if not pod_fits_node(pod, node):
-                continue
-            if any(
-                (sel := c["status"]["allocation"].get("nodeSelector")) is not None
-                and not node_selector_matches(sel, node)
-                for c in done
-            ):
+            if node_refusal(pod, node, self.taints.get(node.name, ()), done) is not None:
                 continue
             # The search is known to fail here: each device on its own first, and the search's
             # account only where every request has enough devices that fit on their own.
@@ -1158,6 +1072,7 @@ class Simulation:
                 spec.get("nodeName"),
                 spec.get("nodeSelector"),
                 spec.get("affinity"),
+                spec.get("tolerations"),
             ],
             sort_keys=True,
             default=str,

@@ -42,6 +42,7 @@ from typing import Any
 
 from tessera import DRIVER_NAME
 from tessera.kube.client import ApiError, KubeClient, Obj
+from tessera.scheduler.claims import generated_claim_name
 
 log = logging.getLogger(__name__)
 
@@ -230,14 +231,9 @@ def needed_templates(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
         status = pod.get("status") or {}
         if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
             continue
-        made = {
-            s.get("name")
-            for s in status.get("resourceClaimStatuses") or []
-            if (s or {}).get("resourceClaimName")
-        }
         for rc in (pod.get("spec") or {}).get("resourceClaims") or []:
             name = (rc or {}).get("resourceClaimTemplateName")
-            if name and rc.get("name") not in made:
+            if name and generated_claim_name(pod, str(rc.get("name", ""))) is None:
                 out.setdefault(str(name), []).append(str(meta.get("name")))
     return out
 
