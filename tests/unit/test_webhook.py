@@ -762,3 +762,32 @@ def test_review_with_an_integer_of_5000_digits_is_a_bad_review() -> None:
     )
     with pytest.raises(BadReview, match="body is not JSON"):
         parse_review(body)
+
+
+def test_a_pod_with_hami_annotations_but_no_gpu_is_admitted_unchanged_with_convert_warning() -> (
+    None
+):
+    """The webhook's pre-check is convert's (tessera.convert.mentions_hami): a pod whose only
+    HAMi names are annotations is converted (to itself) and kubectl shows the same warning
+    simulate gives; a pod without any HAMi name is not converted at all."""
+    from tessera.convert import mentions_hami
+
+    pod = {
+        "metadata": {"name": "p", "annotations": {"nvidia.com/use-gputype": "H100"}},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1"}}}]},
+    }
+    assert mentions_hami(pod)
+    d = decide(review(pod), VIEW)
+    assert d.allowed and d.templates == [] and d.patch == []
+    assert (
+        d.warnings
+        == ["pod team-a/p: HAMi annotations have no effect: no container asks for a GPU"]
+        == convert_pod({**pod, "metadata": {**pod["metadata"], "namespace": "team-a"}}).warnings
+    )
+    plain = {
+        "metadata": {"name": "q", "labels": {"hami.io/webhook": "ignore"}},
+        "spec": pod["spec"],
+    }
+    assert not mentions_hami(plain)
+    d = decide(review(plain), VIEW)
+    assert d.allowed and d.warnings == [] and d.pod == "" and d.patch == []

@@ -16,7 +16,7 @@ from ResourceSlices.
 See ``docs/convert.md`` for the mapping table and the deliberate divergences from HAMi.
 """
 
-from .convert import ContainerRequest, Conversion, ConversionError, convert_pod
+from .convert import ContainerRequest, Conversion, ConversionError, convert_pod, mentions_hami
 from .hami import HAMI_RESOURCES
 from .manifests import POD_TEMPLATE_PATHS, ObjectConversion, convert_object, gpu_memory_sizes
 
@@ -30,4 +30,5 @@ __all__ = [
     "convert_object",
     "convert_pod",
     "gpu_memory_sizes",
+    "mentions_hami",
 ]

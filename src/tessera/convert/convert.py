@@ -882,6 +882,36 @@ def _has_hami(resources: Any) -> bool:
     )
 
 
+#: The name prefixes :func:`convert_pod` reads: HAMi's, NVIDIA's (its resources, MIG profiles,
+#: selection annotations) and Volcano's vGPU spelling.
+HAMI_MARKS = ("hami.io/", "nvidia.com/", "volcano.sh/")
+
+
+def mentions_hami(pod: Mapping[str, Any]) -> bool:
+    """Whether :func:`convert_pod` has anything to read in ``pod``: a container's or an
+    initContainer's ``resources.limits``/``requests`` name, or a pod annotation, starting with
+    one of :data:`HAMI_MARKS`. A pod without converts to itself with no warning, so the webhook,
+    ``simulate`` and ``lint`` skip the conversion for it (the one pre-check they share). Never
+    raises: malformed parts count as not mentioning HAMi."""
+    md = pod.get("metadata")
+    annotations = md.get("annotations") if isinstance(md, Mapping) else None
+    if isinstance(annotations, Mapping) and any(str(k).startswith(HAMI_MARKS) for k in annotations):
+        return True
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    for part in ("initContainers", "containers"):
+        items = spec.get(part)
+        for c in items if isinstance(items, list) else ():
+            res = c.get("resources") if isinstance(c, Mapping) else None
+            if not isinstance(res, Mapping):
+                continue
+            for block in (res.get("limits"), res.get("requests")):
+                if isinstance(block, Mapping) and any(str(k).startswith(HAMI_MARKS) for k in block):
+                    return True
+    return False
+
+
 # ---- entry point -------------------------------------------------------------------------------------
 def convert_pod(
     pod: dict[str, Any],

@@ -310,11 +310,8 @@ def _check_hami_node(add: Any, m: Manifest) -> None:
 
 def _check_hami(add: Any, m: Manifest, world: _World) -> None:
     """What the HAMi conversion refuses in a Pod (or a workload's pod template)."""
-    from tessera.convert import HAMI_RESOURCES, ConversionError, convert_pod
+    from tessera.convert import ConversionError, convert_pod, mentions_hami
 
-    text = json.dumps(m.obj.get("spec"), default=str)
-    if not any(name in text for name in HAMI_RESOURCES):
-        return  # nothing to convert: the conversion refuses nothing (its warnings are simulate's)
     template, path = pod_template(m.obj, m.kind)
     if template is None:
         return
@@ -328,6 +325,8 @@ def _check_hami(add: Any, m: Manifest, world: _World) -> None:
             "metadata": {**(template.get("metadata") or {}), "name": m.name or "workload"},
             "spec": template.get("spec"),
         }
+    if not mentions_hami(pod):
+        return  # nothing to convert: the conversion refuses nothing (its warnings are simulate's)
     spec = pod.get("spec") or {}
     # Pods that differ only in name convert alike: convert each shape once.
     key = json.dumps(

@@ -42,7 +42,7 @@ from tessera.api.quantity import Quantity
 from tessera.api.uids import uuid5_url
 from tessera.api.validation import DRA_V1BETA2, check
 from tessera.api.workloads import foreign_workload
-from tessera.convert import gpu_memory_sizes
+from tessera.convert import gpu_memory_sizes, mentions_hami
 from tessera.scheduler.claims import generated_claim_name, pod_claim_name, template_claim_name
 from tessera.scheduler.extended import (
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,
@@ -219,26 +219,6 @@ def _check_selectors(m: Manifest) -> None:
                     obj=m.ref(),
                     field=f"{where}[{k}].cel.expression",
                 ) from None
-
-
-_HAMI_MARKS = ("hami.io/", "nvidia.com/", "volcano.sh/")
-
-
-def _mentions_hami(pod: dict[str, Any]) -> bool:
-    """Whether the HAMi conversion has anything to read in ``pod`` (resources or annotations
-    in HAMi's names); a pod without is simulated as written, without a conversion pass."""
-    md = pod.get("metadata") or {}
-    for names in (md.get("annotations") or {}, md.get("labels") or {}):
-        if any(str(k).startswith(_HAMI_MARKS) for k in names):
-            return True
-    spec = pod.get("spec") or {}
-    for part in ("initContainers", "containers"):
-        for c in spec.get(part) or []:
-            res = (c or {}).get("resources") or {}
-            for block in (res.get("limits"), res.get("requests")):
-                if isinstance(block, dict) and any(str(k).startswith(_HAMI_MARKS) for k in block):
-                    return True
-    return False
 
 
 def _fresh_pod(pod: dict[str, Any]) -> dict[str, Any]:
@@ -576,7 +556,7 @@ class Simulation:
         with collector_paused():
             for m in self.pods:
                 try:
-                    if _mentions_hami(m.obj):
+                    if mentions_hami(m.obj):
                         conv = convert_pod(
                             m.obj,
                             memory_sizes=self.memory_sizes,

@@ -38,7 +38,14 @@ from typing import Any
 
 from tessera import DRIVER_NAME
 from tessera.api.loader import Manifest, Source
-from tessera.convert import ContainerRequest, ConversionError, convert_pod, gpu_memory_sizes, hami
+from tessera.convert import (
+    ContainerRequest,
+    ConversionError,
+    convert_pod,
+    gpu_memory_sizes,
+    hami,
+    mentions_hami,
+)
 from tessera.explain.lint import LintWorld, lint
 from tessera.webhook.templates import HASH_LABEL, hashed_template
 
@@ -406,7 +413,7 @@ def _convert(
         return d.deny(400, "BadRequest", "request.namespace is not a string")
     work = dict(pod)
     work["metadata"] = {**meta, "namespace": namespace}
-    if not _has_hami_names(pod):
+    if not mentions_hami(pod):
         return d
     conv = convert_pod(work, memory_sizes=view.snapshot().sizes)
     d.pod = f"{namespace}/{meta.get('name') or str(meta.get('generateName') or '') + '*'}"
@@ -442,27 +449,6 @@ def _convert(
     if d.dry_run:
         d.templates = []
     return d
-
-
-def _has_hami_names(pod: Mapping[str, Any]) -> bool:
-    """Cheap pre-check: a container resource or pod annotation in HAMi's or NVIDIA's names
-    (anything else passes untouched without running the converter)."""
-    spec = pod.get("spec") or {}
-    for part in ("initContainers", "containers"):
-        items = spec.get(part)
-        if not isinstance(items, list):
-            continue
-        for c in items:
-            res = c.get("resources") if isinstance(c, dict) else None
-            if not isinstance(res, dict):
-                continue
-            for block in (res.get("limits"), res.get("requests")):
-                if isinstance(block, dict) and any(
-                    isinstance(k, str) and k.startswith(("nvidia.com/", "volcano.sh/"))
-                    for k in block
-                ):
-                    return True
-    return False
 
 
 def _esc(key: str) -> str:
