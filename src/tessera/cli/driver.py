@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from tessera import DRIVER_NAME
-from tessera.cli._common import fail, logger, wait_for_termination
+from tessera.cli._common import catch_termination, fail, logger, wait_for_termination
 from tessera.enforcement.layout import DEFAULT_STATE_DIR
 
 
@@ -284,8 +284,9 @@ def driver(
             KubeClient.from_kubeconfig(Path(kubeconfig)) if kubeconfig else KubeClient.in_cluster()
         )
         node = NodeDriver(cfg, client, log=logger("driver"))
+        got = catch_termination()  # before start() logs "serving" (callers stop it at once)
         node.start()
     except TesseraError as e:
         fail(str(e))
-    sig = wait_for_termination()
+    sig = wait_for_termination(got)
     node.stop(why=signal.Signals(sig).name)
