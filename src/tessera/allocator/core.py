@@ -58,6 +58,7 @@ from tessera.allocator.record import (
     Tainted,
 )
 from tessera.api.quantity import Quantity
+from tessera.api.requests import device_requests
 from tessera.api.uids import uuid_text
 from tessera.cel import (
     CelCompileError,
@@ -1096,33 +1097,28 @@ class _Search:
             devices = (spec or {}).get("devices") or {}
             reqs: list[list[RequestData]] = []
             min_total = 0
-            for r in devices.get("requests") or []:
-                name = r.get("name", "")
-                subs_in = r.get("firstAvailable") or []
+            for r in device_requests(spec):
+                name = r.name
+                subs_in = r.first_available
                 if subs_in and not self.f.prioritized_list:
                     raise AllocationError(
                         f"claim {ref}, request {name}: has subrequests, but the DRAPrioritizedList feature is disabled"
                     )
                 if not self.f.consumable_capacity:
-                    if (
-                        r.get("exactly") is not None
-                        and (r.get("exactly") or {}).get("capacity") is not None
-                    ):
+                    if r.exactly is not None and r.exactly.body.get("capacity") is not None:
                         raise AllocationError(
                             f"claim {ref}, request {name}: has capacity requests, but the DRAConsumableCapacity "
                             "feature is disabled"
                         )
                     for sub in subs_in:
-                        if sub.get("capacity") is not None:
+                        if sub.body.get("capacity") is not None:
                             raise AllocationError(
-                                f"claim {ref}, subrequest {sub.get('name', '')}: has capacity requests, but the "
-                                "DRAConsumableCapacity feature is disabled"
+                                f"claim {ref}, subrequest {sub.body.get('name', '')}: has capacity requests, but "
+                                "the DRAConsumableCapacity feature is disabled"
                             )
                 if subs_in:
                     subs = [
-                        self._request(
-                            ci, ref, f"{name}/{s.get('name', '')}", name, s, admin_ok=False
-                        )
+                        self._request(ci, ref, s.name, name, s.body, admin_ok=False)
                         for s in subs_in
                     ]
                     for j, s in enumerate(subs):
@@ -1130,7 +1126,7 @@ class _Search:
                     reqs.append(subs)
                     need = min(s.count for s in subs)
                 else:
-                    exact = r.get("exactly") or {}
+                    exact = r.exactly.body if r.exactly is not None else {}
                     rd = self._request(ci, ref, name, name, exact, admin_ok=True)
                     reqs.append([rd])
                     need = rd.count

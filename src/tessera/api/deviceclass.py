@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
+from tessera.api.requests import claim_requests
 
 #: The extended resource Tessera's DeviceClass maps (HAMi's and NVIDIA's device plugin's name).
 EXTENDED_RESOURCE_NAME = "nvidia.com/gpu"
@@ -72,15 +73,9 @@ def class_users(objects: Iterable[Mapping[str, Any]], class_name: str) -> list[s
     out = []
     for obj in objects:
         kind = obj.get("kind")
-        spec = obj.get("spec") or {}
-        if kind == "ResourceClaimTemplate":
-            spec = spec.get("spec") or {}
-        elif kind != "ResourceClaim":
+        if kind not in ("ResourceClaim", "ResourceClaimTemplate"):
             continue
-        names = set()
-        for req in (spec.get("devices") or {}).get("requests") or []:
-            names.add((req.get("exactly") or {}).get("deviceClassName"))
-            names.update(sub.get("deviceClassName") for sub in req.get("firstAvailable") or [])
+        names = {alt.device_class_name for r in claim_requests(obj) for alt in r.alternatives}
         if class_name in names:
             meta = obj.get("metadata") or {}
             ns = meta.get("namespace")

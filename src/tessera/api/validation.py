@@ -14,6 +14,7 @@ from typing import Any
 from tessera.api.errors import ManifestError
 from tessera.api.loader import RESOURCE_API_VERSION, Manifest
 from tessera.api.quantity import Quantity, QuantityError
+from tessera.api.requests import device_requests
 from tessera.api.workloads import POD_TEMPLATE_PATHS, pod_template
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -274,12 +275,10 @@ _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 def _request_names(spec: Any) -> dict[str, set[str]]:
     """Request name -> its subrequest names (empty for an ``exactly`` request)."""
     out: dict[str, set[str]] = {}
-    reqs = ((spec or {}).get("devices") or {}).get("requests") or []
-    for r in reqs if isinstance(reqs, list) else []:
-        if isinstance(r, dict) and isinstance(r.get("name"), str):
-            fa = r.get("firstAvailable") or []
-            out[r["name"]] = {
-                str(x.get("name")) for x in fa if isinstance(x, dict) and x.get("name")
+    for r in device_requests(spec if isinstance(spec, dict) else None):
+        if isinstance(r.body.get("name"), str):
+            out[r.name] = {
+                str(alt.body["name"]) for alt in r.first_available if alt.body.get("name")
             }
     return out
 

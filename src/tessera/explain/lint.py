@@ -42,6 +42,7 @@ from tessera.allocator.model import Device
 from tessera.api.deviceclass import IMPLICIT_PREFIX, device_class, implicit_class
 from tessera.api.loader import WORKLOAD_KINDS, Manifest
 from tessera.api.quantity import Quantity, QuantityError
+from tessera.api.requests import claim_requests
 from tessera.api.validation import manifest_problems, pod_template, spec_path
 from tessera.cel import (
     CelCompileError,
@@ -187,24 +188,12 @@ def _selectors_of(m: Manifest) -> Iterator[tuple[str, dict[str, Any]]]:
     if m.kind == "DeviceClass":
         yield "spec", (m.obj.get("spec") or {})
         return
-    if m.kind == "ResourceClaim":
-        base, spec = "spec", m.obj.get("spec") or {}
-    else:
-        base, spec = "spec.spec", (m.obj.get("spec") or {}).get("spec") or {}
-    if not isinstance(spec, dict):
-        return
-    for i, r in enumerate(((spec.get("devices") or {}).get("requests")) or []):
-        if not isinstance(r, dict):
-            continue
-        p = f"{base}.devices.requests[{i}]"
-        if isinstance(r.get("exactly"), dict):
-            yield f"{p}.exactly", r["exactly"]
-        elif isinstance(r.get("firstAvailable"), list):
-            for j, s in enumerate(r["firstAvailable"]):
-                if isinstance(s, dict):
-                    yield f"{p}.firstAvailable[{j}]", s
-        elif r.get("deviceClassName"):  # v1beta1 shape: the request itself
-            yield p, r
+    base = "spec" if m.kind == "ResourceClaim" else "spec.spec"
+    for r in claim_requests(m.obj):
+        for alt in r.alternatives:
+            yield f"{base}.{alt.field}", alt.body
+        if not r.alternatives and r.body.get("deviceClassName"):  # v1beta1: the request itself
+            yield f"{base}.devices.requests[{r.index}]", r.body
 
 
 class LintWorld(_World):

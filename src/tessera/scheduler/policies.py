@@ -27,6 +27,7 @@ from fractions import Fraction
 from typing import Any
 
 from tessera.allocator.model import AllocatedState, Device
+from tessera.api.requests import device_requests
 from tessera.convert.convert import TOPOLOGY_ATTRIBUTES
 
 POLICIES = ("first-fit", "binpack", "spread", "topology")
@@ -105,9 +106,9 @@ def prioritized_list_score(
     score = 0
     for claim, res in zip(claims, results, strict=True):
         chosen = {r.get("request") for r in (res.get("devices") or {}).get("results") or []}
-        for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
-            for i, sub in enumerate(r.get("firstAvailable") or []):
-                if f"{r.get('name')}/{sub.get('name')}" in chosen:
+        for r in device_requests(claim.get("spec")):
+            for i, sub in enumerate(r.first_available):
+                if sub.name in chosen:
                     score += FIRST_AVAILABLE_MAX - i
     return score
 
@@ -117,8 +118,8 @@ def max_prioritized_list_score(claims: Sequence[Mapping[str, Any]]) -> int:
     return sum(
         FIRST_AVAILABLE_MAX
         for c in claims
-        for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or []
-        if r.get("firstAvailable")
+        for r in device_requests(c.get("spec"))
+        if r.first_available
     )
 
 
@@ -185,9 +186,9 @@ def rank_text(policy: PodPolicy, rank: PlacementRank, multi_gpu: bool) -> str:
 def has_multi_gpu_request(claims: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a claim has an ``exactly`` request for more than one device."""
     return any(
-        int((r.get("exactly") or {}).get("count") or 1) > 1
+        r.exactly is not None and r.exactly.count > 1
         for c in claims
-        for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or []
+        for r in device_requests(c.get("spec"))
     )
 
 
@@ -207,9 +208,9 @@ def topology_variants(claims: Sequence[dict[str, Any]]) -> list[list[dict[str, A
             c2 = copy.deepcopy(c)
             devs = c2.setdefault("spec", {}).setdefault("devices", {})
             names = [
-                r.get("name")
-                for r in devs.get("requests") or []
-                if int((r.get("exactly") or {}).get("count") or 1) > 1
+                r.name
+                for r in device_requests(c2["spec"])
+                if r.exactly is not None and r.exactly.count > 1
             ]
             cons = devs.setdefault("constraints", [])
             for n in names:

@@ -27,6 +27,7 @@ from typing import Any
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.api.deviceclass import MIG_DEVICE_CLASS_NAME
 from tessera.api.loader import Manifest
+from tessera.api.requests import device_requests
 
 NVIDIA_DRIVER = "gpu.nvidia.com"
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -247,11 +248,10 @@ def map_device_classes(
         unmapped: set[str] = set()
         used: list[ClassMapping] = []
         mapped_requests: set[str] = set()
-        for r in devices.get("requests") or []:
-            subs = [("", r["exactly"])] if r.get("exactly") else []
-            subs += [(s.get("name", ""), s) for s in r.get("firstAvailable") or []]
-            for sub_name, sub in subs:
-                cm = mappings.get(sub.get("deviceClassName"))
+        for r in device_requests(spec):
+            for alt in r.alternatives:
+                sub = alt.body  # the copy's own dict: rewritten in place
+                cm = mappings.get(alt.device_class_name)
                 if cm is None:
                     continue
                 sub["deviceClassName"] = cm.target
@@ -266,9 +266,8 @@ def map_device_classes(
                     sub["selectors"] = sels
                 changed.append(f"{cm.source} -> {cm.target}")
                 used.append(cm)
-                mapped_requests.add(r.get("name", ""))
-                if sub_name:
-                    mapped_requests.add(f"{r.get('name', '')}/{sub_name}")
+                mapped_requests.add(r.name)
+                mapped_requests.add(alt.name)  # the subrequest's "<request>/<sub>"
         for c in devices.get("constraints") or []:
             reqs = c.get("requests") or []
             if reqs and not any(q in mapped_requests for q in reqs):

@@ -39,6 +39,7 @@ from tessera.api.errors import ManifestError
 from tessera.api.heap import collector_paused
 from tessera.api.loader import CLUSTER_SCOPED_KINDS, Manifest
 from tessera.api.quantity import Quantity
+from tessera.api.requests import claim_requests, device_requests
 from tessera.api.uids import uuid5_url
 from tessera.api.validation import DRA_V1BETA2, check
 from tessera.api.workloads import foreign_workload
@@ -180,22 +181,9 @@ def _check_selectors(m: Manifest) -> None:
         places.append(("spec.selectors", spec.get("selectors")))
     else:
         base = "spec.spec" if m.kind == "ResourceClaimTemplate" else "spec"
-        cspec = (spec.get("spec") or {}) if m.kind == "ResourceClaimTemplate" else spec
-        for i, r in enumerate(((cspec.get("devices") or {}).get("requests")) or []):
-            if r.get("exactly"):
-                places.append(
-                    (
-                        f"{base}.devices.requests[{i}].exactly.selectors",
-                        r["exactly"].get("selectors"),
-                    )
-                )
-            for j, sub in enumerate(r.get("firstAvailable") or []):
-                places.append(
-                    (
-                        f"{base}.devices.requests[{i}].firstAvailable[{j}].selectors",
-                        sub.get("selectors"),
-                    )
-                )
+        for r in claim_requests(m.obj):
+            for alt in r.alternatives:
+                places.append((f"{base}.{alt.field}.selectors", alt.selectors))
     for where, sels in places:
         for k, sel in enumerate(sels or []):
             expr = ((sel or {}).get("cel") or {}).get("expression")
@@ -240,11 +228,10 @@ def whole_gpu_spec(spec: dict[str, Any]) -> dict[str, Any]:
     request stays as a selector (the device must have at least that much).
     """
     out = copy.deepcopy(spec)
-    for r in (out.get("devices") or {}).get("requests") or []:
-        for sub in ([r["exactly"]] if r.get("exactly") else []) + list(
-            r.get("firstAvailable") or []
-        ):
-            mem = ((sub.get("capacity") or {}).get("requests") or {}).get("memory")
+    for r in device_requests(out):
+        for alt in r.alternatives:
+            sub = alt.body  # the copy's own dict: rewritten in place
+            mem = (alt.capacity_requests or {}).get("memory")
             if mem is not None:
                 cap = f'device.capacity["{DRIVER_NAME}"].memory'
                 expr = f'has({cap}) && {cap}.compareTo(quantity("{Quantity.parse(mem).canonical()}")) >= 0'
@@ -482,24 +469,13 @@ class Simulation:
         for m in manifests:
             if m.kind not in ("ResourceClaim", "ResourceClaimTemplate"):
                 continue
-            spec = m.obj.get("spec") or {}
-            if m.kind == "ResourceClaimTemplate":
-                spec = spec.get("spec") or {}
             base = "spec.spec" if m.kind == "ResourceClaimTemplate" else "spec"
-            for i, r in enumerate((spec.get("devices") or {}).get("requests") or []):
-                alts = (
-                    [("exactly", r["exactly"])]
-                    if r.get("exactly")
-                    else [
-                        (f"firstAvailable[{j}]", s)
-                        for j, s in enumerate(r.get("firstAvailable") or [])
-                    ]
-                )
-                for where, sub in alts:
-                    cls = sub.get("deviceClassName")
+            for r in claim_requests(m.obj):
+                for alt in r.alternatives:
+                    cls = alt.device_class_name
                     if cls and cls not in self.classes:
                         self.warnings.append(
-                            f"{m.source}: {m.ref()}: {base}.devices.requests[{i}].{where}.deviceClassName: "
+                            f"{m.source}: {m.ref()}: {base}.{alt.field}.deviceClassName: "
                             f"DeviceClass {cls!r} does not exist: pods using it stay pending{self.class_hint(cls)}"
                         )
 
@@ -522,17 +498,11 @@ class Simulation:
         """PreFilter's check (validateDeviceClass): the first request of ``claims`` whose class
         does not exist, as kube-scheduler words it, or None."""
         for c in claims:
-            for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or []:
-                name = r.get("name", "")
-                alts = (
-                    [(name, r["exactly"])]
-                    if r.get("exactly")
-                    else [(f"{name}/{s.get('name', '')}", s) for s in r.get("firstAvailable") or []]
-                )
-                for req, sub in alts:
-                    cls = sub.get("deviceClassName") or ""
+            for r in device_requests(c.get("spec")):
+                for alt in r.alternatives:
+                    cls = alt.device_class_name
                     if cls and cls not in self.classes:
-                        return f"request {req}: device class {cls} does not exist"
+                        return f"request {alt.name}: device class {cls} does not exist"
         return None
 
     # ------------------------------------------------------------------------------------------
