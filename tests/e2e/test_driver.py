@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tessera.driver.backend import DRIVER_NATIVE, LIBRARY
-from tessera.driver.checkpoint import PREPARED
+from tessera.driver.checkpoint import ClaimState
 from tessera.driver.node import NodeDriver
 from tessera.driver.publish import TAINT_KEY
 from tessera.enforcement.layout import claims_dir
@@ -291,7 +291,7 @@ def test_prepare_writes_limits_region_cdi_and_unprepare_removes(
         "/dev/nvidia-uvm-tools",
     ]
     cp = json.loads((env.state_dir / "checkpoint.json").read_text())
-    assert cp["claims"][meta["uid"]]["state"] == PREPARED
+    assert cp["claims"][meta["uid"]]["state"] == ClaimState.PREPARED
     if os.environ.get("TESSERA_DRIVER_EXAMPLES"):  # docs/driver.md shows these files
         out = Path(os.environ["TESSERA_DRIVER_EXAMPLES"])
         out.mkdir(parents=True, exist_ok=True)

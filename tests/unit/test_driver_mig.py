@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from tessera.driver.backend import DRIVER_NATIVE, LIBRARY
+from tessera.driver.checkpoint import ClaimState
 from tessera.driver.discovery import GpuInstance, NodeGPU
 from tessera.driver.kubelet import ClaimRef
 from tessera.driver.mig import (
-    PREPARING,
     MigSlot,
     entry_slots,
     mig_cap_nodes,
@@ -284,7 +284,7 @@ def test_own_instances_are_the_placements_the_checkpoint_names() -> None:
         "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE",
         profile_id=19,
     )
-    mine = owned([{"state": PREPARING, "slots": [slot.to_json()]}])
+    mine = owned([{"state": ClaimState.PREPARING, "slots": [slot.to_json()]}])
     assert mine == {"GPU-a": {(19, 6, 1)}}
     migs = (
         MigDevice(0, "MIG-x", "1g.10gb", 9984 * MIB, 16, 3, 0),

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tessera.driver.backend import DRIVER_NATIVE, LIBRARY, BackendChoice, detect
-from tessera.driver.checkpoint import Checkpoint, CheckpointError
+from tessera.driver.checkpoint import Checkpoint, CheckpointError, ClaimState, claim_state
 from tessera.driver.kubelet import ClaimRef
 from tessera.driver.prepare import (
     ClaimError,
@@ -360,6 +360,17 @@ def test_checkpoint_round_trip_and_refuses_foreign_files(tmp_path: Path) -> None
     (tmp_path / "bad.json").write_text('{"version": 7}')
     with pytest.raises(CheckpointError, match="not a version 1 Tessera driver checkpoint"):
         Checkpoint(tmp_path / "bad.json")
+    # A state this driver does not know (a newer driver's) is refused, naming the entry.
+    (tmp_path / "newer.json").write_text(
+        '{"version": 1, "claims": {"u1": {"state": "prepared"}, "u2": {"state": "paused"}}}'
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=r"newer.json: claims\['u2'\].state: 'paused' is not one of prepared, preparing, unpreparing",
+    ):
+        Checkpoint(tmp_path / "newer.json")
+    again = Checkpoint(tmp_path / "checkpoint.json")
+    assert claim_state(again.get("b") or {}) is ClaimState.PREPARED
 
 
 def test_kubelet_version_comes_from_go_mod() -> None:

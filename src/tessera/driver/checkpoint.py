@@ -38,9 +38,11 @@ wrote. Callers serialize the changes of one claim themselves (the driver's claim
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +50,24 @@ from tessera.enforcement._files import write_atomic
 
 from .locks import FileLock
 
-PREPARED = "prepared"
 VERSION = 1
+
+
+class ClaimState(enum.StrEnum):
+    """An entry's ``state`` (written as its value)."""
+
+    #: Written before a claim's dynamic-MIG instances are created, with their ``slots``.
+    PREPARING = "preparing"
+    #: The claim's files exist and were answered to the kubelet.
+    PREPARED = "prepared"
+    #: Written before a claim's dynamic-MIG instances are destroyed.
+    UNPREPARING = "unpreparing"
+
+
+def claim_state(entry: Mapping[str, Any]) -> ClaimState:
+    """The :class:`ClaimState` of a checkpoint entry (entries are checked when the file is
+    read: every one has a known state)."""
+    return ClaimState(entry["state"])
 
 
 class CheckpointError(ValueError):
@@ -129,6 +147,16 @@ class Checkpoint:
         ):
             raise CheckpointError(f"{self.path}: not a version {VERSION} Tessera driver checkpoint")
         claims = doc["claims"]
+        known = {s.value for s in ClaimState}
+        for uid, entry in claims.items():
+            if not isinstance(entry, dict) or entry.get("state") not in known:
+                state = entry.get("state") if isinstance(entry, dict) else entry
+                raise CheckpointError(
+                    f"{self.path}: claims[{uid!r}].state: {state!r} is not one of "
+                    f"{', '.join(sorted(known))} (written by another driver version?); restore "
+                    "the driver version that wrote it, or move the file away to start with an "
+                    "empty state"
+                )
         encoded = {
             u: json.dumps(e, sort_keys=True, separators=(",", ":")) for u, e in claims.items()
         }

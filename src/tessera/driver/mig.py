@@ -42,9 +42,6 @@ from .discovery import GpuInstance, NodeGPU, _gpu_instances, _s
 #: Where the NVIDIA driver lists the MIG capability devices' minor numbers.
 MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
 
-PREPARING = "preparing"
-UNPREPARING = "unpreparing"
-
 
 class MigError(Exception):
     """An NVML MIG operation failed; the message is one line naming the GPU and placement."""

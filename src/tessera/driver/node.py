@@ -72,7 +72,7 @@ from tessera.kube.client import ApiError, KubeClient
 
 from . import backend as backends
 from . import guard
-from .checkpoint import PREPARED, Checkpoint, CheckpointError
+from .checkpoint import Checkpoint, CheckpointError, ClaimState, claim_state
 from .discovery import (
     DiscoveryError,
     Inventory,
@@ -87,8 +87,6 @@ from .kubelet import ClaimRef, PluginServers, PrepareResult
 from .locks import FileLock, InstanceLock
 from .mig import (
     MIG_MINORS,
-    PREPARING,
-    UNPREPARING,
     MigError,
     MigOps,
     MigSlot,
@@ -536,7 +534,7 @@ class NodeDriver:
         others = {
             s.key
             for u, e in self.checkpoint.entries().items()
-            if u != uid and e.get("state") in (PREPARING, PREPARED)
+            if u != uid and claim_state(e) in (ClaimState.PREPARING, ClaimState.PREPARED)
             for s in entry_slots(e)
         }
         gone = []
@@ -557,7 +555,10 @@ class NodeDriver:
         assert self.checkpoint is not None and self.mig is not None
         changed = False
         for uid, listed in self.checkpoint.entries().items():
-            if listed.get("state") not in (PREPARING, UNPREPARING) or not entry_slots(listed):
+            if claim_state(listed) not in (
+                ClaimState.PREPARING,
+                ClaimState.UNPREPARING,
+            ) or not entry_slots(listed):
                 continue
             lk = self._lock_for(uid)
             if not lk.acquire(blocking=False):
@@ -576,11 +577,15 @@ class NodeDriver:
         if entry is None:
             return False
         slots = entry_slots(entry)
-        state = entry.get("state")
-        if state not in (PREPARING, UNPREPARING) or not slots:
+        state = claim_state(entry)
+        if state not in (ClaimState.PREPARING, ClaimState.UNPREPARING) or not slots:
             return False
         ref = ClaimRef(**entry["claim"])
-        why = "its unprepare was interrupted" if state == UNPREPARING else self._claim_gone(ref)
+        why = (
+            "its unprepare was interrupted"
+            if state == ClaimState.UNPREPARING
+            else self._claim_gone(ref)
+        )
         if why is None:
             have = [s for s in slots if self.mig.find(s) is not None]
             self.log(
@@ -613,7 +618,7 @@ class NodeDriver:
         now = time.time()
         for uid, entry in self.checkpoint.entries().items():
             if (
-                entry.get("state") != PREPARING
+                claim_state(entry) != ClaimState.PREPARING
                 or now - float(entry.get("since", now)) < STALE_PREPARE_SECONDS
             ):
                 continue
@@ -622,7 +627,7 @@ class NodeDriver:
                 continue  # a prepare or unprepare of it is running
             try:
                 entry2 = self.checkpoint.get(uid)
-                if entry2 is None or entry2.get("state") != PREPARING:
+                if entry2 is None or claim_state(entry2) != ClaimState.PREPARING:
                     continue
                 ref = ClaimRef(**entry2["claim"])
                 why = self._claim_gone(ref)
@@ -665,7 +670,7 @@ class NodeDriver:
         locks: list[FileLock] = []
         try:
             for uid, entry in sorted(self.checkpoint.entries().items()):
-                if entry.get("state") != PREPARED:
+                if claim_state(entry) != ClaimState.PREPARED:
                     continue
                 plan = ClaimPlan.from_json(entry["plan"])
                 why = plan_stale(plan, gpus)
@@ -682,7 +687,7 @@ class NodeDriver:
                 kept = [m for m in plan.mig if m.gpu_uuid in gpus]
                 if kept:
                     put[uid] = {
-                        "state": PREPARING,
+                        "state": ClaimState.PREPARING.value,
                         "since": time.time(),
                         "claim": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
                         "slots": [
@@ -717,7 +722,9 @@ class NodeDriver:
         only when no other instance runs (:attr:`alone`): another's may be in flight."""
         assert self.checkpoint is not None
         # Only prepared claims have files; an interrupted prepare writes them again.
-        known = {u for u, e in self.checkpoint.entries().items() if e.get("state") == PREPARED}
+        known = {
+            u for u, e in self.checkpoint.entries().items() if claim_state(e) == ClaimState.PREPARED
+        }
         removed = []
         prefix = f"{self.cfg.driver}-claim_"
         leftovers: set[str] = set()
@@ -748,7 +755,7 @@ class NodeDriver:
                 continue
             try:
                 entry = self.checkpoint.get(uid)
-                if entry is None or entry.get("state") != PREPARED:
+                if entry is None or claim_state(entry) != ClaimState.PREPARED:
                     remove_files(uid, self.layout)
                     removed.append(f"claim {uid}")
             finally:
@@ -773,7 +780,7 @@ class NodeDriver:
                 entry = self.checkpoint.get(uid)
                 if (
                     entry is not None
-                    and entry.get("state") == PREPARED
+                    and claim_state(entry) == ClaimState.PREPARED
                     and materialize(ClaimPlan.from_json(entry["plan"]), self.layout)
                 ):
                     repaired.append(uid)
@@ -844,7 +851,7 @@ class NodeDriver:
         fetched: dict[str, dict[str, Any]] = {}
         for ref in claims:
             entry = self.checkpoint.get(ref.uid)
-            if entry is not None and entry.get("state") == PREPARED:
+            if entry is not None and claim_state(entry) == ClaimState.PREPARED:
                 continue  # prepared before: the recorded plan is used
             try:
                 fetched[ref.uid] = self.read_claim(ref)
@@ -876,10 +883,10 @@ class NodeDriver:
             pending: dict[str, ClaimPlan] = {}
             for ref in todo:
                 entry = self.checkpoint.get(ref.uid)
-                if entry is not None and entry.get("state") == PREPARED:
+                if entry is not None and claim_state(entry) == ClaimState.PREPARED:
                     plans[ref.uid] = ClaimPlan.from_json(entry["plan"])
                     continue
-                if entry is not None and entry.get("state") == UNPREPARING:
+                if entry is not None and claim_state(entry) == ClaimState.UNPREPARING:
                     err = self._unprepare_one(ref, entry)  # finish it before preparing again
                     if err:
                         out[ref.uid] = PrepareResult(error=err)
@@ -907,13 +914,13 @@ class NodeDriver:
                     pending[ref.uid] = plan
                     continue
                 plans[ref.uid] = plan
-                new[ref.uid] = {"state": PREPARED, "plan": plan.to_json()}
+                new[ref.uid] = {"state": ClaimState.PREPARED.value, "plan": plan.to_json()}
             if pending:
                 for uid, plan in self._make_instances(
                     pending, fetched, devices, minors, out
                 ).items():
                     plans[uid] = plan
-                    new[uid] = {"state": PREPARED, "plan": plan.to_json()}
+                    new[uid] = {"state": ClaimState.PREPARED.value, "plan": plan.to_json()}
             for uid, plan in list(plans.items()):
                 try:
                     materialize(plan, self.layout)
@@ -980,7 +987,7 @@ class NodeDriver:
         shared_users = {
             s.key
             for e in entries.values()
-            if e.get("state") in (PREPARING, PREPARED)
+            if claim_state(e) in (ClaimState.PREPARING, ClaimState.PREPARED)
             for s in entry_slots(e)
             if s.shared
         }
@@ -1036,7 +1043,7 @@ class NodeDriver:
             entry = self.checkpoint.get(uid)
             prior = (
                 entry_slots(entry)
-                if entry is not None and entry.get("state") == PREPARING
+                if entry is not None and claim_state(entry) == ClaimState.PREPARING
                 else None
             )
             if prior is not None and {s.key for s in prior} != {s.key for s in slots}:
@@ -1055,7 +1062,7 @@ class NodeDriver:
                     continue
             resolved[uid] = slots
             intents[uid] = {
-                "state": PREPARING,
+                "state": ClaimState.PREPARING.value,
                 "since": time.time(),
                 "claim": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
                 "slots": [s.to_json() for s in slots],
@@ -1113,11 +1120,11 @@ class NodeDriver:
         claim's lock held."""
         assert self.checkpoint is not None
         slots = entry_slots(entry)
-        if slots and entry.get("state") != UNPREPARING:
+        if slots and claim_state(entry) != ClaimState.UNPREPARING:
             self.checkpoint.update(
                 put={
                     ref.uid: {
-                        "state": UNPREPARING,
+                        "state": ClaimState.UNPREPARING.value,
                         "claim": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
                         "slots": [s.to_json() for s in slots],
                     }
@@ -1174,7 +1181,7 @@ class NodeDriver:
         plans = [
             ClaimPlan.from_json(e["plan"])
             for e in self.checkpoint.entries().values()
-            if e.get("state") == PREPARED and e.get("plan")
+            if claim_state(e) == ClaimState.PREPARED and e.get("plan")
         ]
         try:
             write_node_shares(self.layout, plans)
@@ -1331,7 +1338,9 @@ class NodeDriver:
             "registrationError": self.servers.registration_error if self.servers else "",
             "firstPublishSeconds": self.stats.first_publish,
             "preparedClaims": sum(
-                1 for e in self.checkpoint.entries().values() if e.get("state") == PREPARED
+                1
+                for e in self.checkpoint.entries().values()
+                if claim_state(e) == ClaimState.PREPARED
             )
             if self.checkpoint
             else 0,
