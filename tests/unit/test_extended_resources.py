@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from tessera.api.deviceclass import served_extended_resources
 from tessera.api.loader import Manifest, Source
 from tessera.cli import main
-from tessera.explain.lint import lint
+from tessera.lint import lint
 from tessera.scheduler.extended import extended_requests
 from tessera.sim.cluster import Cluster, SimNode
 from tessera.sim.simulate import Simulation

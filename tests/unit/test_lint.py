@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from tessera.api.loader import Manifest, Source, load_files
 from tessera.cli import main
 from tessera.cli._common import examples_dir
-from tessera.explain.lint import LintWorld, lint
+from tessera.lint import LintWorld, lint
 from tessera.sim.cluster import load_cluster
 
 
@@ -101,7 +101,7 @@ def test_a_prepared_world_gives_the_same_findings(corpus: Path) -> None:
 def test_a_long_lived_world_keeps_its_caches_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """The webhook's world lives until the slices change and sees every user's selectors: its
     findings cache starts again past FINDINGS_CACHE, and the findings stay right."""
-    import tessera.explain.lint as lint_mod
+    import tessera.lint.checks as lint_mod
 
     monkeypatch.setattr(lint_mod, "FINDINGS_CACHE", 2)
     slices = [s for n in load_cluster(examples_dir() / "cluster.yaml").nodes for s in n.slices]

@@ -19,7 +19,6 @@ from tessera.api.loader import Manifest, Source
 from tessera.api.slice_validation import validate_resource_slice
 from tessera.cli import main
 from tessera.explain.explain import explain
-from tessera.explain.lint import lint
 from tessera.inventory import (
     GPU,
     MalformedInputError,
@@ -43,6 +42,7 @@ from tessera.inventory.mig import (
     mig_placement,
     parse_dynamic_mig,
 )
+from tessera.lint import lint
 from tessera.sim.cluster import Cluster, SimNode, load_cluster
 from tessera.sim.simulate import SimResult, Simulation
 

@@ -16,7 +16,7 @@ from tessera.api.loader import WORKLOAD_KINDS, Manifest, Source
 from tessera.api.workloads import POD_TEMPLATE_PATHS
 from tessera.cli import main
 from tessera.convert import manifests as convert_manifests
-from tessera.explain.lint import lint
+from tessera.lint import lint
 
 H100 = "inventories/gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-80GB-HBM3.txt"
 A10 = "inventories/gpud__nvidia-query_testdata__nvidia-smi-q.535.129.03.A10.txt"

@@ -123,7 +123,7 @@ def lint(
     template; one line each on stderr, after the findings of the others).
     """
     from tessera.api.loader import ReadBudget, is_directory, load_file, load_files, manifest_files
-    from tessera.explain.lint import lint as run_lint
+    from tessera.lint import lint as run_lint
     from tessera.sim.cluster import load_cluster
 
     limits = limits_from(max_input_size, max_pods)

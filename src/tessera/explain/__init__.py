@@ -1,2 +1,2 @@
-"""``tessera explain`` (why a pod or claim is pending, per node and device) and ``tessera lint``
-(mistakes in DeviceClasses, claims and templates before they are applied)."""
+"""``tessera explain``: why a pod or claim is pending, per node and device (``tessera lint``
+is :mod:`tessera.lint`)."""

@@ -50,7 +50,7 @@ from tessera.api.errors import TesseraError
 from tessera.api.loader import Manifest
 from tessera.api.quantity import Quantity
 from tessera.cel import CelCompileError, CelRuntimeError, compile_selector
-from tessera.explain import celtools
+from tessera.cel import reading as celtools
 from tessera.scheduler.claims import pod_claim_name
 from tessera.scheduler.nodes import node_refusal
 from tessera.scheduler.policies import rank_text

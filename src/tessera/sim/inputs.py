@@ -17,15 +17,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
 
-from tessera.api.errors import ManifestError, TesseraError
 from tessera.api.loader import Manifest
+from tessera.inventory.node import node_register_slices
 from tessera.sim.cluster import SimNode
 
-HAMI_REGISTER = "hami.io/node-nvidia-register"
-#: Node annotation, comma UUIDs: HAMi places nothing new on these GPUs (v2.10).
-HAMI_CORDON = "hami.io/device-cordon"
 HAMI_VGPU_NODE = "hami.io/vgpu-node"
 HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
 HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
@@ -37,12 +33,10 @@ VOLCANO_ALLOCATED = "volcano.sh/vgpu-ids-new"
 
 def node_from_object(m: Manifest) -> SimNode:
     """A simulated node from a ``v1`` Node object (validated): name, labels, taints, and the
-    ResourceSlices of its HAMi register annotation (none without it), the GPUs HAMi's
-    ``hami.io/device-cordon`` lists tainted ``hami.io/device-cordon:NoSchedule``. Raises
-    :class:`ManifestError` naming the annotation when it is not a readable inventory."""
-    from tessera.inventory import build_resource_slices, parse_inventory
-    from tessera.inventory.errors import InventoryError
-
+    ResourceSlices of its HAMi register annotation
+    (:func:`tessera.inventory.node.node_register_slices`: none without it, cordoned GPUs
+    tainted). Raises :class:`ManifestError` naming the annotation when it is not a readable
+    inventory."""
     md = m.obj.get("metadata") or {}
     name = str(md.get("name") or "")
     labels = {str(k): str(v) for k, v in (md.get("labels") or {}).items()}
@@ -51,31 +45,7 @@ def node_from_object(m: Manifest) -> SimNode:
         {k: str(t[k]) for k in ("key", "value", "effect") if t.get(k) is not None}
         for t in (m.obj.get("spec") or {}).get("taints") or []
     ]
-    annotations = md.get("annotations") or {}
-    register = annotations.get(HAMI_REGISTER)
-    slices: list[dict[str, Any]] = []
-    # A cordoned GPU keeps what it holds and takes nothing new: a NoSchedule device taint.
-    cordon = {
-        u.strip(): [{"key": HAMI_CORDON, "effect": "NoSchedule"}]
-        for u in str(annotations.get(HAMI_CORDON) or "").split(",")
-        if u.strip()
-    }
-    if register:
-        where = f"{m.source}: {m.ref()}: metadata.annotations[{HAMI_REGISTER}]"
-        try:
-            gpus = parse_inventory(str(register), where)
-            slices = build_resource_slices(name, gpus, taints=cordon)
-        except TesseraError as e:
-            # The annotation's own location is this field: keep only the problem.
-            problem = e.problem if isinstance(e, InventoryError) else str(e)
-            raise ManifestError(
-                problem.removeprefix(f"{where}: "),
-                file=m.source.file,
-                doc=m.source.doc,
-                obj=m.ref(),
-                field=f"metadata.annotations[{HAMI_REGISTER}]",
-            ) from None
-    return SimNode(name, labels, slices, f"{m.source}", taints)
+    return SimNode(name, labels, node_register_slices(m), f"{m.source}", taints)
 
 
 def _allocated_uuids(value: str) -> list[str]:

@@ -46,7 +46,7 @@ from tessera.convert import (
     hami,
     mentions_hami,
 )
-from tessera.explain.lint import LintWorld, lint
+from tessera.lint import LintWorld, lint
 from tessera.webhook.templates import HASH_LABEL, hashed_template
 
 ADMISSION_VERSION = "admission.k8s.io/v1"

@@ -52,7 +52,7 @@ from tessera.cel import (
     check_selector,
     compile_selector,
 )
-from tessera.explain import celtools
+from tessera.cel import reading as celtools
 
 # Tessera's published device schema (src/tessera/inventory/slices.py): what a selector can read
 # on a gpu.tessera.dev device, used when no cluster is given. Full GPUs and MIG devices differ.
@@ -282,12 +282,12 @@ def lint(
 
 def _check_hami_node(add: Any, m: Manifest) -> None:
     """A Node's HAMi register annotation, read as ``simulate`` reads it (one judgement:
-    :func:`tessera.sim.inputs.node_from_object`)."""
+    :func:`tessera.inventory.node.node_register_slices`)."""
     from tessera.api.errors import ManifestError
-    from tessera.sim.inputs import node_from_object
+    from tessera.inventory.node import node_register_slices
 
     try:
-        node_from_object(m)
+        node_register_slices(m)
     except ManifestError as e:
         add(
             e.field or "metadata.annotations",
