@@ -17,7 +17,7 @@ from tessera.api.loader import Manifest, Source, expand_workloads, load_file, pa
 from tessera.cli import main
 from tessera.explain.explain import explain, render_text
 from tessera.sim.cluster import Cluster, SimNode
-from tessera.sim.simulate import Simulation
+from tessera.sim.simulate import PendingCause, Simulation
 
 D = "dra-manifests"
 RULE_FILE = "dra-example-driver__demo_examples_device-taints-tolerations__noexecute_3-device-taint-rule.yaml"
@@ -350,6 +350,7 @@ def test_a_pod_the_eviction_controller_deletes_never_runs(
         )
         for p in ("pod0", "pod1")
     ]
+    assert [p.cause for p in res.pending] == [PendingCause.EVICTED] * 2
     exp = explain(worker(), ms + docs(rule("{}", effect="NoExecute")), f"{NS}/pod0")
     assert exp.status == "pending" and exp.nodes[0].verdict == "fits"
     assert any(

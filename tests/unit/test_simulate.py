@@ -7,7 +7,7 @@ from typing import Any
 
 from tessera.api.loader import Manifest, Source, expand_workloads, load_file, parse_documents
 from tessera.sim.cluster import Cluster, SimNode
-from tessera.sim.simulate import Simulation
+from tessera.sim.simulate import PendingCause, Simulation
 
 MiB = 2**20
 
@@ -293,6 +293,7 @@ def test_foreign_device_classes_leave_only_their_pods_pending(corpus: Path) -> N
         ("net-consumable-capacity/pod0", nic),
         ("net-consumable-capacity/pod1", nic),
     ]
+    assert [p.cause for p in res.pending] == [PendingCause.MISSING_CLASS] * 4
     assert (
         sum(
             "DeviceClass 'gpu.nvidia.com' does not exist: pods using it stay pending" in w

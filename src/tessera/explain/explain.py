@@ -59,6 +59,7 @@ from tessera.sim.reasons import needs_text
 from tessera.sim.simulate import (
     EXTENDED_POD_CLAIM,
     Choice,
+    PendingCause,
     SimResult,
     Simulation,
 )
@@ -779,7 +780,8 @@ def _explain_pod(
             )
         return exp
     todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
-    if ", then evicted: " in exp.reason:
+    cause = next((p.cause for p in result.pending if p.pod == ref), None)
+    if cause is PendingCause.EVICTED:
         exp.notes.append(
             "the claims fit (below), but the pod would not run: kube-scheduler binds it and the device taint "
             "eviction controller deletes it; a request toleration with effect NoExecute for the taint keeps it "
@@ -797,7 +799,7 @@ def _explain_pod(
         if rec is not None:
             recs.append((rec, todo))
     exp.wants = cluster_wants(recs)
-    if exp.reason.startswith("allocation error"):
+    if cause is PendingCause.ALLOCATION_ERROR:
         exp.notes.append(
             "an allocator error (not 'no room') stops scheduling of the pod on every node: the scheduler retries it "
             "with backoff and it stays pending until the error is fixed (dra-spec.md 3.2)"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import enum
 import json
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -90,7 +91,7 @@ class _SpecFacts:
     """What a tuple of claim specs alone decides (see Simulation._spec_facts)."""
 
     specs: list[Any]  # kept: the ids of the memo's key stay theirs
-    missing_class: str | None
+    missing_class: MissingClass | None
     top_score: int
     signature_known: bool = False  # _signature is worked out where the scan needs it
     signature: str | None = None
@@ -113,14 +114,64 @@ class Placement:
     share_id: str | None
 
 
+class PendingCause(enum.Enum):
+    """What kept a pod from running, beside the words of its ``reason``."""
+
+    #: No node may take it (kube-scheduler's FitError or PreFilter reason; claims missing).
+    UNSCHEDULABLE = "unschedulable"
+    #: A request names a DeviceClass that does not exist (PreFilter; no node is tried).
+    MISSING_CLASS = "missing-class"
+    #: The allocator stopped with an error (a CEL runtime error, a disabled feature).
+    ALLOCATION_ERROR = "allocation-error"
+    #: It fits, but the device taint eviction controller deletes it once bound.
+    EVICTED = "evicted"
+
+
 @dataclass(slots=True)
 class Pending:
+    """A pod left pending: ``pod`` (``namespace/name``), ``reason`` (its PodScheduled
+    condition's message) and the ``cause``."""
+
     pod: str
     reason: str
+    cause: PendingCause = PendingCause.UNSCHEDULABLE
 
 
-#: _try_node's answer when only tiers no better than the best so far fit (not a refusal).
-_NOT_BETTER = "not better than the best placement so far"
+@dataclass(frozen=True, slots=True)
+class Unfit:
+    """Why a node cannot take a pod: ``reason``, kube-scheduler's words for it in a FitError
+    (``0/N nodes are available: <count> <reason>``), and ``devices``: whether the claims'
+    devices decided it (the allocator found no allocation, or only invalid pools), rather than
+    a node filter. Only such refusals are memoised per claim shape and explained per request
+    in the pending reason."""
+
+    reason: str
+    devices: bool
+
+
+#: The DynamicResources plugin's reason where the claims find no allocation on the node.
+CANNOT_ALLOCATE = Unfit("cannot allocate all claims", devices=True)
+
+
+@dataclass(frozen=True, slots=True)
+class MissingClass:
+    """A request naming a DeviceClass that does not exist (PreFilter's validateDeviceClass):
+    the request's name (``<request>/<subrequest>`` for a subrequest) and the class."""
+
+    request: str
+    device_class: str
+
+    @property
+    def reason(self) -> str:
+        """kube-scheduler's words for it."""
+        return f"request {self.request}: device class {self.device_class} does not exist"
+
+
+class _NotBetter:
+    """_try_node's answer when only tiers no better than the best so far fit (not a refusal)."""
+
+
+_NOT_BETTER = _NotBetter()
 
 
 @dataclass(slots=True)
@@ -391,11 +442,12 @@ class Simulation:
             self.state.add_claim(c)
         # Allocations are only ever added here, never released, so a node that cannot satisfy
         # a set of claim specs now never will: per pod shape, the first node still worth trying.
-        self._cursor: dict[str | None, tuple[int, dict[str, int]]] = {}
-        self._unsat: list[dict[str, str]] = [{} for _ in self.nodes]
+        self._cursor: dict[str | None, tuple[int, dict[Unfit, int]]] = {}
+        self._unsat: list[dict[str, Unfit]] = [{} for _ in self.nodes]
         self._node_usage: list[Fraction] = [Fraction(0) for _ in self.nodes]
         self._usage_stale: set[int] = set()
         self._placed = 0
+        self._cause = PendingCause.UNSCHEDULABLE  # _schedule's last pending pod's
         self._tier = 0  # the topology tier _try_node reached
         #: With ``record_choices`` (explain sets it), each scheduled pod's :class:`Choice`.
         self.record_choices = False
@@ -494,15 +546,15 @@ class Simulation:
             f"{cls}=CLASS)"
         )
 
-    def missing_class(self, claims: Sequence[dict[str, Any]]) -> str | None:
+    def missing_class(self, claims: Sequence[dict[str, Any]]) -> MissingClass | None:
         """PreFilter's check (validateDeviceClass): the first request of ``claims`` whose class
-        does not exist, as kube-scheduler words it, or None."""
+        does not exist, or None."""
         for c in claims:
             for r in device_requests(c.get("spec")):
                 for alt in r.alternatives:
                     cls = alt.device_class_name
                     if cls and cls not in self.classes:
-                        return f"request {alt.name}: device class {cls} does not exist"
+                        return MissingClass(alt.name, cls)
         return None
 
     # ------------------------------------------------------------------------------------------
@@ -564,7 +616,7 @@ class Simulation:
                 node, reason, claims = self._schedule(pod, ref, policy)
                 generated = self._claim_statuses(pod)
                 if node is None:
-                    pending.append(Pending(ref, reason))
+                    pending.append(Pending(ref, reason, self._cause))
                     pod["status"] = {
                         "phase": "Pending",
                         "conditions": [
@@ -762,6 +814,9 @@ class Simulation:
     def _schedule(
         self, pod: dict[str, Any], ref: str, policy: PodPolicy
     ) -> tuple[str | None, str, list[tuple[str, dict[str, Any]]]]:
+        """``(node, "", claims)`` for a pod placed on ``node``; ``(None, reason, claims)`` for
+        one left pending, its cause in ``self._cause``."""
+        self._cause = PendingCause.UNSCHEDULABLE
         ext = extended_requests(pod, self.served)
         if ext.unserved:
             n = len(self.nodes)
@@ -780,13 +835,10 @@ class Simulation:
         done = [c for _, c in claims if (c.get("status") or {}).get("allocation")]
         specs = self._spec_facts(todo)
         missing = specs.missing_class
-        if missing:
-            cls = missing.rpartition("device class ")[2].removesuffix(" does not exist")
-            return (
-                None,
-                f"0/{len(self.nodes)} nodes are available: {missing}.{self.class_hint(cls)}",
-                claims,
-            )
+        if missing is not None:
+            hint = self.class_hint(missing.device_class)
+            self._cause = PendingCause.MISSING_CLASS
+            return None, f"0/{len(self.nodes)} nodes are available: {missing.reason}.{hint}", claims
         for c in done:
             rf = (c.get("status") or {}).get("reservedFor") or []
             if len(rf) >= 256 and not any(r.get("name") == _name(pod) for r in rf):
@@ -843,21 +895,20 @@ class Simulation:
                 known is not None
                 and node_refusal(pod, node, self.taints.get(node.name, ()), done) is None
             ):
-                why: str | AllocationError | list[dict[str, Any]] = known
+                why: Unfit | _NotBetter | AllocationError | list[dict[str, Any]] = known
             else:
                 why = self._try_node(
                     pod, node, todo, done, policy, best[0].tier if best and tiers else None
                 )
-                if why is _NOT_BETTER:
+                if isinstance(why, _NotBetter):
                     continue
                 if isinstance(why, NodeAllocationError):
                     # Upstream's ErrFailedAllocationOnNode: this node's reason, not the pod's.
-                    why = str(why)
-                    if sig is not None:
-                        self._unsat[i][sig] = why
-                elif why == "cannot allocate all claims" and sig is not None:
+                    why = Unfit(str(why), devices=True)
+                if isinstance(why, Unfit) and why.devices and sig is not None:
                     self._unsat[i][sig] = why
             if isinstance(why, AllocationError):
+                self._cause = PendingCause.ALLOCATION_ERROR
                 return None, f"allocation error: {why}", claims
             if isinstance(why, list):
                 # Other node policies take their first fit: the score counts under first-fit.
@@ -874,6 +925,7 @@ class Simulation:
                 if best[0].tier == 0 and (score >= top or not first_fit):
                     break
                 continue
+            assert isinstance(why, Unfit)  # _NOT_BETTER went on above
             counts[why] = counts.get(why, 0) + 1
             if prefix and key is not None:
                 self._cursor[key] = (i + 1, dict(counts))
@@ -886,6 +938,7 @@ class Simulation:
             if why_evicted is not None:
                 # kube-scheduler binds the pod, the eviction controller deletes it: it never
                 # runs, and its template claims go with it (nothing stays allocated).
+                self._cause = PendingCause.EVICTED
                 return None, f"scheduled on {node.name}, then evicted: {why_evicted}", claims
             for c, res in zip(todo, results, strict=True):
                 c["status"] = {"allocation": res}
@@ -899,15 +952,13 @@ class Simulation:
                     rf.append({"resource": "pods", "name": _name(pod), "uid": uid})
             return node.name, "", claims
         # kube-scheduler's FitError: "N reason" strings, sorted as strings.
-        parts = ", ".join(sorted(f"{v} {k}" for k, v in counts.items()))
+        parts = ", ".join(sorted(f"{v} {k.reason}" for k, v in counts.items()))
         msg = (
             f"0/{n_total} nodes are available: {parts}."
             if parts
             else f"0/{n_total} nodes are available."
         )
-        if counts.get("cannot allocate all claims") or counts.get(
-            "invalid resource pools were encountered"
-        ):
+        if any(k.devices for k in counts):
             self._to_explain[ref] = (pod, todo, done)
         return None, msg, claims
 
@@ -945,14 +996,14 @@ class Simulation:
         done: list[dict[str, Any]],
         policy: PodPolicy,
         below_tier: int | None = None,
-    ) -> str | AllocationError | list[dict[str, Any]]:
+    ) -> Unfit | _NotBetter | AllocationError | list[dict[str, Any]]:
         """The allocation results of ``todo`` on ``node`` (one per claim, nothing recorded yet);
-        else the scheduler's reason (or error). Under the topology GPU policy the tier reached
+        else why the node cannot take the pod (or the allocator's error). Under the topology GPU policy the tier reached
         is left in ``self._tier``; ``below_tier``: try only the tiers better than it, and
         return :data:`_NOT_BETTER` when none fits."""
         refusal = node_refusal(pod, node, self.taints.get(node.name, ()), done)
         if refusal is not None:
-            return refusal.reason
+            return Unfit(refusal.reason, devices=False)
         rank = device_rank(policy.gpus, self.state)
         variants = topology_variants(todo) if policy.gpus == "topology" else [todo]
         if below_tier is not None:
@@ -969,7 +1020,7 @@ class Simulation:
         except AllocationError as e:
             return e
         if results is None:
-            return _NOT_BETTER if below_tier is not None else "cannot allocate all claims"
+            return _NOT_BETTER if below_tier is not None else CANNOT_ALLOCATE
         return list(results)
 
     # ------------------------------------------------------------------------------------------
