@@ -38,6 +38,11 @@ _DEVICE_FIELDS = {
 _NODE_SELECTION = ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
 
 
+#: One problem of a slice: ``(field path, what is wrong)``, e.g.
+#: ``("spec.devices[0].name", "'GPU' is not a DNS label ...")``.
+SliceProblem = tuple[str, str]
+
+
 def is_dns_label(s: object) -> bool:
     """RFC 1123 label: lower-case alphanumerics and '-', at most 63 characters."""
     return isinstance(s, str) and len(s) <= 63 and bool(_LABEL.match(s))
@@ -64,84 +69,86 @@ def qualified_name_problem(name: object) -> str | None:
     return None
 
 
-def _quantity(v: Any, path: str, out: list[str]) -> Quantity | None:
+def _quantity(v: Any, path: str, out: list[SliceProblem]) -> Quantity | None:
     try:
         q = Quantity.parse(v)
     except QuantityError as err:
-        out.append(f"{path}: {err}")
+        out.append((path, str(err)))
         return None
     if q.sign() < 0:
-        out.append(f"{path}: must not be negative")
+        out.append((path, "must not be negative"))
         return None
     return q
 
 
-def _attribute(name: str, attr: Any, path: str, out: list[str]) -> int:
+def _attribute(name: str, attr: Any, path: str, out: list[SliceProblem]) -> int:
     """Check one attribute; returns how many values it carries."""
     if not isinstance(attr, dict):
-        out.append(f"{path}: must be a map with one of int, bool, string, version")
+        out.append((path, "must be a map with one of int, bool, string, version"))
         return 0
     kinds = [k for k in attr if k in _SCALAR_TYPES + _LIST_TYPES]
     extra = [k for k in attr if k not in _SCALAR_TYPES + _LIST_TYPES]
     if extra:
-        out.append(f"{path}: unknown field(s) {sorted(extra)}")
+        out.append((path, f"unknown field(s) {sorted(extra)}"))
     if len(kinds) != 1:
-        out.append(f"{path}: exactly one of int, bool, string, version must be set (found {kinds})")
+        out.append((path, f"exactly one of int, bool, string, version must be set (found {kinds})"))
         return 0
     kind = kinds[0]
     values = attr[kind] if kind in _LIST_TYPES else [attr[kind]]
     if kind in _LIST_TYPES and (not isinstance(values, list) or not values):
-        out.append(f"{path}.{kind}: must be a non-empty list")
+        out.append((f"{path}.{kind}", "must be a non-empty list"))
         return 0
     scalar = kind.rstrip("s") if kind in _LIST_TYPES else kind
     for v in values:
         if scalar == "int":
             if not isinstance(v, int) or isinstance(v, bool) or not INT64[0] <= v <= INT64[1]:
-                out.append(f"{path}.{kind}: {v!r} is not an int64")
+                out.append((f"{path}.{kind}", f"{v!r} is not an int64"))
         elif scalar == "bool":
             if not isinstance(v, bool):
-                out.append(f"{path}.{kind}: {v!r} is not a bool")
+                out.append((f"{path}.{kind}", f"{v!r} is not a bool"))
         elif not isinstance(v, str):
-            out.append(f"{path}.{kind}: {v!r} is not a string")
+            out.append((f"{path}.{kind}", f"{v!r} is not a string"))
         elif len(v) > MAX_STRING:
-            out.append(f"{path}.{kind}: longer than {MAX_STRING} characters ({len(v)})")
+            out.append((f"{path}.{kind}", f"longer than {MAX_STRING} characters ({len(v)})"))
         elif scalar == "version" and not SEMVER.match(v):
-            out.append(f"{path}.{kind}: {v!r} is not a semantic version 2.0.0 (e.g. 535.161.8)")
+            out.append(
+                (f"{path}.{kind}", f"{v!r} is not a semantic version 2.0.0 (e.g. 535.161.8)")
+            )
     return len(values)
 
 
-def _policy(policy: Any, value: Quantity, path: str, out: list[str]) -> None:
+def _policy(policy: Any, value: Quantity, path: str, out: list[SliceProblem]) -> None:
     if not isinstance(policy, dict):
-        out.append(f"{path}: must be a map")
+        out.append((path, "must be a map"))
         return
     unknown = set(policy) - {"default", "validValues", "validRange"}
     if unknown:
-        out.append(f"{path}: unknown field(s) {sorted(unknown)}")
+        out.append((path, f"unknown field(s) {sorted(unknown)}"))
     default = _quantity(policy["default"], f"{path}.default", out) if "default" in policy else None
     if "validValues" in policy and "validRange" in policy:
-        out.append(f"{path}: validValues and validRange are mutually exclusive")
+        out.append((path, "validValues and validRange are mutually exclusive"))
     if ("validValues" in policy or "validRange" in policy) and "default" not in policy:
-        out.append(f"{path}.default: required when validValues or validRange is set")
+        out.append((f"{path}.default", "required when validValues or validRange is set"))
     if default is not None and default > value:
-        out.append(f"{path}.default: {default.canonical()} exceeds the capacity value")
+        out.append((f"{path}.default", f"{default.canonical()} exceeds the capacity value"))
     if "validValues" in policy:
         vals = policy["validValues"]
         if not isinstance(vals, list) or not vals or len(vals) > MAX_VALID_VALUES:
-            out.append(f"{path}.validValues: must list 1..{MAX_VALID_VALUES} quantities")
+            out.append((f"{path}.validValues", f"must list 1..{MAX_VALID_VALUES} quantities"))
             return
         qs = [_quantity(v, f"{path}.validValues[{i}]", out) for i, v in enumerate(vals)]
         known = [q for q in qs if q is not None]
         if any(b <= a for a, b in itertools.pairwise(known)):
-            out.append(f"{path}.validValues: must be strictly ascending")
+            out.append((f"{path}.validValues", "must be strictly ascending"))
         if any(q > value for q in known):
-            out.append(f"{path}.validValues: a value exceeds the capacity value")
+            out.append((f"{path}.validValues", "a value exceeds the capacity value"))
         if default is not None and default not in known:
-            out.append(f"{path}.validValues: must contain the default")
+            out.append((f"{path}.validValues", "must contain the default"))
     if "validRange" in policy:
         rng = policy["validRange"]
         rp = f"{path}.validRange"
         if not isinstance(rng, dict) or "min" not in rng:
-            out.append(f"{rp}.min: required")
+            out.append((f"{rp}.min", "required"))
             return
         lo = _quantity(rng["min"], f"{rp}.min", out)
         hi = _quantity(rng["max"], f"{rp}.max", out) if "max" in rng else None
@@ -151,47 +158,47 @@ def _policy(policy: Any, value: Quantity, path: str, out: list[str]) -> None:
         v = value.value_int()
         mn = lo.value_int()
         if mn > v:
-            out.append(f"{rp}.min: exceeds the capacity value")
+            out.append((f"{rp}.min", "exceeds the capacity value"))
         if default is not None and default < lo:
-            out.append(f"{path}.default: below validRange.min")
+            out.append((f"{path}.default", "below validRange.min"))
         if hi is not None:
             if hi < lo:
-                out.append(f"{rp}.max: below min")
+                out.append((f"{rp}.max", "below min"))
             if hi > value:
-                out.append(f"{rp}.max: exceeds the capacity value")
+                out.append((f"{rp}.max", "exceeds the capacity value"))
             if default is not None and default > hi:
-                out.append(f"{path}.default: above validRange.max")
+                out.append((f"{path}.default", "above validRange.max"))
         if step is not None:
             st = step.value_int()
             if st <= 0:
-                out.append(f"{rp}.step: must be positive")
+                out.append((f"{rp}.step", "must be positive"))
                 return
             if mn + st > v:
-                out.append(f"{rp}.step: min + step exceeds the capacity value")
+                out.append((f"{rp}.step", "min + step exceeds the capacity value"))
             if default is not None and (default.value_int() - mn) % st:
-                out.append(f"{path}.default: not min + k*step")
+                out.append((f"{path}.default", "not min + k*step"))
             if hi is not None and (hi.value_int() - mn) % st:
-                out.append(f"{rp}.max: not min + k*step")
+                out.append((f"{rp}.max", "not min + k*step"))
 
 
-def _device(dev: Any, path: str, out: list[str]) -> bool:
+def _device(dev: Any, path: str, out: list[SliceProblem]) -> bool:
     """Check one device; True when it uses a feature that lowers the device limit to 64."""
     if not isinstance(dev, dict):
-        out.append(f"{path}: must be a map")
+        out.append((path, "must be a map"))
         return False
     unknown = set(dev) - _DEVICE_FIELDS
     if unknown:
-        out.append(f"{path}: unknown field(s) {sorted(unknown)}")
+        out.append((path, f"unknown field(s) {sorted(unknown)}"))
     if not is_dns_label(dev.get("name")):
-        out.append(f"{path}.name: {dev.get('name')!r} is not a DNS label (<=63, a-z0-9-)")
+        out.append((f"{path}.name", f"{dev.get('name')!r} is not a DNS label (<=63, a-z0-9-)"))
     attrs = dev.get("attributes") or {}
     caps = dev.get("capacity") or {}
     if not isinstance(attrs, dict) or not isinstance(caps, dict):
-        out.append(f"{path}: attributes and capacity must be maps")
+        out.append((path, "attributes and capacity must be maps"))
         return False
     if len(attrs) + len(caps) > MAX_ATTRS_AND_CAPS:
         out.append(
-            f"{path}: {len(attrs)} attributes + {len(caps)} capacities exceed {MAX_ATTRS_AND_CAPS}"
+            (path, f"{len(attrs)} attributes + {len(caps)} capacities exceed {MAX_ATTRS_AND_CAPS}")
         )
     nvalues = 0
     lists = False
@@ -199,73 +206,77 @@ def _device(dev: Any, path: str, out: list[str]) -> bool:
         ap = f"{path}.attributes[{name}]"
         problem = qualified_name_problem(name)
         if problem:
-            out.append(f"{ap}: {problem}")
+            out.append((ap, problem))
         nvalues += _attribute(name, attr, ap, out)
         lists = lists or (isinstance(attr, dict) and any(k in _LIST_TYPES for k in attr))
     if nvalues > MAX_ATTRIBUTE_VALUES:
-        out.append(f"{path}.attributes: {nvalues} values exceed {MAX_ATTRIBUTE_VALUES}")
+        out.append((f"{path}.attributes", f"{nvalues} values exceed {MAX_ATTRIBUTE_VALUES}"))
     shared = dev.get("allowMultipleAllocations")
     if shared is not None and not isinstance(shared, bool):
-        out.append(f"{path}.allowMultipleAllocations: must be a bool")
+        out.append((f"{path}.allowMultipleAllocations", "must be a bool"))
     for name, cap in caps.items():
         cp = f"{path}.capacity[{name}]"
         problem = qualified_name_problem(name)
         if problem:
-            out.append(f"{cp}: {problem}")
+            out.append((cp, problem))
         if not isinstance(cap, dict):
-            out.append(f"{cp}: must be a map with value (and requestPolicy)")
+            out.append((cp, "must be a map with value (and requestPolicy)"))
             continue
         unknown = set(cap) - {"value", "requestPolicy"}
         if unknown:
-            out.append(f"{cp}: unknown field(s) {sorted(unknown)}")
+            out.append((cp, f"unknown field(s) {sorted(unknown)}"))
         value = _quantity(
             cap.get("value", 0), f"{cp}.value", out
         )  # unset: 0, as the API server decodes it
         if "requestPolicy" in cap:
             if shared is not True:
-                out.append(f"{cp}.requestPolicy: forbidden unless allowMultipleAllocations is true")
+                out.append(
+                    (f"{cp}.requestPolicy", "forbidden unless allowMultipleAllocations is true")
+                )
             elif value is not None:
                 _policy(cap["requestPolicy"], value, f"{cp}.requestPolicy", out)
     _consumes_counters(dev.get("consumesCounters"), f"{path}.consumesCounters", out)
     return bool(dev.get("taints") or dev.get("consumesCounters") or lists)
 
 
-def _counter_map(counters: Any, path: str, out: list[str]) -> None:
+def _counter_map(counters: Any, path: str, out: list[SliceProblem]) -> None:
     """``map[name]{value: Quantity}``: 1..32 DNS-label names (KEP-4815, dra-spec.md 1.2)."""
     if not isinstance(counters, dict) or not counters:
-        out.append(f"{path}: required, a map of 1..{MAX_COUNTERS} counters")
+        out.append((path, f"required, a map of 1..{MAX_COUNTERS} counters"))
         return
     if len(counters) > MAX_COUNTERS:
-        out.append(f"{path}: {len(counters)} counters exceed {MAX_COUNTERS}")
+        out.append((path, f"{len(counters)} counters exceed {MAX_COUNTERS}"))
     for name, c in counters.items():
         if not is_dns_label(name):
-            out.append(f"{path}[{name}]: {name!r} is not a DNS label (<=63, a-z0-9-)")
+            out.append((f"{path}[{name}]", f"{name!r} is not a DNS label (<=63, a-z0-9-)"))
         if not isinstance(c, dict) or "value" not in c:
-            out.append(f"{path}[{name}].value: required")
+            out.append((f"{path}[{name}].value", "required"))
             continue
         _quantity(c["value"], f"{path}[{name}].value", out)
 
 
-def _consumes_counters(entries: Any, path: str, out: list[str]) -> None:
+def _consumes_counters(entries: Any, path: str, out: list[SliceProblem]) -> None:
     if entries is None:
         return
     _counter_sets(entries, path, "counterSet", MAX_CONSUMES_COUNTERS, "entries", out)
 
 
-def _counter_sets(entries: Any, path: str, key: str, limit: int, unit: str, out: list[str]) -> None:
+def _counter_sets(
+    entries: Any, path: str, key: str, limit: int, unit: str, out: list[SliceProblem]
+) -> None:
     """A list of at most ``limit`` counter sets, each named by its ``key`` field (a DNS label,
     unique in the list) with a ``counters`` map: a slice's ``sharedCounters`` (``name``) and a
     device's ``consumesCounters`` (``counterSet``) follow the same rule."""
     if not isinstance(entries, list) or len(entries) > limit:
-        out.append(f"{path}: must be a list of at most {limit} {unit}")
+        out.append((path, f"must be a list of at most {limit} {unit}"))
         return
     seen: set[str] = set()
     for i, e in enumerate(entries):
         name = e.get(key) if isinstance(e, dict) else None
         if not is_dns_label(name):
-            out.append(f"{path}[{i}].{key}: {name!r} is not a DNS label")
+            out.append((f"{path}[{i}].{key}", f"{name!r} is not a DNS label"))
         elif name in seen:
-            out.append(f"{path}[{i}].{key}: duplicate counter set {name!r}")
+            out.append((f"{path}[{i}].{key}", f"duplicate counter set {name!r}"))
         else:
             seen.add(str(name))
         _counter_map(
@@ -274,8 +285,14 @@ def _counter_sets(entries: Any, path: str, key: str, limit: int, unit: str, out:
 
 
 def validate_resource_slice(obj: Any) -> list[str]:
-    """Problems of a ``resource.k8s.io/v1`` ResourceSlice dict, one ``<field path>: <problem>``
-    string each; empty when the API server would accept it.
+    """:func:`resource_slice_problems` as one ``<field path>: <problem>`` string each (empty
+    when the API server would accept the slice)."""
+    return [f"{field}: {problem}" for field, problem in resource_slice_problems(obj)]
+
+
+def resource_slice_problems(obj: Any) -> list[SliceProblem]:
+    """Problems of a ``resource.k8s.io/v1`` ResourceSlice dict, one ``(field path, problem)``
+    each; empty when the API server would accept it.
 
     Checks (dra-spec.md 1.2/1.8/1.9): apiVersion/kind; metadata.name DNS subdomain; driver DNS
     subdomain <= 63; pool name (<= 253, '/'-separated subdomains), generation >= 0,
@@ -289,24 +306,26 @@ def validate_resource_slice(obj: Any) -> list[str]:
     counter names DNS labels, 1..32 counters per set or consumption, at most 2
     ``consumesCounters`` entries per device with distinct sets, values quantities.
     """
-    out: list[str] = []
+    out: list[SliceProblem] = []
     if not isinstance(obj, dict):
-        return ["<root>: a ResourceSlice must be a map"]
+        return [("<root>", "a ResourceSlice must be a map")]
     if obj.get("apiVersion") != "resource.k8s.io/v1":
-        out.append(f"apiVersion: {obj.get('apiVersion')!r} is not 'resource.k8s.io/v1'")
+        out.append(("apiVersion", f"{obj.get('apiVersion')!r} is not 'resource.k8s.io/v1'"))
     if obj.get("kind") != "ResourceSlice":
-        out.append(f"kind: {obj.get('kind')!r} is not 'ResourceSlice'")
+        out.append(("kind", f"{obj.get('kind')!r} is not 'ResourceSlice'"))
     meta = obj.get("metadata") or {}
     if not is_dns_subdomain(meta.get("name") if isinstance(meta, dict) else None):
-        out.append("metadata.name: must be a DNS subdomain of at most 253 characters")
+        out.append(("metadata.name", "must be a DNS subdomain of at most 253 characters"))
     spec = obj.get("spec")
     if not isinstance(spec, dict):
-        return [*out, "spec: required"]
+        return [*out, ("spec", "required")]
     if not is_dns_subdomain(spec.get("driver"), 63):
-        out.append(f"spec.driver: {spec.get('driver')!r} is not a lower-case DNS subdomain <= 63")
+        out.append(
+            ("spec.driver", f"{spec.get('driver')!r} is not a lower-case DNS subdomain <= 63")
+        )
     pool = spec.get("pool")
     if not isinstance(pool, dict):
-        out.append("spec.pool: required")
+        out.append(("spec.pool", "required"))
     else:
         name = pool.get("name")
         if not (
@@ -314,24 +333,24 @@ def validate_resource_slice(obj: Any) -> list[str]:
             and len(name) <= 253
             and all(is_dns_subdomain(p) for p in name.split("/"))
         ):
-            out.append(f"spec.pool.name: {name!r} is not '/'-separated DNS subdomains (<= 253)")
+            out.append(("spec.pool.name", f"{name!r} is not '/'-separated DNS subdomains (<= 253)"))
         gen = pool.get("generation")
         if not isinstance(gen, int) or isinstance(gen, bool) or gen < 0:
-            out.append(f"spec.pool.generation: {gen!r} is not an integer >= 0")
+            out.append(("spec.pool.generation", f"{gen!r} is not an integer >= 0"))
         count = pool.get("resourceSliceCount")
         if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
-            out.append(f"spec.pool.resourceSliceCount: {count!r} is not an integer > 0")
+            out.append(("spec.pool.resourceSliceCount", f"{count!r} is not an integer > 0"))
     chosen = [k for k in _NODE_SELECTION if spec.get(k) not in (None, False, "")]
     if len(chosen) != 1:
         out.append(
-            f"spec: exactly one of {', '.join(_NODE_SELECTION)} must be set (found {chosen})"
+            ("spec", f"exactly one of {', '.join(_NODE_SELECTION)} must be set (found {chosen})")
         )
     devices = spec.get("devices") or []
     if not isinstance(devices, list):
-        return [*out, "spec.devices: must be a list"]
+        return [*out, ("spec.devices", "must be a list")]
     shared = spec.get("sharedCounters")
     if devices and shared:
-        out.append("spec: a slice carries devices or sharedCounters, not both")
+        out.append(("spec", "a slice carries devices or sharedCounters, not both"))
     if shared is not None:
         _counter_sets(shared, "spec.sharedCounters", "name", MAX_COUNTER_SETS, "counter sets", out)
     reduced = False
@@ -341,9 +360,9 @@ def validate_resource_slice(obj: Any) -> list[str]:
         name = dev.get("name") if isinstance(dev, dict) else None
         if isinstance(name, str):
             if name in names:
-                out.append(f"spec.devices[{i}].name: duplicate device name {name!r}")
+                out.append((f"spec.devices[{i}].name", f"duplicate device name {name!r}"))
             names.add(name)
     limit = MAX_DEVICES_WITH_COUNTERS if reduced else MAX_DEVICES
     if len(devices) > limit:
-        out.append(f"spec.devices: {len(devices)} devices exceed the limit of {limit}")
+        out.append(("spec.devices", f"{len(devices)} devices exceed the limit of {limit}"))
     return out

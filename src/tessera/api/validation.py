@@ -873,17 +873,9 @@ def manifest_problems(m: Manifest) -> list[FieldProblem]:
     if kind == "DeviceClass":
         return device_class_problems(obj)
     if kind == "ResourceSlice":
-        from tessera.api.slice_validation import validate_resource_slice
+        from tessera.api.slice_validation import resource_slice_problems
 
-        probs = []
-        for text in validate_resource_slice(obj):
-            field, sep, message = text.partition(": ")
-            probs.append(
-                FieldProblem(field, message)
-                if sep and " " not in field
-                else FieldProblem("spec", text)
-            )
-        return probs
+        return [FieldProblem(field, message) for field, message in resource_slice_problems(obj)]
     if kind == "DeviceTaintRule":
         return device_taint_rule_problems(obj)
     if kind == "Pod":
