@@ -653,6 +653,45 @@ def evicting_taint(
 # The allocator
 
 
+class SearchMemos:
+    """What the search keeps between calls of one :class:`Allocator` (speed only: every
+    answer is the one the search would work out again). Owned by the allocator, handed to each
+    search; nothing else reads them.
+
+    - ``prepared``: with ``frozen_specs``, ``(id(spec), claim index)`` -> ``(spec, requests,
+      constraint arguments)``, the claim's preparation; bounded at :data:`_PREPARED_MAX`
+      (:meth:`keep_prepared`);
+    - ``selectable``: per ``(id(kept request), id(node's search order))``, whether each
+      candidate is selectable (None: not evaluated yet, or it raised, which is not kept);
+    - ``consumption``: per ``(id(device capacities), request capacity key)``, what the request
+      consumes of such a device (or None: it cannot);
+    - ``uses``: per device capacities, request and the amounts already used, the capacity uses.
+    """
+
+    def __init__(self) -> None:
+        self.prepared: dict[
+            tuple[int, int], tuple[Any, list[list[RequestData]], list[tuple[Any, ...]]]
+        ] = {}
+        self.selectable: dict[tuple[int, int], tuple[RequestData, list[bool | None]]] = {}
+        self.consumption: dict[
+            tuple[int, str], tuple[tuple[str, Exact, Exact, str], ...] | None
+        ] = {}
+        self.uses: dict[tuple[Any, ...], tuple[CapacityUse, ...]] = {}
+
+    def keep_prepared(
+        self,
+        key: tuple[int, int],
+        entry: tuple[Any, list[list[RequestData]], list[tuple[Any, ...]]],
+    ) -> None:
+        """Keep a claim's preparation. Bounded: past :data:`_PREPARED_MAX` (claims with specs
+        of their own are each prepared for one pod) every preparation goes, and with them the
+        selectability rows, which are keyed on their requests."""
+        if len(self.prepared) >= _PREPARED_MAX:
+            self.prepared.clear()
+            self.selectable.clear()
+        self.prepared[key] = entry
+
+
 class Allocator:
     """Allocates claims on one node at a time, against slices, classes and an allocated state.
 
@@ -679,10 +718,7 @@ class Allocator:
         frozen_specs: bool = False,
     ) -> None:
         self.frozen_specs = frozen_specs
-        # (id(spec), claim index) -> (spec, requests, constraint arguments), with frozen_specs.
-        self._prepared: dict[
-            tuple[int, int], tuple[Any, list[list[RequestData]], list[tuple[Any, ...]]]
-        ] = {}
+        self.memos = SearchMemos()
         self.index = slices if isinstance(slices, SliceIndex) else SliceIndex(slices)
         self.classes = classes
         self.state = state or AllocatedState()
@@ -695,14 +731,9 @@ class Allocator:
         self._order_cache: dict[
             tuple[str, tuple[tuple[str, str], ...]], list[tuple[Pool, Device]]
         ] = {}
-        # With frozen_specs: per (kept request, node's search order), whether each candidate is
-        # selectable (None: not evaluated yet, or it raised, which is not kept).
-        self._selectable_memo: dict[tuple[int, int], tuple[RequestData, list[bool | None]]] = {}
         self._sel_cache: dict[tuple[str, int], bool | CelRuntimeError] = {}
         self._sig_cache: dict[tuple[Any, ...], bool | CelRuntimeError] = {}
         self._lists = self.features.list_type_attributes
-        self._cap_memo: dict[tuple[int, str], tuple[tuple[str, Exact, Exact, str], ...] | None] = {}
-        self._uses_memo: dict[tuple[Any, ...], tuple[CapacityUse, ...]] = {}
 
     # ---- public ----------------------------------------------------------------------------
     def pools(self, node: Node) -> list[Pool]:
@@ -974,6 +1005,7 @@ class _Search:
         device_rank: Callable[[Device], Any] | None = None,
     ) -> None:
         self.a = alloc
+        self.memos = alloc.memos
         self.f = alloc.features
         self.st = alloc.state
         self.node = node
@@ -1087,7 +1119,7 @@ class _Search:
             ref = f"{md['namespace']}/{name}" if md.get("namespace") else name
             spec = claim.get("spec")
             if self.memoise:
-                hit = self.a._prepared.get((id(spec), ci))
+                hit = self.memos.prepared.get((id(spec), ci))
                 if hit is not None and hit[0] is spec:  # prepared before, without an error
                     cons = [
                         _Constraint(*args) for args in hit[2]
@@ -1166,12 +1198,7 @@ class _Search:
                 ClaimData(claim, ref, reqs, [_Constraint(*args) for args in con_args])
             )
             if self.memoise and not any(rd.all_mode for alts in reqs for rd in alts):
-                if len(self.a._prepared) >= _PREPARED_MAX:
-                    # Bounded (claims with specs of their own are each prepared for one pod);
-                    # the selectability rows are keyed on the requests: they go too.
-                    self.a._prepared.clear()
-                    self.a._selectable_memo.clear()
-                self.a._prepared[(id(spec), ci)] = (spec, reqs, con_args)
+                self.memos.keep_prepared((id(spec), ci), (spec, reqs, con_args))
                 for alts in reqs:
                     for rd in alts:
                         rd.kept = True
@@ -1239,7 +1266,7 @@ class _Search:
         per capacity mapping: devices that publish the same capacities share one
         (:class:`~tessera.allocator.model.Descriptions`), and one answer."""
         key = (id(d.capacity), rd.cap_key)
-        memo = self.a._cap_memo
+        memo = self.memos.consumption
         if key in memo:
             return memo[key]
         # CapacityArithmeticError: not memoised, it aborts
@@ -1333,7 +1360,7 @@ class _Search:
             tuple(prior.items()) if prior else (),
             tuple(pending.items()) if pending else (),
         )
-        memo = self.a._uses_memo
+        memo = self.memos.uses
         got = memo.get(key)
         if got is None:
             got = tuple(
@@ -1679,9 +1706,9 @@ class _Search:
         memo: list[bool | None] | None = None
         if rd.kept and self.rec is None and not self.ranked:
             mkey = (id(rd), id(order))  # the order list is kept per node by the allocator
-            row = self.a._selectable_memo.get(mkey)
+            row = self.memos.selectable.get(mkey)
             if row is None or row[0] is not rd:  # the row holds its request: ids stay theirs
-                row = self.a._selectable_memo[mkey] = (rd, [None] * len(order))
+                row = self.memos.selectable[mkey] = (rd, [None] * len(order))
             memo = row[1]
         for k in range(start + 1, len(order)):
             pool, d = order[k]
