@@ -99,7 +99,17 @@ class _SpecFacts:
 
 @dataclass(slots=True)
 class Placement:
-    """One allocated device share, seen from the container that uses it."""
+    """One allocated device share, seen from the container that uses it.
+
+    ``pod`` and ``claim``: ``namespace/name``; ``request``: the allocation result's request
+    (``<request>/<subrequest>`` for a subrequest); ``device``: ``driver/pool/device``;
+    ``uuid``/``model``: the GPU's ``uuid`` and ``productName`` attributes (None when it has
+    none); ``memory``: the memory it consumes (``consumedCapacity``; the device's whole memory
+    when allocated whole) as a canonical quantity of bytes (e.g. ``"10Gi"``), ``cores``: its
+    percent of the GPU's SMs (``"30"``; ``"100"`` when whole), each None where the device
+    publishes no such capacity; ``share_id``: the result's ``shareID`` (KEP-5075), None for a
+    device allocated whole.
+    """
 
     pod: str  # namespace/name
     container: str
@@ -191,6 +201,13 @@ class Choice:
 
 @dataclass
 class SimResult:
+    """What :meth:`Simulation.run` returns: one :class:`Placement` per allocated device share,
+    one :class:`Pending` per pod left pending (input order), per GPU its usage
+    (:class:`~tessera.scheduler.usage.GPUUsage`: memory in bytes, cores in percent), every
+    object as the API server would hold it afterwards (``objects``: classes, slices, taint
+    rules, templates, claims with ``status.allocation``, pods with ``spec.nodeName`` and
+    conditions), the input ``warnings`` and the ``scheduled`` pods' ``namespace/name``."""
+
     placements: list[Placement]
     pending: list[Pending]
     gpus: list[GPUUsage]
