@@ -381,6 +381,76 @@ def check_sharing(
         )
 
 
+def _results_here(
+    claim: Mapping[str, Any], ref: ClaimRef, node: str, driver: str, what: str
+) -> tuple[Mapping[str, Any], list[tuple[int, Mapping[str, Any]]]]:
+    """The claim's ``status.allocation`` and its results of ``driver`` on ``node``, each with
+    its index in ``status.allocation.devices.results``. Raises :class:`ClaimError` when the
+    claim is not the one the kubelet asked for (UID), not allocated, or has no such result."""
+    meta = claim.get("metadata") or {}
+    if meta.get("uid") != ref.uid:
+        raise ClaimError(
+            f"{what}: uid is {meta.get('uid')!r}, the kubelet asked for {ref.uid!r}: the claim was replaced"
+        )
+    alloc = (claim.get("status") or {}).get("allocation")
+    if not alloc:
+        raise ClaimError(f"{what}: status.allocation is empty: the claim is not allocated")
+    results = ((alloc.get("devices") or {}).get("results")) or []
+    ours = [(i, r) for i, r in enumerate(results) if r.get("driver") == driver]
+    if not ours:
+        drivers = sorted({str(r.get("driver")) for r in results})
+        raise ClaimError(
+            f"{what}: status.allocation.devices.results has no result of driver {driver} (drivers: "
+            f"{', '.join(drivers) or 'none'})"
+        )
+    here = [(i, r) for i, r in ours if r.get("pool") == node]
+    if not here:
+        pools = sorted({str(r.get("pool")) for _, r in ours})
+        raise ClaimError(
+            f"{what}: allocated to pool(s) {', '.join(pools)}, not to this node {node!r}"
+        )
+    return alloc, here
+
+
+def _consumed(
+    consumed: Mapping[str, Any],
+    full: int | None,
+    driver: str,
+    field_path: str,
+    thing: str,
+    gpu_uuid: str,
+) -> tuple[int, int]:
+    """``(memory bytes, cores percent)`` a result's ``consumedCapacity`` (KEP-5075) books on a
+    device of ``full`` bytes (None: a unified-memory GPU, published whole without a memory
+    capacity): the whole memory and 0 cores where it names none. Raises :class:`ClaimError`
+    naming ``field_path`` for an amount outside the device or a capacity it does not have."""
+    mem = full or 0
+    cores = 0
+    for cap, value in consumed.items():
+        key = cap.split("/", 1)[1] if cap.startswith(driver + "/") else cap
+        if key == "memory" and full is None:
+            raise ClaimError(
+                f"{field_path}.consumedCapacity: 'memory' is not a capacity of GPU {gpu_uuid} (unified "
+                "memory: it is published whole)"
+            )
+        if key == "memory":
+            mem = _bytes(value, f"{field_path}.consumedCapacity.memory")
+            if mem < 1 or mem > (full or 0):
+                raise ClaimError(
+                    f"{field_path}.consumedCapacity.memory: {value} is outside 1..{full} bytes, the memory "
+                    f"of {thing}"
+                )
+        elif key == "cores":
+            cores = _bytes(value, f"{field_path}.consumedCapacity.cores")
+            if cores > 100:
+                raise ClaimError(f"{field_path}.consumedCapacity.cores: {value} is above 100")
+        else:
+            raise ClaimError(
+                f"{field_path}.consumedCapacity: {cap!r} is not a capacity of {thing} (it has memory and cores)"
+            )
+    return mem, cores
+
+
 def plan_claim(
     claim: Mapping[str, Any],
     ref: ClaimRef,
@@ -405,30 +475,8 @@ def plan_claim(
     Raises :class:`ClaimError` with a one-line reason naming the claim and field.
     """
     what = f"ResourceClaim {ref.namespace}/{ref.name}"
-    meta = claim.get("metadata") or {}
-    if meta.get("uid") != ref.uid:
-        raise ClaimError(
-            f"{what}: uid is {meta.get('uid')!r}, the kubelet asked for {ref.uid!r}: the claim was replaced"
-        )
-    alloc = (claim.get("status") or {}).get("allocation")
-    if not alloc:
-        raise ClaimError(f"{what}: status.allocation is empty: the claim is not allocated")
-    results = ((alloc.get("devices") or {}).get("results")) or []
     driver = layout.driver
-    ours = [(i, r) for i, r in enumerate(results) if r.get("driver") == driver]
-    if not ours:
-        drivers = sorted({str(r.get("driver")) for r in results})
-        raise ClaimError(
-            f"{what}: status.allocation.devices.results has no result of driver {driver} (drivers: "
-            f"{', '.join(drivers) or 'none'})"
-        )
-    here = [(i, r) for i, r in ours if r.get("pool") == node]
-    if not here:
-        pools = sorted({str(r.get("pool")) for _, r in ours})
-        raise ClaimError(
-            f"{what}: allocated to pool(s) {', '.join(pools)}, not to this node {node!r}"
-        )
-
+    alloc, here = _results_here(claim, ref, node, driver, what)
     policies = compute_policies(alloc, driver, what)
     prepared: list[PreparedDevice] = []
     limits: dict[str, GpuLimit] = {}
@@ -459,32 +507,8 @@ def plan_claim(
         thing = f"MIG device {name} of GPU {gpu.uuid}" if is_mig else f"GPU {gpu.uuid}"
         consumed = r.get("consumedCapacity") or {}
         check_sharing(r, dev, field_path, thing, driver)
-        # A unified-memory GPU (memory unknown) is published whole, without a memory capacity.
         full = dev.memory
-        mem = full or 0
-        cores = 0
-        for cap, value in consumed.items():
-            key = cap.split("/", 1)[1] if cap.startswith(driver + "/") else cap
-            if key == "memory" and full is None:
-                raise ClaimError(
-                    f"{field_path}.consumedCapacity: 'memory' is not a capacity of GPU {gpu.uuid} (unified "
-                    "memory: it is published whole)"
-                )
-            if key == "memory":
-                mem = _bytes(value, f"{field_path}.consumedCapacity.memory")
-                if mem < 1 or mem > (full or 0):
-                    raise ClaimError(
-                        f"{field_path}.consumedCapacity.memory: {value} is outside 1..{full} bytes, the memory "
-                        f"of {thing}"
-                    )
-            elif key == "cores":
-                cores = _bytes(value, f"{field_path}.consumedCapacity.cores")
-                if cores > 100:
-                    raise ClaimError(f"{field_path}.consumedCapacity.cores: {value} is above 100")
-            else:
-                raise ClaimError(
-                    f"{field_path}.consumedCapacity: {cap!r} is not a capacity of {thing} (it has memory and cores)"
-                )
+        mem, cores = _consumed(consumed, full, driver, field_path, thing, gpu.uuid)
         # Which device the container sees: the GPU, an existing MIG device, or the instance
         # made for this placement (None until it is made).
         visible: str | None = gpu.uuid
