@@ -28,7 +28,7 @@ from tessera import DRIVER_NAME
 from tessera.monitor.allocation import AllocationView, ClaimInfo
 from tessera.monitor.metrics import HAMI_ZONE, METRICS
 from tessera.monitor.nvml import GpuSample
-from tessera.monitor.regions import PodRef, RegionDir, ShareMeta
+from tessera.monitor.regions import PodRef, RegionDir, ShareMeta, ShareReading
 
 
 class ApiSource(Protocol):
@@ -121,28 +121,22 @@ class TesseraCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         t0 = time.perf_counter()
-        fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-        for m in METRICS:
-            cls = CounterMetricFamily if m.kind == "counter" else GaugeMetricFamily
-            fams[m.name] = cls(m.name, m.help, labels=list(m.labels))
-        node = self.node
-
-        # ---- sources ------------------------------------------------------------------
+        scrape = _Scrape(self.node)
         samples: list[GpuSample] = []
         if self.nvml is not None:
             try:
                 samples = self.nvml()
-                fams["tessera_monitor_nvml_up"].add_metric([node], 1)
+                scrape.add("tessera_monitor_nvml_up", [self.node], 1)
                 self._report("nvml", None)
             except Exception as e:  # a failing driver must not take the share figures down
-                fams["tessera_monitor_nvml_up"].add_metric([node], 0)
+                scrape.add("tessera_monitor_nvml_up", [self.node], 0)
                 self._report("nvml", f"NVML query failed: {e}")
         view: AllocationView | None = None
         if self.api is not None:
             view, up, last = self.api.snapshot()
-            fams["tessera_monitor_api_up"].add_metric([node], 1 if up else 0)
+            scrape.add("tessera_monitor_api_up", [self.node], 1 if up else 0)
             if last:
-                fams["tessera_monitor_api_last_success_timestamp_seconds"].add_metric([node], last)
+                scrape.add("tessera_monitor_api_last_success_timestamp_seconds", [self.node], last)
         try:
             readings = self.regions.read()
             self._report("region-dir", None)
@@ -152,188 +146,226 @@ class TesseraCollector(Collector):
                 "region-dir",
                 f"cannot list --region-dir {self.regions.path}: {e.strerror or e}",
             )
+        scrape.identify(view, samples, readings)
+        scrape.regions(readings, self._report)
+        if view is not None:
+            scrape.allocations(view)
+        scrape.devices(samples)
+        scrape.add(
+            "tessera_monitor_collect_duration_seconds", [self.node], time.perf_counter() - t0
+        )
+        yield from scrape.families()
 
-        # ---- identities -----------------------------------------------------------------
-        gpus: dict[str, _Gpu] = {}
+
+class _Scrape:
+    """One collection: the metric families (:data:`METRICS`) being filled, and the GPUs and
+    claims met so far, identified from every source (the API server's view, NVML, the regions'
+    ``claim.json``)."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        for m in METRICS:
+            cls = CounterMetricFamily if m.kind == "counter" else GaugeMetricFamily
+            self.fams[m.name] = cls(m.name, m.help, labels=list(m.labels))
+        self.gpus: dict[str, _Gpu] = {}
+        self.metas: dict[str, ShareMeta] = {}
+        self.infos: Mapping[str, ClaimInfo] = {}
+        self.claims: dict[str, _Claim] = {}
+
+    def identify(
+        self,
+        view: AllocationView | None,
+        samples: Sequence[GpuSample],
+        readings: Sequence[ShareReading],
+    ) -> None:
+        """The GPUs by UUID (lower case; NVML's name and index win over the API's), the
+        regions' metadata and the API's claims by claim UID."""
         if view is not None:
             for va in view.gpus:
                 if va.uuid:
-                    gpus[va.uuid.lower()] = _Gpu(va.uuid, va.index, va.model, va.pool, va.device)
+                    self.gpus[va.uuid.lower()] = _Gpu(
+                        va.uuid, va.index, va.model, va.pool, va.device
+                    )
         for s in samples:
-            prior = gpus.get(s.uuid.lower())
-            gpus[s.uuid.lower()] = _Gpu(
+            prior = self.gpus.get(s.uuid.lower())
+            self.gpus[s.uuid.lower()] = _Gpu(
                 s.uuid,
                 str(s.index),
                 s.name or (prior.model if prior else ""),
                 prior.pool if prior else "",
                 prior.device if prior else "",
             )
-        metas = {r.meta.uid: r.meta for r in readings}
-        infos: Mapping[str, ClaimInfo] = view.claims if view is not None else {}
-        claims: dict[str, _Claim] = {}
+        self.metas = {r.meta.uid: r.meta for r in readings}
+        self.infos = view.claims if view is not None else {}
 
-        def claim_of(uid: str) -> _Claim:
-            c = claims.get(uid)
-            if c is None:
-                c = claims[uid] = _claim(uid, metas.get(uid), infos.get(uid))
-            return c
+    def claim_of(self, uid: str) -> _Claim:
+        c = self.claims.get(uid)
+        if c is None:
+            c = self.claims[uid] = _claim(uid, self.metas.get(uid), self.infos.get(uid))
+        return c
 
-        def gpu_of(uuid: str, c: _Claim) -> _Gpu:
-            g = gpus.get(uuid.lower())
-            if g is not None and (g.pool or c.meta is None):
-                return g
-            meta = c.meta
-            dev = meta.devices.get(uuid.lower(), "") if meta else ""
-            base = g or _Gpu(uuid)
-            return _Gpu(
-                base.uuid,
-                base.index,
-                base.model,
-                base.pool or (meta.pool if meta else ""),
-                base.device or dev,
-            )
+    def gpu_of(self, uuid: str, c: _Claim) -> _Gpu:
+        g = self.gpus.get(uuid.lower())
+        if g is not None and (g.pool or c.meta is None):
+            return g
+        meta = c.meta
+        dev = meta.devices.get(uuid.lower(), "") if meta else ""
+        base = g or _Gpu(uuid)
+        return _Gpu(
+            base.uuid,
+            base.index,
+            base.model,
+            base.pool or (meta.pool if meta else ""),
+            base.device or dev,
+        )
 
-        def share_labels(c: _Claim, g: _Gpu) -> list[str]:
-            driver = c.meta.driver if c.meta and c.meta.driver else DRIVER_NAME
-            return [
-                node,
-                g.uuid,
-                driver,
-                g.pool,
-                g.device,
-                c.namespace,
-                c.name,
-                c.uid,
-                c.pod_namespace,
-                c.pods,
-                c.containers,
-            ]
+    def share_labels(self, c: _Claim, g: _Gpu) -> list[str]:
+        driver = c.meta.driver if c.meta and c.meta.driver else DRIVER_NAME
+        return [
+            self.node,
+            g.uuid,
+            driver,
+            g.pool,
+            g.device,
+            c.namespace,
+            c.name,
+            c.uid,
+            c.pod_namespace,
+            c.pods,
+            c.containers,
+        ]
 
-        def claim_labels(c: _Claim) -> list[str]:
-            return [node, c.namespace, c.name, c.uid, c.pod_namespace, c.pods, c.containers]
+    def claim_labels(self, c: _Claim) -> list[str]:
+        return [self.node, c.namespace, c.name, c.uid, c.pod_namespace, c.pods, c.containers]
 
-        def gpu_labels(g: _Gpu) -> list[str]:
-            return [node, g.uuid, g.index, g.model, g.pool, g.device]
+    def gpu_labels(self, g: _Gpu) -> list[str]:
+        return [self.node, g.uuid, g.index, g.model, g.pool, g.device]
 
-        def add(name: str, labels: list[str], value: float) -> None:
-            fams[name].add_metric(labels, value)
+    def add(self, name: str, labels: list[str], value: float) -> None:
+        self.fams[name].add_metric(labels, value)
 
-        # ---- shares: usage regions --------------------------------------------------------
+    def families(self) -> Iterator[Metric]:
+        """The families with samples, in :data:`METRICS` order."""
+        for f in self.fams.values():
+            if f.samples:
+                yield f
+
+    def regions(
+        self, readings: Sequence[ShareReading], report: Callable[[str, str | None], None]
+    ) -> None:
+        """Each share's usage region: its figures under Tessera's and HAMi's names."""
         for r in readings:
-            c = claim_of(r.meta.uid)
+            c = self.claim_of(r.meta.uid)
             if r.meta_error:
-                self._report(f"meta:{r.path}", f"{r.meta_error}")
+                report(f"meta:{r.path}", f"{r.meta_error}")
             else:
-                self._report(f"meta:{r.path}", None)
+                report(f"meta:{r.path}", None)
             if r.snapshot is None:
-                add("tessera_share_region_readable", claim_labels(c), 0)
-                self._report(f"region:{r.path}", f"{r.error}")
+                self.add("tessera_share_region_readable", self.claim_labels(c), 0)
+                report(f"region:{r.path}", f"{r.error}")
                 continue
-            self._report(f"region:{r.path}", None)
+            report(f"region:{r.path}", None)
             snap = r.snapshot
-            add("tessera_share_region_readable", claim_labels(c), 1)
-            add("tessera_share_processes", claim_labels(c), len(snap.slots))
+            self.add("tessera_share_region_readable", self.claim_labels(c), 1)
+            self.add("tessera_share_processes", self.claim_labels(c), len(snap.slots))
             for rg in snap.gpus:
-                g = gpu_of(rg.uuid, c)
-                sl = share_labels(c, g)
+                g = self.gpu_of(rg.uuid, c)
+                sl = self.share_labels(c, g)
                 contexts = sum(s.contexts[rg.index] for s in snap.slots)
-                add("tessera_share_memory_used_bytes", sl, rg.used)
-                add("tessera_share_memory_limit_bytes", sl, rg.memory_limit)
-                add("tessera_share_cores_ratio", sl, rg.cores / 100)
-                add("tessera_share_kernel_launches_total", sl, rg.launches)
-                add("tessera_share_paced_seconds_total", sl, rg.paced_ns / 1e9)
-                add("tessera_share_contexts", sl, contexts)
+                self.add("tessera_share_memory_used_bytes", sl, rg.used)
+                self.add("tessera_share_memory_limit_bytes", sl, rg.memory_limit)
+                self.add("tessera_share_cores_ratio", sl, rg.cores / 100)
+                self.add("tessera_share_kernel_launches_total", sl, rg.launches)
+                self.add("tessera_share_paced_seconds_total", sl, rg.paced_ns / 1e9)
+                self.add("tessera_share_contexts", sl, contexts)
                 hl = [c.pod_namespace, c.pods, c.containers, str(rg.index), g.uuid, HAMI_ZONE]
                 ctx_bytes = contexts * snap.context_overhead
-                add("hami_vgpu_memory_used_bytes", hl, rg.used)
-                add("hami_vgpu_memory_limit_bytes", hl, rg.memory_limit)
-                add("hami_container_device_memory_bytes", hl, rg.used)
-                add("hami_vgpu_memory_context_bytes", hl, ctx_bytes)
-                add("hami_vgpu_memory_buffer_bytes", hl, max(rg.used - ctx_bytes, 0))
+                self.add("hami_vgpu_memory_used_bytes", hl, rg.used)
+                self.add("hami_vgpu_memory_limit_bytes", hl, rg.memory_limit)
+                self.add("hami_container_device_memory_bytes", hl, rg.used)
+                self.add("hami_vgpu_memory_context_bytes", hl, ctx_bytes)
+                self.add("hami_vgpu_memory_buffer_bytes", hl, max(rg.used - ctx_bytes, 0))
 
-        # ---- allocation view (API server) ---------------------------------------------------
-        if view is not None:
-            for a in view.shares:
-                c = claim_of(a.claim_uid)
-                g = gpus.get(a.uuid.lower()) or _Gpu(a.uuid, pool=a.pool, device=a.device)
-                sl = share_labels(c, g)
-                hl = [c.pod_namespace, node, c.pods, c.container_indexes, g.uuid, HAMI_ZONE]
-                if a.memory is not None:
-                    add("tessera_share_memory_allocated_bytes", sl, float(a.memory))
-                    add("hami_vgpu_memory_allocated_bytes", hl, float(a.memory))
-                if a.cores is not None:
-                    add("tessera_share_cores_allocated_ratio", sl, float(a.cores) / 100)
-                    add("hami_vgpu_core_allocated_ratio", hl, float(a.cores))
-            for ga in view.gpus:
-                g = gpus.get(ga.uuid.lower()) or _Gpu(
-                    ga.uuid, ga.index, ga.model, ga.pool, ga.device
-                )
-                gl = gpu_labels(g)
-                hl = [node, g.uuid, g.index, g.model, HAMI_ZONE]
-                cores_cap = "" if ga.cores_capacity is None else str(int(ga.cores_capacity))
-                if ga.memory_capacity is not None:
-                    add("tessera_gpu_memory_capacity_bytes", gl, float(ga.memory_capacity))
-                    add("hami_gpu_memory_limit_bytes", hl, float(ga.memory_capacity))
-                    if ga.memory_capacity:
-                        add(
-                            "hami_node_gpu_memory_allocated_ratio",
-                            hl,
-                            float(ga.memory_allocated / ga.memory_capacity),
-                        )
-                    add(
-                        "hami_node_gpu_overview",
-                        [
-                            node,
-                            g.uuid,
-                            g.index,
-                            g.model,
-                            cores_cap,
-                            str(int(ga.memory_capacity)),
-                            HAMI_ZONE,
-                        ],
-                        float(ga.memory_allocated),
+    def allocations(self, view: AllocationView) -> None:
+        """What the API server allocated: per share and per GPU."""
+        for a in view.shares:
+            c = self.claim_of(a.claim_uid)
+            g = self.gpus.get(a.uuid.lower()) or _Gpu(a.uuid, pool=a.pool, device=a.device)
+            sl = self.share_labels(c, g)
+            hl = [c.pod_namespace, self.node, c.pods, c.container_indexes, g.uuid, HAMI_ZONE]
+            if a.memory is not None:
+                self.add("tessera_share_memory_allocated_bytes", sl, float(a.memory))
+                self.add("hami_vgpu_memory_allocated_bytes", hl, float(a.memory))
+            if a.cores is not None:
+                self.add("tessera_share_cores_allocated_ratio", sl, float(a.cores) / 100)
+                self.add("hami_vgpu_core_allocated_ratio", hl, float(a.cores))
+        for ga in view.gpus:
+            g = self.gpus.get(ga.uuid.lower()) or _Gpu(
+                ga.uuid, ga.index, ga.model, ga.pool, ga.device
+            )
+            gl = self.gpu_labels(g)
+            hl = [self.node, g.uuid, g.index, g.model, HAMI_ZONE]
+            cores_cap = "" if ga.cores_capacity is None else str(int(ga.cores_capacity))
+            if ga.memory_capacity is not None:
+                self.add("tessera_gpu_memory_capacity_bytes", gl, float(ga.memory_capacity))
+                self.add("hami_gpu_memory_limit_bytes", hl, float(ga.memory_capacity))
+                if ga.memory_capacity:
+                    self.add(
+                        "hami_node_gpu_memory_allocated_ratio",
+                        hl,
+                        float(ga.memory_allocated / ga.memory_capacity),
                     )
-                add("tessera_gpu_memory_allocated_bytes", gl, float(ga.memory_allocated))
-                add(
-                    "hami_gpu_memory_allocated_bytes",
-                    [node, g.uuid, g.index, g.model, cores_cap, HAMI_ZONE],
+                self.add(
+                    "hami_node_gpu_overview",
+                    [
+                        self.node,
+                        g.uuid,
+                        g.index,
+                        g.model,
+                        cores_cap,
+                        str(int(ga.memory_capacity)),
+                        HAMI_ZONE,
+                    ],
                     float(ga.memory_allocated),
                 )
-                if ga.cores_capacity is not None:
-                    add("tessera_gpu_cores_allocated_ratio", gl, float(ga.cores_allocated) / 100)
-                    add("hami_gpu_core_allocated_ratio", hl, float(ga.cores_allocated))
-                    add("hami_gpu_core_limit_ratio", hl, float(ga.cores_capacity))
-                add("tessera_gpu_shares", gl, ga.shares)
-                add("hami_gpu_shared_count", hl, ga.shares)
-                add("tessera_gpu_dedicated", gl, 1 if ga.dedicated else 0)
+            self.add("tessera_gpu_memory_allocated_bytes", gl, float(ga.memory_allocated))
+            self.add(
+                "hami_gpu_memory_allocated_bytes",
+                [self.node, g.uuid, g.index, g.model, cores_cap, HAMI_ZONE],
+                float(ga.memory_allocated),
+            )
+            if ga.cores_capacity is not None:
+                self.add("tessera_gpu_cores_allocated_ratio", gl, float(ga.cores_allocated) / 100)
+                self.add("hami_gpu_core_allocated_ratio", hl, float(ga.cores_allocated))
+                self.add("hami_gpu_core_limit_ratio", hl, float(ga.cores_capacity))
+            self.add("tessera_gpu_shares", gl, ga.shares)
+            self.add("hami_gpu_shared_count", hl, ga.shares)
+            self.add("tessera_gpu_dedicated", gl, 1 if ga.dedicated else 0)
 
-        # ---- devices (NVML) -------------------------------------------------------------------
+    def devices(self, samples: Sequence[GpuSample]) -> None:
+        """What NVML says of each GPU."""
         for s in samples:
-            g = gpus[s.uuid.lower()]
-            gl = gpu_labels(g)
-            add("tessera_gpu_memory_total_bytes", gl, s.memory_total)
-            add("tessera_gpu_memory_used_bytes", gl, s.memory_used)
-            add(
+            g = self.gpus[s.uuid.lower()]
+            gl = self.gpu_labels(g)
+            self.add("tessera_gpu_memory_total_bytes", gl, s.memory_total)
+            self.add("tessera_gpu_memory_used_bytes", gl, s.memory_used)
+            self.add(
                 "hami_host_gpu_memory_used_bytes",
-                [node, g.index, g.uuid, g.model, HAMI_ZONE],
+                [self.node, g.index, g.uuid, g.model, HAMI_ZONE],
                 s.memory_used,
             )
             if s.utilization_gpu is not None:
-                add("tessera_gpu_utilization_ratio", gl, s.utilization_gpu / 100)
-                add(
+                self.add("tessera_gpu_utilization_ratio", gl, s.utilization_gpu / 100)
+                self.add(
                     "hami_host_gpu_utilization_ratio",
-                    [node, g.index, g.uuid, g.model, HAMI_ZONE],
+                    [self.node, g.index, g.uuid, g.model, HAMI_ZONE],
                     s.utilization_gpu,
                 )
             if s.utilization_memory is not None:
-                add("tessera_gpu_memory_utilization_ratio", gl, s.utilization_memory / 100)
-                add(
+                self.add("tessera_gpu_memory_utilization_ratio", gl, s.utilization_memory / 100)
+                self.add(
                     "hami_host_gpu_memory_controller_utilization_ratio",
                     [g.index, g.uuid, g.model, HAMI_ZONE],
                     s.utilization_memory,
                 )
-
-        add("tessera_monitor_collect_duration_seconds", [node], time.perf_counter() - t0)
-        for f in fams.values():
-            if f.samples:
-                yield f
