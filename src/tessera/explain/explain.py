@@ -713,9 +713,10 @@ def _explain_pod(
     node_name = (pod.get("spec") or {}).get("nodeName")
     exp = Explanation(f"Pod {ref}", "scheduled" if node_name else "pending", node=node_name)
     exp.claims = [_claim_ref(c) for _, c in claims]
+    cause: PendingCause | None = None
     for p in result.pending:
         if p.pod == ref:
-            exp.reason = p.reason
+            exp.reason, cause = p.reason, p.cause
             # A pending pod stays pending; its reason (above) and the per-device account
             # below both describe the cluster as the simulation left it, after every pod.
             state = sim.state
@@ -780,7 +781,6 @@ def _explain_pod(
             )
         return exp
     todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
-    cause = next((p.cause for p in result.pending if p.pod == ref), None)
     if cause is PendingCause.EVICTED:
         exp.notes.append(
             "the claims fit (below), but the pod would not run: kube-scheduler binds it and the device taint "
