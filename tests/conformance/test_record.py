@@ -28,6 +28,7 @@ from tessera.allocator import (
     RequestRecord,
 )
 from tessera.explain.explain import explain_node
+from tessera.scheduler.words import refusal_text
 
 from .test_conformance import SCENARIOS, load, run_scenario
 
@@ -150,4 +151,6 @@ def test_record_names_a_capacity_amount_that_aborts() -> None:
     assert by_device["device-2"] is None
     bad = by_device["device-1"]
     assert bad is not None and bad.check == "capacity-error"
-    assert bad.text().startswith('capacity "capacity-0": capacity request cannot be represented')
+    assert refusal_text(bad).startswith(
+        'capacity "capacity-0": capacity request cannot be represented'
+    )

@@ -626,3 +626,27 @@ spec:
     }
     assert "  claim default/big, request gpus wants 9 devices with" in render_text(exp)
     assert "cores 0" not in render_text(exp)
+
+
+def test_more_than_three_shortfalls_name_the_least_short_device() -> None:
+    """Four GPUs short by four different amounts are one group, which names the device the
+    request misses by the least (read from the record's amounts, not from the words)."""
+    taken = [
+        claim_pod(
+            f"p{gi}", CAP + f"        capacity: {{requests: {{memory: {gi}Gi, cores: '10'}}}}"
+        )
+        for gi in (70, 65, 60, 55)
+    ]
+    want = claim_pod("want", CAP + "        capacity: {requests: {memory: 30Gi, cores: '10'}}")
+    exp = explain(
+        one_node(gpu(0, 80), gpu(1, 80), gpu(2, 80), gpu(3, 80)),
+        docs("---".join([*taken, want])),
+        "want",
+    )
+    assert _groups(exp.nodes[0]) == [
+        (
+            4,
+            "memory short (needs 30Gi); the least short: gpu-3: "
+            "memory short by 5Gi (needs 30Gi, 25Gi free of 80Gi)",
+        )
+    ]

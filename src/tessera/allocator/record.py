@@ -12,8 +12,9 @@ Shapes: a :class:`NodeRecord` per (node, claims) call holds the outcome and, per
 ``firstAvailable`` subrequest, one :class:`DeviceRecord` per candidate device in search order:
 the first check that refused the device **on its own** (nothing else of the pod picked yet;
 ``None`` = it fits on its own) and the first refusal the search met when it tried the device
-**beside the other picks** of the attempt. Amounts are exact (``Fraction``, base units).
-Pure: no I/O.
+**beside the other picks** of the attempt. Amounts are exact (``Fraction``, base units: bytes
+for memory, percent of SMs for Tessera's ``cores``). The record is data: its words, one wording
+for every reader, are :mod:`tessera.scheduler.words`. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -27,20 +28,16 @@ from tessera.allocator.model import Device, DeviceID, RequestPolicy
 from tessera.api.quantity import Format, Quantity
 
 
-def fmt_amount(v: Fraction, fmt: Format) -> str:
-    """An amount in a capacity's own format (BinarySI for memory), canonical."""
-    return Quantity(v, fmt).canonical()
-
-
 @dataclass(frozen=True, slots=True)
 class CapacityUse:
     """What one request would consume of one capacity of one device, and what is free.
 
     ``requested``: the request's own amount, or None when it names no such capacity (then
     ``needs`` is the request policy's ``default``, or the whole ``total`` without a policy:
-    dra-spec.md 2.2). ``needs`` is after the policy's rounding. ``allocated``: held by earlier
-    allocations (shares of other claims); ``in_call``: held by devices picked earlier in the
-    same attempt (this pod's other requests or claims).
+    dra-spec.md 2.2). ``needs`` is after the policy's rounding. Amounts in base units (bytes
+    for memory, percent of SMs for ``cores``), ``format`` the capacity's quantity format.
+    ``allocated``: held by earlier allocations (shares of other claims); ``in_call``: held by
+    devices picked earlier in the same attempt (this pod's other requests or claims).
     """
 
     name: str
@@ -64,31 +61,14 @@ class CapacityUse:
         object.__setattr__(self, "short", self.needs > free)
         object.__setattr__(self, "never", self.needs > self.total)
 
-    def amount(self, v: Fraction) -> str:
-        return fmt_amount(v, self.format)
-
-    def need_text(self) -> str:
-        """``memory 30Gi`` / ``memory 80Gi (the request names no memory: the request policy's default)``."""
-        how = ""
-        if self.requested is None:
-            how = f" (the request names no {self.name}: the request policy's default)"
-        elif self.requested.value != self.needs:
-            how = f" ({self.requested.canonical()} rounded up by the request policy)"
-        return f"{self.name} {self.amount(self.needs)}{how}"
-
 
 class Refusal:
     """The check that refused one device for one request. ``check`` names it (stable, for
-    JSON and grouping); :meth:`text` says it with this device's numbers; :meth:`key` says it
-    without per-device values (devices with equal keys are grouped)."""
+    JSON and grouping); :func:`tessera.scheduler.words.refusal_text` says it with this device's
+    numbers, :func:`~tessera.scheduler.words.refusal_key` without per-device values (devices
+    with equal keys are grouped)."""
 
     check: ClassVar[str] = ""
-
-    def text(self) -> str:
-        raise NotImplementedError
-
-    def key(self) -> str:
-        return self.text()
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,20 +80,13 @@ class InUse(Refusal):
     check: ClassVar[str] = "in-use"
     by: str
 
-    def text(self) -> str:
-        if self.by == "allocated":
-            return "in use: allocated whole (dedicated)"
-        if self.by == "same-claim":
-            return "in use: already picked for this claim"
-        return "in use: already picked whole (dedicated) for this pod"
-
 
 @dataclass(frozen=True, slots=True)
 class BindingConditionsOff(Refusal):
-    check: ClassVar[str] = "binding-conditions"
+    """The device has ``bindingConditions`` (KEP-5007) and the DRADeviceBindingConditions
+    feature is off."""
 
-    def text(self) -> str:
-        return "has binding conditions, but the DRADeviceBindingConditions feature is off"
+    check: ClassVar[str] = "binding-conditions"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +101,6 @@ class SelectorFalse(Refusal):
     @property
     def check(self) -> str:  # type: ignore[override]
         return "class-selector" if self.owner == "class" else "selector"
-
-    def text(self) -> str:
-        return f"{self.owner} {self.name} selector #{self.index} is false: `{' '.join(self.expression.split())}`"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,13 +117,6 @@ class CelError(Refusal):
     error: str
     kind: str = "runtime"  # or "compile"
 
-    def text(self) -> str:
-        hint = " (guard the lookup with has(...))" if "no such key" in self.error else ""
-        return (
-            f"{self.owner} {self.name} selector #{self.index}: CEL {self.kind} error: {self.error}{hint}; "
-            "this aborts scheduling of the pod"
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class CapacityUnusable(Refusal):
@@ -165,53 +128,35 @@ class CapacityUnusable(Refusal):
     check: ClassVar[str] = "capacity-error"
     error: str  # upstream's text: 'capacity "name": ...'
 
-    def text(self) -> str:
-        return f"{self.error}; this aborts scheduling of the pod"
-
 
 @dataclass(frozen=True, slots=True)
 class NotOnNode(Refusal):
-    check: ClassVar[str] = "node"
+    """A ``perDeviceNodeSelection`` device whose own node selection excludes this node."""
 
-    def text(self) -> str:
-        return "not available on this node (perDeviceNodeSelection)"
+    check: ClassVar[str] = "node"
 
 
 @dataclass(frozen=True, slots=True)
 class CapacityMissing(Refusal):
+    """The request names capacities (``missing``) the device does not publish (``published``:
+    the ones it does)."""
+
     check: ClassVar[str] = "capacity"
     missing: tuple[str, ...]
     published: tuple[str, ...]
 
-    def text(self) -> str:
-        return f"has no capacity {', '.join(self.missing)} (it publishes: {', '.join(self.published) or 'none'})"
-
 
 @dataclass(frozen=True, slots=True)
 class PolicyViolation(Refusal):
+    """The amount the request names of ``capacity`` (``amount``, base units: bytes for memory,
+    percent of SMs for ``cores``; ``format`` its quantity format) is not one the device's
+    ``requestPolicy`` allows (``validValues``, or ``validRange`` min/max/step; KEP-5075)."""
+
     check: ClassVar[str] = "policy"
     capacity: str
     amount: Fraction
     format: Format
     policy: RequestPolicy
-
-    def text(self) -> str:
-        pol = self.policy
-        a = fmt_amount(self.amount, self.format)
-        if pol.range_min is not None:
-            if pol.range_max is not None and self.amount > pol.range_max.value:
-                why = f"{a} is over the request policy's maximum {pol.range_max.canonical()}"
-            else:
-                step = pol.range_step.canonical() if pol.range_step is not None else "?"
-                why = f"{a} is not {pol.range_min.canonical()} plus a multiple of step {step}"
-        elif pol.valid_values:
-            why = (
-                f"{a} is not one of the request policy's validValues "
-                f"({', '.join(v.canonical() for v in pol.valid_values)})"
-            )
-        else:
-            why = f"{a} violates the request policy"
-        return f"{self.capacity}: {why}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,50 +176,13 @@ class CapacityShort(Refusal):
         """The device is too small for the request even when nothing else uses it."""
         return any(u.never for u in self.uses)
 
-    def text(self) -> str:
-        parts = []
-        for u in self.short:
-            if u.never:
-                parts.append(
-                    f"{u.name}: needs {u.amount(u.needs)}, more than the device has ({u.amount(u.total)})"
-                    + _how(u)
-                )
-                continue
-            held = f"{u.amount(u.free)} free of {u.amount(u.total)}"
-            if u.in_call:
-                held += f", {u.amount(u.in_call)} of it picked by this pod's other requests"
-            parts.append(
-                f"{u.name} short by {u.amount(u.needs - u.free)} (needs "
-                f"{u.amount(u.needs)}{_how(u, inside=True)}, {held})"
-            )
-        return "; ".join(parts)
-
-    def key(self) -> str:
-        parts = []
-        for u in self.short:
-            if u.never:
-                parts.append(f"{u.name}: needs more than the device has{_how(u)}")
-            else:
-                parts.append(f"{u.name} short (needs {u.amount(u.needs)}{_how(u, inside=True)})")
-        return "; ".join(parts)
-
-
-def _how(u: CapacityUse, inside: bool = False) -> str:
-    if u.requested is None:
-        text = f"policy default: the request names no {u.name}"
-    elif u.requested.value != u.needs:
-        text = f"{u.requested.canonical()} rounded up by the request policy"
-    else:
-        return ""
-    return f", {text}" if inside else f" ({text})"
-
 
 @dataclass(frozen=True, slots=True)
 class CountersOff(Refusal):
-    check: ClassVar[str] = "counters"
+    """The device consumes shared counters (KEP-4815) and the DRAPartitionableDevices feature
+    is off."""
 
-    def text(self) -> str:
-        return "consumes shared counters, but the DRAPartitionableDevices feature is off"
+    check: ClassVar[str] = "counters"
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,11 +190,12 @@ class CountersShort(Refusal):
     """A shared counter of the pool would go over: ``available`` = published minus what earlier
     allocations of the pool consume; ``in_call`` = consumed by this attempt's other picks;
     ``needs`` = this device's own consumption of that counter (0 when another device's
-    consumption already exhausts it). The whole set, when given, words it as
-    :func:`tessera.inventory.mig.describe_counters` does (``memory slices of gpu-0: 7 of 8 used
-    (slice 3 needed, in use)``): ``set_published`` every counter of the set, ``set_left`` what
-    is left of each for this device (earlier allocations and this attempt's other picks taken
-    off), ``set_needs`` the device's consumption of the set."""
+    consumption already exhausts it); amounts in the counter's own units
+    (``ResourceSlice.spec.sharedCounters[].counters[].value``, KEP-4815). The whole set, when
+    recorded, is what :func:`tessera.scheduler.words.counter_set` words (``memory slices of
+    gpu-0: 7 of 8 used (slice 3 needed, in use)``): ``set_published`` every counter of the set,
+    ``set_left`` what is left of each for this device (earlier allocations and this attempt's
+    other picks taken off), ``set_needs`` the device's consumption of the set."""
 
     check: ClassVar[str] = "counters"
     counter_set: str
@@ -299,73 +208,18 @@ class CountersShort(Refusal):
     set_left: tuple[tuple[str, Fraction], ...] = ()
     set_needs: tuple[tuple[str, Fraction], ...] = ()
 
-    def set_lines(self, *, needed: bool) -> list[str]:
-        """The set in words (:func:`~tessera.inventory.mig.describe_counters`): with ``needed``
-        only the counters this device cannot have; [] when the set was not recorded."""
-        if not self.set_published:
-            return []
-        from tessera.inventory.mig import describe_counters
-
-        lines = describe_counters(
-            self.counter_set,
-            dict(self.set_published),
-            dict(self.set_left),
-            dict(self.set_needs) if needed else None,
-        )
-        # Another driver's counters have no words of their own: the one-counter text says more.
-        return [] if all(line.startswith("counter ") for line in lines) else lines
-
-    def text(self) -> str:
-        lines = self.set_lines(needed=True)
-        if lines:
-            return f"shared counters: {'; '.join(lines)}"
-        free = max(self.available - self.in_call, Fraction(0))
-        held = (
-            [f"{fmt_counter(self.published - self.available)} held by earlier allocations"]
-            if self.published != self.available
-            else []
-        )
-        if self.in_call:
-            held.append(f"{fmt_counter(self.in_call)} by this pod's other picks")
-        return (
-            f"shared counter {self.counter_set}/{self.counter} used up: the device needs {fmt_counter(self.needs)}, "
-            f"{fmt_counter(free)} of {fmt_counter(self.published)} left"
-            + (f" ({', '.join(held)})" if held else "")
-        )
-
-    def key(self) -> str:
-        lines = self.set_lines(needed=False)
-        if lines:
-            return f"shared counters: {'; '.join(lines)}"
-        return f"shared counter {self.counter_set}/{self.counter} used up"
-
-
-def fmt_counter(v: Fraction) -> str:
-    """A counter amount, canonical. Counters carry no format of their own: binary suffixes read
-    best for memory-like ones (4Gi), and leave plain counts as they are (1000, 3)."""
-    return Quantity(v, "BinarySI").canonical()
-
 
 @dataclass(frozen=True, slots=True)
 class Tainted(Refusal):
+    """A device taint (KEP-5055; the slice's own or a DeviceTaintRule's) that request
+    ``request`` does not tolerate."""
+
     check: ClassVar[str] = "taint"
     key_: str
     value: str
     effect: str
     request: str
     rule: str = ""  # the DeviceTaintRule that added the taint ("" for the slice's own)
-
-    def taint(self) -> str:
-        """``key=value:effect``, with ``(DeviceTaintRule NAME)`` for a rule's taint."""
-        t = (
-            f"{self.key_}={self.value}:{self.effect}"
-            if self.value
-            else f"{self.key_}:{self.effect}"
-        )
-        return f"{t} (DeviceTaintRule {self.rule})" if self.rule else t
-
-    def text(self) -> str:
-        return f"taint {self.taint()} not tolerated: add a toleration to request {self.request}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,42 +234,6 @@ class ConstraintFailed(Refusal):
     attribute: str
     value: Any
     chosen: tuple[tuple[str, Any], ...] = ()
-
-    def text(self) -> str:
-        if self.value is None:
-            return f"has no attribute {self.attribute}, which constraint #{self.index} ({self.kind}) needs"
-        short = self.attribute.rpartition("/")[2]
-        if not self.chosen:
-            return (
-                f"constraint #{self.index} {self.kind} {self.attribute} refused it ({short} = "
-                f"{fmt_value(self.value)})"
-            )
-        others = ", ".join(f"{n}: {fmt_value(v)}" for n, v in self.chosen)
-        how = "differs from" if self.kind == "matchAttribute" else "repeats a value of"
-        return (
-            f"constraint #{self.index} {self.kind} {self.attribute}: {short} = {fmt_value(self.value)} "
-            f"{how} the devices picked before it ({others})"
-        )
-
-
-def fmt_value(v: Any) -> str:
-    """An attribute value as CEL would write it."""
-    from tessera.allocator.model import UnsupportedAttribute
-    from tessera.cel import SemverValue
-
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, SemverValue):
-        return f'semver("{v.text}")'
-    if isinstance(v, Quantity):
-        return f'quantity("{v.canonical()}")'
-    if isinstance(v, list):
-        return "[" + ", ".join(fmt_value(x) for x in v) + "]"
-    if isinstance(v, UnsupportedAttribute):
-        return f"<unsupported: {v.why}>"
-    return str(v)
 
 
 @dataclass

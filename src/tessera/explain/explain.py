@@ -40,20 +40,28 @@ from tessera.allocator import (
 from tessera.allocator.core import slice_on_node
 from tessera.allocator.model import DeviceID
 from tessera.allocator.record import (
+    CapacityShort,
     CelError,
     CountersShort,
     InUse,
+    Refusal,
     SelectorFalse,
-    fmt_value,
 )
 from tessera.api.errors import TesseraError
 from tessera.api.loader import Manifest
-from tessera.api.quantity import Quantity
 from tessera.cel import CelCompileError, CelRuntimeError, compile_selector
 from tessera.cel import reading as celtools
 from tessera.scheduler.claims import pod_claim_name
 from tessera.scheduler.nodes import node_refusal
 from tessera.scheduler.policies import rank_text
+from tessera.scheduler.words import (
+    amount,
+    attribute_value,
+    cel_error,
+    refusal_key,
+    refusal_text,
+    selector_false,
+)
 from tessera.sim.cluster import Cluster
 from tessera.sim.reasons import needs_text
 from tessera.sim.simulate import (
@@ -166,11 +174,6 @@ class Explanation:
 # Formatting helpers
 
 
-def fmt_quantity(v: Fraction, like: Quantity | None = None) -> str:
-    """A value in the format of ``like`` (BinarySI for memory), canonical."""
-    return Quantity(v, like.format if like is not None else "DecimalSI").canonical()
-
-
 def _names(devs: Sequence[str]) -> list[str]:
     return [d.split("/", 2)[-1] for d in devs]
 
@@ -248,11 +251,15 @@ def _values(part: str, d: Device) -> str:
         q = f"{r.domain}/{r.name}"
         if r.kind == "attributes":
             v = d.attributes.get(q)
-            text = f"{r.name} = {fmt_value(v)}" if v is not None else f"no attribute {q}"
+            text = f"{r.name} = {attribute_value(v)}" if v is not None else f"no attribute {q}"
         else:
             name = r.name if r.domain == d.driver else q
             cap = d.capacity.get(name)
-            text = f"{r.name} = {fmt_value(cap.value)}" if cap is not None else f"no capacity {q}"
+            text = (
+                f"{r.name} = {attribute_value(cap.value)}"
+                if cap is not None
+                else f"no capacity {q}"
+            )
         if text not in out:
             out.append(text)
     return ", ".join(out)
@@ -272,7 +279,7 @@ def verdict(
         part = " ".join(r.expression.split())
         with contextlib.suppress(CelRuntimeError):
             part = _failing_conjunct(r.expression, d.activation(lists), want_error=False) or part
-        key = f"{r.owner} {r.name} selector #{r.index} is false: `{part}`"
+        key = selector_false(r, part)
         detail = _values(part, d)
         return DeviceVerdict(did, r.check, key + (f" ({detail})" if detail else ""), key, detail)
     if isinstance(r, CelError):
@@ -281,27 +288,28 @@ def verdict(
             failing = _failing_conjunct(r.expression, d.activation(lists), want_error=True)
             if failing and failing != " ".join(r.expression.split()):
                 at = f" in `{failing}`"
-        hint = " (guard the lookup with has(...))" if "no such key" in r.error else ""
-        msg = (
-            f"{r.owner} {r.name} selector #{r.index}: CEL {r.kind} error{at}: {r.error}{hint}; this aborts "
-            "scheduling of the pod"
-        )
+        msg = cel_error(r, at)
         return DeviceVerdict(did, r.check, msg, msg)
     if isinstance(r, InUse) and r.by == "allocated":
         owner = owners.get(d.id)
-        msg = f"in use: allocated whole (dedicated) to claim {owner}" if owner else r.text()
-        return DeviceVerdict(did, r.check, msg, r.text(), owner or "")
-    text, key = r.text(), r.key()
+        text = refusal_text(r)
+        msg = f"{text} to claim {owner}" if owner else text
+        return DeviceVerdict(did, r.check, msg, text, owner or "")
+    text, key = refusal_text(r), refusal_key(r)
     if isinstance(r, CountersShort) and key != text and key.startswith("shared counters: "):
         # The set in words is the group; each device adds the counter it cannot have.
         return DeviceVerdict(did, r.check, text, key, f"{r.counter_set}/{r.counter}")
     return DeviceVerdict(did, r.check, text, key, text if text != key else "")
 
 
-def _group(verdicts: Sequence[DeviceVerdict]) -> list[ReasonGroup]:
+def _group(
+    verdicts: Sequence[DeviceVerdict], refusals: Sequence[Refusal | None]
+) -> list[ReasonGroup]:
     """Group refusals by reason. Identical texts form one group; a reason whose per-device
     values differ (capacity shortfalls, attribute values) is one group per distinct text while
-    there are at most 3 of them, else one group with the values summarised."""
+    there are at most 3 of them, else one group with the values summarised. ``refusals``: the
+    record's refusal behind each verdict (same order)."""
+    behind = {v.device: r for v, r in zip(verdicts, refusals, strict=True)}
     by_key: dict[str, list[DeviceVerdict]] = {}
     for v in verdicts:
         if v.check != "fits":
@@ -320,21 +328,24 @@ def _group(verdicts: Sequence[DeviceVerdict]) -> list[ReasonGroup]:
             if v.detail and v.detail not in details:
                 details.append(v.detail)
         if vs[0].check == "capacity":
-            text = f"{key}; the least short: {_least_short(vs)}"
+            text = f"{key}; the least short: {_least_short(vs, behind)}"
         else:
             text = f"{key} ({'; '.join(details[:3])}; ...)"
         out.append(ReasonGroup(len(vs), [v.device for v in vs], vs[0].check, text))
     return out
 
 
-def _least_short(vs: Sequence[DeviceVerdict]) -> str:
-    # details read "<cap> short by X (needs ..., F free of T)"; the least short is the one
-    # with the smallest shortfall of its first short capacity.
+def _least_short(vs: Sequence[DeviceVerdict], behind: Mapping[str, Refusal | None]) -> str:
+    """The device that is least short: by the first capacity its refusal says is short by an
+    amount (not one the device can never hold), from the record's amounts."""
+
     def shortfall(v: DeviceVerdict) -> Fraction:
-        try:
-            return Quantity.parse(v.detail.split(" short by ", 1)[1].split(" ", 1)[0]).value
-        except (IndexError, ValueError):
-            return Fraction(0)
+        r = behind[v.device]
+        if isinstance(r, CapacityShort):
+            for u in r.short:
+                if not u.never:
+                    return u.needs - u.free
+        return Fraction(0)
 
     best = min(vs, key=shortfall)
     return f"{best.device.split('/', 2)[-1]}: {best.detail}"
@@ -351,7 +362,14 @@ def request_on_node(
     claim's ``namespace/name``."""
     verdicts = [verdict(dr, lists, owners) for dr in rr.devices]
     fitting = [v.device for v in verdicts if v.check == "fits"]
-    ron = RequestOnNode(claim, rr.name, wants(rr), len(verdicts), fitting, _group(verdicts))
+    ron = RequestOnNode(
+        claim,
+        rr.name,
+        wants(rr),
+        len(verdicts),
+        fitting,
+        _group(verdicts, [dr.alone for dr in rr.devices]),
+    )
     if all_devices:
         ron.devices = verdicts
     if rr.all_mode:
@@ -363,7 +381,7 @@ def request_on_node(
     together: dict[str, list[str]] = {}
     for dr in rr.devices:
         if dr.alone is None and dr.in_search is not None:
-            together.setdefault(dr.in_search.text(), []).append(dr.device.name)
+            together.setdefault(refusal_text(dr.in_search), []).append(dr.device.name)
     for text, names in list(together.items())[:3]:
         ron.notes.append(
             f"{', '.join(names)}: fits on its own, refused beside the other picks: {text}"
@@ -680,7 +698,7 @@ def _placements(
                         if d
                         else Fraction(0)
                     )
-                    parts.append(f"{k} {v} of {fmt_quantity(free, cap.value)} free")
+                    parts.append(f"{k} {v} of {amount(free, cap.value.format)} free")
                 else:
                     parts.append(f"{k} {v}")
             share = "shared" if r.get("shareID") else "dedicated"

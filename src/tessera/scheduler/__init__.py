@@ -9,6 +9,8 @@
 - :mod:`tessera.scheduler.extended`: extended resources served by a DeviceClass (KEP-5004):
   which a pod requests, the claim the scheduler makes for them and its name.
 - :mod:`tessera.scheduler.usage`: memory, cores and shared counters allocated per device.
+- :mod:`tessera.scheduler.words`: the allocator's refusal record in words (explain and the
+  pending reasons say a refusal the same way).
 
 Used by the simulation (:mod:`tessera.sim`), ``explain``/``lint``, the monitor and the
 scheduler extender alike, so each decision is made in one place (docs/architecture.md).

@@ -41,10 +41,16 @@ from tessera.allocator.record import (
     InUse,
     PolicyViolation,
     Tainted,
-    fmt_amount,
-    fmt_counter,
 )
 from tessera.api.quantity import Format
+from tessera.scheduler.words import (
+    amount,
+    counter_amount,
+    counter_set,
+    refusal_key,
+    refusal_text,
+    taint,
+)
 
 
 @dataclass
@@ -93,7 +99,7 @@ def needs_text(rr: RequestRecord, devs: Sequence[DeviceRecord]) -> str:
         why = f"the request names no {k}, so the request policy's default applies"
         if len(vals) == 1:
             (whole, _, _), (needs, fmt) = next(iter(vals.items()))
-            text = fmt_amount(needs, fmt)
+            text = amount(needs, fmt)
             named.append(f"{k} {text} ({'all of it' + some + ': ' if whole else ''}{why})")
         elif all(whole for whole, _, _ in vals):
             named.append(f"all of the device's {k}{some} ({why})")
@@ -153,7 +159,9 @@ def request_clause(
         else:
             together = next((s.dr.in_search for s in fitting if s.dr.in_search is not None), None)
             why = (
-                f": {together.text()}" if together is not None else " (no combination of them fits)"
+                f": {refusal_text(together)}"
+                if together is not None
+                else " (no combination of them fits)"
             )
             parts.append(f"{fit}, but not together with the rest of the pod{why}")
     matches = f"{_plural(len(matching), noun)} {scope} {'matches' if len(matching) == 1 else 'match'} its selectors"
@@ -176,12 +184,13 @@ def _largest(never: Sequence[_Seen], every: bool) -> str:
         else:
             other += 1
     parts = [
-        f"{u.name} {u.amount(u.needs)} is more than any {'has' if every else 'of them has'}: the largest has "
-        f"{u.amount(u.total)}, {s.node}/{s.dr.device.name}"
+        f"{u.name} {amount(u.needs, u.format)} is more than any "
+        f"{'has' if every else 'of them has'}: the largest has "
+        f"{amount(u.total, u.format)}, {s.node}/{s.dr.device.name}"
         for u, s in by_cap.values()
     ]
     kinds = {
-        s.dr.alone.text()
+        refusal_text(s.dr.alone)
         for s in never
         if not isinstance(s.dr.alone, CapacityShort) and s.dr.alone is not None
     }
@@ -211,25 +220,25 @@ def _now(now: Sequence[_Seen], noun: str) -> str:
             if isinstance(r, CountersShort):
                 sets.setdefault(f"{s.dr.device.pool}/{r.counter_set}", {})[r.counter] = r
         elif isinstance(r, Tainted):
-            key = f"tainted {r.taint()} (not tolerated)"
+            key = f"tainted {taint(r)} (not tolerated)"
             others[key] = others.get(key, 0) + 1
         elif isinstance(r, ConstraintFailed):
             key = f"without attribute {r.attribute} (constraint #{r.index})"
             others[key] = others.get(key, 0) + 1
         elif r is not None:
-            others[r.key()] = others.get(r.key(), 0) + 1
+            key = refusal_key(r)
+            others[key] = others.get(key, 0) + 1
     parts = []
     for name, items in short.items():
         u, s = max(items, key=lambda it: it[0].free)
         where = f"{s.node}/{s.dr.device.name}"
+        free, total, needs = (amount(v, u.format) for v in (u.free, u.total, u.needs))
         if len(items) == 1:
-            parts.append(
-                f"{name} short on {where}: {u.amount(u.free)} free of {u.amount(u.total)}, needs {u.amount(u.needs)}"
-            )
+            parts.append(f"{name} short on {where}: {free} free of {total}, needs {needs}")
         else:
             parts.append(
-                f"{name} short on {_plural(len(items), noun)} (most free: {u.amount(u.free)} of {u.amount(u.total)}, "
-                f"on {where}; needs {u.amount(u.needs)})"
+                f"{name} short on {_plural(len(items), noun)} (most free: {free} of {total}, "
+                f"on {where}; needs {needs})"
             )
     for text, n in others.items():
         if text == _COUNTERS and sets:
@@ -248,11 +257,12 @@ def _counters_text(found: Mapping[str, CountersShort]) -> str:
     (``memory slices of gpu-0: 7 of 8 used; compute slices of gpu-0: 7 of 7 used``), or, for
     another driver's counters, each one with what is left of what the set publishes."""
     for r in found.values():
-        lines = r.set_lines(needed=False)
+        lines = counter_set(r, needed=False)
         if lines:
             return "; ".join(lines)
     return ", ".join(
-        f"{c} {fmt_counter(max(r.available - r.in_call, Fraction(0)))} of {fmt_counter(r.published)} left"
+        f"{c} {counter_amount(max(r.available - r.in_call, Fraction(0)))} of "
+        f"{counter_amount(r.published)} left"
         for c, r in sorted(found.items())
     )
 
