@@ -220,9 +220,8 @@ def test_selector_results_shared_only_between_devices_that_agree_on_named_fields
     ):
         assert _reads(expr) is None, expr
     # String-literal keys, optional ones included, name what they read: shared.
-    assert _reads('device.attributes[?"d.example.com"].model == "H100"') >= {
-        "model",
-        "d.example.com",
+    assert _reads('device.attributes[?"d.example.com"].model == "H100"') == {
+        ("attributes", "d.example.com/model")
     }
     # A key computed by cel.bind must not let b (numa 1) share a's result (numa 0).
     computed = compile_selector(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import math
 import random
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -67,6 +66,7 @@ from tessera.cel import (
     SemverValue,
     compile_selector,
 )
+from tessera.cel.reading import device_fields
 
 MAX_RESULTS_PER_CLAIM = 32
 #: At most this many claim preparations are kept (Allocator frozen_specs).
@@ -878,7 +878,7 @@ class Allocator:
         a CEL runtime error raises AllocationError (upstream's message, ``owner`` first).
 
         Results are memoised per (expression, device), and across devices that agree on every
-        field the expression can read (see :func:`_reads`): 8 identical GPUs but for their
+        field the expression can read (:func:`_reads`): 8 identical GPUs but for their
         UUIDs evaluate ``device.driver == "x"`` once.
         """
         for i, sel in enumerate(sels):
@@ -925,49 +925,40 @@ class _Recorder:
         return self.last
 
 
-# Expressions that may read fields they do not name: their results are memoised per device
-# only. That is: a macro or function that enumerates a map (size, all, exists, existsOne,
-# map, filter, the ext library's transformList/transformMap/transformMapEntry), `in device`,
-# `device.attributes`/`device.capacity` used other than through a string-literal key (bound
-# with cel.bind, passed whole, indexed by a variable), and any index that is not a string
-# literal (a computed key may name any field).
-_ENUMERATES = re.compile(
-    r"\b(size|all|exists|exists_one|existsOne|map|filter|transformList|transformMap|transformMapEntry)\s*\(|"
-    r"\bin\s+device\b|"
-    r"device\s*\.\s*(attributes|capacity)(?!\s*\[\s*\??\s*[\"'])|"
-    r"\[\s*\??\s*(?![\s\"'?])"
-)
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"|\'((?:[^\'\\]|\\.)*)\'')
-
-
 @functools.lru_cache(maxsize=4096)
-def _reads(expression: str) -> frozenset[str] | None:
-    """The words an expression names (identifiers and string literals), or None if it may
-    read device fields without naming them."""
-    if _ENUMERATES.search(expression):
+def _reads(expression: str) -> frozenset[tuple[str, str]] | None:
+    """The device fields ``expression`` can read (:func:`tessera.cel.reading.device_fields` of
+    its compiled tree: ``(kind, "domain/name")``), or None if it may read fields it does not
+    name (then its results are memoised per device only)."""
+    try:
+        return device_fields(compile_selector(expression).tree)
+    except CelCompileError:
         return None
-    literals = {a or b for a, b in _LITERAL.findall(expression)}
-    return frozenset(_IDENT.findall(expression)) | literals
 
 
 def _selector_key(expression: str, d: Device) -> tuple[Any, ...] | None:
     """A key under which devices give the same result for ``expression``: the driver, the
     multi-allocation flag, and the values of the attributes and capacities it names."""
-    words = _reads(expression)
-    if words is None:
+    fields = _reads(expression)
+    if fields is None:
         return None
     if any(isinstance(v, UnsupportedAttribute) for v in d.attributes.values()):
         return None  # its activation fails whatever the expression reads: never share
-
-    def named(k: str) -> bool:
-        return k in words or k.rpartition("/")[2] in words
-
-    attrs = tuple(
-        sorted((k, f"{type(v).__name__}:{v!r}") for k, v in d.attributes.items() if named(k))
-    )
-    caps = tuple(sorted((k, c.value.value) for k, c in d.capacity.items() if named(k)))
-    return (expression, d.driver, d.allow_multiple, attrs, caps)
+    attrs: list[tuple[str, str]] = []
+    caps: list[tuple[str, Fraction]] = []
+    prefix = d.driver + "/"
+    for kind, name in sorted(fields):
+        if kind == "attributes":
+            v = d.attributes.get(name)
+            if v is not None:
+                attrs.append((name, f"{type(v).__name__}:{v!r}"))
+        else:  # capacity keys of the driver's own domain are short (as the slice writes them)
+            c = d.capacity.get(name)
+            if c is None and name.startswith(prefix):
+                c = d.capacity.get(name[len(prefix) :])
+            if c is not None:
+                caps.append((name, c.value.value))
+    return (expression, d.driver, d.allow_multiple, tuple(attrs), tuple(caps))
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,12 @@
 capacity reads, ordering comparisons. Shared by ``explain`` (which sub-expression was false)
 and ``lint`` (what a selector reads and whether that is a mistake).
 
-Works on the lark parse tree of Tessera's CEL grammar (:func:`tessera.cel.syntax.parse_tree`:
-cel-python's grammar, ``expr`` > ``conditionalor`` > ``conditionaland`` > ``relation`` > ... >
-``member`` > ``primary``, plus the optional syntax ``member_dot_opt``/``member_index_opt``).
+:func:`device_fields` reads the expression tree a compiled selector holds (macros expanded):
+which device fields a selector can see, so the allocator may share one result among devices
+that agree on them. The rest works on the lark parse tree of Tessera's CEL grammar
+(:func:`tessera.cel.syntax.parse_tree`: cel-python's grammar, ``expr`` > ``conditionalor`` >
+``conditionaland`` > ``relation`` > ... > ``member`` > ``primary``, plus the optional syntax
+``member_dot_opt``/``member_index_opt``).
 Pure: no I/O.
 """
 
@@ -17,7 +20,17 @@ from dataclasses import dataclass
 
 import lark
 
-from tessera.cel.syntax import CelSyntaxError, parse_tree
+from tessera.cel.syntax import (
+    Call,
+    CelSyntaxError,
+    Comprehension,
+    Const,
+    Expr,
+    Ident,
+    Select,
+    children,
+    parse_tree,
+)
 
 RELATIONS = {
     "relation_lt": "<",
@@ -265,3 +278,79 @@ def read_of(node: lark.Tree, expression: str) -> Read | None:
         if r.node is node:
             return r
     return None
+
+
+#: ``device`` fields besides the attribute and capacity maps (the DRA CEL environment's device:
+#: ``driver``, ``attributes``, ``capacity``, ``allowMultipleAllocations``; dra-spec.md 3.1).
+PLAIN_DEVICE_FIELDS = frozenset({"driver", "allowMultipleAllocations"})
+_INDEX = ("_[_]", "_[?_]")
+
+
+def _string_const(e: Expr) -> str | None:
+    return e.value if isinstance(e, Const) and isinstance(e.value, str) else None
+
+
+def _domain_of(e: Expr) -> tuple[str, str] | None:
+    """(``"attributes"``/``"capacity"``, domain) if ``e`` is ``device.<map>["<domain>"]``."""
+    if not (isinstance(e, Call) and e.fn in _INDEX and e.target is None and len(e.args) == 2):
+        return None
+    m, key = e.args
+    domain = _string_const(key)
+    if (
+        domain is None
+        or not isinstance(m, Select)
+        or m.test_only
+        or m.field not in ("attributes", "capacity")
+        or not (isinstance(m.operand, Ident) and m.operand.name == "device")
+    ):
+        return None
+    return m.field, domain
+
+
+def _field_read(e: Expr) -> tuple[str, str, str] | None:
+    """(kind, domain, name) if ``e`` reads one named field: ``device.attributes["d"].name``,
+    ``has(...)`` of it, ``.?name``, or ``["name"]``/``[?"name"]`` with a string literal."""
+    if isinstance(e, Select):
+        found = _domain_of(e.operand)
+        return (*found, e.field) if found is not None else None
+    if not (isinstance(e, Call) and e.target is None and e.fn in (*_INDEX, "_?._")):
+        return None
+    if len(e.args) != 2:
+        return None
+    found = _domain_of(e.args[0])
+    name = _string_const(e.args[1])
+    return (*found, name) if found is not None and name is not None else None
+
+
+def device_fields(tree: Expr) -> frozenset[tuple[str, str]] | None:
+    """The device fields a selector's expression tree can read, as ``(kind, "domain/name")``
+    pairs (``kind``: ``"attributes"`` or ``"capacity"``), or None when it may read fields it
+    does not name.
+
+    None when ``device`` is used other than as ``device.driver``,
+    ``device.allowMultipleAllocations`` or one literal-named field
+    (``device.attributes["gpu.tessera.dev"].model``, ``[?"model"]``, ``has(...)`` of one): a
+    domain map used whole (enumerated by a macro, ``size``, ``in``, bound with ``cel.bind``),
+    an index that is not a string literal, ``device`` itself passed or bound, or a
+    comprehension variable named ``device``. Two devices with the same driver, the same
+    ``allowMultipleAllocations`` and the same values (or absence) of every field named here
+    give the same result. ``tree``: :attr:`tessera.cel.CompiledSelector.tree`.
+    """
+    found: set[tuple[str, str]] = set()
+    todo = [tree]
+    while todo:
+        e = todo.pop()
+        read = _field_read(e)
+        if read is not None:
+            found.add((read[0], f"{read[1]}/{read[2]}"))
+            continue
+        if isinstance(e, Select) and isinstance(e.operand, Ident) and e.operand.name == "device":
+            if e.field in PLAIN_DEVICE_FIELDS:
+                continue
+            return None
+        if isinstance(e, Ident) and e.name == "device":
+            return None
+        if isinstance(e, Comprehension) and "device" in (e.iter_var, e.iter_var2, e.accu_var):
+            return None
+        todo.extend(children(e))
+    return frozenset(found)
