@@ -1585,20 +1585,33 @@ class _Search:
         return ConstraintFailed(con.index, con.kind, con.attribute, v, chosen)
 
     def _candidate(
-        self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool
+        self,
+        cd: ClaimData,
+        rd: RequestData,
+        d: Device,
+        pool: Pool,
+        memo: list[bool | None] | None = None,
+        k: int = -1,
     ) -> Callable[[], None] | None:
         """One candidate of the device loop (allocateOne): in use, selectable, capacity, then
-        allocateDevice. Returns the undo of a successful pick, else None. ``_slot`` inlines the
-        same sequence; tests/conformance/test_record.py holds the two to the same answers."""
+        allocateDevice. Returns the undo of a successful pick, else None. The search
+        (``_slot``) and the on-its-own pass (:meth:`alone`) both ask it. ``memo``: the
+        request's kept selectability per position in the node's order (``k``: this device's
+        position), or None to evaluate the selectors."""
         if self._in_use(rd, d, cd):
             return None
-        if not self._selectable(rd, d, cd.ref):
+        if memo is not None:
+            ok = memo[k]
+            if ok is None:
+                ok = memo[k] = self._selectable(rd, d, cd.ref)
+        else:
+            ok = self._selectable(rd, d, cd.ref)
+        if not ok:
             return None
-        if self.f.consumable_capacity and not self._capacity_fits(rd, d, in_call=True):
+        cap = self.f.consumable_capacity
+        if cap and not self._capacity_fits(rd, d, in_call=True):
             return None
-        return self._allocate_device(
-            cd, rd, d, pool, must=False, capacity_checked=self.f.consumable_capacity
-        )
+        return self._allocate_device(cd, rd, d, pool, must=False, capacity_checked=cap)
 
     def alone(self, cd: ClaimData, rd: RequestData, d: Device, pool: Pool) -> Refusal | None:
         """The first check that refuses ``d`` for ``rd`` with nothing else picked (diagnose
@@ -1688,12 +1701,10 @@ class _Search:
             undo()
             return False
         # Combination pruning: the next device of the same request comes after the previous one.
-        # The loop body is _candidate, inlined (the hot path of every search). Selectability
-        # does not change with allocations: with frozen specs, outside diagnose and in
-        # upstream's order, it is kept per request and node, evaluated where upstream first
-        # evaluates it (a CEL error is raised at the same point, and never kept).
+        # Selectability does not change with allocations: with frozen specs, outside diagnose
+        # and in upstream's order, it is kept per request and node, evaluated where upstream
+        # first evaluates it (a CEL error is raised at the same point, and never kept).
         order = self.order
-        cap = self.f.consumable_capacity
         memo: list[bool | None] | None = None
         if rd.kept and self.rec is None and not self.ranked:
             mkey = (id(rd), id(order))  # the order list is kept per node by the allocator
@@ -1703,19 +1714,7 @@ class _Search:
             memo = row[1]
         for k in range(start + 1, len(order)):
             pool, d = order[k]
-            if self._in_use(rd, d, cd):
-                continue
-            if memo is not None:
-                ok = memo[k]
-                if ok is None:
-                    ok = memo[k] = self._selectable(rd, d, cd.ref)
-            else:
-                ok = self._selectable(rd, d, cd.ref)
-            if not ok:
-                continue
-            if cap and not self._capacity_fits(rd, d, in_call=True):
-                continue
-            undo = self._allocate_device(cd, rd, d, pool, must=False, capacity_checked=cap)
+            undo = self._candidate(cd, rd, d, pool, memo, k)
             if undo is None:
                 continue
             try:
