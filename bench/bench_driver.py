@@ -1,6 +1,6 @@
 """Benchmark the node driver: NodePrepareResources latency, RSS, time to first ResourceSlices.
 
-A real control plane (``tessera.kube.cluster``, binaries from ``$TESSERA_KUBE_BIN`` or
+A real control plane (``tessera.localcluster.cluster``, binaries from ``$TESSERA_KUBE_BIN`` or
 ``tools/kube/bin``) holds ``--claims`` ResourceClaims allocated on one node of 8x H100 80GB
 (the corpus gpud inventory, served by the fake NVML of ``native/fake``); shapes are drawn with
 a fixed seed (4Gi/10 .. 40Gi/50, memory / cores). Three measurements:
@@ -45,7 +45,7 @@ from tessera.driver.node import DriverConfig, NodeDriver  # noqa: E402
 from tessera.enforcement import library_path  # noqa: E402
 from tessera.inventory import load_inventory  # noqa: E402
 from tessera.kube.client import KubeClient  # noqa: E402
-from tessera.kube.cluster import Cluster, Inventory, register_inventory  # noqa: E402
+from tessera.localcluster.cluster import Cluster, Inventory, register_inventory  # noqa: E402
 
 H100 = (
     corpus_path()

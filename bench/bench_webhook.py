@@ -1,8 +1,8 @@
 """Admission latency of ``tessera webhook`` under a constant request rate, measured from the client,
 and the CPU time one admission costs.
 
-Load test (default): starts a real control plane (``tessera.kube.cluster``, the e2e nodes: 8x H100
-with topology and 2x A5000), a ``tessera webhook`` process against it, and attacks
+Load test (default): starts a real control plane (``tessera.localcluster.cluster``, the e2e
+nodes: 8x H100 with topology and 2x A5000), a ``tessera webhook`` process against it, and attacks
 ``POST /mutate-pods`` over TLS on loopback with **vegeta** (an open-loop load tool: requests leave
 at the given rate whatever the latency, so slow answers are not hidden; connections are kept
 alive, as kube-apiserver keeps its connections to webhooks) for a fixed duration, after which it
@@ -191,8 +191,8 @@ def bench_load(rate: int, duration: int) -> int:
         corpus_node,
         inventory_of,
     )
-    from tessera.kube.cluster import Cluster
-    from tessera.kube.pki import make_serving_certificate
+    from tessera.localcluster.cluster import Cluster
+    from tessera.localcluster.pki import make_serving_certificate
 
     exe = vegeta()
     work = Path(tempfile.mkdtemp(prefix="tessera-bench-webhook-"))

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tessera.kube.harness import run_scenario as run_upstream
+from tessera.localcluster.harness import run_scenario as run_upstream
 
 from .compare import assert_same
 from .test_conformance import run_scenario

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.kube.harness import run_scenario as run_upstream
+from tessera.localcluster.harness import run_scenario as run_upstream
 
 from .compare import assert_same
 from .test_conformance import SCENARIOS, load, run_scenario

@@ -39,17 +39,17 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera.kube import build, images
 from tessera.kube.client import ApiError, KubeClient
-from tessera.kube.cluster import (
+from tessera.kube.workloads import delete_pod, wait_for
+from tessera.localcluster import build, images
+from tessera.localcluster.cluster import (
     DEVICE_CLASS,
     Cluster,
     ClusterError,
     Inventory,
     register_inventory,
 )
-from tessera.kube.node import NodeInfo, check_host, plugin_registered
-from tessera.kube.workloads import delete_pod, wait_for
+from tessera.localcluster.node import NodeInfo, check_host, plugin_registered
 from tessera.sim.cluster import Cluster as SimCluster
 from tessera.sim.cluster import SimNode
 
@@ -289,7 +289,7 @@ class LiveNode(LiveCluster):
         self, name: str, files: Mapping[str, images.FileLike], *, tag: str = "latest", **kwargs: Any
     ) -> images.Image:
         """Build ``tessera.local/<name>:<tag>`` (busybox plus ``files``; keyword arguments of
-        :func:`tessera.kube.images.build_image`: env, entrypoint, cmd, libraries_for...) and
+        :func:`tessera.localcluster.images.build_image`: env, entrypoint, cmd, libraries_for...) and
         import it into the node's containerd. Use ``.ref`` with ``imagePullPolicy: Never``."""
         return self.node.build_image(name, files, tag=tag, **kwargs)
 

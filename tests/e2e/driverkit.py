@@ -34,8 +34,8 @@ from tessera.driver.node import DriverConfig
 from tessera.enforcement import library_path
 from tessera.inventory import GPU, load_inventory
 from tessera.kube.client import KubeClient
-from tessera.kube.cluster import Inventory, register_inventory
-from tessera.kube.fake_nvml import mig_lines, mig_uuid, nvml_config, write_atomically
+from tessera.localcluster.cluster import Inventory, register_inventory
+from tessera.localcluster.fake_nvml import mig_lines, mig_uuid, nvml_config, write_atomically
 
 from .conftest import CORPUS, LiveCluster
 

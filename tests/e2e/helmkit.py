@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera.kube import build, localinstall
 from tessera.kube.client import ApiError, KubeClient
 from tessera.kube.workloads import wait_for
+from tessera.localcluster import build, localinstall
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "tessera"
@@ -31,8 +31,9 @@ CERT_MANAGER = "github.com/cert-manager/cert-manager@v1.21.2"
 
 def helm_bin() -> Path:
     """``$TESSERA_HELM_BIN`` (a prebuilt helm), else ``tools/helm/bin/helm``, built by
-    ``tools/helm/build.sh`` when missing or stale (:func:`tessera.kube.localinstall.helm_binary`,
-    a no-op otherwise). Fails the test when it cannot be built."""
+    ``tools/helm/build.sh`` when missing or stale
+    (:func:`tessera.localcluster.localinstall.helm_binary`, a no-op otherwise). Fails the test
+    when it cannot be built."""
     env = os.environ.get("TESSERA_HELM_BIN")
     if env:
         p = Path(env)

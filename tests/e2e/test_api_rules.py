@@ -22,8 +22,8 @@ import yaml
 
 from tessera.api.loader import Manifest, Source
 from tessera.api.validation import manifest_problems
-from tessera.kube import build
 from tessera.kube.client import ApiError, KubeClient
+from tessera.localcluster import build
 
 from .conftest import LiveCluster
 

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 import tessera
 from tessera.cli.cluster import cluster
-from tessera.kube import build
 from tessera.kube.client import KubeClient
 from tessera.kube.workloads import wait_pod_scheduled
+from tessera.localcluster import build
 
 from .conftest import session_nodes, write_slices
 

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.kube import cluster as cluster_mod
 from tessera.kube.client import ApiError
-from tessera.kube.cluster import FEATURE_GATES, Cluster, Inventory
 from tessera.kube.workloads import (
     apply_objects,
     delete_pod,
@@ -21,6 +19,8 @@ from tessera.kube.workloads import (
     wait_pod_scheduled,
     wait_pod_unschedulable,
 )
+from tessera.localcluster import cluster as cluster_mod
+from tessera.localcluster.cluster import FEATURE_GATES, Cluster, Inventory
 
 from .conftest import H100_SINGLE_INVENTORY, LiveCluster, corpus_node, inventory_of, session_nodes
 

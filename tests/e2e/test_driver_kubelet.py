@@ -27,8 +27,8 @@ from tessera.driver.publish import BACKEND_ATTRIBUTE
 from tessera.enforcement import library_path
 from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD
 from tessera.inventory import load_inventory
-from tessera.kube.localinstall import PROBE_SOURCE
 from tessera.kube.workloads import apply_objects, delete_pod, pod_claims, wait_for
+from tessera.localcluster.localinstall import PROBE_SOURCE
 
 from .conftest import LiveNode
 from .driverkit import *  # noqa: F403 (fixtures)

@@ -25,8 +25,8 @@ from tessera.driver.backend import LIBRARY
 from tessera.enforcement.limits import read_limits
 from tessera.inventory import build_resource_slices, load_inventory
 from tessera.inventory.mig import DynamicMIG
-from tessera.kube.fake_nvml import as_listed, mig_minors_text
 from tessera.kube.workloads import apply_objects, gpu_pod, pod_claims, wait_for, wait_pod_scheduled
+from tessera.localcluster.fake_nvml import as_listed, mig_minors_text
 
 from .conftest import CORPUS, LiveCluster
 from .driverkit import *  # noqa: F403 (fixtures)

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from tessera.driver.kubelet import dra_socket, registration_socket
-from tessera.kube.node import kubelet_metric_lines
 from tessera.kube.workloads import apply_objects, wait_for
+from tessera.localcluster.node import kubelet_metric_lines
 
 from .conftest import LiveNode
 from .driverkit import *  # noqa: F403 (fixtures)

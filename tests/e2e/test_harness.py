@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera.kube import build
-from tessera.kube.harness import HarnessError, run_scenario
+from tessera.localcluster import build
+from tessera.localcluster.harness import HarnessError, run_scenario
 
 pytestmark = pytest.mark.cluster
 

@@ -38,11 +38,11 @@ import yaml
 from tessera.api.deviceclass import device_class, mig_device_class
 from tessera.driver.node import REQUIRED_ACCESS
 from tessera.enforcement.layout import DEFAULT_STATE_DIR, claims_dir
-from tessera.kube import build
 from tessera.kube.client import ApiError, KubeClient
-from tessera.kube.cluster import Cluster, ClusterError
-from tessera.kube.pki import make_serving_certificate
 from tessera.kube.workloads import wait_for
+from tessera.localcluster import build
+from tessera.localcluster.cluster import Cluster, ClusterError
+from tessera.localcluster.pki import make_serving_certificate
 
 from .conftest import (
     A5000_INVENTORY,

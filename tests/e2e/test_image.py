@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from tessera import __version__
-from tessera.kube import build, images
+from tessera.localcluster import build, images
 
 pytestmark = pytest.mark.image
 

@@ -1,5 +1,5 @@
-"""Pure parts of tessera.kube (no Go build, no control plane): slice inputs, Node objects,
-the local PKI, kubeconfig parsing, status of a stopped cluster."""
+"""Pure parts of tessera.kube and tessera.localcluster (no Go build, no control plane): slice
+inputs, Node objects, the local PKI, kubeconfig parsing, status of a stopped cluster."""
 
 from __future__ import annotations
 
@@ -13,8 +13,14 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tessera.cli.cluster import cluster
 from tessera.kube.client import KubeClient, KubeconfigError
-from tessera.kube.cluster import Cluster, ClusterInputError, NodeSpec, load_slice_files, node_object
-from tessera.kube.pki import make_pki
+from tessera.localcluster.cluster import (
+    Cluster,
+    ClusterInputError,
+    NodeSpec,
+    load_slice_files,
+    node_object,
+)
+from tessera.localcluster.pki import make_pki
 
 from .conftest import session_nodes, write_slices
 

@@ -39,9 +39,9 @@ from corpus_paths import corpus_path
 from prom_server import prometheus
 from tessera import DRIVER_NAME
 from tessera.enforcement.layout import claims_dir
-from tessera.kube import images, localinstall
 from tessera.kube.client import ApiError
 from tessera.kube.workloads import wait_for
+from tessera.localcluster import images, localinstall
 from tessera.webhook.templates import HASH_LABEL
 
 from .conftest import LiveNode

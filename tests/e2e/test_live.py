@@ -28,9 +28,7 @@ from tessera.api.quantity import Quantity
 from tessera.cli import main
 from tessera.enforcement.layout import REGION_FILE
 from tessera.enforcement.region import create_region
-from tessera.kube import build
 from tessera.kube.client import ApiError, KubeClient, Obj
-from tessera.kube.cluster import Cluster, ClusterError
 from tessera.kube.workloads import (
     apply_objects,
     gpu_claim_template,
@@ -41,6 +39,8 @@ from tessera.kube.workloads import (
     wait_pod_scheduled,
     wait_pod_unschedulable,
 )
+from tessera.localcluster import build
+from tessera.localcluster.cluster import Cluster, ClusterError
 
 from .conftest import (
     A10_INVENTORY,

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from tessera.kube import build
 from tessera.kube.client import KubeClient
-from tessera.kube.cluster import Cluster
-from tessera.kube.node import (
+from tessera.kube.workloads import delete_pod, wait_pod_running
+from tessera.localcluster import build
+from tessera.localcluster.cluster import Cluster
+from tessera.localcluster.node import (
     BRIDGE,
     current_holder,
     describe_holder,
@@ -30,8 +31,7 @@ from tessera.kube.node import (
     node_lock,
     plugin_registered,
 )
-from tessera.kube.nodenet import BRIDGE_ADDRESS, GUARD_TABLE, KUBE_PROXY_TABLES
-from tessera.kube.workloads import delete_pod, wait_pod_running
+from tessera.localcluster.nodenet import BRIDGE_ADDRESS, GUARD_TABLE, KUBE_PROXY_TABLES
 
 from .conftest import NODE_LOCK_WAIT, LiveNode, node_prerequisites
 

@@ -33,7 +33,8 @@ from typing import Any, ClassVar
 import pytest
 
 from tessera.kube.client import ApiError
-from tessera.kube.nodenet import (
+from tessera.kube.workloads import wait_for, wait_pod_running
+from tessera.localcluster.nodenet import (
     BRIDGE,
     BRIDGE_ADDRESS,
     GUARD_TABLE,
@@ -42,8 +43,7 @@ from tessera.kube.nodenet import (
     SERVICE_RANGE,
     guard_counters,
 )
-from tessera.kube.pki import KUBERNETES_SERVICE_IP, make_serving_certificate
-from tessera.kube.workloads import wait_for, wait_pod_running
+from tessera.localcluster.pki import KUBERNETES_SERVICE_IP, make_serving_certificate
 
 from .conftest import LiveNode
 

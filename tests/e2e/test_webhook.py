@@ -39,12 +39,12 @@ import pytest
 import yaml
 
 from tessera.api.loader import Manifest, Source, expand_workloads
-from tessera.kube import build
 from tessera.kube.client import ApiError, KubeClient, Obj
-from tessera.kube.cluster import Cluster, ClusterError
-from tessera.kube.pki import CertPair, make_serving_certificate
 from tessera.kube.watch import Informer
 from tessera.kube.workloads import wait_for
+from tessera.localcluster import build
+from tessera.localcluster.cluster import Cluster, ClusterError
+from tessera.localcluster.pki import CertPair, make_serving_certificate
 from tessera.sim.cluster import SimNode
 from tessera.sim.simulate import SimResult, Simulation
 from tessera.webhook.admission import ClusterView

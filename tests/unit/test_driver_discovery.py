@@ -217,7 +217,7 @@ def test_nvml_discovery_publishes_what_simulate_publishes_from_nvidia_smi(
     gets the fake machine's (``as_listed``)."""
     from tessera.driver.publish import desired_slices
     from tessera.inventory import load_topology
-    from tessera.kube.fake_nvml import as_listed, nvml_config
+    from tessera.localcluster.fake_nvml import as_listed, nvml_config
 
     src = inventory if isinstance(inventory, Path) else corpus / "inventories" / inventory
     gpus = load_inventory(src)[:first]

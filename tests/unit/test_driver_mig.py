@@ -41,7 +41,7 @@ from tessera.driver.publish import GpuRecord, desired_slices
 from tessera.enforcement.limits import parse_limits
 from tessera.inventory import load_inventory
 from tessera.inventory.mig import DynamicMIG
-from tessera.kube.fake_nvml import as_listed, mig_minors_text, nvml_config
+from tessera.localcluster.fake_nvml import as_listed, mig_minors_text, nvml_config
 
 REPO = Path(__file__).resolve().parents[2]
 A100_PCIE_MIG = REPO / "tests" / "data" / "mig" / "a100-pcie-40gb.2g10gb-3x1g5gb.nvidia-smi-q-x.xml"

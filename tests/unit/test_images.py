@@ -1,4 +1,5 @@
-"""OCI image archives built from host files (tessera.kube.images): layout, digests, content."""
+"""OCI image archives built from host files (tessera.localcluster.images): layout, digests,
+content."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.kube import images
+from tessera.localcluster import images
 
 
 def read_archive(path: Path) -> dict[str, bytes]:

@@ -535,7 +535,7 @@ def test_in_cluster_client_reads_the_service_account(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(KubeconfigError, match="not running in a pod"):
         KubeClient.in_cluster(sa_dir=tmp_path)
-    from tessera.kube.pki import make_pki
+    from tessera.localcluster.pki import make_pki
 
     pki = make_pki(tmp_path / "pki")
     (tmp_path / "ca.crt").write_bytes(pki.ca.cert.read_bytes())

@@ -1,4 +1,5 @@
-"""The real node's configuration files and host bookkeeping (tessera.kube.node), without a node."""
+"""The real node's configuration files and host bookkeeping (tessera.localcluster.node),
+without a node."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tessera.kube import node, nodenet
-from tessera.kube.cluster import FEATURE_GATES
+from tessera.localcluster import node, nodenet
+from tessera.localcluster.cluster import FEATURE_GATES
 
 
 def test_containerd_config_points_everything_into_the_state_dir(tmp_path: Path) -> None:

@@ -565,7 +565,7 @@ def test_shipped_deviceclass_is_the_one_definition() -> None:
     shipped = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
     assert shipped == device_class()
     assert shipped["spec"]["extendedResourceName"] == "nvidia.com/gpu"
-    from tessera.kube.cluster import DEVICE_CLASS
+    from tessera.localcluster.cluster import DEVICE_CLASS
     from tessera.sim.simulate import default_device_class
 
     assert DEVICE_CLASS == default_device_class() == device_class()
@@ -735,7 +735,7 @@ def test_serving_pair_loads_and_reloads_without_a_writable_file_system(
 ) -> None:
     """The chart runs the webhook with a read-only root and no /tmp: loading and reloading the
     serving pair writes nothing (a temporary directory that cannot be made fails the test)."""
-    from tessera.kube.pki import make_serving_certificate
+    from tessera.localcluster.pki import make_serving_certificate
     from tessera.webhook.server import CertReloader
 
     certs = tmp_path / "tls"

@@ -1,6 +1,6 @@
 """Regenerate ``src/tessera/api/schemas/kubernetes.json`` from the control plane Tessera targets.
 
-Starts the local control plane (``tessera.kube.cluster.Cluster``: the binaries ``make kube``
+Starts the local control plane (``tessera.localcluster.cluster.Cluster``: the binaries ``make kube``
 builds, or ``$TESSERA_KUBE_BIN``), fetches the OpenAPI v3 documents of the groups Tessera reads
 and keeps the schemas of the kinds it reads, with every type they reference, then stops the
 control plane. Run it after a Kubernetes version bump in ``tools/kube``::
@@ -153,7 +153,7 @@ def build(documents: dict[str, dict[str, Any]], version: str) -> dict[str, Any]:
 
 
 def fetch() -> tuple[dict[str, dict[str, Any]], str]:
-    from tessera.kube.cluster import Cluster, Inventory
+    from tessera.localcluster.cluster import Cluster, Inventory
 
     with tempfile.TemporaryDirectory(prefix="tessera-openapi-") as tmp:
         cluster = Cluster(Path(tmp))

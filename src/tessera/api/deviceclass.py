@@ -1,6 +1,6 @@
 """The DeviceClass every Tessera claim names, and who owns an extended resource name.
 
-One definition, used by the local control plane (:mod:`tessera.kube.cluster`), ``tessera
+One definition, used by the local control plane (:mod:`tessera.localcluster.cluster`), ``tessera
 simulate`` and the shipped manifest ``deploy/deviceclass.yaml`` (a test keeps the file equal
 to :func:`device_class`).
 

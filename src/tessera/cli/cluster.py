@@ -18,8 +18,8 @@ import click
 
 from tessera.api.errors import TesseraError
 from tessera.cli._common import examples_dir, fail
-from tessera.kube.build import BuildError
-from tessera.kube.cluster import (
+from tessera.localcluster.build import BuildError
+from tessera.localcluster.cluster import (
     Cluster,
     ClusterError,
     ClusterInputError,
@@ -212,10 +212,10 @@ def demo(state_dir: Path | None) -> None:
     H100 GPUs from the bundled inventory, Tessera installed by its Helm chart, one HAMi pod and
     one DRA pod running; prints what each container sees, the claims' allocations and the
     monitor's metrics URL."""
-    from tessera.kube.demo import DEFAULT_DEMO_DIR, run_demo
-    from tessera.kube.images import ImageError
-    from tessera.kube.localinstall import LocalInstallError
     from tessera.kube.workloads import WaitTimeout
+    from tessera.localcluster.demo import DEFAULT_DEMO_DIR, run_demo
+    from tessera.localcluster.images import ImageError
+    from tessera.localcluster.localinstall import LocalInstallError
 
     target = state_dir or DEFAULT_DEMO_DIR
     try:

@@ -1,6 +1,7 @@
 /* The pod sandbox ("pause") process of locally built test images: PID 1 of every pod's
  * sandbox container. It holds the pod's namespaces, reaps orphaned children and exits 0 on
- * SIGINT/SIGTERM. Compiled with `gcc -static` by tessera.kube.images (no libc in the image). */
+ * SIGINT/SIGTERM. Compiled with `gcc -static` by tessera.localcluster.images (no libc in the
+ * image). */
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

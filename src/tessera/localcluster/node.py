@@ -11,7 +11,7 @@ node that is not the control plane:
   before (sysctls, absent paths and cgroups, the CNI bridge); a lock file serialises claims;
 * the configuration files (containerd config version 3, the CNI network, the kubelet's
   ``KubeletConfiguration``), all pointing into the state directory; the network itself
-  (bridge, routes, guard table, kube-proxy's configuration) is :mod:`tessera.kube.nodenet`;
+  (bridge, routes, guard table, kube-proxy's configuration) is :mod:`tessera.localcluster.nodenet`;
 * :func:`teardown`: stop pods, tasks, kubelet, containerd and shims in that order, then undo
   what they changed on the host (:func:`teardown` docstring lists every step);
 * :class:`NodeInfo`: the paths a DRA kubelet plugin and a test need (CDI spec dir, kubelet
@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tessera.kube import images, nodenet
 from tessera.kube.client import ApiError, KubeClient
-from tessera.kube.nodenet import BRIDGE, BRIDGE_ADDRESS, POD_SUBNET, SERVICE_RANGE
+from tessera.localcluster import images, nodenet
+from tessera.localcluster.nodenet import BRIDGE, BRIDGE_ADDRESS, POD_SUBNET, SERVICE_RANGE
 
 #: Machine-wide directory of the holder record and the shim sockets; removed with the node.
 HOST_DIR = Path("/run/tessera-node")
@@ -87,7 +87,7 @@ FIXED_HOST_PATHS = (
 )
 #: The cgroup the kubelet makes (``cgroupsPerQOS``, cgroupfs driver) in every hierarchy.
 KUBEPODS = "kubepods"
-#: The CNI network on :data:`BRIDGE` (made by ``up``, see :mod:`tessera.kube.nodenet`).
+#: The CNI network on :data:`BRIDGE` (made by ``up``, see :mod:`tessera.localcluster.nodenet`).
 CNI_NETWORK = "tessera"
 KUBELET_PORT = 10250
 KUBELET_HEALTHZ_PORT = 10248

@@ -315,7 +315,10 @@ def build_image(
         "config": image_config,
         "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
         "history": [
-            {"created": "1970-01-01T00:00:01Z", "created_by": "tessera.kube.images.build_image"}
+            {
+                "created": "1970-01-01T00:00:01Z",
+                "created_by": "tessera.localcluster.images.build_image",
+            }
         ],
     }
     config_bytes = _json(config)

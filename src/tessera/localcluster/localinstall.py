@@ -6,7 +6,7 @@ What ``make demo`` and the ``install`` e2e test share (one place for every decis
   a GPU node has and this machine lacks: stand-in device nodes (``dev/nvidia*``, character
   devices with ``/dev/null``'s numbers) and a driver root holding the project's fake NVML
   (``native/fake``'s ``libnvidia-ml.so.1``) with a node description written from a real
-  ``nvidia-smi`` inventory (:mod:`tessera.kube.fake_nvml`). The node agents load that NVML
+  ``nvidia-smi`` inventory (:mod:`tessera.localcluster.fake_nvml`). The node agents load that NVML
   through the chart's ``node.nvmlLibrary``; nothing else about them is faked.
 * :func:`chart_values` gives the chart (``deploy/helm/tessera``) the node's real paths: the
   kubelet's root dir, containerd's CDI spec dir, and state, library and device directories under

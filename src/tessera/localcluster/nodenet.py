@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tessera.kube.pki import SERVICE_CIDR
+from tessera.localcluster.pki import SERVICE_CIDR
 
 #: The pod bridge and its (gateway) address; the pods' subnet on it.
 BRIDGE = "tessera0"

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from tessera.kube import build
+from tessera.localcluster import build
 
 Mode = Literal["allocate", "place"]
 

@@ -2,7 +2,7 @@
 
 ``up`` starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler (built from
 Go modules by ``tools/kube/build.sh``) as background processes, each in its own process
-group, with locally generated TLS (see :mod:`tessera.kube.pki`) and the DRA feature gates
+group, with locally generated TLS (see :mod:`tessera.localcluster.pki`) and the DRA feature gates
 Tessera relies on. It then registers simulated GPU nodes: a ``Node`` (Ready, with
 cpu/memory/pods capacity) for every distinct ``spec.nodeName`` of the given ResourceSlices,
 the slices themselves, and the DeviceClass ``gpu.tessera.dev``. Without a kubelet, pods
@@ -11,7 +11,7 @@ are scheduled (``spec.nodeName`` set, claims allocated) but never run.
 ``up(kubelet=True)`` (``tessera cluster up --kubelet``) also starts a real node on this
 machine: containerd 2.x and a kubelet v1.37 that registers the machine (by its hostname) as
 a Ready, untainted Node whose pods really run. One per machine; ``down`` restores what the
-kubelet changed on the host. See :mod:`tessera.kube.node`.
+kubelet changed on the host. See :mod:`tessera.localcluster.node`.
 
 State directory layout (default ``~/.cache/tessera/cluster``)::
 
@@ -22,7 +22,7 @@ State directory layout (default ``~/.cache/tessera/cluster``)::
     etcd/                 etcd data
     logs/<component>.log  component output
     run/<component>.pid   process (and process-group) ids
-    (with a kubelet, see tessera.kube.realnode.NodePaths)
+    (with a kubelet, see tessera.localcluster.node.NodePaths)
     kubelet/              the kubelet's --root-dir (plugins/<driver>, plugins_registry/)
     cdi/                  CDI spec dir (containerd's cdi_spec_dirs): a DRA driver writes here
     containerd/           containerd's config, root, state, sockets and runc root
@@ -56,10 +56,10 @@ import yaml
 
 from tessera.api.deviceclass import device_class
 from tessera.api.errors import TesseraError
-from tessera.kube import build, images, nodenet
-from tessera.kube import node as realnode
 from tessera.kube.client import ApiError, KubeClient, describe
-from tessera.kube.pki import (
+from tessera.localcluster import build, images, nodenet
+from tessera.localcluster import node as realnode
+from tessera.localcluster.pki import (
     FRONT_PROXY_CLIENT,
     KUBE_PROXY_USER,
     SERVICE_CIDR,
@@ -560,13 +560,13 @@ class Cluster:
         ``leaderElection`` are filled in here.
 
         ``kubelet`` also starts a real node (containerd, a kubelet and kube-proxy, see
-        :mod:`tessera.kube.node`; its network, :mod:`tessera.kube.nodenet`, is made before the
-        control plane starts) once the control plane runs, and waits until its Node is Ready
-        and untainted; :attr:`node` then describes it. The API server then listens on all
-        addresses (the guard table drops what reaches its port from other interfaces) and
-        advertises the bridge address, the endpoint of the ``kubernetes`` Service. The machine's node lock is
-        taken first: when another node holds it, ``up`` waits up to ``node_lock_wait``
-        seconds, then raises :class:`ClusterError` naming the holder. Needs root.
+        :mod:`tessera.localcluster.node`; its network, :mod:`tessera.localcluster.nodenet`, is made
+        before the control plane starts) once the control plane runs, and waits until its Node is
+        Ready and untainted; :attr:`node` then describes it. The API server then listens on all
+        addresses (the guard table drops what reaches its port from other interfaces) and advertises
+        the bridge address, the endpoint of the ``kubernetes`` Service. The machine's node lock is
+        taken first: when another node holds it, ``up`` waits up to ``node_lock_wait`` seconds, then
+        raises :class:`ClusterError` naming the holder. Needs root.
 
         ``build_binaries`` runs ``tools/kube/build.sh`` first (a no-op when up to date).
         ``timeout`` bounds the wait for each component to become healthy, in seconds.
@@ -1273,7 +1273,7 @@ class Cluster:
     def down(self, progress: Callable[[str], None] | None = None) -> list[str]:
         """Stop every component of this state dir; return the names of those stopped.
 
-        A real node goes first (:func:`tessera.kube.realnode.release_host`: pods, tasks,
+        A real node goes first (:func:`tessera.localcluster.node.release_host`: pods, tasks,
         kubelet, containerd, shims, then the host is restored), then the control plane in
         reverse start order: each process group gets SIGTERM, then SIGKILL after 10 s. Pids
         are taken from ``state.json`` and ``run/*.pid`` and are only signalled while they

@@ -2,7 +2,7 @@
 
 :func:`run_demo` starts a local cluster with this machine as a real node
 (``tessera cluster up --kubelet``, without Tessera's DeviceClasses: the chart owns them), lays
-out fake GPUs from the bundled 8x H100 inventory (:mod:`tessera.kube.localinstall`), imports
+out fake GPUs from the bundled 8x H100 inventory (:mod:`tessera.localcluster.localinstall`), imports
 the image ``make image`` built, installs the chart, runs one HAMi-style pod (converted by the
 chart's webhook) and one DRA pod, and returns what each container sees, the claims'
 allocations and the monitor's metrics URL. ``make demo-down`` is ``tessera cluster down`` of
@@ -17,9 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import images, localinstall
-from .cluster import Cluster, Inventory
-from .workloads import (
+from tessera.kube.workloads import (
     apply_objects,
     gpu_claim_template,
     gpu_pod,
@@ -27,6 +25,9 @@ from .workloads import (
     wait_for,
     wait_pod_running,
 )
+
+from . import images, localinstall
+from .cluster import Cluster, Inventory
 
 #: The demo's cluster (``--state-dir`` of ``tessera cluster demo``).
 DEFAULT_DEMO_DIR = Path("~/.cache/tessera/demo").expanduser()
@@ -77,7 +78,7 @@ def _objects(kind: str) -> list[dict[str, Any]]:
 
 def run_demo(state_dir: Path = DEFAULT_DEMO_DIR, *, say: Callable[[str], None]) -> DemoReport:
     """Run the demo (needs root; ``make image`` first). Raises
-    :class:`~tessera.kube.cluster.ClusterError` or :class:`~.localinstall.LocalInstallError`
+    :class:`~tessera.localcluster.cluster.ClusterError` or :class:`~.localinstall.LocalInstallError`
     naming the step that failed; the cluster is then left running for ``tessera cluster down``
     (``make demo-down``) and inspection."""
     cluster = Cluster(state_dir)
