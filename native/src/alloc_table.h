@@ -1,5 +1,5 @@
 /* Per-process table of live allocations: (kind, handle) -> (bytes, region GPU entry, owning
- * context). Kinds are enum ts_kind (internal.h) and the private kinds of pool.c / vmm.c. */
+ * context). Kinds are enum ts_kind (core.h) and the private kinds of mem.c / pool.c / vmm.c. */
 #ifndef TESSERA_ALLOC_TABLE_H
 #define TESSERA_ALLOC_TABLE_H
 

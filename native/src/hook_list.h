@@ -118,4 +118,9 @@
     X(cuGraphLaunch, "cuGraphLaunch", 10000, 0)                                              \
     X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)
 
+/* The NVML entry points the library interposes (query.c). */
+#define TS_NVML_HOOKS(X)                   \
+    X(nvmlDeviceGetMemoryInfo)             \
+    X(nvmlDeviceGetMemoryInfo_v2)
+
 #endif

@@ -13,8 +13,9 @@
  *  - dlmopen into a namespace other than the base one is refused under a claim: a new
  *    namespace loads its own libcuda.so.1 and libc, which no hook in this namespace reaches.
  *
- * The code on the dlsym path runs before constructors (sanitizer runtimes call dlsym while
- * initialising), so it is not instrumented and calls no libc string functions.
+ * libc's functions themselves come from resolve.c. The code on the dlsym path runs before
+ * constructors (sanitizer runtimes call dlsym while initialising), so it is not instrumented
+ * and calls no libc string functions.
  */
 #include <dlfcn.h>
 #include <elf.h>
@@ -26,76 +27,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "internal.h"
-
-typedef void *(*dlsym_fn)(void *, const char *);
-typedef void *(*dlopen_fn)(const char *, int);
-typedef void *(*dlmopen_fn)(Lmid_t, const char *, int);
-static dlsym_fn g_real_dlsym;
-static dlopen_fn g_real_dlopen;
-static dlmopen_fn g_real_dlmopen;
-
-TS_NOSAN static int ts_streq(const char *a, const char *b)
-{
-    while (*a && *a == *b) {
-        a++;
-        b++;
-    }
-    return *a == *b;
-}
-
-TS_NOSAN static dlsym_fn real_dlsym(void)
-{
-    dlsym_fn f = __atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE);
-    if (TS_LIKELY(f != NULL))
-        return f;
-    /* dlvsym is not interposed; RTLD_NEXT from here finds libc's (or libdl's) dlsym. */
-    f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (!f)
-        f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    if (!f)
-        f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17"); /* aarch64 */
-    if (!f) {
-        static const char msg[] = "tessera: cannot find the real dlsym\n";
-        ssize_t w = write(2, msg, sizeof(msg) - 1);
-        (void)w;
-        abort();
-    }
-    __atomic_store_n(&g_real_dlsym, f, __ATOMIC_RELEASE);
-    return f;
-}
-
-TS_NOSAN void *ts_real_dlsym(void *handle, const char *name)
-{
-    dlsym_fn f = real_dlsym();
-    return name ? f(handle, name) : NULL;
-}
-
-TS_NOSAN static dlopen_fn real_dlopen(void)
-{
-    dlopen_fn f = __atomic_load_n(&g_real_dlopen, __ATOMIC_ACQUIRE);
-    if (TS_UNLIKELY(!f)) {
-        f = (dlopen_fn)real_dlsym()(RTLD_NEXT, "dlopen");
-        __atomic_store_n(&g_real_dlopen, f, __ATOMIC_RELEASE);
-    }
-    return f;
-}
-
-TS_NOSAN static dlmopen_fn real_dlmopen(void)
-{
-    dlmopen_fn f = __atomic_load_n(&g_real_dlmopen, __ATOMIC_ACQUIRE);
-    if (TS_UNLIKELY(!f)) {
-        f = (dlmopen_fn)real_dlsym()(RTLD_NEXT, "dlmopen");
-        __atomic_store_n(&g_real_dlmopen, f, __ATOMIC_RELEASE);
-    }
-    return f;
-}
+#include "hooks.h"
 
 TS_EXPORT void *dlsym(void *handle, const char *name);
 TS_EXPORT void *dlopen(const char *file, int mode);
 TS_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode);
 
-/* The hook for a name, NULL if the name is not interposed. */
 TS_NOSAN void *ts_hook_by_name(const char *name)
 {
     if (!name)
@@ -103,11 +40,11 @@ TS_NOSAN void *ts_hook_by_name(const char *name)
     if (name[0] == 'c' && name[1] == 'u') {
         for (int i = 0; i < H_CUDA_COUNT; i++)
             if (ts_streq(ts_hooks[i].name, name))
-                return ts_hooks[i].hook;
+                return ts_hook_fns[i];
     } else if (name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l') {
         for (int i = 0; ts_nvml_hooks[i].name; i++)
             if (ts_streq(ts_nvml_hooks[i].name, name))
-                return ts_nvml_hooks[i].hook;
+                return ts_nvml_hook_fns[i];
     } else if (name[0] == 'd' && name[1] == 'l') {
         if (ts_streq(name, "dlsym"))
             return (void *)&dlsym;
@@ -132,14 +69,14 @@ TS_NOSAN __attribute__((optimize("optimize-sibling-calls"))) TS_EXPORT void *dls
             return h;
         /* RTLD_NEXT is relative to the caller's object, which glibc finds from the return
          * address: forward with a sibling call so that it is still the application's. */
-        return real_dlsym()(handle, name);
+        return ts_real_dlsym_fn()(handle, name);
     }
     return dlsym_other(handle, name);
 }
 
 TS_NOSAN static void *dlsym_other(void *handle, const char *name)
 {
-    void *r = real_dlsym()(handle, name);
+    void *r = ts_real_dlsym_fn()(handle, name);
     if (r) {
         void *h = ts_hook_by_name(name);
         if (h)
@@ -378,19 +315,19 @@ static void *deepbind_open(void *(*open_fn)(void *, const char *, int), void *ct
 static void *open_base(void *ctx, const char *file, int mode)
 {
     (void)ctx;
-    return real_dlopen()(file, mode);
+    return ts_real_dlopen_fn()(file, mode);
 }
 
 static void *open_ns(void *ctx, const char *file, int mode)
 {
-    return real_dlmopen()(*(Lmid_t *)ctx, file, mode);
+    return ts_real_dlmopen_fn()(*(Lmid_t *)ctx, file, mode);
 }
 
 TS_NOSAN __attribute__((optimize("optimize-sibling-calls"))) TS_EXPORT void *dlopen(const char *file,
                                                                            int mode)
 {
     if (TS_LIKELY(!(mode & RTLD_DEEPBIND)))
-        return real_dlopen()(file, mode); /* sibling call: glibc still sees the caller */
+        return ts_real_dlopen_fn()(file, mode); /* sibling call: glibc still sees the caller */
     return deepbind_open(open_base, NULL, file, mode, __builtin_return_address(0));
 }
 
@@ -399,7 +336,7 @@ static void *refuse_namespace(void)
 {
     ts_log(TS_ERR, "dlmopen into another link-map namespace refused: that namespace would load "
                    "its own libcuda.so.1, which the enforcement library cannot reach");
-    return real_dlopen()("/tessera: dlmopen into another link-map namespace is refused under a GPU "
+    return ts_real_dlopen_fn()("/tessera: dlmopen into another link-map namespace is refused under a GPU "
                          "claim",
                          RTLD_NOW);
 }
@@ -416,6 +353,6 @@ dlmopen(Lmid_t lmid, const char *file, int mode)
 {
     if (TS_LIKELY(lmid == LM_ID_BASE && !(mode & RTLD_DEEPBIND)) ||
         (lmid != LM_ID_BASE && !ts_active()))
-        return real_dlmopen()(lmid, file, mode); /* sibling call */
+        return ts_real_dlmopen_fn()(lmid, file, mode); /* sibling call */
     return dlmopen_checked(lmid, file, mode, __builtin_return_address(0));
 }

@@ -13,35 +13,14 @@
  */
 #include <string.h>
 
-#include "alloc_table.h"
-#include "internal.h"
+#include "feature.h"
 
-static ts_table g_table = {.mu = PTHREAD_MUTEX_INITIALIZER};
 static pthread_mutex_t g_ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t g_primary_refs[MAX_ORDINALS];
 static CUcontext g_primary_ctx[MAX_ORDINALS];
 
-void ts_remember(uint8_t kind, uint64_t key, uint64_t bytes, int g, CUcontext ctx)
-{
-    if (g >= 0 && ts_table_put(&g_table, kind, key, bytes, g, (uint64_t)(uintptr_t)ctx) != 0)
-        ts_log(TS_ERR, "out of host memory tracking an allocation; it stays charged");
-}
-
-int ts_forget(uint8_t kind, uint64_t key, uint64_t *bytes, int *g, CUcontext *ctx)
-{
-    ts_entry e;
-    if (ts_table_take(&g_table, kind, key, &e) != 0)
-        return -1;
-    *bytes = e.bytes;
-    *g = e.g;
-    if (ctx)
-        *ctx = (CUcontext)(uintptr_t)e.ctx;
-    return 0;
-}
-
 void ts_mem_forget(void)
 {
-    ts_table_clear(&g_table);
     pthread_mutex_init(&g_ctx_mu, NULL);
     memset(g_primary_refs, 0, sizeof(g_primary_refs));
     memset(g_primary_ctx, 0, sizeof(g_primary_ctx));
@@ -52,13 +31,13 @@ void ts_mem_forget(void)
 #define RELEASE(kind, handle_, call)                                                     \
     do {                                                                                 \
         ts_entry e_;                                                                     \
-        int have_ = ts_table_take(&g_table, (kind), (uint64_t)(handle_), &e_) == 0;      \
+        int have_ = ts_table_take(&ts_allocs, (kind), (uint64_t)(handle_), &e_) == 0;      \
         CUresult r_ = (call);                                                            \
         if (have_) {                                                                     \
             if (r_ == CUDA_SUCCESS)                                                      \
                 ts_credit(e_.g, e_.bytes, (kind) == TS_KIND_CTX ? 1 : 0);                \
             else                                                                         \
-                ts_table_put(&g_table, (kind), e_.key, e_.bytes, e_.g, e_.ctx);          \
+                ts_table_put(&ts_allocs, (kind), e_.key, e_.bytes, e_.g, e_.ctx);          \
         }                                                                                \
         return r_;                                                                       \
     } while (0)
@@ -346,12 +325,12 @@ void ts_context_gone(CUcontext ctx, CUdevice dev)
     if (ctx) {
         ts_entry buf[256];
         for (;;) { /* take everything the context owned, in batches */
-            size_t n = ts_table_owned(&g_table, (uint64_t)(uintptr_t)ctx, buf, 256);
+            size_t n = ts_table_owned(&ts_allocs, (uint64_t)(uintptr_t)ctx, buf, 256);
             if (n == 0)
                 break;
             for (size_t i = 0; i < n && i < 256; i++) {
                 ts_entry e;
-                if (ts_table_take(&g_table, buf[i].kind, buf[i].key, &e) == 0)
+                if (ts_table_take(&ts_allocs, buf[i].kind, buf[i].key, &e) == 0)
                     ts_credit(e.g, e.bytes, e.kind == TS_KIND_CTX ? 1 : 0);
             }
         }
@@ -543,7 +522,7 @@ TS_EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pContext, CUgreenCtx hCtx)
         return CUDA_ERROR_NOT_FOUND;
     CUresult r = REAL(cuCtxFromGreenCtx)(pContext, hCtx);
     if (r == CUDA_SUCCESS && active && pContext)
-        ts_table_put(&g_table, TS_KIND_GREEN, (uintptr_t)hCtx, (uintptr_t)*pContext, 0, 0);
+        ts_table_put(&ts_allocs, TS_KIND_GREEN, (uintptr_t)hCtx, (uintptr_t)*pContext, 0, 0);
     return r;
 }
 
@@ -553,14 +532,14 @@ TS_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
         return REAL(cuGreenCtxDestroy) ? REAL(cuGreenCtxDestroy)(hCtx) : CUDA_ERROR_NOT_FOUND;
     ts_entry conv;
     CUcontext ctx = NULL;
-    if (ts_table_get(&g_table, TS_KIND_GREEN, (uintptr_t)hCtx, &conv) == 0)
+    if (ts_table_get(&ts_allocs, TS_KIND_GREEN, (uintptr_t)hCtx, &conv) == 0)
         ctx = (CUcontext)(uintptr_t)conv.bytes;
     uint64_t bytes;
     int g;
     int have = ts_forget(TS_KIND_CTX, (uintptr_t)hCtx, &bytes, &g, NULL) == 0;
     CUresult r = REAL(cuGreenCtxDestroy)(hCtx);
     if (r == CUDA_SUCCESS) {
-        ts_table_take(&g_table, TS_KIND_GREEN, (uintptr_t)hCtx, &conv);
+        ts_table_take(&ts_allocs, TS_KIND_GREEN, (uintptr_t)hCtx, &conv);
         if (have)
             ts_credit(g, bytes, 1);
         if (ctx) {

@@ -46,7 +46,7 @@
 #include <unistd.h>
 #include <time.h>
 
-#include "internal.h"
+#include "feature.h"
 
 #define TS_PACE_BURST_NS 2000000ull /* 2 ms of admitted work may run ahead of the share */
 #define TS_PACE_SAMPLE_EVERY 16

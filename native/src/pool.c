@@ -38,8 +38,7 @@
  */
 #include <string.h>
 
-#include "alloc_table.h"
-#include "internal.h"
+#include "feature.h"
 
 #define TS_KIND_POOLH 9 /* pool handle -> index in g_pools (bytes) */
 #define TS_KIND_EXEC 10 /* graph exec -> index in g_execs (bytes) */
@@ -135,6 +134,7 @@ static uint64_t roundup(uint64_t v, uint64_t g) { return g ? (v + g - 1) / g * g
 static void charge_more(int g, uint64_t bytes) /* g_mu held */
 {
     (void)g;
+    ts_set_reclaimer(ts_pools_resync); /* from now on there can be something to give back */
     __atomic_add_fetch(&g_charged_total, bytes, __ATOMIC_RELAXED);
 }
 
@@ -553,6 +553,7 @@ static void defer_credit(CUstream s, int g, uint64_t bytes)
         E.ev_create(&ev, 0x2 /* CU_EVENT_DISABLE_TIMING */) == CUDA_SUCCESS) {
         if (E.ev_record(ev, s) == CUDA_SUCCESS &&
             grow((void **)&g_pending, &g_cappending, g_npending + 1, sizeof(pending)) == 0) {
+            ts_set_reclaimer(ts_pools_resync);
             g_pending[g_npending++] = (pending){ev, g, bytes};
             poll_pending();
             return;

@@ -9,7 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "core.h"
 
 #define LOAD32(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define LOAD64(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)

@@ -24,8 +24,7 @@
  */
 #include <string.h>
 
-#include "alloc_table.h"
-#include "internal.h"
+#include "feature.h"
 
 #define TS_KIND_VMMH 8 /* handle value -> record index (bytes), references through it (ctx) */
 

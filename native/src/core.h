@@ -1,10 +1,30 @@
-/* Internal interfaces of libtessera-enforce (not installed). */
-#ifndef TESSERA_INTERNAL_H
-#define TESSERA_INTERNAL_H
+/*
+ * The core of libtessera-enforce (not installed): what every other file builds on, knowing
+ * nothing of the features above it.
+ *
+ * The library has three layers; a file calls only into its own layer or the ones below
+ * (make -C native check, tools/c_layers.py, computes the file graph from the objects and fails
+ * on a cycle or an upward edge):
+ *   core      log.c (logging, clock), limits.c (the limits file), region.c (the usage region),
+ *             alloc.c (the table of live allocations), resolve.c (the real dlsym / dlopen),
+ *             core.c (process state, the real CUDA / NVML entry points, devices, contexts,
+ *             charging); interfaces in this header;
+ *   features  mem.c, vmm.c, pool.c (memory enforcement), query.c (memory queries), pacer.c and
+ *             launch.c (launch pacing); interfaces in feature.h;
+ *   interposition
+ *             hooks.c (which function serves each hooked name, cuGetProcAddress, fork) and
+ *             loader.c (dlsym, dlopen, dlmopen); interfaces in hooks.h.
+ * The one call from the core up, reclaiming memory before a charge is refused, goes through a
+ * pointer a feature sets (ts_set_reclaimer, below).
+ */
+#ifndef TESSERA_CORE_H
+#define TESSERA_CORE_H
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 
+#include "alloc_table.h"
 #include "hook_list.h"
 #include "tessera_cuda.h"
 #include "tessera_limits.h"
@@ -19,12 +39,15 @@
  * functions. */
 #define TS_NOSAN __attribute__((no_sanitize("address", "undefined")))
 
-/* ---- logging (stderr, "tessera: "), level from TESSERA_LOG_LEVEL (0 error .. 3 debug) --- */
+/* ---- logging (log.c; stderr, "tessera: "), level from TESSERA_LOG_LEVEL (0 error .. 3 debug) */
 TS_HIDDEN void ts_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define TS_ERR 0
 #define TS_WARN 1
 #define TS_INFO 2
 #define TS_DEBUG 3
+/* Refuse a call: log why on stderr once per call site and return CUDA_ERROR_NOT_SUPPORTED. */
+TS_HIDDEN CUresult ts_refuse(const char *what, const char *why);
+TS_HIDDEN uint64_t ts_now_ns(void);
 
 /* ---- region (region.c) ---------------------------------------------------------------- */
 typedef struct ts_region {
@@ -62,22 +85,9 @@ TS_HIDDEN void ts_region_leave(ts_region *r);
 /* After fork() in the child: forget the parent's mapping without touching its slot. */
 TS_HIDDEN void ts_region_forget(ts_region *r);
 
-/* ---- pacer (pacer.c) ------------------------------------------------------------------ */
-typedef CUresult (*ts_launch_thunk)(void *arg);
-/* Pace one launch on region GPU entry g with share cores (1..99). key identifies the work
- * (function and grid, or graph); stream is the launch stream. Calls thunk(arg) to launch. */
-/* What ts_pace_launch is told about a GPU: cores (bits 0-7), policy (8-15), limits index
- * (16-31). */
-#define TS_PACE_WORD(cores, policy, lim) \
-    ((uint32_t)(cores) | ((uint32_t)(policy) << 8) | ((uint32_t)(lim) << 16))
-TS_HIDDEN CUresult ts_pace_launch(int g, uint32_t cores, uint64_t key, CUstream stream,
-                                  ts_launch_thunk thunk, void *arg);
-TS_HIDDEN void ts_pacer_forget(void);
-/* The host pid the node driver mapped region slot `slot` to (driver/usage `pid` lines), 0
- * when it mapped none to the slot with this generation and namespace pid (hooks.c). */
-TS_HIDDEN uint32_t ts_driver_host_pid(uint32_t slot, uint64_t generation, int32_t ns_pid);
-
-/* ---- the hook table (hooks.c) ------------------------------------------------------------- */
+/* ---- the hooked entry points and their real counterparts (core.c) ------------------------- */
+/* Which function serves each hooked name is the interposition layer's (ts_hook_fns, hooks.h):
+ * the core only knows the names and the driver's entry points. */
 enum {
 #define X(sym, base, ver, ptsz) H_##sym,
 #define A(sym, base, ver, ptsz)
@@ -92,20 +102,25 @@ typedef struct hook_entry {
     const char *base;
     int min_version;
     int ptsz;
-    void *hook;
     void *real; /* the driver's entry point of this name (dlsym on libcuda.so.1) */
 } hook_entry;
 
 TS_HIDDEN extern hook_entry ts_hooks[];
 #define REAL(sym) ((__typeof__(&sym))ts_hooks[H_##sym].real)
 
-/* NVML hooks (hooks.c); the list ends with a NULL name. */
+/* NVML hooks (TS_NVML_HOOKS); the list ends with a NULL name. */
 typedef struct ts_nvml_hook {
     const char *name;
-    void *hook;
     void *real;
 } ts_nvml_hook;
 TS_HIDDEN extern ts_nvml_hook ts_nvml_hooks[];
+enum {
+#define X(sym) N_##sym,
+    TS_NVML_HOOKS(X)
+#undef X
+        N_NVML_COUNT
+};
+#define REAL_NVML(sym) ((__typeof__(&sym))ts_nvml_hooks[N_##sym].real)
 
 /* Driver entry points the library calls without interposing them. */
 typedef struct ts_real {
@@ -133,7 +148,7 @@ typedef struct ts_real {
 } ts_real;
 TS_HIDDEN extern ts_real R;
 
-/* ---- process state (hooks.c) ---------------------------------------------------------------- */
+/* ---- process state (core.c) ----------------------------------------------------------------- */
 enum { ST_UNINIT = 0, ST_INERT = 1, ST_ACTIVE = 2, ST_CLOSED = 3 };
 
 #define MAX_ORDINALS 64
@@ -163,11 +178,32 @@ typedef struct ts_state {
 } ts_state;
 TS_HIDDEN extern ts_state G;
 
-TS_HIDDEN void ts_cuda_init(void);
+/* Resolve the real CUDA entry points (once). */
+TS_HIDDEN void ts_cuda_resolve(void);
+static inline void ts_cuda_init(void)
+{
+    if (TS_LIKELY(__atomic_load_n(&G.cuda_ready, __ATOMIC_ACQUIRE)))
+        return;
+    ts_cuda_resolve();
+}
+/* Resolve the real NVML entry points (once; loads libnvidia-ml.so.1). */
+TS_HIDDEN void ts_nvml_init(void);
+/* Read the limits (once) and return the state, ST_*. */
+TS_HIDDEN int ts_core_load(void);
+static inline int ts_core_init(void)
+{
+    int st = __atomic_load_n(&G.state, __ATOMIC_ACQUIRE);
+    if (TS_LIKELY(st != ST_UNINIT))
+        return st;
+    return ts_core_load();
+}
 /* Enter a CUDA hook: 1 when the call must be checked (limits present), 0 to pass through. */
 TS_HIDDEN int ts_cuda_enter(void);
 /* 1 when the limits are active (file present); resolves them on first use. */
 TS_HIDDEN int ts_active(void);
+/* After fork() in the child: forget the parent's state (its region slot, devices, the driver's
+ * figures) and start again lazily. The features forget theirs first (hooks.c). */
+TS_HIDDEN void ts_core_forget(void);
 /* Limits of a CUDA ordinal (keyed by the UUID the driver reports); g < 0 when not limited. */
 TS_HIDDEN dev_info ts_dev(CUdevice dev);
 TS_HIDDEN int ts_current_dev(CUdevice *dev);
@@ -179,10 +215,8 @@ TS_HIDDEN CUcontext ts_current_ctx(void);
 /* Device of a stream's context (the current device for the default streams). */
 TS_HIDDEN int ts_stream_dev(CUstream s, CUdevice *dev);
 TS_HIDDEN CUcontext ts_stream_ctx(CUstream s);
-/* Refuse a call: log why on stderr once per call site and return CUDA_ERROR_NOT_SUPPORTED. */
-TS_HIDDEN CUresult ts_refuse(const char *what, const char *why);
 
-/* ---- accounting (hooks.c) ----------------------------------------------------------------- */
+/* ---- accounting (core.c) ------------------------------------------------------------------ */
 /* Charge bytes on device dev (nctx contexts). 0: not limited (nothing charged), 1: charged,
  * -1: refused (over the limit, or the library failed closed), -2: refused because the GPU is
  * not the claim's (ts_refuse_uncovered). *g_out gets the region entry.
@@ -199,8 +233,23 @@ TS_HIDDEN int ts_charge_g(int g, uint64_t bytes, uint32_t nctx, uint64_t limit,
                           const char *what);
 TS_HIDDEN void ts_credit(int g, uint64_t bytes, uint32_t nctx);
 TS_HIDDEN uint64_t ts_limit_of(int g);
+/* Bytes the node found claim-held beyond the charges on region entry g (driver/usage). */
+TS_HIDDEN uint64_t ts_driver_extra(int g);
+/* The host pid the node driver mapped region slot `slot` to (driver/usage `pid` lines), 0
+ * when it mapped none to the slot with this generation and namespace pid. */
+TS_HIDDEN uint32_t ts_driver_host_pid(uint32_t slot, uint64_t generation, int32_t ns_pid);
 
-/* ---- allocations owned by contexts (mem.c) ------------------------------------------------ */
+/* Before refusing a charge on entry g, ts_charge_g asks the reclaimer to bring what it holds
+ * charged down to what the driver reports (pools and graph pools may have released memory the
+ * claim still pays for: a synchronize in another thread, a trim) and tries once more when it
+ * gave bytes back; it returns the bytes it credited. pool.c sets it (ts_pools_resync) before
+ * it first holds anything it could give back, so the core calls it without knowing pool.c
+ * (and without a constructor: hooks run before constructors when another library's
+ * constructor calls CUDA). */
+typedef uint64_t (*ts_reclaim_fn)(int g);
+TS_HIDDEN void ts_set_reclaimer(ts_reclaim_fn fn);
+
+/* ---- allocations owned by contexts (alloc.c) ---------------------------------------------- */
 enum ts_kind {
     TS_KIND_NONE = 0,
     TS_KIND_DPTR = 1,   /* cuMemAlloc*, managed, pitch, managed-pool allocations */
@@ -209,39 +258,40 @@ enum ts_kind {
     TS_KIND_CTX = 5,    /* CUcontext made by cuCtxCreate / cuGreenCtxCreate (bytes: overhead) */
     TS_KIND_LIMIT = 6   /* cuCtxSetLimit memory of a context */
 };
+/* The table itself: (kind, handle) -> (bytes, entry, owning context); mem.c also keeps its
+ * private kinds there and credits a destroyed context's entries. */
+TS_HIDDEN extern ts_table ts_allocs;
 TS_HIDDEN void ts_remember(uint8_t kind, uint64_t key, uint64_t bytes, int g, CUcontext ctx);
 /* Take and return an entry (its owning context too, if ctx is not NULL); 0 if found. */
 TS_HIDDEN int ts_forget(uint8_t kind, uint64_t key, uint64_t *bytes, int *g, CUcontext *ctx);
-/* A context is gone with everything it allocated: credit all of it. */
-TS_HIDDEN void ts_context_gone(CUcontext ctx, CUdevice dev);
-TS_HIDDEN void ts_mem_forget(void);
+/* After fork() in the child: an empty table. */
+TS_HIDDEN void ts_allocs_forget(void);
 
-/* ---- VMM (vmm.c) ---------------------------------------------------------------------------- */
-/* After a context reset: drop records whose handles and mappings the driver no longer knows
- * (the driver answers CUDA_ERROR_INVALID_VALUE for the handle; any other failure keeps it). */
-TS_HIDDEN void ts_vmm_recheck(CUdevice dev);
-TS_HIDDEN void ts_vmm_forget(void);
-
-/* ---- pools and graph memory (pool.c) --------------------------------------------------------- */
-/* Bring this process's pool and graph-pool charges on entry g (or all, g < 0) down to what the
- * driver reports they hold. Returns the bytes credited. A pool whose reserve cannot be read
- * keeps its charge. */
-TS_HIDDEN uint64_t ts_pools_resync(int g);
-/* Graph launch / upload: account the exec's memory nodes around call(). */
-TS_HIDDEN CUresult ts_graph_run(CUgraphExec exec, CUstream s, int upload,
-                                CUresult (*call)(void *), void *arg);
-TS_HIDDEN int ts_graph_has_memory(void);
-TS_HIDDEN void ts_pool_forget(void);
-
-/* ---- loader (loader.c) ------------------------------------------------------------------ */
-TS_HIDDEN void *ts_hook_by_name(const char *name);
+/* ---- the real dlsym, dlopen and dlmopen (resolve.c) ------------------------------------- */
+typedef void *(*ts_dlsym_fn)(void *, const char *);
+typedef void *(*ts_dlopen_fn)(const char *, int);
+typedef void *(*ts_dlmopen_fn)(Lmid_t, const char *, int);
+/* libc's functions, resolved on first use. A caller that must stay the caller glibc sees
+ * (RTLD_NEXT, $ORIGIN) calls the pointer with a sibling call (loader.c). */
+TS_HIDDEN ts_dlsym_fn ts_real_dlsym_fn(void);
+TS_HIDDEN ts_dlopen_fn ts_real_dlopen_fn(void);
+TS_HIDDEN ts_dlmopen_fn ts_real_dlmopen_fn(void);
+/* libc's dlsym; name NULL only resolves it. */
 TS_HIDDEN void *ts_real_dlsym(void *handle, const char *name);
+TS_HIDDEN void *ts_real_dlopen(const char *file, int mode);
+/* strcmp(a, b) == 0 for the code on the dlsym path (no libc string functions there). */
+TS_NOSAN static inline int ts_streq(const char *a, const char *b)
+{
+    while (*a && *a == *b) {
+        a++;
+        b++;
+    }
+    return *a == *b;
+}
 
-/* ---- access to real driver entry points (hooks.c) -------------------------------------- */
+/* ---- access to real driver entry points (core.c) --------------------------------------- */
 TS_HIDDEN void *ts_real_cuda(const char *name);
 TS_HIDDEN void *ts_real_nvml(const char *name); /* loads libnvidia-ml.so.1 on first use */
 TS_HIDDEN tessera_region_header *ts_region_hdr(void);
-
-TS_HIDDEN uint64_t ts_now_ns(void);
 
 #endif
