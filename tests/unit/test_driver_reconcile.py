@@ -60,7 +60,7 @@ def test_unaccounted_sums_what_each_process_holds_beyond_its_charge() -> None:
 
 def test_the_claim_file_maps_each_live_slot_to_its_host_pid(tmp_path: Path) -> None:
     """``reconcile_claim`` writes the unaccounted bytes and, per slot with a host process, its
-    index, generation, namespace pid and host pid (the lines the pacer matches, hooks.c)."""
+    index, generation, namespace pid and host pid (the lines the pacer matches, core.c)."""
     slots = (
         RegionSlot(3, 1, 77, 900, 5, (364 * MiB,), (1,), True),
         RegionSlot(0, 1, 78, 950, 2, (0,), (1,), True),

@@ -27,7 +27,7 @@ driver (:meth:`tessera.driver.node.NodeDriver.reconcile`), never in a tenant's c
     gpu <UUID> unaccounted <bytes>
     pid <slot index> <slot generation> <pid in the slot's namespace> <host pid>
 
-``native/src/hooks.c`` is its one reader; a ``pid`` line is used only while the slot still
+``native/src/core.c`` is its one reader; a ``pid`` line is used only while the slot still
 has that generation and pid, so a mapping written before the slot was reused is never used.
 """
 
@@ -115,7 +115,7 @@ DRIVER_USAGE_VERSION = 2
 def format_driver_usage(
     values: Mapping[str, int], pids: Mapping[RegionSlot, int] | None = None
 ) -> str:
-    """The ``driver/usage`` text (the format ``native/src/hooks.c`` reads, module docstring):
+    """The ``driver/usage`` text (the format ``native/src/core.c`` reads, module docstring):
     ``version 2``, one ``gpu <UUID> unaccounted <bytes>`` line per GPU of ``values``, and one
     ``pid <slot index> <generation> <namespace pid> <host pid>`` line per slot of ``pids``
     (slot -> its host pid, from :func:`host_pid`), in slot order."""
