@@ -14,16 +14,19 @@ import time
 from pathlib import Path
 
 from tessera.cli._common import LogFormatter, log_line, timestamp
-from tessera.driver.checkpoint import Checkpoint
-from tessera.driver.kubelet import MAX_SOCKET_PATH, dra_socket, registration_socket
+from tessera.driver.checkpoint import Checkpoint, ClaimEntry
+from tessera.driver.kubelet import MAX_SOCKET_PATH, ClaimRef, dra_socket, registration_socket
 from tessera.driver.locks import FileLock, InstanceLock
+from tessera.driver.prepare import ClaimPlan
 
 WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from tessera.driver.checkpoint import Checkpoint
+    from tessera.driver.checkpoint import Checkpoint, ClaimEntry
+    from tessera.driver.kubelet import ClaimRef
     from tessera.driver.locks import FileLock
+    from tessera.driver.prepare import ClaimPlan
 
     path, who, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     cp = Checkpoint(path)
@@ -32,13 +35,22 @@ WRITER = textwrap.dedent(
         lk = FileLock(path.parent / "locks" / uid)
         lk.acquire()
         try:
-            cp.update(put={uid: {"state": "prepared", "plan": {"i": i}}})
+            plan = ClaimPlan(ClaimRef("ns", uid, uid), "library", (), None, (), {}, digest=str(i))
+            cp.update(put={uid: ClaimEntry.prepared(plan)})
             if i % 3 == 0:
                 cp.update(drop=[uid])
         finally:
             lk.release(remove=cp.get(uid) is None)
     """
 )
+
+
+def tiny_plan(uid: str, digest: str = "") -> ClaimPlan:
+    return ClaimPlan(ClaimRef("ns", uid, uid), "library", (), None, (), {}, digest=digest)
+
+
+def prepared(uid: str) -> ClaimEntry:
+    return ClaimEntry.prepared(tiny_plan(uid))
 
 
 def test_two_processes_writing_one_checkpoint_lose_nothing(tmp_path: Path) -> None:
@@ -50,12 +62,12 @@ def test_two_processes_writing_one_checkpoint_lose_nothing(tmp_path: Path) -> No
     ]
     assert [p.wait(120) for p in procs] == [0, 0]
     want = {
-        f"{who}-{i}": {"state": "prepared", "plan": {"i": i}}
+        f"{who}-{i}": ClaimEntry.prepared(tiny_plan(f"{who}-{i}", str(i)))
         for who in ("a", "b")
         for i in range(n)
         if i % 3
     }
-    assert json.loads(cp_path.read_text())["claims"] == want
+    assert json.loads(cp_path.read_text())["claims"] == {u: e.to_json() for u, e in want.items()}
     # a reader that loaded the file before sees the other processes' writes
     assert Checkpoint(cp_path).entries() == want
     # lock files of claims without an entry were removed by their last holder
@@ -65,16 +77,17 @@ def test_two_processes_writing_one_checkpoint_lose_nothing(tmp_path: Path) -> No
 def test_a_reader_sees_what_another_process_wrote(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
     mine = Checkpoint(path)
-    mine.update(put={"x": {"state": "prepared", "plan": {}}})
+    mine.update(put={"x": prepared("x")})
     code = (
-        "import sys; from tessera.driver.checkpoint import Checkpoint; "
+        "import sys; from tessera.driver.checkpoint import Checkpoint, ClaimEntry; "
+        "from tessera.driver.kubelet import ClaimRef; from tessera.driver.prepare import ClaimPlan; "
         "c = Checkpoint(__import__('pathlib').Path(sys.argv[1])); c.update(drop=['x'], "
-        "put={'y': {'state': 'prepared', 'plan': {}}})"
+        "put={'y': ClaimEntry.prepared(ClaimPlan(ClaimRef('ns', 'y', 'y'), 'library', (), None, (), {}))})"
     )
     subprocess.run([sys.executable, "-c", code, str(path)], check=True)
     assert mine.get("x") is None  # not answered from this process's older copy
     assert mine.uids() == ["y"]
-    mine.update(put={"z": {"state": "prepared", "plan": {}}})  # merged onto the file as it is
+    mine.update(put={"z": prepared("z")})  # merged onto the file as it is
     assert sorted(json.loads(path.read_text())["claims"]) == ["y", "z"]
 
 

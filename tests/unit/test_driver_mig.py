@@ -18,12 +18,11 @@ from typing import Any
 import pytest
 
 from tessera.driver.backend import DRIVER_NATIVE, LIBRARY
-from tessera.driver.checkpoint import ClaimState
+from tessera.driver.checkpoint import ClaimEntry
 from tessera.driver.discovery import GpuInstance, NodeGPU
 from tessera.driver.kubelet import ClaimRef
 from tessera.driver.mig import (
     MigSlot,
-    entry_slots,
     mig_cap_nodes,
     owned,
     read_mig_minors,
@@ -222,7 +221,8 @@ def test_dynamic_placement_is_pending_until_its_instance_is_made(
     assert final.cdi_spec["containerEdits"]["env"][0] == f"NVIDIA_VISIBLE_DEVICES={made.uuid}"
     # The plan's record round-trips with its instance (the checkpoint keeps it).
     assert ClaimPlan.from_json(json.loads(json.dumps(final.to_json()))) == final
-    assert entry_slots({"state": "prepared", "plan": final.to_json()}) == [made]
+    assert ClaimEntry.prepared(final).mig_slots == [made]
+    assert ClaimEntry.from_json(ClaimEntry.prepared(final).to_json()).mig_slots == [made]
 
 
 def test_shares_of_the_whole_dynamic_gpu_are_limited_under_its_mig_uuid(
@@ -284,7 +284,7 @@ def test_own_instances_are_the_placements_the_checkpoint_names() -> None:
         "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE",
         profile_id=19,
     )
-    mine = owned([{"state": ClaimState.PREPARING, "slots": [slot.to_json()]}])
+    mine = owned([ClaimEntry.preparing(ClaimRef("ns", "c", "u"), [slot], 0.0)])
     assert mine == {"GPU-a": {(19, 6, 1)}}
     migs = (
         MigDevice(0, "MIG-x", "1g.10gb", 9984 * MIB, 16, 3, 0),

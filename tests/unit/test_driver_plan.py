@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tessera.driver.backend import DRIVER_NATIVE, LIBRARY, BackendChoice, detect
-from tessera.driver.checkpoint import Checkpoint, CheckpointError, ClaimState, claim_state
+from tessera.driver.checkpoint import Checkpoint, CheckpointError, ClaimEntry, ClaimState
 from tessera.driver.kubelet import ClaimRef
 from tessera.driver.prepare import (
     ClaimError,
@@ -350,12 +350,19 @@ def test_materialize_is_idempotent_and_remove_takes_everything(
     remove_files("uid-1", layout)
 
 
+def tiny_plan(uid: str, digest: str = "") -> ClaimPlan:
+    """A plan with nothing in it: what the checkpoint's storage tests record."""
+    return ClaimPlan(ClaimRef("ns", uid, uid), LIBRARY, (), None, (), {}, digest=digest)
+
+
 def test_checkpoint_round_trip_and_refuses_foreign_files(tmp_path: Path) -> None:
     cp = Checkpoint(tmp_path / "checkpoint.json")
-    cp.update(put={"a": {"state": "prepared", "plan": {}}, "b": {"state": "prepared", "plan": {}}})
+    a, b = ClaimEntry.prepared(tiny_plan("a")), ClaimEntry.prepared(tiny_plan("b"))
+    cp.update(put={"a": a, "b": b})
     cp.update(drop=["a"])
-    assert Checkpoint(tmp_path / "checkpoint.json").claims == {
-        "b": {"state": "prepared", "plan": {}}
+    assert Checkpoint(tmp_path / "checkpoint.json").claims == {"b": b}
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["claims"] == {
+        "b": {"state": "prepared", "plan": tiny_plan("b").to_json()}
     }
     (tmp_path / "bad.json").write_text('{"version": 7}')
     with pytest.raises(CheckpointError, match="not a version 1 Tessera driver checkpoint"):
@@ -370,7 +377,70 @@ def test_checkpoint_round_trip_and_refuses_foreign_files(tmp_path: Path) -> None
     ):
         Checkpoint(tmp_path / "newer.json")
     again = Checkpoint(tmp_path / "checkpoint.json")
-    assert claim_state(again.get("b") or {}) is ClaimState.PREPARED
+    entry = again.get("b")
+    assert entry is not None and entry.state is ClaimState.PREPARED and entry.plan == b.plan
+
+
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "data" / "checkpoints"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CHECKPOINTS.glob("v1-*.json")))
+def test_checkpoints_written_before_claim_entry_load_unchanged(tmp_path: Path, name: str) -> None:
+    """Checkpoints the driver wrote before entries were typed (real runs, see the data's
+    README) load with every field, and a write of another entry leaves theirs byte for byte."""
+    raw = (CHECKPOINTS / name).read_text()
+    doc = json.loads(raw)
+    path = tmp_path / "checkpoint.json"
+    path.write_text(raw)
+    cp = Checkpoint(path)
+    assert sorted(cp.uids()) == sorted(doc["claims"])
+    for uid, want in doc["claims"].items():
+        entry = cp.get(uid)
+        assert entry is not None and entry.state == want["state"]
+        assert entry.to_json() == want  # the one writer writes what the old code wrote
+        ref = entry.ref
+        assert ref is not None and ref.uid == uid
+        if entry.state is ClaimState.PREPARED:
+            assert entry.plan is not None and entry.plan.to_json() == want["plan"]
+            assert entry.mig_slots == list(entry.plan.mig)
+        else:
+            assert entry.plan is None and entry.since == want.get("since")
+            assert [s.to_json() for s in entry.mig_slots] == want["slots"]
+    cp.update(put={"other": ClaimEntry.prepared(tiny_plan("other"))})
+    cp.update(drop=["other"])
+    assert path.read_text() == raw
+
+
+def test_checkpoint_refuses_an_entry_with_a_field_it_does_not_know(tmp_path: Path) -> None:
+    doc = json.loads((CHECKPOINTS / "v1-unpreparing-and-prepared-mig.json").read_text())
+    uid = sorted(doc["claims"])[0]
+    cases = [
+        ("paused", {"state": "paused"}, "state: 'paused' is not one of"),
+        ("extra", {"owner": "someone"}, "owner: not a field of a checkpoint entry"),
+        ("badsince", {"since": "yesterday"}, "since: not a valid since"),
+        ("badslots", {"slots": [{"device": "x"}]}, "slots: not a valid slots"),
+    ]
+    for name, change, want in cases:
+        bad = json.loads(json.dumps(doc))
+        bad["claims"][uid].update(change)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(CheckpointError) as info:
+            Checkpoint(path)
+        assert f"{path}: claims[{uid!r}].{want}" in str(info.value), str(info.value)
+        assert str(info.value).endswith(
+            "(written by another driver version?); restore the driver version that wrote "
+            "it, or move the file away to start with an empty state"
+        )
+    # A prepared entry without its plan, a preparing one without its claim.
+    for name, entry, field in [
+        ("noplan", {"state": "prepared"}, "plan"),
+        ("noclaim", {"state": "preparing", "slots": []}, "claim"),
+    ]:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"version": 1, "claims": {"u": entry}}))
+        with pytest.raises(CheckpointError, match=rf"claims\['u'\]\.{field}: missing"):
+            Checkpoint(path)
 
 
 def test_kubelet_version_comes_from_go_mod() -> None:
@@ -413,7 +483,8 @@ def test_checkpoint_group_commit_applies_every_concurrent_update(tmp_path: Path)
     try:
         threads = [
             threading.Thread(
-                target=cp.update, kwargs={"put": {f"u{i}": {"state": "prepared", "plan": {"i": i}}}}
+                target=cp.update,
+                kwargs={"put": {f"u{i}": ClaimEntry.prepared(tiny_plan(f"u{i}", str(i)))}},
             )
             for i in range(50)
         ]
@@ -424,7 +495,10 @@ def test_checkpoint_group_commit_applies_every_concurrent_update(tmp_path: Path)
     finally:
         mod.write_atomic = real  # type: ignore[assignment]
     on_disk = json.loads((tmp_path / "checkpoint.json").read_text())["claims"]
-    assert on_disk == {f"u{i}": {"state": "prepared", "plan": {"i": i}} for i in range(50)}
+    assert on_disk == {
+        f"u{i}": {"state": "prepared", "plan": tiny_plan(f"u{i}", str(i)).to_json()}
+        for i in range(50)
+    }
     assert 1 <= len(writes) <= 50
 
 

@@ -6,11 +6,16 @@ state before a change or after it, never a mix::
 
     {"version": 1, "claims": {"<claim uid>": {"state": "prepared", "plan": <ClaimPlan JSON>}}}
 
-An entry's ``state`` is ``prepared`` (the claim's files exist and were answered to the kubelet),
-or, for a claim with dynamic-MIG instances (:mod:`tessera.driver.mig`), ``preparing`` (written
-before any instance is created, with the claim and its ``slots``: the placements the driver is
-about to make, so that after a crash they are known as its own) or ``unpreparing`` (written
-before its instances are destroyed).
+Each entry is a :class:`ClaimEntry` (:meth:`ClaimEntry.from_json` and :meth:`ClaimEntry.to_json`
+are its one reader and writer). Its ``state`` is ``prepared`` (the claim's files exist and were
+answered to the kubelet; the entry holds its whole ``plan``), or, for a claim with dynamic-MIG
+instances (:mod:`tessera.driver.mig`), ``preparing`` (written before any instance is created,
+with the ``claim``, ``since`` and its ``slots``: the placements the driver is about to make, so
+that after a crash they are known as its own) or ``unpreparing`` (written before its instances
+are destroyed, with the ``claim`` and ``slots``). The format is version 1's as it was before
+entries were typed; an entry read is written back as it was read. A file with a state, key or
+value this driver does not know is refused (:class:`CheckpointError`, naming the entry and the
+field).
 
 Rules (what makes restarts safe):
 
@@ -42,13 +47,17 @@ import enum
 import json
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tessera.enforcement._files import write_atomic
 
+from .kubelet import ClaimRef
 from .locks import FileLock
+from .mig import MigSlot
+from .prepare import ClaimPlan
 
 VERSION = 1
 
@@ -64,10 +73,142 @@ class ClaimState(enum.StrEnum):
     UNPREPARING = "unpreparing"
 
 
-def claim_state(entry: Mapping[str, Any]) -> ClaimState:
-    """The :class:`ClaimState` of a checkpoint entry (entries are checked when the file is
-    read: every one has a known state)."""
-    return ClaimState(entry["state"])
+class EntryError(ValueError):
+    """An entry of the file that is not one this driver writes: ``field`` names the entry's
+    key at fault (``state``, ``plan``, an unknown key...), ``detail`` says what is wrong."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.field = field
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class ClaimEntry:
+    """One claim's checkpoint entry: the one reader (:meth:`from_json`) and writer
+    (:meth:`to_json`) of ``claims["<uid>"]`` in the file.
+
+    * ``state``: the :class:`ClaimState`;
+    * ``plan``: the claim's whole recorded :class:`~.prepare.ClaimPlan` (``prepared``; none in
+      the other states);
+    * ``claim``: the claim (namespace, name, uid) of a ``preparing`` or ``unpreparing`` entry
+      (a ``prepared`` one names it in its plan);
+    * ``slots``: the dynamic-MIG placements of a ``preparing`` or ``unpreparing`` entry
+      (:class:`~.mig.MigSlot`; a ``prepared`` one has them in ``plan.mig``);
+    * ``since``: when a ``preparing`` entry was written (seconds since the epoch, ``time.time()``).
+
+    The JSON keys are those names; a key is written only when it has a value (a ``prepared``
+    entry is ``{"state": "prepared", "plan": {...}}``, as version 1 always wrote it).
+    """
+
+    state: ClaimState
+    plan: ClaimPlan | None = None
+    claim: ClaimRef | None = None
+    slots: tuple[MigSlot, ...] | None = None
+    since: float | None = None
+
+    #: The keys an entry may have (any other is refused at read).
+    FIELDS: ClassVar[tuple[str, ...]] = ("state", "plan", "claim", "slots", "since")
+
+    @classmethod
+    def prepared(cls, plan: ClaimPlan) -> ClaimEntry:
+        """The entry of a prepared claim: its whole plan."""
+        return cls(ClaimState.PREPARED, plan=plan)
+
+    @classmethod
+    def preparing(cls, ref: ClaimRef, slots: Iterable[MigSlot], since: float) -> ClaimEntry:
+        """The entry written before a claim's dynamic-MIG instances are made: the claim, the
+        placements about to be made and ``since`` (``time.time()``, seconds)."""
+        return cls(ClaimState.PREPARING, claim=ref, slots=tuple(slots), since=since)
+
+    @classmethod
+    def unpreparing(cls, ref: ClaimRef, slots: Iterable[MigSlot]) -> ClaimEntry:
+        """The entry written before a claim's dynamic-MIG instances are destroyed."""
+        return cls(ClaimState.UNPREPARING, claim=ref, slots=tuple(slots))
+
+    @property
+    def ref(self) -> ClaimRef | None:
+        """The claim: from the plan of a prepared entry, else ``claim`` (None when neither)."""
+        return self.plan.ref if self.plan is not None else self.claim
+
+    @property
+    def mig_slots(self) -> list[MigSlot]:
+        """The MIG slots the entry names, in any state: ``slots`` when recorded, else the
+        plan's instances (none for a claim without dynamic MIG)."""
+        if self.slots is not None:
+            return list(self.slots)
+        return list(self.plan.mig) if self.plan is not None else []
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as written in the file (keys with no value left out)."""
+        out: dict[str, Any] = {"state": self.state.value}
+        if self.since is not None:
+            out["since"] = self.since
+        if self.claim is not None:
+            c = self.claim
+            out["claim"] = {"namespace": c.namespace, "name": c.name, "uid": c.uid}
+        if self.slots is not None:
+            out["slots"] = [s.to_json() for s in self.slots]
+        if self.plan is not None:
+            out["plan"] = self.plan.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, d: Any) -> ClaimEntry:
+        """Read one entry of the file. Raises :class:`EntryError` naming the field at fault:
+        an entry that is not an object, or whose ``state`` is not a :class:`ClaimState`
+        (``state``), a key this driver does not write (that key), a value of the wrong shape
+        (its key), or a state without what it needs (``plan`` for ``prepared``; ``claim`` and
+        ``slots`` otherwise)."""
+        known = ", ".join(sorted(s.value for s in ClaimState))
+        if not isinstance(d, Mapping):
+            raise EntryError("state", f"{d!r} is not one of {known}")
+        try:
+            state = ClaimState(str(d.get("state")))
+        except ValueError:
+            raise EntryError("state", f"{d.get('state')!r} is not one of {known}") from None
+        for key in d:
+            if key not in cls.FIELDS:
+                raise EntryError(
+                    str(key), f"not a field of a checkpoint entry ({', '.join(cls.FIELDS)})"
+                )
+        plan = _field(d, "plan", ClaimPlan.from_json)
+        claim = _field(
+            d, "claim", lambda c: ClaimRef(str(c["namespace"]), str(c["name"]), str(c["uid"]))
+        )
+        slots = _field(d, "slots", lambda raw: tuple(MigSlot.from_json(s) for s in raw))
+        since = _field(d, "since", float)
+        if state is ClaimState.PREPARED and plan is None:
+            raise EntryError("plan", "missing: a prepared entry records its plan")
+        if state is not ClaimState.PREPARED:
+            for name, value in (("claim", claim), ("slots", slots)):
+                if value is None:
+                    raise EntryError(name, f"missing: a {state.value} entry records it")
+        return cls(state, plan=plan, claim=claim, slots=slots, since=since)
+
+
+def _field(d: Mapping[str, Any], key: str, read: Callable[[Any], Any]) -> Any:
+    """``read(d[key])``, None when ``d`` has no ``key``; a value ``read`` cannot take raises
+    :class:`EntryError` naming ``key``."""
+    if key not in d:
+        return None
+    try:
+        return read(d[key])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        what = f"missing {e}" if isinstance(e, KeyError) else str(e)
+        raise EntryError(key, f"not a valid {key} ({what})") from None
+
+
+#: How a refusal of an entry ends.
+ANOTHER_VERSION = (
+    " (written by another driver version?); restore the driver version that wrote it, or move "
+    "the file away to start with an empty state"
+)
+
+
+def _encode(doc: Any) -> str:
+    """An entry's text in the file (sorted keys, no spaces)."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
 class CheckpointError(ValueError):
@@ -94,9 +235,9 @@ class Checkpoint:
         self._seq = 0
         self._done = 0
         self._writing = False
-        self._pending: list[tuple[int, dict[str, dict[str, Any]], list[str]]] = []
+        self._pending: list[tuple[int, dict[str, ClaimEntry], list[str]]] = []
         self._failed: dict[int, OSError] = {}
-        self.claims: dict[str, dict[str, Any]] = {}
+        self.claims: dict[str, ClaimEntry] = {}
         self._encoded: dict[str, str] = {}
         key = self._disk_key()
         loaded = self._read()
@@ -124,7 +265,7 @@ class Checkpoint:
             return None
         return (gen, st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def _read(self) -> tuple[dict[str, dict[str, Any]], dict[str, str]] | None:
+    def _read(self) -> tuple[dict[str, ClaimEntry], dict[str, str]] | None:
         """The file's claims and their encodings; None when there is no file. Raises
         :class:`CheckpointError`."""
         try:
@@ -146,20 +287,26 @@ class Checkpoint:
             or not isinstance(doc.get("claims"), dict)
         ):
             raise CheckpointError(f"{self.path}: not a version {VERSION} Tessera driver checkpoint")
-        claims = doc["claims"]
+        raw: dict[str, Any] = doc["claims"]
         known = {s.value for s in ClaimState}
-        for uid, entry in claims.items():
+        # Every entry's state first (a newer driver's state is named whatever else it has).
+        for uid, entry in raw.items():
             if not isinstance(entry, dict) or entry.get("state") not in known:
                 state = entry.get("state") if isinstance(entry, dict) else entry
                 raise CheckpointError(
                     f"{self.path}: claims[{uid!r}].state: {state!r} is not one of "
-                    f"{', '.join(sorted(known))} (written by another driver version?); restore "
-                    "the driver version that wrote it, or move the file away to start with an "
-                    "empty state"
+                    f"{', '.join(sorted(known))}{ANOTHER_VERSION}"
                 )
-        encoded = {
-            u: json.dumps(e, sort_keys=True, separators=(",", ":")) for u, e in claims.items()
-        }
+        claims: dict[str, ClaimEntry] = {}
+        for uid, entry in raw.items():
+            try:
+                claims[uid] = ClaimEntry.from_json(entry)
+            except EntryError as e:
+                raise CheckpointError(
+                    f"{self.path}: claims[{uid!r}].{e.field}: {e.detail}{ANOTHER_VERSION}"
+                ) from e
+        # Entries read are written back as they were read (not as this driver would write them).
+        encoded = {u: _encode(e) for u, e in raw.items()}
         return claims, encoded
 
     def _refresh(self) -> None:
@@ -172,25 +319,26 @@ class Checkpoint:
         self.claims, self._encoded = loaded if loaded is not None else ({}, {})
         self._key = key
 
-    def get(self, uid: str) -> dict[str, Any] | None:
+    def get(self, uid: str) -> ClaimEntry | None:
+        """Claim ``uid``'s entry as the file has it now, or None."""
         with self._lock:
             self._refresh()
-            entry = self.claims.get(uid)
-            return dict(entry) if entry is not None else None
+            return self.claims.get(uid)
 
     def uids(self) -> list[str]:
+        """The claim UIDs of every entry."""
         with self._lock:
             self._refresh()
             return list(self.claims)
 
-    def entries(self) -> dict[str, dict[str, Any]]:
+    def entries(self) -> dict[str, ClaimEntry]:
         """A snapshot of every entry, by claim UID."""
         with self._lock:
             self._refresh()
             return dict(self.claims)
 
     def update(
-        self, put: dict[str, dict[str, Any]] | None = None, drop: list[str] | None = None
+        self, put: Mapping[str, ClaimEntry] | None = None, drop: list[str] | None = None
     ) -> None:
         """Set entries ``put`` and remove ``drop``; return once that is on disk.
 
@@ -200,7 +348,7 @@ class Checkpoint:
         with self._cond:
             self._seq += 1
             ticket = self._seq
-            self._pending.append((ticket, put or {}, drop or []))
+            self._pending.append((ticket, dict(put or {}), drop or []))
             while True:
                 if ticket in self._failed:
                     raise self._failed.pop(ticket)
@@ -229,7 +377,7 @@ class Checkpoint:
                 for _, p, d in batch:
                     for uid, entry in p.items():
                         claims[uid] = entry
-                        encoded[uid] = json.dumps(entry, sort_keys=True, separators=(",", ":"))
+                        encoded[uid] = _encode(entry.to_json())
                     for uid in d:
                         claims.pop(uid, None)
                         encoded.pop(uid, None)

@@ -33,11 +33,14 @@ import ctypes
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tessera.inventory.mig import MigPlacement
 
 from .discovery import GpuInstance, NodeGPU, _gpu_instances, _s
+
+if TYPE_CHECKING:
+    from .checkpoint import ClaimEntry
 
 #: Where the NVIDIA driver lists the MIG capability devices' minor numbers.
 MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
@@ -129,20 +132,13 @@ class MigSlot:
         )
 
 
-def entry_slots(entry: Mapping[str, Any]) -> list[MigSlot]:
-    """The MIG slots a checkpoint entry names (any state)."""
-    raw = entry.get("slots")
-    if raw is None:
-        raw = (entry.get("plan") or {}).get("mig") or []
-    return [MigSlot.from_json(d) for d in raw]
-
-
-def owned(entries: Iterable[Mapping[str, Any]]) -> dict[str, set[tuple[int | None, int, int]]]:
+def owned(entries: Iterable[ClaimEntry]) -> dict[str, set[tuple[int | None, int, int]]]:
     """``{GPU UUID: {(profile id, start, size)}}``: the placements of the driver's own
-    instances, from its checkpoint entries (see the module doc)."""
+    instances, from its checkpoint entries (:attr:`.checkpoint.ClaimEntry.mig_slots`, any
+    state; see the module doc)."""
     out: dict[str, set[tuple[int | None, int, int]]] = {}
     for e in entries:
-        for s in entry_slots(e):
+        for s in e.mig_slots:
             out.setdefault(s.gpu_uuid, set()).add((s.profile_id, s.start, s.size))
     return out
 

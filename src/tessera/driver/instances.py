@@ -1,0 +1,362 @@
+"""The node driver's dynamic-MIG instances over their claims' lives (:class:`MigInstances`):
+made at prepare after their placements are recorded, destroyed at unprepare, and settled after
+a crash (at start, and at rescans for interrupted prepares whose claim is gone). Every change
+of an instance is made under the context's ``mig_lock``; the NVML calls are :mod:`.mig`'s."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tessera.kube.client import ApiError
+
+from .checkpoint import ClaimEntry, ClaimState
+from .context import DYNAMIC_MIG_OPTION, STALE_PREPARE_SECONDS, DriverContext
+from .kubelet import ClaimRef, PrepareResult
+from .mig import MigError, MigOps, MigSlot, owned
+from .prepare import ClaimError, ClaimPlan, NodeDevice, plan_claim, remove_files
+
+#: The states whose slots hold instances a claim uses (or is about to).
+HOLDING = (ClaimState.PREPARING, ClaimState.PREPARED)
+
+
+class MigInstances:
+    """Makes, destroys and recovers the MIG instances of the driver's claims; the checkpoint
+    says which instances are the driver's (an entry names their placement)."""
+
+    def __init__(self, ctx: DriverContext) -> None:
+        self.ctx = ctx
+
+    @property
+    def ops(self) -> MigOps:
+        """NVML's MIG operations (asserts NVML was loaded)."""
+        assert self.ctx.mig is not None
+        return self.ctx.mig
+
+    def claim_gone(self, ref: ClaimRef) -> str | None:
+        """Why the claim of an interrupted prepare will never be prepared here (None: it may
+        be: the API server does not say otherwise, or cannot be asked)."""
+        cfg = self.ctx.cfg
+        try:
+            claim = self.ctx.client.get(
+                "resource.k8s.io/v1", "ResourceClaim", ref.name, ref.namespace
+            )
+        except ApiError as e:
+            return "deleted" if e.status == 404 else None
+        if (claim.get("metadata") or {}).get("uid") != ref.uid:
+            return "replaced by another claim of that name"
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        ) or []
+        if not any(
+            r.get("driver") == cfg.driver and r.get("pool") == cfg.node_name for r in results
+        ):
+            return "no longer allocated on this node"
+        return None
+
+    def release(self, uid: str, slots: Sequence[MigSlot]) -> list[str]:
+        """Destroy the instances of ``slots`` (the driver's, for claim ``uid``) that no other
+        claim still uses (the whole dynamic GPU is shared). Call with ``mig_lock`` held.
+        Returns what was destroyed (``"<profile> at slice <start> of GPU <index>"`` each);
+        raises :class:`~.mig.MigError`."""
+        others = {
+            s.key
+            for u, e in self.ctx.store.entries().items()
+            if u != uid and e.state in HOLDING
+            for s in e.mig_slots
+        }
+        gone = []
+        for s in slots:
+            if s.key in others:
+                continue
+            if self.ops.destroy(s):
+                gone.append(f"{s.profile} at slice {s.start} of GPU {s.gpu_index}")
+        return gone
+
+    # ---- left by a crash ---------------------------------------------------------------------
+    def recover(self) -> bool:
+        """At start: settle the MIG instances of checkpoint entries an earlier process left
+        unfinished. ``unpreparing``: its instances are destroyed and the entry removed (the
+        kubelet's retry of the unprepare then finds nothing to do). ``preparing``: when the
+        claim is gone from the API server (or no longer allocated here), likewise; otherwise its
+        instances are adopted as they are, and the kubelet's retry of the prepare uses them.
+        Instances no entry names are never touched. Returns True when it destroyed anything."""
+        changed = False
+        for uid, listed in self.ctx.store.entries().items():
+            if (
+                listed.state
+                not in (
+                    ClaimState.PREPARING,
+                    ClaimState.UNPREPARING,
+                )
+                or not listed.mig_slots
+            ):
+                continue
+            lk = self.ctx.lock_for(uid)
+            if not lk.acquire(blocking=False):
+                continue  # another driver instance is preparing or unpreparing it right now
+            try:
+                changed = self._recover_one(uid) or changed
+            finally:
+                self.ctx.release_claims([lk])
+        return changed
+
+    def _recover_one(self, uid: str) -> bool:
+        """:meth:`recover` for one entry, read again under its claim's lock (held); True when
+        it destroyed an instance."""
+        entry = self.ctx.store.get(uid)
+        if entry is None:
+            return False
+        slots = entry.mig_slots
+        state = entry.state
+        if state not in (ClaimState.PREPARING, ClaimState.UNPREPARING) or not slots:
+            return False
+        assert entry.claim is not None  # a preparing or unpreparing entry names its claim
+        ref = entry.claim
+        why = (
+            "its unprepare was interrupted"
+            if state == ClaimState.UNPREPARING
+            else self.claim_gone(ref)
+        )
+        if why is None:
+            have = [s for s in slots if self.ops.find(s) is not None]
+            self.ctx.log(
+                f"ResourceClaim {ref.namespace}/{ref.name}: prepare was interrupted; adopted "
+                f"{len(have)} of its {len(slots)} MIG instance(s) for the kubelet's retry"
+            )
+            return False
+        try:
+            with self.ctx.mig_lock:
+                gone = self.release(uid, slots)
+        except MigError as e:
+            self.ctx.log(
+                f"ResourceClaim {ref.namespace}/{ref.name}: {why}; its MIG instances stay: {e}"
+            )
+            return False
+        remove_files(uid, self.ctx.layout)
+        self.ctx.store.update(drop=[uid])
+        self.ctx.log(
+            f"ResourceClaim {ref.namespace}/{ref.name}: {why}; destroyed its MIG instance(s): "
+            f"{', '.join(gone) or 'none left'}"
+        )
+        return bool(gone)
+
+    def cleanup_stale(self) -> None:
+        """At rescans: interrupted prepares older than :data:`~.context.STALE_PREPARE_SECONDS`
+        whose claim is gone get their instances destroyed (the kubelet will not retry them).
+        Raises :class:`~tessera.kube.client.ApiError` or ``OSError``."""
+        if self.ctx.mig is None:
+            return
+        now = time.time()
+        for uid, entry in self.ctx.store.entries().items():
+            if (
+                entry.state != ClaimState.PREPARING
+                or now - (entry.since if entry.since is not None else now) < STALE_PREPARE_SECONDS
+            ):
+                continue
+            lk = self.ctx.lock_for(uid)
+            if not lk.acquire(blocking=False):
+                continue  # a prepare or unprepare of it is running
+            try:
+                self._cleanup_one(uid)
+            finally:
+                self.ctx.release_claims([lk])
+
+    def _cleanup_one(self, uid: str) -> None:
+        """:meth:`cleanup_stale` for one entry, read again under its claim's lock (held)."""
+        entry = self.ctx.store.get(uid)
+        if entry is None or entry.state != ClaimState.PREPARING:
+            return
+        assert entry.claim is not None
+        ref = entry.claim
+        why = self.claim_gone(ref)
+        if why is None:
+            return
+        try:
+            with self.ctx.mig_lock:
+                gone = self.release(uid, entry.mig_slots)
+        except MigError as e:
+            self.ctx.log(
+                f"ResourceClaim {ref.namespace}/{ref.name}: {why}; its MIG instances stay: {e}"
+            )
+            return
+        remove_files(uid, self.ctx.layout)
+        self.ctx.store.update(drop=[uid])
+        self.ctx.log(
+            f"ResourceClaim {ref.namespace}/{ref.name}: {why} before its prepare finished; "
+            f"destroyed its MIG instance(s): {', '.join(gone) or 'none left'}"
+        )
+
+    # ---- prepare and unprepare -----------------------------------------------------------------
+    def foreign_problem(self, uid: str, slots: Sequence[MigSlot]) -> str | None:
+        """Why the placements of ``slots`` are taken by instances the driver did not make (or
+        by another claim's), or None. Checked before a claim's first intent is recorded."""
+        entries = {u: e for u, e in self.ctx.store.entries().items() if u != uid}
+        mine = owned(entries.values())
+        shared_users = {
+            s.key for e in entries.values() if e.state in HOLDING for s in e.mig_slots if s.shared
+        }
+        for s in slots:
+            for gi in self.ops.occupied(s):
+                exact = (gi.profile_id, gi.start, gi.size) == (s.profile_id, s.start, s.size)
+                if s.shared and exact and s.key in shared_users:
+                    continue  # the whole GPU's instance, shared with claims prepared before
+                whose = (
+                    "another claim's"
+                    if (gi.profile_id, gi.start, gi.size) in (mine.get(s.gpu_uuid) or set())
+                    else "one the driver did not make"
+                )
+                return (
+                    f"{s.device}: GPU {s.gpu_index} ({s.gpu_uuid}) memory slices {s.start}-{s.start + s.size - 1} "
+                    f"are held by GPU instance {gi.id} ({whose}); destroy it or leave the GPU out of "
+                    f"{DYNAMIC_MIG_OPTION}"
+                )
+        return None
+
+    def make(
+        self,
+        pending: dict[str, ClaimPlan],
+        fetched: dict[str, dict[str, Any]],
+        devices: dict[str, NodeDevice],
+        minors: dict[str, int],
+        out: dict[str, PrepareResult],
+    ) -> dict[str, ClaimPlan]:
+        """Make the dynamic-MIG instances of ``pending`` plans (by claim UID) and plan those
+        claims again with them (``fetched``: their ResourceClaims); returns the new plans by
+        claim UID, errors go to ``out``. Order, for crash safety: the claim's slots are
+        recorded (``preparing``: one checkpoint write for all), then the instances are made -
+        or found, when an interrupted attempt made them - under ``mig_lock``. A failure
+        destroys what the claim holds alone and removes its record."""
+        if self.ctx.mig is None:
+            for uid, plan in pending.items():
+                out[uid] = PrepareResult(
+                    error=f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: its dynamic-MIG "
+                    "devices need NVML, which this driver could not load"
+                )
+            return {}
+        resolved = self._record_intents(pending, out)
+        done: dict[str, ClaimPlan] = {}
+        failed: list[str] = []
+        for uid, slots in resolved.items():
+            ref = pending[uid].ref
+            made = self._realise(uid, ref, slots, out, failed)
+            if made is None:
+                continue
+            try:
+                done[uid] = plan_claim(
+                    fetched[uid],
+                    ref,
+                    self.ctx.cfg.node_name,
+                    devices,
+                    self.ctx.backend.backend,
+                    self.ctx.layout,
+                    mig_minors=minors,
+                    instances=made,
+                )
+            except ClaimError as e:
+                out[uid] = PrepareResult(error=str(e))
+        if failed:
+            self.ctx.store.update(drop=failed)
+        return done
+
+    def _record_intents(
+        self, pending: dict[str, ClaimPlan], out: dict[str, PrepareResult]
+    ) -> dict[str, list[MigSlot]]:
+        """Resolve each pending claim's slots, check their placements are free (or the
+        claim's own from an interrupted attempt) and record them (``preparing``, one write).
+        Returns the slots by claim UID of those recorded; errors go to ``out``."""
+        intents: dict[str, ClaimEntry] = {}
+        resolved: dict[str, list[MigSlot]] = {}
+        for uid, plan in pending.items():
+            ref = plan.ref
+            what = f"ResourceClaim {ref.namespace}/{ref.name}"
+            try:
+                slots = [self.ops.resolve(s) for s in plan.mig]
+            except MigError as e:
+                out[uid] = PrepareResult(error=f"{what}: {e}")
+                continue
+            entry = self.ctx.store.get(uid)
+            prior = (
+                entry.mig_slots
+                if entry is not None and entry.state == ClaimState.PREPARING
+                else None
+            )
+            if prior is not None and {s.key for s in prior} != {s.key for s in slots}:
+                # Allocated again since the interrupted attempt: undo that attempt first.
+                try:
+                    with self.ctx.mig_lock:
+                        self.release(uid, prior)
+                except MigError as e:
+                    out[uid] = PrepareResult(error=f"{what}: {e}")
+                    continue
+                prior = None
+            if prior is None:
+                problem = self.foreign_problem(uid, slots)
+                if problem:
+                    out[uid] = PrepareResult(error=f"{what}: {problem}")
+                    continue
+            resolved[uid] = slots
+            intents[uid] = ClaimEntry.preparing(ref, slots, time.time())
+        if intents:
+            try:
+                self.ctx.store.update(put=intents)
+            except OSError as e:
+                for uid in intents:
+                    out[uid] = PrepareResult(
+                        error=f"ResourceClaim {pending[uid].ref.namespace}/{pending[uid].ref.name}: checkpoint: {e}"
+                    )
+                return {}
+        return resolved
+
+    def _realise(
+        self,
+        uid: str,
+        ref: ClaimRef,
+        slots: Sequence[MigSlot],
+        out: dict[str, PrepareResult],
+        failed: list[str],
+    ) -> dict[tuple[str, str, int], MigSlot] | None:
+        """Make (or find) the instances of a recorded claim's ``slots``, under ``mig_lock``;
+        returns them by slot key. On a :class:`~.mig.MigError` the error goes to ``out``, what
+        the claim holds alone is destroyed and its UID appended to ``failed`` (its record is to
+        go; a failing undo is logged and left to the kubelet's retry), and None is returned."""
+        what = f"ResourceClaim {ref.namespace}/{ref.name}"
+        made: dict[tuple[str, str, int], MigSlot] = {}
+        try:
+            with self.ctx.mig_lock:
+                for s in slots:
+                    m = self.ops.realise(s)
+                    made[m.key] = m
+        except MigError as e:
+            out[uid] = PrepareResult(error=f"{what}: {e}")
+            try:
+                with self.ctx.mig_lock:
+                    self.release(uid, slots)
+                failed.append(uid)
+            except MigError as e2:
+                self.ctx.log(
+                    f"{what}: undoing a failed prepare: {e2} (retried with the kubelet's next call)"
+                )
+            return None
+        return made
+
+    def unprepare(self, ref: ClaimRef, entry: ClaimEntry) -> str:
+        """Destroy the MIG instances of a claim being unprepared (recorded ``unpreparing``
+        first) and remove its files and entry; returns an error line, or ''. Call with the
+        claim's lock held. Raises ``OSError`` when the checkpoint cannot be written."""
+        store = self.ctx.store
+        slots = entry.mig_slots
+        if slots and entry.state != ClaimState.UNPREPARING:
+            store.update(put={ref.uid: ClaimEntry.unpreparing(ref, slots)})
+        remove_files(ref.uid, self.ctx.layout)
+        if slots:
+            if self.ctx.mig is None:
+                return f"ResourceClaim {ref.namespace}/{ref.name}: its MIG instances need NVML to be destroyed"
+            try:
+                with self.ctx.mig_lock:
+                    self.release(ref.uid, slots)
+            except MigError as e:
+                return f"ResourceClaim {ref.namespace}/{ref.name}: {e}"
+        store.update(drop=[ref.uid])
+        return ""
