@@ -49,6 +49,7 @@ from tessera.allocator.record import (
 )
 from tessera.api.errors import TesseraError
 from tessera.api.loader import Manifest
+from tessera.api.pods import pod_claims
 from tessera.cel import CelCompileError, CelRuntimeError, compile_selector
 from tessera.cel import reading as celtools
 from tessera.scheduler.claims import pod_claim_name
@@ -577,11 +578,11 @@ def _pod_claims(pod: Mapping[str, Any], sim: Simulation) -> list[tuple[str, dict
     md = pod.get("metadata") or {}
     ns = md.get("namespace") or "default"
     out = []
-    for pc in (pod.get("spec") or {}).get("resourceClaims") or []:
+    for pc in pod_claims(pod):
         name = pod_claim_name(pod, pc, simulated=True)
         c = sim.claims.get((ns, name)) if name is not None else None
         if c is not None:
-            out.append((str(pc.get("name", "")), c))
+            out.append((pc.name, c))
     ext = sim.extended_claim_of(pod)  # the claim kube-scheduler synthesises (KEP-5004)
     if ext is not None:
         out.append((EXTENDED_POD_CLAIM, ext))

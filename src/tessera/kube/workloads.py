@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import yaml
 
 from tessera import DEVICE_CLASS_NAME
+from tessera.api.pods import pod_claims as claim_entries
 from tessera.kube.client import ApiError, KubeClient, Obj
 from tessera.scheduler.claims import pod_claim_name
 
@@ -206,10 +207,10 @@ def pod_claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
     """Map each ``spec.resourceClaims[].name`` to the ResourceClaim's name (generated ones
     from ``status.resourceClaimStatuses``; missing until the claim controller made it)."""
     out: dict[str, str] = {}
-    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+    for ref in claim_entries(pod):
         claim_name = pod_claim_name(pod, ref)
         if claim_name:
-            out[ref["name"]] = claim_name
+            out[ref.name] = claim_name
     return out
 
 

@@ -41,6 +41,7 @@ from tessera.allocator import SliceIndex
 from tessera.allocator.model import Device
 from tessera.api.deviceclass import IMPLICIT_PREFIX, device_class, implicit_class
 from tessera.api.loader import WORKLOAD_KINDS, Manifest
+from tessera.api.pods import spec_claims, spec_containers
 from tessera.api.quantity import Quantity, QuantityError
 from tessera.api.requests import claim_requests
 from tessera.api.validation import manifest_problems, pod_template, spec_path
@@ -432,41 +433,37 @@ def _check_tessera_claims_per_container(
         return
     ns = m.namespace
     served: dict[str, str] = {}  # pod claim name -> the object that makes it
-    for pc in spec.get("resourceClaims") or []:
-        if not isinstance(pc, dict) or not isinstance(pc.get("name"), str):
+    for pc in spec_claims(spec):
+        if not pc.name:
             continue
-        if pc.get("resourceClaimName"):
-            key = ("ResourceClaim", ns, str(pc["resourceClaimName"]))
-        elif pc.get("resourceClaimTemplateName"):
-            key = ("ResourceClaimTemplate", ns, str(pc["resourceClaimTemplateName"]))
+        if pc.claim_name:
+            key = ("ResourceClaim", ns, pc.claim_name)
+        elif pc.template_name:
+            key = ("ResourceClaimTemplate", ns, pc.template_name)
         else:
             continue
         obj = claim_objs.get(key)
         if obj is not None and any(
             _tessera_class(world, body.get("deviceClassName")) for _, body in _selectors_of(obj)
         ):
-            served[pc["name"]] = f"{key[0]} {key[1]}/{key[2]}"
+            served[pc.name] = f"{key[0]} {key[1]}/{key[2]}"
     if len(served) < 2:
         return
-    for part in ("initContainers", "containers"):
-        for i, c in enumerate(spec.get(part) or []):
-            if not isinstance(c, dict):
-                continue
-            names: list[str] = []
-            for ref in (c.get("resources") or {}).get("claims") or []:
-                n = ref.get("name") if isinstance(ref, dict) else None
-                if n in served and n not in names:
-                    names.append(n)
-            if len(names) < 2:
-                continue
-            listed = ", ".join(f"{n} ({served[n]})" for n in names)
-            add(
-                f"{base}.{part}[{i}].resources.claims",
-                f"container {c.get('name')!r} references {len(names)} claims served by "
-                f"{DRIVER_NAME}: {listed}; the container sees the limits file of one of them "
-                "only, and the enforcement library refuses the GPUs of the others",
-                "one ResourceClaim with several requests, or one claim per container",
-            )
+    for c in spec_containers(spec):
+        names: list[str] = []
+        for ref in c.claims:
+            if ref.name in served and ref.name not in names:
+                names.append(ref.name)
+        if len(names) < 2:
+            continue
+        listed = ", ".join(f"{n} ({served[n]})" for n in names)
+        add(
+            f"{base}.{c.field.removeprefix('spec.')}.resources.claims",
+            f"container {c.body.get('name')!r} references {len(names)} claims served by "
+            f"{DRIVER_NAME}: {listed}; the container sees the limits file of one of them "
+            "only, and the enforcement library refuses the GPUs of the others",
+            "one ResourceClaim with several requests, or one claim per container",
+        )
 
 
 def _split_fix(message: str) -> tuple[str, str]:

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tessera.api.pods import PodClaim
+
 
 def generated_claim_name(pod: Mapping[str, Any], entry_name: str) -> str | None:
     """The ResourceClaim the resource-claim controller made from a template for the pod's
@@ -39,18 +41,19 @@ def template_claim_name(pod_name: str, entry_name: str) -> str:
 
 
 def pod_claim_name(
-    pod: Mapping[str, Any], entry: Mapping[str, Any], *, simulated: bool = False
+    pod: Mapping[str, Any], entry: PodClaim, *, simulated: bool = False
 ) -> str | None:
     """The name of the ResourceClaim (in the pod's namespace) that the pod's
-    ``spec.resourceClaims[]`` item ``entry`` refers to: its ``resourceClaimName``; for a
+    ``spec.resourceClaims[]`` item ``entry`` (:func:`tessera.api.pods.pod_claims`) refers
+    to: its ``resourceClaimName``; for a
     ``resourceClaimTemplateName`` the claim the controller made (:func:`generated_claim_name`),
     else, when ``simulated``, :func:`template_claim_name`, else None (a live cluster's
     controller has not made it yet). None for an entry naming neither."""
-    if entry.get("resourceClaimName"):
-        return str(entry["resourceClaimName"])
-    if not entry.get("resourceClaimTemplateName"):
+    if entry.claim_name:
+        return entry.claim_name
+    if not entry.template_name:
         return None
-    name = str(entry.get("name", ""))
+    name = entry.name
     made = generated_claim_name(pod, name)
     if made is not None or not simulated:
         return made

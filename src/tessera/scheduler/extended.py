@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tessera.api.pods import pod_containers
 from tessera.api.quantity import Quantity, QuantityError
 
 #: The annotation kube-scheduler puts on the claim it synthesises.
@@ -78,10 +79,9 @@ def _amount(raw: Any) -> int:
 
 
 def _containers(pod: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], int]:
-    spec = pod.get("spec") or {}
-    init = [c for c in spec.get("initContainers") or [] if isinstance(c, Mapping)]
-    regular = [c for c in spec.get("containers") or [] if isinstance(c, Mapping)]
-    return init + regular, len(init)
+    """The pod's containers as written, init containers first, and how many are init."""
+    views = pod_containers(pod)
+    return [c.body for c in views], sum(1 for c in views if c.init)
 
 
 def requested_extended(pod: Mapping[str, Any]) -> list[str]:

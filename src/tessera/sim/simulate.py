@@ -39,6 +39,7 @@ from tessera.api.deviceclass import device_class, served_extended_resources
 from tessera.api.errors import ManifestError
 from tessera.api.heap import collector_paused
 from tessera.api.loader import CLUSTER_SCOPED_KINDS, Manifest
+from tessera.api.pods import pod_claims, pod_containers
 from tessera.api.quantity import Quantity
 from tessera.api.requests import claim_requests, device_requests
 from tessera.api.uids import uuid5_url
@@ -754,12 +755,12 @@ class Simulation:
         made from each template entry (kept from a pod read from a cluster)."""
         out: list[dict[str, str]] = []
         ns = _ns(pod)
-        for pc in (pod.get("spec") or {}).get("resourceClaims") or []:
-            if not pc.get("resourceClaimTemplateName"):
+        for pc in pod_claims(pod):
+            if not pc.template_name:
                 continue
             name = pod_claim_name(pod, pc, simulated=True)
             if name is not None and (ns, name) in self.claims:
-                out.append({"name": str(pc.get("name", "")), "resourceClaimName": name})
+                out.append({"name": pc.name, "resourceClaimName": name})
         return out
 
     def _resolve_claims(
@@ -768,16 +769,16 @@ class Simulation:
         """``[(pod claim name, claim)]`` for the pod, creating template claims; or a reason."""
         out: list[tuple[str, dict[str, Any]]] = []
         ns = _ns(pod)
-        for pc in (pod.get("spec") or {}).get("resourceClaims") or []:
-            pcname = pc.get("name", "")
-            if pc.get("resourceClaimName"):
-                key = (ns, pc["resourceClaimName"])
+        for pc in pod_claims(pod):
+            pcname = pc.name
+            if pc.claim_name:
+                key = (ns, pc.claim_name)
                 claim = self.claims.get(key)
                 if claim is None:
                     return [], f'resourceclaim "{key[1]}" not found'
                 out.append((pcname, claim))
-            elif pc.get("resourceClaimTemplateName"):
-                tkey = (ns, pc["resourceClaimTemplateName"])
+            elif pc.template_name:
+                tkey = (ns, pc.template_name)
                 generated = generated_claim_name(pod, pcname)
                 if generated and (ns, generated) in self.claims:
                     # The claim controller already made it (a pod read from a cluster): the
@@ -1133,17 +1134,15 @@ class Simulation:
     ) -> list[Placement]:
         by_pc = dict(claims)
         out: list[Placement] = []
-        spec = pod.get("spec") or {}
-        containers = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
-        for ctr in containers:
-            for rc in (ctr.get("resources") or {}).get("claims") or []:
-                claim = by_pc.get(rc.get("name", ""))
+        for ctr in pod_containers(pod):
+            for rc in ctr.claims:
+                claim = by_pc.get(rc.name)
                 if claim is None:
                     continue
                 for r in claim["status"]["allocation"]["devices"]["results"]:
-                    if rc.get("request") and r["request"].split("/")[0] != rc["request"]:
+                    if rc.request and r["request"].split("/")[0] != rc.request:
                         continue
-                    out.append(self._placement(ref, ctr.get("name", ""), claim, r, node))
+                    out.append(self._placement(ref, ctr.name, claim, r, node))
         ext = by_pc.get(EXTENDED_POD_CLAIM)
         if ext is not None:  # containers map to its requests (status.extendedResourceClaimStatus)
             for m in extended_requests(pod, self.served).mappings:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera import DRIVER_NAME
+from tessera.api.pods import pod_claims
 from tessera.kube.client import ApiError, KubeClient, Obj
 from tessera.scheduler.claims import generated_claim_name
 
@@ -213,10 +214,9 @@ def referenced_templates(pods: Iterable[Mapping[str, Any]]) -> set[str]:
     """Names of the ResourceClaimTemplates the pods' ``spec.resourceClaims`` reference."""
     out: set[str] = set()
     for pod in pods:
-        for rc in (pod.get("spec") or {}).get("resourceClaims") or []:
-            name = (rc or {}).get("resourceClaimTemplateName")
-            if name:
-                out.add(str(name))
+        for rc in pod_claims(pod):
+            if rc.template_name:
+                out.add(rc.template_name)
     return out
 
 
@@ -231,10 +231,9 @@ def needed_templates(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
         status = pod.get("status") or {}
         if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
             continue
-        for rc in (pod.get("spec") or {}).get("resourceClaims") or []:
-            name = (rc or {}).get("resourceClaimTemplateName")
-            if name and generated_claim_name(pod, str(rc.get("name", ""))) is None:
-                out.setdefault(str(name), []).append(str(meta.get("name")))
+        for rc in pod_claims(pod):
+            if rc.template_name and generated_claim_name(pod, rc.name) is None:
+                out.setdefault(rc.template_name, []).append(str(meta.get("name")))
     return out
 
 
