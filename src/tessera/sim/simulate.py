@@ -178,6 +178,18 @@ class MissingClass:
         return f"request {self.request}: device class {self.device_class} does not exist"
 
 
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """One pod's scheduling attempt: the ``node`` it was placed on, or None with the
+    ``reason`` (its PodScheduled condition's message) and ``cause`` it stays pending for;
+    ``claims``: ``(pod claim name, claim)`` for the claims it resolved."""
+
+    node: str | None
+    reason: str
+    claims: list[tuple[str, dict[str, Any]]]
+    cause: PendingCause = PendingCause.UNSCHEDULABLE
+
+
 class _NotBetter:
     """_try_node's answer when only tiers no better than the best so far fit (not a refusal)."""
 
@@ -465,7 +477,6 @@ class Simulation:
         self._node_usage: list[Fraction] = [Fraction(0) for _ in self.nodes]
         self._usage_stale: set[int] = set()
         self._placed = 0
-        self._cause = PendingCause.UNSCHEDULABLE  # _schedule's last pending pod's
         self._tier = 0  # the topology tier _try_node reached
         #: With ``record_choices`` (explain sets it), each scheduled pod's :class:`Choice`.
         self.record_choices = False
@@ -631,10 +642,11 @@ class Simulation:
                 md.setdefault("uid", _pod_uid(ref))
                 annotations = (pod.get("metadata") or {}).get("annotations")
                 policy = pod_policy(self.policy, annotations) if annotations else default_policy
-                node, reason, claims = self._schedule(pod, ref, policy)
+                outcome = self._schedule(pod, ref, policy)
+                node, reason, claims = outcome.node, outcome.reason, outcome.claims
                 generated = self._claim_statuses(pod)
                 if node is None:
-                    pending.append(Pending(ref, reason, self._cause))
+                    pending.append(Pending(ref, reason, outcome.cause))
                     pod["status"] = {
                         "phase": "Pending",
                         "conditions": [
@@ -829,18 +841,15 @@ class Simulation:
                 out.append((pcname, claim))
         return out, None
 
-    def _schedule(
-        self, pod: dict[str, Any], ref: str, policy: PodPolicy
-    ) -> tuple[str | None, str, list[tuple[str, dict[str, Any]]]]:
-        """``(node, "", claims)`` for a pod placed on ``node``; ``(None, reason, claims)`` for
-        one left pending, its cause in ``self._cause``."""
-        self._cause = PendingCause.UNSCHEDULABLE
+    def _schedule(self, pod: dict[str, Any], ref: str, policy: PodPolicy) -> _Outcome:
+        """The pod placed on a node (``_Outcome(node, "", claims)``) or left pending
+        (``_Outcome(None, reason, claims, cause)``)."""
         ext = extended_requests(pod, self.served)
         if ext.unserved:
             n = len(self.nodes)
             # kube-scheduler's FitError: "N reason" strings, sorted as strings.
             parts = ", ".join(sorted(f"{n} Insufficient {r}" for r in ext.unserved))
-            return None, f"0/{n} nodes are available: {parts}.", []
+            return _Outcome(None, f"0/{n} nodes are available: {parts}.", [])
         claims, reason = self._resolve_claims(pod, ref)
         if not reason and ext.requests:
             special, reason = self._extended_claim(pod, ext.requests)
@@ -848,19 +857,19 @@ class Simulation:
                 claims.append((EXTENDED_POD_CLAIM, special))
         self.claims_seen += len(claims)
         if reason:
-            return None, reason, []
+            return _Outcome(None, reason, [])
         todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
         done = [c for _, c in claims if (c.get("status") or {}).get("allocation")]
         specs = self._spec_facts(todo)
         missing = specs.missing_class
         if missing is not None:
             hint = self.class_hint(missing.device_class)
-            self._cause = PendingCause.MISSING_CLASS
-            return None, f"0/{len(self.nodes)} nodes are available: {missing.reason}.{hint}", claims
+            msg = f"0/{len(self.nodes)} nodes are available: {missing.reason}.{hint}"
+            return _Outcome(None, msg, claims, PendingCause.MISSING_CLASS)
         for c in done:
             rf = (c.get("status") or {}).get("reservedFor") or []
             if len(rf) >= 256 and not any(r.get("name") == _name(pod) for r in rf):
-                return None, "resourceclaim in use", claims
+                return _Outcome(None, "resourceclaim in use", claims)
         n_total = len(self.nodes)
         if not specs.signature_known:
             specs.signature, specs.signature_known = _signature(todo), True
@@ -926,8 +935,9 @@ class Simulation:
                 if isinstance(why, Unfit) and why.devices and sig is not None:
                     self._unsat[i][sig] = why
             if isinstance(why, AllocationError):
-                self._cause = PendingCause.ALLOCATION_ERROR
-                return None, f"allocation error: {why}", claims
+                return _Outcome(
+                    None, f"allocation error: {why}", claims, PendingCause.ALLOCATION_ERROR
+                )
             if isinstance(why, list):
                 # Other node policies take their first fit: the score counts under first-fit.
                 score = prioritized_list_score(todo, why) if top else 0  # no firstAvailable: 0
@@ -956,8 +966,8 @@ class Simulation:
             if why_evicted is not None:
                 # kube-scheduler binds the pod, the eviction controller deletes it: it never
                 # runs, and its template claims go with it (nothing stays allocated).
-                self._cause = PendingCause.EVICTED
-                return None, f"scheduled on {node.name}, then evicted: {why_evicted}", claims
+                msg = f"scheduled on {node.name}, then evicted: {why_evicted}"
+                return _Outcome(None, msg, claims, PendingCause.EVICTED)
             for c, res in zip(todo, results, strict=True):
                 c["status"] = {"allocation": res}
                 self.state.add_claim(c)
@@ -968,7 +978,7 @@ class Simulation:
                 rf = c.setdefault("status", {}).setdefault("reservedFor", [])
                 if not any(r.get("resource") == "pods" and r.get("uid") == uid for r in rf):
                     rf.append({"resource": "pods", "name": _name(pod), "uid": uid})
-            return node.name, "", claims
+            return _Outcome(node.name, "", claims)
         # kube-scheduler's FitError: "N reason" strings, sorted as strings.
         parts = ", ".join(sorted(f"{v} {k.reason}" for k, v in counts.items()))
         msg = (
@@ -978,7 +988,7 @@ class Simulation:
         )
         if any(k.devices for k in counts):
             self._to_explain[ref] = (pod, todo, done)
-        return None, msg, claims
+        return _Outcome(None, msg, claims)
 
     def _spec_facts(self, claims: Sequence[dict[str, Any]]) -> _SpecFacts:
         """What the claims' specs alone decide (:func:`_signature`, :meth:`missing_class`,
