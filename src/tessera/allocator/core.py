@@ -186,6 +186,11 @@ class Features:
 
 @dataclass
 class Pool:
+    """One resource pool as seen from a node (upstream's ``Pool``, dra-spec.md 4.2): its
+    ``driver`` and ``name``, the slices of its newest generation targeting the node, the shared
+    counters they publish, and whether it is ``complete`` (every slice of the generation seen)
+    or ``invalid`` (the reason: a duplicate device name, counters published twice, ...)."""
+
     driver: str
     name: str
     slices: list[Slice]  # device slices targeting the node, sorted by slice name
@@ -399,6 +404,9 @@ def consumed_amount(cap: Capacity, requested: Quantity | None, fractional: bool 
 
 
 def violates_policy(cap: Capacity, amount: Quantity, fractional: bool = True) -> bool:
+    """Whether requesting ``amount`` (in the capacity's units) of ``cap`` breaks its
+    ``requestPolicy`` (``validValues``, or ``validRange`` min/max/step; its ``default`` is
+    always allowed; KEP-5075). ``fractional``: DRAFractionalConsumedCapacity is on."""
     pol = cap.policy
     if pol is None:
         return False
@@ -494,6 +502,10 @@ class RequestData:
 
 @dataclass
 class ClaimData:
+    """One claim ready for the search: its requests (per request, ``[exactly]`` or its
+    ``firstAvailable`` subrequests), its constraints, and what the search has picked for it so
+    far (``results``: allocation result dicts, ``devices``, the dedicated ones)."""
+
     claim: Mapping[str, Any]
     ref: str  # namespace/name
     requests: list[list[RequestData]]  # per request: [exactly] or its subrequests

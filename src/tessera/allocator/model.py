@@ -38,6 +38,7 @@ def _consumed(text: str | int) -> Exact:
 
 
 def device_id_str(d: DeviceID) -> str:
+    """``driver/pool/device``, as the allocation results and explain name a device."""
     return "/".join(d)
 
 
@@ -105,7 +106,10 @@ class RequestPolicy:
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """One published capacity: ``value`` (never changes with consumption) and its policy."""
+    """One published capacity (``devices[].capacity[name]``, KEP-5075): ``value`` in the
+    capacity's own units as a Quantity (memory in bytes, BinarySI; Tessera's ``cores`` in
+    percent of the GPU's SMs, 0-100), which never changes with consumption, and its
+    ``requestPolicy`` (None: a request consumes the whole value when shared, dra-spec.md 2.2)."""
 
     value: Quantity
     policy: RequestPolicy | None = None
@@ -177,7 +181,17 @@ def taint_rule_from_dict(obj: Mapping[str, Any]) -> TaintRule:
 
 @dataclass(eq=False, slots=True)
 class Device:
-    """A device as the allocator sees it. ``attributes`` keys are fully qualified."""
+    """A device as the allocator sees it (one ``ResourceSlice.spec.devices[]`` entry).
+
+    ``id``: (driver, pool, device name). ``attributes``: fully qualified names
+    (``gpu.tessera.dev/uuid``) -> bool, int, str, semver, list or :class:`UnsupportedAttribute`;
+    ``capacity``: names as the slice writes them (short in the driver's own domain) ->
+    :class:`Capacity`; ``allow_multiple``: ``allowMultipleAllocations`` (KEP-5075: shares of it
+    may go to several claims). ``consumes_counters``: (counter set, counter -> amount in the
+    counter's units) per ``consumesCounters`` entry (KEP-4815); ``taints``: its own and
+    DeviceTaintRules' (KEP-5055); ``binding_conditions`` (KEP-5007). Node selection: the slice's
+    (``nodeName``, ``nodeSelector``, ``allNodes``) or, with ``per_device_node_selection``, the
+    device's own."""
 
     id: DeviceID
     slice_name: str
@@ -241,7 +255,10 @@ class Device:
 
 @dataclass
 class Slice:
-    """A ResourceSlice reduced to what allocation needs."""
+    """A ResourceSlice reduced to what allocation needs: its ``name``, ``driver``, ``pool``
+    (``spec.pool.name``, ``generation``, ``resourceSliceCount`` as ``slice_count``), node
+    selection, ``devices`` and ``shared_counters`` (counter set -> counter -> amount, KEP-4815);
+    ``obj`` the object as read."""
 
     name: str
     driver: str
@@ -461,7 +478,8 @@ def slice_from_dict(obj: dict[str, Any], shared: Descriptions | None = None) -> 
 
 @dataclass(frozen=True)
 class Node:
-    """A node as scheduling sees it: name and labels."""
+    """A node as scheduling sees it: ``metadata.name`` and ``metadata.labels`` (what node
+    selectors match, with ``metadata.name`` as the one field)."""
 
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -506,6 +524,8 @@ def node_selector_matches(sel: dict[str, Any] | None, node: Node) -> bool:
 
 
 def device_on_node(d: Device, node: Node) -> bool:
+    """Whether ``d``'s node selection (its slice's, or its own with perDeviceNodeSelection)
+    includes ``node`` (dra-spec.md 4.2)."""
     if d.node_name is not None:
         return d.node_name == node.name
     if d.all_nodes:

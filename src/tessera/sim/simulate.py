@@ -338,7 +338,19 @@ _NO_NODE_CONSTRAINTS = json.dumps([None, None, None])
 
 
 class Simulation:
-    """Holds the cluster state; :meth:`run` schedules pods and returns a :class:`SimResult`."""
+    """Holds the cluster state; :meth:`run` schedules pods and returns a :class:`SimResult`.
+
+    ``cluster``: the nodes and their ResourceSlices, in scheduling order; ``manifests``: the
+    workloads, claims, templates, DeviceClasses and DeviceTaintRules, as loaded (pods are
+    scheduled in their order). ``seed``: the allocator's random choices (upstream's are random);
+    ``features``: the allocator's feature gates (1.37 defaults); ``policy``: the node and GPU
+    order (``first-fit``, ``binpack``, ``spread``, ``topology``; HAMi's annotations override it
+    per pod); ``whole_gpus``: serve every claim with whole devices (the device-plugin model);
+    ``class_map``: DeviceClass renames (another driver's class -> Tessera's). Raises
+    :class:`~tessera.api.errors.ManifestError` for input the API server would refuse (a
+    duplicate name included), naming the object and field; ``ValueError`` for an unknown
+    ``policy``.
+    """
 
     def __init__(
         self,
