@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tessera.driver.access import NODE_AGENT_ACCESS
 from tessera.driver.backend import DRIVER_NATIVE, LIBRARY
 from tessera.driver.checkpoint import ClaimState
 from tessera.driver.node import NodeDriver
@@ -762,33 +763,81 @@ def test_cli_start_errors_are_one_line_exit_2(
     assert err[0].endswith(
         "nvidia-smi fallback: no-nvidia-smi not found on PATH (install the NVIDIA driver, or pass --nvml-library PATH)"
     )
-    # A ServiceAccount with no RBAC at all.
-    env.client.create(
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": {"name": "noperm", "namespace": kube_namespace},
-        }
-    )
-    tok = env.client.request(
-        "POST",
-        f"/api/v1/namespaces/{kube_namespace}/serviceaccounts/noperm/token",
-        body={
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 600},
-        },
-    )["status"]["token"]
-    admin = yaml.safe_load(env.kubeconfig.read_text())
-    admin["users"] = [{"name": "noperm", "user": {"token": tok}}]
-    admin["contexts"][0]["context"]["user"] = "noperm"
-    kc = tmp_path / "noperm.kubeconfig"
-    kc.write_text(yaml.safe_dump(admin))
-    rc, err = run("--nvml-library", str(env.nvml_lib), kubeconfig=kc)
+
+    def identity(name: str, rules: list[dict[str, Any]] | None) -> Path:
+        """A kubeconfig for a new ServiceAccount ``name``, bound to a ClusterRole of ``rules``."""
+        env.client.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": name, "namespace": kube_namespace},
+            }
+        )
+        if rules is not None:
+            role = f"{kube_namespace}-{name}"
+            env.client.create(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRole",
+                    "metadata": {"name": role},
+                    "rules": rules,
+                }
+            )
+            env.client.create(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": role},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": role,
+                    },
+                    "subjects": [
+                        {"kind": "ServiceAccount", "name": name, "namespace": kube_namespace}
+                    ],
+                }
+            )
+        tok = env.client.request(
+            "POST",
+            f"/api/v1/namespaces/{kube_namespace}/serviceaccounts/{name}/token",
+            body={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 600},
+            },
+        )["status"]["token"]
+        admin = yaml.safe_load(env.kubeconfig.read_text())
+        admin["users"] = [{"name": name, "user": {"token": tok}}]
+        admin["contexts"][0]["context"]["user"] = name
+        kc = tmp_path / f"{name}.kubeconfig"
+        kc.write_text(yaml.safe_dump(admin))
+        return kc
+
+    # A ServiceAccount with no RBAC at all: every required row of the access table is named.
+    rc, err = run("--nvml-library", str(env.nvml_lib), kubeconfig=identity("noperm", None))
     assert rc == 2 and err == [
-        "tessera: error: the API server denies this identity: get resourceclaims, list resourceslices, create "
-        "resourceslices, "
-        "patch resourceslices, delete resourceslices (group resource.k8s.io); grant the driver's ServiceAccount the "
-        "ClusterRole in docs/driver.md"
+        "tessera: error: the API server denies this identity: get resourceclaims.resource.k8s.io, "
+        "list resourceslices.resource.k8s.io, create resourceslices.resource.k8s.io, "
+        "patch resourceslices.resource.k8s.io, delete resourceslices.resource.k8s.io, get nodes; "
+        "grant the driver's ServiceAccount the ClusterRole in docs/driver.md"
     ]
+    # Everything the table names but get nodes (the guard's read): refused before anything
+    # is written, not later at the guard.
+    rules = [
+        {
+            "apiGroups": [a.group],
+            "resources": [a.resource + (f"/{a.subresource}" if a.subresource else "")],
+            "verbs": [a.verb],
+            **({"resourceNames": [a.name]} if a.name else {}),
+        }
+        for a in NODE_AGENT_ACCESS
+        if (a.verb, a.resource) != ("get", "nodes")
+    ]
+    rc, err = run("--nvml-library", str(env.nvml_lib), kubeconfig=identity("nonodes", rules))
+    assert rc == 2 and err == [
+        "tessera: error: the API server denies this identity: get nodes; grant the driver's "
+        "ServiceAccount the ClusterRole in docs/driver.md"
+    ]
+    assert not (env.state_dir / "checkpoint.json").exists()
     assert node_slices(env.client, env.node) == []

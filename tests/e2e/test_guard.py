@@ -190,3 +190,49 @@ def test_a_plain_node_starts(running_driver: tuple[DriverEnv, DriverProcess]) ->
     assert d.returncode is None
     assert "another manager" not in d.output
     assert check_node(env.client, env.node, [g.uuid for g in env.gpus]) == []
+
+
+def test_slice_reads_are_of_this_node_only(driver_env: DriverEnv, tmp_path: Path) -> None:
+    """Every ResourceSlice list the node agent makes (the guard's, the publisher's) asks the
+    API server for this node's slices only (``fieldSelector=spec.nodeName=<node>``), and the
+    API server answers with those alone: another node's slice is never read. (RBAC cannot hold
+    a list to a field selector; the ClusterRole's ``list resourceslices`` stays cluster-wide.)"""
+    from tessera.driver.publish import GpuRegistry, Publisher
+    from tessera.kube.client import KubeClient
+
+    env = driver_env
+    asked: list[tuple[str, dict[str, str]]] = []
+    got: list[str] = []
+
+    class Recording(KubeClient):
+        def request(self, verb: str, path: str, **kw: Any) -> Any:
+            out = super().request(verb, path, **kw)
+            if verb == "GET" and path.endswith("/resourceslices"):
+                asked.append((path, dict(kw.get("query") or {})))
+                got.extend(i["spec"].get("nodeName") or "" for i in out.get("items") or [])
+            return out
+
+    kc = Recording.from_kubeconfig(env.kubeconfig)
+    elsewhere = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{env.node}-elsewhere"},
+        "spec": {
+            "driver": "gpu.tessera.dev",
+            "nodeName": "h100-node",
+            "pool": {"name": "h100-node", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "attributes": {"uuid": {"string": env.gpus[0].uuid}}}],
+        },
+    }
+    env.client.create(elsewhere)
+    try:
+        assert check_node(kc, env.node, [g.uuid for g in env.gpus]) == []
+        pub = Publisher(kc, env.node, "gpu.tessera.dev", GpuRegistry(tmp_path / "g.json"), "none")
+        assert pub._ours() == []
+    finally:
+        env.client.delete("resource.k8s.io/v1", "ResourceSlice", f"{env.node}-elsewhere")
+    assert [q["fieldSelector"] for _p, q in asked] == [
+        f"spec.nodeName={env.node}",
+        f"spec.nodeName={env.node},spec.driver=gpu.tessera.dev",
+    ]
+    assert got == []

@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from tessera.api.deviceclass import device_class, mig_device_class
+from tessera.driver.access import NODE_AGENT_ACCESS
 from tessera.driver.node import REQUIRED_ACCESS
 from tessera.enforcement.layout import DEFAULT_STATE_DIR, claims_dir
 from tessera.kube.client import ApiError, KubeClient
@@ -554,6 +555,42 @@ def test_node_role_covers_what_the_driver_checks_at_start(env: Env) -> None:
         assert env.tools.can_i(
             verb, f"{resource}.{group}" if group else resource, env.user("node"), *extra
         ), (verb, resource)
+
+
+def _granted(role: dict[str, Any]) -> set[tuple[str, str, str, str, str]]:
+    """A ClusterRole's rules as ``(verb, group, resource, subresource, name)`` rows."""
+    out = set()
+    for rule in role["rules"]:
+        for group in rule.get("apiGroups") or []:
+            for res in rule.get("resources") or []:
+                resource, _, sub = res.partition("/")
+                for verb in rule["verbs"]:
+                    for name in rule.get("resourceNames") or [""]:
+                        out.add((verb, group, resource, sub, name))
+    return out
+
+
+def test_node_role_is_exactly_the_access_table(tmp_path: Path) -> None:
+    """The chart's node ClusterRole (``helm template``, defaults) grants exactly the rows of
+    :data:`tessera.driver.access.NODE_AGENT_ACCESS` (what the driver uses and checks at start):
+    nothing missing, nothing more. No Role or other binding gives the node agent anything."""
+    tools = Tools(helm_bin(), tmp_path / "none", tmp_path)
+    objects = tools.render(RELEASE, NS, {})
+    user = f"{RELEASE}-node"
+    bindings = [
+        o
+        for o in objects
+        if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        and any(s.get("name") == user for s in o.get("subjects") or [])
+    ]
+    assert [(b["kind"], b["roleRef"]["kind"], b["roleRef"]["name"]) for b in bindings] == [
+        ("ClusterRoleBinding", "ClusterRole", user)
+    ]
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == user]
+    table = {(a.verb, a.group, a.resource, a.subresource, a.name) for a in NODE_AGENT_ACCESS}
+    granted = _granted(role)
+    assert sorted(table - granted) == [], "the driver needs what the chart does not grant"
+    assert sorted(granted - table) == [], "the chart grants what the driver does not use"
 
 
 def _slice(name: str, node: str | None, driver: str = "gpu.tessera.dev") -> dict[str, Any]:

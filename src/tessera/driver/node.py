@@ -6,7 +6,8 @@
 1. the kubelet's ``--root-dir`` must exist (the plugin sockets live under it), and the health
    address is bound (served from step 12: a taken port refuses the start before anything is
    written, published or made);
-2. the API server must allow what the driver does (SelfSubjectAccessReview for each verb);
+2. the API server must allow what the driver does (:data:`.access.NODE_AGENT_ACCESS`: a
+   SelfSubjectAccessReview for each row);
 3. the checkpoint is loaded;
 4. NVML is loaded (else ``nvidia-smi -q -x`` is the inventory); dynamic MIG needs NVML;
 5. the guard (:mod:`tessera.driver.guard`): no other manager of these GPUs may run on the node;
@@ -64,6 +65,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from tessera.inventory.errors import SliceBuildError
@@ -71,6 +73,7 @@ from tessera.kube.client import ApiError, KubeClient
 
 from . import backend as backends
 from . import guard
+from .access import NODE_AGENT_ACCESS, Access
 from .checkpoint import Checkpoint, CheckpointError, ClaimState
 from .claims import ClaimPreparer, ClaimStatusWriter
 from .context import (
@@ -106,13 +109,10 @@ __all__ = [
     "io_fault",
 ]
 
-#: What the driver asks the API server to allow: (verb, group, resource, subresource).
-REQUIRED_ACCESS: tuple[tuple[str, str, str, str], ...] = (
-    ("get", "resource.k8s.io", "resourceclaims", ""),
-    ("list", "resource.k8s.io", "resourceslices", ""),
-    ("create", "resource.k8s.io", "resourceslices", ""),
-    ("patch", "resource.k8s.io", "resourceslices", ""),
-    ("delete", "resource.k8s.io", "resourceslices", ""),
+#: What the driver asks the API server to allow: (verb, group, resource, subresource), the
+#: rows of :data:`.access.NODE_AGENT_ACCESS` (kept for callers of the tuple form).
+REQUIRED_ACCESS: tuple[tuple[str, str, str, str], ...] = tuple(
+    (a.verb, a.group, a.resource, a.subresource) for a in NODE_AGENT_ACCESS
 )
 
 
@@ -415,26 +415,34 @@ class NodeDriver:
         self._threads.append(t)
 
     def _check_access(self) -> None:
-        """Step 2: every :data:`REQUIRED_ACCESS` allowed (SelfSubjectAccessReviews, at once)."""
+        """Step 2: every row of :data:`.access.NODE_AGENT_ACCESS` asked at once
+        (SelfSubjectAccessReviews; a row limited to a name is asked for this driver's name).
+        A denied required row refuses the start, naming every denied one; a denied optional
+        row (the claim status) is logged."""
+        rows = [replace(a, name=self.cfg.driver) if a.name else a for a in NODE_AGENT_ACCESS]
 
-        def ask(a: tuple[str, str, str, str]) -> bool:
-            verb, group, resource, sub = a
-            return self.client.allowed(verb, resource, group=group, subresource=sub)[0]
+        def ask(a: Access) -> bool:
+            return self.client.allowed(
+                a.verb, a.resource, group=a.group, subresource=a.subresource, name=a.name
+            )[0]
 
         try:
-            with ThreadPoolExecutor(len(REQUIRED_ACCESS)) as pool:
-                answers = list(pool.map(ask, REQUIRED_ACCESS))
+            with ThreadPoolExecutor(len(rows)) as pool:
+                answers = list(pool.map(ask, rows))
         except ApiError as e:
             raise DriverStartError(f"API server {self.client.server}: {e}") from e
-        denied = [
-            f"{verb} {resource}{'/' + sub if sub else ''}"
-            for (verb, _g, resource, sub), ok in zip(REQUIRED_ACCESS, answers, strict=True)
-            if not ok
-        ]
-        if denied:
+        denied = [a for a, ok in zip(rows, answers, strict=True) if not ok]
+        refused = [a.describe() for a in denied if a.required]
+        if refused:
             raise DriverStartError(
-                f"the API server denies this identity: {', '.join(denied)} (group resource.k8s.io); "
+                f"the API server denies this identity: {', '.join(refused)}; "
                 "grant the driver's ServiceAccount the ClusterRole in docs/driver.md"
+            )
+        optional = [a.describe() for a in denied if not a.required]
+        if optional:
+            self.log(
+                f"warning: the API server denies this identity {', '.join(optional)}: claims "
+                "are prepared but their device status is not written (statusErrors in /readyz)"
             )
 
     def _discover(self) -> Inventory:
