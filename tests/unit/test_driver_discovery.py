@@ -271,3 +271,34 @@ def test_nvml_discovery_publishes_what_simulate_publishes_from_nvidia_smi(
             for k, m in enumerate(gpus[0].mig_devices)
         )
         assert all(d["attributes"]["uuid"]["string"].startswith("MIG-") for d in devices)
+
+
+def test_nvlink_domains_are_published_when_indices_have_a_gap(
+    nvml_lib: Path, corpus: Path, tmp_path: Path
+) -> None:
+    """Published indices 0, 2, 3 (GPU 1 fell off the bus): NVML's NVLink peers (UUIDs, read
+    through the fake NVML of the machine with GPU pairs 0-1 and 2-3) still give the domains,
+    named by the smallest published index; the GPU whose peer is gone has none. (Before, a
+    gap published no ``nvlinkDomain`` at all.)"""
+    from tessera.inventory import load_topology
+    from tessera.localcluster.fake_nvml import nvml_config
+
+    gpus = load_inventory(corpus / "inventories" / H100)[:4]
+    topo = load_topology(corpus / "topologies" / PAIRS_TOPO)
+    cfg = tmp_path / "nvml.cfg"
+    cfg.write_text(nvml_config(gpus, topology=topo))
+    seen = [n for n in _node_gpus(nvml_lib, cfg) if n.gpu.index != 1]
+    assert seen[0].nvlink == (gpus[1].uuid,)  # NVML still names the gone GPU as a peer
+    reg = GpuRegistry(tmp_path / "gpus.json")
+    reg.update(seen, {}, now=0)
+    again = GpuRegistry(tmp_path / "gpus.json")
+    assert [r.gpu.index for r in again.snapshot()] == [0, 2, 3]
+    slices = desired_slices(
+        "n", "gpu.tessera.dev", again.snapshot(), "library", 1, now=0, xid_recovery=60
+    )
+    devices = [d for s in slices for d in s["spec"].get("devices", [])]
+    assert {d["name"]: d["attributes"].get("nvlinkDomain", {}).get("int") for d in devices} == {
+        "gpu-0": None,
+        "gpu-2": 2,
+        "gpu-3": 2,
+    }

@@ -31,7 +31,7 @@ from tessera.enforcement._files import write_atomic
 from tessera.inventory import GPU, build_resource_slices
 from tessera.inventory.errors import SliceBuildError
 from tessera.inventory.mig import DynamicMIG, dynamic_mig_models
-from tessera.inventory.model import MigDevice, Topology
+from tessera.inventory.model import MigDevice
 from tessera.kube.client import ApiError, KubeClient
 
 from .discovery import NodeGPU
@@ -177,18 +177,31 @@ class GpuRegistry:
         return {f"gpu-{r.gpu.index}": r for r in self.snapshot()}
 
 
-def nvlink_topology(records: list[GpuRecord]) -> Topology | None:
-    """The NVLink part of the node's topology for :func:`build_resource_slices` (which
-    publishes ``nvlinkDomain`` from it): every pair of GPUs that NVML says reach each other over
-    NVLink (``NVML_P2P_CAPS_INDEX_NVLINK``) is a link. NVML's P2P status does not say over how
-    many links, so each pair is recorded as ``NV1``; only the domains are published. None when
-    no GPU has an NVLink peer or the published indices are not ``0..n-1`` (a GPU that came after
-    another vanished)."""
+def nvlink_domains(records: list[GpuRecord]) -> dict[int, int]:
+    """``{published index: domain}`` for :func:`build_resource_slices` (``nvlinkDomain``): the
+    GPUs joined by NVLink, keyed by what NVML reports - each record's peers are UUIDs
+    (``NVML_P2P_CAPS_INDEX_NVLINK``) - and named by the smallest published index of each
+    connected set. The published indices need not be ``0..n-1``: a gap (GPU 2 fell off the bus,
+    GPUs 0, 1 and 3 are left) changes nothing. A peer that is not a record does not count;
+    GPUs without an NVLink peer are absent."""
     index = {r.gpu.uuid: r.gpu.index for r in records}
-    if not any(r.nvlink for r in records) or sorted(index.values()) != list(range(len(records))):
-        return None
-    links = {(index[r.gpu.uuid], index[p]): "NV1" for r in records for p in r.nvlink if p in index}
-    return Topology(gpus=len(records), links=links)
+    parent = {i: i for i in index.values()}
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    linked: set[int] = set()
+    for r in records:
+        for p in r.nvlink:
+            if p in index and p != r.gpu.uuid:
+                a, b = find(index[r.gpu.uuid]), find(index[p])
+                linked.update((index[r.gpu.uuid], index[p]))
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    return {i: find(i) for i in sorted(linked)}
 
 
 def check_dynamic_mig(gpus: list[GPU], dynamic: DynamicMIG | None, where: str) -> None:
@@ -239,13 +252,13 @@ def desired_slices(
     return build_resource_slices(
         node,
         [r.gpu for r in records],
-        nvlink_topology(records),
         driver=driver,
         generation=generation,
         taints=taints,
         attributes={BACKEND_ATTRIBUTE: {"string": backend}},
         dynamic_mig=dynamic_mig,
         where=where,
+        nvlink_domains=nvlink_domains(records),
     )
 
 

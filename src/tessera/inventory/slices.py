@@ -403,6 +403,7 @@ def build_resource_slices(
     where: str | None = None,
     taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     attributes: Mapping[str, Attr] | None = None,
+    nvlink_domains: Mapping[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices (``resource.k8s.io/v1``) that publish ``gpus`` as one pool.
 
@@ -438,7 +439,8 @@ def build_resource_slices(
       device per profile placement plus the whole GPU (:func:`_dynamic_gpu`, ``docs/mig.md``).
 
     ``numaNode`` comes from the GPU, else from ``topology.numa``; ``nvlinkDomain`` from
-    ``topology.nvlink_domains()``. ``pcie_roots`` maps a normalised bus id to its root complex
+    ``nvlink_domains`` (``{GPU index: domain}``, the driver's, keyed by NVML UUIDs) when given,
+    else ``topology.nvlink_domains()``. ``pcie_roots`` maps a normalised bus id to its root complex
     (``pci0000:64``) for callers that can read sysfs; otherwise the root is published only when
     the bus id alone determines it (see :func:`~tessera.inventory.model.pcie_root_of`).
 
@@ -455,7 +457,11 @@ def build_resource_slices(
     """
     _check_inputs(node_name, gpus, topology, driver, generation)
     dynamic = dynamic_mig_models(gpus, dynamic_mig, where or f"node {node_name!r}")
-    domains = topology.nvlink_domains() if topology else {}
+    domains = (
+        dict(nvlink_domains)
+        if nvlink_domains is not None
+        else (topology.nvlink_domains() if topology else {})
+    )
     groups: list[list[dict[str, Any]]] = []
     counter_sets: list[dict[str, Any]] = []
     for gpu in sorted(gpus, key=lambda g: g.index):
