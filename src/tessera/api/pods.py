@@ -7,8 +7,12 @@ A pod (or a workload's pod template) names its claims in ``spec.resourceClaims[]
 that walks them (the simulation, ``explain``, ``lint``, the webhook's template collector, the
 monitor's claim names, kube-scheduler's extended-resource claim) reads them here.
 
-The views skip what is not an object (an entry that is a string, a container that is a
-number): judging the raw shape is :mod:`tessera.api.validation`'s job, and a view never raises.
+The views skip what is not an object (a ``dict``, as every loader and the API client give
+them: an entry that is a string, a container that is a number): judging the raw shape is
+:mod:`tessera.api.validation`'s job, and a view never raises. (``isinstance`` against the
+``Mapping`` ABC costs more than the rest of a view: the simulation reads every pod's. For the
+same reason the views are plain dataclasses, read-only by contract: mypyc builds a frozen one
+as a Python class, five times slower to make.)
 ``field`` gives each part's path for messages (``spec.resourceClaims[1]``,
 ``spec.initContainers[0]``). Pure: no I/O.
 """
@@ -24,7 +28,7 @@ def _str(v: Any) -> str | None:
     return str(v) if isinstance(v, str) and v else None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PodClaim:
     """One ``spec.resourceClaims[index]`` entry.
 
@@ -48,9 +52,9 @@ class PodClaim:
 def spec_claims(spec: Mapping[str, Any] | None) -> list[PodClaim]:
     """The claim entries of a pod spec (a Pod's or a pod template's ``spec``), in order."""
     out: list[PodClaim] = []
-    raw = (spec or {}).get("resourceClaims") if isinstance(spec, Mapping) else None
+    raw = (spec or {}).get("resourceClaims") if isinstance(spec, dict) else None
     for i, pc in enumerate(raw if isinstance(raw, list) else []):
-        if not isinstance(pc, Mapping):
+        if not isinstance(pc, dict):
             continue
         name = pc.get("name")
         out.append(
@@ -70,7 +74,7 @@ def pod_claims(pod: Mapping[str, Any]) -> list[PodClaim]:
     return spec_claims(pod.get("spec"))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ContainerClaim:
     """One ``resources.claims[]`` item of a container: the pod claim entry it uses (``name``)
     and, when set, the one ``request`` of that claim it is limited to (None: all of them)."""
@@ -79,17 +83,22 @@ class ContainerClaim:
     request: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Container:
     """One container of a pod: ``init`` for ``spec.initContainers[index]``, else
-    ``spec.containers[index]``. ``name`` ("" when missing); ``claims``: its
-    ``resources.claims``; ``body``: the container as written."""
+    ``spec.containers[index]``. ``name`` ("" when missing); ``body``: the container as
+    written; :attr:`claims`: its ``resources.claims``."""
 
     name: str
     init: bool
     index: int
-    claims: tuple[ContainerClaim, ...]
     body: Mapping[str, Any]
+
+    @property
+    def claims(self) -> tuple[ContainerClaim, ...]:
+        """Its ``resources.claims`` items (read when asked: the simulation walks every pod's
+        containers, few of them for their claims)."""
+        return _container_claims(self.body)
 
     @property
     def field(self) -> str:
@@ -98,10 +107,10 @@ class Container:
 
 def _container_claims(c: Mapping[str, Any]) -> tuple[ContainerClaim, ...]:
     res = c.get("resources")
-    raw = res.get("claims") if isinstance(res, Mapping) else None
+    raw = res.get("claims") if isinstance(res, dict) else None
     out = []
     for rc in raw if isinstance(raw, list) else []:
-        if isinstance(rc, Mapping):
+        if isinstance(rc, dict):
             name = rc.get("name")
             out.append(
                 ContainerClaim(name if isinstance(name, str) else "", _str(rc.get("request")))
@@ -118,16 +127,12 @@ def pod_containers(pod: Mapping[str, Any]) -> list[Container]:
 def spec_containers(spec: Mapping[str, Any] | None) -> list[Container]:
     """The containers of a pod spec (a Pod's or a pod template's), as :func:`pod_containers`."""
     out: list[Container] = []
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, dict):
         return out
     for key, init in (("initContainers", True), ("containers", False)):
         raw = spec.get(key)
         for i, c in enumerate(raw if isinstance(raw, list) else []):
-            if isinstance(c, Mapping):
+            if isinstance(c, dict):
                 name = c.get("name")
-                out.append(
-                    Container(
-                        name if isinstance(name, str) else "", init, i, _container_claims(c), c
-                    )
-                )
+                out.append(Container(name if isinstance(name, str) else "", init, i, c))
     return out

@@ -87,8 +87,11 @@ def _containers(pod: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], int]:
 def requested_extended(pod: Mapping[str, Any]) -> list[str]:
     """The extended resources (:func:`is_extended_resource`) any container of ``pod`` asks
     for, in first-seen order (zero amounts included)."""
+    return _requested(_containers(pod)[0])
+
+
+def _requested(containers: Sequence[Mapping[str, Any]]) -> list[str]:
     out: list[str] = []
-    containers, _ = _containers(pod)
     for c in containers:
         for name in container_requests(c):
             if is_extended_resource(name) and name not in out:
@@ -154,7 +157,7 @@ def extended_requests(pod: Mapping[str, Any], served: Mapping[str, str]) -> Exte
     containers, n_init = _containers(pod)
     wanted: list[str] = []
     unserved: list[str] = []
-    for name in requested_extended(pod):
+    for name in _requested(containers):
         if not any(_amount(container_requests(c).get(name, 0)) for c in containers):
             continue  # asks nothing: fits anywhere
         (wanted if name in served else unserved).append(name)
