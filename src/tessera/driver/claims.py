@@ -32,7 +32,6 @@ from .prepare import (
     NodeDevice,
     materialize,
     node_devices,
-    plan_claim,
     remove_files,
     write_node_shares,
 )
@@ -236,15 +235,7 @@ class ClaimPreparer:
                     out[ref.uid] = self._claim_error(ref, e)
                     continue
             try:
-                plan = plan_claim(
-                    fetched[ref.uid],
-                    ref,
-                    self.ctx.cfg.node_name,
-                    devices,
-                    self.ctx.backend.backend,
-                    self.ctx.layout,
-                    mig_minors=minors,
-                )
+                plan = self.ctx.plan(fetched[ref.uid], ref, devices, minors)
             except ClaimError as e:
                 out[ref.uid] = PrepareResult(error=str(e))
                 continue

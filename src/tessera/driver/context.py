@@ -7,9 +7,10 @@ operations, the enforcement backend, the GPU registry and publisher - and the cl
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tessera import DRIVER_NAME
 from tessera.api.errors import TesseraError
@@ -21,9 +22,10 @@ from tessera.kube.client import KubeClient
 from . import backend as backends
 from . import guard
 from .checkpoint import Checkpoint
+from .kubelet import ClaimRef
 from .locks import FileLock
-from .mig import MIG_MINORS, MigOps
-from .prepare import Layout
+from .mig import MIG_MINORS, MigOps, MigSlot
+from .prepare import ClaimPlan, Layout, NodeDevice, plan_claim
 from .publish import GpuRegistry, Publisher
 
 #: Where a dynamic-MIG setting given to the driver is named in its errors.
@@ -122,6 +124,27 @@ class DriverContext:
         """The checkpoint (loaded at start; asserts it was)."""
         assert self.checkpoint is not None
         return self.checkpoint
+
+    def plan(
+        self,
+        claim: Mapping[str, Any],
+        ref: ClaimRef,
+        devices: Mapping[str, NodeDevice],
+        minors: Mapping[str, int],
+        instances: Mapping[tuple[str, str, int], MigSlot] | None = None,
+    ) -> ClaimPlan:
+        """:func:`~tessera.driver.prepare.plan_claim` on this node, with this driver's backend
+        and layout. Raises :class:`~tessera.driver.prepare.ClaimError` like it."""
+        return plan_claim(
+            claim,
+            ref,
+            self.cfg.node_name,
+            devices,
+            self.backend.backend,
+            self.layout,
+            mig_minors=minors,
+            instances=instances,
+        )
 
     def lock_for(self, uid: str) -> FileLock:
         """A new lock object for claim ``uid`` (``<state>/locks/<uid>``): node-wide, between

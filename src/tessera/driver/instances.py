@@ -15,7 +15,7 @@ from .checkpoint import ClaimEntry, ClaimState
 from .context import DYNAMIC_MIG_OPTION, STALE_PREPARE_SECONDS, DriverContext
 from .kubelet import ClaimRef, PrepareResult
 from .mig import MigError, MigOps, MigSlot, owned
-from .prepare import ClaimError, ClaimPlan, NodeDevice, plan_claim, remove_files
+from .prepare import ClaimError, ClaimPlan, NodeDevice, remove_files
 
 #: The states whose slots hold instances a claim uses (or is about to).
 HOLDING = (ClaimState.PREPARING, ClaimState.PREPARED)
@@ -244,16 +244,7 @@ class MigInstances:
             if made is None:
                 continue
             try:
-                done[uid] = plan_claim(
-                    fetched[uid],
-                    ref,
-                    self.ctx.cfg.node_name,
-                    devices,
-                    self.ctx.backend.backend,
-                    self.ctx.layout,
-                    mig_minors=minors,
-                    instances=made,
-                )
+                done[uid] = self.ctx.plan(fetched[uid], ref, devices, minors, made)
             except ClaimError as e:
                 out[uid] = PrepareResult(error=str(e))
         if failed:
