@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -312,10 +313,8 @@ def test_placement_held_by_someone_elses_instance_is_refused(
             env.node,
         )
         err = kubelet.prepare([ref_of(c)]).claims[c["metadata"]["uid"]].error
-        assert err == (
-            f"ResourceClaim {kube_namespace}/clash: gpu-0-mig-4g40gb-0: GPU 0 ({u0}) memory slices 0-3 are "
-            "held by GPU instance 7 (one the driver did not make); destroy it or leave the GPU out of "
-            "--dynamic-mig"
+        assert err == f"ResourceClaim {kube_namespace}/clash: " + unrecorded_line(
+            u0, "gpu-0-mig-4g40gb-0", "4g.40gb", "0-3", 7, None
         )
         assert mig_log(env) == [] and checkpoint(env) == {}
         assert f"gi {u0} 7 profile=19 start=3" in state.read_text()
@@ -394,6 +393,35 @@ def test_a_dynamic_mig_setting_the_node_cannot_have_is_refused_in_one_line(
 # ---- crashes between NVML calls ---------------------------------------------------------------
 
 
+def unrecorded_line(
+    gpu: str, device: str, profile: str, slices: str, gi: int, ci: int | None, index: int = 0
+) -> str:
+    """The refusal of a placement held by an instance the checkpoint does not record as the
+    claim's (``ci``: its compute instance, or None)."""
+    held = f"GPU instance {gi}" + (f" (compute instance {ci})" if ci is not None else "")
+    fix = (f"nvidia-smi mig -i {index} -gi {gi} -ci {ci} -dci; " if ci is not None else "") + (
+        f"nvidia-smi mig -i {index} -gi {gi} -dgi"
+    )
+    return (
+        f"{device}: GPU {index} ({gpu}) {profile} at memory slices {slices} is held by "
+        f"{held}, which the checkpoint does not record as this claim's (made by someone else, or "
+        f"by a driver killed before it recorded it); it is left alone: destroy it ({fix}) or free "
+        "the placement, and the next prepare makes the claim's own"
+    )
+
+
+def drop_instance(env: DriverEnv, gpu: str, gi: int) -> None:
+    """What ``nvidia-smi mig -dci`` and ``-dgi`` do to GPU instance ``gi`` (and its compute
+    instances) of ``gpu``: its lines go from the fake NVML's state file (the GPU)."""
+    state = env.root / "mig-state"
+    keep = [
+        ln
+        for ln in state.read_text().splitlines()
+        if not (ln.split()[:1] in (["gi"], ["ci"]) and ln.split()[1:3] == [gpu, str(gi)])
+    ]
+    state.write_text("".join(f"{ln}\n" for ln in keep))
+
+
 def _crash_during(env: DriverEnv, op: str, call: Any) -> int:
     """Start the driver with the fake NVML's kill point after ``op``, make ``call``; the driver
     dies there (SIGKILL). Returns the dead process's pid."""
@@ -411,12 +439,14 @@ def _crash_during(env: DriverEnv, op: str, call: Any) -> int:
 def test_a_crash_between_nvml_calls_is_recovered_on_restart(
     mig_env: DriverEnv, kube_namespace: str
 ) -> None:
-    """SIGKILL right after a GPU instance is made (before its compute instance), right after the
-    compute instance (before the checkpoint says prepared), and in the middle of an unprepare;
-    then a restart. An interrupted prepare's instance is adopted - the kubelet's retry makes
-    only what is missing; one whose claim was deleted meanwhile is destroyed; an interrupted
-    unprepare's is destroyed. GPU 2's instances, which the driver did not make, are never
-    touched."""
+    """SIGKILL right after a GPU instance is made (before the checkpoint records it), right
+    after the compute instance (the GPU instance recorded, the compute instance not), and in the
+    middle of an unprepare; then a restart. Every kill point ends in adoption of what the
+    checkpoint records or in a clear refusal: the GPU instance it does not record is left alone
+    and the prepare refused, naming it and the nvidia-smi commands, until it is destroyed; in
+    the recorded GPU instance, the unrecorded compute instance is made again; one whose claim
+    was deleted meanwhile is destroyed (it is recorded); an interrupted unprepare's is
+    destroyed. GPU 2's instances, which the driver did not make, are never touched."""
     env = mig_env
     ns = kube_namespace
     u0, u1 = env.gpus[0].uuid, env.gpus[1].uuid
@@ -440,50 +470,73 @@ def test_a_crash_between_nvml_calls_is_recovered_on_restart(
         claim("z", "gpu-1-mig-3g40gb-4"),
     )
     try:
-        # 1. Killed after create-gi: the claim is "preparing" with its placement recorded.
+        # 1. Killed after create-gi, before its record: the claim is "preparing" with its
+        #    placement recorded but no GPU-instance id. The instance is not adopted: the retry is
+        #    refused, naming it, and nothing is destroyed; once the operator destroys it, the next
+        #    retry makes the claim's own.
         dead = _crash_during(env, "create-gi", lambda: kubelet.prepare([x], timeout=20))
         assert [(op, pid) for op, _, pid in mig_log(env)] == [("create-gi", dead)]
-        assert checkpoint(env)[x[2]]["state"] == "preparing"
+        [slot] = checkpoint(env)[x[2]]["slots"]
+        assert checkpoint(env)[x[2]]["state"] == "preparing" and slot["gi"] is None
+        line = unrecorded_line(u0, "gpu-0-mig-1g10gb-6", "1g.10gb", "6-6", 1, None)
         d = driver(env).start()
         assert d.returncode is None and d.proc is not None, d.output
         assert (
-            f"ResourceClaim {ns}/x: prepare was interrupted; adopted 1 of its 1 MIG instance(s)"
-            in d.output
+            f"ResourceClaim {ns}/x: prepare was interrupted; adopted 0 of its 1 MIG instance(s) "
+            f"for the kubelet's retry; {line}" in d.output
         )
+        assert kubelet.prepare([x]).claims[x[2]].error == f"ResourceClaim {ns}/x: {line}"
+        assert kubelet.prepare([x]).claims[x[2]].error == f"ResourceClaim {ns}/x: {line}"
+        assert len(mig_log(env)) == 1 and x[2] not in checkpoint(env)
+        drop_instance(env, u0, 1)  # the operator: nvidia-smi mig -i 0 -gi 1 -dgi
         r = kubelet.prepare([x]).claims[x[2]]
         assert r.error == ""
         log = mig_log(env)
         assert [(op, rest.split(" uuid=")[0], pid) for op, rest, pid in log[1:]] == [
-            ("create-ci", f"{u0} gi=1 ci=0 profile=0", d.proc.pid)
-        ]  # only what was missing
+            ("create-gi", f"{u0} gi=1 profile=19 start=6 size=1", d.proc.pid),
+            ("create-ci", f"{u0} gi=1 ci=0 profile=0", d.proc.pid),
+        ]
         assert checkpoint(env)[x[2]]["state"] == "prepared"
         assert (
             spec_of(env, x[2])["containerEdits"]["env"][0]
-            == f"NVIDIA_VISIBLE_DEVICES={log[1][1].split(' uuid=')[1]}"
+            == f"NVIDIA_VISIBLE_DEVICES={log[2][1].split(' uuid=')[1]}"
         )
         d.stop()
 
-        # 2. Killed after create-ci, before the checkpoint says prepared: the retry makes nothing.
+        # 2. Killed after create-ci, before its record: the GPU instance is recorded (and
+        #    adopted), the compute instance in it is not: the retry destroys it and makes the
+        #    claim's own (recorded), and uses that.
         dead = _crash_during(env, "create-ci", lambda: kubelet.prepare([y], timeout=20))
-        assert [(op, pid) for op, _, pid in mig_log(env)[2:]] == [
+        assert [(op, pid) for op, _, pid in mig_log(env)[3:]] == [
             ("create-gi", dead),
             ("create-ci", dead),
         ]
-        made = mig_log(env)[3][1].split(" uuid=")[1]
+        [slot] = checkpoint(env)[y[2]]["slots"]
+        assert (slot["gi"], slot["ci"], slot["uuid"]) == (2, None, None)
         d = driver(env).start()
-        assert d.returncode is None, d.output
+        assert d.returncode is None and d.proc is not None, d.output
+        assert (
+            f"ResourceClaim {ns}/y: prepare was interrupted; adopted 1 of its 1 MIG instance(s) "
+            "for the kubelet's retry\n" in d.output
+        )
         assert kubelet.prepare([y]).claims[y[2]].error == ""
-        assert len(mig_log(env)) == 4
+        again = mig_log(env)[5:]
+        assert [(op, rest.split(" uuid=")[0], pid) for op, rest, pid in again] == [
+            ("destroy-ci", f"{u0} gi=2 ci=0", d.proc.pid),
+            ("create-ci", f"{u0} gi=2 ci=0 profile=1", d.proc.pid),
+        ]
+        made = again[1][1].split(" uuid=")[1]
         assert spec_of(env, y[2])["containerEdits"]["env"][0] == f"NVIDIA_VISIBLE_DEVICES={made}"
         d.stop()
 
         # 3. Killed after create-ci, and the claim is deleted before the driver is back: its
-        #    instance is destroyed at start, and its record goes.
+        #    recorded GPU instance is destroyed at start (with the compute instance in it), and
+        #    its record goes.
         dead = _crash_during(env, "create-ci", lambda: kubelet.prepare([z], timeout=20))
         env.client.delete("resource.k8s.io/v1", "ResourceClaim", "z", ns)
         d = driver(env).start()
         assert d.returncode is None and d.proc is not None, d.output
-        assert [(op, rest, pid) for op, rest, pid in mig_log(env)[6:]] == [
+        assert [(op, rest, pid) for op, rest, pid in mig_log(env)[9:]] == [
             ("destroy-ci", f"{u1} gi=1 ci=0", d.proc.pid),
             ("destroy-gi", f"{u1} gi=1", d.proc.pid),
         ]
@@ -497,22 +550,158 @@ def test_a_crash_between_nvml_calls_is_recovered_on_restart(
         # 4. Killed in an unprepare, between destroying the compute instance and the GPU
         #    instance: the restart destroys the rest; the kubelet's retry finds nothing to do.
         dead = _crash_during(env, "destroy-ci", lambda: kubelet.unprepare([x], timeout=20))
-        assert [(op, pid) for op, _, pid in mig_log(env)[8:]] == [("destroy-ci", dead)]
+        assert [(op, pid) for op, _, pid in mig_log(env)[11:]] == [("destroy-ci", dead)]
         assert checkpoint(env)[x[2]]["state"] == "unpreparing"
         d = driver(env).start()
         assert d.returncode is None and d.proc is not None, d.output
-        assert [(op, rest, pid) for op, rest, pid in mig_log(env)[9:]] == [
+        assert [(op, rest, pid) for op, rest, pid in mig_log(env)[12:]] == [
             ("destroy-gi", f"{u0} gi=1", d.proc.pid)
         ]
         assert kubelet.unprepare([x]).claims[x[2]].error == ""
-        assert len(mig_log(env)) == 10 and sorted(checkpoint(env)) == [y[2]]
+        assert len(mig_log(env)) == 13 and sorted(checkpoint(env)) == [y[2]]
         assert not (env.cdi_dir / f"{DRIVER}-claim_{x[2]}.json").exists()
         assert kubelet.unprepare([y]).claims[y[2]].error == ""
-        assert [op for op, _, _ in mig_log(env)[10:]] == ["destroy-ci", "destroy-gi"]
+        assert [op for op, _, _ in mig_log(env)[13:]] == ["destroy-ci", "destroy-gi"]
         d.stop()
         # Someone else's instances: never in the log, still there.
         assert all(env.gpus[2].uuid not in rest for _, rest, _ in mig_log(env))
         assert foreign_instances(env) == before
         assert checkpoint(env) == {}
+    finally:
+        kubelet.close()
+
+
+#: The MIG UUID of the compute instance an operator makes by hand in the tests below.
+THEIRS = "MIG-0badc0de-0000-4000-8000-000000000001"
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "data" / "checkpoints"
+
+
+def _gpu0_lines(env: DriverEnv) -> list[str]:
+    u0 = env.gpus[0].uuid
+    text = (env.root / "mig-state").read_text()
+    return sorted(ln for ln in text.splitlines() if ln.split()[:1] in (["gi"], ["ci"]) and u0 in ln)
+
+
+def test_an_operators_instance_at_a_recorded_placement_is_left_alone_and_refused(
+    mig_env: DriverEnv, kube_namespace: str
+) -> None:
+    """The driver is killed after making claim x's compute instance (its GPU instance 1 is
+    recorded); meanwhile an operator destroys that instance and makes their own at the same
+    placement (GPU instance 5, compute instance 0). On restart the operator's instance is not
+    adopted: the log and every prepare retry name it and the nvidia-smi commands, nothing is
+    destroyed, no CDI spec is written."""
+    env = mig_env
+    ns = kube_namespace
+    u0 = env.gpus[0].uuid
+    kubelet = env.kubelet()
+    x = ref_of(
+        allocated_claim(
+            env.client,
+            ns,
+            "x",
+            [
+                {
+                    "request": "gpu",
+                    "driver": DRIVER,
+                    "pool": env.node,
+                    "device": "gpu-0-mig-1g10gb-6",
+                }
+            ],
+            env.node,
+        )
+    )
+    try:
+        _crash_during(env, "create-ci", lambda: kubelet.prepare([x], timeout=20))
+        [slot] = checkpoint(env)[x[2]]["slots"]
+        assert (slot["start"], slot["gi"], slot["ci"]) == (6, 1, None)
+        drop_instance(env, u0, 1)
+        state = env.root / "mig-state"
+        state.write_text(
+            state.read_text()
+            + f"gi {u0} 5 profile=19 start=6 size=1 slices=1 memory=9984 sms=16 name=1g.10gb\n"
+            + f"ci {u0} 5 0 profile=0 slices=1 sms=16 uuid={THEIRS} name=1g.10gb\n"
+        )
+        theirs = _gpu0_lines(env)
+        made = len(mig_log(env))
+        d = driver(env).start()
+        assert d.returncode is None, d.output
+        line = unrecorded_line(u0, "gpu-0-mig-1g10gb-6", "1g.10gb", "6-6", 5, 0)
+        assert (
+            f"ResourceClaim {ns}/x: prepare was interrupted; adopted 0 of its 1 MIG instance(s) "
+            f"for the kubelet's retry; {line}" in d.output
+        )
+        for _ in range(2):  # the first retry with the record, the next without
+            assert kubelet.prepare([x]).claims[x[2]].error == f"ResourceClaim {ns}/x: {line}"
+        assert len(mig_log(env)) == made and _gpu0_lines(env) == theirs
+        assert x[2] not in checkpoint(env)
+        assert not (env.cdi_dir / f"{DRIVER}-claim_{x[2]}.json").exists()
+        d.stop()
+    finally:
+        kubelet.close()
+
+
+def test_an_older_drivers_preparing_entry_adopts_nothing_after_an_upgrade(
+    mig_env: DriverEnv, kube_namespace: str
+) -> None:
+    """The ``preparing`` entry the driver before instance ids were recorded wrote after its
+    SIGKILL at create-gi (tests/data/checkpoints/v1-preparing.json, its slots as written; only
+    the claim is this test's), with that GPU instance still there: the upgraded driver loads
+    it, adopts nothing and refuses the retry naming the instance; once it is destroyed, the
+    retry makes the claim's own."""
+    env = mig_env
+    ns = kube_namespace
+    u0 = env.gpus[0].uuid
+    doc = json.loads((CHECKPOINTS / "v1-preparing.json").read_text())
+    [entry] = doc["claims"].values()
+    [slot] = entry["slots"]
+    assert (slot["gpuUUID"], slot["device"], slot["gi"]) == (u0, "gpu-0-mig-1g10gb-6", None)
+    kubelet = env.kubelet()
+    x = ref_of(
+        allocated_claim(
+            env.client,
+            ns,
+            "x",
+            [
+                {
+                    "request": "gpu",
+                    "driver": DRIVER,
+                    "pool": env.node,
+                    "device": "gpu-0-mig-1g10gb-6",
+                }
+            ],
+            env.node,
+        )
+    )
+    try:
+        entry.update(claim={"namespace": ns, "name": x[1], "uid": x[2]}, since=time.time())
+        env.state_dir.mkdir(parents=True, exist_ok=True)
+        (env.state_dir / "checkpoint.json").write_text(
+            json.dumps({"version": doc["version"], "claims": {x[2]: entry}})
+        )
+        state = env.root / "mig-state"
+        d = driver(env).start()  # writes the fake's state file
+        assert d.returncode is None, d.output
+        d.stop()
+        state.write_text(
+            state.read_text()
+            + f"gi {u0} 1 profile=19 start=6 size=1 slices=1 memory=9984 sms=16 name=1g.10gb\n"
+        )
+        d = driver(env).start()
+        assert d.returncode is None and d.proc is not None, d.output
+        line = unrecorded_line(u0, "gpu-0-mig-1g10gb-6", "1g.10gb", "6-6", 1, None)
+        assert (
+            f"ResourceClaim {ns}/x: prepare was interrupted; adopted 0 of its 1 MIG instance(s) "
+            f"for the kubelet's retry; {line}" in d.output
+        )
+        assert kubelet.prepare([x]).claims[x[2]].error == f"ResourceClaim {ns}/x: {line}"
+        assert mig_log(env) == []
+        drop_instance(env, u0, 1)
+        assert kubelet.prepare([x]).claims[x[2]].error == ""
+        assert [(op, rest.split(" uuid=")[0], pid) for op, rest, pid in mig_log(env)] == [
+            ("create-gi", f"{u0} gi=1 profile=19 start=6 size=1", d.proc.pid),
+            ("create-ci", f"{u0} gi=1 ci=0 profile=0", d.proc.pid),
+        ]
+        assert checkpoint(env)[x[2]]["state"] == "prepared"
+        d.stop()
     finally:
         kubelet.close()

@@ -312,6 +312,10 @@ def test_own_instances_are_the_placements_the_checkpoint_names() -> None:
 
 
 #: Runs in a child (NVML stays loaded in a process): the driver's NVML operations on the fake.
+#: A step's ``slot`` is a slot's JSON, or the name of an earlier step whose result slot it takes
+#: (``clear``: those of its ids set to null first). ``realise`` gives the slot, the records it
+#: asked for (one per creation step) and its notes; ``destroy`` gives (destroyed, the GPU
+#: instance id left alone).
 OPS = """
 import json, sys
 from dataclasses import asdict
@@ -320,12 +324,18 @@ from tessera.driver.mig import MigOps, MigSlot, MigError
 ops = MigOps(load_nvml(sys.argv[1]))
 out = {}
 for step in json.loads(sys.argv[2]):
-    s = MigSlot.from_json(step["slot"])
+    raw = step["slot"]
+    raw = dict(out[raw]["slot"]) if isinstance(raw, str) else raw
+    raw.update({k: None for k in step.get("clear", [])})
+    s = MigSlot.from_json(raw)
     try:
         if step["op"] == "realise":
-            out[step["name"]] = ops.realise(s).to_json()
+            recs, notes = [], []
+            m = ops.realise(s, lambda x: recs.append(x.to_json()), notes.append)
+            out[step["name"]] = {"slot": m.to_json(), "records": recs, "notes": notes}
         elif step["op"] == "destroy":
-            out[step["name"]] = ops.destroy(s)
+            done, left = ops.destroy(s)
+            out[step["name"]] = [done, None if left is None else left.id]
         elif step["op"] == "occupied":
             out[step["name"]] = [asdict(g) for g in ops.occupied(ops.resolve(s))]
     except MigError as e:
@@ -357,13 +367,23 @@ def _ops(nvml_lib: Path, cfg: Path, steps: list[dict[str, Any]]) -> tuple[int, d
     return r.returncode, (json.loads(r.stdout) if r.returncode == 0 else {"stderr": r.stderr})
 
 
+def _state_lines(state: Path, uuid: str) -> list[str]:
+    return sorted(
+        ln
+        for ln in state.read_text().splitlines()
+        if ln.split()[:2] in (["gi", uuid], ["ci", uuid])
+    )
+
+
 def test_instances_are_made_and_destroyed_exactly_and_others_are_left(
     nvml_lib: Path, tmp_path: Path
 ) -> None:
     """On the A100-PCIE-40GB (2g.10gb + three 1g.5gb that someone else made, tests/data/mig):
-    the driver's 1g.5gb at slice 6 is one GPU instance and one compute instance, made and then
-    destroyed; a second call finds it instead of making another; a placement over someone
-    else's instance is refused by NVML; the other instances are never touched."""
+    the driver's 1g.5gb at slice 6 is one GPU instance and one compute instance, each recorded
+    right after it is made; a second call with that record finds it instead of making another;
+    a slot without the record finds it someone else's and is refused (nothing made or
+    destroyed); a placement over someone else's instance is refused by NVML; destroy takes only
+    the recorded instance; the other instances are never touched."""
     [gpu] = load_inventory(A100_PCIE_MIG)
     state, log = tmp_path / "mig-state", tmp_path / "mig-log"
     cfg = tmp_path / "nvml.cfg"
@@ -385,19 +405,34 @@ def test_instances_are_made_and_destroyed_exactly_and_others_are_left(
         cfg,
         [
             {"name": "made", "op": "realise", "slot": free.to_json()},
-            {"name": "again", "op": "realise", "slot": free.to_json()},
+            {"name": "again", "op": "realise", "slot": "made"},
+            {"name": "stranger", "op": "realise", "slot": free.to_json()},
+            {"name": "not-mine", "op": "destroy", "slot": free.to_json()},
             {"name": "taken", "op": "realise", "slot": taken.to_json()},
             {"name": "occupied", "op": "occupied", "slot": taken.to_json()},
         ],
     )
     assert rc == 0, out
-    made = MigSlot.from_json(out["made"])
+    made = MigSlot.from_json(out["made"]["slot"])
     assert (
         (made.profile_id, made.gi, made.ci) == (19, 1, 0)
         and made.uuid
         and made.uuid.startswith("MIG-")
     )
-    assert out["again"] == out["made"]
+    # One record per creation step: the GPU instance's id, then the compute instance's.
+    assert out["made"]["records"] == [
+        replace(made, ci=None, uuid=None).to_json(),
+        made.to_json(),
+    ]
+    assert out["again"] == {"slot": out["made"]["slot"], "records": [], "notes": []}
+    assert out["stranger"] == (
+        f"error: gpu-0-mig-1g5gb-6: GPU 0 ({gpu.uuid}) 1g.5gb at memory slices 6-6 is held by GPU "
+        "instance 1 (compute instance 0), which the checkpoint does not record as this claim's "
+        "(made by someone else, or by a driver killed before it recorded it); it is left alone: "
+        "destroy it (nvidia-smi mig -i 0 -gi 1 -ci 0 -dci; nvidia-smi mig -i 0 -gi 1 -dgi) or "
+        "free the placement, and the next prepare makes the claim's own"
+    )
+    assert out["not-mine"] == [False, 1]
     assert (
         out["taken"]
         == f"error: GPU 0 ({gpu.uuid}) 1g.5gb at memory slice 0: Insufficient resources"
@@ -416,7 +451,7 @@ def test_instances_are_made_and_destroyed_exactly_and_others_are_left(
             {"name": "twice", "op": "destroy", "slot": made.to_json()},
         ],
     )
-    assert rc == 0 and out == {"gone": True, "twice": False}
+    assert rc == 0 and out == {"gone": [True, None], "twice": [False, None]}
     lines = [ln.rsplit(" pid=", 1)[0] for ln in log.read_text().splitlines()]
     assert lines[2:] == [f"destroy-ci {gpu.uuid} gi=1 ci=0", f"destroy-gi {gpu.uuid} gi=1"]
     left = sorted(
@@ -425,6 +460,77 @@ def test_instances_are_made_and_destroyed_exactly_and_others_are_left(
         if ln.startswith("ci ")
     )
     assert left == before
+
+
+def test_an_unrecorded_compute_instance_in_the_recorded_gpu_instance_is_made_again(
+    nvml_lib: Path, tmp_path: Path
+) -> None:
+    """The kill between creating the compute instance and recording it: the slot records the
+    GPU instance's id but no compute instance. The compute instance found in that GPU instance
+    is destroyed and made again (recorded once); the GPU instance is kept. A slot recording a
+    GPU instance id other than the one at the placement (an operator destroyed the driver's and
+    made their own there), or the recorded GPU-instance id with a compute instance whose MIG UUID
+    is not the recorded one, is refused, and destroy leaves that instance alone."""
+    [gpu] = load_inventory(A100_PCIE_MIG)
+    state, log = tmp_path / "mig-state", tmp_path / "mig-log"
+    cfg = tmp_path / "nvml.cfg"
+    cfg.write_text(nvml_config([gpu], mig_state=state, mig_log=log))
+    slot = MigSlot(
+        "gpu-0-mig-1g5gb-6",
+        gpu.uuid,
+        0,
+        "1g.5gb",
+        6,
+        1,
+        "NVML_GPU_INSTANCE_PROFILE_1_SLICE",
+        "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE",
+    )
+    rc, out = _ops(
+        nvml_lib,
+        cfg,
+        [
+            {"name": "made", "op": "realise", "slot": slot.to_json()},
+            {"name": "again", "op": "realise", "slot": "made", "clear": ["ci", "uuid"]},
+        ],
+    )
+    assert rc == 0, out
+    first, again = (MigSlot.from_json(out[k]["slot"]) for k in ("made", "again"))
+    assert (again.gi, again.ci) == (1, 0) and again.uuid != first.uuid
+    assert out["again"]["records"] == [again.to_json()]
+    assert out["again"]["notes"] == [
+        f"GPU 0 ({gpu.uuid}) 1g.5gb at memory slice 6: destroyed compute instance 0 "
+        f"({first.uuid}) of the claim's GPU instance 1, which the checkpoint did not record "
+        "(made by a driver killed before it recorded it)"
+    ]
+    lines = [ln.rsplit(" pid=", 1)[0].split(" uuid=")[0] for ln in log.read_text().splitlines()]
+    assert lines[2:] == [
+        f"destroy-ci {gpu.uuid} gi=1 ci=0",
+        f"create-ci {gpu.uuid} gi=1 ci=0 profile=0",
+    ]
+    # Someone else's GPU instance 1 at the placement now, where the slot records GPU instance
+    # 4; or GPU instance 1 with a compute instance whose MIG UUID is not the recorded one (the
+    # driver's instance was destroyed and someone made one with the same ids).
+    mine = _state_lines(state, gpu.uuid)
+    other_gi = {**again.to_json(), "gi": 4}
+    other_uuid = {**again.to_json(), "uuid": first.uuid}
+    rc, out = _ops(
+        nvml_lib,
+        cfg,
+        [
+            {"name": "realise", "op": "realise", "slot": other_gi},
+            {"name": "destroy", "op": "destroy", "slot": other_gi},
+            {"name": "realise-uuid", "op": "realise", "slot": other_uuid},
+            {"name": "destroy-uuid", "op": "destroy", "slot": other_uuid},
+        ],
+    )
+    assert rc == 0, out
+    for k in ("realise", "realise-uuid"):
+        assert str(out[k]).startswith(
+            f"error: gpu-0-mig-1g5gb-6: GPU 0 ({gpu.uuid}) 1g.5gb at memory slices 6-6 is held "
+            "by GPU instance 1 (compute instance 0), which the checkpoint does not record"
+        )
+    assert out["destroy"] == out["destroy-uuid"] == [False, 1]
+    assert len(log.read_text().splitlines()) == 4 and _state_lines(state, gpu.uuid) == mine
 
 
 def test_fake_nvml_kills_the_process_at_the_configured_point(
@@ -447,6 +553,6 @@ def test_fake_nvml_kills_the_process_at_the_configured_point(
         "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE",
     )
     rc, _ = _ops(nvml_lib, cfg, [{"name": "made", "op": "realise", "slot": slot.to_json()}])
-    assert rc == -9
+    assert rc == -9  # before the record of the GPU instance could be asked for
     assert [ln.split()[0] for ln in log.read_text().splitlines()] == ["create-gi"]
     assert f"gi {gpu.uuid} 1 profile=19 start=6 size=1" in state.read_text()

@@ -411,6 +411,20 @@ def test_checkpoints_written_before_claim_entry_load_unchanged(tmp_path: Path, n
     assert path.read_text() == raw
 
 
+def test_recorded_instance_ids_are_in_the_slot_keys_the_older_driver_wrote() -> None:
+    """The instance ids a ``preparing`` entry records now (the real driver's, see the data's
+    README) travel in the keys of the slots the driver wrote before it recorded them (null
+    there): no new field, so an older driver reads the entry (rollback) and the version stays 1."""
+    new = json.loads((CHECKPOINTS / "v1-preparing-gi-recorded.json").read_text())
+    old = json.loads((CHECKPOINTS / "v1-preparing.json").read_text())
+    [new_entry], [old_entry] = new["claims"].values(), old["claims"].values()
+    assert new["version"] == old["version"] == 1
+    assert sorted(new_entry) == sorted(old_entry)
+    [new_slot], [old_slot] = new_entry["slots"], old_entry["slots"]
+    assert sorted(new_slot) == sorted(old_slot)
+    assert (old_slot["gi"], new_slot["gi"], new_slot["ci"]) == (None, 1, None)
+
+
 def test_checkpoint_refuses_an_entry_with_a_field_it_does_not_know(tmp_path: Path) -> None:
     doc = json.loads((CHECKPOINTS / "v1-unpreparing-and-prepared-mig.json").read_text())
     uid = sorted(doc["claims"])[0]

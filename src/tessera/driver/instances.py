@@ -1,12 +1,16 @@
 """The node driver's dynamic-MIG instances over their claims' lives (:class:`MigInstances`):
-made at prepare after their placements are recorded, destroyed at unprepare, and settled after
-a crash (at start, and at rescans for interrupted prepares whose claim is gone). Every change
-of an instance is made under the context's ``mig_lock``; the NVML calls are :mod:`.mig`'s."""
+made at prepare after their placements are recorded (and their ids right after each is made),
+destroyed at unprepare, and settled after a crash (at start, and at rescans for interrupted
+prepares whose claim is gone). Only an instance whose placement and ids an entry records is
+adopted or destroyed (:func:`.mig.recorded`). Every change of an instance is made under the
+context's ``mig_lock``; the NVML calls are :mod:`.mig`'s."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from tessera.kube.client import ApiError
@@ -14,7 +18,7 @@ from tessera.kube.client import ApiError
 from .checkpoint import ClaimEntry, ClaimState
 from .context import DYNAMIC_MIG_OPTION, STALE_PREPARE_SECONDS, DriverContext
 from .kubelet import ClaimRef, PrepareResult
-from .mig import MigError, MigOps, MigSlot, owned
+from .mig import MigError, MigOps, MigSlot, owned, unrecorded
 from .prepare import ClaimError, ClaimPlan, NodeDevice, remove_files
 
 #: The states whose slots hold instances a claim uses (or is about to).
@@ -23,7 +27,7 @@ HOLDING = (ClaimState.PREPARING, ClaimState.PREPARED)
 
 class MigInstances:
     """Makes, destroys and recovers the MIG instances of the driver's claims; the checkpoint
-    says which instances are the driver's (an entry names their placement)."""
+    says which instances are the driver's (an entry records their placement and ids)."""
 
     def __init__(self, ctx: DriverContext) -> None:
         self.ctx = ctx
@@ -55,33 +59,56 @@ class MigInstances:
             return "no longer allocated on this node"
         return None
 
-    def release(self, uid: str, slots: Sequence[MigSlot]) -> list[str]:
+    def with_record(self, uid: str, s: MigSlot) -> MigSlot:
+        """``s`` (a slot of claim ``uid``) with the instance ids another claim's entry records
+        for the same shared placement (the whole dynamic GPU, made by the first claim sharing
+        it), when ``s`` records none; else ``s``."""
+        if not s.shared or s.gi is not None:
+            return s
+        for u, e in self.ctx.store.entries().items():
+            if u == uid or e.state not in HOLDING:
+                continue
+            for o in e.mig_slots:
+                if o.key == s.key and o.gi is not None:
+                    return replace(s, profile_id=o.profile_id, gi=o.gi, ci=o.ci, uuid=o.uuid)
+        return s
+
+    def release(self, uid: str, slots: Sequence[MigSlot]) -> tuple[list[str], list[str]]:
         """Destroy the instances of ``slots`` (the driver's, for claim ``uid``) that no other
-        claim still uses (the whole dynamic GPU is shared). Call with ``mig_lock`` held.
-        Returns what was destroyed (``"<profile> at slice <start> of GPU <index>"`` each);
-        raises :class:`~.mig.MigError`."""
+        claim still uses (the whole dynamic GPU is shared) and that the slots record
+        (:func:`.mig.recorded`). Call with ``mig_lock`` held. Returns ``(gone, left)``: what
+        was destroyed (``"<profile> at slice <start> of GPU <index>"`` each) and, one line each
+        (:func:`.mig.unrecorded`), the instances at the slots' placements that were left alone
+        because no record names them. Raises :class:`~.mig.MigError`."""
         others = {
             s.key
             for u, e in self.ctx.store.entries().items()
             if u != uid and e.state in HOLDING
             for s in e.mig_slots
         }
-        gone = []
+        gone, left = [], []
         for s in slots:
             if s.key in others:
                 continue
-            if self.ops.destroy(s):
+            s = self.with_record(uid, s)
+            destroyed, foreign = self.ops.destroy(s)
+            if destroyed:
                 gone.append(f"{s.profile} at slice {s.start} of GPU {s.gpu_index}")
-        return gone
+            if foreign is not None:
+                left.append(unrecorded(self.ops.resolve(s), foreign))
+        return gone, left
 
     # ---- left by a crash ---------------------------------------------------------------------
     def recover(self) -> bool:
         """At start: settle the MIG instances of checkpoint entries an earlier process left
         unfinished. ``unpreparing``: its instances are destroyed and the entry removed (the
         kubelet's retry of the unprepare then finds nothing to do). ``preparing``: when the
-        claim is gone from the API server (or no longer allocated here), likewise; otherwise its
-        instances are adopted as they are, and the kubelet's retry of the prepare uses them.
-        Instances no entry names are never touched. Returns True when it destroyed anything."""
+        claim is gone from the API server (or no longer allocated here), likewise; otherwise the
+        instances it records are adopted as they are, and the kubelet's retry of the prepare
+        uses them. Only instances whose placement and ids an entry records are destroyed or
+        adopted (:func:`.mig.recorded`); one at a recorded placement that the entry does not
+        record is left alone and logged with how to free it (the retried prepare is refused
+        until then). Returns True when it destroyed anything."""
         changed = False
         for uid, listed in self.ctx.store.entries().items():
             if (
@@ -120,15 +147,23 @@ class MigInstances:
             else self.claim_gone(ref)
         )
         if why is None:
-            have = [s for s in slots if self.ops.find(s) is not None]
+            adopted, left = 0, []
+            for s in slots:
+                s = self.ops.resolve(self.with_record(uid, s))
+                found, mine = self.ops.at(s)
+                if mine:
+                    adopted += 1
+                elif found is not None:
+                    left.append(unrecorded(s, found))
             self.ctx.log(
                 f"ResourceClaim {ref.namespace}/{ref.name}: prepare was interrupted; adopted "
-                f"{len(have)} of its {len(slots)} MIG instance(s) for the kubelet's retry"
+                f"{adopted} of its {len(slots)} MIG instance(s) for the kubelet's retry"
+                + "".join(f"; {line}" for line in left)
             )
             return False
         try:
             with self.ctx.mig_lock:
-                gone = self.release(uid, slots)
+                gone, left = self.release(uid, slots)
         except MigError as e:
             self.ctx.log(
                 f"ResourceClaim {ref.namespace}/{ref.name}: {why}; its MIG instances stay: {e}"
@@ -138,7 +173,7 @@ class MigInstances:
         self.ctx.store.update(drop=[uid])
         self.ctx.log(
             f"ResourceClaim {ref.namespace}/{ref.name}: {why}; destroyed its MIG instance(s): "
-            f"{', '.join(gone) or 'none left'}"
+            f"{', '.join(gone) or 'none left'}" + "".join(f"; {line}" for line in left)
         )
         return bool(gone)
 
@@ -175,7 +210,7 @@ class MigInstances:
             return
         try:
             with self.ctx.mig_lock:
-                gone = self.release(uid, entry.mig_slots)
+                gone, left = self.release(uid, entry.mig_slots)
         except MigError as e:
             self.ctx.log(
                 f"ResourceClaim {ref.namespace}/{ref.name}: {why}; its MIG instances stay: {e}"
@@ -186,12 +221,14 @@ class MigInstances:
         self.ctx.log(
             f"ResourceClaim {ref.namespace}/{ref.name}: {why} before its prepare finished; "
             f"destroyed its MIG instance(s): {', '.join(gone) or 'none left'}"
+            + "".join(f"; {line}" for line in left)
         )
 
     # ---- prepare and unprepare -----------------------------------------------------------------
     def foreign_problem(self, uid: str, slots: Sequence[MigSlot]) -> str | None:
-        """Why the placements of ``slots`` are taken by instances the driver did not make (or
-        by another claim's), or None. Checked before a claim's first intent is recorded."""
+        """Why the placements of ``slots`` are taken by instances no entry records
+        (:func:`.mig.unrecorded`) or by another claim's, or None. Checked before a claim's
+        first intent is recorded."""
         entries = {u: e for u, e in self.ctx.store.entries().items() if u != uid}
         mine = owned(entries.values())
         shared_users = {
@@ -202,15 +239,12 @@ class MigInstances:
                 exact = (gi.profile_id, gi.start, gi.size) == (s.profile_id, s.start, s.size)
                 if s.shared and exact and s.key in shared_users:
                     continue  # the whole GPU's instance, shared with claims prepared before
-                whose = (
-                    "another claim's"
-                    if (gi.profile_id, gi.start, gi.size) in (mine.get(s.gpu_uuid) or set())
-                    else "one the driver did not make"
-                )
+                if (gi.profile_id, gi.start, gi.size) not in (mine.get(s.gpu_uuid) or set()):
+                    return unrecorded(s, gi)
                 return (
                     f"{s.device}: GPU {s.gpu_index} ({s.gpu_uuid}) memory slices {s.start}-{s.start + s.size - 1} "
-                    f"are held by GPU instance {gi.id} ({whose}); destroy it or leave the GPU out of "
-                    f"{DYNAMIC_MIG_OPTION}"
+                    f"are held by GPU instance {gi.id} (another claim's); destroy it or leave the GPU "
+                    f"out of {DYNAMIC_MIG_OPTION}"
                 )
         return None
 
@@ -225,9 +259,11 @@ class MigInstances:
         """Make the dynamic-MIG instances of ``pending`` plans (by claim UID) and plan those
         claims again with them (``fetched``: their ResourceClaims); returns the new plans by
         claim UID, errors go to ``out``. Order, for crash safety: the claim's slots are
-        recorded (``preparing``: one checkpoint write for all), then the instances are made -
-        or found, when an interrupted attempt made them - under ``mig_lock``. A failure
-        destroys what the claim holds alone and removes its record."""
+        recorded (``preparing``: one checkpoint write for all), then the instances are made
+        under ``mig_lock``, each creation step recorded (one write each) before the next - or
+        found, when an interrupted attempt made and recorded them. A placement held by an
+        instance the claim's entry does not record is refused (:func:`.mig.unrecorded`). A
+        failure destroys what the claim holds alone and records, and removes its record."""
         if self.ctx.mig is None:
             for uid, plan in pending.items():
                 out[uid] = PrepareResult(
@@ -255,8 +291,9 @@ class MigInstances:
         self, pending: dict[str, ClaimPlan], out: dict[str, PrepareResult]
     ) -> dict[str, list[MigSlot]]:
         """Resolve each pending claim's slots, check their placements are free (or the
-        claim's own from an interrupted attempt) and record them (``preparing``, one write).
-        Returns the slots by claim UID of those recorded; errors go to ``out``."""
+        claim's own from an interrupted attempt, whose recorded instance ids are kept) and
+        record them (``preparing``, one write). Returns the slots by claim UID of those
+        recorded; errors go to ``out``."""
         intents: dict[str, ClaimEntry] = {}
         resolved: dict[str, list[MigSlot]] = {}
         for uid, plan in pending.items():
@@ -282,7 +319,10 @@ class MigInstances:
                     out[uid] = PrepareResult(error=f"{what}: {e}")
                     continue
                 prior = None
-            if prior is None:
+            if prior is not None:
+                by_key = {p.key: p for p in prior}
+                slots = [by_key[s.key] for s in slots]  # with the ids the attempt recorded
+            else:
                 problem = self.foreign_problem(uid, slots)
                 if problem:
                     out[uid] = PrepareResult(error=f"{what}: {problem}")
@@ -308,22 +348,43 @@ class MigInstances:
         out: dict[str, PrepareResult],
         failed: list[str],
     ) -> dict[tuple[str, str, int], MigSlot] | None:
-        """Make (or find) the instances of a recorded claim's ``slots``, under ``mig_lock``;
-        returns them by slot key. On a :class:`~.mig.MigError` the error goes to ``out``, what
-        the claim holds alone is destroyed and its UID appended to ``failed`` (its record is to
-        go; a failing undo is logged and left to the kubelet's retry), and None is returned."""
+        """Make (or find, when its entry records them) the instances of a recorded claim's
+        ``slots``, under ``mig_lock``, writing each creation step into its ``preparing`` entry
+        (and the ids of a shared instance another claim made, once found); returns them by
+        slot key. On a :class:`~.mig.MigError` or a failed checkpoint write the error goes to
+        ``out``, what the claim holds alone and records is destroyed and its UID appended to
+        ``failed`` (its record is to go; a failing undo is logged and left to the kubelet's
+        retry), and None is returned."""
         what = f"ResourceClaim {ref.namespace}/{ref.name}"
+        entry = self.ctx.store.get(uid)
+        since = entry.since if entry is not None and entry.since is not None else time.time()
+        current = list(slots)
         made: dict[tuple[str, str, int], MigSlot] = {}
+
+        def record(i: int, s: MigSlot) -> None:
+            current[i] = s
+            self.ctx.store.update(put={uid: ClaimEntry.preparing(ref, current, since)})
+
         try:
             with self.ctx.mig_lock:
-                for s in slots:
-                    m = self.ops.realise(s)
+                for i, s in enumerate(slots):
+                    m = self.ops.realise(
+                        self.with_record(uid, s),
+                        partial(record, i),
+                        lambda line: self.ctx.log(f"{what}: {line}"),
+                    )
+                    if (m.gi, m.ci, m.uuid) != (current[i].gi, current[i].ci, current[i].uuid):
+                        record(i, m)  # a shared instance another claim made: now this one's too
                     made[m.key] = m
-        except MigError as e:
-            out[uid] = PrepareResult(error=f"{what}: {e}")
+        except (MigError, OSError) as e:
+            out[uid] = PrepareResult(
+                error=f"{what}: {e}" if isinstance(e, MigError) else f"{what}: checkpoint: {e}"
+            )
             try:
                 with self.ctx.mig_lock:
-                    self.release(uid, slots)
+                    _gone, left = self.release(uid, current)
+                for line in left:
+                    self.ctx.log(f"{what}: undoing a failed prepare: {line}")
                 failed.append(uid)
             except MigError as e2:
                 self.ctx.log(
@@ -346,8 +407,10 @@ class MigInstances:
                 return f"ResourceClaim {ref.namespace}/{ref.name}: its MIG instances need NVML to be destroyed"
             try:
                 with self.ctx.mig_lock:
-                    self.release(ref.uid, slots)
+                    _gone, left = self.release(ref.uid, slots)
             except MigError as e:
                 return f"ResourceClaim {ref.namespace}/{ref.name}: {e}"
+            for line in left:
+                self.ctx.log(f"ResourceClaim {ref.namespace}/{ref.name}: unprepared; {line}")
         store.update(drop=[ref.uid])
         return ""

@@ -7,10 +7,17 @@ share; :func:`tessera.inventory.mig.mig_placement`) needs one GPU instance at an
 (GPU, GPU-instance profile, start memory slice) with one compute instance over all of it: a
 :class:`MigSlot`. Before the driver creates anything for a claim it records the claim's slots in
 its checkpoint (state ``preparing``); so every instance it makes sits at a placement a checkpoint
-entry names, and that is how the driver knows its own instances after a crash: **an instance is
-the driver's when a checkpoint entry names its GPU, profile and placement** (:func:`owned`).
-Anything else - instances an operator or MIG Manager made - is never destroyed, reused or
-published as a placement.
+entry names (:func:`owned`: those placements are not published as static MIG devices). Right
+after each creation step it records what NVML made in that entry (the GPU-instance id ``gi``,
+then the compute-instance id ``ci`` with the MIG ``uuid``; one fsynced checkpoint write each,
+before anything uses the instance). **An instance is the claim's own only when its placement
+and the recorded ids match** (:func:`recorded`): only those are adopted after a crash or
+destroyed. An instance at a recorded placement without a matching record - made by an operator
+or MIG Manager, or by a driver killed between NVML's create and the record - is never
+destroyed, reused or published: a prepare that needs the placement is refused, naming it and
+the ``nvidia-smi`` commands that free it (:func:`unrecorded`). Inside a GPU instance whose id
+is recorded, a compute instance that is not recorded (the kill between
+``nvmlGpuInstanceCreateComputeInstance`` and its record) is destroyed and made again.
 
 **NVML calls** (:class:`MigOps`): ``nvmlDeviceGetGpuInstanceProfileInfoV`` (the profile id of
 the slot's ``NVML_GPU_INSTANCE_PROFILE_*``), ``nvmlDeviceGetGpuInstances`` +
@@ -30,7 +37,7 @@ devices, ``/dev/nvidia-caps/nvidia-cap<N>`` for ``gpu<minor>/gi<GI>/access`` and
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,6 +148,43 @@ def owned(entries: Iterable[ClaimEntry]) -> dict[str, set[tuple[int | None, int,
         for s in e.mig_slots:
             out.setdefault(s.gpu_uuid, set()).add((s.profile_id, s.start, s.size))
     return out
+
+
+def recorded(s: MigSlot, gi: GpuInstance, uuids: Mapping[int, str | None]) -> bool:
+    """True when ``gi`` (a GPU instance at ``s``'s placement, :meth:`MigOps.find`; ``uuids``:
+    the MIG UUID of each of its compute instances by id, None where NVML lists no MIG device)
+    is the one ``s`` records: ``s.gi`` is its id and, when ``s`` records a compute instance,
+    every compute instance in it is that one (its id and MIG UUID; none left is fine, an
+    unprepare killed between the two destroys). When ``s`` records no compute instance, those
+    in ``gi`` are taken for the ones a driver killed before their record made. The one test of
+    "this instance is the claim's own": an instance at the placement that fails it is someone
+    else's (or one a killed driver did not record) and is left alone."""
+    if s.gi is None or gi.id != s.gi:
+        return False
+    return s.ci is None or all((c, u) == (s.ci, s.uuid) for c, u in uuids.items())
+
+
+def unrecorded(s: MigSlot, gi: GpuInstance) -> str:
+    """The one line refusing ``s``'s placement, held by ``gi`` that no record names as the
+    claim's (:func:`recorded` is False): the device, GPU, memory slices, the GPU-instance and
+    compute-instance ids, and the ``nvidia-smi`` commands that free it."""
+    cis = [c[0] for c in gi.compute_instances]
+    held = f"GPU instance {gi.id}" + (
+        f" (compute instance{'s' if len(cis) > 1 else ''} {', '.join(map(str, cis))})"
+        if cis
+        else ""
+    )
+    fix = "; ".join(
+        [f"nvidia-smi mig -i {s.gpu_index} -gi {gi.id} -ci {c} -dci" for c in cis]
+        + [f"nvidia-smi mig -i {s.gpu_index} -gi {gi.id} -dgi"]
+    )
+    return (
+        f"{s.device}: GPU {s.gpu_index} ({s.gpu_uuid}) {s.profile} at memory slices "
+        f"{s.start}-{s.start + s.size - 1} is held by {held}, which the checkpoint does not "
+        "record as this claim's (made by someone else, or by a driver killed before it recorded "
+        f"it); it is left alone: destroy it ({fix}) or free the placement, and the next prepare "
+        "makes the claim's own"
+    )
 
 
 def is_owned(
@@ -255,47 +299,98 @@ class MigOps:
                 return _s(n.nvmlDeviceGetUUID(m))
         raise MigError(f"GPU instance {gi} compute instance {ci}: NVML lists no MIG device for it")
 
-    def realise(self, s: MigSlot) -> MigSlot:
-        """Make ``s`` exist - the GPU instance at its placement (created unless one is there)
-        and one compute instance over all of it (created unless the GPU instance has one) -
-        and return it with ``gi``, ``ci`` and the MIG ``uuid``. Only call it for a placement
-        the driver owns (its checkpoint names it). Raises :class:`MigError`."""
+    def _uuid_of(self, h: Any, gi: int, ci: int) -> str | None:
+        """The MIG UUID of compute instance ``ci`` of GPU instance ``gi`` (None: NVML lists
+        no MIG device for it)."""
+        try:
+            return self._mig_uuid(h, gi, ci)
+        except MigError:
+            return None
+
+    def at(self, s: MigSlot) -> tuple[GpuInstance | None, bool]:
+        """The GPU instance at ``s``'s placement (None when there is none) and whether it is the
+        one ``s`` records (:func:`recorded`). Raises :class:`MigError`."""
+        s = self.resolve(s)
+        h = self._handle(s)
+        try:
+            found = self.find(s)
+            return found, found is not None and recorded(s, found, self._uuids(h, found))
+        except self.nvml.NVMLError as e:
+            raise MigError(f"{self._where(s)}: {e}") from e
+
+    def _uuids(self, h: Any, gi: GpuInstance) -> dict[int, str | None]:
+        """The MIG UUID of each compute instance of ``gi``, by compute-instance id."""
+        return {c: self._uuid_of(h, gi.id, c) for c, _p, _u in gi.compute_instances}
+
+    def realise(
+        self,
+        s: MigSlot,
+        record: Callable[[MigSlot], None],
+        note: Callable[[str], None] = lambda _line: None,
+    ) -> MigSlot:
+        """Make ``s`` exist and return it with ``gi``, ``ci`` and the MIG ``uuid``: the GPU
+        instance at its placement (created when none is there; one there is used only when
+        :func:`recorded`) and one compute instance over all of it (the recorded one - its id
+        and MIG UUID are the slot's -, else created). ``record`` is called with the slot right
+        after each creation step - GPU instance (``gi``), then compute instance (``ci`` and
+        ``uuid``) - and must put it on disk before it returns (an exception from it propagates,
+        the instance stays). A compute instance in the recorded GPU instance that the slot
+        does not record is destroyed first (``note`` gets a line saying so). Raises
+        :class:`MigError`: NVML failed, or the placement is held by an instance the slot does
+        not record (:func:`unrecorded`; left alone)."""
         n = self.nvml
         s = self.resolve(s)
         h = self._handle(s)
         where = self._where(s)
         try:
             found = self.find(s)
+            uuids = self._uuids(h, found) if found is not None else {}
+            if found is not None and not recorded(s, found, uuids):
+                raise MigError(unrecorded(s, found))
             if found is None:
                 pl = n.c_nvmlGpuInstancePlacement_t()
                 pl.start, pl.size = s.start, s.size
                 gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(h, s.profile_id, ctypes.byref(pl))
+                s = replace(s, gi=int(n.nvmlGpuInstanceGetInfo(gi).id), ci=None, uuid=None)
+                record(s)
             else:
                 gi = n.nvmlDeviceGetGpuInstanceById(h, found.id)
-            gi_id = int(n.nvmlGpuInstanceGetInfo(gi).id)
-            if found is not None and found.compute_instances:
-                ci_id = found.compute_instances[0][0]
-            else:
-                cinfo = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gi, getattr(n, s.ci_profile), n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+            assert s.gi is not None
+            if s.ci in uuids and s.uuid is not None and uuids[s.ci] == s.uuid:
+                return s
+            for ci_id, uuid in uuids.items():
+                n.nvmlComputeInstanceDestroy(n.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id))
+                note(
+                    f"{where}: destroyed compute instance {ci_id} ({uuid or 'no MIG device'}) of "
+                    f"the claim's GPU instance {s.gi}, which the checkpoint did not record (made "
+                    "by a driver killed before it recorded it)"
                 )
-                ci = n.nvmlGpuInstanceCreateComputeInstance(gi, cinfo.id)
-                ci_id = int(n.nvmlComputeInstanceGetInfo(ci).id)
-            return replace(s, gi=gi_id, ci=ci_id, uuid=self._mig_uuid(h, gi_id, ci_id))
+            cinfo = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                gi, getattr(n, s.ci_profile), n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+            )
+            ci = n.nvmlGpuInstanceCreateComputeInstance(gi, cinfo.id)
+            ci_id = int(n.nvmlComputeInstanceGetInfo(ci).id)
+            s = replace(s, ci=ci_id, uuid=self._mig_uuid(h, s.gi, ci_id))
+            record(s)
+            return s
         except n.NVMLError as e:
             raise MigError(f"{where}: {e}") from e
 
-    def destroy(self, s: MigSlot) -> bool:
-        """Destroy the GPU instance at ``s``'s placement and its compute instances (only call it
-        for a placement the driver owns). True when something was destroyed; nothing there is
-        fine. Raises :class:`MigError` (``In use`` while processes run on it)."""
+    def destroy(self, s: MigSlot) -> tuple[bool, GpuInstance | None]:
+        """Destroy the GPU instance ``s`` records (:func:`recorded`) with every compute
+        instance in it. Returns ``(destroyed, left)``: ``destroyed`` True when something was
+        destroyed (nothing at the placement is fine); ``left`` the instance at the placement
+        that ``s`` does not record, untouched (None when there is none). Raises
+        :class:`MigError` (``In use`` while processes run on it)."""
         n = self.nvml
         s = self.resolve(s)
         h = self._handle(s)
         try:
             found = self.find(s)
             if found is None:
-                return False
+                return False, None
+            if not recorded(s, found, self._uuids(h, found)):
+                return False, found
             gi = n.nvmlDeviceGetGpuInstanceById(h, found.id)
             for ci_id, _p, _u in found.compute_instances:
                 try:
@@ -304,6 +399,6 @@ class MigOps:
                     if getattr(e, "value", None) != n.NVML_ERROR_NOT_FOUND:
                         raise
             n.nvmlGpuInstanceDestroy(gi)
-            return True
+            return True, None
         except n.NVMLError as e:
             raise MigError(f"{self._where(s)}: destroying it: {e}") from e
