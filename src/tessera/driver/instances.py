@@ -149,8 +149,12 @@ class MigInstances:
         if why is None:
             adopted, left = 0, []
             for s in slots:
-                s = self.ops.resolve(self.with_record(uid, s))
-                found, mine = self.ops.at(s)
+                try:
+                    s = self.ops.resolve(self.with_record(uid, s))
+                    found, mine = self.ops.at(s)
+                except MigError as e:
+                    left.append(str(e))
+                    continue
                 if mine:
                     adopted += 1
                 elif found is not None:
