@@ -106,7 +106,14 @@ static int validate(const tessera_region_header *h, char *err, size_t errlen)
         snprintf(err, errlen, "bad magic");
         return -1;
     }
-    if (h->version != TESSERA_REGION_VERSION || h->header_size != TESSERA_REGION_HEADER_SIZE ||
+    /* The library reads and writes one layout, its own (the node driver creates the region in
+     * it); a reader of several versions is the monitor (tessera.enforcement.region). */
+    if (h->version != TESSERA_REGION_VERSION) {
+        snprintf(err, errlen, "region version %u, this library uses version %u only", h->version,
+                 TESSERA_REGION_VERSION);
+        return -1;
+    }
+    if (h->header_size != TESSERA_REGION_HEADER_SIZE ||
         h->slot_size != TESSERA_REGION_SLOT_SIZE || h->slot_count != TESSERA_REGION_MAX_SLOTS) {
         snprintf(err, errlen, "unsupported layout (version %u)", h->version);
         return -1;

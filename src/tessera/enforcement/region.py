@@ -34,6 +34,10 @@ from tessera.enforcement._files import write_atomic
 MAGIC = 0x314E474552535354
 """``b"TSSREGN1"`` read as a little-endian u64."""
 VERSION = 1
+"""The region version the library writes (``TESSERA_REGION_VERSION``) and the driver creates."""
+READ_VERSIONS = (1,)
+"""The region versions :func:`parse_region` reads (the monitor's side of an upgrade: a region of
+another version is reported for its share, never read with the wrong layout)."""
 MAX_GPUS = 16
 MAX_SLOTS = 1024
 UUID_LEN = 48
@@ -175,21 +179,31 @@ def parse_region(data: bytes, alive: Sequence[bool | None] | None = None) -> Reg
     """Decode a region image (``FILE_SIZE`` bytes).
 
     ``alive``: optional liveness per slot index (``None`` entries = unknown); slots known dead
-    are left out of the snapshot and of the ``used`` sums. Raises :class:`RegionError`.
+    are left out of the snapshot and of the ``used`` sums. Raises :class:`RegionError`: the
+    magic first, then a version newer than :data:`READ_VERSIONS` (named as such, whatever the
+    file's size: a newer layout may be larger), then the size, version and layout.
     """
+    if len(data) >= 12:
+        magic, version = struct.unpack_from("<QI", data, 0)
+        if magic != MAGIC:
+            raise RegionError(f"bad magic {magic:#x}")
+        reads = ", ".join(map(str, READ_VERSIONS))
+        if version > max(READ_VERSIONS):
+            raise RegionError(
+                f"region version {version} is newer than this reader's (versions {reads}): a "
+                "newer driver and enforcement library made it; upgrade the monitor"
+            )
     if len(data) != FILE_SIZE:
         raise RegionError(f"region is {len(data)} bytes, expected {FILE_SIZE}")
     (magic, version, header_size, slot_size, slot_count, gpu_count, hw, generation, overhead) = (
         _HEADER.unpack_from(data, 0)
     )
-    if magic != MAGIC:
-        raise RegionError(f"bad magic {magic:#x}")
-    if (version, header_size, slot_size, slot_count) != (
-        VERSION,
-        HEADER_SIZE,
-        SLOT_SIZE,
-        MAX_SLOTS,
-    ):
+    if version not in READ_VERSIONS:
+        raise RegionError(
+            f"region version {version} is not one this reader reads "
+            f"({', '.join(map(str, READ_VERSIONS))})"
+        )
+    if (header_size, slot_size, slot_count) != (HEADER_SIZE, SLOT_SIZE, MAX_SLOTS):
         raise RegionError(f"unsupported region layout (version {version})")
     gpu_count = min(gpu_count, MAX_GPUS)
     hw = min(hw, MAX_SLOTS)
