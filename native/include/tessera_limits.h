@@ -6,10 +6,27 @@
  * once per process. Python writer and parser: tessera.enforcement.limits (they must agree with
  * the C parser below byte for byte; tests/native round-trips and fuzzes both).
  *
- * Format, version 1 (ASCII, line based):
+ * Versions. The first statement names the file's version; a library reads every version from
+ * TESSERA_LIMITS_VERSION_MIN to TESSERA_LIMITS_VERSION and refuses a newer one ("version N is
+ * newer than this library reads (versions 1..2)"), which fails the container closed. Each
+ * version adds statements; the node driver writes the lowest version that expresses a claim's
+ * content (tessera.enforcement.limits.required_version, the one place that decides), so a claim
+ * using no newer statement stays readable by an older library, and it refuses to prepare a
+ * claim whose file the installed library could not read. The versions this library reads are
+ * also in its ELF section TESSERA_FORMATS_SECTION ("limits 1..2\n"), which the driver reads
+ * from the file without loading it (docs/install.md, "Supported skew").
+ *
+ *     version 1   claim, region, context-overhead, shares, gpu
+ *     version 2   + unlimited
+ *
+ * A version-1 file with `unlimited` lines is what drivers before version 2 wrote (the statement
+ * was added inside version 1); this library reads it, with the same meaning, so a container
+ * restarted on a claim prepared by such a driver keeps working. No writer emits it.
+ *
+ * Format, version 2 (ASCII, line based):
  *
  *     # comment lines start with '#'; blank lines are ignored
- *     version 1
+ *     version <1|2>
  *     claim <namespace>/<name> <uid>          (optional, informational, at most once)
  *     region <absolute path>                  (required, exactly once)
  *     context-overhead <bytes>                (optional, at most once; default 0)
@@ -18,12 +35,12 @@
  *     gpu <UUID> memory <bytes> cores <0-100> [policy strict|work-conserving]
  *                                             (one line per GPU of the claim, 1..16 lines;
  *                                              policy defaults to strict)
- *     unlimited <UUID>                        (0..32 lines: a device of the claim the container
- *                                              may use without limit, a whole GPU or MIG device
- *                                              or an adminAccess result)
+ *     unlimited <UUID>                        (version 2; 0..32 lines: a device of the claim
+ *                                              the container may use without limit, a whole GPU
+ *                                              or MIG device or an adminAccess result)
  *
  * Rules:
- *  - `version 1` is the first line that is neither blank nor a comment.
+ *  - `version <N>` is the first line that is neither blank nor a comment, 1 <= N <= 2.
  *  - Tokens are separated by one or more spaces or tabs; leading/trailing blanks and a final
  *    '\r' are ignored. A '#' only starts a comment at the start of a line (after blanks).
  *  - Numbers are unsigned decimal ASCII digits only (no sign, no suffix, no leading '+'), at
@@ -44,8 +61,10 @@
  *    paced only when `shares` names the directory where the node driver keeps, per GPU, the
  *    cores guaranteed to the limited claims (tessera.enforcement.shares).
  *
- * Canonical form (what the Python writer emits, and what tessera_limits_format prints):
- *     version 1\n[claim ...\n]region ...\ncontext-overhead N\n[shares ...\n]
+ * Canonical form (what the Python writer emits, and what tessera_limits_format prints; the
+ * version is the one the file declares, the lowest that expresses its content when the driver
+ * wrote it):
+ *     version N\n[claim ...\n]region ...\ncontext-overhead N\n[shares ...\n]
  *     gpu ... memory N cores N[ policy work-conserving]\n...[unlimited UUID\n...]
  * with the GPU lines, then the unlimited lines, each in file order.
  */
@@ -61,7 +80,13 @@
  * owned by root and not writable by group or others; anything else fails closed. */
 #define TESSERA_LIMITS_ENV "TESSERA_LIMITS_FILE"
 
-#define TESSERA_LIMITS_VERSION 1
+/* The versions this library reads: TESSERA_LIMITS_VERSION_MIN..TESSERA_LIMITS_VERSION (the
+ * newest). A new statement comes with a new version (and an entry in
+ * tessera.enforcement.limits.STATEMENT_SINCE). */
+#define TESSERA_LIMITS_VERSION_MIN 1
+#define TESSERA_LIMITS_VERSION 2
+/* ELF section holding "limits <min>..<max>\n", read by the driver without loading the library. */
+#define TESSERA_FORMATS_SECTION ".tessera_formats"
 #define TESSERA_LIMITS_MAX_GPUS 16
 /* DRA's limit on the results of one claim (resource.k8s.io/v1 AllocationResultsMaxSize). */
 #define TESSERA_LIMITS_MAX_UNLIMITED 32
@@ -83,7 +108,7 @@ typedef struct tessera_limit_gpu {
 #define TESSERA_POLICY_WORK_CONSERVING 1u /* cores is guaranteed; idle time may be used too */
 
 typedef struct tessera_limits {
-    uint32_t version;
+    uint32_t version;                          /* as the file declares it, 1..2 */
     char claim[TESSERA_CLAIM_MAX];             /* "" when absent: "<ns>/<name> <uid>" */
     char region[TESSERA_LIMITS_MAX_PATH + 1];  /* absolute path */
     uint64_t context_overhead;                 /* bytes charged per CUDA context */

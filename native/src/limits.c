@@ -11,6 +11,18 @@
 
 #define MAX_TOKENS 8
 
+#define XSTR_(x) #x
+#define XSTR(x) XSTR_(x)
+
+/*
+ * The limits file versions this library reads, for the node driver: it reads this section from
+ * the file, without loading the library (tessera.enforcement.library_formats), and writes no
+ * claim a file of a version outside it. Not referenced by the code; `used` keeps it.
+ */
+__attribute__((used, section(TESSERA_FORMATS_SECTION))) static const char
+    tessera_formats[] = "limits " XSTR(TESSERA_LIMITS_VERSION_MIN) ".." XSTR(
+        TESSERA_LIMITS_VERSION) "\n";
+
 static int fail(char *err, size_t errlen, unsigned line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
@@ -169,9 +181,21 @@ int tessera_limits_parse(const char *buf, size_t len, tessera_limits *out, char 
         if (!seen_version) {
             uint64_t v;
             if (nt != 2 || !tok_is(tok[0], tlen[0], "version"))
-                return fail(err, errlen, lineno, "expected 'version 1' first");
-            if (parse_u64(tok[1], tlen[1], &v) != 0 || v != TESSERA_LIMITS_VERSION)
-                return fail(err, errlen, lineno, "unsupported version (this library reads 1)");
+                return fail(err, errlen, lineno, "expected 'version <N>' first");
+            if (parse_u64(tok[1], tlen[1], &v) != 0)
+                return fail(err, errlen, lineno, "expected 'version <N>' first");
+            if (v > TESSERA_LIMITS_VERSION)
+                return fail(err, errlen, lineno,
+                            "version %llu is newer than this library reads (versions %d..%d): "
+                            "upgrade the node's enforcement library",
+                            (unsigned long long)v, TESSERA_LIMITS_VERSION_MIN,
+                            TESSERA_LIMITS_VERSION);
+            if (v < TESSERA_LIMITS_VERSION_MIN)
+                return fail(err, errlen, lineno,
+                            "version %llu is not a limits file version (this library reads "
+                            "versions %d..%d)",
+                            (unsigned long long)v, TESSERA_LIMITS_VERSION_MIN,
+                            TESSERA_LIMITS_VERSION);
             out->version = (uint32_t)v;
             seen_version = 1;
             continue;
@@ -265,7 +289,7 @@ int tessera_limits_parse(const char *buf, size_t len, tessera_limits *out, char 
         }
     }
     if (!seen_version)
-        return fail(err, errlen, lineno, "empty file (expected 'version 1')");
+        return fail(err, errlen, lineno, "empty file (expected 'version <N>')");
     if (!seen_region)
         return fail(err, errlen, lineno, "missing 'region'");
     if (out->gpu_count == 0)

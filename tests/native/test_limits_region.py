@@ -94,8 +94,16 @@ def test_python_writer_and_c_parser_round_trip(tmp_path: Path, plain: Build, i: 
     ("text", "line", "msg"),
     [
         ("", 0, "empty file"),
-        ("region /r\n", 1, "expected 'version 1' first"),
-        ("version 2\nregion /r\n", 1, "unsupported version"),
+        ("region /r\n", 1, "expected 'version <N>' first"),
+        ("version x\nregion /r\n", 1, "expected 'version <N>' first"),
+        (
+            "version 3\nregion /r\n",
+            1,
+            "version 3 is newer than this library reads (versions 1..2): upgrade the node's "
+            "enforcement library",
+        ),
+        ("version 0\nregion /r\n", 1, "version 0 is not a limits file version (this library"),
+        (f"version 2\nregion /r\ngpu {UUIDS[0]} memory 1 cores 1\nversion 2\n", 4, "duplicate"),
         (f"version 1\ngpu {UUIDS[0]} memory 1 cores 1\n", 2, "missing 'region'"),
         ("version 1\nregion /r\n", 2, "no 'gpu' lines"),
         ("version 1\nregion r\n", 2, "region path must be absolute"),

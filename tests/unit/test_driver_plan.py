@@ -179,8 +179,9 @@ def test_whole_and_admin_devices_beside_a_share_are_listed_unlimited(
         layout,
     )
     u = {n: devices[f"gpu-{n}"].record.gpu.uuid for n in (1, 2, 4, 5)}
+    # 'unlimited' lines are version 2's (a share alone stays version 1, test above)
     assert plan.limits_text == (
-        f"version 1\nclaim ns/c uid-1\nregion /run/tessera/region\ncontext-overhead {512 * MIB}\n"
+        f"version 2\nclaim ns/c uid-1\nregion /run/tessera/region\ncontext-overhead {512 * MIB}\n"
         "shares /run/tessera/shares\n"
         f"gpu {u[1]} memory {4 * GIB} cores 30\n"
         f"unlimited {u[2]}\nunlimited {u[4]}\nunlimited {u[5]}\n"

@@ -25,7 +25,7 @@ from .checkpoint import Checkpoint
 from .kubelet import ClaimRef
 from .locks import FileLock
 from .mig import MIG_MINORS, MigOps, MigSlot
-from .prepare import ClaimPlan, Layout, NodeDevice, plan_claim
+from .prepare import ClaimPlan, Layout, NodeDevice, check_library_reads, plan_claim
 from .publish import GpuRegistry, Publisher
 
 #: Where a dynamic-MIG setting given to the driver is named in its errors.
@@ -134,8 +134,11 @@ class DriverContext:
         instances: Mapping[tuple[str, str, int], MigSlot] | None = None,
     ) -> ClaimPlan:
         """:func:`~tessera.driver.prepare.plan_claim` on this node, with this driver's backend
-        and layout. Raises :class:`~tessera.driver.prepare.ClaimError` like it."""
-        return plan_claim(
+        and layout, and what the enforcement library on the host reads now (read again when
+        the file changed: another driver instance's start may have replaced it). Raises
+        :class:`~tessera.driver.prepare.ClaimError` like it, and for a library that cannot be
+        read (:func:`~tessera.driver.prepare.check_library_reads`)."""
+        plan = plan_claim(
             claim,
             ref,
             self.cfg.node_name,
@@ -145,6 +148,8 @@ class DriverContext:
             mig_minors=minors,
             instances=instances,
         )
+        check_library_reads(plan, self.layout)
+        return plan
 
     def lock_for(self, uid: str) -> FileLock:
         """A new lock object for claim ``uid`` (``<state>/locks/<uid>``): node-wide, between

@@ -61,6 +61,7 @@ from tessera.enforcement.layout import (
     SHARES_SUBDIR,
     claim_dir,
 )
+from tessera.enforcement.library import LibraryError, library_formats
 from tessera.enforcement.limits import (
     DEFAULT_CONTEXT_OVERHEAD,
     LIMITS_PATH,
@@ -69,9 +70,10 @@ from tessera.enforcement.limits import (
     GpuLimit,
     Limits,
     format_limits,
+    new_statements,
     normalise_uuid,
     parse_limits,
-    write_limits,
+    required_version,
 )
 from tessera.enforcement.region import FILE_SIZE, MAGIC, create_region
 from tessera.enforcement.shares import gpu_shares, write_shares
@@ -608,23 +610,22 @@ def plan_claim(
                 st["data"]["enforcementBackend"] = LIBRARY
     limits_text = None
     if gpu_limits:
-        limits_text = format_limits(
-            Limits(
-                region=CONTAINER_REGION,
-                gpus=gpu_limits,
-                # each CUDA context is charged this much of the share's memory
-                context_overhead=layout.context_overhead,
-                claim=f"{ref.namespace}/{ref.name}",
-                claim_uid=ref.uid,
-                shares=CONTAINER_SHARES,
-                # The library refuses a visible GPU in no line of the file (a second claim's):
-                # the claim's own whole devices are listed. A MIG name without a UUID form is
-                # left out (the library could not match it anyway).
-                unlimited=tuple(
-                    u for u in unlimited if u not in limits and normalise_uuid(u) is not None
-                )[:MAX_UNLIMITED],
-            )
+        value = Limits(
+            region=CONTAINER_REGION,
+            gpus=gpu_limits,
+            # each CUDA context is charged this much of the share's memory
+            context_overhead=layout.context_overhead,
+            claim=f"{ref.namespace}/{ref.name}",
+            claim_uid=ref.uid,
+            shares=CONTAINER_SHARES,
+            # The library refuses a visible GPU in no line of the file (a second claim's):
+            # the claim's own whole devices are listed. A MIG name without a UUID form is
+            # left out (the library could not match it anyway).
+            unlimited=tuple(
+                u for u in unlimited if u not in limits and normalise_uuid(u) is not None
+            )[:MAX_UNLIMITED],
         )
+        limits_text = format_limits(value)
     spec = _cdi_spec(ref, layout, visible_order, per_device_nodes, gpu_limits, claim_backend)
     plan = ClaimPlan(
         ref=ref,
@@ -637,6 +638,45 @@ def plan_claim(
         mig=mig,
     )
     return ClaimPlan(**{**plan.__dict__, "digest": _digest(plan)})
+
+
+def check_library_reads(plan: ClaimPlan, layout: Layout) -> None:
+    """Refuse a plan whose limits file the node's enforcement library (``layout.library``)
+    could not read: the container would get a file its library refuses, and fail closed at its
+    first CUDA call. The file is in the lowest version that expresses the claim
+    (:func:`~tessera.enforcement.limits.required_version`); what the library reads comes from
+    its file (:func:`~tessera.enforcement.library.library_formats`, read again whenever the
+    file changed: another driver instance's start may have replaced it). Nothing to check for a
+    plan without limits or a layout without a library.
+
+    Raises :class:`ClaimError` naming the claim, the statement that needs the newer version,
+    the library's path and the versions it reads, and the fix; or naming the library when it
+    cannot be read.
+    """
+    if plan.limits_text is None or layout.library is None:
+        return
+    what = f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}"
+    try:
+        formats = library_formats(layout.library)
+    except OSError as e:
+        raise ClaimError(
+            f"{what}: cannot read the enforcement library {layout.library} "
+            f"({e.strerror or e}): is --library the file the chart installs?"
+        ) from e
+    except LibraryError as e:
+        raise ClaimError(f"{what}: {e}") from e
+    limits = parse_limits(plan.limits_text)
+    need = required_version(limits)
+    if need in formats.limits:
+        return
+    statements = ", ".join(f"'{s}'" for s in new_statements(limits, formats.limits[-1]))
+    raise ClaimError(
+        f"{what}: its limits file needs version {need} for its {statements} line(s) (the "
+        "claim's whole or adminAccess devices beside a share), but the enforcement library "
+        f"{formats.path} reads {formats.describe()}; upgrade the node's enforcement library to "
+        "this driver's (the chart's init container installs it at start; docs/install.md, "
+        "'Supported skew')"
+    )
 
 
 def _cdi_spec(
@@ -806,7 +846,7 @@ def cdi_bytes(spec: Mapping[str, Any]) -> bytes:
 
 def materialize(plan: ClaimPlan, layout: Layout) -> bool:
     """Write the plan's files that are missing or differ: usage region (kept when a valid one
-    exists: processes may already use it), limits file (0444, ``write_limits``), CDI spec
+    exists: processes may already use it), limits file (0444, the recorded text), CDI spec
     (last). Each write is atomic (not synced: the checkpoint, which is, can re-derive them);
     calling it again with the same plan changes nothing. Returns True when it wrote anything.
     Raises ``OSError``."""
@@ -823,7 +863,10 @@ def materialize(plan: ClaimPlan, layout: Layout) -> bool:
         limits = cdir / LIMITS_FILE
         data = plan.limits_text.encode("ascii")
         if not (limits.is_file() and limits.read_bytes() == data):
-            write_limits(str(limits), parse_limits(data), sync=False)
+            # The recorded text as it is (the version it was written in: a container of the
+            # claim may have read it already), once the readers' parser accepts it.
+            parse_limits(data)
+            write_atomic(str(limits), data, 0o444, ".limits.", sync=False)
             wrote = True
     layout.cdi_dir.mkdir(parents=True, exist_ok=True)
     spec = cdi_bytes(plan.cdi_spec)

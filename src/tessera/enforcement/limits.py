@@ -6,15 +6,31 @@ read-only at :data:`LIMITS_PATH` in every container of the claim; the enforcemen
 this module and the C parser accept exactly the same files and produce the same canonical
 text (``tests/native`` round-trips and fuzzes both).
 
-Format, version 1 (printable ASCII, one statement per line)::
+Versions. The first statement is ``version <N>``; a reader (the library, :func:`parse_limits`)
+reads every version from :data:`MIN_VERSION` to :data:`VERSION` and refuses a newer one with
+"version N is newer than this library reads (versions 1..2)". Each version adds statements
+(:data:`STATEMENT_SINCE`)::
 
-    version 1
+    version 1   claim, region, context-overhead, shares, gpu
+    version 2   + unlimited
+
+The writer puts down the lowest version that expresses the content (:func:`required_version`,
+the one place that decides), so a claim using no newer statement stays readable by an older
+library; the node driver refuses to prepare a claim whose file the installed library could not
+read (:mod:`tessera.enforcement.library`, docs/install.md "Supported skew"). A version-1 file
+with ``unlimited`` lines is what drivers before version 2 wrote (the statement was added inside
+version 1): both readers accept it, with the same meaning, so a container restarted on a claim
+such a driver prepared keeps working under a newer library; no writer of version 2 emits it.
+
+Format, version 2 (printable ASCII, one statement per line)::
+
+    version <1|2>
     claim <namespace>/<name> <uid>            (optional)
     region <absolute path>
     context-overhead <bytes>                  (optional, default 0)
     shares <absolute path>                    (optional: the node's per-GPU shares directory)
     gpu <UUID> memory <bytes> cores <0-100> [policy strict|work-conserving]   (1..16 lines)
-    unlimited <UUID>                          (0..32 lines)
+    unlimited <UUID>                          (version 2; 0..32 lines)
 
 ``policy`` (default ``strict``, omitted from the canonical text) says what ``cores`` promises:
 under ``strict`` it is a cap, under ``work-conserving`` the guaranteed share, and the claim may
@@ -31,7 +47,7 @@ GPU, whose limits file the container does not see, docs/enforcement.md section 1
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from tessera import COMPUTE_POLICIES
 from tessera.enforcement._files import write_atomic
@@ -44,7 +60,14 @@ another owner's file) makes it refuse GPU memory."""
 LIMITS_ENV = "TESSERA_LIMITS_FILE"
 """Environment fallback, read by the library only when nothing at all is at
 :data:`LIMITS_PATH` (neither the file nor one of its directories exists)."""
-VERSION = 1
+VERSION = 2
+"""The newest limits file version this module (and the library built with it) reads and writes
+(``TESSERA_LIMITS_VERSION`` in ``tessera_limits.h``)."""
+MIN_VERSION = 1
+"""The oldest version read (``TESSERA_LIMITS_VERSION_MIN``)."""
+STATEMENT_SINCE: dict[str, int] = {"unlimited": 2}
+"""The statements added after version 1, with the version that added each. A new statement
+comes with a new :data:`VERSION` and an entry here."""
 MAX_GPUS = 16
 MAX_UNLIMITED = 32
 
@@ -116,7 +139,9 @@ class Limits:
     CUDA context; ``claim``: ``"<namespace>/<name>"`` and ``claim_uid``: the ResourceClaim UID,
     both informational and either both set or both ``None``; ``unlimited``: 0..32 UUIDs of
     the claim's devices the container may use without limit (``unlimited`` lines, file order);
-    ``shares``: absolute path of the node's per-GPU shares directory, or ``None``.
+    ``shares``: absolute path of the node's per-GPU shares directory, or ``None``;
+    ``version``: the version the file declares (set by :func:`parse_limits`), or ``None`` for
+    a value to write: :func:`format_limits` then writes :func:`required_version`.
     """
 
     region: str
@@ -126,7 +151,22 @@ class Limits:
     claim_uid: str | None = None
     unlimited: tuple[str, ...] = ()
     shares: str | None = None
-    version: int = field(default=VERSION)
+    version: int | None = None
+
+
+def new_statements(limits: Limits, version: int) -> tuple[str, ...]:
+    """The statements of :data:`STATEMENT_SINCE` that ``limits`` uses and ``version`` does not
+    have (``("unlimited",)`` for a value with ``unlimited`` devices and ``version`` 1), in
+    :data:`STATEMENT_SINCE` order."""
+    used = {"unlimited": bool(limits.unlimited)}
+    return tuple(s for s, since in STATEMENT_SINCE.items() if used[s] and since > version)
+
+
+def required_version(limits: Limits) -> int:
+    """The lowest limits file version that expresses ``limits`` (1..:data:`VERSION`): 2 when
+    it has ``unlimited`` devices, else 1. What :func:`format_limits` writes for a value without
+    a ``version``, and what a library must read for the claim (the driver checks it)."""
+    return max([MIN_VERSION, *(STATEMENT_SINCE[s] for s in new_statements(limits, MIN_VERSION))])
 
 
 def _u64(tok: str) -> int | None:
@@ -184,7 +224,7 @@ def parse_limits(data: bytes | str) -> Limits:
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # a final newline ends the last line; it does not start another
-    seen_version = False
+    version: int | None = None
     region: str | None = None
     claim: tuple[str, str] | None = None
     overhead: int | None = None
@@ -211,12 +251,23 @@ def parse_limits(data: bytes | str) -> Limits:
         if len(toks) > _MAX_TOKENS:
             raise LimitsError(lineno, "too many fields")
         key = toks[0]
-        if not seen_version:
-            if len(toks) != 2 or key != "version":
-                raise LimitsError(lineno, "expected 'version 1' first")
-            if _u64(toks[1]) != VERSION:
-                raise LimitsError(lineno, "unsupported version (this library reads 1)")
-            seen_version = True
+        if version is None:
+            v = _u64(toks[1]) if len(toks) == 2 and key == "version" else None
+            if v is None:
+                raise LimitsError(lineno, "expected 'version <N>' first")
+            if v > VERSION:
+                raise LimitsError(
+                    lineno,
+                    f"version {v} is newer than this library reads (versions "
+                    f"{MIN_VERSION}..{VERSION}): upgrade the node's enforcement library",
+                )
+            if v < MIN_VERSION:
+                raise LimitsError(
+                    lineno,
+                    f"version {v} is not a limits file version (this library reads versions "
+                    f"{MIN_VERSION}..{VERSION})",
+                )
+            version = v
             continue
         if key == "version":
             raise LimitsError(lineno, "duplicate 'version'")
@@ -290,8 +341,8 @@ def parse_limits(data: bytes | str) -> Limits:
             unlimited.append(_new_uuid(toks[1], lineno, gpus, unlimited))
         else:
             raise LimitsError(lineno, f"unknown keyword '{key[:32]}'")
-    if not seen_version:
-        raise LimitsError(lineno, "empty file (expected 'version 1')")
+    if version is None:
+        raise LimitsError(lineno, "empty file (expected 'version <N>')")
     if region is None:
         raise LimitsError(lineno, "missing 'region'")
     if not gpus:
@@ -304,14 +355,18 @@ def parse_limits(data: bytes | str) -> Limits:
         claim_uid=claim[1] if claim else None,
         unlimited=tuple(unlimited),
         shares=shares,
+        version=version,
     )
 
 
 def format_limits(limits: Limits) -> str:
     """Canonical text of ``limits`` (exactly what the C ``tessera_limits_format`` prints).
 
+    The ``version`` line is ``limits.version`` when set (a value read from a file keeps the
+    version it declares), else :func:`required_version`: the lowest that expresses the content.
     Raises :class:`LimitsError` when the result would not parse (e.g. a relative region path,
-    cores outside 0..100, a bad UUID, whitespace inside a field, more than 16 GPUs).
+    cores outside 0..100, a bad UUID, whitespace inside a field, more than 16 GPUs, a version
+    outside :data:`MIN_VERSION`..:data:`VERSION`).
     """
     if (limits.claim is None) != (limits.claim_uid is None):
         raise LimitsError(0, "claim and claim_uid must be given together")
@@ -319,6 +374,7 @@ def format_limits(limits: Limits) -> str:
         limits,
         gpus=tuple(replace(g, uuid=_uuid(g.uuid) or g.uuid) for g in limits.gpus),
         unlimited=tuple(_uuid(u) or u for u in limits.unlimited),
+        version=required_version(limits) if limits.version is None else limits.version,
     )
     out = [f"version {norm.version}\n"]
     if norm.claim is not None:
