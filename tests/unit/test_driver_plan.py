@@ -365,7 +365,7 @@ def test_checkpoint_round_trip_and_refuses_foreign_files(tmp_path: Path) -> None
     assert json.loads((tmp_path / "checkpoint.json").read_text())["claims"] == {
         "b": {"state": "prepared", "plan": tiny_plan("b").to_json()}
     }
-    (tmp_path / "bad.json").write_text('{"version": 7}')
+    (tmp_path / "bad.json").write_text('{"version": 0, "claims": {}}')
     with pytest.raises(CheckpointError, match="not a version 1 Tessera driver checkpoint"):
         Checkpoint(tmp_path / "bad.json")
     # A state this driver does not know (a newer driver's) is refused, naming the entry.
@@ -431,7 +431,7 @@ def test_checkpoint_refuses_an_entry_with_a_field_it_does_not_know(tmp_path: Pat
     uid = sorted(doc["claims"])[0]
     cases = [
         ("paused", {"state": "paused"}, "state: 'paused' is not one of"),
-        ("extra", {"owner": "someone"}, "owner: not a field of a checkpoint entry"),
+        ("extra", {"owner": "someone"}, "owner: not a field of a version 1 checkpoint entry"),
         ("badsince", {"since": "yesterday"}, "since: not a valid since"),
         ("badslots", {"slots": [{"device": "x"}]}, "slots: not a valid slots"),
     ]

@@ -17,6 +17,12 @@ entries were typed; an entry read is written back as it was read. A file with a 
 value this driver does not know is refused (:class:`CheckpointError`, naming the entry and the
 field).
 
+Versions (:data:`FIELDS_BY_VERSION`): a version's keys never change; a new key of an entry or
+of its plan comes with a new version. The driver reads every version it knows and writes its
+own (:data:`VERSION`); a file of a newer version (a newer driver's, found on a rollback) refuses
+the start with one line: roll forward, or drain the node and remove the file. No entry is ever
+dropped or read without a key it has.
+
 Rules (what makes restarts safe):
 
 * prepare writes a claim's files first (each atomically), then records the claim and its
@@ -60,6 +66,34 @@ from .mig import MigSlot
 from .prepare import ClaimPlan
 
 VERSION = 1
+"""The checkpoint version this driver writes: the newest of :data:`FIELDS_BY_VERSION`."""
+
+#: The versions this driver reads, with the keys an entry (``claims["<uid>"]``) and its
+#: ``plan`` may have in each. The rule (docs/install.md, "Supported skew"): a version's keys
+#: never change. A new key of an entry or of a plan comes with a new version (a new row here,
+#: :data:`VERSION` bumped), so that an older driver, on a rollback, refuses the file with one
+#: line instead of reading it without the new key (and writing it back without it). A reader
+#: of version N reads every version up to N; a file of a newer version refuses the start.
+FIELDS_BY_VERSION: dict[int, tuple[frozenset[str], frozenset[str]]] = {
+    1: (
+        frozenset({"state", "plan", "claim", "slots", "since"}),
+        frozenset(
+            {
+                "namespace",
+                "name",
+                "uid",
+                "backend",
+                "devices",
+                "limits",
+                "regionGPUs",
+                "cdiSpec",
+                "status",
+                "digest",
+                "mig",
+            }
+        ),
+    ),
+}
 
 
 class ClaimState(enum.StrEnum):
@@ -107,7 +141,7 @@ class ClaimEntry:
     slots: tuple[MigSlot, ...] | None = None
     since: float | None = None
 
-    #: The keys an entry may have (any other is refused at read).
+    #: The keys an entry may have (any other is refused at read), in the order errors list them.
     FIELDS: ClassVar[tuple[str, ...]] = ("state", "plan", "claim", "slots", "since")
 
     @classmethod
@@ -154,12 +188,14 @@ class ClaimEntry:
         return out
 
     @classmethod
-    def from_json(cls, d: Any) -> ClaimEntry:
-        """Read one entry of the file. Raises :class:`EntryError` naming the field at fault:
-        an entry that is not an object, or whose ``state`` is not a :class:`ClaimState`
-        (``state``), a key this driver does not write (that key), a value of the wrong shape
-        (its key), or a state without what it needs (``plan`` for ``prepared``; ``claim`` and
-        ``slots`` otherwise)."""
+    def from_json(cls, d: Any, version: int = VERSION) -> ClaimEntry:
+        """Read one entry of a file of ``version`` (one of :data:`FIELDS_BY_VERSION`). Raises
+        :class:`EntryError` naming the field at fault: an entry that is not an object, or whose
+        ``state`` is not a :class:`ClaimState` (``state``), a key that version does not have
+        (that key; ``plan`` for a key of the plan), a value of the wrong shape (its key), or a
+        state without what it needs (``plan`` for ``prepared``; ``claim`` and ``slots``
+        otherwise)."""
+        entry_keys, plan_keys = FIELDS_BY_VERSION[version]
         known = ", ".join(sorted(s.value for s in ClaimState))
         if not isinstance(d, Mapping):
             raise EntryError("state", f"{d!r} is not one of {known}")
@@ -168,9 +204,18 @@ class ClaimEntry:
         except ValueError:
             raise EntryError("state", f"{d.get('state')!r} is not one of {known}") from None
         for key in d:
-            if key not in cls.FIELDS:
+            if key not in entry_keys:
                 raise EntryError(
-                    str(key), f"not a field of a checkpoint entry ({', '.join(cls.FIELDS)})"
+                    str(key),
+                    f"not a field of a version {version} checkpoint entry "
+                    f"({', '.join(f for f in cls.FIELDS if f in entry_keys)})",
+                )
+        plan_raw = d.get("plan")
+        if isinstance(plan_raw, Mapping):
+            extra = sorted(str(k) for k in plan_raw if k not in plan_keys)
+            if extra:
+                raise EntryError(
+                    "plan", f"{', '.join(extra)}: not a field of a version {version} plan"
                 )
         plan = _field(d, "plan", ClaimPlan.from_json)
         claim = _field(
@@ -281,12 +326,26 @@ class Checkpoint:
             raise CheckpointError(
                 f"{self.path}: not valid JSON ({e}); move it away to start with an empty state"
             ) from e
+        version = doc.get("version") if isinstance(doc, dict) else None
+        if (
+            isinstance(version, int)
+            and not isinstance(version, bool)
+            and version > max(FIELDS_BY_VERSION)
+        ):
+            raise CheckpointError(
+                f"{self.path}: version {version} is newer than this driver reads (versions "
+                f"{', '.join(map(str, sorted(FIELDS_BY_VERSION)))}): a newer driver wrote it; roll "
+                "forward to that driver, or drain the node (no prepared claims left) and remove "
+                "the file to start with an empty state"
+            )
         if (
             not isinstance(doc, dict)
-            or doc.get("version") != VERSION
+            or version not in FIELDS_BY_VERSION
+            or isinstance(version, bool)
             or not isinstance(doc.get("claims"), dict)
         ):
             raise CheckpointError(f"{self.path}: not a version {VERSION} Tessera driver checkpoint")
+        assert isinstance(version, int)
         raw: dict[str, Any] = doc["claims"]
         known = {s.value for s in ClaimState}
         # Every entry's state first (a newer driver's state is named whatever else it has).
@@ -300,7 +359,7 @@ class Checkpoint:
         claims: dict[str, ClaimEntry] = {}
         for uid, entry in raw.items():
             try:
-                claims[uid] = ClaimEntry.from_json(entry)
+                claims[uid] = ClaimEntry.from_json(entry, version)
             except EntryError as e:
                 raise CheckpointError(
                     f"{self.path}: claims[{uid!r}].{e.field}: {e.detail}{ANOTHER_VERSION}"
