@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tessera.driver.backend import LIBRARY
 from tessera.driver.checkpoint import (
     FIELDS_BY_VERSION,
     VERSION,
@@ -20,8 +21,11 @@ from tessera.driver.checkpoint import (
     ClaimEntry,
 )
 from tessera.driver.context import DriverConfig, DriverStartError
+from tessera.driver.kubelet import ClaimRef
 from tessera.driver.node import NodeDriver
+from tessera.driver.prepare import ClaimPlan, Layout, materialize
 from tessera.enforcement.library import LibraryError, library_formats
+from tessera.enforcement.limits import LimitsError
 from tessera.kube.client import KubeClient
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "data" / "checkpoints"
@@ -105,3 +109,34 @@ def test_library_formats_of_files_that_are_not_marked_libraries(tmp_path: Path) 
         library_formats(cut)
     with pytest.raises(FileNotFoundError):
         library_formats(tmp_path / "absent.so")
+
+
+def _recorded(tmp_path: Path, text: str) -> tuple[ClaimPlan, Layout]:
+    layout = Layout(tmp_path / "state", tmp_path / "cdi", tmp_path, None, "gpu.tessera.dev")
+    plan = ClaimPlan(ClaimRef("ns", "c", "uid-1"), LIBRARY, (), text, ((U1, 1 << 30, 0),), {})
+    return plan, layout
+
+
+U0 = "GPU-00000000-1111-2222-3333-444444444444"
+U1 = "GPU-11111111-2222-3333-4444-555555555555"
+PREVIOUS_TEXT = (  # what the driver before limits file versions wrote for a share beside a GPU
+    "version 1\nregion /run/tessera/region\ncontext-overhead 0\n"
+    f"gpu {U1} memory 1073741824 cores 0\nunlimited {U0}\n"
+)
+
+
+def test_a_recorded_limits_file_is_written_again_as_recorded(tmp_path: Path) -> None:
+    plan, layout = _recorded(tmp_path, PREVIOUS_TEXT)
+    assert materialize(plan, layout) is True
+    limits = layout.claim_dir("uid-1") / "limits"
+    assert limits.read_text() == PREVIOUS_TEXT  # not turned into version 2
+    assert materialize(plan, layout) is False
+
+
+def test_a_recorded_limits_file_of_a_newer_version_writes_nothing(tmp_path: Path) -> None:
+    """A plan recorded by a newer driver (a rollback) in a limits version this one does not
+    read: refused before any file is written (the caller logs it, or fails that claim)."""
+    plan, layout = _recorded(tmp_path, PREVIOUS_TEXT.replace("version 1", "version 3"))
+    with pytest.raises(LimitsError, match=r"version 3 is newer than this library reads"):
+        materialize(plan, layout)
+    assert not (tmp_path / "state").exists() and not (tmp_path / "cdi").exists()

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tessera.enforcement.limits import LimitsError
 from tessera.kube.client import ApiError
 
 from .checkpoint import ClaimEntry, ClaimState
@@ -260,6 +261,16 @@ class ClaimPreparer:
         for uid, plan in list(plans.items()):
             try:
                 materialize(plan, self.ctx.layout)
+            except LimitsError as e:
+                # A recorded plan of a newer driver (a rollback): nothing was written.
+                new.pop(uid, None)
+                out[uid] = PrepareResult(
+                    error=f"ResourceClaim {plan.ref.namespace}/{plan.ref.name}: its recorded "
+                    f"limits file is not one this driver writes ({e}); roll forward to the "
+                    "driver that prepared it, or delete its pods so that it is prepared again"
+                )
+                del plans[uid]
+                continue
             except OSError as e:
                 recorded = new.pop(uid, None) is None
                 if not recorded:

@@ -68,6 +68,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from tessera.enforcement.library import LibraryError, library_formats
 from tessera.inventory.errors import SliceBuildError
 from tessera.kube.client import ApiError, KubeClient
 
@@ -306,6 +307,16 @@ class NodeDriver:
             f"{len(inv.gpus)} GPU(s) from {inv.source} (driver {inv.driver_version}); "
             f"enforcement backend {ctx.backend.backend}: {ctx.backend.reason}"
         )
+        if ctx.layout.library is not None:
+            # Read again at every prepare (check_library_reads); logged here once.
+            try:
+                formats = library_formats(ctx.layout.library)
+                self.log(f"enforcement library {formats.path} reads {formats.describe()}")
+            except (OSError, LibraryError) as e:
+                self.log(
+                    f"enforcement library {ctx.layout.library}: {e}: claims with limits are "
+                    "refused until it can be read"
+                )
 
     def _publish(self) -> None:
         """Step 9: claim the publisher lease and publish the ResourceSlices."""

@@ -849,9 +849,15 @@ def materialize(plan: ClaimPlan, layout: Layout) -> bool:
     exists: processes may already use it), limits file (0444, the recorded text), CDI spec
     (last). Each write is atomic (not synced: the checkpoint, which is, can re-derive them);
     calling it again with the same plan changes nothing. Returns True when it wrote anything.
-    Raises ``OSError``."""
+    Raises ``OSError``, and :class:`~tessera.enforcement.limits.LimitsError` before writing
+    anything when the plan's limits text does not parse (a plan recorded by a newer driver,
+    in a limits file version this one does not read)."""
     wrote = False
     if plan.limits_text is not None:
+        data = plan.limits_text.encode("ascii")
+        # The recorded text is written as it is (the version it was written in: a container of
+        # the claim may have read it already), once the readers' parser accepts it.
+        parse_limits(data)
         layout.shares_dir.mkdir(parents=True, exist_ok=True)  # mounted by the CDI spec
         cdir = layout.claim_dir(plan.ref.uid)
         cdir.mkdir(parents=True, exist_ok=True)
@@ -861,11 +867,7 @@ def materialize(plan: ClaimPlan, layout: Layout) -> bool:
             create_region(str(region), list(plan.region_gpus), sync=False)
             wrote = True
         limits = cdir / LIMITS_FILE
-        data = plan.limits_text.encode("ascii")
         if not (limits.is_file() and limits.read_bytes() == data):
-            # The recorded text as it is (the version it was written in: a container of the
-            # claim may have read it already), once the readers' parser accepts it.
-            parse_limits(data)
             write_atomic(str(limits), data, 0o444, ".limits.", sync=False)
             wrote = True
     layout.cdi_dir.mkdir(parents=True, exist_ok=True)

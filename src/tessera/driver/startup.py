@@ -8,6 +8,7 @@ import dataclasses
 import time
 
 from tessera.enforcement.layout import claims_dir
+from tessera.enforcement.limits import LimitsError
 
 from .checkpoint import ClaimEntry, ClaimState
 from .context import DriverContext, DriverStartError
@@ -109,6 +110,14 @@ class StartupReconciler:
                     and materialize(entry.plan, ctx.layout)
                 ):
                     repaired.append(uid)
+            except LimitsError as e:
+                # Recorded by a newer driver (a rollback): its files are left as they are; its
+                # running containers keep them (docs/install.md, "Supported skew").
+                ctx.log(
+                    f"recorded claim {uid}: its limits file is not one this driver writes again "
+                    f"({e}); its files are left as they are: roll forward to the driver that "
+                    "prepared it, or delete its pods so that it is prepared again"
+                )
             finally:
                 ctx.release_claims([lk])
         if repaired:
