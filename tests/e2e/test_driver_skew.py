@@ -1,0 +1,133 @@
+"""``tessera driver`` with an older enforcement library on the node (docs/install.md,
+"Supported skew"): over the kubelet plugin protocol, a claim whose limits file the library could
+not read is refused at prepare, that claim only; a claim of shares only is prepared for it.
+
+The older library is the previous release's (:data:`PREVIOUS`, built from git): it reads limits
+file version 1 only and has no ``.tessera_formats`` section.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tessera.enforcement.limits import read_limits
+
+from .driverkit import *  # noqa: F403 (fixtures)
+from .driverkit import DriverEnv, DriverProcess, allocated_claim
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+PREVIOUS = "3ae3dd1"
+"""The last commit before limits file versions (``unlimited`` inside version 1)."""
+SHARE = "0b0d3b4e-9f0c-4cf5-8c8e-0123456789ab"
+
+
+def _previous_library(tmp: Path) -> Path:
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("no git history here: the previous release cannot be built")
+    have = subprocess.run(
+        ["git", "-C", str(REPO), "cat-file", "-e", f"{PREVIOUS}^{{commit}}"], capture_output=True
+    )
+    if have.returncode != 0:
+        pytest.skip(f"commit {PREVIOUS} is not in this clone (shallow?)")
+    tar = subprocess.run(
+        ["git", "-C", str(REPO), "archive", PREVIOUS, "native"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=tar, check=True)
+    r = subprocess.run(
+        ["make", "-C", str(tmp / "native"), f"BUILD={tmp / 'build'}", "lib"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return tmp / "build" / "libtessera-enforce.so"
+
+
+def _share(device: str) -> dict[str, object]:
+    return {
+        "request": "gpu",
+        "driver": "gpu.tessera.dev",
+        "device": device,
+        "shareID": SHARE,
+        "consumedCapacity": {"memory": "1Gi", "cores": "10"},
+    }
+
+
+def test_a_claim_the_older_library_could_not_read_is_refused_at_prepare(
+    driver_env: DriverEnv, kube_namespace: str, tmp_path: Path
+) -> None:
+    env, ns = driver_env, kube_namespace
+    old_lib = _previous_library(tmp_path)
+    env.client.request(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}",
+        content_type="application/merge-patch+json",
+        body={"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}},
+    )
+    shares = allocated_claim(
+        env.client, ns, "shares", [{**_share("gpu-1"), "pool": env.node}], env.node
+    )
+    mixed = allocated_claim(
+        env.client,
+        ns,
+        "mixed",
+        [
+            {**_share("gpu-2"), "pool": env.node},
+            {
+                "request": "gpu",
+                "driver": "gpu.tessera.dev",
+                "pool": env.node,
+                "device": "gpu-5",
+                "adminAccess": True,
+            },
+        ],
+        env.node,
+    )
+    refs = [(ns, c["metadata"]["name"], c["metadata"]["uid"]) for c in (shares, mixed)]
+    (_, _, shares_uid), (_, _, mixed_uid) = refs
+
+    d = DriverProcess(env, "--library", str(old_lib)).start()
+    assert d.returncode is None, d.output
+    try:
+        kubelet = env.kubelet()
+        resp = kubelet.prepare(refs)
+        assert resp.claims[shares_uid].error == ""
+        lim = read_limits(str(env.state_dir / "claims" / shares_uid / "limits"))
+        assert (lim.version, lim.unlimited) == (1, ())
+        assert resp.claims[mixed_uid].error == (
+            f"ResourceClaim {ns}/mixed: its limits file needs version 2 for its 'unlimited' "
+            "line(s) (the claim's whole or adminAccess devices beside a share), but the "
+            f"enforcement library {old_lib} reads limits file version 1 only (it predates "
+            "versioned limits files); upgrade the node's enforcement library to this driver's "
+            "(the chart's init container installs it at start; docs/install.md, 'Supported skew')"
+        )
+        assert not (env.state_dir / "claims" / mixed_uid).exists()
+        assert not (env.cdi_dir / f"gpu.tessera.dev-claim_{mixed_uid}.json").exists()
+        kubelet.close()
+    finally:
+        d.stop()
+    assert (
+        f"enforcement library {old_lib} reads limits file version 1 only (it predates "
+        "versioned limits files)"
+    ) in d.output
+
+    # The node's library upgraded (this driver's, the default): the same claim is prepared,
+    # in version 2, and the claim prepared before is served as recorded.
+    d = DriverProcess(env).start()
+    assert d.returncode is None, d.output
+    try:
+        kubelet = env.kubelet()
+        resp = kubelet.prepare(refs)
+        assert [resp.claims[u].error for u in (shares_uid, mixed_uid)] == ["", ""]
+        lim = read_limits(str(env.state_dir / "claims" / mixed_uid / "limits"))
+        assert (lim.version, lim.unlimited) == (2, (env.gpus[5].uuid,))
+        assert read_limits(str(env.state_dir / "claims" / shares_uid / "limits")).version == 1
+        kubelet.unprepare(refs)
+        kubelet.close()
+    finally:
+        d.stop()
