@@ -9,9 +9,12 @@ version, the proto files' SHA-256 and the grpcio-tools version: a second run wit
 inputs does nothing.
 
 Which protos, and why these: the plugin registration service
-(``pkg/apis/pluginregistration/v1/api.proto``, package ``pluginregistration``) and the DRA
-service (``pkg/apis/dra/v1/api.proto``, package ``k8s.io.kubelet.pkg.apis.dra.v1``). In
-v0.37.2 neither imports anything (the gogoproto annotations of older releases are gone), so
+(``pkg/apis/pluginregistration/v1/api.proto``, package ``pluginregistration``), the DRA
+service (``pkg/apis/dra/v1/api.proto``, package ``k8s.io.kubelet.pkg.apis.dra.v1``) and the
+device health service of KEP-4680 in the two versions the kubelet v1.37 speaks
+(``pkg/apis/dra-health/v1/api.proto`` and ``.../v1alpha1/api.proto``, packages ``v1`` and
+``v1alpha1``: services ``v1.DRAResourceHealth``, ``v1alpha1.DRAResourceHealth``). In
+v0.37.2 none imports anything (the gogoproto annotations of older releases are gone), so
 they compile alone; :func:`generate` refuses a proto with an ``import`` rather than guess.
 Each is copied to ``tessera/driver/_generated/<name>.proto`` before compiling so the generated
 ``*_pb2_grpc.py`` import their messages as ``tessera.driver._generated.<name>_pb2``; the proto
@@ -40,6 +43,8 @@ MODULE = "k8s.io/kubelet"
 PROTOS: tuple[tuple[str, str], ...] = (
     ("pkg/apis/pluginregistration/v1/api.proto", "pluginregistration_v1"),
     ("pkg/apis/dra/v1/api.proto", "dra_v1"),
+    ("pkg/apis/dra-health/v1/api.proto", "dra_health_v1"),
+    ("pkg/apis/dra-health/v1alpha1/api.proto", "dra_health_v1alpha1"),
 )
 GENERATED = Path(__file__).resolve().parent / "_generated"
 STAMP = "STAMP"
