@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tessera.driver.kubelet import stubs
+from tessera.driver.kubelet import health_stubs, stubs
 from tessera.driver.node import DriverConfig
 from tessera.enforcement import library_path
 from tessera.inventory import GPU, load_inventory
@@ -109,9 +109,78 @@ class FakeKubelet:
             req, timeout=timeout
         )
 
+    def watch_health(self, service: str = "v1.DRAResourceHealth") -> HealthWatch:
+        """A ``NodeWatchResources`` stream of ``service`` (one of
+        :data:`tessera.driver.kubelet.HEALTH_SERVICES`) on the DRA socket, read by a thread."""
+        pb2, pb2_grpc = health_stubs()[service]
+        stub = pb2_grpc.DRAResourceHealthStub(self._channel(self.dra_socket))
+        return HealthWatch(pb2, stub.NodeWatchResources(pb2.NodeWatchResourcesRequest()))
+
     def close(self) -> None:
         for ch in self._channels:
             ch.close()
+
+
+class HealthWatch:
+    """The messages of one health stream as they arrive: :attr:`messages` holds
+    ``(time.monotonic() when received, {(pool, device): (health name, message)}, response)``."""
+
+    def __init__(self, pb2: Any, stream: Any) -> None:
+        self.pb2 = pb2
+        self.stream = stream
+        self.messages: list[tuple[float, dict[tuple[str, str], tuple[str, str]], Any]] = []
+        self.error: BaseException | None = None
+        #: Set when the stream ended (the server closed it, or it broke: :attr:`error`).
+        self.ended = threading.Event()
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for resp in self.stream:
+                devices = {
+                    (d.device.pool_name, d.device.device_name): (
+                        self.pb2.HealthStatus.Name(d.health),
+                        d.message,
+                    )
+                    for d in resp.devices
+                }
+                with self._cond:
+                    self.messages.append((time.monotonic(), devices, resp))
+                    self._cond.notify_all()
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                self.error = e
+        finally:
+            self.ended.set()
+            with self._cond:
+                self._cond.notify_all()
+
+    def wait(
+        self, check: Any, timeout: float, what: str, after: float = 0.0
+    ) -> tuple[float, dict[tuple[str, str], tuple[str, str]], Any]:
+        """The first message received at or after ``after`` (``time.monotonic()``; so far or
+        later) whose device map passes ``check``, waiting at most ``timeout`` seconds;
+        AssertionError naming ``what`` and the last message otherwise."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._cond:
+            while True:
+                for m in self.messages[seen:]:
+                    if m[0] >= after and check(m[1]):
+                        return m
+                seen = len(self.messages)
+                left = deadline - time.monotonic()
+                if left <= 0 or self.error is not None:
+                    last = self.messages[-1][1] if self.messages else None
+                    raise AssertionError(
+                        f"no health message with {what} within {timeout} s "
+                        f"(stream error: {self.error}); last: {last}"
+                    )
+                self._cond.wait(left)
+
+    def close(self) -> None:
+        self.stream.cancel()
 
 
 @dataclass
@@ -461,6 +530,7 @@ __all__ = [
     "DriverEnv",
     "DriverProcess",
     "FakeKubelet",
+    "HealthWatch",
     "MonitorProcess",
     "allocated_claim",
     "driver_env",

@@ -73,7 +73,11 @@ def test_registration_info_and_socket_paths(
     info = kubelet.get_info()
     assert (info.type, info.name) == ("DRAPlugin", "gpu.tessera.dev")
     assert info.endpoint == str(env.kubelet_root / "plugins" / "gpu.tessera.dev" / "dra.sock")
-    assert list(info.supported_versions) == ["v1.DRAPlugin"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
     assert (env.kubelet_root / "plugins_registry" / "gpu.tessera.dev-reg.sock").is_socket()
     assert Path(info.endpoint).is_socket()
     body = d.ready()

@@ -481,6 +481,29 @@ def test_generated_stubs_serve_the_kubelets_method_paths() -> None:
     )
 
 
+def test_generated_health_stubs_serve_the_services_the_kubelet_picks() -> None:
+    """The kubelet v1.37.2 (pkg/kubelet/cm/dra/plugin: healthServicesSupportedByKubelet) picks
+    ``v1.DRAResourceHealth``, else ``v1alpha1.DRAResourceHealth``: the names in
+    ``supported_versions`` must be the generated services' full names."""
+    from tessera.driver.kubelet import HEALTH_SERVICES, health_stubs
+
+    stubs = health_stubs()
+    assert (
+        list(stubs)
+        == list(HEALTH_SERVICES)
+        == [
+            "v1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth",
+        ]
+    )
+    for name, (pb2, _grpc) in stubs.items():
+        svc = pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+        assert svc.full_name == name
+        [m] = svc.methods
+        assert (m.name, m.server_streaming) == ("NodeWatchResources", True)
+        assert pb2.HealthStatus.Name(2) == "UNHEALTHY"
+
+
 def test_checkpoint_group_commit_applies_every_concurrent_update(tmp_path: Path) -> None:
     import threading
 

@@ -29,6 +29,7 @@ import ctypes
 import shutil
 import subprocess
 import threading
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -43,6 +44,24 @@ from tessera.inventory.model import MigDevice, derive_architecture, normalize_bu
 #: 43 GPU stopped processing, 45 preemptive cleanup, 68 video processor exception,
 #: 109 context switch timeout.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+#: What a critical XID means, in the words of NVIDIA's XID catalogue ("XID Errors", r550+),
+#: for the health message the kubelet shows (:meth:`tessera.driver.publish.GpuRecord.condition`).
+#: An XID not listed reads "critical XID".
+XID_MEANINGS: dict[int, str] = {
+    48: "double-bit ECC error",
+    61: "internal micro-controller breakpoint",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
 
 
 class DiscoveryError(TesseraError, RuntimeError):
@@ -389,19 +408,41 @@ def probe(nvml: object, uuid: str) -> str:
 class XidWatcher(threading.Thread):
     """Waits for NVML XID events (``nvmlEventTypeXidCriticalError``) on the given GPUs and
     calls ``on_xid(uuid, xid)`` for each one that is not an application error
-    (:data:`APPLICATION_XIDS`). Stops when :meth:`stop` is called."""
+    (:data:`APPLICATION_XIDS`). Stops when :meth:`stop` is called.
+
+    With ``on_presence``, every ``probe_seconds`` it also calls :func:`probe` for each GPU (two
+    local NVML calls each, no API call) and calls ``on_presence({uuid: health})`` when the GPUs that
+    do not answer ``ok`` changed since the last probe: a GPU that fell off the bus or vanished
+    without an XID event is then seen within ``probe_seconds``, not at the next rescan."""
 
     def __init__(
         self,
         uuids: list[str],
         on_xid: Callable[[str, int], None],
         log: Callable[[str], None] | None = None,
+        *,
+        on_presence: Callable[[dict[str, str]], None] | None = None,
+        probe_seconds: float = 2.0,
     ) -> None:
         super().__init__(name="tessera-xid", daemon=True)
         self.uuids = uuids
         self.on_xid = on_xid
+        self.on_presence = on_presence
+        self.probe_seconds = probe_seconds
         self._stop = threading.Event()
         self._log = log or (lambda _m: None)
+        self._absent: dict[str, str] = {}
+        self._probed = 0.0
+
+    def _probe(self) -> None:
+        """Probe each GPU when ``probe_seconds`` passed; report a change of the absent ones."""
+        if self.on_presence is None or time.monotonic() - self._probed < self.probe_seconds:
+            return
+        self._probed = time.monotonic()
+        absent = {u: h for u in self.uuids if (h := probe(None, u)) != "ok"}
+        if absent != self._absent:
+            self._absent = absent
+            self.on_presence(dict(absent))
 
     def stop(self) -> None:
         self._stop.set()
@@ -424,6 +465,7 @@ class XidWatcher(threading.Thread):
                 except n.NVMLError as e:
                     self._log(f"GPU {u}: XID events not registered: {e}")
             while not self._stop.is_set():
+                self._probe()
                 try:
                     data = n.nvmlEventSetWait(es, 500)
                 except n.NVMLError as e:

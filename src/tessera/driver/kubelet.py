@@ -6,12 +6,20 @@ and ``k8s.io/kubelet/pkg/apis/dra/v1`` at the cluster's version; stubs generated
 
 * **Registration** on ``<root-dir>/plugins_registry/<driver>-reg.sock``, watched by the
   kubelet's plugin watcher. ``GetInfo`` answers ``type: DRAPlugin``, ``name`` = the driver
-  name, ``endpoint`` = the DRA socket's path, ``supported_versions: ["v1.DRAPlugin"]`` (for DRA
-  the "versions" are gRPC service names; ``v1.DRAPlugin`` is the only one implemented).
+  name, ``endpoint`` = the DRA socket's path, ``supported_versions: ["v1.DRAPlugin",
+  "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]`` (for DRA the "versions" are gRPC
+  service names; the health ones only with a health feed).
   ``NotifyRegistrationStatus`` records whether the kubelet accepted the plugin.
 * **DRAPlugin** on ``<root-dir>/plugins/<driver>/dra.sock``: ``NodePrepareResources`` and
   ``NodeUnprepareResources``. Every claim of a request gets an entry in the reply, with
   ``error`` set when that claim failed; a malformed claim never fails the whole call.
+* **DRAResourceHealth** (KEP-4680; ``k8s.io/kubelet/pkg/apis/dra-health/v1`` and
+  ``v1alpha1``, the two the kubelet v1.37 speaks, v1 preferred) on the same socket, when a
+  :class:`~tessera.driver.resourcehealth.HealthFeed` is given: ``NodeWatchResources`` streams
+  the complete device list with each device's health (see :mod:`tessera.driver.resourcehealth`
+  for what and when); both are then listed in ``supported_versions``. At most
+  :data:`MAX_HEALTH_STREAMS` streams at once (each holds a server thread; more are refused
+  with ``RESOURCE_EXHAUSTED``); they end when the server stops.
 
 Paths follow the kubelet's ``--root-dir`` (default ``/var/lib/kubelet``), as the Go helper
 ``k8s.io/dynamic-resource-allocation/kubeletplugin`` lays them out.
@@ -44,7 +52,13 @@ from typing import Any, Protocol
 
 from tessera.api.errors import TesseraError
 
+from .resourcehealth import TIMEOUT_SECONDS, DeviceHealth, HealthFeed
+
 DRA_SERVICE_V1 = "v1.DRAPlugin"
+#: The DRAResourceHealth services served, newest first (the kubelet picks the first it knows).
+HEALTH_SERVICES: tuple[str, ...] = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+#: Health streams served at once (the kubelet keeps one per registered plugin).
+MAX_HEALTH_STREAMS = 4
 #: Longest path of a unix socket (``sun_path`` is 108 bytes with its NUL).
 MAX_SOCKET_PATH = 107
 PLUGIN_TYPE = "DRAPlugin"
@@ -72,6 +86,45 @@ def stubs() -> tuple[Any, Any, Any, Any]:
             f"`make protos` (needs Go to fetch the k8s.io/kubelet protos) ({e})"
         ) from e
     return pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc, dra_v1_pb2, dra_v1_pb2_grpc
+
+
+def health_stubs() -> dict[str, tuple[Any, Any]]:
+    """``{service name: (_pb2, _pb2_grpc)}`` of :data:`HEALTH_SERVICES`
+    (``dra_health_v1``, ``dra_health_v1alpha1``). Raises :class:`StubsMissingError`."""
+    try:
+        from tessera.driver._generated import (  # type: ignore[attr-defined,unused-ignore]
+            dra_health_v1_pb2,
+            dra_health_v1_pb2_grpc,
+            dra_health_v1alpha1_pb2,
+            dra_health_v1alpha1_pb2_grpc,
+        )
+    except ImportError as e:
+        raise StubsMissingError(
+            "the kubelet health API stubs are not generated (tessera/driver/_generated): run "
+            f"`make protos` (needs Go to fetch the k8s.io/kubelet protos) ({e})"
+        ) from e
+    return {
+        HEALTH_SERVICES[0]: (dra_health_v1_pb2, dra_health_v1_pb2_grpc),
+        HEALTH_SERVICES[1]: (dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc),
+    }
+
+
+def health_message(pb2: Any, report: Sequence[DeviceHealth], at: float) -> Any:
+    """``NodeWatchResourcesResponse`` of ``pb2`` (either version) for ``report``:
+    ``last_updated_time`` = ``at`` (unix seconds), ``health_check_timeout_seconds`` =
+    :data:`~tessera.driver.resourcehealth.TIMEOUT_SECONDS`."""
+    return pb2.NodeWatchResourcesResponse(
+        devices=[
+            pb2.DeviceHealth(
+                device=pb2.DeviceIdentifier(pool_name=h.pool, device_name=h.device),
+                health=pb2.HealthStatus.Value(h.health),
+                last_updated_time=int(at),
+                health_check_timeout_seconds=TIMEOUT_SECONDS,
+                message=h.message,
+            )
+            for h in report
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -188,7 +241,9 @@ class PluginServers:
 
     ``root_dir``: the kubelet's ``--root-dir``; ``driver``: the driver name; ``plugin``: the
     prepare/unprepare implementation; ``instance``: the rolling-update id ('' for the fixed
-    socket names). :meth:`start` removes stale sockets and listens on both; :meth:`stop`
+    socket names); ``health``: the device health the DRAResourceHealth service streams (None:
+    the service is neither served nor advertised). :meth:`start` removes stale sockets and
+    listens on both; :meth:`stop`
     hands over and removes this instance's sockets. ``registered`` is set once the kubelet
     reports a successful registration (``registration_error`` holds a refusal).
     """
@@ -202,8 +257,12 @@ class PluginServers:
         instance: str = "",
         max_workers: int = 8,
         log: Callable[[str], None] | None = None,
+        health: HealthFeed | None = None,
     ) -> None:
         self.root_dir = Path(root_dir)
+        self.health = health
+        self._streams = 0  # health streams open
+        self._closing = threading.Event()  # health streams end
         self.driver = driver
         self.plugin = plugin
         self.instance = instance
@@ -263,7 +322,10 @@ class PluginServers:
                     type=PLUGIN_TYPE,
                     name=outer.driver,
                     endpoint=str(outer.dra_path),
-                    supported_versions=[DRA_SERVICE_V1],
+                    supported_versions=[
+                        DRA_SERVICE_V1,
+                        *(HEALTH_SERVICES if outer.health is not None else ()),
+                    ],
                 )
 
             def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
@@ -327,6 +389,31 @@ class PluginServers:
                     resp.claims[ref.uid].error = results.get(ref.uid, "")
                 return resp
 
+        def health_servicer(pb2: Any, pb2_grpc: Any) -> Any:
+            class DRAResourceHealth(pb2_grpc.DRAResourceHealthServicer):  # type: ignore[name-defined,unused-ignore]
+                def NodeWatchResources(self, request: Any, context: Any) -> Any:
+                    import grpc
+
+                    feed = outer.health
+                    assert feed is not None
+                    with outer._calls_lock:
+                        if outer._streams >= MAX_HEALTH_STREAMS:
+                            context.abort(
+                                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{MAX_HEALTH_STREAMS} NodeWatchResources streams are open on "
+                                f"{outer.dra_path}: close one",
+                            )
+                        outer._streams += 1
+                    try:
+                        active = lambda: context.is_active() and not outer._closing.is_set()  # noqa: E731
+                        for report, at in feed.stream(active):
+                            yield health_message(pb2, report, at)
+                    finally:
+                        with outer._calls_lock:
+                            outer._streams -= 1
+
+            return DRAResourceHealth()
+
         for path in (self.dra_path, self.registration_path):
             if len(str(path)) > MAX_SOCKET_PATH:
                 raise OSError(
@@ -338,8 +425,14 @@ class PluginServers:
                 path.unlink()  # a stale socket of an earlier run of this instance
         for path in self.remove_stale_sockets():
             self._log(f"removed stale socket {path} (no process listens on it)")
-        dra_server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers))
+        workers = self._max_workers + (MAX_HEALTH_STREAMS if self.health is not None else 0)
+        dra_server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
         dra_grpc.add_DRAPluginServicer_to_server(DRAPlugin(), dra_server)
+        if self.health is not None:
+            for pb2, pb2_grpc in health_stubs().values():
+                pb2_grpc.add_DRAResourceHealthServicer_to_server(
+                    health_servicer(pb2, pb2_grpc), dra_server
+                )
         if dra_server.add_insecure_port(f"unix://{self.dra_path}") == 0:
             raise OSError(f"cannot listen on {self.dra_path}")
         dra_server.start()
@@ -409,6 +502,7 @@ class PluginServers:
                 time.sleep(handoff)
             with self._calls_lock:
                 report.in_flight = self._calls
+            self._closing.set()  # health streams end (within a second): they never finish
             self._dra_server.stop(grace).wait()
             self._dra_server = None
             report.answered = self._answered_in_handoff

@@ -23,8 +23,12 @@
    GPUs cannot have is refused here);
 10. leftovers of interrupted writes are removed;
 11. the DRA and registration gRPC servers listen (:mod:`tessera.driver.kubelet`);
-12. background threads: rescans (health, GPUs coming and going), XID events, claim status;
-    ``/healthz`` and ``/readyz`` are served.
+12. background threads: rescans (health, GPUs coming and going), XID events and presence
+    probes, claim status; ``/healthz`` and ``/readyz`` are served.
+
+The devices' health goes to the kubelet too (:mod:`tessera.driver.resourcehealth`, KEP-4680):
+every publisher sync leaves a report in :attr:`NodeDriver.health_feed`, streamed by the DRA
+socket's ``DRAResourceHealth`` service.
 
 Prepare/unprepare are batch calls (one per kubelet request), safe to run concurrently: each
 claim is serialized on its own lock, the checkpoint is written once per batch and phase.
@@ -96,6 +100,7 @@ from .mig import MigOps
 from .prepare import Layout, write_preload
 from .publish import GpuRegistry, Publisher
 from .rescan import PublishLease, Rescanner, foreign_only, warn_publication
+from .resourcehealth import HealthFeed
 from .startup import StartupReconciler
 
 __all__ = [
@@ -150,6 +155,8 @@ class NodeDriver:
             registry=GpuRegistry(cfg.state_dir / "gpus.json"),
         )
         self.servers: PluginServers | None = None
+        #: The devices' health for the kubelet (KEP-4680), left by the publisher at each sync.
+        self.health_feed = HealthFeed()
         self.started_at = time.monotonic()
         #: This instance's name in ``<state>/publisher`` (the rolling-update id, else made up).
         self.instance_id = (
@@ -331,6 +338,8 @@ class NodeDriver:
             dynamic_mig=cfg.dynamic_mig,
             dynamic_where=DYNAMIC_MIG_OPTION,
             log=self.log,
+            health=self.health_feed,
+            health_watched=ctx.nvml is not None,
         )
         self.lease.claim()
         try:
@@ -346,7 +355,12 @@ class NodeDriver:
         """Steps 11-12: the kubelet plugin sockets, the background threads, the health endpoint."""
         cfg = self.cfg
         self.servers = PluginServers(
-            cfg.kubelet_root, cfg.driver, self, instance=cfg.instance, log=self.log
+            cfg.kubelet_root,
+            cfg.driver,
+            self,
+            instance=cfg.instance,
+            log=self.log,
+            health=self.health_feed,
         )
         try:
             self.servers.start()
@@ -360,6 +374,7 @@ class NodeDriver:
                 [r.gpu.uuid for r in self.ctx.registry.snapshot()],
                 self.rescanner.on_xid,
                 self.log,
+                on_presence=self.rescanner.on_presence,
             )
             self._xid.start()
         if self._http is not None:

@@ -34,7 +34,8 @@ from tessera.inventory.mig import DynamicMIG, dynamic_mig_models
 from tessera.inventory.model import MigDevice
 from tessera.kube.client import ApiError, KubeClient
 
-from .discovery import NodeGPU
+from .discovery import XID_MEANINGS, NodeGPU
+from .resourcehealth import HealthFeed, health_report
 
 TAINT_KEY = "gpu.tessera.dev/unhealthy"
 TAINT_EFFECT = "NoSchedule"
@@ -43,6 +44,17 @@ BACKEND_ATTRIBUTE = "enforcementBackend"
 #: GPU fields the registry does not keep (NVML discovery leaves them at their defaults).
 _NOT_SAVED = frozenset({"mig_model"})
 _GPU_FIELDS = frozenset(f.name for f in fields(GPU)) - _NOT_SAVED
+
+
+@dataclass(frozen=True)
+class Condition:
+    """Why a GPU is unhealthy: ``value``, the value of its device taint :data:`TAINT_KEY`
+    (``lost``, ``missing``, ``xid-<code>``: a label value, at most 63 characters), and
+    ``message``, the cause in words for the kubelet's health report (one line, well under the
+    1024 characters KEP-4680 allows)."""
+
+    value: str
+    message: str
 
 
 @dataclass
@@ -60,17 +72,45 @@ class GpuRecord:
     ok_since: float = field(default_factory=time.time)
     nvlink: tuple[str, ...] = ()
 
-    def taint_value(self, now: float, xid_recovery: float) -> str | None:
-        """The taint value this GPU should carry now, or ``None`` when healthy."""
+    def condition(self, now: float, xid_recovery: float) -> Condition | None:
+        """Why this GPU is unhealthy at ``now`` (``time.time()`` seconds), or ``None`` when it
+        is healthy: the node's one health judgement. Both the device taint of the published
+        slices (:func:`desired_slices`) and the health reported to the kubelet
+        (:func:`tessera.driver.resourcehealth.health_report`, KEP-4680) come from it.
+
+        Unhealthy while NVML reports the GPU lost or no longer lists it, and for
+        ``xid_recovery`` seconds after its last critical XID (counted from when it answered
+        again, if it was lost meanwhile)."""
+        if self.health == "lost":
+            return Condition(
+                "lost",
+                f"GPU {self.gpu.uuid} is lost: NVML answers GPU_IS_LOST (it fell off the bus, "
+                "XID 79); healthy again once NVML answers for it",
+            )
         if self.health != "ok":
-            return self.health
+            return Condition(
+                self.health,
+                f"GPU {self.gpu.uuid} vanished: NVML no longer lists it ({self.health}); "
+                "healthy again once NVML lists it",
+            )
         if (
             self.xid is not None
             and self.xid_at is not None
             and now - max(self.xid_at, self.ok_since) < xid_recovery
         ):
-            return f"xid-{self.xid}"
+            at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.xid_at))
+            return Condition(
+                f"xid-{self.xid}",
+                f"GPU {self.gpu.uuid}: XID {self.xid} ({XID_MEANINGS.get(self.xid, 'critical XID')}) "
+                f"at {at}; healthy again after {xid_recovery:g} s without a new critical XID",
+            )
         return None
+
+    def taint_value(self, now: float, xid_recovery: float) -> str | None:
+        """The taint value this GPU should carry now (:meth:`condition`'s ``value``), or
+        ``None`` when healthy."""
+        c = self.condition(now, xid_recovery)
+        return c.value if c is not None else None
 
 
 class GpuRegistry:
@@ -275,8 +315,11 @@ def _comparable(spec: Mapping[str, Any]) -> Any:
 class Publisher:
     """Keeps this node's ResourceSlices equal to the registry's GPUs.
 
-    ``client``: API client; ``node``/``driver``: names; ``on_publish(seconds)`` is called after
-    each write with the time it took. :meth:`sync` is safe to call from several threads.
+    ``client``: API client; ``node``/``driver``: names. ``health``: where every sync leaves
+    the devices' health for the kubelet (:func:`~tessera.driver.resourcehealth.health_report`
+    of the slices it built, at the same instant: KEP-4680), ``health_watched`` whether NVML
+    watches the GPUs (False: healthy-looking devices are reported Unknown). :meth:`sync` is
+    safe to call from several threads.
     """
 
     def __init__(
@@ -291,8 +334,12 @@ class Publisher:
         dynamic_mig: DynamicMIG | None = None,
         dynamic_where: str | None = None,
         log: Callable[[str], None] | None = None,
+        health: HealthFeed | None = None,
+        health_watched: bool = True,
     ) -> None:
         self.client = client
+        self.health = health
+        self.health_watched = health_watched
         self.node = node
         self.driver = driver
         self.registry = registry
@@ -321,45 +368,49 @@ class Publisher:
     def sync(self, now: float | None = None) -> bool:
         """Publish if what should be published differs from what is; return True if it wrote.
 
+        The health report (``health``) is left first, before any API call, so the kubelet
+        hears of a fault even while the API server is unreachable.
+
         Raises :class:`ApiError` when the API server refuses (the message names the field),
         :class:`~tessera.inventory.errors.SliceBuildError` when the GPUs do not fit the
-        dynamic-MIG setting (nothing is written then).
+        dynamic-MIG setting (nothing is written or reported then).
         """
         now = time.time() if now is None else now
         with self._lock:
+            records = self.registry.snapshot()
+            want = desired_slices(
+                self.node,
+                self.driver,
+                records,
+                self.backend,
+                0,
+                now,
+                self.xid_recovery,
+                self.dynamic_mig,
+                self.dynamic_where,
+            )
+            if self.health is not None:
+                self.health.publish(
+                    health_report(
+                        want, records, now, self.xid_recovery, watched=self.health_watched
+                    ),
+                    now,
+                )
             existing = self._ours()
             current_gen = max(
                 (int(s["spec"]["pool"].get("generation", 0)) for s in existing), default=0
             )
-            want = desired_slices(
-                self.node,
-                self.driver,
-                self.registry.snapshot(),
-                self.backend,
-                current_gen,
-                now,
-                self.xid_recovery,
-                self.dynamic_mig,
-                self.dynamic_where,
-            )
             have = {s["metadata"]["name"]: _comparable(s["spec"]) for s in existing}
             wanted = {s["metadata"]["name"]: _comparable(s["spec"]) for s in want}
             if have == wanted:
+                for s in want:
+                    s["spec"]["pool"]["generation"] = current_gen
                 self.generation = current_gen
                 self.published = want
                 return False
             gen = current_gen + 1
-            want = desired_slices(
-                self.node,
-                self.driver,
-                self.registry.snapshot(),
-                self.backend,
-                gen,
-                now,
-                self.xid_recovery,
-                self.dynamic_mig,
-                self.dynamic_where,
-            )
+            for s in want:
+                s["spec"]["pool"]["generation"] = gen
             for s in want:
                 self.client.apply(s, field_manager=FIELD_MANAGER)
             names = {s["metadata"]["name"] for s in want}
@@ -372,11 +423,7 @@ class Publisher:
                         self._log(f"deleting stale ResourceSlice {name}: {e}")
             self.generation = gen
             self.published = want
-            tainted = sorted(
-                r.gpu.uuid
-                for r in self.registry.snapshot()
-                if r.taint_value(now, self.xid_recovery)
-            )
+            tainted = sorted(r.gpu.uuid for r in records if r.taint_value(now, self.xid_recovery))
             self._log(
                 f"published {len(want)} ResourceSlice(s), generation {gen}"
                 + (f", tainted: {', '.join(tainted)}" if tainted else "")

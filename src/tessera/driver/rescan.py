@@ -111,6 +111,15 @@ class Rescanner:
             self.ctx.log(f"GPU {uuid}: XID {xid}")
             self._wake.set()
 
+    def on_presence(self, absent: dict[str, str]) -> None:
+        """The GPUs that do not answer NVML changed (``{uuid: lost|missing}``, from the XID
+        watcher's probes): a rescan woken, which records and publishes it."""
+        self.ctx.log(
+            "GPUs not answering NVML: "
+            + (", ".join(f"{u} ({h})" for u, h in sorted(absent.items())) or "none")
+        )
+        self._wake.set()
+
     def rescan(self) -> None:
         """One discovery + health pass, then publish if anything changed."""
         ctx = self.ctx
@@ -191,8 +200,12 @@ class Rescanner:
             if self._stop.is_set():
                 return
             try:
-                if not self.lease.publishes():
-                    continue
+                publishing = self.lease.publishes()
             except OSError as e:
                 ctx.log(f"{self.lease.path}: {e.strerror or e}; rescanning anyway")
-            self.rescan()
+                publishing = True
+            if ctx.publisher.health is not None:
+                # Only the instance that judges the GPUs tells the kubelet about them.
+                ctx.publisher.health.silence(not publishing)
+            if publishing:
+                self.rescan()
