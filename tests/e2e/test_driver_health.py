@@ -16,9 +16,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 
-from tessera.driver.kubelet import HEALTH_SERVICES
+from tessera.driver.kubelet import HEALTH_SERVICES, MAX_HEALTH_STREAMS
 from tessera.driver.publish import TAINT_KEY
 from tessera.driver.resourcehealth import TIMEOUT_SECONDS
 from tessera.kube.workloads import wait_for
@@ -166,14 +167,35 @@ def test_health_streams_end_when_the_driver_stops(
     env, d = running_driver
     kubelet = env.kubelet()
     try:
-        watch = kubelet.watch_health()
-        watch.wait(lambda m: True, WITHIN, "a first message")
+        watches = [kubelet.watch_health() for _ in range(MAX_HEALTH_STREAMS)]
+        for w in watches:
+            w.wait(lambda m: True, WITHIN, "a first message")
+        # One stream more than the driver serves is refused, naming the socket; it holds a
+        # server thread each, and prepare calls must keep theirs.
+        extra = kubelet.watch_health()
+        assert extra.ended.wait(WITHIN)
+        assert extra.error is not None and extra.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert str(env.kubelet().dra_socket) in extra.error.details()
+        for _ in range(10):  # more calls than the 8 prepare threads, one after the other
+            assert len(kubelet.prepare([], timeout=10).claims) == 0
+        watches.pop().close()
+        deadline = time.monotonic() + WITHIN
+        while True:  # the closed stream's thread is given back once the server sees the cancel
+            watch = kubelet.watch_health()
+            try:
+                watch.wait(lambda m: True, 2, "a message on a stream opened after one closed")
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+        watches.append(watch)
         d.stop()
         # The open stream did not hold the stop for its grace period (30 s): it ended.
         m = re.search(r"stopped in ([0-9.]+) s", d.output)
         assert m, d.output
         assert float(m.group(1)) < 10, d.output
-        assert watch.ended.wait(5), "the health stream is still open after the driver stopped"
-        assert watch.error is None, watch.error  # ended cleanly (EOF), not broken
+        for w in watches:
+            assert w.ended.wait(5), "a health stream is still open after the driver stopped"
+            assert w.error is None, w.error  # ended cleanly (EOF), not broken
     finally:
         kubelet.close()
