@@ -32,7 +32,7 @@ from tessera.localcluster.localinstall import PROBE_SOURCE
 
 from .conftest import LiveNode
 from .driverkit import *  # noqa: F403 (fixtures)
-from .driverkit import GIB, H100, node_slices, nvml_config
+from .driverkit import GIB, H100, node_slices, nvml_config, write_atomically
 
 #: the driver's default context-overhead, charged to each CUDA context of a share
 CTX = DEFAULT_CONTEXT_OVERHEAD
@@ -484,3 +484,68 @@ def test_a_shared_claims_pods_draw_on_one_budget(
     checkpoint = json.loads((drv.state / "checkpoint.json").read_text())
     assert checkpoint["claims"] == {}
     assert sorted(p.name for p in node.cdi_spec_dir.iterdir() if p.name.startswith(DRIVER)) == []
+
+
+def _resource_status(node: LiveNode, pod: str, ns: str) -> list[dict[str, Any]]:
+    """``status.containerStatuses[main].allocatedResourcesStatus`` of the pod (KEP-4680)."""
+    p = node.client.get("v1", "Pod", pod, ns)
+    for c in (p.get("status") or {}).get("containerStatuses") or []:
+        if c.get("name") == "main":
+            return list(c.get("allocatedResourcesStatus") or [])
+    return []
+
+
+def test_an_xid_on_a_pods_gpu_shows_in_its_allocated_resources_status(
+    kube_node: LiveNode, node_driver: NodeDriverProcess, probe_image: str, node_namespace: str
+) -> None:
+    """The kubelet v1.37.2 (ResourceHealthStatus on by default since 1.36) reads the driver's
+    DRAResourceHealth stream; a fake NVML XID on the pod's GPU makes the pod's status say the
+    device is unhealthy, with the driver's message. Last in the module: the GPU stays tainted
+    for the XID recovery time (60 s)."""
+    node, drv, ns = kube_node, node_driver, node_namespace
+    apply_objects(
+        node.client,
+        [
+            template("health-4g", ns, "4Gi", 10),
+            probe_pod("health", ns, probe_image, drv, node.name, [1 << 20], template="health-4g"),
+        ],
+    )
+    wait_log(node, "health", ns, "--- done")
+    uuid, claim = allocated_uuid(node, "health", ns, drv)
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+
+    def health(want: str) -> list[dict[str, Any]] | None:
+        st = _resource_status(node, "health", ns)
+        found = [r for s in st if s["name"] == "claim:gpu" for r in s.get("resources") or []]
+        return st if found and all(r.get("health") == want for r in found) else None
+
+    before = wait_for(
+        lambda: health("Healthy"),
+        timeout=60,
+        what="the pod's allocatedResourcesStatus to show its device Healthy",
+        last=lambda: json.dumps(_resource_status(node, "health", ns)),
+    )
+    [entry] = [s for s in before if s["name"] == "claim:gpu"]
+    assert len(entry["resources"]) == 1
+    try:
+        write_atomically(drv.nvml_cfg, nvml_config(drv.gpus, xids=[(1, uuid, 48)]))
+        after = wait_for(
+            lambda: health("Unhealthy"),
+            timeout=60,
+            what="the pod's allocatedResourcesStatus to show its device Unhealthy after XID 48",
+            last=lambda: json.dumps(_resource_status(node, "health", ns)),
+        )
+        [entry] = [s for s in after if s["name"] == "claim:gpu"]
+        [res] = entry["resources"]
+        assert f"GPU {uuid}: XID 48 (double-bit ECC error)" in res.get("message", ""), res
+        # The same judgement tainted the device in the published slice.
+        [dev] = [
+            d
+            for s in node_slices(node.client, node.name)
+            for d in s["spec"].get("devices") or []
+            if d["name"] == result["device"]
+        ]
+        assert [t["value"] for t in dev.get("taints") or []] == ["xid-48"]
+    finally:
+        write_atomically(drv.nvml_cfg, nvml_config(drv.gpus))
+        delete_pod(node.client, "health", ns, wait=60)
