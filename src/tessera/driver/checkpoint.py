@@ -369,9 +369,17 @@ class Checkpoint:
         return claims, encoded
 
     def _refresh(self) -> None:
-        """Load the file again if another process wrote it (call with ``_lock`` held). A write
-        of this process in progress sets its merged result when it ends."""
+        """Load the file again if another process wrote it (call with ``_lock`` held).
+
+        While a write of this process is in progress, a changed file is most likely that
+        write's own rename (its fsync is already done then): instead of reading and decoding
+        the whole file again, wait for the write to end, since it sets its merged result (which
+        also holds any other process's write made before it took the file lock), then look
+        again."""
         key = self._disk_key()
+        while key != self._key and self._writing:
+            self._cond.wait()
+            key = self._disk_key()
         if key == self._key:
             return
         loaded = self._read()
