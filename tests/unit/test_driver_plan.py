@@ -540,6 +540,51 @@ def test_checkpoint_group_commit_applies_every_concurrent_update(tmp_path: Path)
     assert 1 <= len(writes) <= 50
 
 
+def test_a_reader_during_this_process_write_waits_for_it_instead_of_reading_the_file(
+    tmp_path: Path,
+) -> None:
+    """A get() that finds the file replaced by this process's own write in progress (renamed,
+    its result not yet taken in) waits for that write instead of reading and decoding the whole
+    file again (it did, with every concurrent prepare: a quarter of their time at 100 claims)."""
+    import threading
+    import time
+
+    import tessera.driver.checkpoint as mod
+
+    path = tmp_path / "checkpoint.json"
+    cp = Checkpoint(path)
+    cp.update(put={"a": ClaimEntry.prepared(tiny_plan("a"))})
+    renamed = threading.Event()
+    real_write, real_read = mod.write_atomic, Checkpoint._read
+    reads: list[int] = []
+
+    def slow_after_rename(*a: Any, **kw: Any) -> None:
+        real_write(*a, **kw)
+        renamed.set()
+        time.sleep(0.2)  # the file is new, the write not finished
+
+    def counted_read(self: Checkpoint) -> Any:
+        reads.append(1)
+        return real_read(self)
+
+    mod.write_atomic = slow_after_rename  # type: ignore[assignment]
+    Checkpoint._read = counted_read  # type: ignore[method-assign]
+    try:
+        writer = threading.Thread(
+            target=cp.update, kwargs={"put": {"b": ClaimEntry.prepared(tiny_plan("b"))}}
+        )
+        writer.start()
+        assert renamed.wait(10)
+        got = cp.get("b")  # during the write: answered from its result
+        writer.join()
+    finally:
+        mod.write_atomic = real_write  # type: ignore[assignment]
+        Checkpoint._read = real_read  # type: ignore[method-assign]
+    assert got == ClaimEntry.prepared(tiny_plan("b"))
+    assert reads == []
+    assert sorted(json.loads(path.read_text())["claims"]) == ["a", "b"]
+
+
 def _config(policy: Any, requests: list[str] | None = None, **extra: Any) -> dict[str, Any]:
     c: dict[str, Any] = {
         "source": "FromClaim",
@@ -628,6 +673,23 @@ def test_the_node_shares_files_sum_the_prepared_guarantees(
     uuid = devices["gpu-1"].record.gpu.uuid
     text = (layout.shares_dir / uuid).read_text()
     assert text == "version 1\nguaranteed 50\nbest-effort 1\n"
+    other = plan_claim(
+        claim(share("gpu-2", "4Gi", "10"), uid="u4"),
+        ClaimRef("ns", "c", "u4"),
+        NODE,
+        devices,
+        LIBRARY,
+        layout,
+    )
+    inode = (layout.shares_dir / uuid).stat().st_ino
+    write_node_shares(layout, [*plans, other])  # gpu-1's file holds its text: left as it is
+    assert (layout.shares_dir / uuid).stat().st_ino == inode
+    uuid2 = devices["gpu-2"].record.gpu.uuid
+    assert (layout.shares_dir / uuid2).read_text() == "version 1\nguaranteed 10\nbest-effort 0\n"
+    write_node_shares(layout, plans[:2])  # u3 (best-effort) unprepared: gpu-1's file changes
+    assert (layout.shares_dir / uuid).read_text() == "version 1\nguaranteed 50\nbest-effort 0\n"
+    assert not (layout.shares_dir / uuid2).exists()
+    assert oct((layout.shares_dir / uuid).stat().st_mode & 0o777) == "0o444"
     write_node_shares(layout, plans[:0])  # every claim unprepared: the file goes
     assert not (layout.shares_dir / uuid).exists()
 

@@ -95,6 +95,9 @@ class ClaimPreparer:
         self.status = status
         self._devices_cache: tuple[object, int, dict[str, NodeDevice]] | None = None
         self._minors_cache: tuple[float, dict[str, int]] | None = None
+        #: Held while the shares files are written: each writer reads the checkpoint after
+        #: taking it, so the last one writes what the last committed change left.
+        self._shares_lock = threading.Lock()
 
     def read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         """GET the ResourceClaim (the kubelet only sends namespace, name, uid); the time it
@@ -358,12 +361,13 @@ class ClaimPreparer:
         """The node's per-GPU shares files, from every prepared claim in the checkpoint (what
         best-effort tenants are held to); a failure is logged, pacing then keeps the last."""
         layout = self.ctx.layout
-        plans = [
-            e.plan
-            for e in self.ctx.store.entries().values()
-            if e.state == ClaimState.PREPARED and e.plan
-        ]
-        try:
-            write_node_shares(layout, plans)
-        except (OSError, ValueError) as e:
-            self.ctx.log(f"warning: writing the GPU shares files in {layout.shares_dir}: {e}")
+        with self._shares_lock:
+            plans = [
+                e.plan
+                for e in self.ctx.store.entries().values()
+                if e.state == ClaimState.PREPARED and e.plan
+            ]
+            try:
+                write_node_shares(layout, plans)
+            except (OSError, ValueError) as e:
+                self.ctx.log(f"warning: writing the GPU shares files in {layout.shares_dir}: {e}")

@@ -36,6 +36,7 @@ UUIDs it sees (MIG UUIDs for MIG devices) in result order.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -665,7 +666,7 @@ def check_library_reads(plan: ClaimPlan, layout: Layout) -> None:
         ) from e
     except LibraryError as e:
         raise ClaimError(f"{what}: {e}") from e
-    limits = parse_limits(plan.limits_text)
+    limits = _parsed_limits(plan.limits_text)
     need = required_version(limits)
     if need in formats.limits:
         return
@@ -844,6 +845,13 @@ def cdi_bytes(spec: Mapping[str, Any]) -> bytes:
     return (json.dumps(spec, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
+def _directory(path: Path, mode: int = 0o777) -> None:
+    """Make directory ``path`` (and its parents) unless it exists: one ``stat`` when it does.
+    Raises ``OSError``."""
+    if not os.path.isdir(path):
+        path.mkdir(mode=mode, parents=True, exist_ok=True)
+
+
 def materialize(plan: ClaimPlan, layout: Layout) -> bool:
     """Write the plan's files that are missing or differ: usage region (kept when a valid one
     exists: processes may already use it), limits file (0444, the recorded text), CDI spec
@@ -857,11 +865,11 @@ def materialize(plan: ClaimPlan, layout: Layout) -> bool:
         data = plan.limits_text.encode("ascii")
         # The recorded text is written as it is (the version it was written in: a container of
         # the claim may have read it already), once the readers' parser accepts it.
-        parse_limits(data)
-        layout.shares_dir.mkdir(parents=True, exist_ok=True)  # mounted by the CDI spec
+        _parsed_limits(plan.limits_text)
+        _directory(layout.shares_dir)  # mounted by the CDI spec
         cdir = layout.claim_dir(plan.ref.uid)
-        cdir.mkdir(parents=True, exist_ok=True)
-        (cdir / DRIVER_DIR).mkdir(mode=0o755, exist_ok=True)
+        _directory(cdir)
+        _directory(cdir / DRIVER_DIR, 0o755)
         region = cdir / REGION_FILE
         if not _region_ok(region):
             create_region(str(region), list(plan.region_gpus), sync=False)
@@ -870,7 +878,7 @@ def materialize(plan: ClaimPlan, layout: Layout) -> bool:
         if not (limits.is_file() and limits.read_bytes() == data):
             write_atomic(str(limits), data, 0o444, ".limits.", sync=False)
             wrote = True
-    layout.cdi_dir.mkdir(parents=True, exist_ok=True)
+    _directory(layout.cdi_dir)
     spec = cdi_bytes(plan.cdi_spec)
     path = layout.cdi_path(plan.ref.uid)
     if not (path.is_file() and path.read_bytes() == spec):
@@ -886,9 +894,17 @@ def write_node_shares(layout: Layout, plans: Iterable[ClaimPlan]) -> None:
     Raises ``OSError``, and ``ValueError`` when a GPU's claims guarantee more than 100 cores."""
     write_shares(
         str(layout.shares_dir),
-        gpu_shares(parse_limits(p.limits_text).gpus for p in plans if p.limits_text),
+        gpu_shares(_parsed_limits(p.limits_text).gpus for p in plans if p.limits_text),
         sync=False,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_limits(limits_text: str) -> Limits:
+    """A plan's limits text parsed (once per text: every prepare checks its own and sums the
+    shares of every prepared claim; :class:`Limits` is frozen, so one value serves all).
+    Raises ``LimitsError``."""
+    return parse_limits(limits_text)
 
 
 def remove_files(uid: str, layout: Layout) -> None:

@@ -18,6 +18,7 @@ section 5).
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -62,14 +63,35 @@ def format_shares(s: GpuShares) -> str:
     return f"version 1\nguaranteed {s.guaranteed}\nbest-effort {s.best_effort}\n"
 
 
+MODE = 0o444
+
+
+def _has(path: str, data: bytes) -> bool:
+    """Whether ``path`` is a regular file of mode :data:`MODE` holding exactly ``data``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) != MODE:
+            return False
+        return st.st_size == len(data) and os.read(fd, len(data) + 1) == data
+    finally:
+        os.close(fd)
+
+
 def write_shares(directory: str, shares: dict[str, GpuShares], *, sync: bool = True) -> None:
     """Write one file per GPU of ``shares`` into ``directory`` (created 0755) and remove the
-    files of GPUs no longer listed. Raises ``OSError`` for I/O."""
+    files of GPUs no longer listed. A file that already holds its text (mode 0444) is left as
+    it is: one prepare changes one GPU's file, not every file of the node. Raises ``OSError``
+    for I/O."""
     os.makedirs(directory, mode=0o755, exist_ok=True)
     for uuid, s in shares.items():
-        write_atomic(
-            os.path.join(directory, uuid), format_shares(s).encode(), 0o444, ".shares.", sync=sync
-        )
+        path = os.path.join(directory, uuid)
+        data = format_shares(s).encode()
+        if not _has(path, data):
+            write_atomic(path, data, MODE, ".shares.", sync=sync)
     for name in os.listdir(directory):
         if normalise_uuid(name) and name not in shares:
             os.unlink(os.path.join(directory, name))
