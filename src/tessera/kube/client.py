@@ -108,8 +108,16 @@ class KubeClient:
     that signed the server certificate; ``cert_file``/``key_file`` the client certificate;
     ``token`` a bearer token, or ``token_file`` a file holding one (re-read before every
     request, as projected ServiceAccount tokens are rotated).
-    Thread-safe: each request opens its own connection. ``timeout`` is per request, seconds.
+    Thread-safe. A GET or HEAD reuses an idle kept-alive connection of an earlier request
+    (at most :attr:`MAX_IDLE` are kept) and, when that connection turns out closed by the
+    server, is sent once more on a new one; every other verb opens its own connection, so a
+    write is never sent twice. ``timeout`` is per request, seconds.
     """
+
+    #: Idle connections kept for reuse (one TLS handshake saved per GET).
+    MAX_IDLE = 16
+    #: The verbs sent on a kept connection (replayable: sending one twice changes nothing).
+    REUSE_VERBS = frozenset({"GET", "HEAD"})
 
     def __init__(
         self,
@@ -147,6 +155,9 @@ class KubeClient:
         self._token_file = token_file
         self._discovery: dict[str, dict[str, Resource]] = {}
         self._lock = threading.Lock()
+        self._idle: list[http.client.HTTPSConnection] = []
+        self._idle_lock = threading.Lock()
+        self._idle_pid = os.getpid()
 
     # ---- construction -----------------------------------------------------------------
     @classmethod
@@ -266,18 +277,26 @@ class KubeClient:
             headers["Authorization"] = f"Bearer {token}"
         if data is not None:
             headers["Content-Type"] = content_type
-        conn = http.client.HTTPSConnection(
-            self._host, self._port, context=self._ssl, timeout=timeout or self.timeout
-        )
-        try:
+        seconds = timeout or self.timeout
+        conn = self._kept(seconds) if verb in self.REUSE_VERBS else None
+        while True:
+            reused = conn is not None
+            if conn is None:
+                conn = http.client.HTTPSConnection(
+                    self._host, self._port, context=self._ssl, timeout=seconds
+                )
             try:
                 conn.request(verb, url, body=data, headers=headers)
                 resp = conn.getresponse()
                 raw = resp.read()
             except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                conn = None
+                if reused:
+                    continue  # closed by the server while idle: once more, on a new connection
                 raise ApiError(verb, what or path, 0, "Unreachable", f"{self.server}: {e}") from e
-        finally:
-            conn.close()
+            self._keep(conn, resp)
+            break
         text = raw.decode(errors="replace")
         try:
             payload: Any = json.loads(text) if text else None
@@ -294,6 +313,36 @@ class KubeClient:
                 )
             raise ApiError(verb, what or path, resp.status, resp.reason, text.strip()[:2000])
         return payload
+
+    def _kept(self, timeout: float) -> http.client.HTTPSConnection | None:
+        """An idle kept connection (its timeout set to ``timeout`` seconds), or None."""
+        with self._idle_lock:
+            if self._idle_pid != os.getpid():  # a forked child: the parent's TLS state is not its
+                self._idle, self._idle_pid = [], os.getpid()
+            conn = self._idle.pop() if self._idle else None
+        if conn is not None:
+            conn.timeout = timeout
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout)
+        return conn
+
+    def _keep(self, conn: http.client.HTTPSConnection, resp: http.client.HTTPResponse) -> None:
+        """Keep ``conn`` for a later GET when the server left it open, else close it."""
+        if resp.will_close or conn.sock is None:
+            conn.close()
+            return
+        with self._idle_lock:
+            if len(self._idle) < self.MAX_IDLE and self._idle_pid == os.getpid():
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        """Close the kept idle connections (the client stays usable)."""
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     def _bearer_token(self) -> str | None:
         if self._token_file is not None:
