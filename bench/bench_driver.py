@@ -7,7 +7,8 @@ a fixed seed (4Gi/10 .. 40Gi/50, memory / cores). Three measurements:
 
 1. **Prepare latency** (driver in this process, so its own clock is read): all claims are
    prepared concurrently, one gRPC NodePrepareResources call per claim from ``--claims``
-   threads over the real unix socket. Reported per claim: the driver-side time (plan, checkpoint,
+   threads over one channel on the real unix socket (as the kubelet: one connection per
+   plugin). Reported per claim: the driver-side time (plan, checkpoint,
    limits file, region, CDI spec; it excludes the API read), the API read (GET ResourceClaim)
    and the whole call as the kubelet sees it. Then all are unprepared the same way.
 2. **RSS** of a ``tessera driver`` process after it prepared all claims (``VmRSS`` and
@@ -147,17 +148,19 @@ def make_claims(client: KubeClient, node: str, n: int, seed: int) -> list[tuple[
 
 
 def concurrently(sock: Path, refs: list[tuple[str, str, str]], unprepare: bool) -> list[float]:
+    """One call per claim, all at once from ``len(refs)`` threads over one channel (the
+    kubelet holds one gRPC connection per plugin); seconds per call as the caller sees it."""
     _, _, pb2, pb2_grpc = stubs()
     lat: list[float] = [0.0] * len(refs)
     errors: list[str] = []
     barrier = threading.Barrier(len(refs))
+    with grpc.insecure_channel(f"unix://{sock}") as ch:
+        grpc.channel_ready_future(ch).result(timeout=30)
+        stub = pb2_grpc.DRAPluginStub(ch)
 
-    def one(i: int) -> None:
-        ns, name, uid = refs[i]
-        with grpc.insecure_channel(f"unix://{sock}") as ch:
-            stub = pb2_grpc.DRAPluginStub(ch)
+        def one(i: int) -> None:
+            ns, name, uid = refs[i]
             claim = [pb2.Claim(namespace=ns, name=name, uid=uid)]
-            grpc.channel_ready_future(ch).result(timeout=30)
             barrier.wait()
             t0 = time.perf_counter()
             if unprepare:
@@ -172,11 +175,11 @@ def concurrently(sock: Path, refs: list[tuple[str, str, str]], unprepare: bool) 
             if r.claims[uid].error:
                 errors.append(r.claims[uid].error)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(refs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(refs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     if errors:
         raise SystemExit(f"{len(errors)} claims failed: {errors[0]}")
     return lat
