@@ -10,7 +10,8 @@ a fixed seed (4Gi/10 .. 40Gi/50, memory / cores). Three measurements:
    threads over one channel on the real unix socket (as the kubelet: one connection per
    plugin). Reported per claim: the driver-side time (plan, checkpoint,
    limits file, region, CDI spec; it excludes the API read), the API read (GET ResourceClaim)
-   and the whole call as the kubelet sees it. Then all are unprepared the same way.
+   and the whole call as the kubelet sees it. Then all are unprepared the same way, and
+   ``--alone`` claims are prepared one at a time (what a pod started alone pays).
 2. **RSS** of a ``tessera driver`` process after it prepared all claims (``VmRSS`` and
    ``VmHWM`` from ``/proc``).
 3. **Time to slices**: from spawning ``tessera driver`` to its ResourceSlice being readable in
@@ -215,6 +216,12 @@ def main() -> None:
     ap.add_argument("--claims", type=int, default=100)
     ap.add_argument("--starts", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--alone",
+        type=int,
+        default=20,
+        help="then prepare this many claims one at a time (a pod started alone)",
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument(
         "--state-on",
@@ -271,6 +278,15 @@ def main() -> None:
         out["prepare_call_ms"] = ms(call)
         out["prepare_wall_s"] = round(max(call), 3)
         out["unprepare_call_ms"] = ms(concurrently(sock, refs, unprepare=True))
+        # A pod started alone: its claim prepared with no other call in flight.
+        alone = refs[: args.alone]
+        n0, a0 = len(d.stats.prepare), len(d.stats.api_read)
+        call = [concurrently(sock, [r], unprepare=False)[0] for r in alone]
+        out["alone_claims"] = len(alone)
+        out["alone_driver_ms"] = ms(d.stats.prepare[n0:])
+        out["alone_api_read_ms"] = ms(d.stats.api_read[a0:])
+        out["alone_call_ms"] = ms(call)
+        concurrently(sock, alone, unprepare=True)
         d.stop()
         shutil.rmtree(root)
         shutil.rmtree(state_dir, ignore_errors=True)
