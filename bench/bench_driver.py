@@ -251,7 +251,9 @@ def main() -> None:
         os.environ["FAKE_NVML_CONFIG"] = str(cfg_file)
         state_dir = Path(tempfile.mkdtemp(dir=args.state_on)) if args.state_on else root / "state"
         out["state_dir_fs"] = subprocess.run(
-            ["stat", "-f", "-c", "%T", str(state_dir)], capture_output=True, text=True
+            ["stat", "-f", "-c", "%T", str(state_dir if state_dir.exists() else root)],
+            capture_output=True,
+            text=True,
         ).stdout.strip()
         d = NodeDriver(
             DriverConfig(
