@@ -110,7 +110,7 @@ class KubeClient:
     request, as projected ServiceAccount tokens are rotated).
     Thread-safe. A GET or HEAD reuses an idle kept-alive connection of an earlier request
     (at most :attr:`MAX_IDLE` are kept) and, when that connection turns out closed by the
-    server, is sent once more on a new one; every other verb opens its own connection, so a
+    server (any failure but a timeout), is sent once more on a new one; every other verb opens its own connection, so a
     write is never sent twice. ``timeout`` is per request, seconds.
     """
 
@@ -292,7 +292,7 @@ class KubeClient:
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
                 conn = None
-                if reused:
+                if reused and not isinstance(e, TimeoutError):
                     continue  # closed by the server while idle: once more, on a new connection
                 raise ApiError(verb, what or path, 0, "Unreachable", f"{self.server}: {e}") from e
             self._keep(conn, resp)
