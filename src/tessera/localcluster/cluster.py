@@ -931,12 +931,90 @@ class Cluster:
             "binary": argv[0],
             "log": str(self.log_dir / f"{name}.log"),
             "health": health,
+            # what restart_component needs to start it again in place
+            "argv": list(argv),
+            "env": dict(env or {}),
+            "dieWithParent": die_with_parent,
         }
         self._write_state(state)
         if name in NODE_COMPONENTS:
             realnode.record_process(self.state_dir, name, pid)
         self._wait_healthy(name, pid, health, timeout)
         return pid
+
+    # ---- one component again (fault tests) --------------------------------------------
+    def _component(self, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        st = self._read_state()
+        comp = ((st or {}).get("components") or {}).get(name)
+        if st is None or comp is None:
+            raise ClusterError(
+                f"{self.state_file}: no component {name!r} recorded (known: "
+                f"{', '.join((st or {}).get('components') or {}) or 'none'}); start the cluster "
+                "with `tessera cluster up` (--kubelet for the node's components)"
+            )
+        if "argv" not in comp:
+            raise ClusterError(
+                f"{self.state_file}: components.{name} has no argv (started by an older "
+                "tessera): restart the whole cluster with `tessera cluster down` and `up`"
+            )
+        return st, comp
+
+    def stop_component(self, name: str, *, kill: bool = False) -> None:
+        """Stop one running component (a name of ``COMPONENTS`` or ``NODE_COMPONENTS``) and
+        leave everything else as it is: its state (etcd's data, the kubelet's root dir and
+        checkpoints) and, for the kubelet, the pods' containers, which run under containerd's
+        shims, not under the kubelet. ``kill``: SIGKILL at once (a crash, or a power loss),
+        else SIGTERM and SIGKILL after 10 s. Start it again with :meth:`start_component`.
+        Raises :class:`ClusterError` when the component was never started from this state
+        dir (or by a tessera that did not record its command line)."""
+        _, comp = self._component(name)
+        pid = int(comp["pid"])
+        if kill:
+            if pid_alive(pid, comp.get("binary")):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 10
+                while (pid_alive(pid) or _group_alive(pid)) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        else:
+            _stop_group(pid, comp.get("binary"))
+        _CHILDREN.pop(pid, None)
+
+    def start_component(self, name: str, *, timeout: float = 120.0) -> int:
+        """Start a stopped component again with the command line, environment and parent-death
+        setting it was first started with (``state.json``), wait until its health endpoint
+        answers (for the kubelet, also until its Node is Ready again), and return its new pid.
+        A component still running is stopped first (SIGTERM): this is then a restart in place.
+        Raises :class:`ClusterError` as :meth:`up` does for a component that exits or is not
+        healthy within ``timeout`` seconds (its log's last lines)."""
+        st, comp = self._component(name)
+        if pid_alive(int(comp["pid"]), comp.get("binary")):
+            self.stop_component(name)
+        pid = self._start_component(
+            st,
+            name,
+            comp["argv"],
+            comp["health"],
+            timeout,
+            bool(comp.get("dieWithParent")),
+            comp.get("env") or None,
+        )
+        if name == "kubelet":
+            node = self.node
+            if node is not None:
+                self._wait_node_ready(node.name, timeout)
+        return pid
+
+    def restart_component(self, name: str, *, timeout: float = 120.0, kill: bool = False) -> int:
+        """Restart one component in place, as a crash-and-restart or a systemd restart of it
+        would: :meth:`stop_component` (``kill``: SIGKILL, else SIGTERM) and
+        :meth:`start_component` with the same flags and state. ``kube-apiserver``: etcd keeps
+        every object, clients see refused connections until it serves again (same port and
+        certificates); ``kubelet``: the pods keep running and the new kubelet takes them over
+        from its root dir and its DRA checkpoint (``dra_manager_state``), calling
+        NodePrepareResources again for their claims. Returns the new pid."""
+        self.stop_component(name, kill=kill)
+        return self.start_component(name, timeout=timeout)
 
     def _start_node(
         self,
