@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test lint venv clean native native-test kube helm go-tools image protos node-deps prometheus fuzz schemas demo demo-down
+.PHONY: simulate test lint venv clean native native-test kube helm go-tools image protos node-deps prometheus fuzz chaos schemas demo demo-down
 
 # The enforcement library (C) is built first and copied into the package
 # (src/tessera/enforcement/lib/), so it is installed with it.
@@ -100,6 +100,12 @@ test: $(STAMP) native protos go-tools node-deps prometheus
 # The fuzz campaign at ten times the CI size (tests/fuzz: 2,000 mutants of every input kind).
 fuzz: $(STAMP)
 	TESSERA_FUZZ_MUTANTS=$${TESSERA_FUZZ_MUTANTS:-2000} $(BIN)/python -m pytest -q -m fuzz tests/fuzz
+
+# The chaos campaign on the real node (tests/e2e/test_chaos.py) at 40 steps instead of CI's 6:
+# root, the node's turn held (another session may need the node), about 20 min on 2 cores.
+chaos: $(STAMP) native protos go-tools node-deps
+	TESSERA_CHAOS_STEPS=$${TESSERA_CHAOS_STEPS:-40} flock /tmp/tessera-node-turn.lock \
+		$(BIN)/python -m pytest -q -s -m chaos tests/e2e/test_chaos.py
 
 # Regenerate src/tessera/api/schemas/kubernetes.json from the control plane `make kube` builds
 # (after a Kubernetes version bump in tools/kube).

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,8 @@ class NodeDriverProcess:
     """``tessera driver`` for the real node, as a child process. ``root`` holds its state,
     device nodes and fake-NVML config (made by the first process; a second one given the same
     ``root`` shares them, as two pods of the DaemonSet share the host paths). ``instance``:
-    ``--rolling-update-id``; ``health_port``: serve ``/readyz`` on 127.0.0.1 (None: off)."""
+    ``--rolling-update-id``; ``health_port``: serve ``/readyz`` on 127.0.0.1 (None: off);
+    ``options``: more command-line options."""
 
     def __init__(
         self,
@@ -58,6 +59,7 @@ class NodeDriverProcess:
         *,
         instance: str = "",
         health_port: int | None = None,
+        options: Sequence[str] = (),
     ) -> None:
         self.root = root
         self.state = root / "state"
@@ -100,8 +102,10 @@ class NodeDriverProcess:
             "--health-address",
             f"127.0.0.1:{health_port}" if health_port else "",
             *(["--rolling-update-id", instance] if instance else []),
+            *options,
         ]
-        with open(self.log, "wb") as log:
+        # appended to: a process started again on the same root (a restart) keeps the log
+        with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 argv,
                 env={**os.environ, "FAKE_NVML_CONFIG": str(self.nvml_cfg)},
