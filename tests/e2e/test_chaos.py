@@ -51,6 +51,7 @@ import random
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -361,15 +362,35 @@ def _reboot(c: ChaosNode) -> None:
 
 @contextlib.contextmanager
 def _full_disk(c: ChaosNode) -> Iterator[None]:
-    """The state directory's tmpfs full but for 32 KiB (under one usage region) while inside."""
-    free = os.statvfs(c.state)
-    filler = c.state / "filler"
-    with open(filler, "wb") as f:
-        os.posix_fallocate(f.fileno(), 0, max(1, free.f_bavail * free.f_frsize - 32 * 1024))
+    """The state directory's tmpfs full but for 32 KiB (under one usage region) while inside:
+    kept full by a thread that fills again what an unprepare frees meanwhile (a pod deleted
+    just before gives back its claim's region)."""
+    fillers: list[Path] = []
+    stop = threading.Event()
+
+    def fill() -> None:
+        free = os.statvfs(c.state)
+        room = free.f_bavail * free.f_frsize - 32 * 1024
+        if room > (0 if not fillers else 64 * 1024):  # (not a file for every page freed)
+            filler = c.state / f"filler-{len(fillers)}"
+            fillers.append(filler)
+            with open(filler, "wb") as f, contextlib.suppress(OSError):
+                os.posix_fallocate(f.fileno(), 0, room)
+
+    def keep_full() -> None:
+        while not stop.wait(0.05):
+            fill()
+
+    fill()
+    t = threading.Thread(target=keep_full, daemon=True)
+    t.start()
     try:
         yield
     finally:
-        filler.unlink()
+        stop.set()
+        t.join()
+        for f in fillers:
+            f.unlink(missing_ok=True)
 
 
 # ---- the pods ---------------------------------------------------------------------------------
@@ -387,6 +408,9 @@ class Stream:
     kinds: Counter[str] = field(default_factory=Counter)
 
     def create(self, kind: str | None = None) -> str:
+        # the first two pods are one of each kind; then a MIG pod for two shares
+        if kind is None and self.created < 2:
+            kind = ("mig", "share")[self.created]
         kind = kind or self.rng.choice(["share", "share", "mig"])
         name = f"p{self.created}-{kind}"
         self.created += 1
