@@ -1,7 +1,8 @@
 """A chaos campaign on the real node: ``tessera driver`` (a process) against the real kubelet,
 containerd and control plane of ``tessera cluster up --kubelet``, while a stream of pods with
 claims (8 GiB / 20-core shares of the fake H100s, and dynamic-MIG 1g.10gb instances of GPU 0)
-is created and deleted, faults are injected at random:
+is created and deleted (the first two pods, a MIG one and a share, live through the whole
+campaign), faults are injected at random:
 
 ``kill-driver``
     SIGKILL of the driver, started again after a random 0-2 s;
@@ -406,11 +407,13 @@ class Stream:
     created: int = 0
     deleted: int = 0
     kinds: Counter[str] = field(default_factory=Counter)
+    keep: list[str] = field(default_factory=list)
 
     def create(self, kind: str | None = None) -> str:
         # the first two pods are one of each kind; then a MIG pod for two shares
         if kind is None and self.created < 2:
             kind = ("mig", "share")[self.created]
+            self.keep.append(f"p{self.created}-{kind}")
         kind = kind or self.rng.choice(["share", "share", "mig"])
         name = f"p{self.created}-{kind}"
         self.created += 1
@@ -444,7 +447,9 @@ class Stream:
         return name
 
     def delete(self) -> None:
-        name = self.rng.choice(sorted(self.pods))
+        # the first two pods (a MIG one and a share) live through the whole campaign: every
+        # fault finds prepared claims of both kinds
+        name = self.rng.choice(sorted(set(self.pods) - set(self.keep)))
         client = self.c.node.client
         for kind, api in (("Pod", "v1"), ("ResourceClaim", "resource.k8s.io/v1")):
             with contextlib.suppress(ApiError):
@@ -454,7 +459,9 @@ class Stream:
 
     def churn(self) -> None:
         """One or two pods created, maybe one deleted (at most MAX_PODS live)."""
-        if self.pods and (len(self.pods) >= MAX_PODS or self.rng.random() < 0.4):
+        if set(self.pods) - set(self.keep) and (
+            len(self.pods) >= MAX_PODS or self.rng.random() < 0.4
+        ):
             self.delete()
         for _ in range(self.rng.choice([1, 1, 2])):
             if len(self.pods) < MAX_PODS:
@@ -635,6 +642,7 @@ def test_chaos_campaign(chaos_node: ChaosNode, probe_image: str, node_namespace:
 
     # Delete everything: nothing may be left.
     pods = len(stream.pods)
+    stream.keep.clear()
     while stream.pods:
         stream.delete()
     wait_for(
