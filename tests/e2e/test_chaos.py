@@ -559,7 +559,10 @@ def test_chaos_campaign(chaos_node: ChaosNode, probe_image: str, node_namespace:
                 name = stream.create("share")
                 msg = wait_for(
                     lambda n=name: _clear_event(node, ns, n),
-                    timeout=60,
+                    # the kubelet's first try may fail before the driver is called (its read of
+                    # the claim refused by the node authorizer while its graph catches up after
+                    # an API server restart; a registration gap): then its back-off, over a minute
+                    timeout=150,
                     what=f"pod {ns}/{name}'s prepare to fail on the full disk",
                     last=lambda n=name: _pod_story(node, ns, n),
                 )
