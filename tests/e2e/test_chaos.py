@@ -584,10 +584,17 @@ def test_chaos_campaign(chaos_node: ChaosNode, probe_image: str, node_namespace:
 
     def all_running() -> bool | None:
         c.sample()
-        phases = {
-            p: node.client.get("v1", "Pod", p, ns)["status"].get("phase") for p in stream.pods
-        }
-        return True if all(v == "Running" for v in phases.values()) else None
+        # Running, ready and its claim prepared: a pod's status can still say Running from
+        # before a reboot until the new kubelet has synced it
+        cp = c.checkpoint()
+        for p in stream.pods:
+            st = node.client.get("v1", "Pod", p, ns)["status"]
+            ready = all(x.get("ready") for x in st.get("containerStatuses") or [{}])
+            claim = node.client.get("resource.k8s.io/v1", "ResourceClaim", p, ns)
+            state = (cp.get(claim["metadata"]["uid"]) or {}).get("state")
+            if st.get("phase") != "Running" or not ready or state != "prepared":
+                return None
+        return True
 
     with contextlib.suppress(WaitTimeout):
         wait_for(all_running, timeout=CONVERGE, interval=2.0, what="every pod Running")
