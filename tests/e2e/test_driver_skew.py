@@ -2,18 +2,17 @@
 "Supported skew"): over the kubelet plugin protocol, a claim whose limits file the library could
 not read is refused at prepare, that claim only; a claim of shares only is prepared for it.
 
-The older library is the previous release's (:data:`PREVIOUS`, built from git): it reads limits
-file version 1 only and has no ``.tessera_formats`` section.
+The older library is the previous release's (``previous_release.PREVIOUS``, built from git): it
+reads limits file version 1 only and has no ``.tessera_formats`` section.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from previous_release import build_previous
 from tessera.enforcement.limits import read_limits
 
 from .driverkit import *  # noqa: F403 (fixtures)
@@ -21,31 +20,11 @@ from .driverkit import DriverEnv, DriverProcess, allocated_claim
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[2]
-PREVIOUS = "3ae3dd1"
-"""The last commit before limits file versions (``unlimited`` inside version 1)."""
 SHARE = "0b0d3b4e-9f0c-4cf5-8c8e-0123456789ab"
 
 
 def _previous_library(tmp: Path) -> Path:
-    if shutil.which("git") is None or not (REPO / ".git").exists():
-        pytest.skip("no git history here: the previous release cannot be built")
-    have = subprocess.run(
-        ["git", "-C", str(REPO), "cat-file", "-e", f"{PREVIOUS}^{{commit}}"], capture_output=True
-    )
-    if have.returncode != 0:
-        pytest.skip(f"commit {PREVIOUS} is not in this clone (shallow?)")
-    tar = subprocess.run(
-        ["git", "-C", str(REPO), "archive", PREVIOUS, "native"], capture_output=True, check=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(tmp)], input=tar, check=True)
-    r = subprocess.run(
-        ["make", "-C", str(tmp / "native"), f"BUILD={tmp / 'build'}", "lib"],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    return tmp / "build" / "libtessera-enforce.so"
+    return build_previous(tmp)
 
 
 def _share(device: str) -> dict[str, object]:

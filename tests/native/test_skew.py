@@ -2,7 +2,7 @@
 between the driver's writer and the libraries that read it (this one and the previous release's,
 built from git), and the usage region's version between the library and the monitor.
 
-The previous release is :data:`PREVIOUS`, the last commit before limits file versions were
+The previous release is ``previous_release.PREVIOUS``, the last commit before limits file versions were
 explicit: its library reads version 1 (with ``unlimited``, which it added inside version 1) and
 has no ``.tessera_formats`` section; its writer wrote ``unlimited`` lines in version 1 files.
 """
@@ -18,8 +18,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from native_helpers import NATIVE, PHYS, REPO, UUIDS, Build, Claim, GiB, MiB, wait_line
+from native_helpers import NATIVE, PHYS, UUIDS, Build, Claim, GiB, MiB, wait_line
 
+from previous_release import build_previous
 from tessera.driver.backend import LIBRARY
 from tessera.driver.kubelet import ClaimRef
 from tessera.driver.prepare import ClaimError, ClaimPlan, Layout, check_library_reads
@@ -40,42 +41,14 @@ from tessera.monitor.regions import RegionDir
 
 pytestmark = pytest.mark.native
 
-PREVIOUS = "3ae3dd1"
-"""The last commit whose library and writer put ``unlimited`` inside limits file version 1."""
 LIMIT = 1 * GiB
 
 
 @pytest.fixture(scope="module")
 def previous(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ModuleType]:
     """The previous release's enforcement library (built from its sources) and limits writer."""
-    if shutil.which("git") is None or not (REPO / ".git").exists():
-        pytest.skip("no git history here: the previous release cannot be built")
-    have = subprocess.run(
-        ["git", "-C", str(REPO), "cat-file", "-e", f"{PREVIOUS}^{{commit}}"], capture_output=True
-    )
-    if have.returncode != 0:
-        pytest.skip(f"commit {PREVIOUS} is not in this clone (shallow?)")
     tmp = tmp_path_factory.mktemp("previous")
-    tar = subprocess.run(
-        [
-            "git",
-            "-C",
-            str(REPO),
-            "archive",
-            PREVIOUS,
-            "native",
-            "src/tessera/enforcement/limits.py",
-        ],
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(tmp)], input=tar, check=True)
-    r = subprocess.run(
-        ["make", "-C", str(tmp / "native"), f"BUILD={tmp / 'build'}", "lib"],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
+    lib = build_previous(tmp, "src/tessera/enforcement/limits.py")
     spec = importlib.util.spec_from_file_location(
         "previous_limits", tmp / "src/tessera/enforcement/limits.py"
     )
@@ -83,7 +56,7 @@ def previous(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ModuleType
     writer = importlib.util.module_from_spec(spec)
     sys.modules["previous_limits"] = writer  # dataclasses look their module up
     spec.loader.exec_module(writer)
-    return tmp / "build" / "libtessera-enforce.so", writer
+    return lib, writer
 
 
 def _with_lib(plain: Build, lib: Path) -> Build:
