@@ -1,7 +1,7 @@
 """Upgrades with version skew, the parts without a native build: the driver's checkpoint
 versions (real checkpoints of the previous driver and a newer one's) and the reader of the
 enforcement library's formats on files that are not marked libraries. The pairs with the real
-libraries are in tests/native/test_skew.py."""
+libraries are in tests/native/test_library_skew.py."""
 
 from __future__ import annotations
 
