@@ -147,6 +147,13 @@ def test_publishes_dynamic_gpus_as_partitionable_devices(mig_env: DriverEnv) -> 
         d.stop()
 
 
+def _placement_claim(env: DriverEnv, ns: str, name: str, device: str) -> tuple[str, str, str]:
+    """A ResourceClaim allocated directly to one of the node's devices (as the scheduler would
+    write it), as ``(namespace, name, uid)``."""
+    result = [{"request": "gpu", "driver": DRIVER, "pool": env.node, "device": device}]
+    return ref_of(allocated_claim(env.client, ns, name, result, env.node))
+
+
 def _claim_for(
     env: DriverEnv,
     ns: str,
@@ -594,22 +601,7 @@ def test_an_operators_instance_at_a_recorded_placement_is_left_alone_and_refused
     ns = kube_namespace
     u0 = env.gpus[0].uuid
     kubelet = env.kubelet()
-    x = ref_of(
-        allocated_claim(
-            env.client,
-            ns,
-            "x",
-            [
-                {
-                    "request": "gpu",
-                    "driver": DRIVER,
-                    "pool": env.node,
-                    "device": "gpu-0-mig-1g10gb-6",
-                }
-            ],
-            env.node,
-        )
-    )
+    x = _placement_claim(env, ns, "x", "gpu-0-mig-1g10gb-6")
     try:
         _crash_during(env, "create-ci", lambda: kubelet.prepare([x], timeout=20))
         [slot] = checkpoint(env)[x[2]]["slots"]
@@ -656,22 +648,7 @@ def test_an_older_drivers_preparing_entry_adopts_nothing_after_an_upgrade(
     [slot] = entry["slots"]
     assert (slot["gpuUUID"], slot["device"], slot["gi"]) == (u0, "gpu-0-mig-1g10gb-6", None)
     kubelet = env.kubelet()
-    x = ref_of(
-        allocated_claim(
-            env.client,
-            ns,
-            "x",
-            [
-                {
-                    "request": "gpu",
-                    "driver": DRIVER,
-                    "pool": env.node,
-                    "device": "gpu-0-mig-1g10gb-6",
-                }
-            ],
-            env.node,
-        )
-    )
+    x = _placement_claim(env, ns, "x", "gpu-0-mig-1g10gb-6")
     try:
         entry.update(claim={"namespace": ns, "name": x[1], "uid": x[2]}, since=time.time())
         env.state_dir.mkdir(parents=True, exist_ok=True)
