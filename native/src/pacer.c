@@ -35,9 +35,9 @@
  *
  * The target is cores under the strict policy. Under work-conserving, and for a best-effort
  * claim (cores 0: an equal part of what the node's shares file says the GPU's guarantees
- * leave), it also grows into GPU time NVML shows idle, in proportion to the claim's part, and
- * the grown part halves while the GPU is full and the other tenants are below their
- * guarantees.
+ * leave), it also grows into GPU time NVML shows idle, in proportion to the claim's part; while
+ * the GPU is full and the other tenants are below their guarantees, the grown part gives back
+ * their shortfall (and halves when that is over 2 points).
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -415,16 +415,22 @@ static void ctl_step(tessera_region_header *h, int g, uint32_t word, uint64_t no
     C.paced_seen[g] = paced;
     uint64_t base = C.base[g], ns = scale, nb = bonus;
     if (ok && (policy == TESSERA_POLICY_WORK_CONSERVING || cores == 0)) {
-        /* idle time is shared in proportion to the guaranteed shares; the taken part halves
-         * while the GPU is full and the other tenants together are below their guarantees
-         * (one of them may be held back by this claim's turns), else it is kept */
+        /* idle time is shared in proportion to the guaranteed shares. While the GPU is full
+         * and the other tenants together are below their guarantees (one of them may be held
+         * back by this claim's turns), the taken part gives back what they miss, and halves
+         * when that is more than 2 points; else it is kept. Giving back the shortfall itself,
+         * with no dead band, matters with several best-effort tenants: each one's small excess
+         * is inside any band, and the guarantee loses their sum. */
         int64_t used = 100 - idle - u; /* the others' share, percent */
         int64_t oth = C.others[g];
-        int starving = oth < 0 ? used > 0 : used * 10 + 20 < oth;
-        if (idle > TS_PACE_IDLE)
+        int64_t short_by = oth < 0 ? (used > 0 ? 1000 : 0) : oth - used * 10; /* tenths */
+        if (idle > TS_PACE_IDLE) {
             nb = bonus + (uint64_t)(idle - TS_PACE_IDLE) * base / 100;
-        else if (starving)
-            nb = bonus / 2;
+        } else if (short_by > 0) {
+            nb = bonus > (uint64_t)short_by ? bonus - (uint64_t)short_by : 0;
+            if (short_by > 20 && nb > bonus / 2)
+                nb = bonus / 2;
+        }
         if (base + nb > 1000)
             nb = 1000 - base;
     }
