@@ -93,17 +93,26 @@ POD_ANNOTATIONS = frozenset(
         VOLCANO_PODGROUP_POLICY,
     }
 )
+# ---- the decision records a HAMi-protocol scheduler writes on a pod --------------------------
+VGPU_NODE = "hami.io/vgpu-node"
+VGPU_TIME = "hami.io/vgpu-time"
+DEVICES_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+DEVICES_ALLOCATED = "hami.io/vgpu-devices-allocated"
+BIND_PHASE = "hami.io/bind-phase"
+BIND_TIME = "hami.io/bind-time"
+NVIDIA_VENDOR_KEY = "NVIDIA"
+
 #: What HAMi's and Volcano's schedulers and device plugins write on a pod they placed: records
 #: of their own decision, not requests (a new placement rewrites them). ``tessera simulate``
 #: keeps a bound pod's node and GPUs from them (``tessera.sim.inputs``).
 SCHEDULER_RECORDS = frozenset(
     {
-        "hami.io/vgpu-node",
-        "hami.io/vgpu-time",
-        "hami.io/vgpu-devices-to-allocate",
-        "hami.io/vgpu-devices-allocated",
-        "hami.io/bind-phase",
-        "hami.io/bind-time",
+        VGPU_NODE,
+        VGPU_TIME,
+        DEVICES_TO_ALLOCATE,
+        DEVICES_ALLOCATED,
+        BIND_PHASE,
+        BIND_TIME,
         "volcano.sh/vgpu-node",
         "volcano.sh/vgpu-time",
         "volcano.sh/vgpu-ids-new",
@@ -137,3 +146,62 @@ OTHER_VENDOR_PREFIXES = (
 )
 # Volcano's older gpu-share plugin (not the vGPU plugin).
 VOLCANO_GPU_SHARE = frozenset({"volcano.sh/gpu-memory", "volcano.sh/gpu-number"})
+
+
+# ---- the pod device list: HAMi's decision record, codec ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDevice:
+    """One GPU of one container in HAMi's pod device list: ``uuid``, the vendor key (``NVIDIA``
+    for NVIDIA GPUs, not the model), ``memory_mib`` (MiB of the GPU's memory) and ``cores``
+    (percent of its SMs, 0 = no compute limit)."""
+
+    uuid: str
+    vendor: str
+    memory_mib: int
+    cores: int
+
+
+def encode_pod_devices(containers: list[list[ContainerDevice]]) -> str:
+    """HAMi's pod device list (``hami.io/vgpu-devices-to-allocate`` / ``-allocated``): per
+    device ``UUID,VENDOR,<MiB>,<cores>:``, containers joined by ``;`` with a trailing ``;``, one
+    entry per container in pod order (init containers first), empty for a container with no
+    GPU. ``[[], [a], [b]]`` -> ``";GPU-a,NVIDIA,3000,30:;GPU-b,NVIDIA,2000,0:;"``."""
+    return "".join(
+        "".join(f"{d.uuid},{d.vendor},{d.memory_mib},{d.cores}:" for d in devs) + ";"
+        for devs in containers
+    )
+
+
+def decode_pod_devices(value: str, *, what: str = DEVICES_ALLOCATED) -> list[list[ContainerDevice]]:
+    """The containers' devices of a HAMi pod device list (the inverse of
+    :func:`encode_pod_devices`; the text after the last ``;`` is ignored, as HAMi does).
+
+    Raises :class:`ValueError` naming ``what`` (the annotation) and the entry when a device has
+    fewer than four fields or a memory/cores value that is not a whole number ≥ 0 (HAMi's
+    ``DecodeContainerDevices`` refuses the same)."""
+    out: list[list[ContainerDevice]] = []
+    entries = value.split(";")
+    for i, entry in enumerate(entries[:-1] if len(entries) > 1 else entries):
+        devs: list[ContainerDevice] = []
+        for dev in entry.split(":"):
+            if not dev.strip():
+                continue
+            parts = [p.strip() for p in dev.split(",")]
+            if len(parts) < 4 or not parts[0]:
+                raise ValueError(
+                    f"{what}: container entry {i} device {dev!r} needs UUID,VENDOR,MiB,cores"
+                )
+            try:
+                mem, cores = int(parts[2]), int(parts[3])
+            except ValueError:
+                mem = cores = -1
+            if mem < 0 or cores < 0:
+                raise ValueError(
+                    f"{what}: container entry {i} device {dev!r}: memory and cores must be "
+                    "whole numbers >= 0"
+                )
+            devs.append(ContainerDevice(parts[0], parts[1], mem, cores))
+        out.append(devs)
+    return out

@@ -19,12 +19,13 @@ import copy
 from collections.abc import Sequence
 
 from tessera.api.loader import Manifest
+from tessera.convert.hami import DEVICES_ALLOCATED, USE_UUID, VGPU_NODE
 from tessera.inventory.node import node_register_slices
 from tessera.sim.cluster import SimNode
 
-HAMI_VGPU_NODE = "hami.io/vgpu-node"
-HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
-HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
+HAMI_VGPU_NODE = VGPU_NODE
+HAMI_ALLOCATED = DEVICES_ALLOCATED
+HAMI_USE_UUID = USE_UUID
 #: Volcano's vGPU scheduler writes the same records under its own names (same device list
 #: format: volcano ``pkg/scheduler/api/devices/nvidia/vgpu`` ``encodePodDevices``).
 VOLCANO_VGPU_NODE = "volcano.sh/vgpu-node"
