@@ -523,6 +523,18 @@ def allocated_claim(
     return client.update_status(claim)
 
 
+def admin_result(pool: str, device: str) -> dict[str, Any]:
+    """An allocation result with ``adminAccess`` on a whole ``device`` of pool ``pool``
+    (``status.allocation.devices.results[]`` of ``resource.k8s.io/v1``)."""
+    return {
+        "request": "gpu",
+        "driver": "gpu.tessera.dev",
+        "pool": pool,
+        "device": device,
+        "adminAccess": True,
+    }
+
+
 __all__ = [
     "A5000",
     "GIB",
@@ -532,6 +544,7 @@ __all__ = [
     "FakeKubelet",
     "HealthWatch",
     "MonitorProcess",
+    "admin_result",
     "allocated_claim",
     "driver_env",
     "fake_nvml_lib",

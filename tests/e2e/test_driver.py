@@ -36,7 +36,15 @@ from tessera.kube.workloads import (
 
 from .conftest import LiveCluster
 from .driverkit import *  # noqa: F403 (fixtures)
-from .driverkit import GIB, DriverEnv, DriverProcess, MonitorProcess, allocated_claim, node_slices
+from .driverkit import (
+    GIB,
+    DriverEnv,
+    DriverProcess,
+    MonitorProcess,
+    admin_result,
+    allocated_claim,
+    node_slices,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -450,15 +458,7 @@ def test_whole_gpu_and_admin_access_get_no_limits(
         env.client,
         kube_namespace,
         "admin",
-        [
-            {
-                "request": "gpu",
-                "driver": "gpu.tessera.dev",
-                "pool": env.node,
-                "device": "gpu-5",
-                "adminAccess": True,
-            }
-        ],
+        [admin_result(env.node, "gpu-5")],
         env.node,
     )
     kubelet = env.kubelet()

@@ -16,7 +16,7 @@ from previous_release import build_previous
 from tessera.enforcement.limits import read_limits
 
 from .driverkit import *  # noqa: F403 (fixtures)
-from .driverkit import DriverEnv, DriverProcess, allocated_claim
+from .driverkit import DriverEnv, DriverProcess, admin_result, allocated_claim
 
 pytestmark = pytest.mark.cluster
 
@@ -57,13 +57,7 @@ def test_a_claim_the_older_library_could_not_read_is_refused_at_prepare(
         "mixed",
         [
             {**_share("gpu-2"), "pool": env.node},
-            {
-                "request": "gpu",
-                "driver": "gpu.tessera.dev",
-                "pool": env.node,
-                "device": "gpu-5",
-                "adminAccess": True,
-            },
+            admin_result(env.node, "gpu-5"),
         ],
         env.node,
     )

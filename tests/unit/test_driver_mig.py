@@ -52,6 +52,20 @@ MIB = 1 << 20
 REF = ClaimRef("ns", "c", "uid-1")
 
 
+def _slot_1g_at_6(uuid: str) -> MigSlot:
+    """The driver's slot for a 1g.5gb instance at memory slice 6 of the A100's GPU 0."""
+    return MigSlot(
+        "gpu-0-mig-1g5gb-6",
+        uuid,
+        0,
+        "1g.5gb",
+        6,
+        1,
+        "NVML_GPU_INSTANCE_PROFILE_1_SLICE",
+        "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE",
+    )
+
+
 def claim(*results: dict[str, Any]) -> dict[str, Any]:
     return {
         "metadata": {"name": "c", "namespace": "ns", "uid": "uid-1"},
@@ -389,16 +403,7 @@ def test_instances_are_made_and_destroyed_exactly_and_others_are_left(
     cfg = tmp_path / "nvml.cfg"
     cfg.write_text(nvml_config([gpu], mig_state=state, mig_log=log))
     before = sorted((m.gpu_instance_id, m.compute_instance_id) for m in gpu.mig_devices)
-    free = MigSlot(
-        "gpu-0-mig-1g5gb-6",
-        gpu.uuid,
-        0,
-        "1g.5gb",
-        6,
-        1,
-        "NVML_GPU_INSTANCE_PROFILE_1_SLICE",
-        "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE",
-    )
+    free = _slot_1g_at_6(gpu.uuid)
     taken = replace(free, start=0, device="gpu-0-mig-1g5gb-0")  # the 2g.10gb is at slices 0-1
     rc, out = _ops(
         nvml_lib,
@@ -475,16 +480,7 @@ def test_an_unrecorded_compute_instance_in_the_recorded_gpu_instance_is_made_aga
     state, log = tmp_path / "mig-state", tmp_path / "mig-log"
     cfg = tmp_path / "nvml.cfg"
     cfg.write_text(nvml_config([gpu], mig_state=state, mig_log=log))
-    slot = MigSlot(
-        "gpu-0-mig-1g5gb-6",
-        gpu.uuid,
-        0,
-        "1g.5gb",
-        6,
-        1,
-        "NVML_GPU_INSTANCE_PROFILE_1_SLICE",
-        "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE",
-    )
+    slot = _slot_1g_at_6(gpu.uuid)
     rc, out = _ops(
         nvml_lib,
         cfg,
@@ -542,16 +538,7 @@ def test_fake_nvml_kills_the_process_at_the_configured_point(
     state, log = tmp_path / "mig-state", tmp_path / "mig-log"
     cfg = tmp_path / "nvml.cfg"
     cfg.write_text(nvml_config([gpu], mig_state=state, mig_log=log, crash_after=("create-gi", 1)))
-    slot = MigSlot(
-        "gpu-0-mig-1g5gb-6",
-        gpu.uuid,
-        0,
-        "1g.5gb",
-        6,
-        1,
-        "NVML_GPU_INSTANCE_PROFILE_1_SLICE",
-        "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE",
-    )
+    slot = _slot_1g_at_6(gpu.uuid)
     rc, _ = _ops(nvml_lib, cfg, [{"name": "made", "op": "realise", "slot": slot.to_json()}])
     assert rc == -9  # before the record of the GPU instance could be asked for
     assert [ln.split()[0] for ln in log.read_text().splitlines()] == ["create-gi"]
