@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera.driver.guard import OVERRIDE_LABEL, check_node
+from tessera.driver.guard import MODE_LABEL, OVERRIDE_LABEL, SecondManagerError, check_node
 
 from .conftest import CORPUS, LiveCluster
 from .driverkit import *  # noqa: F403 (fixtures)
@@ -190,6 +190,49 @@ def test_a_plain_node_starts(running_driver: tuple[DriverEnv, DriverProcess]) ->
     assert d.returncode is None
     assert "another manager" not in d.output
     assert check_node(env.client, env.node, [g.uuid for g in env.gpus]) == []
+
+
+def test_a_node_given_to_legacy_mode_refuses_the_node_driver(driver_env: DriverEnv) -> None:
+    """The Node labelled gpu.tessera.dev/mode=legacy: ``tessera driver`` refuses to start, in
+    one line naming the label and how to move the node."""
+    env = driver_env
+    _annotate(env.client, env.node, {}, {MODE_LABEL: "legacy"})
+    try:
+        (line,) = _refused(env)
+    finally:
+        _annotate(env.client, env.node, {}, {MODE_LABEL: None})
+    assert (
+        f"Node {env.node} label {MODE_LABEL}=legacy gives its GPUs to Tessera's device plugin "
+        "and scheduler extender; drain the node and set the label to dra to move it"
+    ) in line
+
+
+def test_legacy_mode_sees_tesseras_own_slices_and_not_its_own_node_records(
+    running_driver: tuple[DriverEnv, DriverProcess],
+) -> None:
+    """The device plugin's side of the guard (``mode="legacy"``) on the real API server: the
+    running node driver's ResourceSlices for the node are a sign even though they are
+    Tessera's; the node's HAMi register annotation and ``nvidia.com/gpu`` allocatable (what
+    the device plugin itself writes) are not; on a node without the legacy label the label is
+    one more sign."""
+    env, _d = running_driver
+    ann = dict(line.split(": ", 1) for line in HAMI_ANNOTATIONS.read_text().splitlines())
+    _annotate(env.client, env.node, ann, {MODE_LABEL: "legacy"})
+    _set_allocatable(env.client, env.node, {"nvidia.com/gpu": "80"})
+    uuids = [g.uuid for g in env.gpus]
+    try:
+        with pytest.raises(SecondManagerError) as e:
+            check_node(env.client, env.node, uuids, mode="legacy")
+        assert f"DRA driver gpu.tessera.dev publishes {', '.join(sorted(uuids))}" in str(e.value)
+        assert "hami.io/node-nvidia-register" not in str(e.value)
+        assert "status.allocatable" not in str(e.value)
+        assert "tessera-mode" not in str(e.value) and MODE_LABEL not in str(e.value)
+        _annotate(env.client, env.node, {}, {MODE_LABEL: None})
+        with pytest.raises(SecondManagerError, match=f"label {MODE_LABEL}=dra \\(unset\\)"):
+            check_node(env.client, env.node, uuids, mode="legacy")
+    finally:
+        _annotate(env.client, env.node, dict.fromkeys(ann), {MODE_LABEL: None})
+        _set_allocatable(env.client, env.node, {"nvidia.com/gpu": "0"})
 
 
 def test_slice_reads_are_of_this_node_only(driver_env: DriverEnv, tmp_path: Path) -> None:

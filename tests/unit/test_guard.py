@@ -14,9 +14,13 @@ import pytest
 import yaml
 
 from tessera.driver.guard import (
+    MODE_LABEL,
     OVERRIDE_LABEL,
+    SecondManagerError,
     Sign,
     discovered_uuids,
+    mode_signs,
+    node_mode,
     node_signs,
     refusal,
     slice_signs,
@@ -247,3 +251,36 @@ def test_refusal_is_one_line_naming_every_sign_and_the_override() -> None:
         "Node gpu-1 status.allocatable nvidia.com/gpu: 8; Node gpu-1 annotation hami.io/node-nvidia-register."
     )
     assert f"label it {OVERRIDE_LABEL}=true" in msg and "docs/install.md" in msg
+
+
+def test_own_socket_is_not_a_sign(plugin_dir: Path) -> None:
+    """The device plugin's own socket is left out; another NVIDIA plugin's still counts."""
+    own = _listen(plugin_dir / "nvidia-tessera.sock")
+    other = _listen(plugin_dir / "nvidia-gpu.sock")
+    try:
+        assert [s.detail for s in socket_signs(plugin_dir, own="nvidia-tessera.sock")] == [
+            f"device plugin socket {plugin_dir / 'nvidia-gpu.sock'} is served"
+        ]
+    finally:
+        own.close()
+        other.close()
+
+
+def test_the_mode_label_gives_a_node_to_one_of_tesseras_two_modes() -> None:
+    """No label: the DRA node driver's; ``legacy``: the device plugin's; each one's mode sign
+    names the label and how to move the node; any other value is refused naming it."""
+    plain, legacy = node(), node(labels={MODE_LABEL: "legacy"})
+    assert node_mode(plain) == "dra" and node_mode(None) == "dra"
+    assert node_mode(legacy) == "legacy"
+    assert mode_signs(plain, "dra") == [] and mode_signs(legacy, "legacy") == []
+    [to_legacy] = mode_signs(legacy, "dra")
+    assert to_legacy.kind == "tessera-mode"
+    assert to_legacy.detail == (
+        f"Node gpu-1 label {MODE_LABEL}=legacy gives its GPUs to Tessera's device plugin and "
+        "scheduler extender; drain the node and set the label to dra to move it "
+        "(docs/legacy.md, 'Moving a node')"
+    )
+    [to_dra] = mode_signs(plain, "legacy")
+    assert f"{MODE_LABEL}=dra (unset) gives its GPUs to Tessera's DRA node driver" in to_dra.detail
+    with pytest.raises(SecondManagerError, match=f"Node gpu-1 label {MODE_LABEL}='DRA': must be"):
+        node_mode(node(labels={MODE_LABEL: "DRA"}))

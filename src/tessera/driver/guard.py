@@ -25,7 +25,14 @@ kind                       sign
 ``dra-driver``             another DRA driver's ResourceSlice for this node publishes a device
                            whose ``uuid`` or ``parentUUID`` attribute is one of this node's GPU
                            (or MIG) UUIDs
+``tessera-mode``           the Node's label :data:`MODE_LABEL` gives its GPUs to Tessera's
+                           other mode (``legacy``: the device plugin and extender; ``dra``, or
+                           no label: the node driver)
 =========================  ==================================================================
+
+Tessera's own two modes are two managers too: the device plugin runs the same guard with
+``mode="legacy"`` (Tessera's own ResourceSlices for the node are then a sign, its own node
+annotation and resources are not).
 
 A node where any sign is found is refused with one line (:class:`SecondManagerError`, exit 2
 in ``tessera driver``) naming every sign and what to do, unless the Node carries the label
@@ -78,6 +85,13 @@ HAMI_ANNOTATIONS: tuple[str, ...] = (
 )
 #: Device attributes that name a GPU by UUID (the NVIDIA DRA driver, HAMi's DRA driver, Tessera).
 UUID_ATTRIBUTES: tuple[str, ...] = ("uuid", "parentUUID")
+#: Node label choosing which of Tessera's two modes manages the node's GPUs: ``dra`` (the node
+#: driver, the default when the label is absent) or ``legacy`` (the device plugin and the
+#: scheduler extender, docs/legacy.md). The chart's DaemonSets select on it.
+MODE_LABEL = "gpu.tessera.dev/mode"
+MODE_DRA = "dra"
+MODE_LEGACY = "legacy"
+MODES: tuple[str, ...] = (MODE_DRA, MODE_LEGACY)
 
 
 class SecondManagerError(TesseraError, RuntimeError):
@@ -118,6 +132,47 @@ def node_signs(node: Mapping[str, Any]) -> list[Sign]:
         if key in annotations:
             out.append(Sign("hami", f"Node {name} annotation {key}"))
     return out
+
+
+def node_mode(node: Mapping[str, Any] | None) -> str:
+    """The Tessera mode a Node's label :data:`MODE_LABEL` gives its GPUs: ``dra`` or
+    ``legacy``; ``dra`` when the label is absent (or there is no Node object). Raises
+    :class:`SecondManagerError` naming the Node and the label for any other value."""
+    md = (node or {}).get("metadata") or {}
+    value = str((md.get("labels") or {}).get(MODE_LABEL, MODE_DRA))
+    if value not in MODES:
+        raise SecondManagerError(
+            f"Node {md.get('name', '')} label {MODE_LABEL}={value!r}: must be one of "
+            f"{', '.join(MODES)} (absent: {MODE_DRA}); fix the label"
+        )
+    return value
+
+
+def mode_signs(node: Mapping[str, Any] | None, mode: str) -> list[Sign]:
+    """A sign when the Node's :data:`MODE_LABEL` gives its GPUs to Tessera's other mode than
+    ``mode`` (the component asking: ``dra`` for the node driver, ``legacy`` for the device
+    plugin). Raises :class:`SecondManagerError` for a label value that is no mode."""
+    label = node_mode(node)
+    if label == mode:
+        return []
+    name = str(((node or {}).get("metadata") or {}).get("name") or "")
+    owner = (
+        "Tessera's device plugin and scheduler extender"
+        if label == MODE_LEGACY
+        else "Tessera's DRA node driver"
+    )
+    shown = (
+        label
+        if MODE_LABEL in (((node or {}).get("metadata") or {}).get("labels") or {})
+        else f"{label} (unset)"
+    )
+    return [
+        Sign(
+            "tessera-mode",
+            f"Node {name} label {MODE_LABEL}={shown} gives its GPUs to {owner}; drain the node and "
+            f"set the label to {mode} to move it (docs/legacy.md, 'Moving a node')",
+        )
+    ]
 
 
 def _uuid_values(device: Mapping[str, Any]) -> list[str]:
@@ -168,9 +223,10 @@ def _listening(path: Path) -> bool:
         return True
 
 
-def socket_signs(device_plugin_dir: Path = DEVICE_PLUGIN_DIR) -> list[Sign]:
+def socket_signs(device_plugin_dir: Path = DEVICE_PLUGIN_DIR, own: str = "") -> list[Sign]:
     """Device plugins serving NVIDIA GPUs on this host: sockets ``nvidia-*.sock`` in
-    ``device_plugin_dir`` that accept a connection. A missing directory has none."""
+    ``device_plugin_dir`` that accept a connection, but the socket named ``own`` (the asking
+    device plugin's). A missing directory has none."""
     out: list[Sign] = []
     try:
         entries = sorted(device_plugin_dir.iterdir())
@@ -182,7 +238,7 @@ def socket_signs(device_plugin_dir: Path = DEVICE_PLUGIN_DIR) -> list[Sign]:
             "host's /var/lib/kubelet/device-plugins there, or pass --device-plugin-dir"
         ) from e
     for p in entries:
-        if not (p.name.startswith("nvidia-") and p.name.endswith(".sock")):
+        if not (p.name.startswith("nvidia-") and p.name.endswith(".sock")) or p.name == own:
             continue
         try:
             if not stat.S_ISSOCK(p.lstat().st_mode):
@@ -219,15 +275,25 @@ def check_node(
     device_plugin_dir: Path = DEVICE_PLUGIN_DIR,
     driver: str = DRIVER_NAME,
     log: Callable[[str], None] | None = None,
+    mode: str = MODE_DRA,
+    own_socket: str = "",
 ) -> list[Sign]:
     """Look for another manager of this node's GPUs (``uuids``: GPU and MIG UUIDs discovered).
 
     Reads the Node ``node_name`` and the ResourceSlices with ``spec.nodeName=node_name``, and
-    the device plugin sockets in ``device_plugin_dir``. Returns the signs found (empty: none).
-    Raises :class:`SecondManagerError` when there are signs and the Node is not labelled
-    :data:`OVERRIDE_LABEL` ``=true``, or when the API server refuses the reads. A Node that
-    does not exist (no kubelet registered it) is not read; the other checks still run.
+    the device plugin sockets in ``device_plugin_dir``. ``mode`` is the asking component's
+    Tessera mode: ``dra`` (the node driver: every sign of the module table, and the Node's
+    :data:`MODE_LABEL` saying ``legacy``) or ``legacy`` (the device plugin, serving on
+    ``own_socket`` in ``device_plugin_dir``: every DRA driver's slices with this node's GPUs,
+    Tessera's own included, other device plugins' sockets, and the label not saying
+    ``legacy``; the Node's device-plugin resources and HAMi annotations are its own). Returns
+    the signs found (empty: none). Raises :class:`SecondManagerError` when there are signs and
+    the Node is not labelled :data:`OVERRIDE_LABEL` ``=true``, or when the API server refuses
+    the reads. A Node that does not exist (no kubelet registered it) is not read; the other
+    checks still run.
     """
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: must be one of {', '.join(MODES)}")
     say = log or (lambda _m: None)
     node: dict[str, Any] | None
     try:
@@ -251,10 +317,12 @@ def check_node(
             f"checking node {node_name} for another GPU manager: list ResourceSlices: {e}; "
             "grant the driver's ServiceAccount list on resourceslices"
         ) from e
+    legacy = mode == MODE_LEGACY
     signs = (
-        (node_signs(node) if node is not None else [])
-        + socket_signs(device_plugin_dir)
-        + slice_signs(slices, uuids, driver)
+        (node_signs(node) if node is not None and not legacy else [])
+        + (mode_signs(node, mode) if node is not None else [])
+        + socket_signs(device_plugin_dir, own_socket)
+        + slice_signs(slices, uuids, "" if legacy else driver)
     )
     if signs and _override(node):
         say(
