@@ -1224,6 +1224,8 @@ def test_migration_guide_shows_what_moves(env: Env, tmp_path: Path) -> None:
         ]["nodeSelectorTerms"]
         assert all(
             {"key": "gpu", "operator": "NotIn", "values": ["on"]} in t["matchExpressions"]
+            and {"key": "gpu.tessera.dev/mode", "operator": "NotIn", "values": ["legacy"]}
+            in t["matchExpressions"]
             for t in terms
         )
         # ... and would refuse to start there.
