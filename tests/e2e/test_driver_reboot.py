@@ -192,3 +192,39 @@ def test_a_reboot_recreates_or_refuses_each_claim_never_a_stale_uuid_or_missing_
     finally:
         d2.stop()
         kubelet.close()
+
+
+def test_the_nodes_shares_files_are_written_again_at_start(
+    mig_env: DriverEnv, kube_namespace: str
+) -> None:
+    """The node's per-GPU shares files (what best-effort tenants are held to) lost while the
+    driver was down, and no prepare after the start that would write them: the driver writes
+    them at start from the checkpoint's prepared claims."""
+    env = mig_env
+    u = {g.index: g.uuid for g in env.gpus}
+    claims = [
+        allocated_claim(env.client, kube_namespace, f"s{i}", [_share(env, "gpu-5", i)], env.node)
+        for i in (1, 2)
+    ]
+    kubelet = env.kubelet()
+    d = driver(env).start()
+    assert d.returncode is None, d.output
+    try:
+        reply = kubelet.prepare([ref_of(c) for c in claims])
+        assert [reply.claims[ref_of(c)[2]].error for c in claims] == ["", ""]
+    finally:
+        d.proc.kill() if d.proc is not None else None
+        if d.proc is not None:
+            d.proc.wait()
+    shares = env.state_dir / "shares"
+    assert (shares / u[5]).read_text() == "version 1\nguaranteed 40\nbest-effort 0\n"
+    shutil.rmtree(shares)
+    d2 = driver(env).start()
+    try:
+        assert d2.returncode is None, d2.output
+        assert {p.name: p.read_text() for p in shares.iterdir()} == {
+            u[5]: "version 1\nguaranteed 40\nbest-effort 0\n"
+        }
+    finally:
+        d2.stop()
+        kubelet.close()

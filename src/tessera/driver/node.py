@@ -21,7 +21,8 @@
 8. the enforcement backend is chosen (:mod:`tessera.driver.backend`);
 9. the ResourceSlices are published (:mod:`tessera.driver.publish`; a dynamic-MIG setting the
    GPUs cannot have is refused here);
-10. leftovers of interrupted writes are removed;
+10. leftovers of interrupted writes are removed, recorded claims' missing files are written
+    again, and so are the node's per-GPU shares files (what best-effort tenants are held to);
 11. the DRA and registration gRPC servers listen (:mod:`tessera.driver.kubelet`);
 12. background threads: rescans (health, GPUs coming and going), XID events and presence
     probes, claim status; ``/healthz`` and ``/readyz`` are served.
@@ -255,6 +256,7 @@ class NodeDriver:
         self._publish()
         write_preload(self.ctx.layout)
         self.startup.reconcile_files(self.alone)
+        self.claims.write_shares()  # a crash between a checkpoint write and the shares files
         self._serve()
 
     def _open_state(self) -> None:
