@@ -1,6 +1,7 @@
 """``tessera driver`` with an older enforcement library on the node (docs/install.md,
 "Supported skew"): over the kubelet plugin protocol, a claim whose limits file the library could
-not read is refused at prepare, that claim only; a claim of shares only is prepared for it.
+not read is refused at prepare, that claim only (a dynamic-MIG instance made for it is destroyed
+again); a claim of shares only is prepared for it.
 
 The older library is the previous release's (``previous_release.PREVIOUS``, built from git): it
 reads limits file version 1 only and has no ``.tessera_formats`` section.
@@ -17,8 +18,10 @@ from tessera.enforcement.limits import read_limits
 
 from .driverkit import *  # noqa: F403 (fixtures)
 from .driverkit import DriverEnv, DriverProcess, admin_result, allocated_claim
+from .test_driver_mig import checkpoint, driver, mig_env, mig_log, ref_of
 
 pytestmark = pytest.mark.cluster
+__all__ = ["mig_env"]
 
 SHARE = "0b0d3b4e-9f0c-4cf5-8c8e-0123456789ab"
 
@@ -102,5 +105,47 @@ def test_a_claim_the_older_library_could_not_read_is_refused_at_prepare(
         assert read_limits(str(env.state_dir / "claims" / shares_uid / "limits")).version == 1
         kubelet.unprepare(refs)
         kubelet.close()
+    finally:
+        d.stop()
+
+
+def test_a_refused_claim_gives_back_the_mig_instance_made_for_it(
+    mig_env: DriverEnv, kube_namespace: str, tmp_path: Path
+) -> None:
+    """A dynamic-MIG device beside a share: the instance is made before the limits file can
+    be checked against the older library; the claim is refused, and the instance made for it
+    is destroyed (not left recorded for a claim every retry refuses)."""
+    env, ns = mig_env, kube_namespace
+    old_lib = _previous_library(tmp_path)
+    claim = allocated_claim(
+        env.client,
+        ns,
+        "mig-and-share",
+        [
+            {
+                "request": "gpu",
+                "driver": "gpu.tessera.dev",
+                "pool": env.node,
+                "device": "gpu-0-mig-1g10gb-6",
+            },
+            {**_share("gpu-5"), "pool": env.node},
+        ],
+        env.node,
+    )
+    ref = ref_of(claim)
+    d = driver(env, "--library", str(old_lib)).start()
+    assert d.returncode is None, d.output
+    try:
+        kubelet = env.kubelet()
+        resp = kubelet.prepare([ref])
+        assert "its limits file needs version 2 for its 'unlimited' line(s)" in (
+            resp.claims[ref[2]].error
+        )
+        kubelet.close()
+        assert d.proc is not None
+        ops = [op for op, _rest, pid in mig_log(env) if pid == d.proc.pid]
+        assert ops == ["create-gi", "create-ci", "destroy-ci", "destroy-gi"], mig_log(env)
+        assert ref[2] not in checkpoint(env)
+        assert not (env.state_dir / "claims" / ref[2]).exists()
     finally:
         d.stop()

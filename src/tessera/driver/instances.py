@@ -286,7 +286,10 @@ class MigInstances:
             try:
                 done[uid] = self.ctx.plan(fetched[uid], ref, devices, minors, made)
             except ClaimError as e:
+                # e.g. a limits file the node's library cannot read: the instances just made
+                # would stay the claim's while it is refused at every retry
                 out[uid] = PrepareResult(error=str(e))
+                self._undo(uid, ref, list(made.values()), failed)
         if failed:
             self.ctx.store.update(drop=failed)
         return done
@@ -384,18 +387,25 @@ class MigInstances:
             out[uid] = PrepareResult(
                 error=f"{what}: {e}" if isinstance(e, MigError) else f"{what}: checkpoint: {e}"
             )
-            try:
-                with self.ctx.mig_lock:
-                    _gone, left = self.release(uid, current)
-                for line in left:
-                    self.ctx.log(f"{what}: undoing a failed prepare: {line}")
-                failed.append(uid)
-            except MigError as e2:
-                self.ctx.log(
-                    f"{what}: undoing a failed prepare: {e2} (retried with the kubelet's next call)"
-                )
+            self._undo(uid, ref, current, failed)
             return None
         return made
+
+    def _undo(self, uid: str, ref: ClaimRef, slots: Sequence[MigSlot], failed: list[str]) -> None:
+        """A failed prepare of claim ``uid``: destroy what it holds alone of ``slots`` (the
+        instances its entry records) and append it to ``failed`` (its record is to go); a
+        failing undo is logged and left to the kubelet's retry."""
+        what = f"ResourceClaim {ref.namespace}/{ref.name}"
+        try:
+            with self.ctx.mig_lock:
+                _gone, left = self.release(uid, slots)
+            for line in left:
+                self.ctx.log(f"{what}: undoing a failed prepare: {line}")
+            failed.append(uid)
+        except MigError as e2:
+            self.ctx.log(
+                f"{what}: undoing a failed prepare: {e2} (retried with the kubelet's next call)"
+            )
 
     def unprepare(self, ref: ClaimRef, entry: ClaimEntry) -> str:
         """Destroy the MIG instances of a claim being unprepared (recorded ``unpreparing``
