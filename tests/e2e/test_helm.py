@@ -493,6 +493,7 @@ def test_bad_values_fail_helm_install_with_the_schema_message(
                 ("list", "pods", "-A"),
                 ("watch", "resourceslices.resource.k8s.io"),
                 ("list", "deviceclasses.resource.k8s.io"),
+                ("watch", "deviceclasses.resource.k8s.io"),
             ],
             [
                 ("create", "resourceclaims.resource.k8s.io"),

@@ -1035,12 +1035,18 @@ def test_webhook_ignore_label_leaves_pod_alone() -> None:
 @pytest.mark.parametrize(
     ("name", "fragment"),
     [
-        ("nvidia.com/mig-3g.20gb", "is a MIG-profile resource, not converted (left unchanged)"),
-        ("volcano.sh/gpu-memory", "belongs to Volcano's gpu-share plugin, not converted"),
-        ("nvidia.com/gpumem-percent", "is not a resource Tessera converts (left unchanged)"),
+        ("nvidia.com/mig-3g.20gb", " is a MIG-profile resource, not converted (left unchanged)"),
+        ("volcano.sh/gpu-memory", " belongs to Volcano's gpu-share plugin, not converted"),
+        ("nvidia.com/gpumem-percent", " is not a resource Tessera converts (left unchanged)"),
+        (
+            "cambricon.com/vmlu",
+            " is a HAMi resource of a vendor without a DRA driver in Tessera's vendor table "
+            "(left unchanged); converted are NVIDIA's, Ascend NPUs, Hygon DCUs",
+        ),
         (
             "hygon.com/dcunum",
-            "is a HAMi resource of another vendor; Tessera shares NVIDIA GPUs only",
+            ": the cluster has no DRA driver dra.hygon.com for Hygon DCUs (no DeviceClass "
+            "dra.hygon.com); left unchanged (tessera convert: --vendor hygon says it is installed)",
         ),
     ],
 )
@@ -1049,7 +1055,7 @@ def test_unsupported_resources_are_warned_and_kept(name: str, fragment: str) -> 
     assert conv.pod["spec"]["containers"][0]["resources"]["limits"] == {name: 1}
     assert len(conv.templates) == 1
     assert len(conv.warnings) == 1
-    assert conv.warnings[0].startswith(f"pod ns/p, container c: {name} {fragment}")
+    assert conv.warnings[0].startswith(f"pod ns/p, container c: {name}{fragment}")
 
 
 # ---- names ---------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import click
 
 from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest, Source, load_files, parse_documents
+from tessera.api.vendors import CONVERTED
 from tessera.cli._common import UserError, fail, load_nodes, node_inputs, to_yaml, warn
 
 
@@ -59,12 +60,21 @@ def _out_path(arg: str, file: str, out_dir: Path) -> Path:
     default=None,
     help="Write each input file, converted, under this directory (same relative paths) instead of stdout.",
 )
+@click.option(
+    "--vendor",
+    "vendor_keys",
+    multiple=True,
+    type=click.Choice([v.key for v in CONVERTED]),
+    help="The cluster has this vendor's DRA driver (repeatable): its HAMi requests become claims "
+    "for it. A DeviceClass of the vendor among the manifests says the same.",
+)
 def convert(
     manifests: tuple[str, ...],
     cluster_file: str | None,
     node_specs: tuple[str, ...],
     output: str,
     out_dir: Path | None,
+    vendor_keys: tuple[str, ...],
 ) -> None:
     """Convert the HAMi-style GPU requests in MANIFESTS (files, directories, or - for stdin)
     into DRA: each Pod, Deployment, StatefulSet, ReplicaSet, DaemonSet, Job or CronJob that
@@ -76,11 +86,18 @@ def convert(
     gpumem-percentage needs the cluster's GPU memory sizes: give its nodes with --cluster or
     --node (or ResourceSlices among the manifests).
 
+    HAMi's Ascend (huawei.com/Ascend310P...) and Hygon (hygon.com/dcunum...) requests become
+    claims for their vendors' DRA drivers when the cluster has them: --vendor ascend / --vendor
+    hygon, or their DeviceClass among the manifests; otherwise they are left unchanged, with a
+    warning. A hygon.com/dcucores percentage needs the cards' compute units: their
+    ResourceSlices among the manifests.
+
     Exit status: 0; 2 on bad input (nothing is written).
     """
     from tessera.api.deviceclass import device_class, served_extended_resources
     from tessera.api.slice_validation import validate_resource_slice
-    from tessera.convert import convert_object, gpu_memory_sizes
+    from tessera.api.vendors import installed_vendors
+    from tessera.convert import compute_unit_sizes, convert_object, gpu_memory_sizes
 
     try:
         if out_dir is not None and "-" in manifests:
@@ -106,6 +123,11 @@ def convert(
                         )
                     slices.append(m.obj)
         sizes = gpu_memory_sizes(slices)
+        units = compute_unit_sizes(slices)
+        classes = [m.obj for _, ms in read for m in ms if m.kind == "DeviceClass"]
+        vendors = set(vendor_keys) | installed_vendors(
+            {str((c.get("metadata") or {}).get("name") or "") for c in classes}
+        )
         # Extended resources the input's DeviceClasses (and Tessera's) serve: left for
         # kube-scheduler (KEP-5004), without a "not converted" warning.
         served = served_extended_resources(
@@ -116,7 +138,14 @@ def convert(
         templates: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
         for arg, ms in read:
             for m in ms:
-                res = convert_object(m.obj, memory_sizes=sizes, source=str(m.source), served=served)
+                res = convert_object(
+                    m.obj,
+                    memory_sizes=sizes,
+                    source=str(m.source),
+                    served=served,
+                    vendors=vendors,
+                    compute_units=units,
+                )
                 for w in res.warnings:
                     warn(w)
                 docs = files.setdefault(m.source.file, [])

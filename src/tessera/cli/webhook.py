@@ -159,7 +159,14 @@ def webhook(
         fail(str(e))
     log(check_extended_resource(client))
     slices = Informer(client, "resource.k8s.io/v1", "ResourceSlice").start()
-    view = ClusterView(slices.items, lambda: slices.generation, lambda: slices.synced)
+    # the DeviceClasses say which other vendors' DRA drivers are installed (tessera.api.vendors)
+    classes = Informer(client, "resource.k8s.io/v1", "DeviceClass").start()
+    view = ClusterView(
+        slices.items,
+        lambda: slices.generation + classes.generation,
+        lambda: slices.synced and classes.synced,
+        classes=classes.items,
+    )
     view_stop = view.start()  # derived state rebuilt off the request path when slices change
     # a stamp younger than grace / 2 leaves the template safe from every collector for
     # grace / 2 more: admissions do not wait for its refresh

@@ -11,14 +11,22 @@ Pure code (no I/O), used by the mutating webhook and by ``tessera simulate``::
 
 ``convert_object`` does the same for a whole manifest (a Pod, or a Deployment/Job/... whose pod
 template it converts in place); ``gpu_memory_sizes`` reads the sizes percentages resolve against
-from ResourceSlices.
+from ResourceSlices, ``compute_unit_sizes`` the compute units of Hygon's cards. HAMi's other
+vendors (Ascend, Hygon: ``tessera.api.vendors``) get claims for their own DRA drivers when
+``vendors`` names them as installed.
 
 See ``docs/convert.md`` for the mapping table and the deliberate divergences from HAMi.
 """
 
 from .convert import ContainerRequest, Conversion, ConversionError, convert_pod, mentions_hami
 from .hami import HAMI_RESOURCES
-from .manifests import POD_TEMPLATE_PATHS, ObjectConversion, convert_object, gpu_memory_sizes
+from .manifests import (
+    POD_TEMPLATE_PATHS,
+    ObjectConversion,
+    compute_unit_sizes,
+    convert_object,
+    gpu_memory_sizes,
+)
 
 __all__ = [
     "HAMI_RESOURCES",
@@ -27,6 +35,7 @@ __all__ = [
     "Conversion",
     "ConversionError",
     "ObjectConversion",
+    "compute_unit_sizes",
     "convert_object",
     "convert_pod",
     "gpu_memory_sizes",

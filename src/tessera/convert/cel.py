@@ -50,9 +50,25 @@ def lower_ascii(text: str) -> str:
 # runtime error, which aborts scheduling of the whole pod (dra-spec.md 3.2).
 
 
-def has_attr(name: str) -> str:
-    """``has(device.attributes["gpu.tessera.dev"].<name>)``."""
-    return f"has({ATTRS}.{name})"
+def attrs(driver: str = DRIVER_NAME) -> str:
+    """``device.attributes["<driver>"]``: the attributes of a driver's domain."""
+    return ATTRS if driver == DRIVER_NAME else f"device.attributes[{cel_string(driver)}]"
+
+
+def has_attr(name: str, driver: str = DRIVER_NAME) -> str:
+    """``has(device.attributes["gpu.tessera.dev"].<name>)`` (another ``driver``'s domain when
+    given)."""
+    return f"has({attrs(driver)}.{name})"
+
+
+def attr_in(name: str, values: Sequence[str], driver: str = DRIVER_NAME) -> str:
+    """The device's string attribute ``name`` of ``driver`` is one of ``values`` (guarded)."""
+    return f"{has_attr(name, driver)} && {attrs(driver)}.{name} in {cel_list(values)}"
+
+
+def attr_not_in(name: str, values: Sequence[str], driver: str = DRIVER_NAME) -> str:
+    """The device has no attribute ``name``, or its value is none of ``values``."""
+    return f"!({attr_in(name, values, driver)})"
 
 
 def uuid_in(uuids: Sequence[str]) -> str:
@@ -75,24 +91,32 @@ def profile_in(profiles: Sequence[str]) -> str:
     return f"{has_attr('profile')} && {ATTRS}.profile in {cel_list(profiles)}"
 
 
-def _product_contains(needle: str) -> str:
-    return f"{ATTRS}.productName.lowerAscii().contains({cel_string(lower_ascii(needle))})"
+def _product_contains(needle: str, driver: str = DRIVER_NAME) -> str:
+    return f"{attrs(driver)}.productName.lowerAscii().contains({cel_string(lower_ascii(needle))})"
 
 
-def product_contains_any(needles: Sequence[str]) -> str:
+def product_contains_any(needles: Sequence[str], driver: str = DRIVER_NAME) -> str:
     """``productName`` exists and contains any needle, case-insensitively (OR)."""
-    return f"{has_attr('productName')} && ({' || '.join(_product_contains(n) for n in needles)})"
+    alts = " || ".join(_product_contains(n, driver) for n in needles)
+    return f"{has_attr('productName', driver)} && ({alts})"
 
 
-def product_contains_none(needles: Sequence[str]) -> str:
+def product_contains_none(needles: Sequence[str], driver: str = DRIVER_NAME) -> str:
     """No needle is a case-insensitive substring of ``productName`` (AND of negations)."""
-    inner = " && ".join(f"!{_product_contains(n)}" for n in needles)
-    return f"!{has_attr('productName')} || ({inner})"
+    inner = " && ".join(f"!{_product_contains(n, driver)}" for n in needles)
+    return f"!{has_attr('productName', driver)} || ({inner})"
 
 
-def type_is(device_type: str) -> str:
-    """The device's ``type`` attribute is ``device_type`` (``gpu`` or ``mig``)."""
-    return f"{has_attr('type')} && {ATTRS}.type == {cel_string(device_type)}"
+def type_is(device_type: str, driver: str = DRIVER_NAME) -> str:
+    """The device's ``type`` attribute is ``device_type`` (``gpu`` or ``mig`` for Tessera;
+    another driver's own type with ``driver``)."""
+    return f"{has_attr('type', driver)} && {attrs(driver)}.type == {cel_string(device_type)}"
+
+
+def capacity_is(name: str, quantity: str, driver: str = DRIVER_NAME) -> str:
+    """The device publishes capacity ``name`` of ``driver`` equal to ``quantity`` (guarded)."""
+    cap = CAPACITY if driver == DRIVER_NAME else f"device.capacity[{cel_string(driver)}]"
+    return f"has({cap}.{name}) && {cap}.{name} == quantity({cel_string(quantity)})"
 
 
 def memory_is(quantity: str) -> str:

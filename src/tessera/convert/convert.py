@@ -22,6 +22,7 @@ from tessera import (
     DEVICE_CLASS_NAME,
     DRIVER_NAME,
 )
+from tessera.api import vendors as vendor_table
 from tessera.api.errors import TesseraError
 from tessera.api.quantity import Format, Quantity, QuantityError
 
@@ -84,6 +85,12 @@ class ContainerRequest:
     * ``claim_name`` / ``template_name``: the pod claim and ResourceClaimTemplate it got.
     * ``policy``: the compute policy (``strict`` / ``work-conserving``) HAMi's
       ``GPU_CORE_UTILIZATION_POLICY`` maps to (:func:`core_policy`).
+    * ``vendor``: the vendor table's key of the driver the claim is for (``tessera`` for
+      NVIDIA's HAMi resources; ``ascend``, ``hygon``: :mod:`tessera.api.vendors`); for those
+      ``gpus`` counts their devices, ``memory_mib`` is what the claim books (after Ascend's
+      template rounding; None with ``memory_percentage`` 100: the whole memory) and ``cores``
+      stays HAMi's percentage (the claim carries it in the driver's unit).
+    * ``template``: the Ascend vNPU template the memory was rounded up to ("" when none).
     """
 
     container: str
@@ -97,6 +104,8 @@ class ContainerRequest:
     claim_name: str = ""
     template_name: str = ""
     policy: str = COMPUTE_POLICIES[1]
+    vendor: str = vendor_table.TESSERA.key
+    template: str = ""
 
     @property
     def whole_memory(self) -> bool:
@@ -105,6 +114,13 @@ class ContainerRequest:
 
     def hami_view(self) -> str:
         """HAMi's normalised request, e.g. ``nvidia.com/gpu=2,nvidia.com/gpumem=3000,...``."""
+        vfam = _VENDOR_FAMILIES.get(self.family)
+        if vfam is not None:
+            parts = [f"{vfam.count}={self.gpus}"]
+            if self.memory_mib is not None:
+                parts.append(f"{vfam.memory}={self.memory_mib}")
+            parts.append(f"{vfam.cores}={self.cores}")
+            return ",".join(parts)
         fam = hami.VOLCANO if self.family == "volcano" else hami.NVIDIA
         parts = [f"{fam.count}={self.gpus}"]
         if self.memory_mib is not None:
@@ -115,6 +131,12 @@ class ContainerRequest:
         if self.priority is not None:
             parts.append(f"{hami.PRIORITY}={self.priority}")
         return ",".join(parts)
+
+
+#: The other vendors' HAMi spellings by name (``hygon-dcu``, ``ascend310p``...).
+_VENDOR_FAMILIES: dict[str, vendor_table.HamiFamily] = {
+    f.name: f for v in vendor_table.CONVERTED for f in v.hami
+}
 
 
 @dataclass(frozen=True)
@@ -155,6 +177,7 @@ class _Ctx:
     pod: str  # namespace/name as shown in messages
     warnings: list[str]
     served: frozenset[str] = frozenset()  # extended resources DeviceClasses serve (KEP-5004)
+    vendors: frozenset[str] = frozenset()  # vendor keys whose DRA driver is installed
 
     def where(self, container: str = "") -> str:
         head = f"{self.source}: " if self.source else ""
@@ -173,6 +196,7 @@ class _Ctx:
 # ---- value parsing -------------------------------------------------------------------------------
 _HOW = {
     "count": "write a whole number of physical GPUs such as 1",
+    "devices": "write a whole number of devices such as 1",
     "memory": "write a whole number of MiB such as 3000",
     "percentage": "write a whole percentage 1-100 such as 50",
     "cores": "write a whole percentage 0-100 such as 30",
@@ -359,6 +383,7 @@ def _unknown_selection_annotations(annotations: Mapping[str, Any], ctx: _Ctx) ->
         if (
             not isinstance(key, str)
             or key in hami.POD_ANNOTATIONS
+            or key in hami.VENDOR_ANNOTATIONS
             or key in hami.SCHEDULER_RECORDS
             or key in hami.HAMI_RESOURCES
             or not key.startswith(hami.SELECTION_PREFIXES)
@@ -451,7 +476,7 @@ def _unsupported_names(container: str, resources: Mapping[str, Any], ctx: _Ctx) 
         block = resources.get(part)
         if isinstance(block, Mapping):
             names.update(str(k) for k in block)
-    for name in sorted(names - hami.HAMI_RESOURCES - ctx.served):
+    for name in sorted(names - hami.HAMI_RESOURCES - hami.VENDOR_RESOURCES - ctx.served):
         low = name.lower()
         if low.startswith("nvidia.com/mig-"):
             ctx.warn(
@@ -475,8 +500,9 @@ def _unsupported_names(container: str, resources: Mapping[str, Any], ctx: _Ctx) 
         elif low.startswith(hami.OTHER_VENDOR_PREFIXES):
             ctx.warn(
                 container,
-                f"{name} is a HAMi resource of another vendor; Tessera shares NVIDIA GPUs only "
-                "(left unchanged)",
+                f"{name} is a HAMi resource of a vendor without a DRA driver in Tessera's vendor "
+                "table (left unchanged); converted are NVIDIA's, "
+                + ", ".join(v.devices for v in vendor_table.CONVERTED),
             )
 
 
@@ -487,8 +513,6 @@ def _read(
     container: str,
 ) -> dict[str, int]:
     """Values by role; HAMi reads limits, falling back to requests (hami.md 1.3)."""
-    limits = resources.get("limits") or {}
-    requests = resources.get("requests") or {}
     roles = {
         "count": fam.count,
         "memory": fam.memory,
@@ -497,6 +521,16 @@ def _read(
     }
     if fam.priority:
         roles["priority"] = fam.priority
+    return _read_roles(resources, roles, ctx, container)
+
+
+def _read_roles(
+    resources: Mapping[str, Any], roles: Mapping[str, str], ctx: _Ctx, container: str
+) -> dict[str, int]:
+    """The value of each role's resource name (``roles``: role -> name) that is present:
+    limits first, then requests, as HAMi reads every vendor's."""
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
     out: dict[str, int] = {}
     for role, name in roles.items():
         in_lim, in_req = name in limits, name in requests
@@ -839,6 +873,294 @@ def _memory_sizes(memory_sizes: Sequence[int], ctx: _Ctx) -> list[int]:
     return sizes
 
 
+# ---- HAMi's other vendors (tessera.api.vendors) -----------------------------------------------------
+def _vendor_families(
+    resources: Mapping[str, Any], ctx: _Ctx, container: str
+) -> list[tuple[vendor_table.Vendor, vendor_table.HamiFamily]]:
+    """The other vendors' HAMi spellings the container names, in table order. Two spellings
+    of one card (Hygon's ``dcu*`` and ``hcu*``) are refused; Ascend's chips are each their own
+    (HAMi serves each chip as a device type of its own)."""
+    out: list[tuple[vendor_table.Vendor, vendor_table.HamiFamily]] = []
+    for vend in vendor_table.CONVERTED:
+        fams = [f for f in vend.hami if any(_present(resources, n) for n in f.names())]
+        if len(fams) > 1 and all(f.chip is None for f in fams):
+            raise ctx.error(
+                container,
+                fams[0].count,
+                f"asks for {' and '.join(f.count.rsplit('num', 1)[0] + '*' for f in fams)}: "
+                "two spellings of the same cards; use one",
+            )
+        out.extend((vend, f) for f in fams)
+    return out
+
+
+def _vendor_request(
+    values: Mapping[str, int],
+    vend: vendor_table.Vendor,
+    fam: vendor_table.HamiFamily,
+    annotations: Mapping[str, Any],
+    ctx: _Ctx,
+    container: str,
+    init: bool,
+) -> tuple[bool, ContainerRequest | None]:
+    """HAMi's reading of one container's request for ``vend``'s devices (``fam``'s names):
+    (strip the names from the container, the request or None).
+
+    HAMi reads a container as asking for these devices only when it names the count
+    (``hygon.com/dcunum``, ``huawei.com/Ascend310P``; ``pkg/device/hygon``,
+    ``pkg/device/ascend``): memory or cores alone are left unchanged, with a warning. Hygon:
+    memory absent or 0 books the whole card, cores absent means 100. Ascend
+    (:data:`tessera.api.vendors.ASCEND_VNPU_MODE`): in HAMi's soft split (``hami-core``)
+    memory is booked as asked and ``-core`` is a percentage (absent: 0); otherwise memory is
+    rounded up to the chip's smallest vNPU template that holds it, and the claim takes the
+    template's share of the AICores, rounded up (above every template and within the chip's
+    memory: the whole card), ``-core`` is refused and so are several NPUs on a template; the
+    910C counts NPUs in pairs (1 becomes 2, other odd counts are refused)."""
+    count = values.get("devices")
+    mem = values.get("memory")
+    cores = values.get("cores")
+    if count is None:
+        asked = [n for r, n in (("memory", fam.memory), ("cores", fam.cores)) if r in values]
+        ctx.warn(
+            container,
+            f"{', '.join(asked)} without {fam.count} asks for no device (HAMi reads none); "
+            f"left unchanged: add {fam.count}: 1",
+        )
+        return False, None
+    if count == 0:
+        sized = [n for r, n in (("memory", fam.memory), ("cores", fam.cores)) if r in values]
+        if sized:
+            raise ctx.error(
+                container,
+                fam.count,
+                f"{fam.count} is 0 but {sized[0]} is set; ask {fam.count}: 1 or more, or "
+                f"remove {sized[0]}",
+            )
+        ctx.warn(container, f"{fam.count} 0 asks for no device; removed")
+        return True, None
+    if count > MAX_GPUS_PER_CONTAINER:
+        raise ctx.error(
+            container,
+            fam.count,
+            f"{fam.count} {count} is over {MAX_GPUS_PER_CONTAINER}: a ResourceClaim allocates "
+            f"at most {MAX_GPUS_PER_CONTAINER} devices; ask for {MAX_GPUS_PER_CONTAINER} or fewer",
+        )
+    if cores is not None and cores > 100:
+        raise ctx.error(
+            container,
+            fam.cores,
+            f"{fam.cores} {cores} is over 100: it is a percentage 0-100 of each device's "
+            "compute; write 100 or less",
+        )
+    if mem is not None and mem > MAX_GPUMEM_MIB:
+        raise ctx.error(
+            container,
+            fam.memory,
+            f"{fam.memory} {mem} is out of range: at most {MAX_GPUMEM_MIB} MiB per device",
+        )
+    template = ""
+    chip = fam.chip
+    if chip is None:  # Hygon
+        if mem == 0:
+            ctx.warn(
+                container, f"{fam.memory} 0 is treated as unset: the claim books the whole card"
+            )
+        memory_mib = mem or None
+        share = 100 if cores is None else cores
+    else:
+        if chip.pairs and count % 2:
+            if count != 1:
+                raise ctx.error(
+                    container,
+                    fam.count,
+                    f"{fam.count} {count}: {chip.common_word} NPUs are allocated in pairs (one "
+                    "module); ask 1 (HAMi makes it 2) or an even number",
+                )
+            ctx.warn(
+                container,
+                f"{fam.count} 1 is 2: {chip.common_word} NPUs are allocated in pairs (as HAMi does)",
+            )
+            count = 2
+        mode = annotations.get(vendor_table.ASCEND_VNPU_MODE)
+        if mode == vendor_table.ASCEND_SOFT_SPLIT:
+            if mem == 0:
+                ctx.warn(
+                    container, f"{fam.memory} 0 is treated as unset: the claim books the whole NPU"
+                )
+            memory_mib = mem or None
+            share = cores or 0
+        else:
+            if cores:
+                raise ctx.error(
+                    container,
+                    fam.cores,
+                    f"{fam.cores} is only read in HAMi's soft split (HAMi refuses it too): add "
+                    f'annotation {vendor_table.ASCEND_VNPU_MODE}: "{vendor_table.ASCEND_SOFT_SPLIT}", '
+                    f"or remove {fam.cores}",
+                )
+            memory_mib, share = None, 100
+            if mem is not None:
+                t = chip.template_for(mem)
+                if t is not None:
+                    memory_mib, template = t.memory_mib, t.name
+                    share = -(-100 * t.ai_cores // chip.ai_cores)
+                elif mem > chip.memory_capacity_mib:
+                    raise ctx.error(
+                        container,
+                        fam.memory,
+                        f"{fam.memory} {mem} is more than an {chip.common_word} holds "
+                        f"({chip.memory_capacity_mib} MiB); write {chip.memory_capacity_mib} or "
+                        "less (MiB)",
+                    )
+            if template and count > 1:
+                raise ctx.error(
+                    container,
+                    fam.memory,
+                    f"{fam.memory} {mem} is a vNPU template ({template}), which serves one NPU "
+                    f"(HAMi refuses it for several too): ask {fam.count}: 1, or whole NPUs "
+                    f"(no {fam.memory})",
+                )
+    return True, ContainerRequest(
+        container=container,
+        gpus=count,
+        memory_mib=memory_mib,
+        memory_percentage=None if memory_mib is not None else 100,
+        cores=share,
+        family=fam.name,
+        init=init,
+        vendor=vend.key,
+        template=template,
+    )
+
+
+def _vendor_selectors(
+    vend: vendor_table.Vendor,
+    fam: vendor_table.HamiFamily,
+    annotations: Mapping[str, Any],
+    ctx: _Ctx,
+) -> list[str]:
+    """The claim's selectors: the driver's shareable device type (HAMi-DRA's selector),
+    Ascend's chip by ``productName``, and the pod's UUID and type annotations of ``fam``
+    (comma lists; UUIDs exact, types a case-insensitive substring of ``productName`` as HAMi's
+    ``CheckType``; HAMi's ``DCU-`` prefixes are also tried without it)."""
+    out = [cel.type_is(vend.device_type, vend.driver)]
+    if fam.chip is not None:
+        out.append(cel.attr_in("productName", [fam.chip.chip_name], vend.driver))
+
+    def items(key: str, prefixes: Sequence[str]) -> list[str] | None:
+        raw = annotations.get(key) if key else None
+        if raw is None:
+            return None
+        if not isinstance(raw, str):
+            raise ctx.error("", key, f"annotation {key} must be a string, got {raw!r}; quote it")
+        got = _split_list(raw)
+        if not got:
+            ctx.warn("", f"annotation {key} is empty: no constraint applied")
+            return None
+        more = [
+            i[len(p) :] for i in got for p in prefixes if i.upper().startswith(p) and i[len(p) :]
+        ]
+        return [*got, *(m for m in more if m not in got)]
+
+    for key, build in ((fam.use_uuid, cel.attr_in), (fam.nouse_uuid, cel.attr_not_in)):
+        uuids = items(key, vend.uuid_prefixes)
+        if uuids:
+            out.append(build("uuid", uuids, vend.driver))
+    for key, typ in (
+        (fam.use_type, cel.product_contains_any),
+        (fam.nouse_type, cel.product_contains_none),
+    ):
+        needles = items(key, vend.type_prefixes)
+        if needles:
+            out.append(typ(needles, vend.driver))
+    return out
+
+
+def _vendor_claim_spec(
+    req: ContainerRequest,
+    vend: vendor_table.Vendor,
+    fam: vendor_table.HamiFamily,
+    annotations: Mapping[str, Any],
+    compute_units: Sequence[int],
+    ctx: _Ctx,
+) -> dict[str, Any]:
+    """The claim for ``vend``'s driver: one request (:attr:`Vendor.request_name`) on its
+    DeviceClass, ``count`` devices (distinct by :attr:`Vendor.unit_attribute` when several),
+    capacity ``memory`` in bytes when not the whole device and ``cores`` in the driver's unit:
+    a percentage for Ascend; for Hygon the card's compute units
+    (:func:`tessera.api.vendors.hygon_compute_units`), one ``firstAvailable`` subrequest per
+    compute-unit count of the cluster's cards (``cu-<i>``, selecting cards of that count) when
+    the percentage is strictly between 0 and 100 (100 books the whole card by the driver's
+    default, 0 is 1 CU on any card)."""
+    selectors = _vendor_selectors(vend, fam, annotations, ctx)
+    reqs: dict[str, str] = {}
+    if req.memory_mib is not None:
+        reqs["memory"] = _quantity(req.memory_mib * MIB, "BinarySI")
+    variants: list[tuple[str, dict[str, str], list[str]]]
+    if vend.cores_unit == "percent":
+        reqs["cores"] = _quantity(req.cores)
+        variants = [("", reqs, [])]
+    elif req.cores >= 100:
+        variants = [("", reqs, [])]
+    elif req.cores == 0:
+        variants = [("", {**reqs, "cores": _quantity(vendor_table.hygon_compute_units(0, 1))}, [])]
+    else:
+        units = sorted({u for u in compute_units if u >= 1}, reverse=True)
+        if not units:
+            raise ctx.error(
+                req.container,
+                fam.cores,
+                f"{fam.cores} {req.cores} is a percentage, and {vend.driver} counts compute "
+                "units: the cluster's cards must be known (their ResourceSlices: among the "
+                "manifests for tessera convert, watched by the webhook)",
+            )
+        if len(units) > MAX_SUBREQUESTS:
+            units = units[:MAX_SUBREQUESTS]
+            ctx.warn(
+                req.container,
+                f"only the {MAX_SUBREQUESTS} largest compute-unit counts are candidates",
+            )
+        variants = [
+            (
+                f"cu-{i}" if len(units) > 1 else "",
+                {**reqs, "cores": _quantity(vendor_table.hygon_compute_units(req.cores, u))},
+                [cel.capacity_is("cores", _quantity(u), vend.driver)],
+            )
+            for i, u in enumerate(units)
+        ]
+
+    def exact(capacity: dict[str, str], extra: Sequence[str]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "deviceClassName": vend.device_class,
+            "allocationMode": "ExactCount",
+            "count": req.gpus,
+            "selectors": _selectors([*selectors, *extra]),
+        }
+        if capacity:
+            body["capacity"] = {"requests": dict(capacity)}
+        return body
+
+    if len(variants) == 1 and not variants[0][0]:
+        request: dict[str, Any] = {
+            "name": vend.request_name,
+            "exactly": exact(variants[0][1], variants[0][2]),
+        }
+    else:
+        request = {
+            "name": vend.request_name,
+            "firstAvailable": [{"name": n, **exact(c, e)} for n, c, e in variants],
+        }
+    devices: dict[str, Any] = {"requests": [request]}
+    if req.gpus > 1:
+        devices["constraints"] = [
+            {
+                "requests": [vend.request_name],
+                "distinctAttribute": f"{vend.driver}/{vend.unit_attribute}",
+            }
+        ]
+    return {"devices": devices}
+
+
 # ---- naming ----------------------------------------------------------------------------------------
 def _base_name(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> tuple[str, str, bool]:
     """(base for object names, name for messages, derived-from-content flag)."""
@@ -877,14 +1199,14 @@ def _has_hami(resources: Any) -> bool:
         return False
     return any(
         isinstance(resources.get(p), Mapping)
-        and any(n in resources[p] for n in hami.HAMI_RESOURCES)
+        and any(n in resources[p] for n in (*hami.HAMI_RESOURCES, *hami.VENDOR_RESOURCES))
         for p in ("limits", "requests")
     )
 
 
 #: The name prefixes :func:`convert_pod` reads: HAMi's, NVIDIA's (its resources, MIG profiles,
 #: selection annotations) and Volcano's vGPU spelling.
-HAMI_MARKS = ("hami.io/", "nvidia.com/", "volcano.sh/")
+HAMI_MARKS = ("hami.io/", "nvidia.com/", "volcano.sh/", *hami.VENDOR_MARKS)
 
 
 def mentions_hami(pod: Mapping[str, Any]) -> bool:
@@ -919,6 +1241,8 @@ def convert_pod(
     memory_sizes: Sequence[int] = (),
     source: str = "",
     served: Collection[str] = (),
+    vendors: Collection[str] = (),
+    compute_units: Sequence[int] = (),
 ) -> Conversion:
     """Convert a Pod's HAMi-style GPU requests into DRA ResourceClaimTemplates.
 
@@ -931,6 +1255,13 @@ def convert_pod(
     :func:`tessera.api.deviceclass.served_extended_resources`): such a name that is not
     HAMi's is left for kube-scheduler without a "not converted" warning (HAMi's own names are
     converted whoever serves them: the webhook runs before the scheduler).
+
+    ``vendors``: the keys (:mod:`tessera.api.vendors`, ``ascend``, ``hygon``) of the other
+    vendors whose DRA driver the cluster has (:func:`tessera.api.vendors.installed_vendors` of
+    its DeviceClasses). Their HAMi resources become one claim per vendor (per Ascend chip) per
+    container, for that driver; a vendor not in ``vendors`` keeps its resources, with a warning.
+    ``compute_units``: the distinct compute-unit counts of the cluster's Hygon cards
+    (:func:`tessera.convert.compute_unit_sizes`), needed for a ``dcucores`` below 100.
 
     Per container and initContainer with HAMi resources (:data:`HAMI_RESOURCES`), HAMi's
     normalisation is reproduced: limits before requests; gpumem/gpucores/percentage alone imply
@@ -966,6 +1297,7 @@ def convert_pod(
         pod=f"{ns}/{shown}" if ns else shown,
         warnings=[],
         served=frozenset(served),
+        vendors=frozenset(vendors),
     )
     if kind not in (None, "Pod"):
         raise ctx.error(
@@ -1039,55 +1371,82 @@ def convert_pod(
                 raise ctx.error(cname, f"resources.{part}", f"resources.{part} must be a map")
         _unsupported_names(cname, resources, ctx)
         fam = _family(resources, ctx, cname)
-        if fam is None:
-            continue
-        req = _normalise(_read(resources, fam, ctx, cname), fam, ctx, cname, init)
-        _strip(out_c, fam)
-        if req is None:
-            continue
-        policy, why = core_policy(c)
-        if why and 0 < req.cores < 100:
-            ctx.warn(cname, why)
-        req = replace(req, policy=policy)
-        sc = c.get("securityContext") or {}
-        if isinstance(sc, Mapping) and sc.get("privileged") is True:
-            raise ctx.error(
+        req = None
+        if fam is not None:
+            req = _normalise(_read(resources, fam, ctx, cname), fam, ctx, cname, init)
+            _strip(out_c, fam)
+        if req is not None:
+            policy, why = core_policy(c)
+            if why and 0 < req.cores < 100:
+                ctx.warn(cname, why)
+            req = replace(req, policy=policy)
+            _refuse_privileged(c, cname, ctx)
+            if req.memory_percentage not in (None, 100) and dropped:
+                ctx.warn(
+                    cname,
+                    f"only the {MAX_SUBREQUESTS} largest GPU memory sizes are candidates "
+                    f"(firstAvailable holds {MAX_SUBREQUESTS}); not tried: {dropped}",
+                )
+            claim = dns_label(f"{cname}-gpu")
+            if claim in existing_claims:
+                raise ctx.error(
+                    cname,
+                    "spec.resourceClaims",
+                    f"the pod already has a resource claim named {claim}; rename it",
+                )
+            existing_claims.add(claim)
+            tname = dns_subdomain(f"{base}-{cname}-gpu")
+            req = replace(req, claim_name=claim, template_name=tname)
+            profiles = hints.mig_profiles.get(position, [])
+            if profiles:
+                ctx.warn(
+                    cname,
+                    f"{hami.MIG_ALLOCATIONS} (written by HAMi's scheduler) recorded MIG profile(s) "
+                    f"{', '.join(profiles)}: the claim asks for that profile; GPU and placement are "
+                    "chosen again",
+                )
+            templates.append(_template(req, tname, ns, hints, sizes, ctx, profiles))
+            requests.append(req)
+            _attach(out_spec, out_c, claim, tname)
+        # HAMi's other vendors: one claim per vendor (per Ascend chip) per container, for the
+        # vendor's DRA driver (HAMi-DRA's shape), or left alone where the driver is missing.
+        for vend, vfam in _vendor_families(resources, ctx, cname):
+            if vend.key not in ctx.vendors:
+                asked = sorted(n for n in vfam.names() if _present(resources, n))
+                ctx.warn(
+                    cname,
+                    f"{', '.join(asked)}: the cluster has no DRA driver {vend.driver} for "
+                    f"{vend.devices} (no DeviceClass {vend.device_class}); left unchanged "
+                    f"(tessera convert: --vendor {vend.key} says it is installed)",
+                )
+                continue
+            values = _read_roles(
+                resources,
+                {"devices": vfam.count, "memory": vfam.memory, "cores": vfam.cores},
+                ctx,
                 cname,
-                "securityContext.privileged",
-                "a privileged container sees every GPU on the node, so its share cannot be "
-                "enforced (HAMi denies it too); drop privileged or leave GPU requests out",
             )
-        if req.memory_percentage not in (None, 100) and dropped:
-            ctx.warn(
-                cname,
-                f"only the {MAX_SUBREQUESTS} largest GPU memory sizes are candidates "
-                f"(firstAvailable holds {MAX_SUBREQUESTS}); not tried: {dropped}",
-            )
-        claim = dns_label(f"{cname}-gpu")
-        if claim in existing_claims:
-            raise ctx.error(
-                cname,
-                "spec.resourceClaims",
-                f"the pod already has a resource claim named {claim}; rename it",
-            )
-        existing_claims.add(claim)
-        tname = dns_subdomain(f"{base}-{cname}-gpu")
-        req = replace(req, claim_name=claim, template_name=tname)
-        profiles = hints.mig_profiles.get(position, [])
-        if profiles:
-            ctx.warn(
-                cname,
-                f"{hami.MIG_ALLOCATIONS} (written by HAMi's scheduler) recorded MIG profile(s) "
-                f"{', '.join(profiles)}: the claim asks for that profile; GPU and placement are "
-                "chosen again",
-            )
-        templates.append(_template(req, tname, ns, hints, sizes, ctx, profiles))
-        requests.append(req)
-        out_spec.setdefault("resourceClaims", []).append(
-            {"name": claim, "resourceClaimTemplateName": tname}
-        )
-        out_res = out_c.setdefault("resources", {})
-        out_res.setdefault("claims", []).append({"name": claim})
+            strip, vreq = _vendor_request(values, vend, vfam, annotations, ctx, cname, init)
+            if strip:
+                _strip_names(out_c, vfam.names())
+            if vreq is None:
+                continue
+            _refuse_privileged(c, cname, ctx)
+            suffix = vend.request_name if vfam.chip is None else vfam.name
+            claim = dns_label(f"{cname}-{suffix}")
+            if claim in existing_claims:
+                raise ctx.error(
+                    cname,
+                    "spec.resourceClaims",
+                    f"the pod already has a resource claim named {claim}; rename it",
+                )
+            existing_claims.add(claim)
+            tname = dns_subdomain(f"{base}-{cname}-{suffix}")
+            vreq = replace(vreq, claim_name=claim, template_name=tname)
+            spec_ = _vendor_claim_spec(vreq, vend, vfam, annotations, compute_units, ctx)
+            templates.append(_template(vreq, tname, ns, hints, sizes, ctx, claim_spec=spec_))
+            requests.append(vreq)
+            _attach(out_spec, out_c, claim, tname)
 
     if templates and out_spec.get("nodeName"):
         raise ctx.error(
@@ -1139,16 +1498,48 @@ def _writable_copy(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 def _strip(container: dict[str, Any], fam: hami.ResourceFamily) -> None:
     """Remove the family's resources from limits and requests; drop blocks left empty."""
+    _strip_names(container, fam.names())
+
+
+def _strip_names(container: dict[str, Any], names: Sequence[str]) -> None:
+    """Remove ``names`` from the container's limits and requests; drop blocks left empty."""
     res = container.get("resources")
     if not isinstance(res, dict):
         return
     for part in ("limits", "requests"):
         block = res.get(part)
         if isinstance(block, dict):
-            for n in fam.names():
+            for n in names:
                 block.pop(n, None)
             if not block:
                 del res[part]
+
+
+def _present(resources: Mapping[str, Any], name: str) -> bool:
+    return any(
+        isinstance(resources.get(p), Mapping) and name in resources[p]
+        for p in ("limits", "requests")
+    )
+
+
+def _attach(out_spec: dict[str, Any], out_c: dict[str, Any], claim: str, tname: str) -> None:
+    """The pod's claim ``claim`` from template ``tname``, used by container ``out_c``."""
+    out_spec.setdefault("resourceClaims", []).append(
+        {"name": claim, "resourceClaimTemplateName": tname}
+    )
+    out_res = out_c.setdefault("resources", {})
+    out_res.setdefault("claims", []).append({"name": claim})
+
+
+def _refuse_privileged(c: Mapping[str, Any], cname: str, ctx: _Ctx) -> None:
+    sc = c.get("securityContext") or {}
+    if isinstance(sc, Mapping) and sc.get("privileged") is True:
+        raise ctx.error(
+            cname,
+            "securityContext.privileged",
+            "a privileged container sees every GPU on the node, so its share cannot be "
+            "enforced (HAMi denies it too); drop privileged or leave GPU requests out",
+        )
 
 
 def _template(
@@ -1159,6 +1550,7 @@ def _template(
     sizes: Sequence[int],
     ctx: _Ctx,
     mig_profiles: Sequence[str] = (),
+    claim_spec: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if namespace:
@@ -1172,5 +1564,9 @@ def _template(
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": meta,
-        "spec": {"spec": _claim_spec(req, hints, sizes, ctx, mig_profiles)},
+        "spec": {
+            "spec": claim_spec
+            if claim_spec is not None
+            else _claim_spec(req, hints, sizes, ctx, mig_profiles)
+        },
     }

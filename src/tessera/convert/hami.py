@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tessera.api import vendors as _vendors
+
 # ---- extended resources (container resources.limits / requests) ------------------------------
 GPU = "nvidia.com/gpu"
 GPUMEM = "nvidia.com/gpumem"
@@ -130,8 +132,21 @@ SELECTION_PREFIXES = ("nvidia.com/use-", "nvidia.com/nouse-", "volcano.sh/vgpu-"
 #: Annotations of HAMi's other vendors that select devices: not NVIDIA, so not Tessera's.
 OTHER_VENDOR_ANNOTATIONS = frozenset({"hami.io/use-xpu-uuid", "hami.io/no-use-xpu-uuid"})
 
+# ---- HAMi's other vendors with a DRA driver in the vendor table (tessera.api.vendors) --------
+#: Their resources (count, memory MiB, cores %), converted into claims for their drivers.
+VENDOR_RESOURCES: frozenset[str] = frozenset(
+    n for v in _vendors.CONVERTED for n in v.resource_names()
+)
+#: Their selection annotations, and Ascend's split mode.
+VENDOR_ANNOTATIONS: frozenset[str] = frozenset(
+    {*(a for v in _vendors.CONVERTED for a in v.annotation_names()), _vendors.ASCEND_VNPU_MODE}
+)
+#: Name prefixes of those resources and annotations (what :func:`mentions_hami` also reads).
+VENDOR_MARKS = ("hygon.com/", "huawei.com/")
+
 # ---- HAMi-ish names that Tessera recognises but does not convert ------------------------------
-# Resource-name prefixes of HAMi's other vendors (hami.md 1.1): not NVIDIA, so not Tessera's.
+# Resource-name prefixes of HAMi's other vendors (hami.md 1.1) with no DRA driver in the vendor
+# table: left unchanged, with a warning.
 OTHER_VENDOR_PREFIXES = (
     "cambricon.com/",
     "hygon.com/",

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera import DRIVER_NAME
+from tessera.api import vendors as vendor_table
 from tessera.api.quantity import Quantity
 from tessera.api.workloads import POD_TEMPLATE_PATHS, foreign_workload
 
@@ -48,6 +49,27 @@ def gpu_memory_sizes(slices: Iterable[Mapping[str, Any]]) -> list[int]:
                     if key is not None:
                         seen.add(key)
     return sorted(sizes, reverse=True)
+
+
+def compute_unit_sizes(
+    slices: Iterable[Mapping[str, Any]], vendor: vendor_table.Vendor = vendor_table.HYGON
+) -> list[int]:
+    """The distinct ``cores`` capacities (compute units per card), largest first, of the
+    devices of ``vendor``'s driver in ``slices`` (ResourceSlice dicts): what a Hygon
+    ``dcucores`` percentage is resolved against (:func:`convert_pod`'s ``compute_units``).
+    Raises :class:`~tessera.api.quantity.QuantityError` for a capacity that is not a quantity."""
+    units: set[int] = set()
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != vendor.driver:
+            continue
+        for d in spec.get("devices") or []:
+            cores = ((d or {}).get("capacity") or {}).get("cores")
+            if isinstance(cores, Mapping) and cores.get("value") is not None:
+                q = Quantity.parse(cores["value"])
+                if q.is_integer() and q.value >= 1:
+                    units.add(int(q.value))
+    return sorted(units, reverse=True)
 
 
 @dataclass(frozen=True)
@@ -82,6 +104,8 @@ def convert_object(
     memory_sizes: Sequence[int] = (),
     source: str = "",
     served: Collection[str] = (),
+    vendors: Collection[str] = (),
+    compute_units: Sequence[int] = (),
 ) -> ObjectConversion:
     """Convert the HAMi-style GPU requests of one manifest.
 
@@ -92,14 +116,22 @@ def convert_object(
     converted ``spec`` replaces the template's. An object of another API holding pod templates
     (:func:`tessera.api.workloads.foreign_workload`: Argo, Kubeflow, ...) comes back unchanged
     with a warning saying so; anything else comes back unchanged. The input is
-    never mutated. ``memory_sizes``, ``source`` and ``served`` are passed to :func:`convert_pod`.
+    never mutated. ``memory_sizes``, ``source``, ``served``, ``vendors`` and ``compute_units``
+    are passed to :func:`convert_pod`.
 
     Raises :class:`ConversionError` as :func:`convert_pod` does, and for a controller whose pod
     template has no ``spec`` mapping.
     """
     kind = obj.get("kind")
     if kind == "Pod":
-        conv = convert_pod(obj, memory_sizes=memory_sizes, source=source, served=served)
+        conv = convert_pod(
+            obj,
+            memory_sizes=memory_sizes,
+            source=source,
+            served=served,
+            vendors=vendors,
+            compute_units=compute_units,
+        )
         return ObjectConversion(conv.pod, conv.templates, conv.warnings, conv)
     path = POD_TEMPLATE_PATHS.get(str(kind))
     if path is None:
@@ -127,7 +159,14 @@ def convert_object(
     else:
         pod_meta.pop("namespace", None)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": template["spec"]}
-    conv = convert_pod(pod, memory_sizes=memory_sizes, source=source, served=served)
+    conv = convert_pod(
+        pod,
+        memory_sizes=memory_sizes,
+        source=source,
+        served=served,
+        vendors=vendors,
+        compute_units=compute_units,
+    )
     if not conv.templates and conv.pod["spec"] == template["spec"]:
         return ObjectConversion(obj, [], conv.warnings, conv)
     out = copy.deepcopy(obj)

@@ -10,9 +10,11 @@ templates to ensure, and the warnings. It does no I/O; the server ensures the te
 Outcomes, by input (``docs/webhook.md``):
 
 * not a Pod CREATE, or a pod without HAMi resources: allowed, no patch;
-* a HAMi pod: allowed with a JSONPatch; the converter's warnings, and requests the cluster's
-  current GPUs cannot hold (gpumem above every GPU's memory, more GPUs than any node has, a UUID
-  or type no GPU has), go into ``response.warnings`` -- HAMi admits those too, and a node that
+* a HAMi pod: allowed with a JSONPatch (HAMi's Ascend and Hygon requests too, as claims for
+  their DRA drivers when the cluster has their DeviceClass, else left unchanged with a
+  warning); the converter's warnings, and requests the cluster's current GPUs cannot hold
+  (gpumem above every GPU's memory, more GPUs than any node has, a UUID or type no GPU has),
+  go into ``response.warnings`` -- HAMi admits those too, and a node that
   can hold them may join;
 * what :class:`~tessera.convert.ConversionError` rejects (gpucores 101, a negative value,
   gpumem with a unit...): denied, code 422, the converter's one-line message naming pod,
@@ -38,9 +40,11 @@ from typing import Any
 
 from tessera import DRIVER_NAME
 from tessera.api.loader import Manifest, Source
+from tessera.api.vendors import TESSERA, installed_vendors
 from tessera.convert import (
     ContainerRequest,
     ConversionError,
+    compute_unit_sizes,
     convert_pod,
     gpu_memory_sizes,
     hami,
@@ -71,10 +75,25 @@ class _Snapshot:
     memory sizes, the most GPUs of a node, the lint index of the devices (built on first use),
     and the notes of each template shape linted against them."""
 
-    def __init__(self, generation: int, slices: Sequence[Mapping[str, Any]], synced: bool) -> None:
+    def __init__(
+        self,
+        generation: int,
+        slices: Sequence[Mapping[str, Any]],
+        synced: bool,
+        classes: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
         self.generation = generation
         self.slices = slices
         self.synced = synced
+        #: the other vendors whose DRA driver is installed (their DeviceClass exists)
+        self.vendors = installed_vendors(
+            {str((c.get("metadata") or {}).get("name") or "") for c in classes}
+        )
+        try:
+            units = compute_unit_sizes(slices)
+        except ValueError:
+            units = []  # a malformed slice: Hygon percentages then fail with a clear message
+        self.compute_units: tuple[int, ...] = tuple(units)
         per_node: dict[str, int] = {}
         for s in slices:
             spec = s.get("spec") or {}
@@ -126,8 +145,10 @@ class ClusterView:
         items: Callable[[], Sequence[Mapping[str, Any]]],
         generation: Callable[[], int] = lambda: 0,
         synced: Callable[[], bool] = lambda: True,
+        classes: Callable[[], Sequence[Mapping[str, Any]]] = lambda: (),
     ) -> None:
         self.items = items
+        self.classes = classes
         self.generation = generation
         self.synced = synced
         self._lock = threading.Lock()
@@ -136,15 +157,17 @@ class ClusterView:
         self.builds = 0
 
     @classmethod
-    def static(cls, slices: Sequence[Mapping[str, Any]]) -> ClusterView:
-        """A view of fixed slices (tests, benchmarks)."""
-        items = list(slices)
-        return cls(lambda: items)
+    def static(
+        cls, slices: Sequence[Mapping[str, Any]], classes: Sequence[Mapping[str, Any]] = ()
+    ) -> ClusterView:
+        """A view of fixed slices and DeviceClasses (tests, benchmarks)."""
+        items, dcs = list(slices), list(classes)
+        return cls(lambda: items, classes=lambda: dcs)
 
     def _build(self) -> _Snapshot:
         # generation and synced before the items: a change meanwhile is seen next time
         gen, synced = self.generation(), self.synced()
-        snap = _Snapshot(gen, list(self.items()), synced)
+        snap = _Snapshot(gen, list(self.items()), synced, list(self.classes()))
         self.builds += 1
         return snap
 
@@ -236,6 +259,8 @@ class ClusterView:
         has: ..."]``; [] when one can, or when no Tessera GPU is published yet. A shape not seen
         since the slices last changed is linted first (:meth:`lint_shapes`); with
         ``lint_new=False`` the answer is then None instead."""
+        if request.vendor != TESSERA.key:
+            return []  # the lint index knows Tessera's GPUs only (docs/convert.md, vendors)
         snap = self.snapshot()
         key = template["metadata"]["labels"][HASH_LABEL]
         notes = snap.notes.get(key)
@@ -415,7 +440,10 @@ def _convert(
     work["metadata"] = {**meta, "namespace": namespace}
     if not mentions_hami(pod):
         return d
-    conv = convert_pod(work, memory_sizes=view.snapshot().sizes)
+    snap = view.snapshot()
+    conv = convert_pod(
+        work, memory_sizes=snap.sizes, vendors=snap.vendors, compute_units=snap.compute_units
+    )
     d.pod = f"{namespace}/{meta.get('name') or str(meta.get('generateName') or '') + '*'}"
     d.warnings.extend(conv.warnings)
     if not conv.converted:
