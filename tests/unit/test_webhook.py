@@ -791,3 +791,38 @@ def test_a_pod_with_hami_annotations_but_no_gpu_is_admitted_unchanged_with_conve
     assert not mentions_hami(plain)
     d = decide(review(plain), VIEW)
     assert d.allowed and d.warnings == [] and d.pod == "" and d.patch == []
+
+
+# ---- HAMi's other vendors: their DeviceClass says their driver is installed --------------------
+VENDORS = REPO / "tests" / "data" / "vendors"
+
+
+def test_hygon_pod_becomes_a_claim_for_the_hcu_driver_once_its_device_class_exists() -> None:
+    pod = yaml.safe_load((VENDORS / "hami-examples" / "hygon" / "default_use.yaml").read_text())
+    hcu_slice = yaml.safe_load(
+        (VENDORS / "hcu-dra-driver" / "resourceslice-k100-ai.yaml").read_text()
+    )
+    hcu_class = yaml.safe_load((VENDORS / "hcu-dra-driver" / "deviceclass.yaml").read_text())
+    # no DeviceClass dra.hygon.com: admitted unchanged, with the converter's warning
+    d = decide(review(pod), ClusterView.static([*h100_slices(), hcu_slice]))
+    assert d.allowed and d.patch == [] and d.templates == []
+    assert d.warnings == [
+        "pod team-a/vdcu-pytorch-demo, container vdcu-pytorch-demo: hygon.com/dcucores, "
+        "hygon.com/dcumem, hygon.com/dcunum: the cluster has no DRA driver dra.hygon.com for "
+        "Hygon DCUs (no DeviceClass dra.hygon.com); left unchanged (tessera convert: --vendor "
+        "hygon says it is installed)"
+    ]
+    view = ClusterView.static([*h100_slices(), hcu_slice], classes=[device_class(), hcu_class])
+    d = decide(review(pod), view)
+    assert d.allowed and d.warnings == []
+    (template,) = d.templates
+    req = template["spec"]["spec"]["devices"]["requests"][0]
+    assert (req["name"], req["exactly"]["deviceClassName"]) == ("hcu", "dra.hygon.com")
+    # 60 % of the K100_AI's 120 compute units, from the watched slice
+    assert req["exactly"]["capacity"] == {"requests": {"memory": "2000Mi", "cores": "72"}}
+    mutated = applied(pod, d.review())
+    (c,) = mutated["spec"]["containers"]
+    assert c["resources"] == {"claims": [{"name": "vdcu-pytorch-demo-hcu"}]}
+    assert mutated["spec"]["resourceClaims"] == [
+        {"name": "vdcu-pytorch-demo-hcu", "resourceClaimTemplateName": template["metadata"]["name"]}
+    ]

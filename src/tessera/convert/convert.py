@@ -910,12 +910,13 @@ def _vendor_request(
     (``hygon.com/dcunum``, ``huawei.com/Ascend310P``; ``pkg/device/hygon``,
     ``pkg/device/ascend``): memory or cores alone are left unchanged, with a warning. Hygon:
     memory absent or 0 books the whole card, cores absent means 100. Ascend
-    (:data:`tessera.api.vendors.ASCEND_VNPU_MODE`): in HAMi's soft split (``hami-core``)
-    memory is booked as asked and ``-core`` is a percentage (absent: 0); otherwise memory is
-    rounded up to the chip's smallest vNPU template that holds it, and the claim takes the
-    template's share of the AICores, rounded up (above every template and within the chip's
-    memory: the whole card), ``-core`` is refused and so are several NPUs on a template; the
-    910C counts NPUs in pairs (1 becomes 2, other odd counts are refused)."""
+    (:data:`tessera.api.vendors.ASCEND_VNPU_MODE`): in HAMi's soft split (``hami-core``, or a
+    ``-core`` given: HAMi-DRA's own example writes it without the annotation, with a warning)
+    memory is booked as asked and ``-core`` is a percentage (absent: 0); otherwise (HAMi's hard
+    split) memory is rounded up to the chip's smallest vNPU template that holds it and the claim
+    takes the template's share of the AICores, rounded up (above every template and within the
+    chip's memory: the whole card; beyond it: refused; several NPUs on a template: refused, as
+    HAMi does); the 910C counts NPUs in pairs (1 becomes 2, other odd counts are refused)."""
     count = values.get("devices")
     mem = values.get("memory")
     cores = values.get("cores")
@@ -960,6 +961,7 @@ def _vendor_request(
         )
     template = ""
     chip = fam.chip
+    asked_count = count
     if chip is None:  # Hygon
         if mem == 0:
             ctx.warn(
@@ -982,7 +984,18 @@ def _vendor_request(
             )
             count = 2
         mode = annotations.get(vendor_table.ASCEND_VNPU_MODE)
-        if mode == vendor_table.ASCEND_SOFT_SPLIT:
+        soft = mode == vendor_table.ASCEND_SOFT_SPLIT
+        if not soft and cores is not None:
+            # HAMi's device plugin refuses -core in its hard split; HAMi-DRA's own example
+            # (docs/ascend-dra.md) writes it without the annotation, for the soft-split driver.
+            ctx.warn(
+                container,
+                f"{fam.cores} is read as HAMi's soft split (memory as asked, no vNPU template), "
+                f"what the driver does; HAMi's device plugin needs annotation "
+                f'{vendor_table.ASCEND_VNPU_MODE}: "{vendor_table.ASCEND_SOFT_SPLIT}" for it',
+            )
+            soft = True
+        if soft:
             if mem == 0:
                 ctx.warn(
                     container, f"{fam.memory} 0 is treated as unset: the claim books the whole NPU"
@@ -990,14 +1003,6 @@ def _vendor_request(
             memory_mib = mem or None
             share = cores or 0
         else:
-            if cores:
-                raise ctx.error(
-                    container,
-                    fam.cores,
-                    f"{fam.cores} is only read in HAMi's soft split (HAMi refuses it too): add "
-                    f'annotation {vendor_table.ASCEND_VNPU_MODE}: "{vendor_table.ASCEND_SOFT_SPLIT}", '
-                    f"or remove {fam.cores}",
-                )
             memory_mib, share = None, 100
             if mem is not None:
                 t = chip.template_for(mem)
@@ -1012,7 +1017,7 @@ def _vendor_request(
                         f"({chip.memory_capacity_mib} MiB); write {chip.memory_capacity_mib} or "
                         "less (MiB)",
                     )
-            if template and count > 1:
+            if template and asked_count > 1:  # HAMi checks the count as written (910C: 1)
                 raise ctx.error(
                     container,
                     fam.memory,
