@@ -885,6 +885,81 @@ def test_bad_input_is_denied_or_admitted_with_a_warning(
         )
 
 
+# ---- HAMi's other vendors: converted once their DRA driver's DeviceClass exists ------------------------
+VENDOR_DATA = REPO / "tests" / "data" / "vendors"
+
+
+def test_hygon_pod_is_converted_for_the_hcu_driver_once_its_device_class_exists(
+    hooked: Hooked,
+) -> None:
+    """HAMi's own Hygon example: admitted unchanged with a warning while the cluster has no
+    DeviceClass ``dra.hygon.com``; once the HCU driver's DeviceClass and a card's slice are in the
+    API server, the webhook (watching both) turns it into a template the API server accepts, with
+    60 % of the card's 120 compute units."""
+    h = hooked
+    ns = "default"
+    pod = yaml.safe_load((VENDOR_DATA / "hami-examples" / "hygon" / "default_use.yaml").read_text())
+    pod["metadata"]["name"] = f"hygon-{uuid.uuid4().hex[:6]}"
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "nowhere"}
+    r = h.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-n", ns, "-f", "-", stdin=json.dumps(pod)
+    )
+    assert r.returncode == 0, r.stderr
+    assert "no DRA driver dra.hygon.com" in r.stderr
+    assert "resourceClaims" not in json.loads(r.stdout)["spec"]
+    hcu_class = yaml.safe_load((VENDOR_DATA / "hcu-dra-driver" / "deviceclass.yaml").read_text())
+    hcu_slice = yaml.safe_load(
+        (VENDOR_DATA / "hcu-dra-driver" / "resourceslice-k100-ai.yaml").read_text()
+    )
+    h.client.create(hcu_class)
+    h.client.create(hcu_slice)
+    try:
+
+        def converted() -> bool | None:
+            r = h.kubectl(
+                "create",
+                "--dry-run=server",
+                "-o",
+                "json",
+                "-n",
+                ns,
+                "-f",
+                "-",
+                stdin=json.dumps(pod),
+            )
+            return (
+                True
+                if r.returncode == 0 and "resourceClaims" in json.loads(r.stdout)["spec"]
+                else None
+            )
+
+        wait_for(converted, timeout=60, what="the webhook to see DeviceClass dra.hygon.com")
+        r = h.kubectl("create", "-o", "json", "-n", ns, "-f", "-", stdin=json.dumps(pod))
+        assert r.returncode == 0, r.stderr
+        created = json.loads(r.stdout)
+        (rc,) = created["spec"]["resourceClaims"]
+        assert rc["name"] == "vdcu-pytorch-demo-hcu"
+        (c,) = created["spec"]["containers"]
+        assert "limits" not in c["resources"]
+        tpl = h.client.get(RESOURCE, "ResourceClaimTemplate", rc["resourceClaimTemplateName"], ns)
+        req = tpl["spec"]["spec"]["devices"]["requests"][0]
+        assert (req["name"], req["exactly"]["deviceClassName"]) == ("hcu", "dra.hygon.com")
+        assert req["exactly"]["capacity"] == {"requests": {"memory": "2000Mi", "cores": "72"}}
+    finally:
+        with contextlib.suppress(ApiError):
+            h.client.request(
+                "DELETE",
+                f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}",
+                body={"gracePeriodSeconds": 0},
+            )
+        for kind, name in (
+            ("ResourceSlice", hcu_slice["metadata"]["name"]),
+            ("DeviceClass", hcu_class["metadata"]["name"]),
+        ):
+            with contextlib.suppress(ApiError):
+                h.client.request("DELETE", h.client.collection_path(RESOURCE, kind) + f"/{name}")
+
+
 # ---- whole GPUs without the webhook ---------------------------------------------------------------------
 def test_whole_gpu_pods_are_served_without_the_webhook(hooked: Hooked) -> None:
     """In kube-system (outside the webhook's namespaceSelector) a pod asking only

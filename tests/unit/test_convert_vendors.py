@@ -356,3 +356,19 @@ def test_cli_convert_needs_to_be_told_the_driver_is_installed() -> None:
         assert t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"] == {
             "requests": {"memory": "2000Mi", "cores": "72"}
         }
+
+
+def test_ascend_soft_split_annotation_books_memory_as_asked() -> None:
+    pod = one("hami-examples/ascend/job-310P.yaml")
+    pod["metadata"]["annotations"] = {"huawei.com/vnpu-mode": "hami-core"}
+    conv = convert_pod(pod, vendors=INSTALLED)
+    assert conv.warnings == []
+    req = conv.templates[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    # 2000 MiB as written, HAMi's soft split without -core reserves no AICores
+    assert req["capacity"] == {"requests": {"memory": "2000Mi", "cores": "0"}}
+    assert conv.requests[0].template == ""
+    # -core 0 without the annotation is no request: still HAMi's hard split (vir01)
+    del pod["metadata"]["annotations"]
+    pod["spec"]["containers"][0]["resources"]["limits"]["huawei.com/Ascend310P-core"] = 0
+    conv = convert_pod(pod, vendors=INSTALLED)
+    assert conv.warnings == [] and conv.requests[0].template == "vir01"

@@ -25,11 +25,11 @@ Sources (read, not copied; each row says which of its facts come from where):
   ``charts/hami/templates/scheduler/device-configmap.yaml`` (``vnpus.configs``); the rounding of
   memory up to a template and the soft-split mode ``huawei.com/vnpu-mode: hami-core``:
   ``pkg/device/ascend/device.go`` (``trimMemory``, ``MutateAdmission``).
-* Hygon's HCU driver: HYGON-AI/k8s-hcu-dra-driver @ 643ba6d
-  ``internal/driver/allocatable_device.go`` (type ``hcu``, attributes, ``cores`` = the card's
-  CUs, ``memory`` bytes step 1Mi, ``slices`` 4 per card, default 1 per allocation) and
-  ``internal/driver/const.go`` (driver ``dra.hygon.com``, 4 vHCUs per card); its DeviceClass
-  ``dra.hygon.com``: HAMi-DRA ``docs/hygon-hcu.md``. HAMi's resource names: HAMi v2.10.0
+* Hygon's HCU driver: HYGON-AI/k8s-hcu-dra-driver ``internal/driver/allocatable_device.go``
+  @ 643ba6d (type ``hcu``, attributes, ``cores`` = the card's CUs, ``memory`` bytes step 1Mi,
+  ``slices`` 4 per card, default 1 per allocation), ``internal/driver/const.go`` @ 10135b2
+  (driver ``dra.hygon.com``, 4 vHCUs per card), ``deployments/static/hcu-dra-driver.yaml`` @
+  cbc4e9d (DeviceClass ``dra.hygon.com``: ``type == "hcu"``). HAMi's resource names: HAMi v2.10.0
   ``pkg/device/hygon/device.go`` and ``examples/hygon/`` (``hygon.com/dcunum|dcumem|dcucores``,
   ``hygon.com/use-dcutype``...), HAMi-DRA @ 052848d ``pkg/config/dra_device.go``
   (``hygon.com/hcunum|hcumem|hcucores``, ``hygon.com/use-hcutype``; a percentage times the

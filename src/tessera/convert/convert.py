@@ -985,7 +985,7 @@ def _vendor_request(
             count = 2
         mode = annotations.get(vendor_table.ASCEND_VNPU_MODE)
         soft = mode == vendor_table.ASCEND_SOFT_SPLIT
-        if not soft and cores is not None:
+        if not soft and cores:  # 0 is no request, in either split (HAMi refuses only > 0)
             # HAMi's device plugin refuses -core in its hard split; HAMi-DRA's own example
             # (docs/ascend-dra.md) writes it without the annotation, for the soft-split driver.
             ctx.warn(
