@@ -372,3 +372,25 @@ def test_ascend_soft_split_annotation_books_memory_as_asked() -> None:
     pod["spec"]["containers"][0]["resources"]["limits"]["huawei.com/Ascend310P-core"] = 0
     conv = convert_pod(pod, vendors=INSTALLED)
     assert conv.warnings == [] and conv.requests[0].template == "vir01"
+
+
+def test_other_names_under_a_vendors_prefix_are_warned_and_kept() -> None:
+    # Huawei's own device plugin names huawei.com/Ascend910; Hygon's its own hygon.com/dcu
+    pod = one("hami-examples/ascend/job-310P.yaml")
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    limits.update({"huawei.com/Ascend910": 1, "hygon.com/dcu": 1})
+    conv = convert_pod(pod, vendors=INSTALLED)
+    assert len(conv.templates) == 1
+    assert conv.pod["spec"]["containers"][0]["resources"]["limits"] == {
+        "huawei.com/Ascend910": 1,
+        "hygon.com/dcu": 1,
+    }
+    head = "pod ascend310p-job, container ubuntu-container: "
+    assert conv.warnings == [
+        f"{head}huawei.com/Ascend910 is not one of HAMi's names for Ascend NPUs (left unchanged); "
+        "Tessera converts huawei.com/<chip>, <chip>-memory, <chip>-core for chips Ascend910A, "
+        "Ascend910B2, Ascend910B3, Ascend910B4-1, Ascend910B4, Ascend310P, Ascend910C",
+        f"{head}hygon.com/dcu is not one of HAMi's names for Hygon DCUs (left unchanged); "
+        "Tessera converts hygon.com/dcunum, hygon.com/dcumem, hygon.com/dcucores, "
+        "hygon.com/hcunum, hygon.com/hcumem, hygon.com/hcucores",
+    ]

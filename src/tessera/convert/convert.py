@@ -497,6 +497,20 @@ def _unsupported_names(container: str, resources: Mapping[str, Any], ctx: _Ctx) 
                 f"{name} is not a resource Tessera converts (left unchanged); HAMi's are "
                 + ", ".join(sorted(hami.HAMI_RESOURCES)),
             )
+        elif vend := next(
+            (v for v in vendor_table.CONVERTED if low.startswith(hami.VENDOR_PREFIXES[v.key])), None
+        ):
+            ctx.warn(
+                container,
+                f"{name} is not one of HAMi's names for {vend.devices} (left unchanged); "
+                "Tessera converts "
+                + (
+                    "huawei.com/<chip>, <chip>-memory, <chip>-core for chips "
+                    + ", ".join(f.chip.common_word for f in vend.hami if f.chip)
+                    if any(f.chip for f in vend.hami)
+                    else ", ".join(f"{f.count}, {f.memory}, {f.cores}" for f in vend.hami)
+                ),
+            )
         elif low.startswith(hami.OTHER_VENDOR_PREFIXES):
             ctx.warn(
                 container,

@@ -143,6 +143,9 @@ VENDOR_ANNOTATIONS: frozenset[str] = frozenset(
 )
 #: Name prefixes of those resources and annotations (what :func:`mentions_hami` also reads).
 VENDOR_MARKS = ("hygon.com/", "huawei.com/")
+#: Per vendor key, the lower-case prefix of its resource names: another name under it is
+#: warned about as not one of HAMi's for that vendor (a typo, or the vendor's own plugin's).
+VENDOR_PREFIXES = {"ascend": "huawei.com/ascend", "hygon": "hygon.com/"}
 
 # ---- HAMi-ish names that Tessera recognises but does not convert ------------------------------
 # Resource-name prefixes of HAMi's other vendors (hami.md 1.1) with no DRA driver in the vendor
