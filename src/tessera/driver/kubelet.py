@@ -109,6 +109,23 @@ def health_stubs() -> dict[str, tuple[Any, Any]]:
     }
 
 
+def deviceplugin_stubs() -> tuple[Any, Any]:
+    """``(deviceplugin_v1beta1_pb2, deviceplugin_v1beta1_pb2_grpc)``: the kubelet device plugin
+    API (``k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1``, package ``v1beta1``) that legacy
+    mode's ``tessera device-plugin`` speaks. Raises :class:`StubsMissingError`."""
+    try:
+        from tessera.driver._generated import (  # type: ignore[attr-defined,unused-ignore]
+            deviceplugin_v1beta1_pb2,
+            deviceplugin_v1beta1_pb2_grpc,
+        )
+    except ImportError as e:
+        raise StubsMissingError(
+            "the kubelet device plugin API stubs are not generated (tessera/driver/_generated): "
+            f"run `make protos` (needs Go to fetch the k8s.io/kubelet protos) ({e})"
+        ) from e
+    return deviceplugin_v1beta1_pb2, deviceplugin_v1beta1_pb2_grpc
+
+
 def health_message(pb2: Any, report: Sequence[DeviceHealth], at: float) -> Any:
     """``NodeWatchResourcesResponse`` of ``pb2`` (either version) for ``report``:
     ``last_updated_time`` = ``at`` (unix seconds), ``health_check_timeout_seconds`` =

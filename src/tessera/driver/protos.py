@@ -13,9 +13,15 @@ Which protos, and why these: the plugin registration service
 service (``pkg/apis/dra/v1/api.proto``, package ``k8s.io.kubelet.pkg.apis.dra.v1``) and the
 device health service of KEP-4680 in the two versions the kubelet v1.37 speaks
 (``pkg/apis/dra-health/v1/api.proto`` and ``.../v1alpha1/api.proto``, packages ``v1`` and
-``v1alpha1``: services ``v1.DRAResourceHealth``, ``v1alpha1.DRAResourceHealth``). In
-v0.37.2 none imports anything (the gogoproto annotations of older releases are gone), so
-they compile alone; :func:`generate` refuses a proto with an ``import`` rather than guess.
+``v1alpha1``: services ``v1.DRAResourceHealth``, ``v1alpha1.DRAResourceHealth``), and the
+device plugin API of legacy mode (``pkg/apis/deviceplugin/v1beta1/api.proto``, package
+``v1beta1``: services ``v1beta1.Registration``, served by the kubelet on
+``device-plugins/kubelet.sock``, and ``v1beta1.DevicePlugin``, served by
+``tessera device-plugin``). In v0.37.2 none imports anything: the ``gogoproto`` import and
+its ``(gogoproto.*)`` options, which the device plugin proto carried up to Kubernetes 1.30,
+are gone from every one of them, so they compile alone; :func:`generate` refuses a proto with
+an ``import`` rather than guess (pinning an older ``k8s.io/kubelet`` would fail here, naming
+the file and its import, instead of compiling a stub without gogoproto's options).
 Each is copied to ``tessera/driver/_generated/<name>.proto`` before compiling so the generated
 ``*_pb2_grpc.py`` import their messages as ``tessera.driver._generated.<name>_pb2``; the proto
 ``package`` (and so every gRPC method path the kubelet calls) is unchanged.
@@ -45,6 +51,7 @@ PROTOS: tuple[tuple[str, str], ...] = (
     ("pkg/apis/dra/v1/api.proto", "dra_v1"),
     ("pkg/apis/dra-health/v1/api.proto", "dra_health_v1"),
     ("pkg/apis/dra-health/v1alpha1/api.proto", "dra_health_v1alpha1"),
+    ("pkg/apis/deviceplugin/v1beta1/api.proto", "deviceplugin_v1beta1"),
 )
 GENERATED = Path(__file__).resolve().parent / "_generated"
 STAMP = "STAMP"
