@@ -1,7 +1,7 @@
 """The ``tessera`` command line: the one entry-point package.
 
 Every command lives in a module here (``simulate``, ``explain``/``lint``, ``convert``, ``cluster``, ``monitor``,
-``webhook``, ``extender``, ``driver``, ``deviceclass-usage``) and
+``webhook``, ``extender``, ``driver``, ``device-plugin``, ``deviceclass-usage``) and
 reports bad input the same way (:func:`tessera.cli._common.fail`: one line, exit 2), catching
 only :class:`tessera.api.errors.TesseraError`, the root of every user error. Services
 (``sim``, ``explain``, ``kube``...) and core packages never import this package.
@@ -28,6 +28,7 @@ COMMANDS = {
     "collect-templates": "tessera.cli.webhook:collect_templates",
     "extender": "tessera.cli.extender:extender",
     "driver": "tessera.cli.driver:driver",
+    "device-plugin": "tessera.cli.device_plugin:device_plugin",
     "deviceclass-usage": "tessera.cli.deviceclass_usage:deviceclass_usage",
 }
 
