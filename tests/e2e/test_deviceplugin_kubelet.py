@@ -1,0 +1,240 @@
+"""Legacy mode's device plugin on a real node (kubelet v1.37 + containerd 2.x + runc): the
+kubelet registers ``tessera device-plugin`` (fake NVML: the 8x H100 80GB HBM3 of a corpus
+inventory), the Node gets its ``nvidia.com/gpu`` slots and HAMi's register annotation, and a
+HAMi example pod from the corpus, carrying the annotations the scheduler extender writes,
+starts with the annotated share enforced **inside the container** (the fake-libcuda probe of
+``test_driver_kubelet``); after its deletion nothing of it is left on the node."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tessera.convert.hami import (
+    BIND_PHASE,
+    BIND_TIME,
+    DEVICES_ALLOCATED,
+    DEVICES_TO_ALLOCATE,
+    VGPU_NODE,
+    ContainerDevice,
+    encode_pod_devices,
+)
+from tessera.deviceplugin.register import REGISTER_ANNOTATION
+from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD
+from tessera.inventory import load_inventory
+from tessera.inventory.hami import raw_gpus_from_hami
+from tessera.kube.workloads import delete_pod, wait_for
+
+from .conftest import CORPUS, LiveNode
+from .driverkit import *  # noqa: F403 (fixtures)
+from .driverkit import H100, nvml_config
+from .test_driver_kubelet import fake_gpus_env, probe_image, section, wait_log
+
+pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.legacy]
+
+__all__ = ["probe_image"]  # a fixture of this module too
+
+CTX = DEFAULT_CONTEXT_OVERHEAD
+MIB = 1 << 20
+SPLIT = 10
+#: The kubelet's device manager directory: fixed, whatever its --root-dir.
+KUBELET_DIR = Path("/var/lib/kubelet")
+DRIVER = "gpu.tessera.dev"
+
+
+class DevicePluginProcess:
+    """``tessera device-plugin`` for the real node, as a child process; ``root`` holds its
+    state dir, stand-in device nodes and fake-NVML config."""
+
+    def __init__(self, node: LiveNode, root: Path, nvml_lib: Path) -> None:
+        self.root = root
+        self.state = root / "state"
+        self.gpus = load_inventory(H100)
+        dev = root / "devroot" / "dev"
+        dev.mkdir(parents=True)
+        for name in [f"nvidia{g.index}" for g in self.gpus] + ["nvidiactl", "nvidia-uvm"]:
+            os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, 3))
+        self.nvml_cfg = root / "nvml.cfg"
+        self.nvml_cfg.write_text(nvml_config(self.gpus))
+        self.log = root / "device-plugin.log"
+        argv = [
+            sys.executable,
+            "-m",
+            "tessera",
+            "device-plugin",
+            "--node-name",
+            node.name,
+            "--kubeconfig",
+            str(node.kubeconfig),
+            "--kubelet-dir",
+            str(KUBELET_DIR),
+            "--split",
+            str(SPLIT),
+            "--cdi-dir",
+            str(node.cdi_spec_dir),
+            "--state-dir",
+            str(self.state),
+            "--dev-root",
+            str(root / "devroot"),
+            "--nvml-library",
+            str(nvml_lib),
+            "--reconcile-seconds",
+            "2",
+        ]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                env={**os.environ, "FAKE_NVML_CONFIG": str(self.nvml_cfg)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+def gpu_capacity(node: LiveNode) -> str | None:
+    n = node.client.get("v1", "Node", node.name)
+    return ((n.get("status") or {}).get("capacity") or {}).get("nvidia.com/gpu")
+
+
+@pytest.fixture(scope="module")
+def device_plugin(kube_node: LiveNode, fake_nvml_lib: Path) -> Iterator[DevicePluginProcess]:
+    root = Path(tempfile.mkdtemp(prefix="tessera-dp-", dir="/tmp"))
+    dp = DevicePluginProcess(kube_node, root, fake_nvml_lib)
+    try:
+        want = str(SPLIT * len(dp.gpus))
+        try:
+            wait_for(
+                lambda: True if gpu_capacity(kube_node) == want else None,
+                timeout=90,
+                interval=0.5,
+                what=f"the Node's capacity nvidia.com/gpu to be {want}",
+            )
+        except Exception:
+            pytest.fail(
+                f"the kubelet did not register the device plugin; its log:\n{dp.output[-4000:]}"
+            )
+        yield dp
+    finally:
+        dp.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_kubelet_registers_the_slots_and_the_node_its_gpus(
+    kube_node: LiveNode, device_plugin: DevicePluginProcess
+) -> None:
+    node, dp = kube_node, device_plugin
+    assert gpu_capacity(node) == str(SPLIT * len(dp.gpus)) == "80"
+    n = node.client.get("v1", "Node", node.name)
+    raws = raw_gpus_from_hami(
+        n["metadata"]["annotations"][REGISTER_ANNOTATION], f"Node {node.name}"
+    )
+    assert [(r.index, r.uuid, r.product_name, r.memory) for r in raws] == [
+        (g.index, g.uuid, g.product_name, str((g.usable_memory_bytes or 0) // MIB)) for g in dp.gpus
+    ]
+    assert (KUBELET_DIR / "device-plugins" / "tessera-gpu.sock").exists()
+
+
+def hami_pod(ns: str, image: str, dp: DevicePluginProcess, node: str, uuid: str) -> dict[str, Any]:
+    """HAMi's ``examples/nvidia/default_use.yaml`` (nvidia.com/gpu 1, gpumem 3000, gpucores 30,
+    unchanged) running the probe, with the extender's decision for ``uuid`` on it."""
+    pod = copy.deepcopy(
+        yaml.safe_load(
+            (CORPUS / "hami-pods" / "HAMi__examples_nvidia__default_use.yaml").read_text()
+        )
+    )
+    [c] = pod["spec"]["containers"]
+    limits = c["resources"]["limits"]
+    memory, cores = int(limits["nvidia.com/gpumem"]), int(limits["nvidia.com/gpucores"])
+    script = (
+        "echo '--- limits'; cat /etc/tessera/limits; echo '--- preload'; cat /etc/ld.so.preload; "
+        "echo '--- env'; echo \"CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES\"; "
+        f"echo '--- probe'; /opt/probe/cuda_probe {memory * MIB - CTX} {MIB}; echo '--- done'; "
+        "sleep 3600"
+    )
+    c.update(
+        image=image,
+        imagePullPolicy="Never",
+        command=["/bin/sh", "-c", script],
+        env=[{"name": "FAKE_GPUS", "value": fake_gpus_env(dp)}],
+    )
+    decision = encode_pod_devices([[ContainerDevice(uuid, "NVIDIA", memory, cores)]])
+    pod["metadata"].update(
+        namespace=ns,
+        annotations={
+            VGPU_NODE: node,
+            DEVICES_TO_ALLOCATE: decision,
+            DEVICES_ALLOCATED: decision,
+            BIND_PHASE: "allocating",
+            BIND_TIME: str(int(time.time())),
+        },
+    )
+    pod["spec"].update(
+        nodeName=node, terminationGracePeriodSeconds=1, automountServiceAccountToken=False
+    )
+    return pod
+
+
+def test_a_hami_pod_gets_the_annotated_share_and_leaves_nothing(
+    kube_node: LiveNode, device_plugin: DevicePluginProcess, probe_image: str, node_namespace: str
+) -> None:
+    node, dp, ns = kube_node, device_plugin, node_namespace
+    uuid = dp.gpus[2].uuid
+    pod = node.client.create(hami_pod(ns, probe_image, dp, node.name, uuid))
+    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+    log = wait_log(node, name, ns, "--- done")
+    assert section(log, "limits") == [
+        "version 1",
+        f"claim {ns}/{name} {uid}-0",
+        "region /run/tessera/region",
+        f"context-overhead {CTX}",
+        "shares /run/tessera/shares",
+        f"gpu {uuid} memory {3000 * MIB} cores 30",
+    ]
+    assert section(log, "preload") == ["/usr/lib/tessera/libtessera-enforce.so"]
+    assert section(log, "env") == [f"CUDA_VISIBLE_DEVICES={uuid}"]
+    probe = section(log, "probe")
+    assert f"totalmem 0 {3000 * MIB}" in probe
+    assert probe[-2:] == [f"alloc {3000 * MIB - CTX} 0", f"alloc {MIB} 2"]  # 2: out of memory
+    annotations = node.client.get("v1", "Pod", name, ns)["metadata"]["annotations"]
+    assert (annotations[BIND_PHASE], annotations[DEVICES_TO_ALLOCATE]) == ("success", ";")
+    spec = node.cdi_spec_dir / f"{DRIVER}-claim_{uid}-0.json"
+    assert spec.is_file() and (dp.state / "claims" / f"{uid}-0" / "limits").is_file()
+    delete_pod(node.client, name, ns, wait=60)
+
+    def left() -> list[str]:
+        return [
+            str(p)
+            for p in [
+                spec,
+                *(dp.state / "claims").glob("*"),
+                *(dp.state / "deviceplugin").glob("*"),
+            ]
+            if p.exists()
+        ]
+
+    wait_for(
+        lambda: True if not left() else None,
+        timeout=60,
+        what="the device plugin to remove the pod's CDI spec, claim directory and record",
+        last=lambda: f"left: {left()}; log:\n{dp.output[-2000:]}",
+    )
