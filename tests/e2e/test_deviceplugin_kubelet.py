@@ -30,7 +30,8 @@ from tessera.convert.hami import (
     ContainerDevice,
     encode_pod_devices,
 )
-from tessera.deviceplugin.register import REGISTER_ANNOTATION
+from tessera.deviceplugin.allocate import NODE_LOCK
+from tessera.deviceplugin.register import HANDSHAKE_ANNOTATION, REGISTER_ANNOTATION
 from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD
 from tessera.inventory import load_inventory
 from tessera.inventory.hami import raw_gpus_from_hami
@@ -111,9 +112,13 @@ class DevicePluginProcess:
             self.proc.wait(timeout=30)
 
 
-def gpu_capacity(node: LiveNode) -> str | None:
+def gpu_capacity(node: LiveNode, field: str = "capacity") -> str | None:
     n = node.client.get("v1", "Node", node.name)
-    return ((n.get("status") or {}).get("capacity") or {}).get("nvidia.com/gpu")
+    return ((n.get("status") or {}).get(field) or {}).get("nvidia.com/gpu")
+
+
+def gpu_allocatable(node: LiveNode) -> str | None:
+    return gpu_capacity(node, "allocatable")
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +142,22 @@ def device_plugin(kube_node: LiveNode, fake_nvml_lib: Path) -> Iterator[DevicePl
     finally:
         dp.stop()
         shutil.rmtree(root, ignore_errors=True)
+        # Leave the node as a DRA node again for the session's other tests: the node driver's
+        # start-up guard refuses a node with HAMi's annotations or a device plugin's GPUs.
+        kube_node.client.request(
+            "PATCH",
+            f"/api/v1/nodes/{kube_node.name}",
+            body={
+                "metadata": {"annotations": {REGISTER_ANNOTATION: None, HANDSHAKE_ANNOTATION: None}}
+            },
+            content_type="application/merge-patch+json",
+        )
+        wait_for(
+            lambda: True if gpu_allocatable(kube_node) in (None, "0") else None,
+            timeout=60,
+            interval=0.5,
+            what="the kubelet to take the stopped plugin's nvidia.com/gpu out of allocatable",
+        )
 
 
 def test_the_kubelet_registers_the_slots_and_the_node_its_gpus(
@@ -199,6 +220,14 @@ def test_a_hami_pod_gets_the_annotated_share_and_leaves_nothing(
 ) -> None:
     node, dp, ns = kube_node, device_plugin, node_namespace
     uuid = dp.gpus[2].uuid
+    # the extender's node lock, held for this pod until its Allocate ends (hami.md §1.7)
+    lock = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())},{ns},gpu-pod"
+    node.client.request(
+        "PATCH",
+        f"/api/v1/nodes/{node.name}",
+        body={"metadata": {"annotations": {NODE_LOCK: lock}}},
+        content_type="application/merge-patch+json",
+    )
     pod = node.client.create(hami_pod(ns, probe_image, dp, node.name, uuid))
     name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
     log = wait_log(node, name, ns, "--- done")
@@ -217,6 +246,7 @@ def test_a_hami_pod_gets_the_annotated_share_and_leaves_nothing(
     assert probe[-2:] == [f"alloc {3000 * MIB - CTX} 0", f"alloc {MIB} 2"]  # 2: out of memory
     annotations = node.client.get("v1", "Pod", name, ns)["metadata"]["annotations"]
     assert (annotations[BIND_PHASE], annotations[DEVICES_TO_ALLOCATE]) == ("success", ";")
+    assert NODE_LOCK not in node.client.get("v1", "Node", node.name)["metadata"]["annotations"]
     spec = node.cdi_spec_dir / f"{DRIVER}-claim_{uid}-0.json"
     assert spec.is_file() and (dp.state / "claims" / f"{uid}-0" / "limits").is_file()
     delete_pod(node.client, name, ns, wait=60)

@@ -25,6 +25,7 @@ from tessera.deviceplugin.allocate import (
     AllocateError,
     allocation_uid,
     choose_pod,
+    lock_holder,
     next_entry,
     plan_allocation,
     pod_of_uid,
@@ -252,3 +253,10 @@ def test_the_register_annotation_reads_back_as_the_gpus(records: list[GpuRecord]
     ids = slots(gpus, health, 10)
     assert len(ids) == 80 and len({s.id for s in ids}) == 80
     assert ids[21].id == f"{gpus[2].uuid}-1" and not ids[21].healthy and ids[0].healthy
+
+
+def test_the_node_lock_names_its_pod() -> None:
+    # the format of ../shared/reference/hami.md §1.5: "<RFC3339 time>,<namespace>,<pod>"
+    assert lock_holder("2026-12-04T01:43:25Z,ns,gpu-pod") == ("ns", "gpu-pod")
+    assert lock_holder("2026-12-04T01:43:25Z") is None
+    assert lock_holder(None) is None

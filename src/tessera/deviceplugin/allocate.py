@@ -14,7 +14,9 @@ and how many cores are the scheduler extender's decision, recorded on the pod in
    kubelet starts them in); its device count must equal the number of IDs the kubelet asks
    for (else :class:`AllocateError`, HAMi's "device number not matched"). The entry is then
    erased (:attr:`Pending.remaining`), and once none is left ``hami.io/bind-phase`` becomes
-   ``success``; on an error it becomes ``failed`` (:mod:`.plugin` writes both).
+   ``success``; on an error it becomes ``failed`` (:mod:`.plugin` writes both, and then
+   releases HAMi's node lock ``hami.io/mutex.lock`` when it names the pod, as HAMi's plugin
+   does).
 3. **What the container gets** (:func:`plan_allocation`): exactly a DRA share's files. The
    entry is turned into the allocation a DRA scheduler with consumable capacity would have
    written for one claim (one result per device: ``device`` ``gpu-<index>``, a ``shareID``,
@@ -57,6 +59,9 @@ PHASE_FAILED = "failed"
 MIB = 1 << 20
 #: The request name the planned allocation's results carry.
 REQUEST = "gpu"
+#: HAMi's node lock (a Node annotation ``<RFC3339 time>,<namespace>,<pod>``, hami.md §1.5):
+#: held by the extender from its bind until the plugin's ``Allocate`` of the pod ends.
+NODE_LOCK = "hami.io/mutex.lock"
 
 
 class AllocateError(TesseraError, RuntimeError):
@@ -100,6 +105,15 @@ def allocation_uid(pod_uid: str, index: int) -> str:
 def pod_of_uid(uid: str) -> str:
     """The pod UID an :func:`allocation_uid` names."""
     return uid.rsplit("-", 1)[0]
+
+
+def lock_holder(value: str | None) -> tuple[str, str] | None:
+    """``(namespace, pod)`` holding HAMi's node lock ``value`` (``<time>,<namespace>,<pod>``),
+    None for no lock or another shape."""
+    parts = (value or "").split(",")
+    if len(parts) != 3 or not all(p.strip() for p in parts):
+        return None
+    return parts[1].strip(), parts[2].strip()
 
 
 def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:

@@ -61,11 +61,13 @@ from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD
 from tessera.kube.client import ApiError, KubeClient
 
 from .allocate import (
+    NODE_LOCK,
     PHASE_FAILED,
     PHASE_SUCCESS,
     AllocateError,
     Pending,
     choose_pod,
+    lock_holder,
     next_entry,
     plan_allocation,
     pod_of_uid,
@@ -402,6 +404,8 @@ class DevicePlugin:
                     raise
                 raise AllocateError(f"pod {_name(pod)}: writing its files: {e}") from e
             assert pending is not None
+            if pending.done:
+                self._release_lock(pod)
             self.log(
                 f"allocated pod {pending.name} container {pending.container or pending.index}: "
                 f"{', '.join(f'{d.uuid} {d.memory_mib}MiB {d.cores}%' for d in pending.devices)}"
@@ -436,6 +440,32 @@ class DevicePlugin:
             )
         except ApiError as e:
             self.log(f"warning: pod {_name(pod)}: setting {BIND_PHASE}={PHASE_FAILED}: {e}")
+        self._release_lock(pod)
+
+    def _release_lock(self, pod: Mapping[str, Any]) -> None:
+        """Remove HAMi's node lock when it names ``pod`` (resourceVersion precondition: a lock
+        taken anew meanwhile stays)."""
+        meta = pod.get("metadata") or {}
+        try:
+            node = self.client.get("v1", "Node", self.cfg.node_name)
+            nmeta = node.get("metadata") or {}
+            value = (nmeta.get("annotations") or {}).get(NODE_LOCK)
+            if lock_holder(value) != (meta.get("namespace"), meta.get("name")):
+                return
+            self.client.request(
+                "PATCH",
+                f"/api/v1/nodes/{self.cfg.node_name}",
+                body={
+                    "metadata": {
+                        "resourceVersion": nmeta["resourceVersion"],
+                        "annotations": {NODE_LOCK: None},
+                    }
+                },
+                content_type="application/merge-patch+json",
+                what=f"Node {self.cfg.node_name}",
+            )
+        except ApiError as e:
+            self.log(f"warning: releasing {NODE_LOCK} of pod {_name(pod)}: {e}")
 
     # ---- records and clean-up ----------------------------------------------------------------
     def _record(self, plan: ClaimPlan) -> None:
