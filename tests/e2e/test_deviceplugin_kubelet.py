@@ -175,6 +175,31 @@ def test_the_kubelet_registers_the_slots_and_the_node_its_gpus(
     assert (KUBELET_DIR / "device-plugins" / "tessera-gpu.sock").exists()
 
 
+def test_the_plugin_registers_again_after_a_kubelet_restart(
+    kube_node: LiveNode, device_plugin: DevicePluginProcess
+) -> None:
+    node, dp = kube_node, device_plugin
+    said = "registered nvidia.com/gpu with the kubelet"
+    before = dp.output.count(said)
+    assert before >= 1
+    node.cluster.restart_component("kubelet")
+    # a restarted kubelet empties its device-plugin directory and counts no device of a plugin
+    # until the plugin registers again
+    wait_for(
+        lambda: True if dp.output.count(said) > before else None,
+        timeout=60,
+        what="the device plugin to register again with the restarted kubelet",
+        last=lambda: dp.output[-2000:],
+    )
+    wait_for(
+        lambda: True if gpu_allocatable(node) == "80" else None,
+        timeout=60,
+        interval=0.5,
+        what="the restarted kubelet's allocatable nvidia.com/gpu to be 80 again",
+    )
+    assert dp.proc.poll() is None
+
+
 def hami_pod(ns: str, image: str, dp: DevicePluginProcess, node: str, uuid: str) -> dict[str, Any]:
     """HAMi's ``examples/nvidia/default_use.yaml`` (nvidia.com/gpu 1, gpumem 3000, gpucores 30,
     unchanged) running the probe, with the extender's decision for ``uuid`` on it."""
