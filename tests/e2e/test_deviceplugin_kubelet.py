@@ -8,6 +8,7 @@ starts with the annotated share enforced **inside the container** (the fake-libc
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -39,7 +40,7 @@ from tessera.kube.workloads import delete_pod, wait_for
 
 from .conftest import CORPUS, LiveNode
 from .driverkit import *  # noqa: F403 (fixtures)
-from .driverkit import H100, nvml_config
+from .driverkit import H100, nvml_config, write_atomically
 from .test_driver_kubelet import fake_gpus_env, probe_image, section, wait_log
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.legacy]
@@ -92,6 +93,8 @@ class DevicePluginProcess:
             str(nvml_lib),
             "--reconcile-seconds",
             "2",
+            "--rescan-seconds",
+            "1",
         ]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
@@ -198,6 +201,41 @@ def test_the_plugin_registers_again_after_a_kubelet_restart(
         what="the restarted kubelet's allocatable nvidia.com/gpu to be 80 again",
     )
     assert dp.proc.poll() is None
+
+
+def test_a_lost_gpu_takes_its_slots_out_of_allocatable(
+    kube_node: LiveNode, device_plugin: DevicePluginProcess
+) -> None:
+    node, dp = kube_node, device_plugin
+    lost = dp.gpus[7].uuid
+
+    def register_health() -> dict[str, bool]:
+        n = node.client.get("v1", "Node", node.name)
+        return {
+            str(g["id"]): bool(g["health"])
+            for g in json.loads(n["metadata"]["annotations"][REGISTER_ANNOTATION])
+        }
+
+    write_atomically(dp.nvml_cfg, nvml_config(dp.gpus, lost=[lost]))
+    try:
+        wait_for(
+            lambda: True if gpu_allocatable(node) == "70" else None,
+            timeout=60,
+            interval=0.5,
+            what="allocatable nvidia.com/gpu to be 70 with one of 8 GPUs lost",
+            last=lambda: dp.output[-2000:],
+        )
+        assert register_health() == {g.uuid: g.uuid != lost for g in dp.gpus}
+        assert gpu_capacity(node) == "80"  # unhealthy slots stay in capacity
+    finally:
+        write_atomically(dp.nvml_cfg, nvml_config(dp.gpus))
+    wait_for(
+        lambda: True if gpu_allocatable(node) == "80" else None,
+        timeout=60,
+        interval=0.5,
+        what="allocatable nvidia.com/gpu to be 80 again once the GPU answers",
+    )
+    assert all(register_health().values())
 
 
 def hami_pod(ns: str, image: str, dp: DevicePluginProcess, node: str, uuid: str) -> dict[str, Any]:
