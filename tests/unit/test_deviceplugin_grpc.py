@@ -5,6 +5,7 @@ read by a ``v1beta1.DevicePlugin`` client, and registration again after the kube
 
 from __future__ import annotations
 
+import threading
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,16 @@ def test_registers_streams_the_slots_and_registers_again_after_a_kubelet_restart
         assert [d.ID for d in first.devices[:2]] == [f"{gpus[0].uuid}-0", f"{gpus[0].uuid}-1"]
         unhealthy = {d.ID.rsplit("-", 1)[0] for d in first.devices if d.health == "Unhealthy"}
         assert unhealthy == {gpus[4].uuid}
+        # a stream whose client is gone ends (no server thread kept per kubelet restart)
+        active = [True]
+        stream_of_gone = plugin.list_and_watch(lambda: active[0])
+        assert len(next(stream_of_gone).devices) == 80
+        active[0] = False
+        rest: list[Any] = []
+        reader = threading.Thread(target=lambda: rest.extend(stream_of_gone), daemon=True)
+        reader.start()
+        reader.join(timeout=10)
+        assert not reader.is_alive() and rest == []
         # The kubelet restarts: its socket is new and the plugins' sockets are gone.
         kubelet.stop()
         (dp_dir / "tessera-gpu.sock").unlink()

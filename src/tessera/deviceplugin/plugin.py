@@ -328,12 +328,13 @@ class DevicePlugin:
             what=f"Node {self.cfg.node_name}",
         )
 
-    def list_and_watch(self) -> Iterator[Any]:
+    def list_and_watch(self, active: Callable[[], bool] = lambda: True) -> Iterator[Any]:
         """``ListAndWatch``'s stream: the slots now, then again after each health change, until
-        the plugin stops."""
+        the plugin stops or ``active()`` is false (checked each second: a kubelet that went away
+        does not keep a server thread)."""
         pb2 = self.pb2
         seen = -1
-        while not self._stop.is_set():
+        while not self._stop.is_set() and active():
             with self._changed:
                 if seen == self._version:
                     self._changed.wait(timeout=1.0)
@@ -532,10 +533,7 @@ class _Servicer:
         )
 
     def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
-        for msg in self.p.list_and_watch():
-            if not context.is_active():
-                return
-            yield msg
+        yield from self.p.list_and_watch(context.is_active)
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
         return self.pb2.PreferredAllocationResponse()
