@@ -18,10 +18,11 @@ device plugin API of legacy mode (``pkg/apis/deviceplugin/v1beta1/api.proto``, p
 ``v1beta1``: services ``v1beta1.Registration``, served by the kubelet on
 ``device-plugins/kubelet.sock``, and ``v1beta1.DevicePlugin``, served by
 ``tessera device-plugin``). In v0.37.2 none imports anything: the ``gogoproto`` import and
-its ``(gogoproto.*)`` options, which the device plugin proto carried up to Kubernetes 1.30,
-are gone from every one of them, so they compile alone; :func:`generate` refuses a proto with
-an ``import`` rather than guess (pinning an older ``k8s.io/kubelet`` would fail here, naming
-the file and its import, instead of compiling a stub without gogoproto's options).
+its ``(gogoproto.*)`` options, which the device plugin proto carried in older releases, are
+gone from every one of them (only the pinned version is read), so they compile alone;
+:func:`generate` refuses a proto with an ``import`` rather than guess (pinning an older
+``k8s.io/kubelet`` fails here, naming the file and its import, instead of compiling a stub
+without gogoproto's options).
 Each is copied to ``tessera/driver/_generated/<name>.proto`` before compiling so the generated
 ``*_pb2_grpc.py`` import their messages as ``tessera.driver._generated.<name>_pb2``; the proto
 ``package`` (and so every gRPC method path the kubelet calls) is unchanged.
