@@ -190,7 +190,14 @@ class DevicePlugin:
         if not inv.gpus:
             raise DevicePluginError(f"node {self.cfg.node_name}: NVML lists no GPU")
         self.records = [GpuRecord(gpu=ng.gpu, minor=ng.minor) for ng in inv.gpus]
-        self.health = {r.gpu.uuid: probe(self.nvml, r.gpu.uuid) == "ok" for r in self.records}
+        self.health = self._probe()
+
+    def _probe(self) -> dict[str, bool]:
+        """Each GPU's NVML health now (``probe``: ok, lost, missing), kept on its record (prepare
+        refuses a missing GPU); ``{UUID: healthy}``."""
+        for r in self.records:
+            r.health = probe(self.nvml, r.gpu.uuid)
+        return {r.gpu.uuid: r.health == "ok" for r in self.records}
 
     def start(self) -> None:
         """Discover, annotate, reconcile, serve and register (module doc), then run the loops.
@@ -298,7 +305,8 @@ class DevicePlugin:
     # ---- health and the annotation ---------------------------------------------------------
     def rescan(self) -> bool:
         """Probe each GPU; on a change, stream it and write the annotation. True on a change."""
-        now = {r.gpu.uuid: probe(self.nvml, r.gpu.uuid) == "ok" for r in self.records}
+        with self._lock:  # Allocate reads the records' health
+            now = self._probe()
         if now == self.health:
             return False
         self.health = now
