@@ -331,3 +331,27 @@ def test_a_hami_pod_gets_the_annotated_share_and_leaves_nothing(
         what="the device plugin to remove the pod's CDI spec, claim directory and record",
         last=lambda: f"left: {left()}; log:\n{dp.output[-2000:]}",
     )
+
+
+def test_a_decision_for_more_gpus_than_the_container_asks_fails_the_pod(
+    kube_node: LiveNode, device_plugin: DevicePluginProcess, probe_image: str, node_namespace: str
+) -> None:
+    node, dp, ns = kube_node, device_plugin, node_namespace
+    pod = hami_pod(ns, probe_image, dp, node.name, dp.gpus[0].uuid)
+    two = [[ContainerDevice(g.uuid, "NVIDIA", 3000, 30) for g in dp.gpus[:2]]]
+    pod["metadata"]["annotations"][DEVICES_TO_ALLOCATE] = encode_pod_devices(two)
+    name = node.client.create(pod)["metadata"]["name"]
+
+    def failed() -> dict[str, Any] | None:
+        p = node.client.get("v1", "Pod", name, ns)
+        return p if (p.get("status") or {}).get("phase") == "Failed" else None
+
+    p = wait_for(failed, timeout=60, what=f"pod {ns}/{name} to fail admission")
+    assert p["status"]["reason"] == "UnexpectedAdmissionError"
+    assert (
+        f"pod {ns}/{name}: annotation {DEVICES_TO_ALLOCATE} container entry 0 has 2 device(s) "
+        "but the kubelet asks for 1"
+    ) in p["status"]["message"]
+    assert p["metadata"]["annotations"][BIND_PHASE] == "failed"
+    assert not list((dp.state / "claims").glob(f"{p['metadata']['uid']}-*"))
+    delete_pod(node.client, name, ns, wait=60)
