@@ -370,16 +370,18 @@ class DevicePlugin:
         with self._lock:
             return [self._allocate_one(n) for n in requested]
 
-    def _pods(self) -> list[dict[str, Any]]:
-        return self.client.list(
-            "v1", "Pod", None, field_selector=f"spec.nodeName={self.cfg.node_name}"
-        )
+    def _pods(self, phase: str | None = None) -> list[dict[str, Any]]:
+        """The pods on this node (in ``phase`` only, when given: the API server filters)."""
+        selector = f"spec.nodeName={self.cfg.node_name}"
+        if phase:
+            selector += f",status.phase={phase}"
+        return self.client.list("v1", "Pod", None, field_selector=selector)
 
     def _allocate_one(self, requested: int) -> list[str]:
         node = self.cfg.node_name
         for attempt in range(CONFLICT_TRIES):
             try:
-                pod = choose_pod(self._pods(), node)
+                pod = choose_pod(self._pods("Pending"), node)
             except ApiError as e:
                 raise AllocateError(f"node {node}: listing its pods: {e}") from e
             pending: Pending | None = None
