@@ -55,6 +55,20 @@ from tessera.cli.webhook import kube_client
     default=None,
     help="Write the port listened on to this file once serving.",
 )
+@click.option(
+    "--legacy",
+    is_flag=True,
+    help="Legacy mode (no DRA): also serve filter and bind, deciding with Tessera's allocator over "
+    "the GPUs device plugins register in hami.io/node-nvidia-register and the decisions recorded "
+    "on pods (deploy/legacy/scheduler-config.yaml).",
+)
+@click.option(
+    "--default-gpu-policy",
+    type=click.Choice(["first-fit", "binpack", "spread", "topology"]),
+    default=None,
+    help="Legacy mode: the policy for pods without HAMi's policy annotations (default: "
+    "--default-node-policy).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log every prioritize call and its scores.")
 def extender(
     port: int,
@@ -64,6 +78,8 @@ def extender(
     tls_cert_file: str | None,
     tls_private_key_file: str | None,
     port_file: str | None,
+    legacy: bool,
+    default_gpu_policy: str | None,
     verbose: bool,
 ) -> None:
     """Serve kube-scheduler's extender `prioritize` verb (POST /prioritize): nodes are ranked
@@ -79,7 +95,6 @@ def extender(
 
     import uvloop
 
-    from tessera.extender.prioritize import UsageView
     from tessera.extender.server import make_app
     from tessera.kube.watch import Informer
     from tessera.webhook.server import CertReloader, serve
@@ -101,21 +116,35 @@ def extender(
         client = kube_client(kubeconfig)
     except UserError as e:
         fail(str(e))
-    slices = Informer(client, "resource.k8s.io/v1", "ResourceSlice").start()
-    calls = iter(range(1 << 62))
+    if legacy:
+        from tessera.convert.hami import VGPU_NODE
+        from tessera.extender.legacy import LegacyExtender
 
-    def source() -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
-        # Claims are read from the API server on every call for a pod that names a policy: the
-        # claim allocated for the previous pod a moment ago must count (a watch may lag behind).
-        return next(calls), slices.items(), client.list("resource.k8s.io/v1", "ResourceClaim")
-
-    view = UsageView(source)
-    app = make_app(view, default_node_policy, ready=lambda: slices.synced)
+        nodes = Informer(client, "v1", "Node").start()
+        booked = Informer(client, "v1", "Pod", label_selector=VGPU_NODE).start()
+        ext = LegacyExtender(
+            lambda name: nodes.get("", name),
+            booked.items,
+            client,
+            default_gpu_policy or default_node_policy,
+        )
+        app = make_app(
+            None,
+            default_node_policy,
+            ready=lambda: nodes.synced and booked.synced,
+            legacy=ext,
+        )
+        informers = [nodes, booked]
+    else:
+        informers = [Informer(client, "resource.k8s.io/v1", "ResourceSlice").start()]
+        app = _usage_app(client, informers[0], default_node_policy)
 
     def on_ready(bound: int) -> None:
         scheme = "https" if certs else "http"
         click.echo(
-            f"tessera extender: serving {scheme}://{bind_address}:{bound}/prioritize", err=True
+            f"tessera extender: serving {scheme}://{bind_address}:{bound}/"
+            + ("filter, prioritize, bind" if legacy else "prioritize"),
+            err=True,
         )
         if port_file:
             tmp = Path(port_file + ".tmp")
@@ -128,4 +157,20 @@ def extender(
     except OSError as e:
         fail(f"cannot listen on {bind_address}:{port}: {e.strerror or e}")
     finally:
-        slices.stop()
+        for i in informers:
+            i.stop()
+
+
+def _usage_app(client: Any, slices: Any, default_node_policy: str) -> Any:
+    """The DRA-mode app: prioritize from ResourceSlices and allocated claims."""
+    from tessera.extender.prioritize import UsageView
+    from tessera.extender.server import make_app
+
+    calls = iter(range(1 << 62))
+
+    def source() -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
+        # Claims are read from the API server on every call for a pod that names a policy: the
+        # claim allocated for the previous pod a moment ago must count (a watch may lag behind).
+        return next(calls), slices.items(), client.list("resource.k8s.io/v1", "ResourceClaim")
+
+    return make_app(UsageView(source), default_node_policy, ready=lambda: slices.synced)

@@ -173,3 +173,27 @@ def raw_gpus_from_hami(text: str, source: str) -> list[RawGPU]:
             )
         )
     return raws
+
+
+def register_sharing(value: str) -> dict[str, tuple[int | None, bool]]:
+    """Per GPU UUID of a ``hami.io/node-nvidia-register`` value (either encoding), what HAMi
+    schedules by and the inventory does not carry: ``(count, health)``, ``count`` the most
+    containers that may share the GPU (HAMi's ``deviceSplitCount``; None when absent) and
+    ``health`` False for a GPU the device plugin reports unhealthy. Entries without a UUID are
+    left out; a value that is not readable gives {} (:func:`raw_gpus_from_hami` says why)."""
+    out: dict[str, tuple[int | None, bool]] = {}
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except ValueError:
+            return {}
+        for item in items if isinstance(items, list) else []:
+            if isinstance(item, dict) and isinstance(item.get("id"), str):
+                out[item["id"]] = (_int(item.get("count")), item.get("health") is not False)
+        return out
+    for record in (r for r in text.split(":") if r.strip()):
+        parts = [p.strip() for p in record.split(",")]
+        if len(parts) >= 7 and parts[0]:
+            out[parts[0]] = (_int(parts[1]), parts[6].lower() != "false")
+    return out

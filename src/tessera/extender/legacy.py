@@ -1,0 +1,330 @@
+"""Legacy mode's extender verbs: ``filter``, ``prioritize`` and ``bind`` decided by Tessera's
+allocator (:func:`tessera.scheduler.legacy.decide`) over the GPUs device plugins register on
+Nodes (``hami.io/node-nvidia-register``) and the decisions recorded on pods.
+
+kube-scheduler's HTTP extender protocol (``k8s.io/kube-scheduler/extender/v1``; Go field names,
+which Go's decoder matches case-insensitively):
+
+* ``filter``: ``ExtenderArgs`` ``{"Pod", "Nodes"|"NodeNames"}`` -> ``ExtenderFilterResult``
+  ``{"NodeNames" (or "Nodes"), "FailedNodes": {node: reason}, "FailedAndUnresolvableNodes",
+  "Error"}``: the nodes where the pod's HAMi requests fit; the others with the allocator's reason.
+* ``prioritize``: ``ExtenderArgs`` -> ``HostPriorityList`` ``[{"Host", "Score": 0..10}]``: 10
+  for the nodes the decision prefers (topology tier, then the node policy), then 5, 4, ... 0.
+* ``bind``: ``ExtenderBindingArgs`` ``{"PodName", "PodNamespace", "PodUID", "Node"}`` ->
+  ``ExtenderBindingResult`` ``{"Error"}``. The pod, the Node and the pods booked on it
+  (label ``hami.io/vgpu-node``) are read afresh from the API server and the decision taken
+  again; a pod that is gone, whose UID changed or that is being deleted, or that no longer fits,
+  is refused (kube-scheduler puts it back in its queue). Then the decision is written on the pod
+  in one merge patch carrying the pod's ``resourceVersion`` (a pod changed meanwhile is
+  refused: 409), as HAMi writes it (``hami.io/vgpu-node`` annotation and label,
+  ``vgpu-time``, ``vgpu-devices-to-allocate``, ``-allocated``, ``bind-phase=allocating``,
+  ``bind-time``), and the ``Binding`` is POSTed with the pod's UID as precondition. A Binding
+  that fails takes the records off again (a deleted pod takes them with it). Binds to one node
+  are serialised in this process; several replicas would need a lock per node in the API
+  (HAMi's ``hami.io/mutex.lock`` node annotation, compare-and-swap on the Node's
+  resourceVersion) or leader election (``docs/legacy-extender.md``).
+
+Filter and prioritize read Nodes and pods from informers: a pod bound a moment ago may be
+missing there, which bind's fresh read catches.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tessera.api.errors import TesseraError
+from tessera.convert.hami import (
+    BIND_PHASE,
+    BIND_TIME,
+    DEVICES_ALLOCATED,
+    DEVICES_TO_ALLOCATE,
+    VGPU_NODE,
+    VGPU_TIME,
+    encode_pod_devices,
+)
+from tessera.extender.prioritize import MAX_PRIORITY, BadArgs, node_names
+from tessera.kube.client import ApiError, KubeClient
+from tessera.scheduler.legacy import Booking, Decision, LegacyNode, bookings, decide, legacy_node
+
+log = logging.getLogger("tessera.extender.legacy")
+RECORDS = (VGPU_NODE, VGPU_TIME, DEVICES_TO_ALLOCATE, DEVICES_ALLOCATED, BIND_PHASE, BIND_TIME)
+
+
+def _get(args: Mapping[str, Any], name: str) -> Any:
+    """A field of a Go struct sent as JSON: its Go name or any other case of it."""
+    if name in args:
+        return args[name]
+    low = name.lower()
+    return next((v for k, v in args.items() if k.lower() == low), None)
+
+
+def _pod(args: Any) -> Mapping[str, Any]:
+    if not isinstance(args, Mapping):
+        raise BadArgs("ExtenderArgs must be a JSON object")
+    pod = _get(args, "Pod")
+    if not isinstance(pod, Mapping):
+        raise BadArgs("ExtenderArgs.Pod is missing")
+    return pod
+
+
+def _names(args: Mapping[str, Any]) -> list[str]:
+    return node_names({"NodeNames": _get(args, "NodeNames"), "Nodes": _get(args, "Nodes")})
+
+
+class NodeCache:
+    """:class:`~tessera.scheduler.legacy.LegacyNode` per Node, rebuilt only when the Node's
+    ``resourceVersion`` changes (the register annotation is parsed once per change)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nodes: dict[str, tuple[str, LegacyNode | TesseraError]] = {}
+
+    def node(self, obj: Mapping[str, Any]) -> LegacyNode | TesseraError:
+        md = obj.get("metadata") or {}
+        name, rv = str(md.get("name") or ""), str(md.get("resourceVersion") or "")
+        with self._lock:
+            hit = self._nodes.get(name)
+        if hit is not None and hit[0] == rv and rv:
+            return hit[1]
+        got: LegacyNode | TesseraError
+        try:
+            got = legacy_node(obj)
+        except TesseraError as e:
+            got = e
+        with self._lock:
+            self._nodes[name] = (rv, got)
+        return got
+
+
+class LegacyExtender:
+    """The three verbs over a cluster's state. ``nodes(name)`` and ``pods()`` read the
+    informers (filter, prioritize); ``client`` (None: bind refuses) is bind's fresh read and
+    its writes. ``default_policy``: for pods without HAMi's policy annotations (``first-fit``,
+    ``binpack``, ``spread``, ``topology``). ``now``: unix seconds for ``vgpu-time`` and
+    ``bind-time``."""
+
+    def __init__(
+        self,
+        nodes: Callable[[str], Mapping[str, Any] | None],
+        pods: Callable[[], Sequence[Mapping[str, Any]]],
+        client: KubeClient | None,
+        default_policy: str = "first-fit",
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self.nodes = nodes
+        self.pods = pods
+        self.client = client
+        self.default_policy = default_policy
+        self.now = now
+        self.cache = NodeCache()
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+
+    # ---- filter and prioritize ------------------------------------------------------------
+    def _decide(
+        self, pod: Mapping[str, Any], names: Sequence[str], objs: Sequence[Mapping[str, Any]]
+    ) -> tuple[Decision, dict[str, str]]:
+        """The decision over the nodes that read, and the reason of each that did not."""
+        failed: dict[str, str] = {}
+        known: list[LegacyNode] = []
+        by_name = {str((o.get("metadata") or {}).get("name")): o for o in objs}
+        for n in names:
+            obj = by_name.get(n)
+            if obj is None:
+                failed[n] = "the extender has not seen this Node yet"
+                continue
+            got = self.cache.node(obj)
+            if isinstance(got, TesseraError):
+                failed[n] = str(got)
+            else:
+                known.append(got)
+        warnings: list[str] = []
+        booked = bookings(self.pods(), warnings)
+        return decide(pod, known, booked, default_policy=self.default_policy), failed
+
+    def _node_objects(self, args: Mapping[str, Any], names: Sequence[str]) -> list[Any]:
+        nodes = _get(args, "Nodes")
+        if isinstance(nodes, Mapping) and isinstance(nodes.get("items"), list):
+            return [n for n in nodes["items"] if isinstance(n, Mapping)]
+        return [o for o in (self.nodes(n) for n in names) if o is not None]
+
+    def filter(self, args: Any) -> dict[str, Any]:
+        """The reply to one ``filter`` call. Raises :class:`BadArgs` for a malformed body."""
+        pod = _pod(args)
+        names = _names(args)
+        try:
+            decision, failed = self._decide(pod, names, self._node_objects(args, names))
+        except TesseraError as e:
+            return {"NodeNames": [], "FailedNodes": {}, "Error": str(e)}
+        if not decision.hami:
+            fits = list(names)
+            failed = {}
+        else:
+            fits = [f.node for f in decision.nodes if f.fits]
+            failed.update({f.node: f.reason for f in decision.nodes if not f.fits})
+        out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": {}, "Error": ""}
+        nodes = _get(args, "Nodes")
+        if _get(args, "NodeNames") is None and isinstance(nodes, Mapping):
+            keep = set(fits)
+            items = [
+                n for n in nodes.get("items") or [] if (n.get("metadata") or {}).get("name") in keep
+            ]
+            out["Nodes"] = {"items": items}
+        else:
+            out["NodeNames"] = fits
+        return out
+
+    def prioritize(self, args: Any) -> list[dict[str, Any]]:
+        """The reply to one ``prioritize`` call (:meth:`Decision.levels`: level 0 scores 10,
+        level k scores ``max(0, 6 - k)``, a node that does not fit 0)."""
+        pod = _pod(args)
+        names = _names(args)
+        try:
+            decision, _ = self._decide(pod, names, self._node_objects(args, names))
+        except TesseraError:
+            return [{"Host": n, "Score": 0} for n in names]
+        levels = decision.levels() if decision.hami else {}
+        return [
+            {
+                "Host": n,
+                "Score": (MAX_PRIORITY if levels[n] == 0 else max(0, 6 - levels[n]))
+                if n in levels
+                else 0,
+            }
+            for n in names
+        ]
+
+    # ---- bind -------------------------------------------------------------------------------
+    def _node_lock(self, node: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault(node, threading.Lock())
+
+    def bind(self, args: Any) -> dict[str, str]:
+        """The reply to one ``bind`` call: ``{"Error": ""}`` once bound, else the reason.
+        Raises :class:`BadArgs` for a malformed body."""
+        if not isinstance(args, Mapping):
+            raise BadArgs("ExtenderBindingArgs must be a JSON object")
+        name, ns = _get(args, "PodName"), _get(args, "PodNamespace")
+        uid, node = _get(args, "PodUID"), _get(args, "Node")
+        if not all(isinstance(v, str) and v for v in (name, ns, node)):
+            raise BadArgs("ExtenderBindingArgs needs PodName, PodNamespace and Node")
+        if self.client is None:
+            return {"Error": "the extender has no API client to bind with"}
+        with self._node_lock(str(node)):
+            try:
+                err = self._bind(self.client, str(name), str(ns), str(uid or ""), str(node))
+            except ApiError as e:
+                err = f"binding {ns}/{name} to {node}: {e}"
+            except TesseraError as e:
+                err = f"binding {ns}/{name} to {node}: {e}"
+        if err:
+            log.warning("bind %s/%s to %s refused: %s", ns, name, node, err)
+        else:
+            log.info("bound %s/%s to %s", ns, name, node)
+        return {"Error": err}
+
+    def _bind(self, client: KubeClient, name: str, ns: str, uid: str, node: str) -> str:
+        try:
+            pod = client.get("v1", "Pod", name, ns)
+        except ApiError as e:
+            if e.status == 404:
+                return f"pod {ns}/{name} was deleted"
+            raise
+        md = pod.get("metadata") or {}
+        if uid and md.get("uid") != uid:
+            return f"pod {ns}/{name} is another pod now (UID {md.get('uid')}, not {uid})"
+        if md.get("deletionTimestamp"):
+            return f"pod {ns}/{name} is being deleted"
+        if (pod.get("spec") or {}).get("nodeName"):
+            return f"pod {ns}/{name} is already bound to {pod['spec']['nodeName']}"
+        node_obj = client.get("v1", "Node", node)
+        booked_pods = client.list("v1", "Pod", label_selector=f"{VGPU_NODE}={node}")
+        decision = decide(
+            pod, [legacy_node(node_obj)], bookings(booked_pods), default_policy=self.default_policy
+        )
+        fit = decision.nodes[0]
+        if decision.hami and fit.devices is None:
+            return f"pod {ns}/{name} no longer fits on {node}: {fit.reason}"
+        path = client.collection_path("v1", "Pod", ns) + f"/{name}"
+        if decision.hami:
+            assert fit.devices is not None
+            devices = encode_pod_devices(fit.devices)
+            now = str(int(self.now()))
+            records = {
+                VGPU_NODE: node,
+                VGPU_TIME: now,
+                DEVICES_TO_ALLOCATE: devices,
+                DEVICES_ALLOCATED: devices,
+                BIND_PHASE: "allocating",
+                BIND_TIME: now,
+            }
+            patch = {
+                "metadata": {
+                    "resourceVersion": md.get("resourceVersion"),
+                    "labels": {VGPU_NODE: node},
+                    "annotations": records,
+                }
+            }
+            try:
+                client.request(
+                    "PATCH",
+                    path,
+                    body=patch,
+                    content_type="application/merge-patch+json",
+                    what=f"Pod {ns}/{name}",
+                )
+            except ApiError as e:
+                if e.status == 409:
+                    return f"pod {ns}/{name} changed since it was read; decided again next time"
+                if e.status == 404:
+                    return f"pod {ns}/{name} was deleted"
+                raise
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": ns, "uid": md.get("uid")},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        try:
+            client.request("POST", path + "/binding", body=binding, what=f"Pod {ns}/{name} binding")
+        except ApiError as e:
+            if decision.hami and e.status != 404:
+                self._unbook(client, path, ns, name)
+            return f"pod {ns}/{name}: Binding to {node} failed: {e.message or e.reason}"
+        return ""
+
+    def _unbook(self, client: KubeClient, path: str, ns: str, name: str) -> None:
+        """Take the records off a pod whose Binding failed (best effort: logged)."""
+        patch = {
+            "metadata": {
+                "labels": {VGPU_NODE: None},
+                "annotations": dict.fromkeys(RECORDS),
+            }
+        }
+        try:
+            client.request(
+                "PATCH",
+                path,
+                body=patch,
+                content_type="application/merge-patch+json",
+                what=f"Pod {ns}/{name}",
+            )
+        except ApiError as e:
+            log.warning("pod %s/%s: cannot take its records off: %s", ns, name, e)
+
+
+def static_extender(
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    default_policy: str = "first-fit",
+) -> LegacyExtender:
+    """A :class:`LegacyExtender` over fixed objects (no bind): for tests and the benchmark."""
+    by_name = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
+    return LegacyExtender(by_name.get, lambda: pods, None, default_policy)
+
+
+__all__ = ["Booking", "LegacyExtender", "NodeCache", "static_extender"]

@@ -1,0 +1,404 @@
+"""Legacy mode's placement decision: a HAMi-style pod on nodes that register their GPUs in HAMi's
+node annotation, decided by Tessera's allocator. Pure: no I/O.
+
+The scheduler extender's ``filter``, ``prioritize`` and ``bind`` verbs (``tessera extender
+--legacy``) all ask :func:`decide`. Its inputs are what a HAMi-protocol cluster holds:
+
+* each candidate Node's ``hami.io/node-nvidia-register`` annotation (written by the device
+  plugin; :func:`legacy_node` reads it with :func:`tessera.inventory.node.node_register_slices`,
+  the ResourceSlices ``tessera simulate`` and ``lint`` read from it too), with each GPU's
+  ``count`` (the most containers that may share it) and ``health``;
+* the decisions already recorded on pods (:func:`bookings`: ``hami.io/vgpu-node`` and
+  ``hami.io/vgpu-devices-allocated``; finished pods hold nothing, terminating ones still do).
+
+The pod's HAMi requests are converted by :func:`tessera.convert.convert_pod`, as the webhook and
+``tessera convert`` convert them; every booking becomes consumed capacity of its GPU (one share
+per container and GPU: its memory and cores), a GPU whose ``count`` is reached or that is
+unhealthy carries a ``NoSchedule`` device taint, and the allocator (:class:`tessera.allocator.Allocator`,
+``tessera simulate``'s) places the claims on each node with the pod's GPU policy
+(:func:`tessera.scheduler.policies.device_rank`: binpack, spread; topology tries the stricter
+copies of :func:`~tessera.scheduler.policies.topology_variants` first: one NUMA node, as the
+register annotation carries no NVLink links). A node that cannot take the pod says why in the
+allocator's words (:mod:`tessera.scheduler.words`).
+
+A decision is recorded on the pod in HAMi's device list (:func:`tessera.convert.hami.encode_pod_devices`):
+per container (init containers first), per GPU, the memory in MiB and the cores in percent the
+allocator's result consumes (a GPU allocated whole: all of its memory and 100 cores).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from tessera import DRIVER_NAME
+from tessera.allocator import AllocatedState, AllocationError, Allocator, Features, Node
+from tessera.allocator.record import NodeRecord
+from tessera.api.deviceclass import device_class
+from tessera.api.loader import Manifest, Source
+from tessera.api.pods import pod_containers
+from tessera.api.quantity import Quantity
+from tessera.api.uids import uuid5_url
+from tessera.convert import ContainerRequest, convert_pod, gpu_memory_sizes
+from tessera.convert.hami import (
+    DEVICES_ALLOCATED,
+    NVIDIA_VENDOR_KEY,
+    VGPU_NODE,
+    ContainerDevice,
+    decode_pod_devices,
+)
+from tessera.inventory.hami import register_sharing
+from tessera.inventory.node import HAMI_REGISTER, node_register_slices
+from tessera.scheduler.policies import (
+    PodPolicy,
+    device_rank,
+    node_usage,
+    order_nodes,
+    pod_policy,
+    topology_variants,
+)
+from tessera.scheduler.words import refusal_text
+
+#: The device taint a GPU gets when its ``count`` of containers is reached (HAMi's
+#: ``CardTimeSlicingExhausted``); its value is ``<used>/<count>``.
+SHARERS_TAINT = f"{DRIVER_NAME}/sharers-full"
+#: The device taint of a GPU the device plugin registers with ``health: false`` (HAMi's
+#: ``CardNotHealth``).
+UNHEALTHY_TAINT = f"{DRIVER_NAME}/unhealthy"
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class LegacyNode:
+    """A Node as legacy mode sees it: ``name``, ``labels``, the ResourceSlices of its register
+    annotation (``resource.k8s.io/v1`` dicts) and, per GPU UUID, ``sharing``: ``(count,
+    health)`` (:func:`tessera.inventory.hami.register_sharing`)."""
+
+    name: str
+    labels: Mapping[str, str]
+    slices: list[dict[str, Any]]
+    sharing: Mapping[str, tuple[int | None, bool]]
+
+
+def legacy_node(node: Mapping[str, Any]) -> LegacyNode:
+    """A ``v1`` Node dict as a :class:`LegacyNode` (no GPUs without a register annotation).
+    Raises :class:`~tessera.api.errors.ManifestError` naming the Node and
+    ``metadata.annotations[hami.io/node-nvidia-register]`` when the annotation is not readable."""
+    md = node.get("metadata") or {}
+    name = str(md.get("name") or "")
+    m = Manifest({"apiVersion": "v1", "kind": "Node", **node}, Source(f"Node {name}", 1))
+    slices = node_register_slices(m)
+    value = str((md.get("annotations") or {}).get(HAMI_REGISTER) or "")
+    labels = {str(k): str(v) for k, v in (md.get("labels") or {}).items()}
+    labels.setdefault("kubernetes.io/hostname", name)
+    return LegacyNode(name, labels, slices, register_sharing(value) if value else {})
+
+
+@dataclass(frozen=True)
+class Booking:
+    """One pod's recorded decision: ``pod`` (``namespace/name``), its ``uid``, the ``node``
+    (``hami.io/vgpu-node``) and per container the GPUs it holds
+    (``hami.io/vgpu-devices-allocated``, decoded)."""
+
+    pod: str
+    uid: str
+    node: str
+    containers: list[list[ContainerDevice]]
+
+
+def bookings(pods: Iterable[Mapping[str, Any]], warnings: list[str] | None = None) -> list[Booking]:
+    """The decisions recorded on ``pods`` (``v1`` Pod dicts): pods with ``hami.io/vgpu-node``
+    and ``hami.io/vgpu-devices-allocated``, but those that finished (``status.phase``
+    Succeeded or Failed: they hold no GPU). A pod being deleted still holds its GPUs. A record
+    that does not decode is left out, with a line in ``warnings`` naming the pod."""
+    out = []
+    for p in pods:
+        md = p.get("metadata") or {}
+        ann = md.get("annotations") or {}
+        node, record = ann.get(VGPU_NODE), ann.get(DEVICES_ALLOCATED)
+        if not node or record is None:
+            continue
+        if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        ref = f"{md.get('namespace') or 'default'}/{md.get('name')}"
+        try:
+            containers = decode_pod_devices(str(record))
+        except ValueError as e:
+            if warnings is not None:
+                warnings.append(f"Pod {ref}: metadata.annotations[{DEVICES_ALLOCATED}]: {e}")
+            continue
+        out.append(Booking(ref, str(md.get("uid") or ""), str(node), containers))
+    return out
+
+
+@dataclass(frozen=True)
+class NodeFit:
+    """The decision on one node: ``devices`` per container of the pod (init containers first;
+    empty for a container without GPUs), None when the pod does not fit, with the ``reason``;
+    ``usage``: the node's booked memory plus cores fractions summed over its GPUs before the
+    pod (:func:`~tessera.scheduler.policies.node_usage`); ``tier``: the topology tier reached
+    (0 unless the GPU policy is ``topology``)."""
+
+    node: str
+    devices: list[list[ContainerDevice]] | None
+    reason: str = ""
+    usage: Fraction = Fraction(0)
+    tier: int = 0
+
+    @property
+    def fits(self) -> bool:
+        return self.devices is not None
+
+
+@dataclass
+class Decision:
+    """:func:`decide`'s answer. ``requests``: the pod's HAMi requests as converted (empty: the
+    pod asks for no HAMi GPU, every node fits); ``policy``; ``nodes``: one :class:`NodeFit`
+    per candidate node, in the order given; ``warnings``: the conversion's and unreadable
+    bookings'."""
+
+    pod: str
+    requests: list[ContainerRequest]
+    policy: PodPolicy
+    nodes: list[NodeFit]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def hami(self) -> bool:
+        """The pod asks for HAMi GPUs."""
+        return bool(self.requests)
+
+    def fitting(self) -> list[NodeFit]:
+        """The nodes that fit, best first: the lowest topology tier, then the policy's node
+        order (binpack: most booked first; spread: least booked first; first-fit: as given)."""
+        fits = [f for f in self.nodes if f.fits]
+        order = order_nodes(self.policy.nodes, [f.usage for f in fits])
+        pos = {i: k for k, i in enumerate(order)}
+        return [fits[i] for i in sorted(range(len(fits)), key=lambda i: (fits[i].tier, pos[i]))]
+
+    def levels(self) -> dict[str, int]:
+        """Per fitting node, its preference level (0 best; nodes that tie share a level)."""
+        out: dict[str, int] = {}
+        keys: dict[tuple[int, Fraction], int] = {}
+        for f in self.fitting():
+            key = (f.tier, f.usage if self.policy.nodes in ("binpack", "spread") else Fraction(0))
+            out[f.node] = keys.setdefault(key, len(keys))
+        return out
+
+    def best(self) -> NodeFit | None:
+        """The node the pod goes to, or None when none fits."""
+        fits = self.fitting()
+        return fits[0] if fits else None
+
+    def get(self, node: str) -> NodeFit | None:
+        return next((f for f in self.nodes if f.node == node), None)
+
+
+def _uuid_of(slices: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str, str]]:
+    out = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        for d in spec.get("devices") or []:
+            u = ((d.get("attributes") or {}).get("uuid") or {}).get("string")
+            if u:
+                out[str(u)] = (str(spec.get("driver")), str(spec["pool"]["name"]), str(d["name"]))
+    return out
+
+
+def _node_state(
+    node: LegacyNode, booked: Sequence[Booking]
+) -> tuple[AllocatedState, list[dict[str, Any]], dict[tuple[str, str, str], str]]:
+    """The node's bookings as consumed capacity, its slices with the closed GPUs tainted, and
+    device id -> UUID."""
+    ids = _uuid_of(node.slices)
+    state = AllocatedState()
+    used: dict[str, int] = {}
+    for b in booked:
+        for c, devs in enumerate(b.containers):
+            for j, d in enumerate(devs):
+                did = ids.get(d.uuid)
+                if did is None:
+                    continue  # a GPU the node no longer registers
+                used[d.uuid] = used.get(d.uuid, 0) + 1
+                state.add_result(
+                    {
+                        "driver": did[0],
+                        "pool": did[1],
+                        "device": did[2],
+                        "request": "gpu",
+                        "shareID": uuid5_url(f"tessera-legacy/{b.uid}/{c}/{j}"),
+                        "consumedCapacity": {
+                            "memory": f"{d.memory_mib}Mi",
+                            "cores": str(d.cores),
+                        },
+                    }
+                )
+    closed: dict[str, dict[str, str]] = {}
+    for u, (count, healthy) in node.sharing.items():
+        if not healthy:
+            closed[u] = {"key": UNHEALTHY_TAINT, "value": "true", "effect": "NoSchedule"}
+        elif count is not None and used.get(u, 0) >= count:
+            closed[u] = {
+                "key": SHARERS_TAINT,
+                "value": f"{used[u]}/{count}",
+                "effect": "NoSchedule",
+            }
+    slices = node.slices
+    if closed:
+        slices = copy.deepcopy(node.slices)
+        for s in slices:
+            for d in (s.get("spec") or {}).get("devices") or []:
+                du = str(((d.get("attributes") or {}).get("uuid") or {}).get("string"))
+                if du in closed:
+                    d.setdefault("taints", []).append(dict(closed[du]))
+    return state, slices, {v: k for k, v in ids.items()}
+
+
+def _claims(pod: Mapping[str, Any], templates: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    md = pod.get("metadata") or {}
+    name = md.get("name") or md.get("generateName") or "pod"
+    out = []
+    for t in templates:
+        tmd = t.get("metadata") or {}
+        out.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {
+                    "name": f"{name}-{tmd.get('name')}",
+                    "namespace": md.get("namespace") or "default",
+                },
+                "spec": (t.get("spec") or {}).get("spec") or {},
+            }
+        )
+    return out
+
+
+def _container_devices(
+    pod: Mapping[str, Any],
+    requests: Sequence[ContainerRequest],
+    results: Sequence[Mapping[str, Any]],
+    uuid_of: Mapping[tuple[str, str, str], str],
+    whole: Mapping[tuple[str, str, str], int],
+) -> list[list[ContainerDevice]]:
+    by_container = {r.container: res for r, res in zip(requests, results, strict=True)}
+    out: list[list[ContainerDevice]] = []
+    for c in pod_containers(pod):
+        res = by_container.get(c.name)
+        devs = []
+        for r in ((res or {}).get("devices") or {}).get("results") or []:
+            did = (str(r["driver"]), str(r["pool"]), str(r["device"]))
+            cc = r.get("consumedCapacity")
+            if cc:
+                mem = Quantity.parse(cc.get("memory", "0")).value_int() // MIB
+                cores = Quantity.parse(cc.get("cores", "0")).value_int()
+            else:  # allocated whole
+                mem, cores = whole.get(did, 0), 100
+            devs.append(
+                ContainerDevice(uuid_of.get(did, r["device"]), NVIDIA_VENDOR_KEY, mem, cores)
+            )
+        out.append(devs)
+    return out
+
+
+def _reason(
+    rec: NodeRecord, requests: Sequence[ContainerRequest], uuid_of: Mapping[Any, str]
+) -> str:
+    """Why the claims do not fit, per container, in the allocator's words."""
+    if rec.error:
+        return rec.error
+    parts = []
+    for rr in rec.requests:
+        container = (
+            requests[rr.claim_index].container if rr.claim_index < len(requests) else rr.claim
+        )
+        refused = [d for d in rr.devices if d.alone is not None]
+        if not rr.devices:
+            parts.append(f"container {container}: no GPU registered")
+        elif refused:
+            each = "; ".join(
+                f"{uuid_of.get(d.id, d.id[2])}: {refusal_text(d.alone)}"
+                for d in refused
+                if d.alone is not None
+            )
+            parts.append(
+                f"container {container}: {len(refused)} of {len(rr.devices)} GPUs cannot take "
+                f"it ({each})"
+            )
+        if len(rr.devices) - len(refused) < rr.count:
+            if not refused:
+                parts.append(f"container {container}: needs {rr.count} GPUs")
+        elif not refused or rr.count > 1:
+            parts.append(
+                f"container {container}: {len(rr.devices) - len(refused)} GPUs fit one by one "
+                f"but not {rr.count} together"
+            )
+    # firstAvailable alternatives (one per GPU memory size) often say the same: once each.
+    return "; ".join(dict.fromkeys(parts)) or "cannot allocate all claims"
+
+
+def decide(
+    pod: Mapping[str, Any],
+    nodes: Sequence[LegacyNode],
+    booked: Sequence[Booking],
+    *,
+    default_policy: str = "first-fit",
+    features: Features | None = None,
+) -> Decision:
+    """Where ``pod`` (a ``v1`` Pod dict with HAMi resources) fits among ``nodes`` given the
+    pods already ``booked`` (:func:`bookings`; the pod's own booking, by UID, is left out),
+    and on which GPUs (see the module docstring). ``default_policy``: ``first-fit``,
+    ``binpack``, ``spread`` or ``topology`` for pods without HAMi's policy annotations
+    (:func:`~tessera.scheduler.policies.pod_policy`).
+
+    Raises :class:`~tessera.convert.ConversionError` for requests the webhook would refuse
+    (naming the container and field)."""
+    md = pod.get("metadata") or {}
+    ref = f"{md.get('namespace') or 'default'}/{md.get('name') or md.get('generateName')}"
+    policy = pod_policy(default_policy, md.get("annotations") or {})
+    uid = str(md.get("uid") or "")
+    sizes = gpu_memory_sizes(s for n in nodes for s in n.slices)
+    conv = convert_pod(dict(pod), memory_sizes=sizes, source=f"Pod {ref}")
+    if not conv.converted:
+        return Decision(ref, [], policy, [NodeFit(n.name, []) for n in nodes], conv.warnings)
+    claims = _claims(pod, conv.templates)
+    classes = {"gpu.tessera.dev": device_class()}
+    by_node: dict[str, list[Booking]] = {}
+    for b in booked:
+        if not uid or b.uid != uid:
+            by_node.setdefault(b.node, []).append(b)
+    variants = topology_variants(claims) if policy.gpus == "topology" else [claims]
+    fits = []
+    for n in nodes:
+        state, slices, uuid_of = _node_state(n, by_node.get(n.name, ()))
+        allocator = Allocator(slices, classes, state, features, random.Random(0))
+        node = Node(n.name, dict(n.labels))
+        usage = node_usage(state, allocator.index.by_node.get(n.name, []))
+        rank = device_rank(policy.gpus, state)
+        results, tier = None, 0
+        try:
+            for k, variant in enumerate(variants):
+                results = allocator.allocate(node, variant, rank, transient=variant is not claims)
+                if results is not None:
+                    tier = k
+                    break
+        except AllocationError as e:
+            fits.append(NodeFit(n.name, None, f"allocation error: {e}", usage))
+            continue
+        if results is None:
+            rec = allocator.diagnose(node, claims, rank)
+            fits.append(NodeFit(n.name, None, _reason(rec, conv.requests, uuid_of), usage))
+            continue
+        whole = {
+            (d.id[0], d.id[1], d.id[2]): d.capacity["memory"].value.value_int() // MIB
+            for sl in allocator.index.by_node.get(n.name, [])
+            for d in sl.devices
+            if "memory" in d.capacity
+        }
+        devices = _container_devices(pod, conv.requests, results, uuid_of, whole)
+        fits.append(NodeFit(n.name, devices, "", usage, tier))
+    return Decision(ref, list(conv.requests), policy, fits, conv.warnings)
