@@ -25,6 +25,7 @@ from tessera.extender.legacy import static_extender
 from tessera.scheduler.legacy import (
     SHARERS_TAINT,
     Booking,
+    DecisionMemo,
     bookings,
     decide,
     legacy_node,
@@ -140,6 +141,31 @@ def test_placed_pods_consume_their_recorded_share() -> None:
         for p in placed
     ]
     assert uuids[0] == uuids[1] != uuids[2]
+
+
+def test_the_memo_answers_as_a_fresh_decision() -> None:
+    """A stream of corpus pods placed one by one on three nodes: with a :class:`DecisionMemo`
+    (the extender's) every decision equals the one taken from scratch."""
+    nodes = [
+        legacy_node(register_node("a10", A10, count=3)),
+        legacy_node(register_node("a5000", A5000)),
+        legacy_node(register_node("h100", H100, H100_TOPOLOGY)),
+    ]
+    memo = DecisionMemo()
+    placed: list[dict[str, Any]] = []
+    names = [*SINGLE_GPU_PODS, "HAMi__examples_nvidia__specify_card_type_to_use.yaml"] * 3
+    for k, name in enumerate(names):
+        p = pod(name)
+        p["metadata"]["uid"] = f"stream-{k}"
+        fresh = decide(p, nodes, bookings(placed), default_policy="binpack")
+        again = decide(p, nodes, bookings(placed), default_policy="binpack", memo=memo)
+        assert again.nodes == fresh.nodes
+        memoised = decide(p, nodes, bookings(placed), default_policy="binpack", memo=memo)
+        assert memoised.nodes == fresh.nodes
+        best = fresh.best()
+        if best is not None and best.devices is not None:
+            placed.append(booked(p, best.node, best.devices))
+    assert len(placed) > 5
 
 
 def test_finished_pods_release_terminating_pods_hold() -> None:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tessera.api.errors import TesseraError
+from tessera.api.heap import collector_paused
 from tessera.convert.hami import (
     BIND_PHASE,
     BIND_TIME,
@@ -48,7 +49,15 @@ from tessera.convert.hami import (
 )
 from tessera.extender.prioritize import MAX_PRIORITY, BadArgs, node_names
 from tessera.kube.client import ApiError, KubeClient
-from tessera.scheduler.legacy import Booking, Decision, LegacyNode, bookings, decide, legacy_node
+from tessera.scheduler.legacy import (
+    Booking,
+    Decision,
+    DecisionMemo,
+    LegacyNode,
+    bookings,
+    decide,
+    legacy_node,
+)
 
 log = logging.getLogger("tessera.extender.legacy")
 RECORDS = (VGPU_NODE, VGPU_TIME, DEVICES_TO_ALLOCATE, DEVICES_ALLOCATED, BIND_PHASE, BIND_TIME)
@@ -73,6 +82,11 @@ def _pod(args: Any) -> Mapping[str, Any]:
 
 def _names(args: Mapping[str, Any]) -> list[str]:
     return node_names({"NodeNames": _get(args, "NodeNames"), "Nodes": _get(args, "Nodes")})
+
+
+def _version(pod: Mapping[str, Any]) -> tuple[str, str]:
+    md = pod.get("metadata") or {}
+    return str(md.get("uid") or ""), str(md.get("resourceVersion") or "")
 
 
 class NodeCache:
@@ -121,6 +135,10 @@ class LegacyExtender:
         self.default_policy = default_policy
         self.now = now
         self.cache = NodeCache()
+        self.memo = DecisionMemo()
+        self._booked: dict[tuple[str, str], Booking | None] = {}
+        self._booked_lock = threading.Lock()
+        self._last: tuple[tuple[str, str], Decision] | None = None
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -142,9 +160,37 @@ class LegacyExtender:
                 failed[n] = str(got)
             else:
                 known.append(got)
-        warnings: list[str] = []
-        booked = bookings(self.pods(), warnings)
-        return decide(pod, known, booked, default_policy=self.default_policy), failed
+        # The cyclic collector would rescan the memo's many objects mid-call (tessera.api.heap).
+        with collector_paused():
+            booked = self._bookings()
+            return (
+                decide(pod, known, booked, default_policy=self.default_policy, memo=self.memo),
+                failed,
+            )
+
+    def _bookings(self) -> list[Booking]:
+        """:func:`bookings` of the informer's pods, each record decoded once per pod version."""
+        out: list[Booking] = []
+        seen: dict[tuple[str, str], Booking | None] = {}
+        with self._booked_lock:
+            known = self._booked
+        for p in self.pods():
+            md = p.get("metadata") or {}
+            key = (str(md.get("uid") or ""), str(md.get("resourceVersion") or ""))
+            if key in known:
+                b = known[key]
+            else:
+                warnings: list[str] = []
+                got = bookings([p], warnings)
+                for w in warnings:
+                    log.warning("%s", w)
+                b = got[0] if got else None
+            seen[key] = b
+            if b is not None:
+                out.append(b)
+        with self._booked_lock:
+            self._booked = seen
+        return out
 
     def _node_objects(self, args: Mapping[str, Any], names: Sequence[str]) -> list[Any]:
         nodes = _get(args, "Nodes")
@@ -160,6 +206,7 @@ class LegacyExtender:
             decision, failed = self._decide(pod, names, self._node_objects(args, names))
         except TesseraError as e:
             return {"NodeNames": [], "FailedNodes": {}, "Error": str(e)}
+        self._last = (_version(pod), decision)
         if not decision.hami:
             fits = list(names)
             failed = {}
@@ -183,10 +230,18 @@ class LegacyExtender:
         level k scores ``max(0, 6 - k)``, a node that does not fit 0)."""
         pod = _pod(args)
         names = _names(args)
-        try:
-            decision, _ = self._decide(pod, names, self._node_objects(args, names))
-        except TesseraError:
-            return [{"Host": n, "Score": 0} for n in names]
+        last = self._last
+        if (
+            last is not None
+            and last[0] == _version(pod)
+            and all(last[1].get(n) is not None for n in names)
+        ):
+            decision = last[1]  # the filter call of this scheduling cycle decided it
+        else:
+            try:
+                decision, _ = self._decide(pod, names, self._node_objects(args, names))
+            except TesseraError:
+                return [{"Host": n, "Score": 0} for n in names]
         levels = decision.levels() if decision.hami else {}
         return [
             {

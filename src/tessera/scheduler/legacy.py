@@ -29,13 +29,15 @@ allocator's result consumes (a GPU allocated whole: all of its memory and 100 co
 from __future__ import annotations
 
 import copy
+import json
 import random
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from tessera import DRIVER_NAME
+from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.allocator import AllocatedState, AllocationError, Allocator, Features, Node
 from tessera.allocator.record import NodeRecord
 from tessera.api.deviceclass import device_class
@@ -52,7 +54,7 @@ from tessera.convert.hami import (
     decode_pod_devices,
 )
 from tessera.inventory.hami import register_sharing
-from tessera.inventory.node import HAMI_REGISTER, node_register_slices
+from tessera.inventory.node import HAMI_CORDON, HAMI_REGISTER, node_register_slices
 from tessera.scheduler.policies import (
     PodPolicy,
     device_rank,
@@ -82,6 +84,11 @@ class LegacyNode:
     labels: Mapping[str, str]
     slices: list[dict[str, Any]]
     sharing: Mapping[str, tuple[int | None, bool]]
+    #: What the slices and sharing were built from (the register and cordon annotations):
+    #: equal keys, equal GPUs (:class:`DecisionMemo`).
+    key: str = ""
+    #: :func:`tessera.convert.gpu_memory_sizes` of the slices (what percentages resolve against).
+    memory_sizes: tuple[int, ...] = ()
 
 
 def legacy_node(node: Mapping[str, Any]) -> LegacyNode:
@@ -95,7 +102,10 @@ def legacy_node(node: Mapping[str, Any]) -> LegacyNode:
     value = str((md.get("annotations") or {}).get(HAMI_REGISTER) or "")
     labels = {str(k): str(v) for k, v in (md.get("labels") or {}).items()}
     labels.setdefault("kubernetes.io/hostname", name)
-    return LegacyNode(name, labels, slices, register_sharing(value) if value else {})
+    cordon = str((md.get("annotations") or {}).get(HAMI_CORDON) or "")
+    sharing = register_sharing(value) if value else {}
+    sizes = tuple(gpu_memory_sizes(slices))
+    return LegacyNode(name, labels, slices, sharing, f"{value}\0{cordon}", sizes)
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,8 @@ class Booking:
     uid: str
     node: str
     containers: list[list[ContainerDevice]]
+    #: The record as written (equal records, equal bookings).
+    record: str = ""
 
 
 def bookings(pods: Iterable[Mapping[str, Any]], warnings: list[str] | None = None) -> list[Booking]:
@@ -131,7 +143,7 @@ def bookings(pods: Iterable[Mapping[str, Any]], warnings: list[str] | None = Non
             if warnings is not None:
                 warnings.append(f"Pod {ref}: metadata.annotations[{DEVICES_ALLOCATED}]: {e}")
             continue
-        out.append(Booking(ref, str(md.get("uid") or ""), str(node), containers))
+        out.append(Booking(ref, str(md.get("uid") or ""), str(node), containers, str(record)))
     return out
 
 
@@ -166,6 +178,7 @@ class Decision:
     policy: PodPolicy
     nodes: list[NodeFit]
     warnings: list[str] = field(default_factory=list)
+    _by_name: dict[str, NodeFit] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def hami(self) -> bool:
@@ -195,7 +208,10 @@ class Decision:
         return fits[0] if fits else None
 
     def get(self, node: str) -> NodeFit | None:
-        return next((f for f in self.nodes if f.node == node), None)
+        """The decision on ``node`` (None: not a candidate)."""
+        if len(self._by_name) != len(self.nodes):
+            self._by_name = {f.node: f for f in self.nodes}
+        return self._by_name.get(node)
 
 
 def _uuid_of(slices: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str, str]]:
@@ -341,6 +357,60 @@ def _reason(
     return "; ".join(dict.fromkeys(parts)) or "cannot allocate all claims"
 
 
+@dataclass
+class _NodeState:
+    """One node's GPUs with its bookings consumed: the allocator over them and what decisions
+    on it worked out, per claim shape."""
+
+    allocator: Allocator
+    state: AllocatedState
+    uuid_of: dict[tuple[str, str, str], str]
+    whole: dict[tuple[str, str, str], int]
+    usage: Fraction
+    fits: dict[str, tuple[tuple[tuple[ContainerDevice, ...], ...] | None, str, int]] = field(
+        default_factory=dict
+    )
+    lock: threading.Lock = field(default_factory=threading.Lock)  # the allocator: one caller
+
+
+class DecisionMemo:
+    """What :func:`decide` worked out per node, kept while the node's GPUs (:attr:`LegacyNode.key`)
+    and the bookings on it stay the same; a pod of a shape already decided there (the same
+    claim specs, containers and GPU policy) is answered from it. Safe across threads. Holds at
+    most ``max_nodes`` nodes (then starts afresh)."""
+
+    def __init__(self, max_nodes: int = 100_000) -> None:
+        self.max_nodes = max_nodes
+        self._lock = threading.Lock()
+        self._nodes: dict[str, tuple[Any, _NodeState]] = {}
+
+    def get(self, name: str, key: Any) -> _NodeState | None:
+        with self._lock:
+            hit = self._nodes.get(name)
+        return hit[1] if hit is not None and hit[0] == key else None
+
+    def put(self, name: str, key: Any, st: _NodeState) -> None:
+        with self._lock:
+            if len(self._nodes) >= self.max_nodes:
+                self._nodes.clear()
+            self._nodes[name] = (key, st)
+
+
+def _prepare(n: LegacyNode, booked: Sequence[Booking], features: Features | None) -> _NodeState:
+    state, slices, uuid_of = _node_state(n, booked)
+    allocator = Allocator(
+        slices, {DEVICE_CLASS_NAME: device_class()}, state, features, random.Random(0)
+    )
+    mine = allocator.index.by_node.get(n.name, [])
+    whole = {
+        d.id: d.capacity["memory"].value.value_int() // MIB
+        for sl in mine
+        for d in sl.devices
+        if "memory" in d.capacity
+    }
+    return _NodeState(allocator, state, uuid_of, whole, node_usage(state, mine))
+
+
 def decide(
     pod: Mapping[str, Any],
     nodes: Sequence[LegacyNode],
@@ -348,12 +418,14 @@ def decide(
     *,
     default_policy: str = "first-fit",
     features: Features | None = None,
+    memo: DecisionMemo | None = None,
 ) -> Decision:
     """Where ``pod`` (a ``v1`` Pod dict with HAMi resources) fits among ``nodes`` given the
     pods already ``booked`` (:func:`bookings`; the pod's own booking, by UID, is left out),
     and on which GPUs (see the module docstring). ``default_policy``: ``first-fit``,
     ``binpack``, ``spread`` or ``topology`` for pods without HAMi's policy annotations
-    (:func:`~tessera.scheduler.policies.pod_policy`).
+    (:func:`~tessera.scheduler.policies.pod_policy`). ``memo``: what earlier calls worked out
+    (the same answer, sooner).
 
     Raises :class:`~tessera.convert.ConversionError` for requests the webhook would refuse
     (naming the container and field)."""
@@ -361,12 +433,16 @@ def decide(
     ref = f"{md.get('namespace') or 'default'}/{md.get('name') or md.get('generateName')}"
     policy = pod_policy(default_policy, md.get("annotations") or {})
     uid = str(md.get("uid") or "")
-    sizes = gpu_memory_sizes(s for n in nodes for s in n.slices)
+    sizes = sorted({m for n in nodes for m in n.memory_sizes}, reverse=True)
     conv = convert_pod(dict(pod), memory_sizes=sizes, source=f"Pod {ref}")
     if not conv.converted:
         return Decision(ref, [], policy, [NodeFit(n.name, []) for n in nodes], conv.warnings)
     claims = _claims(pod, conv.templates)
-    classes = {"gpu.tessera.dev": device_class()}
+    shape = json.dumps(
+        [policy.gpus, [r.container for r in conv.requests], [c["spec"] for c in claims]],
+        sort_keys=True,
+        default=str,
+    )
     by_node: dict[str, list[Booking]] = {}
     for b in booked:
         if not uid or b.uid != uid:
@@ -374,31 +450,54 @@ def decide(
     variants = topology_variants(claims) if policy.gpus == "topology" else [claims]
     fits = []
     for n in nodes:
-        state, slices, uuid_of = _node_state(n, by_node.get(n.name, ()))
-        allocator = Allocator(slices, classes, state, features, random.Random(0))
-        node = Node(n.name, dict(n.labels))
-        usage = node_usage(state, allocator.index.by_node.get(n.name, []))
-        rank = device_rank(policy.gpus, state)
-        results, tier = None, 0
-        try:
-            for k, variant in enumerate(variants):
-                results = allocator.allocate(node, variant, rank, transient=variant is not claims)
-                if results is not None:
-                    tier = k
-                    break
-        except AllocationError as e:
-            fits.append(NodeFit(n.name, None, f"allocation error: {e}", usage))
-            continue
-        if results is None:
-            rec = allocator.diagnose(node, claims, rank)
-            fits.append(NodeFit(n.name, None, _reason(rec, conv.requests, uuid_of), usage))
-            continue
-        whole = {
-            (d.id[0], d.id[1], d.id[2]): d.capacity["memory"].value.value_int() // MIB
-            for sl in allocator.index.by_node.get(n.name, [])
-            for d in sl.devices
-            if "memory" in d.capacity
-        }
-        devices = _container_devices(pod, conv.requests, results, uuid_of, whole)
-        fits.append(NodeFit(n.name, devices, "", usage, tier))
+        mine = sorted(by_node.get(n.name, ()), key=lambda b: b.uid)
+        key = (n.key, tuple((b.uid, b.record) for b in mine))
+        st = memo.get(n.name, key) if memo is not None and n.key else None
+        if st is None:
+            st = _prepare(n, mine, features)
+            if memo is not None and n.key:
+                memo.put(n.name, key, st)
+        with st.lock:
+            got = st.fits.get(shape)
+            if got is None:
+                got = _try(st, n, pod, conv.requests, claims, variants, policy)
+                st.fits[shape] = got
+        devices, reason, tier = got
+        fits.append(
+            NodeFit(
+                n.name,
+                None if devices is None else [list(c) for c in devices],
+                reason,
+                st.usage,
+                tier,
+            )
+        )
     return Decision(ref, list(conv.requests), policy, fits, conv.warnings)
+
+
+def _try(
+    st: _NodeState,
+    n: LegacyNode,
+    pod: Mapping[str, Any],
+    requests: Sequence[ContainerRequest],
+    claims: list[dict[str, Any]],
+    variants: list[list[dict[str, Any]]],
+    policy: PodPolicy,
+) -> tuple[tuple[tuple[ContainerDevice, ...], ...] | None, str, int]:
+    """The claims on one node: (devices per container, "", tier) or (None, reason, 0)."""
+    node = Node(n.name, dict(n.labels))
+    rank = device_rank(policy.gpus, st.state)
+    results, tier = None, 0
+    try:
+        for k, variant in enumerate(variants):
+            results = st.allocator.allocate(node, variant, rank, transient=variant is not claims)
+            if results is not None:
+                tier = k
+                break
+    except AllocationError as e:
+        return None, f"allocation error: {e}", 0
+    if results is None:
+        rec = st.allocator.diagnose(node, claims, rank)
+        return None, _reason(rec, requests, st.uuid_of), 0
+    devices = _container_devices(pod, requests, results, st.uuid_of, st.whole)
+    return tuple(tuple(c) for c in devices), "", tier
