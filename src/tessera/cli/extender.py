@@ -127,6 +127,7 @@ def extender(
             booked.items,
             client,
             default_gpu_policy or default_node_policy,
+            pods_generation=lambda: booked.generation,
         )
         app = make_app(
             None,

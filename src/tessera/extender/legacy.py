@@ -100,8 +100,7 @@ class NodeCache:
     def node(self, obj: Mapping[str, Any]) -> LegacyNode | TesseraError:
         md = obj.get("metadata") or {}
         name, rv = str(md.get("name") or ""), str(md.get("resourceVersion") or "")
-        with self._lock:
-            hit = self._nodes.get(name)
+        hit = self._nodes.get(name)  # a dict read is atomic; writes take the lock
         if hit is not None and hit[0] == rv and rv:
             return hit[1]
         got: LegacyNode | TesseraError
@@ -119,7 +118,9 @@ class LegacyExtender:
     informers (filter, prioritize); ``client`` (None: bind refuses) is bind's fresh read and
     its writes. ``default_policy``: for pods without HAMi's policy annotations (``first-fit``,
     ``binpack``, ``spread``, ``topology``). ``now``: unix seconds for ``vgpu-time`` and
-    ``bind-time``."""
+    ``bind-time``. ``pods_generation`` (optional): changes whenever ``pods()`` would answer
+    differently (:attr:`tessera.kube.watch.Informer.generation`); while it stays, the bookings
+    of the last call are reused."""
 
     def __init__(
         self,
@@ -128,9 +129,11 @@ class LegacyExtender:
         client: KubeClient | None,
         default_policy: str = "first-fit",
         now: Callable[[], float] = time.time,
+        pods_generation: Callable[[], Any] | None = None,
     ) -> None:
         self.nodes = nodes
         self.pods = pods
+        self.pods_generation = pods_generation
         self.client = client
         self.default_policy = default_policy
         self.now = now
@@ -139,6 +142,7 @@ class LegacyExtender:
         self._booked: dict[tuple[str, str], Booking | None] = {}
         self._booked_lock = threading.Lock()
         self._last: tuple[tuple[str, str], Decision] | None = None
+        self._booked_list: tuple[Any, list[Booking]] | None = None
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -170,6 +174,10 @@ class LegacyExtender:
 
     def _bookings(self) -> list[Booking]:
         """:func:`bookings` of the informer's pods, each record decoded once per pod version."""
+        gen = self.pods_generation() if self.pods_generation is not None else None
+        cached = self._booked_list
+        if gen is not None and cached is not None and cached[0] == gen:
+            return cached[1]
         out: list[Booking] = []
         seen: dict[tuple[str, str], Booking | None] = {}
         with self._booked_lock:
@@ -190,6 +198,8 @@ class LegacyExtender:
                 out.append(b)
         with self._booked_lock:
             self._booked = seen
+        if gen is not None:
+            self._booked_list = (gen, out)
         return out
 
     def _node_objects(self, args: Mapping[str, Any], names: Sequence[str]) -> list[Any]:
@@ -377,9 +387,12 @@ def static_extender(
     pods: Sequence[Mapping[str, Any]],
     default_policy: str = "first-fit",
 ) -> LegacyExtender:
-    """A :class:`LegacyExtender` over fixed objects (no bind): for tests and the benchmark."""
+    """A :class:`LegacyExtender` over fixed objects (no bind): for tests and the benchmark.
+    ``pods`` may be appended to (its length is the pods' generation), not changed otherwise."""
     by_name = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
-    return LegacyExtender(by_name.get, lambda: pods, None, default_policy)
+    return LegacyExtender(
+        by_name.get, lambda: pods, None, default_policy, pods_generation=lambda: len(pods)
+    )
 
 
 __all__ = ["Booking", "LegacyExtender", "NodeCache", "static_extender"]

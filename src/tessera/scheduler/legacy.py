@@ -385,8 +385,7 @@ class DecisionMemo:
         self._nodes: dict[str, tuple[Any, _NodeState]] = {}
 
     def get(self, name: str, key: Any) -> _NodeState | None:
-        with self._lock:
-            hit = self._nodes.get(name)
+        hit = self._nodes.get(name)  # a dict read is atomic; writes take the lock
         return hit[1] if hit is not None and hit[0] == key else None
 
     def put(self, name: str, key: Any, st: _NodeState) -> None:
@@ -450,7 +449,9 @@ def decide(
     variants = topology_variants(claims) if policy.gpus == "topology" else [claims]
     fits = []
     for n in nodes:
-        mine = sorted(by_node.get(n.name, ()), key=lambda b: b.uid)
+        mine = by_node.get(n.name, [])
+        if len(mine) > 1:
+            mine = sorted(mine, key=lambda b: b.uid)
         key = (n.key, tuple((b.uid, b.record) for b in mine))
         st = memo.get(n.name, key) if memo is not None and n.key else None
         if st is None:
