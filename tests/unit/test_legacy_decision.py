@@ -206,6 +206,26 @@ def test_split_count_caps_the_sharers_of_a_gpu() -> None:
     assert f"{SHARERS_TAINT}=2/2:NoSchedule" in fit.reason
 
 
+def test_a_pods_own_containers_count_against_the_split_count() -> None:
+    """default_use's container twice in one pod (two sharers of one GPU) on an A10 registered
+    with ``count: 2`` that already holds one container: one slot is left, the pod needs two."""
+    a10 = legacy_node(register_node("a10", A10, count=2))
+    one = pod("HAMi__examples_nvidia__default_use.yaml")
+    fit = decide(one, [a10], []).nodes[0]
+    assert fit.devices is not None
+    placed = bookings([booked(one, "a10", fit.devices)])
+    two = pod("HAMi__examples_nvidia__default_use.yaml")
+    two["metadata"]["uid"] = "two-containers"
+    twin = copy.deepcopy(two["spec"]["containers"][0])
+    twin["name"] = "twin"
+    two["spec"]["containers"].append(twin)
+    assert decide(two, [a10], []).nodes[0].fits
+    got = decide(two, [a10], placed).nodes[0]
+    assert not got.fits
+    uuid = register_entries(A10)[0]["id"]
+    assert got.reason == f"{uuid}: 2 of its containers need 2 sharer slots, 1 free"
+
+
 def test_node_policy_binpack_and_spread() -> None:
     """specify_scheduling_policy asks node ``spread``: the empty node first; binpack (the same
     pod with the annotation changed) prefers the booked one."""

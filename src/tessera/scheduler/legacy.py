@@ -227,9 +227,9 @@ def _uuid_of(slices: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str, s
 
 def _node_state(
     node: LegacyNode, booked: Sequence[Booking]
-) -> tuple[AllocatedState, list[dict[str, Any]], dict[tuple[str, str, str], str]]:
-    """The node's bookings as consumed capacity, its slices with the closed GPUs tainted, and
-    device id -> UUID."""
+) -> tuple[AllocatedState, list[dict[str, Any]], dict[tuple[str, str, str], str], dict[str, int]]:
+    """The node's bookings as consumed capacity, its slices with the closed GPUs tainted,
+    device id -> UUID, and per UUID the containers booked on it."""
     ids = _uuid_of(node.slices)
     state = AllocatedState()
     used: dict[str, int] = {}
@@ -271,7 +271,7 @@ def _node_state(
                 du = str(((d.get("attributes") or {}).get("uuid") or {}).get("string"))
                 if du in closed:
                     d.setdefault("taints", []).append(dict(closed[du]))
-    return state, slices, {v: k for k, v in ids.items()}
+    return state, slices, {v: k for k, v in ids.items()}, used
 
 
 def _claims(pod: Mapping[str, Any], templates: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -367,6 +367,8 @@ class _NodeState:
     uuid_of: dict[tuple[str, str, str], str]
     whole: dict[tuple[str, str, str], int]
     usage: Fraction
+    #: Per GPU UUID with a ``count``: the sharer slots still free.
+    free_slots: dict[str, int]
     fits: dict[str, tuple[tuple[tuple[ContainerDevice, ...], ...] | None, str, int]] = field(
         default_factory=dict
     )
@@ -396,7 +398,7 @@ class DecisionMemo:
 
 
 def _prepare(n: LegacyNode, booked: Sequence[Booking], features: Features | None) -> _NodeState:
-    state, slices, uuid_of = _node_state(n, booked)
+    state, slices, uuid_of, used = _node_state(n, booked)
     allocator = Allocator(
         slices, {DEVICE_CLASS_NAME: device_class()}, state, features, random.Random(0)
     )
@@ -407,7 +409,8 @@ def _prepare(n: LegacyNode, booked: Sequence[Booking], features: Features | None
         for d in sl.devices
         if "memory" in d.capacity
     }
-    return _NodeState(allocator, state, uuid_of, whole, node_usage(state, mine))
+    free = {u: c - used.get(u, 0) for u, (c, _) in n.sharing.items() if c is not None}
+    return _NodeState(allocator, state, uuid_of, whole, node_usage(state, mine), free)
 
 
 def decide(
@@ -501,4 +504,17 @@ def _try(
         rec = st.allocator.diagnose(node, claims, rank)
         return None, _reason(rec, requests, st.uuid_of), 0
     devices = _container_devices(pod, requests, results, st.uuid_of, st.whole)
+    # Each container takes one slot of each GPU it uses; the taints closed the GPUs with no slot
+    # left, not those the pod's own containers would overfill (the allocator knows no slots).
+    mine: dict[str, int] = {}
+    for c in devices:
+        for d in c:
+            mine[d.uuid] = mine.get(d.uuid, 0) + 1
+    over = [
+        f"{u}: {k} of its containers need {k} sharer slots, {st.free_slots[u]} free"
+        for u, k in mine.items()
+        if u in st.free_slots and k > st.free_slots[u]
+    ]
+    if over:
+        return None, "; ".join(over), 0
     return tuple(tuple(c) for c in devices), "", tier
