@@ -88,6 +88,12 @@ def extender(
     `tessera simulate --policy` uses. Configure it in KubeSchedulerConfiguration.extenders
     (deploy/webhook/scheduler-config.yaml). Device choice inside a node stays the scheduler's.
 
+    With --legacy (clusters without DRA): POST /filter, /prioritize and /bind decide with
+    Tessera's allocator over the GPUs device plugins register on Nodes
+    (hami.io/node-nvidia-register) and the decisions recorded on pods; bind re-reads the pod,
+    the Node and its pods, writes HAMi's records on the pod and POSTs the Binding
+    (deploy/legacy/scheduler-config.yaml, docs/legacy-extender.md).
+
     Exit status: 0 on SIGTERM/SIGINT; 2 on bad input.
     """
     import asyncio
