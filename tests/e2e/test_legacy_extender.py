@@ -9,7 +9,8 @@ without DRA). A second kube-scheduler (the real binary) runs ``deploy/legacy/sch
 are bound one by one; the records on each bound pod decode to what
 :func:`tessera.scheduler.legacy.decide` says for that node given the pods bound before it. A pod
 that fits nowhere stays Pending with the extender's reasons; bind refuses, and books nothing for,
-a pod that no longer fits, one deleted before its bind, and one replaced by another of its name.
+a pod that no longer fits, one deleted before its bind, one replaced by another of its name, and
+one deleted (or bound elsewhere) between the records' patch and the Binding.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tessera.convert.hami import (
     VGPU_NODE,
     decode_pod_devices,
 )
+from tessera.extender.legacy import LegacyExtender
 from tessera.kube.client import ApiError, KubeClient
 from tessera.kube.workloads import wait_for
 from tessera.localcluster import build
@@ -68,7 +70,15 @@ def _corpus_pod(file: str, k: int, name: str) -> dict[str, Any]:
 
 
 class Legacy:
-    def __init__(self, client: KubeClient, nodes: list[dict[str, Any]], ext_port: int, tmp: Path):
+    def __init__(
+        self,
+        client: KubeClient,
+        nodes: list[dict[str, Any]],
+        ext_port: int,
+        tmp: Path,
+        kubeconfig: Path,
+    ):
+        self.kubeconfig = kubeconfig
         self.client = client
         self.nodes = nodes
         self.ext_port = ext_port
@@ -166,7 +176,7 @@ def legacy(fresh_cluster: StartCluster, tmp_path: Path) -> Iterator[Legacy]:
                     stderr=subprocess.STDOUT,
                 )
             )
-        h = Legacy(client, nodes, ext_port, tmp_path)
+        h = Legacy(client, nodes, ext_port, tmp_path, live.kubeconfig)
 
         def ready() -> bool | None:
             try:
@@ -252,6 +262,62 @@ def test_the_real_scheduler_binds_hami_pods_as_the_decision_says(
     assert _bound(h, ns, "late")["spec"]["nodeName"] in ("a10-node", "a5000-node")
     assert [p["metadata"]["name"] for p in h.booked()] == ["late"]
     _bind_refusals(h, ns)
+    _deleted_mid_bind(h, ns)
+
+
+def _deleted_mid_bind(h: Legacy, ns: str) -> None:
+    """An extender in this process whose API client deletes the pod (or binds it elsewhere)
+    between bind's patch of the records and its Binding: the Binding fails, and nothing stays
+    booked (the deleted pod takes its records with it; a pod bound by someone else has them
+    taken off)."""
+    client = KubeClient.from_kubeconfig(h.kubeconfig)
+    real = client.request
+    meddle: dict[str, str] = {}
+
+    def request(verb: str, path: str, **kw: Any) -> Any:
+        if verb == "POST" and path.endswith("/binding") and meddle:
+            name = path.split("/")[-2]
+            if meddle["how"] == "delete":
+                real("DELETE", path.rsplit("/", 1)[0], body={"gracePeriodSeconds": 0})
+            else:
+                real(
+                    "POST",
+                    path,
+                    body={
+                        "apiVersion": "v1",
+                        "kind": "Binding",
+                        "metadata": {"name": name, "namespace": ns},
+                        "target": {"apiVersion": "v1", "kind": "Node", "name": meddle["node"]},
+                    },
+                )
+        return real(verb, path, **kw)
+
+    client.request = request  # type: ignore[method-assign]
+    ext = LegacyExtender(
+        lambda n: client.get("v1", "Node", n),
+        lambda: client.list("v1", "Pod", label_selector=VGPU_NODE),
+        client,
+    )
+    before = sorted(p["metadata"]["name"] for p in h.booked())
+    for how in ("delete", "bind-elsewhere"):
+        pod = _corpus_pod("HAMi__examples_nvidia__default_use.yaml", 0, f"mid-{how}")
+        pod["spec"]["schedulerName"] = "nobody"
+        made = h.client.create({**pod, "metadata": {**pod["metadata"], "namespace": ns}})
+        decision, _ = h.expected(made, "")
+        best = decision.best()
+        assert best is not None
+        other = next(n["metadata"]["name"] for n in h.nodes if n["metadata"]["name"] != best.node)
+        meddle.update(how=how, node=other)
+        md = made["metadata"]
+        err = ext.bind(
+            {"PodName": md["name"], "PodNamespace": ns, "PodUID": md["uid"], "Node": best.node}
+        )["Error"]
+        assert "Binding to" in err and "failed" in err, err
+        assert sorted(p["metadata"]["name"] for p in h.booked()) == before
+        if how == "bind-elsewhere":
+            left = h.client.get("v1", "Pod", md["name"], ns)
+            assert left["spec"]["nodeName"] == other
+            assert VGPU_NODE not in (left["metadata"].get("annotations") or {})
 
 
 def _bind_refusals(h: Legacy, ns: str) -> None:
