@@ -72,6 +72,8 @@ SHARERS_TAINT = f"{DRIVER_NAME}/sharers-full"
 #: ``CardNotHealth``).
 UNHEALTHY_TAINT = f"{DRIVER_NAME}/unhealthy"
 MIB = 2**20
+#: Claim shapes a node's memo keeps (:class:`DecisionMemo`).
+MAX_SHAPES = 256
 
 
 @dataclass(frozen=True)
@@ -465,6 +467,8 @@ def decide(
             got = st.fits.get(shape)
             if got is None:
                 got = _try(st, n, pod, conv.requests, claims, variants, policy)
+                if len(st.fits) >= MAX_SHAPES:
+                    st.fits.clear()  # shapes seldom repeated (a UUID list per pod): start afresh
                 st.fits[shape] = got
         devices, reason, tier = got
         fits.append(
