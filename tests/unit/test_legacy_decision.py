@@ -316,3 +316,27 @@ def test_a_bad_register_annotation_fails_that_node_only() -> None:
     )
     assert got["NodeNames"] == ["a10"]
     assert "hami.io/node-nvidia-register" in got["FailedNodes"]["broken"]
+
+
+def test_shipped_legacy_scheduler_config() -> None:
+    """deploy/legacy/scheduler-config.yaml: one profile, the three verbs, and managedResources
+    naming every NVIDIA-family HAMi resource the conversion reads, only ``nvidia.com/gpu``
+    (which the device plugin advertises) counted by kube-scheduler."""
+    from tessera.convert.hami import GPU, NVIDIA
+
+    cfg = yaml.safe_load(
+        (
+            Path(__file__).resolve().parents[2] / "deploy" / "legacy" / "scheduler-config.yaml"
+        ).read_text()
+    )
+    assert [p["schedulerName"] for p in cfg["profiles"]] == ["tessera-legacy"]
+    (ext,) = cfg["extenders"]
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == (
+        "filter",
+        "prioritize",
+        "bind",
+    )
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
+    managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
+    assert set(managed) == set(NVIDIA.names())
+    assert {n for n, ignored in managed.items() if not ignored} == {GPU}
