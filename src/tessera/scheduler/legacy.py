@@ -155,7 +155,8 @@ class NodeFit:
     empty for a container without GPUs), None when the pod does not fit, with the ``reason``;
     ``usage``: the node's booked memory plus cores fractions summed over its GPUs before the
     pod (:func:`~tessera.scheduler.policies.node_usage`); ``tier``: the topology tier reached
-    (0 unless the GPU policy is ``topology``)."""
+    (0 unless the GPU policy is ``topology``). Shared between decisions (:class:`DecisionMemo`):
+    not to be modified."""
 
     node: str
     devices: list[list[ContainerDevice]] | None
@@ -371,9 +372,7 @@ class _NodeState:
     usage: Fraction
     #: Per GPU UUID with a ``count``: the sharer slots still free.
     free_slots: dict[str, int]
-    fits: dict[str, tuple[tuple[tuple[ContainerDevice, ...], ...] | None, str, int]] = field(
-        default_factory=dict
-    )
+    fits: dict[str, NodeFit] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)  # the allocator: one caller
 
 
@@ -463,23 +462,25 @@ def decide(
             st = _prepare(n, mine, features)
             if memo is not None and n.key:
                 memo.put(n.name, key, st)
-        with st.lock:
-            got = st.fits.get(shape)
-            if got is None:
-                got = _try(st, n, pod, conv.requests, claims, variants, policy)
-                if len(st.fits) >= MAX_SHAPES:
-                    st.fits.clear()  # shapes seldom repeated (a UUID list per pod): start afresh
-                st.fits[shape] = got
-        devices, reason, tier = got
-        fits.append(
-            NodeFit(
-                n.name,
-                None if devices is None else [list(c) for c in devices],
-                reason,
-                st.usage,
-                tier,
-            )
-        )
+        fit = st.fits.get(shape)  # a dict read is atomic; the allocator takes the lock
+        if fit is None:
+            with st.lock:
+                fit = st.fits.get(shape)
+                if fit is None:
+                    devices, reason, tier = _try(
+                        st, n, pod, conv.requests, claims, variants, policy
+                    )
+                    fit = NodeFit(
+                        n.name,
+                        None if devices is None else [list(c) for c in devices],
+                        reason,
+                        st.usage,
+                        tier,
+                    )
+                    if len(st.fits) >= MAX_SHAPES:
+                        st.fits.clear()  # shapes seldom repeated (a UUID list per pod): afresh
+                    st.fits[shape] = fit
+        fits.append(fit)
     return Decision(ref, list(conv.requests), policy, fits, conv.warnings)
 
 
