@@ -72,6 +72,7 @@ SHARERS_TAINT = f"{DRIVER_NAME}/sharers-full"
 #: ``CardNotHealth``).
 UNHEALTHY_TAINT = f"{DRIVER_NAME}/unhealthy"
 MIB = 2**20
+_ZERO = Fraction(0)
 #: Claim shapes a node's memo keeps (:class:`DecisionMemo`).
 MAX_SHAPES = 256
 
@@ -200,8 +201,9 @@ class Decision:
         """Per fitting node, its preference level (0 best; nodes that tie share a level)."""
         out: dict[str, int] = {}
         keys: dict[tuple[int, Fraction], int] = {}
+        by_usage = self.policy.nodes in ("binpack", "spread")
         for f in self.fitting():
-            key = (f.tier, f.usage if self.policy.nodes in ("binpack", "spread") else Fraction(0))
+            key = (f.tier, f.usage if by_usage else _ZERO)
             out[f.node] = keys.setdefault(key, len(keys))
         return out
 
@@ -447,15 +449,13 @@ def decide(
         default=str,
     )
     by_node: dict[str, list[Booking]] = {}
-    for b in booked:
+    for b in sorted(booked, key=lambda b: b.uid):
         if not uid or b.uid != uid:
             by_node.setdefault(b.node, []).append(b)
     variants = topology_variants(claims) if policy.gpus == "topology" else [claims]
     fits = []
     for n in nodes:
-        mine = by_node.get(n.name, [])
-        if len(mine) > 1:
-            mine = sorted(mine, key=lambda b: b.uid)
+        mine = by_node.get(n.name, [])  # in UID order: the memo's key
         key = (n.key, tuple((b.uid, b.record) for b in mine))
         st = memo.get(n.name, key) if memo is not None and n.key else None
         if st is None:
