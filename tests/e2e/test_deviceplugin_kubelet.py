@@ -33,6 +33,7 @@ from tessera.convert.hami import (
 )
 from tessera.deviceplugin.allocate import NODE_LOCK
 from tessera.deviceplugin.register import HANDSHAKE_ANNOTATION, REGISTER_ANNOTATION
+from tessera.driver.guard import MODE_LABEL
 from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD
 from tessera.inventory import load_inventory
 from tessera.inventory.hami import raw_gpus_from_hami
@@ -124,9 +125,25 @@ def gpu_allocatable(node: LiveNode) -> str | None:
     return gpu_capacity(node, "allocatable")
 
 
+def _label(node: LiveNode, mode: str | None) -> None:
+    node.client.request(
+        "PATCH",
+        f"/api/v1/nodes/{node.name}",
+        body={"metadata": {"labels": {MODE_LABEL: mode}}},
+        content_type="application/merge-patch+json",
+    )
+
+
 @pytest.fixture(scope="module")
 def device_plugin(kube_node: LiveNode, fake_nvml_lib: Path) -> Iterator[DevicePluginProcess]:
     root = Path(tempfile.mkdtemp(prefix="tessera-dp-", dir="/tmp"))
+    # The node moves to legacy mode (docs/legacy.md, "Moving a node"): labelled, and the node
+    # driver's ResourceSlices of earlier tests gone (its guard counts them).
+    _label(kube_node, "legacy")
+    for s in kube_node.client.list(
+        "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={kube_node.name}"
+    ):
+        kube_node.client.delete("resource.k8s.io/v1", "ResourceSlice", s["metadata"]["name"])
     dp = DevicePluginProcess(kube_node, root, fake_nvml_lib)
     try:
         want = str(SPLIT * len(dp.gpus))
@@ -145,6 +162,7 @@ def device_plugin(kube_node: LiveNode, fake_nvml_lib: Path) -> Iterator[DevicePl
     finally:
         dp.stop()
         shutil.rmtree(root, ignore_errors=True)
+        _label(kube_node, None)
         # Leave the node as a DRA node again for the session's other tests: the node driver's
         # start-up guard refuses a node with HAMi's annotations or a device plugin's GPUs.
         kube_node.client.request(

@@ -7,7 +7,10 @@ The node's GPUs are the 8x H100 of a corpus inventory behind the fake NVML (``dr
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -233,6 +236,54 @@ def test_legacy_mode_sees_tesseras_own_slices_and_not_its_own_node_records(
     finally:
         _annotate(env.client, env.node, dict.fromkeys(ann), {MODE_LABEL: None})
         _set_allocatable(env.client, env.node, {"nvidia.com/gpu": "0"})
+
+
+def _device_plugin(env: DriverEnv) -> subprocess.CompletedProcess[str]:
+    """``tessera device-plugin`` for ``env``'s node (its kubelet dir, fake NVML); it must stop
+    before serving: returns the finished process."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tessera",
+            "device-plugin",
+            "--node-name",
+            env.node,
+            "--kubeconfig",
+            str(env.kubeconfig),
+            "--kubelet-dir",
+            str(env.kubelet_root),
+            "--cdi-dir",
+            str(env.cdi_dir),
+            "--state-dir",
+            str(env.state_dir),
+            "--dev-root",
+            str(env.dev_root),
+            "--nvml-library",
+            str(env.nvml_lib),
+        ],
+        env={**os.environ, "FAKE_NVML_CONFIG": str(env.nvml_config)},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+
+def test_the_device_plugin_refuses_a_node_not_given_to_legacy_mode(
+    running_driver: tuple[DriverEnv, DriverProcess],
+) -> None:
+    """``tessera device-plugin`` on a node without the legacy label, where the node driver
+    publishes the GPUs: one line naming both signs, exit 2, no socket served."""
+    env, _d = running_driver
+    r = _device_plugin(env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("tessera: error:")]
+    assert (
+        f"Node {env.node} label {MODE_LABEL}=dra (unset) gives its GPUs to Tessera's DRA node driver"
+        in line
+    )
+    assert "DRA driver gpu.tessera.dev publishes" in line
+    assert not list((env.kubelet_root / "device-plugins").glob("*.sock"))
 
 
 def test_slice_reads_are_of_this_node_only(driver_env: DriverEnv, tmp_path: Path) -> None:

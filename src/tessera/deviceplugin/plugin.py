@@ -3,7 +3,9 @@
 What it does, in order (:meth:`DevicePlugin.start`):
 
 1. discovers the node's GPUs with the node driver's NVML discovery
-   (:func:`tessera.driver.discovery.discover_nvml`) and their health (:func:`~tessera.driver.discovery.probe`);
+   (:func:`tessera.driver.discovery.discover_nvml`) and their health (:func:`~tessera.driver.discovery.probe`),
+   and runs the start-up guard in legacy mode (:meth:`DevicePlugin.check_node`: the Node
+   labelled ``gpu.tessera.dev/mode=legacy``, no DRA driver publishing its GPUs);
 2. writes the node's ``hami.io/node-nvidia-register`` and ``hami.io/node-handshake``
    annotations (:mod:`.register`; merge patch of the Node);
 3. removes the files of allocations whose pod is gone (:meth:`DevicePlugin.reconcile`);
@@ -45,6 +47,7 @@ from tessera.api.errors import TesseraError
 from tessera.convert.hami import BIND_PHASE, DEVICES_TO_ALLOCATE
 from tessera.driver.backend import LIBRARY
 from tessera.driver.discovery import DiscoveryError, discover_nvml, load_nvml, probe
+from tessera.driver.guard import MODE_LEGACY, SecondManagerError, check_node
 from tessera.driver.kubelet import deviceplugin_stubs
 from tessera.driver.prepare import (
     ClaimError,
@@ -192,6 +195,26 @@ class DevicePlugin:
         self.records = [GpuRecord(gpu=ng.gpu, minor=ng.minor) for ng in inv.gpus]
         self.health = self._probe()
 
+    def check_node(self) -> None:
+        """The start-up guard of Tessera's legacy mode (:func:`tessera.driver.guard.check_node`
+        with ``mode="legacy"``): the Node must be labelled ``gpu.tessera.dev/mode=legacy``, and
+        no DRA driver (Tessera's included) may publish its GPUs, nor another NVIDIA device
+        plugin serve beside this one. Raises :class:`DevicePluginError` (one line)."""
+        uuids = [r.gpu.uuid for r in self.records]
+        try:
+            check_node(
+                self.client,
+                self.cfg.node_name,
+                uuids,
+                device_plugin_dir=self.cfg.device_plugin_dir,
+                driver=self.cfg.driver,
+                log=self.log,
+                mode=MODE_LEGACY,
+                own_socket=self.cfg.socket,
+            )
+        except SecondManagerError as e:
+            raise DevicePluginError(str(e)) from e
+
     def _probe(self) -> dict[str, bool]:
         """Each GPU's NVML health now (``probe``: ok, lost, missing), kept on its record (prepare
         refuses a missing GPU); ``{UUID: healthy}``."""
@@ -203,6 +226,7 @@ class DevicePlugin:
         """Discover, annotate, reconcile, serve and register (module doc), then run the loops.
         Raises :class:`DevicePluginError`, or ``ApiError`` when the Node cannot be annotated."""
         self.discover()
+        self.check_node()
         write_preload(self.cfg.layout)
         self._load_records()
         self.write_annotation()
