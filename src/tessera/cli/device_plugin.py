@@ -15,24 +15,22 @@ import click
 
 from tessera import DRIVER_NAME
 from tessera.cli._common import catch_termination, fail, logger, wait_for_termination
-from tessera.cli.driver import _context_overhead
+from tessera.cli._node import (
+    CDI_DIR,
+    CONTEXT_OVERHEAD,
+    DEV_ROOT,
+    KUBECONFIG,
+    LIBRARY,
+    NODE_NAME,
+    NVML_LIBRARY,
+    context_overhead_bytes,
+)
 from tessera.enforcement.layout import DEFAULT_STATE_DIR
 
 
 @click.command("device-plugin")
-@click.option(
-    "--node-name",
-    envvar="NODE_NAME",
-    default=None,
-    help="This node's name (default: $NODE_NAME, else the host name).",
-)
-@click.option(
-    "--kubeconfig",
-    type=click.Path(),
-    envvar="KUBECONFIG",
-    default=None,
-    help="Kubeconfig of the API server (default: $KUBECONFIG, else in-cluster).",
-)
+@NODE_NAME
+@KUBECONFIG
 @click.option(
     "--kubelet-dir",
     type=click.Path(),
@@ -55,13 +53,7 @@ from tessera.enforcement.layout import DEFAULT_STATE_DIR
     show_default=True,
     help="Shareable nvidia.com/gpu slots per GPU (HAMi's deviceSplitCount).",
 )
-@click.option(
-    "--cdi-dir",
-    type=click.Path(),
-    default="/var/run/cdi",
-    show_default=True,
-    help="CDI spec directory the container runtime reads.",
-)
+@CDI_DIR
 @click.option(
     "--state-dir",
     type=click.Path(),
@@ -70,31 +62,10 @@ from tessera.enforcement.layout import DEFAULT_STATE_DIR
     help="Allocation records (deviceplugin/) and one directory per container allocation under "
     "claims/ (limits file, usage region): the monitor's --region-dir is <state-dir>/claims.",
 )
-@click.option(
-    "--dev-root",
-    type=click.Path(),
-    default="/",
-    show_default=True,
-    help="Host directory holding dev/nvidia* (the device nodes handed to containers).",
-)
-@click.option(
-    "--library",
-    type=click.Path(),
-    default=None,
-    help="Host path of libtessera-enforce.so (default: the one installed with Tessera).",
-)
-@click.option(
-    "--nvml-library",
-    type=click.Path(),
-    default=None,
-    help="Path of libnvidia-ml.so.1 to use (default: the loader's search).",
-)
-@click.option(
-    "--context-overhead",
-    default="512Mi",
-    show_default=True,
-    help="Device memory each CUDA context is charged of a share's memory (a quantity: 512Mi).",
-)
+@DEV_ROOT
+@LIBRARY
+@NVML_LIBRARY
+@CONTEXT_OVERHEAD
 @click.option(
     "--rescan-seconds",
     type=click.FloatRange(min=0.1),
@@ -156,7 +127,7 @@ def device_plugin(
         socket=socket_name,
         nvml_library=nvml_library,
         split=split,
-        context_overhead=_context_overhead(context_overhead),
+        context_overhead=context_overhead_bytes(context_overhead),
         rescan_seconds=rescan_seconds,
         reconcile_seconds=reconcile_seconds,
     )

@@ -17,41 +17,25 @@ import click
 
 from tessera import DRIVER_NAME
 from tessera.cli._common import catch_termination, fail, logger, wait_for_termination
+from tessera.cli._node import (
+    CDI_DIR,
+    CONTEXT_OVERHEAD,
+    DEV_ROOT,
+    KUBECONFIG,
+    LIBRARY,
+    NODE_NAME,
+    NVML_LIBRARY,
+    context_overhead_bytes,
+)
 from tessera.enforcement.layout import DEFAULT_STATE_DIR
-
-
-def _context_overhead(text: str) -> int:
-    """``--context-overhead`` in bytes; a clear one-line failure for anything but a whole,
-    non-negative quantity."""
-    from tessera.api.quantity import Quantity, QuantityError
-
-    try:
-        q = Quantity.parse(text)
-    except QuantityError as e:
-        fail(f"--context-overhead {text!r}: {e}; write bytes or a quantity such as 512Mi")
-    if not q.is_integer() or q.sign() < 0:
-        fail(f"--context-overhead {text!r}: write a whole, non-negative quantity such as 512Mi")
-    return q.value_int()
-
 
 #: What a rolling-update id may be made of (a pod UID is): it names socket files.
 _INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @click.command("driver")
-@click.option(
-    "--node-name",
-    envvar="NODE_NAME",
-    default=None,
-    help="This node's name (default: $NODE_NAME, else the host name).",
-)
-@click.option(
-    "--kubeconfig",
-    type=click.Path(),
-    envvar="KUBECONFIG",
-    default=None,
-    help="Kubeconfig of the API server (default: $KUBECONFIG, else in-cluster).",
-)
+@NODE_NAME
+@KUBECONFIG
 @click.option(
     "--kubelet-root-dir",
     type=click.Path(),
@@ -59,13 +43,7 @@ _INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
     show_default=True,
     help="The kubelet's --root-dir (plugin sockets go under plugins/ and plugins_registry/).",
 )
-@click.option(
-    "--cdi-dir",
-    type=click.Path(),
-    default="/var/run/cdi",
-    show_default=True,
-    help="CDI spec directory the container runtime reads.",
-)
+@CDI_DIR
 @click.option(
     "--state-dir",
     type=click.Path(),
@@ -74,25 +52,9 @@ _INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
     help="Checkpoint, GPU registry, and one directory per claim under claims/ (limits file, "
     "usage region): the monitor's --region-dir is <state-dir>/claims.",
 )
-@click.option(
-    "--dev-root",
-    type=click.Path(),
-    default="/",
-    show_default=True,
-    help="Host directory holding dev/nvidia* (the device nodes handed to containers).",
-)
-@click.option(
-    "--library",
-    type=click.Path(),
-    default=None,
-    help="Host path of libtessera-enforce.so (default: the one installed with Tessera).",
-)
-@click.option(
-    "--nvml-library",
-    type=click.Path(),
-    default=None,
-    help="Path of libnvidia-ml.so.1 to use (default: the loader's search).",
-)
+@DEV_ROOT
+@LIBRARY
+@NVML_LIBRARY
 @click.option(
     "--nvidia-smi",
     default="nvidia-smi",
@@ -122,12 +84,7 @@ _INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
     default=None,
     help="Also hand out <KIND>=<GPU UUID> (e.g. nvidia.com/gpu) so NVIDIA's CDI spec injects driver libraries.",
 )
-@click.option(
-    "--context-overhead",
-    default="512Mi",
-    show_default=True,
-    help="Device memory each CUDA context is charged of a share's memory (a quantity: 512Mi).",
-)
+@CONTEXT_OVERHEAD
 @click.option(
     "--health-address",
     default="127.0.0.1:51515",
@@ -249,7 +206,7 @@ def driver(
             )
         except ValueError as e:
             fail(str(e))
-    overhead = _context_overhead(context_overhead)
+    overhead = context_overhead_bytes(context_overhead)
     cfg = DriverConfig(
         node_name=node_name or socket.gethostname().lower(),
         kubelet_root=Path(kubelet_root_dir),
