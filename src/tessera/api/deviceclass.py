@@ -19,6 +19,7 @@ from typing import Any
 
 from tessera import DEVICE_CLASS_NAME, DRIVER_NAME
 from tessera.api.requests import claim_requests
+from tessera.api.vendors import Vendor
 
 #: The extended resource Tessera's DeviceClass maps (HAMi's and NVIDIA's device plugin's name).
 EXTENDED_RESOURCE_NAME = "nvidia.com/gpu"
@@ -39,6 +40,23 @@ def device_class() -> dict[str, Any]:
             "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}],
             "extendedResourceName": EXTENDED_RESOURCE_NAME,
         },
+    }
+
+
+def vendor_device_class(vendor: Vendor) -> dict[str, Any]:
+    """The ``resource.k8s.io/v1`` DeviceClass another vendor's driver installs (its row of
+    :mod:`tessera.api.vendors`: ``device_class`` selecting ``device.driver == driver`` and, where
+    the row has one, ``type == device_type``), as Hygon's HCU driver and HAMi-DRA's Ascend docs
+    write it. ``simulate`` uses it for a cluster whose nodes publish that driver's devices but
+    whose input names no such class. A new dict per call."""
+    expr = f'device.driver == "{vendor.driver}"'
+    if vendor.device_type:
+        expr += f' && device.attributes["{vendor.driver}"].type == "{vendor.device_type}"'
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": vendor.device_class},
+        "spec": {"selectors": [{"cel": {"expression": expr}}]},
     }
 
 

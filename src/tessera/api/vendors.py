@@ -144,7 +144,8 @@ class Vendor:
     """One row of the vendor table.
 
     * ``key``: the short name users give (``tessera convert --vendor hygon``).
-    * ``title``: the vendor and driver in words; ``devices``: what its devices are called.
+    * ``title``: the vendor and driver in words; ``devices``: what its devices are called;
+      ``noun``: one of them in planning's reasons (``NPU``).
     * ``driver`` / ``device_class``: the DRA driver name (attribute and capacity domain) and
       the DeviceClass its claims name; a cluster has the driver when it has that class.
     * ``device_type``: the ``type`` attribute of its shareable devices ("" when none).
@@ -173,6 +174,7 @@ class Vendor:
     uuid_prefixes: tuple[str, ...] = ()
     enforcement: str = ""
     devices: str = ""
+    noun: str = "device"
 
     def capacity(self, name: str) -> Capacity | None:
         for c in self.capacities:
@@ -192,6 +194,7 @@ _BYTES = "bytes"
 TESSERA = Vendor(
     key="tessera",
     devices="NVIDIA GPUs",
+    noun="GPU",
     title="NVIDIA GPUs through Tessera's driver",
     driver=DRIVER_NAME,
     device_class=DEVICE_CLASS_NAME,
@@ -210,6 +213,7 @@ TESSERA = Vendor(
 NVIDIA = Vendor(
     key="nvidia",
     devices="NVIDIA GPUs",
+    noun="GPU",
     title="NVIDIA's DRA driver (k8s-dra-driver-gpu)",
     driver="gpu.nvidia.com",
     device_class="gpu.nvidia.com",
@@ -304,6 +308,7 @@ ASCEND_SOFT_SPLIT = "hami-core"
 ASCEND = Vendor(
     key="ascend",
     devices="Ascend NPUs",
+    noun="NPU",
     title="Huawei Ascend NPUs through HAMi's Ascend driver (HAMivNPUCore)",
     driver="ascend.project-hami.io",
     device_class="hami-vnpu-core.project-hami.io",
@@ -336,6 +341,7 @@ ASCEND = Vendor(
 HYGON = Vendor(
     key="hygon",
     devices="Hygon DCUs",
+    noun="DCU",
     title="Hygon DCUs through Hygon's HCU driver (k8s-hcu-dra-driver)",
     driver="dra.hygon.com",
     device_class="dra.hygon.com",
@@ -412,3 +418,16 @@ def hygon_compute_units(cores_percent: int, card_units: int) -> int:
     ``card_units`` CUs: ``ceil(percent * units / 100)``, at least 1 (HAMi-DRA's
     ``ConvertCores``). ``cores_percent`` 0..100, ``card_units`` >= 1."""
     return max(1, -(-cores_percent * card_units // 100))
+
+
+def vendor_of_driver(driver: str) -> Vendor | None:
+    """The row whose DRA driver is ``driver`` (Tessera's before NVIDIA's), or None."""
+    return next((v for v in VENDORS if v.driver == driver), None)
+
+
+def capacity_unit(driver: str, name: str) -> str | None:
+    """The unit of capacity ``name`` of ``driver``'s devices as its row states it
+    (``percent of the NPU's AICores``), or None where the table has no such row or capacity."""
+    v = vendor_of_driver(driver)
+    c = v.capacity(name) if v else None
+    return c.unit if c else None
