@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.console import Console
 
+from tessera import DRIVER_NAME
 from tessera.api.quantity import Quantity
 from tessera.cli._common import (
     UserError,
@@ -360,10 +361,33 @@ def _uuid_names(result: SimResult, wide: bool) -> dict[str, str]:
     return {u: u for u in uuids} if wide else unique_prefixes(uuids, UUID_MIN)
 
 
-def _allocatable(memory: str | None) -> str:
+def _ours(device: str) -> bool:
+    """``device`` (``driver/pool/device``) is one of Tessera's GPUs (the enforcement library's)."""
+    return device.startswith(f"{DRIVER_NAME}/")
+
+
+def _vendor_units(placements: Sequence[Placement]) -> str:
+    """What another vendor's ``cores`` counts, for each such driver among ``placements`` (the
+    vendor table's unit), or "" when every placement is on Tessera's GPUs."""
+    from tessera.api.vendors import vendor_of_driver
+
+    seen: dict[str, str] = {}
+    for p in placements:
+        driver = p.device.split("/", 1)[0]
+        v = None if _ours(p.device) else vendor_of_driver(driver)
+        c = v.capacity("cores") if v else None
+        if v and c and driver not in seen:
+            seen[driver] = f"{v.noun}s of {driver}: cores are {c.unit}"
+    if not seen:
+        return ""
+    return "; ".join(seen.values()) + " (their own enforcement, not Tessera's)"
+
+
+def _allocatable(memory: str | None, device: str) -> str:
     """What one process's allocations can take of a share's ``memory`` (a quantity): the share
-    less one CUDA context (``context-overhead``, the driver's default), ``-`` without memory."""
-    if not memory:
+    less one CUDA context (``context-overhead``, the driver's default), ``-`` without memory
+    or on another vendor's device (no CUDA context there)."""
+    if not memory or not _ours(device):
         return "-"
     return _fmt_bytes(
         Fraction(allocatable(Quantity.parse(memory).value_int(), DEFAULT_CONTEXT_OVERHEAD))
@@ -373,13 +397,16 @@ def _allocatable(memory: str | None) -> str:
 def _placement_table(result: SimResult, placements: list[Placement], wide: bool) -> FitTable:
     uuids = _uuid_names(result, wide)
     caption = None
-    if any(p.memory for p in placements):
+    if any(p.memory and _ours(p.device) for p in placements):
         caption = (
             "memory is a share's whole footprint on the GPU: each CUDA context takes "
             f"{_fmt_bytes(Fraction(DEFAULT_CONTEXT_OVERHEAD))} of it (the driver's context-overhead), "
             "so one process can allocate memory less that (-o wide: allocatable); a GPU publishes "
             "its memory less what the NVIDIA driver reserves"
         )
+    others = _vendor_units(placements)
+    if others:
+        caption = f"{caption}. {others}" if caption else others
     share_ids = {p.share_id for p in result.placements if p.share_id}
     shares = {s: s for s in share_ids} if wide else unique_prefixes(share_ids, SHARE_ID_MIN)
     # kubectl's columns: identifiers whole, free text (the model) last; -o wide adds columns.
@@ -414,7 +441,7 @@ def _placement_table(result: SimResult, placements: list[Placement], wide: bool)
                 p.memory or "-",
                 p.cores or "-",
                 share,
-                _allocatable(p.memory),
+                _allocatable(p.memory, p.device),
                 p.model or "-",
             )
         else:

@@ -45,6 +45,7 @@ from tessera.api.pods import spec_claims, spec_containers
 from tessera.api.quantity import Quantity, QuantityError
 from tessera.api.requests import claim_requests
 from tessera.api.validation import manifest_problems, pod_template, spec_path
+from tessera.api.vendors import CONVERTED, HYGON
 from tessera.cel import (
     CelCompileError,
     CelCostError,
@@ -338,12 +339,34 @@ def _check_hami(add: Any, m: Manifest, world: _World) -> None:
         world.hami_findings.clear()
     world.hami_findings[key] = found
     sizes = sorted(
-        {int(d.capacity["memory"].value.value) for d in world.devices if "memory" in d.capacity},
+        {
+            int(d.capacity["memory"].value.value)
+            for d in world.devices
+            if "memory" in d.capacity and d.driver == DRIVER_NAME
+        },
+        reverse=True,
+    )
+    # Other vendors' requests are checked as if their drivers were installed (the values HAMi
+    # refuses are refused either way); a Hygon cores percentage needs the cards' compute units,
+    # known only from a cluster's dra.hygon.com devices.
+    units = sorted(
+        {
+            int(d.capacity["cores"].value.value)
+            for d in world.devices
+            if "cores" in d.capacity and d.driver == HYGON.driver
+        },
         reverse=True,
     )
     try:
-        convert_pod(pod, memory_sizes=sizes or [80 * 2**30])
+        convert_pod(
+            pod,
+            memory_sizes=sizes or [80 * 2**30],
+            vendors=[v.key for v in CONVERTED],
+            compute_units=units,
+        )
     except ConversionError as e:
+        if not units and e.field in {f.cores for f in HYGON.hami}:
+            return  # a percentage of cards this input does not describe: not a mistake
         field = base
         for part in ("initContainers", "containers"):
             for i, c in enumerate(spec.get(part) or []):

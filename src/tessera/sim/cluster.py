@@ -15,7 +15,10 @@ The file format (``kind: Cluster``) is documented in ``docs/cluster-file.md``; i
       - {key: gpu, value: h100, effect: NoSchedule}   #  without a toleration away)
       dynamicMIG: true                  # optional: partition MIG GPUs on demand (docs/mig.md)
 
-A node may instead give ``slices: FILE`` holding its ResourceSlices. Paths are relative to the
+A node may instead give ``slices: FILE`` holding its ResourceSlices. Beside either (or alone),
+``vendorInventories: [FILE, ...]`` lists other vendors' inventories (``npu-smi info``:
+:mod:`tessera.inventory.vendor_devices`): their devices are published as those vendors' DRA
+drivers publish them, so one node can hold NVIDIA GPUs and Ascend NPUs. Paths are relative to the
 file. Unknown keys are refused, naming the key and the closest known one.
 
 ``dynamicMIG`` (:func:`tessera.inventory.mig.parse_dynamic_mig`, the same setting the node
@@ -68,6 +71,12 @@ _NODE = {
         "inventory": {"type": "string", "minLength": 1},
         "topology": {"type": "string", "minLength": 1},
         "slices": {"type": "string", "minLength": 1},
+        "vendorInventories": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "minItems": 1,
+            "maxItems": 16,
+        },
         "labels": {"type": "object", "additionalProperties": _LABEL_VALUE},
         "taints": {"type": "array", "items": _TAINT, "maxItems": 64},
         "dynamicMIG": {
@@ -259,6 +268,7 @@ def cluster_from_dict(
         publication_warnings,
     )
     from tessera.inventory.mig import parse_dynamic_mig
+    from tessera.inventory.vendor_devices import load_vendor_inventory, vendor_resource_slices
 
     problems = _schema().problems("Cluster", doc)
     if problems:
@@ -297,11 +307,12 @@ def cluster_from_dict(
                 "published as they are",
             )
         sources = [k for k in ("inventory", "slices") if k in n]
-        if len(sources) != 1:
+        if len(sources) > 1 or not (sources or "vendorInventories" in n):
             raise _err(
                 file,
                 where,
-                "needs one of 'inventory' (an nvidia-smi output file) or 'slices' (ResourceSlice YAML)"
+                "needs one of 'inventory' (an nvidia-smi output file), 'slices' (ResourceSlice YAML) "
+                "or 'vendorInventories' (other vendors' inventories: npu-smi info)"
                 if not sources
                 else "give 'inventory' or 'slices', not both",
             )
@@ -346,7 +357,7 @@ def cluster_from_dict(
                 except TesseraError as e:
                     raise located(e, "inventory") from None
                 built = [(nm, copier.slices(nm)) for nm in names]
-        else:
+        elif "slices" in n:
             if len(names) > 1:
                 raise _err(
                     file,
@@ -359,6 +370,30 @@ def cluster_from_dict(
                 raise located(e, "slices") from None
             built = [(names[0], [m.obj for m in loaded if m.kind == "ResourceSlice"])]
             src = str(n["slices"])
+        else:
+            built = [(nm, []) for nm in names]
+            src = ""
+        if "vendorInventories" in n:
+            devices = []
+            for k, rel in enumerate(n["vendorInventories"]):
+                try:
+                    devices.extend(load_vendor_inventory(base / rel))
+                except TesseraError as e:
+                    raise located(e, f"vendorInventories[{k}]") from None
+            try:
+                built = [
+                    (
+                        nm,
+                        slices
+                        + vendor_resource_slices(
+                            nm, devices, where=f"{file}: node {nm}: vendorInventories"
+                        ),
+                    )
+                    for nm, slices in built
+                ]
+            except TesseraError as e:
+                raise located(e, "vendorInventories") from None
+            src = ", ".join([src, *n["vendorInventories"]] if src else n["vendorInventories"])
         for name, slices in built:
             if name in seen:
                 raise _err(file, f"{where}.name", f"duplicate node name {name!r}")

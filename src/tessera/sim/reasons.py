@@ -43,6 +43,7 @@ from tessera.allocator.record import (
     Tainted,
 )
 from tessera.api.quantity import Format
+from tessera.api.vendors import capacity_unit, vendor_of_driver
 from tessera.scheduler.words import (
     amount,
     counter_amount,
@@ -64,7 +65,21 @@ def _plural(n: int, word: str, many: str | None = None) -> str:
 
 
 def _noun(devs: Sequence[_Seen]) -> str:
-    return "GPU" if devs and all(s.dr.device.driver == DRIVER_NAME for s in devs) else "device"
+    """``GPU``, ``NPU``, ``DCU``: the vendor table's noun when every device is of one driver
+    with a row (:mod:`tessera.api.vendors`), else ``device``."""
+    drivers = {s.dr.device.driver for s in devs}
+    v = vendor_of_driver(next(iter(drivers))) if len(drivers) == 1 else None
+    return v.noun if v else "device"
+
+
+def _unit(driver: str, name: str) -> str:
+    """`` (<unit>)`` after another vendor's capacity ``name`` whose value is a plain number
+    (``cores``: percent of the NPU's AICores, or the DCU's compute units; ``slices``), from
+    the vendor table; "" for Tessera's own and for byte quantities."""
+    if driver == DRIVER_NAME:
+        return ""
+    unit = capacity_unit(driver, name)
+    return f" ({unit})" if unit and unit != "bytes" else ""
 
 
 def needs_text(rr: RequestRecord, devs: Sequence[DeviceRecord]) -> str:
@@ -73,7 +88,9 @@ def needs_text(rr: RequestRecord, devs: Sequence[DeviceRecord]) -> str:
     without one, dra-spec.md 2.2), said once over ``devs`` (the request's device records, from
     every node the statement is about). A default of zero consumes nothing and is left out.
     One text for ``simulate``'s pending reasons and ``explain``'s "wants" lines."""
-    named = [f"{k} {v.canonical()}" for k, v in rr.capacity.items()]
+    drivers = {dr.device.driver for dr in devs}
+    driver = next(iter(drivers)) if len(drivers) == 1 else DRIVER_NAME
+    named = [f"{k} {v.canonical()}{_unit(driver, k)}" for k, v in rr.capacity.items()]
     defaults: dict[str, dict[tuple[bool, int, int], tuple[Fraction, Format]]] = {}
     having: dict[str, int] = {}
     zero: dict[str, int] = {}  # devices whose default for it is 0 (they consume none)
@@ -100,7 +117,9 @@ def needs_text(rr: RequestRecord, devs: Sequence[DeviceRecord]) -> str:
         if len(vals) == 1:
             (whole, _, _), (needs, fmt) = next(iter(vals.items()))
             text = amount(needs, fmt)
-            named.append(f"{k} {text} ({'all of it' + some + ': ' if whole else ''}{why})")
+            named.append(
+                f"{k} {text}{_unit(driver, k)} ({'all of it' + some + ': ' if whole else ''}{why})"
+            )
         elif all(whole for whole, _, _ in vals):
             named.append(f"all of the device's {k}{some} ({why})")
         else:
@@ -233,6 +252,7 @@ def _now(now: Sequence[_Seen], noun: str) -> str:
         u, s = max(items, key=lambda it: it[0].free)
         where = f"{s.node}/{s.dr.device.name}"
         free, total, needs = (amount(v, u.format) for v in (u.free, u.total, u.needs))
+        name = f"{name}{_unit(s.dr.device.driver, name)}"
         if len(items) == 1:
             parts.append(f"{name} short on {where}: {free} free of {total}, needs {needs}")
         else:

@@ -35,7 +35,7 @@ from tessera.allocator import (
 from tessera.allocator.core import evicting_taint
 from tessera.allocator.model import Device
 from tessera.allocator.record import alternatives
-from tessera.api.deviceclass import device_class, served_extended_resources
+from tessera.api.deviceclass import device_class, served_extended_resources, vendor_device_class
 from tessera.api.errors import ManifestError
 from tessera.api.heap import collector_paused
 from tessera.api.loader import CLUSTER_SCOPED_KINDS, Manifest
@@ -44,8 +44,9 @@ from tessera.api.quantity import Quantity
 from tessera.api.requests import claim_requests, device_requests
 from tessera.api.uids import uuid5_url
 from tessera.api.validation import DRA_V1BETA2, check
+from tessera.api.vendors import CONVERTED, installed_vendors
 from tessera.api.workloads import foreign_workload
-from tessera.convert import gpu_memory_sizes, mentions_hami
+from tessera.convert import compute_unit_sizes, gpu_memory_sizes, mentions_hami
 from tessera.scheduler.claims import generated_claim_name, pod_claim_name, template_claim_name
 from tessera.scheduler.extended import (
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,
@@ -461,6 +462,15 @@ class Simulation:
                     + (foreign_workload(m.obj) or f"kind {kind} is not simulated; ignored")
                 )
         self.classes.setdefault(DEVICE_CLASS_NAME, default_device_class())
+        # Another vendor's driver publishing devices installs its DeviceClass too: a cluster
+        # whose nodes publish such devices has it unless the input gives its own.
+        drivers = {str((s.get("spec") or {}).get("driver")) for s in slices}
+        for v in CONVERTED:
+            if v.driver in drivers and v.device_class not in self.classes:
+                self.classes[v.device_class] = vendor_device_class(v)
+        #: The vendors whose HAMi requests become claims for their drivers (their DeviceClass
+        #: exists: tessera.api.vendors.installed_vendors), and the Hygon cards' compute units.
+        self.vendors = installed_vendors(set(self.classes))
         #: Extended resource name -> the DeviceClass kube-scheduler serves it from (KEP-5004).
         self.served = served_extended_resources(self.classes.values())
         self._extended_specs: dict[str, dict[str, Any]] = {}
@@ -510,6 +520,7 @@ class Simulation:
         )
         # GPU memory sizes for HAMi's gpumem-percentage (the same function as `tessera convert`).
         self.memory_sizes = gpu_memory_sizes(self.slices)
+        self.compute_units = compute_unit_sizes(self.slices)
         self._check_classes(manifests)
         self._warn_evicted()
 
@@ -625,6 +636,8 @@ class Simulation:
                             memory_sizes=self.memory_sizes,
                             source=str(m.source),
                             served=self.served,
+                            vendors=self.vendors,
+                            compute_units=self.compute_units,
                         )
                     else:  # nothing to convert: a copy of the levels the run writes to
                         conv = Conversion(
