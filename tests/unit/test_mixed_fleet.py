@@ -278,9 +278,7 @@ spec:
     resources:
       limits: {huawei.com/Ascend910B3: 1, huawei.com/Ascend910B3-memory: 70000}
 """
-    found = [
-        f"{f.field}: {f.problem}" for f in lint(manifests(bad))
-    ]
+    found = [f"{f.field}: {f.problem}" for f in lint(manifests(bad))]
     assert found == [
         "spec.containers[0].resources[huawei.com/Ascend910C]: huawei.com/Ascend910C 3: "
         "Ascend910C NPUs are allocated in pairs (one module)",
@@ -308,3 +306,17 @@ def test_a_cluster_file_with_an_nvidia_file_as_vendor_inventory_is_refused(
     with pytest.raises(Exception) as e:
         load_cluster(tmp_path / "c.yaml")
     assert "'vendorInventories' (other vendors' inventories: npu-smi info)" in str(e.value)
+
+
+def test_the_docs_show_the_real_simulate_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/cluster-file.md's mixed-fleet output is what the command prints."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cluster-file.md").read_text()
+    shown = doc.split("mixed-fleet/pods.yaml` prints (exit 0):\n\n```text\n", 1)[1]
+    shown = shown.split("\n```", 1)[0]
+    monkeypatch.chdir(EXAMPLES)
+    monkeypatch.setenv("COLUMNS", "100")
+    r = CliRunner().invoke(
+        main, ["simulate", "--cluster", "mixed-fleet/cluster.yaml", "mixed-fleet/pods.yaml"]
+    )
+    assert r.exit_code == 0, r.output
+    assert r.output.rstrip("\n") == shown
