@@ -320,3 +320,25 @@ def test_the_docs_show_the_real_simulate_output(monkeypatch: pytest.MonkeyPatch)
     )
     assert r.exit_code == 0, r.output
     assert r.output.rstrip("\n") == shown
+
+
+def test_the_sm_count_is_published_where_the_inventory_gives_it() -> None:
+    """``multiprocessors`` (Tessera's row of the vendor table) on MIG devices, whose nvidia-smi
+    record prints it (telegraf's A100: 14 SMs each); never on a whole GPU, whose inventories
+    (nvidia-smi -q, -q -x) print none."""
+    from tessera.api.vendors import TESSERA
+
+    assert "multiprocessors" in TESSERA.attributes
+    cluster = load_cluster(EXAMPLES / "cluster.yaml")
+    seen = {
+        (n.name, d["attributes"]["type"]["string"], str(d["attributes"].get("multiprocessors")))
+        for n in cluster.nodes
+        for s in n.slices
+        for d in s["spec"]["devices"]
+    }
+    assert seen == {
+        ("a100-mig-node", "mig", "{'int': 14}"),
+        ("h100-node", "gpu", "None"),
+        ("v100s-node", "gpu", "None"),
+        ("a5000-node", "gpu", "None"),
+    }

@@ -200,7 +200,18 @@ TESSERA = Vendor(
     device_class=DEVICE_CLASS_NAME,
     device_type="gpu",
     request_name="gpu",
-    attributes=("uuid", "productName", "type", "unit", "nvlinkDomain", "numaNode", "profile"),
+    # multiprocessors: the SM count, where an input gives it (MIG devices and placements; no
+    # inventory or NVML call gives a whole GPU's, docs/inventory.md "SM count").
+    attributes=(
+        "uuid",
+        "productName",
+        "type",
+        "unit",
+        "nvlinkDomain",
+        "numaNode",
+        "profile",
+        "multiprocessors",
+    ),
     unit_attribute="unit",
     capacities=(
         Capacity("memory", _BYTES, True, "the GPU's memory less the driver's reserve; step 1Mi"),
