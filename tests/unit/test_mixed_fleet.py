@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from tessera.api.deviceclass import vendor_device_class
 from tessera.api.loader import Manifest, Source, load_file, load_files, parse_documents
-from tessera.api.vendors import ASCEND, HYGON, vendor_of_driver
+from tessera.api.vendors import AMD, ASCEND, HYGON, vendor_of_driver
 from tessera.cli import main
 from tessera.cli._common import examples_dir
 from tessera.inventory import InventoryError
@@ -113,6 +113,12 @@ def test_vendor_device_classes_are_the_drivers_own() -> None:
         assert ours["metadata"]["name"] == own["metadata"]["name"]
         (o,), (w,) = own["spec"]["selectors"], ours["spec"]["selectors"]
         assert " ".join(o["cel"]["expression"].split()) == w["cel"]["expression"]
+    # AMD's chart writes its class for resource.k8s.io/v1beta1, its string in single quotes
+    own = one(VENDORS / "amd-gpu-dra-driver" / "deviceclass.yaml")
+    ours = vendor_device_class(AMD)
+    assert ours["metadata"] == own["metadata"] == {"name": "gpu.amd.com"}
+    (o,), (w,) = own["spec"]["selectors"], ours["spec"]["selectors"]
+    assert o["cel"]["expression"].replace("'", '"') == w["cel"]["expression"]
 
 
 # ---- simulate: the mixed-fleet example -------------------------------------------------------
@@ -299,13 +305,15 @@ def test_a_cluster_file_with_an_nvidia_file_as_vendor_inventory_is_refused(
     with pytest.raises(Exception) as e:
         load_cluster(tmp_path / "c.yaml")
     assert "nodes[0].vendorInventories[0]" in str(e.value)
-    assert "give `npu-smi info` output" in str(e.value)
+    assert "give `npu-smi info` output or" in str(e.value)
     (tmp_path / "c.yaml").write_text(
         "apiVersion: tessera.dev/v1alpha1\nkind: Cluster\nnodes:\n- name: n\n  labels: {}\n"
     )
     with pytest.raises(Exception) as e:
         load_cluster(tmp_path / "c.yaml")
-    assert "'vendorInventories' (other vendors' inventories: npu-smi info)" in str(e.value)
+    assert "'vendorInventories' (other vendors' inventories: npu-smi info, rocm-smi --json)" in str(
+        e.value
+    )
 
 
 def test_the_docs_show_the_real_simulate_output(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -342,3 +350,80 @@ def test_the_sm_count_is_published_where_the_inventory_gives_it() -> None:
         ("v100s-node", "gpu", "None"),
         ("a5000-node", "gpu", "None"),
     }
+
+
+# ---- AMD: rocm-smi --json (telegraf's real 4x MI100 capture) ---------------------------------
+ROCM_SMI = (
+    EXAMPLES / "vendor-inventories" / "telegraf__amd_rocm_smi_testdata__mi100_rocm602.4xMI100.json"
+)
+
+
+def test_rocm_smi_json_reads_the_four_mi100_and_lacks_what_it_lacks() -> None:
+    devs = load_vendor_inventory(ROCM_SMI)
+    assert [(d.index, d.bus_id, d.memory_bytes) for d in devs] == [
+        (0, "0000:83:00.0", 34342961152),
+        (1, "0000:a3:00.0", 34342961152),
+        (2, "0000:c3:00.0", 34342961152),
+        (3, "0000:e3:00.0", 34342961152),
+    ]
+    (built,) = vendor_resource_slices("amd-node", devs)
+    assert built["spec"]["driver"] == "gpu.amd.com"
+    dev = built["spec"]["devices"][0]
+    assert dev == {
+        "name": "gpu-0",
+        "attributes": {
+            "type": {"string": "amdgpu"},
+            "cardIndex": {"int": 0},
+            "pciAddr": {"string": "0000:83:00.0"},
+            "deviceID": {"string": "0x738c"},
+            "productName": {"string": "Arcturus GL-XL [Instinct MI100]"},
+            "driverVersion": {"version": "6.3.6"},
+        },
+        # rocm-smi prints no CU or SIMD counts: computeUnits / simdUnits are not published
+        "capacity": {"memory": {"value": "32752Mi"}},
+    }
+
+
+def test_an_amd_node_beside_nvidia_takes_dra_native_claims_for_its_driver(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "c.yaml").write_text(
+        "apiVersion: tessera.dev/v1alpha1\nkind: Cluster\nnodes:\n"
+        f"- name: a5000-node\n  inventory: {A5000}\n"
+        f"- name: mi100-node\n  vendorInventories: [{ROCM_SMI}]\n"
+    )
+    pods = "---\n".join(
+        f"""apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: amd-{n}, namespace: ns}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.amd.com
+        count: {n}
+        selectors:
+        - cel:
+            expression: device.capacity["gpu.amd.com"].memory.compareTo(quantity("30Gi")) >= 0
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: amd-{n}, namespace: ns}}
+spec:
+  resourceClaims: [{{name: gpu, resourceClaimName: amd-{n}}}]
+  containers: [{{name: c, image: x, resources: {{claims: [{{name: gpu}}]}}}}]
+"""
+        for n in (3, 2)
+    )
+    sim = Simulation(load_cluster(tmp_path / "c.yaml"), manifests(pods))
+    assert "gpu.amd.com" in sim.classes  # AMD's DeviceClass, added for its devices
+    res = sim.run()
+    assert sorted({p.device for p in res.placements if p.pod == "ns/amd-3"}) == [
+        f"gpu.amd.com/mi100-node/gpu-{i}" for i in range(3)
+    ]
+    (pending,) = res.pending
+    assert pending.pod == "ns/amd-2"
+    assert "0/2 nodes are available: 2 cannot allocate all claims." in pending.reason
+    assert "needs 2 devices with memory 32752Mi" in pending.reason
+    assert "in use (allocated whole to another claim)" in pending.reason

@@ -25,6 +25,11 @@ Sources (read, not copied; each row says which of its facts come from where):
   ``charts/hami/templates/scheduler/device-configmap.yaml`` (``vnpus.configs``); the rounding of
   memory up to a template and the soft-split mode ``huawei.com/vnpu-mode: hami-core``:
   ``pkg/device/ascend/device.go`` (``trimMemory``, ``MutateAdmission``).
+* AMD's DRA driver: ROCm/k8s-gpu-dra-driver @ c2b31bd ``cmd/gpu-kubeletplugin/deviceinfo.go``
+  (``GetDevice``: attributes, capacities ``memory`` bytes, ``computeUnits``, ``simdUnits``, no
+  request policy; device ``gpu-<card>-<render>``), ``docs/driver-attributes.md`` @ ca02b0c
+  (types ``amdgpu`` / ``amdgpu-partition``), ``deployments/helm/k8s-gpu-dra-driver/templates/
+  deviceclass.yaml`` @ 4482249 (DeviceClass ``gpu.amd.com``: ``device.driver == 'gpu.amd.com'``).
 * Hygon's HCU driver: HYGON-AI/k8s-hcu-dra-driver ``internal/driver/allocatable_device.go``
   @ 643ba6d (type ``hcu``, attributes, ``cores`` = the card's CUs, ``memory`` bytes step 1Mi,
   ``slices`` 4 per card, default 1 per allocation), ``internal/driver/const.go`` @ 10135b2
@@ -402,8 +407,45 @@ HYGON = Vendor(
     enforcement="Hygon's virtual devices (vHCU), made by the HCU driver",
 )
 
+AMD = Vendor(
+    key="amd",
+    devices="AMD GPUs",
+    noun="GPU",
+    title="AMD GPUs through AMD's DRA driver (ROCm/k8s-gpu-dra-driver)",
+    driver="gpu.amd.com",
+    device_class="gpu.amd.com",
+    # Whole GPUs are type "amdgpu", partitions "amdgpu-partition"; none is shareable, and the
+    # driver's DeviceClass selects on the driver only.
+    device_type="",
+    request_name="gpu",
+    attributes=(
+        "type",
+        "uuid",
+        "pciAddr",
+        "cardIndex",
+        "renderIndex",
+        "deviceID",
+        "family",
+        "productName",
+        "driverVersion",
+        "driverSrcVersion",
+        "partitionProfile",
+    ),
+    unit_attribute="uuid",
+    capacities=(
+        Capacity("memory", _BYTES, False, "the GPU's (or partition's) VRAM; not shared"),
+        Capacity("computeUnits", "compute units (CUs)", False, "not shared"),
+        Capacity("simdUnits", "SIMD units", False, "not shared"),
+    ),
+    cores_unit="",
+    enforcement="none for sharing: whole GPUs and the driver's partitions",
+)
+
 #: Every row, Tessera's first.
-VENDORS: tuple[Vendor, ...] = (TESSERA, NVIDIA, ASCEND, HYGON)
+VENDORS: tuple[Vendor, ...] = (TESSERA, NVIDIA, ASCEND, HYGON, AMD)
+#: The rows whose devices planning publishes from other vendors' inventories and whose
+#: DeviceClass a cluster publishing their devices has (``tessera.inventory.vendor_devices``).
+PLANNED: tuple[Vendor, ...] = (ASCEND, HYGON, AMD)
 #: The rows whose HAMi requests :mod:`tessera.convert` turns into claims for their drivers
 #: (NVIDIA's HAMi requests go to Tessera's driver).
 CONVERTED: tuple[Vendor, ...] = (ASCEND, HYGON)

@@ -13,10 +13,18 @@ Read (detected from the text, see :func:`detect_vendor_format`):
   one NPU of HAMi's Ascend driver. ``HBM-Usage(MB)``'s total is its memory (npu-smi's "MB" are
   MiB: 65536 on a 64 GiB 910B3); where a chip has no HBM (the 310P), ``Memory-Usage(MB)``'s.
 
-What such a table does **not** give, and the slices therefore lack or derive (never invent):
-no UUID (the Ascend driver's is ``<node>-<logic ID>``, and the table's NPU index is used as the
-logic ID of chip 0: right for one chip per card, the 910 series), no AICore count (the driver
-publishes ``cores`` as 0-100 percent, so none is needed).
+  What such a table does **not** give, and the slices therefore lack or derive (never
+  invent): no UUID (the Ascend driver's is ``<node>-<logic ID>``, and the table's NPU index is
+  used as the logic ID of chip 0: right for one chip per card, the 910 series), no AICore count
+  (the driver publishes ``cores`` as 0-100 percent, so none is needed).
+* ``rocm-smi --showallinfo --json`` (AMD; ``card<N>`` objects): each card is one whole GPU of
+  AMD's DRA driver (``gpu.amd.com``, type ``amdgpu``): ``cardIndex`` N, ``pciAddr`` ("PCI Bus",
+  lower case), ``deviceID`` ("Device ID"), ``productName`` ("Card series" as rocm-smi prints it:
+  the driver's own name is normalised from sysfs and may differ), ``driverVersion`` (the
+  ``system`` object's "Driver version"), ``memory`` ("VRAM Total Memory (B)"). Not in it, so not
+  published: the render node index (the driver names devices ``gpu-<card>-<render>``; these are
+  ``gpu-<card>``), the driver's UUID (a hash over the render index too), ``family``, and the
+  ``computeUnits`` / ``simdUnits`` capacities (KFD topology, not rocm-smi).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from tessera.api.vendors import ASCEND, Vendor
 from .errors import MalformedInputError, SliceBuildError
 from .model import MIB
 
-VENDOR_FORMATS = ("npu-smi-info",)
+VENDOR_FORMATS = ("npu-smi-info", "rocm-smi-json")
 
 _NPU_SMI_HEAD = re.compile(r"^\|\s*NPU\s+Name\s*\|\s*Health\s*\|", re.MULTILINE)
 _NPU_ROW = re.compile(r"^\|\s*(\d+)\s+(\S+)\s*\|\s*(\S+)\s*\|")
@@ -51,7 +59,8 @@ class VendorDevice:
     NPU ID); ``chip``: the chip of that card (0 for single-chip cards); ``product_name``: as
     printed (``910B3``: the ``productName`` the Ascend driver publishes); ``memory_bytes``: its
     memory (bytes); ``bus_id``: PCI address, lower case; ``health``: as printed (``OK``);
-    ``compute_units``: the card's compute units where the tool prints them, else None.
+    ``compute_units``: the card's compute units where the tool prints them, else None;
+    ``device_id`` (PCI device ID) and ``driver_version`` where the tool prints them.
     """
 
     vendor: Vendor
@@ -62,13 +71,77 @@ class VendorDevice:
     bus_id: str | None
     health: str
     compute_units: int | None = None
+    device_id: str | None = None
+    driver_version: str | None = None
 
 
 def detect_vendor_format(text: str) -> str | None:
     """One of :data:`VENDOR_FORMATS`, or None when the text is none of them."""
     if _NPU_SMI_HEAD.search(text):
         return "npu-smi-info"
+    if text.lstrip().startswith("{") and '"card' in text and _VRAM_TOTAL in text:
+        return "rocm-smi-json"
     return None
+
+
+_VRAM_TOTAL = "VRAM Total Memory (B)"
+_CARD = re.compile(r"^card(\d{1,4})$")
+
+
+def parse_rocm_smi_json(text: str, source: str = "<rocm-smi --json>") -> list[VendorDevice]:
+    """The GPUs of ``rocm-smi --json`` output (see the module docstring), in card order.
+
+    Raises :class:`MalformedInputError` naming the card and field when the JSON does not
+    parse, a card has no "VRAM Total Memory (B)" integer or no "Card series"."""
+    import json
+
+    from tessera.api.vendors import AMD
+
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise MalformedInputError(f"not JSON ({e})", source=source, field="json") from None
+    if not isinstance(doc, dict):
+        raise MalformedInputError("not a JSON object of cards", source=source, field="json")
+    system = doc.get("system")
+    driver = str(system.get("Driver version") or "") or None if isinstance(system, dict) else None
+    out: list[VendorDevice] = []
+    for key, card in doc.items():
+        m = _CARD.match(str(key))
+        if not m or not isinstance(card, dict):
+            continue
+        vram = str(card.get(_VRAM_TOTAL, "")).strip()
+        if not vram.isdigit() or int(vram) <= 0:
+            raise MalformedInputError(
+                f"{key}: no VRAM total in bytes (got {card.get(_VRAM_TOTAL)!r}); capture "
+                "`rocm-smi --showallinfo --json` (or --showmeminfo vram --json)",
+                source=source,
+                field=f"{key}.{_VRAM_TOTAL}",
+            )
+        series = str(card.get("Card series") or "").strip()
+        if not series:
+            raise MalformedInputError(
+                f"{key}: no product name; capture `rocm-smi --showallinfo --json`",
+                source=source,
+                field=f"{key}.Card series",
+            )
+        bus = str(card.get("PCI Bus") or "").strip().lower() or None
+        out.append(
+            VendorDevice(
+                vendor=AMD,
+                index=int(m.group(1)),
+                chip=0,
+                product_name=series,
+                memory_bytes=int(vram),
+                bus_id=bus,
+                health="",
+                device_id=str(card.get("Device ID") or "") or None,
+                driver_version=driver,
+            )
+        )
+    if not out:
+        raise MalformedInputError("no card<N> object", source=source, field="json")
+    return sorted(out, key=lambda d: d.index)
 
 
 def parse_npu_smi_info(text: str, source: str = "<npu-smi info>") -> list[VendorDevice]:
@@ -140,8 +213,11 @@ def parse_vendor_inventory(text: str, source: str) -> list[VendorDevice]:
     fmt = detect_vendor_format(text)
     if fmt == "npu-smi-info":
         return parse_npu_smi_info(text, source)
+    if fmt == "rocm-smi-json":
+        return parse_rocm_smi_json(text, source)
     raise UnsupportedFormatError(
-        "not another vendor's inventory this package reads; give `npu-smi info` output",
+        "not another vendor's inventory this package reads; give `npu-smi info` output or "
+        "`rocm-smi --showallinfo --json`",
         source=source,
         field="format",
     )
@@ -191,7 +267,33 @@ def _ascend_device(node: str, d: VendorDevice) -> dict[str, Any]:
     }
 
 
-_BUILDERS = {ASCEND.key: _ascend_device}
+def _amd_device(node: str, d: VendorDevice) -> dict[str, Any]:
+    """One whole GPU as AMD's DRA driver publishes it (``deviceinfo.go`` ``GetDevice``), with
+    only what the inventory gives (module docstring): no render index, UUID, family,
+    ``computeUnits`` or ``simdUnits``."""
+    from tessera.api.quantity import Quantity
+
+    from .model import to_semver
+
+    attrs: dict[str, Any] = {"type": {"string": "amdgpu"}, "cardIndex": {"int": d.index}}
+    if d.bus_id:
+        attrs["pciAddr"] = {"string": d.bus_id}
+    if d.device_id:
+        attrs["deviceID"] = {"string": d.device_id}
+    attrs["productName"] = {"string": d.product_name[:64]}
+    ver = to_semver(d.driver_version) if d.driver_version else None
+    if ver:
+        attrs["driverVersion"] = {"version": ver}
+    return {
+        "name": f"gpu-{d.index}",
+        "attributes": attrs,
+        "capacity": {
+            "memory": {"value": Quantity.from_int(d.memory_bytes, "BinarySI").canonical()}
+        },
+    }
+
+
+_BUILDERS = {ASCEND.key: _ascend_device, "amd": _amd_device}
 
 
 def vendor_resource_slices(

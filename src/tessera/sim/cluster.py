@@ -16,7 +16,7 @@ The file format (``kind: Cluster``) is documented in ``docs/cluster-file.md``; i
       dynamicMIG: true                  # optional: partition MIG GPUs on demand (docs/mig.md)
 
 A node may instead give ``slices: FILE`` holding its ResourceSlices. Beside either (or alone),
-``vendorInventories: [FILE, ...]`` lists other vendors' inventories (``npu-smi info``:
+``vendorInventories: [FILE, ...]`` lists other vendors' inventories (``npu-smi info``, ``rocm-smi --json``:
 :mod:`tessera.inventory.vendor_devices`): their devices are published as those vendors' DRA
 drivers publish them, so one node can hold NVIDIA GPUs and Ascend NPUs. Paths are relative to the
 file. Unknown keys are refused, naming the key and the closest known one.
@@ -312,7 +312,7 @@ def cluster_from_dict(
                 file,
                 where,
                 "needs one of 'inventory' (an nvidia-smi output file), 'slices' (ResourceSlice YAML) "
-                "or 'vendorInventories' (other vendors' inventories: npu-smi info)"
+                "or 'vendorInventories' (other vendors' inventories: npu-smi info, rocm-smi --json)"
                 if not sources
                 else "give 'inventory' or 'slices', not both",
             )

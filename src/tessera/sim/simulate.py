@@ -44,7 +44,7 @@ from tessera.api.quantity import Quantity
 from tessera.api.requests import claim_requests, device_requests
 from tessera.api.uids import uuid5_url
 from tessera.api.validation import DRA_V1BETA2, check
-from tessera.api.vendors import CONVERTED, installed_vendors
+from tessera.api.vendors import PLANNED, installed_vendors
 from tessera.api.workloads import foreign_workload
 from tessera.convert import compute_unit_sizes, gpu_memory_sizes, mentions_hami
 from tessera.scheduler.claims import generated_claim_name, pod_claim_name, template_claim_name
@@ -465,7 +465,7 @@ class Simulation:
         # Another vendor's driver publishing devices installs its DeviceClass too: a cluster
         # whose nodes publish such devices has it unless the input gives its own.
         drivers = {str((s.get("spec") or {}).get("driver")) for s in slices}
-        for v in CONVERTED:
+        for v in PLANNED:
             if v.driver in drivers and v.device_class not in self.classes:
                 self.classes[v.device_class] = vendor_device_class(v)
         #: The vendors whose HAMi requests become claims for their drivers (their DeviceClass
