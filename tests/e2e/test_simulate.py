@@ -473,3 +473,107 @@ def test_mixed_workload_matches_simulate(fresh_cluster: StartCluster) -> None:
     assert live_booked == booked_per_gpu(sim_allocs)
     for mem, cores in live_booked.values():
         assert mem <= 81008 * 2**20 and cores <= 100
+
+
+# ---- 5. a mixed node: Tessera's GPUs and HAMi's Ascend NPUs ------------------------------
+
+
+def test_mixed_node_gpu_and_npu_shares_match_simulate(
+    kube_cluster: LiveCluster, kube_namespace: str
+) -> None:
+    """One node with the corpus' 2x RTX A5000 (Tessera's slices) and the 8x Ascend 910B3 of a
+    real ``npu-smi info`` capture (the slices HAMi's Ascend driver publishes, built by
+    ``tessera.inventory.vendor_devices``), the driver's DeviceClass, and HAMi's own
+    ``job-910B3`` example plus a container asking a GPU share and an NPU share, converted by
+    ``convert_pod``: the real kube-scheduler's allocations (device, consumed capacity, shareID)
+    must be what ``tessera simulate`` predicts from the unconverted pods. The node is tainted so
+    that no other test's pod lands on it."""
+    from pathlib import Path
+
+    from tessera.api.deviceclass import vendor_device_class
+    from tessera.api.vendors import ASCEND
+    from tessera.convert import gpu_memory_sizes
+    from tessera.inventory.vendor_devices import load_vendor_inventory, vendor_resource_slices
+
+    repo = Path(__file__).resolve().parents[2]
+    npu_smi = (
+        repo
+        / "src/tessera/examples/vendor-inventories"
+        / "ms-swift__npu-support__npu-smi-info.8xAscend910B3.txt"
+    )
+    client = kube_cluster.client
+    ns = kube_namespace
+    name = "mixed-a5000-npu"
+    base = corpus_node(name, A5000_INVENTORY, labels={"tessera.dev/test-node": name})
+    taint = {"key": "tessera.dev/test-node", "value": name, "effect": "NoSchedule"}
+    node = SimNode(
+        name,
+        base.labels,
+        [*base.slices, *vendor_resource_slices(name, load_vendor_inventory(npu_smi))],
+        base.source,
+        [taint],
+    )
+    kube_cluster.register(inventory_of([node]))
+    hami = yaml.safe_load(
+        (repo / "tests/data/vendors/hami-examples/ascend/job-910B3.yaml").read_text()
+    )
+    both = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gpu-and-npu"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "pipeline",
+                    "image": "busybox",
+                    "resources": {
+                        "limits": {
+                            "nvidia.com/gpu": 1,
+                            "nvidia.com/gpumem": 16000,
+                            "nvidia.com/gpucores": 50,
+                            "huawei.com/Ascend910B3": 1,
+                            "huawei.com/Ascend910B3-memory": 30000,
+                        }
+                    },
+                }
+            ]
+        },
+    }
+    pods = []
+    for p in (hami, both):
+        p = copy.deepcopy(p)
+        p["metadata"]["namespace"] = ns
+        p["spec"]["nodeSelector"] = {"tessera.dev/test-node": name}
+        p["spec"]["tolerations"] = [{**taint, "operator": "Equal"}]
+        pods.append(p)
+    cls = vendor_device_class(ASCEND)
+    client.create(cls)
+    try:
+        live_objects: list[Obj] = []
+        for p in pods:
+            conv = convert_pod(p, memory_sizes=gpu_memory_sizes(base.slices), vendors=("ascend",))
+            assert conv.warnings == []
+            live_objects += [*conv.templates, conv.pod]
+        apply_objects(client, live_objects)
+        for p in pods:
+            assert wait_verdict(client, p["metadata"]["name"], ns) == (name, "")
+        live = live_allocations(client, ns)
+
+        result = simulate([node], [cls, *pods])
+        assert result.pending == []
+        predicted = sim_allocations(result)
+        for p in pods:
+            pname = p["metadata"]["name"]
+            assert {k: comparable(v) for k, v in predicted[pname].items()} == {
+                k: comparable(v) for k, v in live[pname].items()
+            }
+        placed = sorted(
+            (p.pod.split("/")[1], p.device, p.memory, p.cores) for p in result.placements
+        )
+        assert placed == [
+            ("ascend910b3-job", f"ascend.project-hami.io/{name}/npu-0-0", "16Gi", "25"),
+            ("gpu-and-npu", f"ascend.project-hami.io/{name}/npu-0-0", "32Gi", "50"),
+            ("gpu-and-npu", f"gpu.tessera.dev/{name}/gpu-0", "16000Mi", "50"),
+        ]
+    finally:
+        client.delete("resource.k8s.io/v1", "DeviceClass", cls["metadata"]["name"])
