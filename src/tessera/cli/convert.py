@@ -68,6 +68,20 @@ def _out_path(arg: str, file: str, out_dir: Path) -> Path:
     help="The cluster has this vendor's DRA driver (repeatable): its HAMi requests become claims "
     "for it. A DeviceClass of the vendor among the manifests says the same.",
 )
+@click.option(
+    "--mode",
+    type=click.Choice(["dra", "legacy"]),
+    default="dra",
+    show_default=True,
+    help="dra: claims and templates. legacy (Tessera's legacy mode, no DRA): requests are kept "
+    "and each GPU pod gets spec.schedulerName --legacy-scheduler, as the webhook does there.",
+)
+@click.option(
+    "--legacy-scheduler",
+    default="tessera-legacy",
+    show_default=True,
+    help="With --mode legacy: the legacy kube-scheduler's profile name.",
+)
 def convert(
     manifests: tuple[str, ...],
     cluster_file: str | None,
@@ -75,6 +89,8 @@ def convert(
     output: str,
     out_dir: Path | None,
     vendor_keys: tuple[str, ...],
+    mode: str,
+    legacy_scheduler: str,
 ) -> None:
     """Convert the HAMi-style GPU requests in MANIFESTS (files, directories, or - for stdin)
     into DRA: each Pod, Deployment, StatefulSet, ReplicaSet, DaemonSet, Job or CronJob that
@@ -92,6 +108,10 @@ def convert(
     warning. A hygon.com/dcucores percentage needs the cards' compute units: their
     ResourceSlices among the manifests.
 
+    --mode legacy converts for Tessera's legacy mode (docs/legacy.md): the same checks and
+    warnings, the requests unchanged, and spec.schedulerName set to the legacy scheduler
+    (pods naming no scheduler, default-scheduler or hami-scheduler).
+
     Exit status: 0; 2 on bad input (nothing is written).
     """
     from tessera.api.deviceclass import device_class, served_extended_resources
@@ -100,6 +120,8 @@ def convert(
     from tessera.convert import compute_unit_sizes, convert_object, gpu_memory_sizes
 
     try:
+        if mode == "legacy" and not legacy_scheduler:
+            raise UserError("--mode legacy needs --legacy-scheduler (the legacy scheduler's name)")
         if out_dir is not None and "-" in manifests:
             raise UserError(
                 "--out-dir writes one file per input file: give files or directories, not - (stdin)"
@@ -145,6 +167,7 @@ def convert(
                     served=served,
                     vendors=vendors,
                     compute_units=units,
+                    legacy_scheduler=legacy_scheduler if mode == "legacy" else "",
                 )
                 for w in res.warnings:
                     warn(w)

@@ -7,8 +7,9 @@ life cycle.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -109,6 +110,22 @@ def check_extended_resource(client: KubeClient) -> str:
     help="After SIGTERM, keep answering for this long (connections closed after each answer, "
     "/readyz 503) while the pod leaves the Service's endpoints; then stop.",
 )
+@click.option(
+    "--mode",
+    type=click.Choice(["dra", "legacy", "both"]),
+    default="dra",
+    show_default=True,
+    help="dra: HAMi pods become DRA claims. legacy (no DRA on the cluster): they keep their "
+    "requests and get spec.schedulerName --legacy-scheduler, on /mutate-pods; no ResourceSlice, "
+    "DeviceClass or template is read or written. both: /mutate-pods converts for DRA, "
+    "/mutate-pods-legacy for legacy mode (docs/legacy.md).",
+)
+@click.option(
+    "--legacy-scheduler",
+    default="tessera-legacy",
+    show_default=True,
+    help="Legacy mode's scheduler name (its kube-scheduler profile's schedulerName).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log each denial and collection.")
 def webhook(
     tls_cert_file: str,
@@ -121,6 +138,8 @@ def webhook(
     no_collector: bool,
     port_file: str | None,
     drain_seconds: float,
+    mode: str,
+    legacy_scheduler: str,
     verbose: bool,
 ) -> None:
     """Serve the mutating admission webhook on HTTPS: AdmissionReview (admission.k8s.io/v1) on
@@ -129,21 +148,21 @@ def webhook(
     HAMi-style pods (nvidia.com/gpu, gpumem, gpucores, gpumem-percentage, ...) are converted by
     the same code as `tessera convert` and `tessera simulate` into DRA claims: the webhook
     ensures a ResourceClaimTemplate named by the hash of its spec and patches the pod to use it.
-    Unused templates are deleted --template-grace seconds after their last admission. On
-    SIGTERM it drains for --drain-seconds (still answering), then stops.
+    Unused templates are deleted --template-grace seconds after their last admission. With
+    --mode legacy or both, HAMi pods for legacy mode keep their requests and get the legacy
+    scheduler (spec.schedulerName). On SIGTERM it drains for --drain-seconds (still answering), then stops.
 
     Exit status: 0 on SIGTERM/SIGINT; 2 on bad input (certificates, kubeconfig).
     """
-    import asyncio
     import ssl
-
-    import uvloop
 
     from tessera.kube.watch import Informer
     from tessera.webhook.admission import ClusterView
-    from tessera.webhook.server import CertReloader, Webhook, serve
+    from tessera.webhook.server import CertReloader, Webhook
     from tessera.webhook.templates import Collector, TemplateStore
 
+    if mode != "dra" and not legacy_scheduler:
+        fail(f"--mode {mode} needs --legacy-scheduler (the legacy kube-scheduler's profile name)")
     configure_logging("webhook", logging.INFO if verbose else logging.WARNING)
     log = logger("webhook")
     try:
@@ -157,6 +176,17 @@ def webhook(
         client = kube_client(kubeconfig)
     except UserError as e:
         fail(str(e))
+    if mode == "legacy":  # resource.k8s.io may not be served: nothing of DRA is read
+        _serve(
+            Webhook(ClusterView.static([]), None, mode=mode, legacy_scheduler=legacy_scheduler),
+            certs,
+            bind_address,
+            port,
+            port_file,
+            drain_seconds,
+            log,
+        )
+        return
     log(check_extended_resource(client))
     slices = Informer(client, "resource.k8s.io/v1", "ResourceSlice").start()
     # the DeviceClasses say which other vendors' DRA drivers are installed (tessera.api.vendors)
@@ -175,10 +205,42 @@ def webhook(
     if not no_collector:
         collector = Collector(client, grace=template_grace, interval=collect_interval, store=store)
         collector.start()
-    hook = Webhook(view, store, ready=lambda: slices.synced)
+    hook = Webhook(
+        view, store, ready=lambda: slices.synced, mode=mode, legacy_scheduler=legacy_scheduler
+    )
+    try:
+        _serve(hook, certs, bind_address, port, port_file, drain_seconds, log)
+    finally:
+        view_stop.set()
+        slices.stop()
+        classes.stop()
+        if collector is not None:
+            collector.stop()
+
+
+def _serve(
+    hook: Any,
+    certs: Any,
+    bind_address: str,
+    port: int,
+    port_file: str | None,
+    drain_seconds: float,
+    log: Callable[[str], None],
+) -> None:
+    """Serve ``hook`` (a :class:`tessera.webhook.server.Webhook`) until SIGTERM, then log its
+    counters."""
+    import asyncio
+
+    import uvloop
+
+    from tessera.webhook.server import MUTATE_LEGACY_PATH, MUTATE_PATH, serve
 
     def on_ready(bound: int) -> None:
-        log(f"serving https://{bind_address}:{bound}/mutate-pods")
+        paths = [MUTATE_PATH] + ([MUTATE_LEGACY_PATH] if hook.mode == "both" else [])
+        log(
+            f"serving https://{bind_address}:{bound}{', '.join(paths)} (mode {hook.mode}"
+            + (f", legacy scheduler {hook.legacy_scheduler})" if hook.mode != "dra" else ")")
+        )
         if port_file:
             tmp = Path(port_file + ".tmp")
             tmp.write_text(f"{bound}\n")
@@ -204,10 +266,6 @@ def webhook(
     except OSError as e:
         fail(f"cannot listen on {bind_address}:{port}: {e.strerror or e}")
     finally:
-        view_stop.set()
-        slices.stop()
-        if collector is not None:
-            collector.stop()
         c = hook.counters
         log(
             f"stopped: {c.reviews} review(s) answered ({c.converted} converted, {c.denied} denied, "

@@ -15,11 +15,15 @@ from ResourceSlices, ``compute_unit_sizes`` the compute units of Hygon's cards. 
 vendors (Ascend, Hygon: ``tessera.api.vendors``) get claims for their own DRA drivers when
 ``vendors`` names them as installed.
 
+``legacy_pod`` is legacy mode's conversion (no DRA): requests unchanged, the legacy
+scheduler named.
+
 See ``docs/convert.md`` for the mapping table and the deliberate divergences from HAMi.
 """
 
 from .convert import ContainerRequest, Conversion, ConversionError, convert_pod, mentions_hami
 from .hami import HAMI_RESOURCES
+from .legacy import LEGACY_SCHEDULER, legacy_pod
 from .manifests import (
     POD_TEMPLATE_PATHS,
     ObjectConversion,
@@ -30,6 +34,7 @@ from .manifests import (
 
 __all__ = [
     "HAMI_RESOURCES",
+    "LEGACY_SCHEDULER",
     "POD_TEMPLATE_PATHS",
     "ContainerRequest",
     "Conversion",
@@ -39,5 +44,6 @@ __all__ = [
     "convert_object",
     "convert_pod",
     "gpu_memory_sizes",
+    "legacy_pod",
     "mentions_hami",
 ]

@@ -22,6 +22,7 @@ from tessera.api.quantity import Quantity
 from tessera.api.workloads import POD_TEMPLATE_PATHS, foreign_workload
 
 from .convert import Conversion, ConversionError, convert_pod
+from .legacy import legacy_pod
 
 
 def gpu_memory_sizes(slices: Iterable[Mapping[str, Any]]) -> list[int]:
@@ -106,6 +107,7 @@ def convert_object(
     served: Collection[str] = (),
     vendors: Collection[str] = (),
     compute_units: Sequence[int] = (),
+    legacy_scheduler: str = "",
 ) -> ObjectConversion:
     """Convert the HAMi-style GPU requests of one manifest.
 
@@ -119,19 +121,29 @@ def convert_object(
     never mutated. ``memory_sizes``, ``source``, ``served``, ``vendors`` and ``compute_units``
     are passed to :func:`convert_pod`.
 
+    ``legacy_scheduler``: legacy mode (no DRA): each pod (template) goes through
+    :func:`~.legacy.legacy_pod` instead, keeping its requests and getting this scheduler; no
+    templates.
+
     Raises :class:`ConversionError` as :func:`convert_pod` does, and for a controller whose pod
     template has no ``spec`` mapping.
     """
-    kind = obj.get("kind")
-    if kind == "Pod":
-        conv = convert_pod(
-            obj,
+
+    def one(pod: dict[str, Any]) -> Conversion:
+        if legacy_scheduler:
+            return legacy_pod(pod, legacy_scheduler, memory_sizes=memory_sizes, source=source)
+        return convert_pod(
+            pod,
             memory_sizes=memory_sizes,
             source=source,
             served=served,
             vendors=vendors,
             compute_units=compute_units,
         )
+
+    kind = obj.get("kind")
+    if kind == "Pod":
+        conv = one(obj)
         return ObjectConversion(conv.pod, conv.templates, conv.warnings, conv)
     path = POD_TEMPLATE_PATHS.get(str(kind))
     if path is None:
@@ -159,14 +171,7 @@ def convert_object(
     else:
         pod_meta.pop("namespace", None)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": template["spec"]}
-    conv = convert_pod(
-        pod,
-        memory_sizes=memory_sizes,
-        source=source,
-        served=served,
-        vendors=vendors,
-        compute_units=compute_units,
-    )
+    conv = one(pod)
     if not conv.templates and conv.pod["spec"] == template["spec"]:
         return ObjectConversion(obj, [], conv.warnings, conv)
     out = copy.deepcopy(obj)

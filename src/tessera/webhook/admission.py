@@ -16,6 +16,9 @@ Outcomes, by input (``docs/webhook.md``):
   (gpumem above every GPU's memory, more GPUs than any node has, a UUID or type no GPU has),
   go into ``response.warnings`` -- HAMi admits those too, and a node that
   can hold them may join;
+* with ``legacy_scheduler`` (legacy mode, no DRA): a HAMi pod asking for NVIDIA GPUs is allowed
+  with a JSONPatch that sets only ``spec.schedulerName`` (requests unchanged,
+  :func:`tessera.convert.legacy_pod`); the refusals and warnings are the same;
 * what :class:`~tessera.convert.ConversionError` rejects (gpucores 101, a negative value,
   gpumem with a unit...): denied, code 422, the converter's one-line message naming pod,
   container and field;
@@ -48,6 +51,7 @@ from tessera.convert import (
     convert_pod,
     gpu_memory_sizes,
     hami,
+    legacy_pod,
     mentions_hami,
 )
 from tessera.lint import LintWorld, lint
@@ -396,9 +400,15 @@ def _is_pod_create(request: Mapping[str, Any]) -> bool:
     )
 
 
-def decide(body: bytes, view: ClusterView, *, lint_new: bool = True) -> Decision:
+def decide(
+    body: bytes, view: ClusterView, *, lint_new: bool = True, legacy_scheduler: str = ""
+) -> Decision:
     """The decision for one AdmissionReview body (see the module docstring). Raises
     :class:`BadReview` only for bodies without a usable ``request.uid``.
+
+    ``legacy_scheduler``: legacy mode (no DRA, docs/legacy.md): a HAMi pod keeps its requests
+    and gets ``spec.schedulerName`` = this name (:func:`tessera.convert.legacy_pod`), no
+    templates; refusals and warnings are the DRA conversion's.
 
     ``lint_new=False``: a template shape not linted since the slices last changed is not linted
     here; it is listed in :attr:`Decision.unlinted` and its warnings are missing (the server
@@ -415,6 +425,8 @@ def decide(body: bytes, view: ClusterView, *, lint_new: bool = True) -> Decision
     ):
         return d.deny(400, "BadRequest", "request.object is not a Pod with metadata and spec")
     try:
+        if legacy_scheduler:
+            return _legacy(d, request, pod, view, legacy_scheduler)
         return _convert(d, request, pod, view, lint_new)
     except ConversionError as e:
         return d.deny(422, "Invalid", str(e))
@@ -427,6 +439,23 @@ def decide(body: bytes, view: ClusterView, *, lint_new: bool = True) -> Decision
             f"tessera webhook could not convert the pod ({type(e).__name__}: {e}); the pod is not admitted; "
             "please report this",
         )
+
+
+def _legacy(
+    d: Decision, request: Mapping[str, Any], pod: dict[str, Any], view: ClusterView, scheduler: str
+) -> Decision:
+    meta = pod.get("metadata") or {}
+    namespace = request.get("namespace") or meta.get("namespace") or "default"
+    if not isinstance(namespace, str):
+        return d.deny(400, "BadRequest", "request.namespace is not a string")
+    if not mentions_hami(pod):
+        return d
+    work = {**pod, "metadata": {**meta, "namespace": namespace}}
+    conv = legacy_pod(work, scheduler, memory_sizes=view.snapshot().sizes)
+    d.pod = f"{namespace}/{meta.get('name') or str(meta.get('generateName') or '') + '*'}"
+    d.warnings.extend(conv.warnings)
+    d.patch = _patch(pod, conv.pod)
+    return d
 
 
 def _convert(

@@ -4,7 +4,10 @@ Routes:
 
 * ``POST /mutate-pods``: ``admission.k8s.io/v1`` AdmissionReview (see
   :mod:`tessera.webhook.admission`); HTTP 400 for a body that is not one, 413 over
-  :data:`~tessera.webhook.admission.MAX_BODY`; never 500.
+  :data:`~tessera.webhook.admission.MAX_BODY`; never 500. HAMi pods become DRA claims, or, in
+  mode ``legacy``, keep their requests and get the legacy scheduler (docs/legacy.md).
+* ``POST /mutate-pods-legacy`` (modes ``legacy`` and ``both``): the same, for legacy mode always
+  (the chart sends it the pods of namespaces labelled ``gpu.tessera.dev/mode=legacy``).
 * ``GET /healthz``: ``ok`` while the process serves.
 * ``GET /readyz``: ``ok`` once the ResourceSlice cache has its first list (503 before, and
   503 while draining).
@@ -28,7 +31,7 @@ import contextlib
 import logging
 import os
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,14 @@ from tessera.webhook.admission import MAX_BODY, BadReview, ClusterView, Decision
 from tessera.webhook.templates import FRESH, NEEDED, TemplateStore, template_key
 
 log = logging.getLogger("tessera.webhook")
+
+#: The modes a webhook serves: ``dra`` (HAMi pods become claims), ``legacy`` (they keep their
+#: requests and get the legacy scheduler), ``both`` (by path, below).
+MODES = ("dra", "legacy", "both")
+#: The admission paths: DRA's (legacy's in mode ``legacy``) and legacy mode's.
+MUTATE_PATH = "/mutate-pods"
+MUTATE_LEGACY_PATH = "/mutate-pods-legacy"
+PATHS = (MUTATE_PATH, MUTATE_LEGACY_PATH)
 
 
 class CertReloader:
@@ -110,15 +121,25 @@ class Counters:
 
 class Webhook:
     """The admission handler: ``view`` (the cluster's slices), ``store`` (templates on the API
-    server; None only when nothing may be created, e.g. a benchmark of the decision alone),
-    ``ready`` (whether the slice cache is synced)."""
+    server; None only when nothing may be created, e.g. a benchmark of the decision alone, or
+    legacy mode alone), ``ready`` (whether the slice cache is synced); ``mode`` (:data:`MODES`)
+    and ``legacy_scheduler`` say which path converts for which mode (:data:`PATHS`)."""
 
     def __init__(
         self,
         view: ClusterView,
         store: TemplateStore | None,
         ready: Callable[[], bool] = lambda: True,
+        *,
+        mode: str = "dra",
+        legacy_scheduler: str = "",
     ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r}: must be one of {', '.join(MODES)}")
+        if mode != "dra" and not legacy_scheduler:
+            raise ValueError(f"mode {mode!r} needs legacy_scheduler (the legacy scheduler's name)")
+        self.mode = mode
+        self.legacy_scheduler = legacy_scheduler
         self.view = view
         self.store = store
         self.ready = ready
@@ -128,11 +149,13 @@ class Webhook:
         self.draining = False
         self._writes: dict[tuple[str, str], asyncio.Task[None]] = {}
 
-    async def admit(self, body: bytes) -> tuple[int, dict[str, Any] | str]:
-        """HTTP status and AdmissionReview (or the text of a 400) for one request body."""
+    async def admit(self, body: bytes, legacy: bool = False) -> tuple[int, dict[str, Any] | str]:
+        """HTTP status and AdmissionReview (or the text of a 400) for one request body;
+        ``legacy``: converted for legacy mode (:func:`~.admission.decide`'s ``legacy_scheduler``)."""
         self.counters.reviews += 1
+        sched = self.legacy_scheduler if legacy else ""
         try:
-            d = decide(body, self.view, lint_new=False)
+            d = decide(body, self.view, lint_new=False, legacy_scheduler=sched)
             if d.unlinted:
                 # A shape first seen since the slices changed: its lint runs every selector on
                 # every device (300 ms for 1,000 GPUs); in a thread, other admissions go on.
@@ -140,7 +163,7 @@ class Webhook:
                     await asyncio.to_thread(self.view.lint_shapes, d.unlinted)
                 except Exception:  # decide() below lints again, and denies naming what broke
                     log.exception("linting new template shapes failed")
-                d = decide(body, self.view)
+                d = decide(body, self.view, legacy_scheduler=sched)
         except BadReview as e:
             self.counters.bad_requests += 1
             return 400, str(e)
@@ -205,13 +228,19 @@ class Webhook:
         return response
 
     def app(self) -> Starlette:
-        async def mutate(request: Request) -> Response:
+        def mutate_for(legacy: bool) -> Callable[[Request], Awaitable[Response]]:
+            async def route(request: Request) -> Response:
+                return await mutate(request, legacy)
+
+            return route
+
+        async def mutate(request: Request, legacy: bool) -> Response:
             length = request.headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > MAX_BODY:
                 self.counters.bad_requests += 1
                 return PlainTextResponse(f"body over the {MAX_BODY}-byte limit", status_code=413)
             body = await request.body()
-            status, payload = await self.admit(body)
+            status, payload = await self.admit(body, legacy)
             if isinstance(payload, str):
                 return self._closing(PlainTextResponse(payload, status_code=status))
             return self._closing(JSONResponse(payload, status_code=status))
@@ -238,7 +267,12 @@ class Webhook:
 
         return Starlette(
             routes=[
-                Route("/mutate-pods", mutate, methods=["POST"]),
+                Route(MUTATE_PATH, mutate_for(self.mode == "legacy"), methods=["POST"]),
+                *(
+                    [Route(MUTATE_LEGACY_PATH, mutate_for(True), methods=["POST"])]
+                    if self.mode != "dra"
+                    else []
+                ),
                 Route("/healthz", healthz, methods=["GET"]),
                 Route("/readyz", readyz, methods=["GET"]),
             ]
