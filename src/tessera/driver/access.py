@@ -1,4 +1,5 @@
-"""What the node agent may do in the API server: one table, :data:`NODE_AGENT_ACCESS`.
+"""What the node agents may do in the API server: DRA mode's node agent, :data:`NODE_AGENT_ACCESS`,
+and legacy mode's device plugin, :data:`DEVICE_PLUGIN_ACCESS` (below).
 
 Every request the node agent (``tessera driver``) makes to the API server is one of these rows;
 the start-up check (:meth:`tessera.driver.node.NodeDriver.start`, step 2) asks a
@@ -39,32 +40,12 @@ counted (``/readyz`` ``statusErrors``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tessera import DRIVER_NAME
+from tessera.kube.access import Access
+
+__all__ = ["DEVICE_PLUGIN_ACCESS", "NODE_AGENT_ACCESS", "RESOURCE_GROUP", "Access"]
 
 RESOURCE_GROUP = "resource.k8s.io"
-
-
-@dataclass(frozen=True)
-class Access:
-    """One permission: ``verb`` on ``resource`` (``subresource``) of API ``group`` (``""``:
-    the core group), limited to the object ``name`` when set (RBAC ``resourceNames``);
-    ``required``: the driver refuses to start without it (else it warns)."""
-
-    verb: str
-    group: str
-    resource: str
-    subresource: str = ""
-    name: str = ""
-    required: bool = True
-
-    def describe(self) -> str:
-        """``verb resource[.group][/subresource][ name]`` (as ``kubectl auth can-i`` names it)."""
-        what = f"{self.resource}.{self.group}" if self.group else self.resource
-        if self.subresource:
-            what += f"/{self.subresource}"
-        return f"{self.verb} {what}" + (f" {self.name}" if self.name else "")
 
 
 #: Everything the node agent does in the API server (see the module doc).
@@ -84,4 +65,27 @@ NODE_AGENT_ACCESS: tuple[Access, ...] = (
         name=DRIVER_NAME,
         required=False,
     ),
+)
+
+
+#: Everything ``tessera device-plugin`` (:class:`tessera.deviceplugin.plugin.DevicePlugin`)
+#: does in the API server; the chart's device-plugin ClusterRole grants exactly these rows
+#: (``tests/e2e/test_helm_legacy.py``):
+#:
+#: * ``get nodes``: the guard (:func:`tessera.driver.guard.check_node`, mode ``legacy``: the
+#:   Node's mode label) and the node lock's holder before it is released;
+#: * ``patch nodes``: the ``hami.io/node-nvidia-register`` and ``hami.io/node-handshake``
+#:   annotations, and releasing the node lock (merge patches of its own Node);
+#: * ``list pods``: the pods on its node (``fieldSelector=spec.nodeName=<node>``: at
+#:   ``Allocate`` the pending ones, at reconcile all; RBAC cannot hold a list to a field
+#:   selector, so the grant is cluster-wide, the reads are not);
+#: * ``patch pods``: HAMi's bind phase (``hami.io/bind-phase``) on the pod it allocated;
+#: * ``list resourceslices``: the guard's slices of this node (no DRA driver may publish its
+#:   GPUs).
+DEVICE_PLUGIN_ACCESS: tuple[Access, ...] = (
+    Access("get", "", "nodes"),
+    Access("patch", "", "nodes"),
+    Access("list", "", "pods"),
+    Access("patch", "", "pods"),
+    Access("list", RESOURCE_GROUP, "resourceslices"),
 )

@@ -117,3 +117,47 @@ is set. */}}
 {{- include "tessera.ensureWebhookCerts" . -}}
 {{- .Values.__tesseraWebhookCerts.caCert | b64enc -}}
 {{- end -}}
+
+{{/* Modes (values.mode): "true" when the release serves DRA mode, legacy mode. */}}
+{{- define "tessera.dra" -}}
+{{- if has .Values.mode (list "dra" "both") -}}true{{- end -}}
+{{- end -}}
+{{- define "tessera.legacy" -}}
+{{- if has .Values.mode (list "legacy" "both") -}}true{{- end -}}
+{{- end -}}
+
+{{/* The values the chart refuses, each failing the render with one message:
+DRA mode on a cluster older than 1.36 (no consumable capacity), and DRA node agents that could
+land on nodes labelled gpu.tessera.dev/mode=legacy, where legacy mode's device plugin runs:
+with legacy mode served, every term of node.affinity must keep gpu.tessera.dev/mode off
+"legacy" (NotIn [legacy], or In without legacy), or node.nodeSelector must name a mode other
+than legacy. */}}
+{{- define "tessera.checkModes" -}}
+{{- if and (include "tessera.dra" .) (semverCompare "<1.36.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "mode=%s: DRA mode needs Kubernetes 1.36 or newer (consumable capacity); this cluster is %s: set mode=legacy (docs/install.md, 'Legacy mode')" .Values.mode .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- if and (eq .Values.mode "both") (or .Values.driver.enabled .Values.monitor.enabled) -}}
+{{- $label := "gpu.tessera.dev/mode" -}}
+{{- $sel := index (.Values.node.nodeSelector | default dict) $label | default "" -}}
+{{- if not (and $sel (ne $sel "legacy")) -}}
+{{- $terms := list -}}
+{{- with .Values.node.affinity -}}{{- with .nodeAffinity -}}{{- with .requiredDuringSchedulingIgnoredDuringExecution -}}
+{{- $terms = .nodeSelectorTerms | default list -}}
+{{- end -}}{{- end -}}{{- end -}}
+{{- if not $terms -}}
+{{- fail (printf "mode=both: node.affinity has no required nodeSelectorTerms, so the DRA node agent would also run on nodes labelled %s=legacy beside legacy mode's device plugin: keep the default node.affinity, add {key: %s, operator: NotIn, values: [legacy]} to each term, or set node.nodeSelector: {%s: dra}" $label $label $label) -}}
+{{- end -}}
+{{- range $i, $t := $terms -}}
+{{- $kept := false -}}
+{{- range ($t.matchExpressions | default list) -}}
+{{- if and (eq .key $label) (or (and (eq .operator "NotIn") (has "legacy" .values)) (and (eq .operator "In") (not (has "legacy" .values)))) -}}
+{{- $kept = true -}}
+{{- end -}}
+{{- end -}}
+{{- if not $kept -}}
+{{- fail (printf "mode=both: node.affinity nodeSelectorTerms[%d] does not exclude nodes labelled %s=legacy, so the DRA node agent could run beside legacy mode's device plugin on one node: add {key: %s, operator: NotIn, values: [legacy]} to it, or set node.nodeSelector: {%s: dra}" $i $label $label $label) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
