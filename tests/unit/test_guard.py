@@ -18,6 +18,7 @@ from tessera.driver.guard import (
     OVERRIDE_LABEL,
     SecondManagerError,
     Sign,
+    check_node,
     discovered_uuids,
     mode_signs,
     node_mode,
@@ -27,6 +28,7 @@ from tessera.driver.guard import (
     socket_signs,
 )
 from tessera.inventory import build_resource_slices, load_inventory
+from tessera.kube.client import ApiError
 
 HAMI_ANNOTATIONS_FILE = (
     "inventories/HAMi__docs_develop_protocol__node-register-annotations.2xV100-PCIE-32GB.txt"
@@ -284,3 +286,36 @@ def test_the_mode_label_gives_a_node_to_one_of_tesseras_two_modes() -> None:
     assert f"{MODE_LABEL}=dra (unset) gives its GPUs to Tessera's DRA node driver" in to_dra.detail
     with pytest.raises(SecondManagerError, match=f"Node gpu-1 label {MODE_LABEL}='DRA': must be"):
         node_mode(node(labels={MODE_LABEL: "DRA"}))
+
+
+class _NoDRA:
+    """An API server that serves no resource.k8s.io (a cluster without DRA): the Node is read,
+    the ResourceSlice list answers 404 as kube-apiserver does for an API it does not serve."""
+
+    def __init__(self, the_node: dict[str, Any]) -> None:
+        self.node = the_node
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Any:
+        assert (api_version, kind, name) == ("v1", "Node", "gpu-1")
+        return self.node
+
+    def list(self, api_version: str, kind: str, *args: Any, **kwargs: Any) -> Any:
+        raise ApiError(
+            "list", f"{kind}s", 404, "NotFound", "the server could not find the requested resource"
+        )
+
+
+def test_legacy_mode_starts_where_resource_slices_are_not_served(tmp_path: Path) -> None:
+    """The device plugin (mode legacy) on a node labelled legacy starts where the API server
+    serves no ResourceSlices (no DRA driver can publish its GPUs there) and logs it; the DRA
+    node driver (mode dra) is refused, naming the list it could not make."""
+    said: list[str] = []
+    client: Any = _NoDRA(node(labels={MODE_LABEL: "legacy"}))
+    signs = check_node(
+        client, "gpu-1", ["GPU-1"], device_plugin_dir=tmp_path, mode="legacy", log=said.append
+    )
+    assert signs == []
+    assert said == ["resource.k8s.io/v1 is not served: no DRA driver can publish this node's GPUs"]
+    dra: Any = _NoDRA(node())
+    with pytest.raises(SecondManagerError, match=r"list ResourceSlices: .*404"):
+        check_node(dra, "gpu-1", ["GPU-1"], device_plugin_dir=tmp_path)

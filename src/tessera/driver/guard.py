@@ -289,7 +289,8 @@ def check_node(
     ``legacy``; the Node's device-plugin resources and HAMi annotations are its own). Returns
     the signs found (empty: none). Raises :class:`SecondManagerError` when there are signs and
     the Node is not labelled :data:`OVERRIDE_LABEL` ``=true``, or when the API server refuses
-    the reads. A Node that does not exist (no kubelet registered it) is not read; the other
+    the reads (in mode ``legacy``, ResourceSlices not served at all, HTTP 404, mean none).
+    A Node that does not exist (no kubelet registered it) is not read; the other
     checks still run.
     """
     if mode not in MODES:
@@ -313,10 +314,16 @@ def check_node(
             "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={node_name}"
         )
     except ApiError as e:
-        raise SecondManagerError(
-            f"checking node {node_name} for another GPU manager: list ResourceSlices: {e}; "
-            "grant the driver's ServiceAccount list on resourceslices"
-        ) from e
+        if e.status == 404 and mode == MODE_LEGACY:
+            # resource.k8s.io/v1 not served (a cluster without DRA): no DRA driver can publish
+            # this node's GPUs; the DRA node driver needs the API and still refuses.
+            slices = []
+            say("resource.k8s.io/v1 is not served: no DRA driver can publish this node's GPUs")
+        else:
+            raise SecondManagerError(
+                f"checking node {node_name} for another GPU manager: list ResourceSlices: {e}; "
+                "grant the driver's ServiceAccount list on resourceslices"
+            ) from e
     legacy = mode == MODE_LEGACY
     signs = (
         (node_signs(node) if node is not None and not legacy else [])
