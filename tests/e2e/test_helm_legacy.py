@@ -149,6 +149,8 @@ def test_legacy_only_renders_nothing_of_dra(tools: Tools) -> None:
     assert images["kube-scheduler"] == "registry.k8s.io/kube-scheduler:v1.35.0"
     (ext,) = [c for c in sched["containers"] if c["name"] == "extender"]
     assert ext["args"][:2] == ["extender", "--legacy"]
+    mon = one(objs, "DaemonSet", f"{RELEASE}-monitor")["spec"]["template"]["spec"]
+    assert "--no-api" in mon["containers"][0]["args"]
     hook = one(objs, "Deployment", f"{RELEASE}-webhook")["spec"]["template"]["spec"]["containers"][
         0
     ]

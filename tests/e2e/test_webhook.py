@@ -39,6 +39,7 @@ import pytest
 import yaml
 
 from tessera.api.loader import Manifest, Source, expand_workloads
+from tessera.api.quantity import Quantity
 from tessera.kube.client import ApiError, KubeClient, Obj
 from tessera.kube.watch import Informer
 from tessera.kube.workloads import wait_for
@@ -1428,3 +1429,156 @@ def test_collect_templates_all_deletes_every_template_no_pod_still_needs(hooked:
         assert h.client.get("v1", "Pod", "has-claim", ns)["status"]["resourceClaimStatuses"]
         h.client.delete(RESOURCE, "ResourceClaimTemplate", "hand-made", ns)
         h.client.delete(RESOURCE, "ResourceClaimTemplate", waited, blocked)
+
+
+# ---- legacy mode: the scheduler named, requests unchanged --------------------------------------
+
+
+def test_legacy_namespace_pods_keep_their_requests_and_get_the_legacy_scheduler(
+    hooked: Hooked,
+) -> None:
+    """A second webhook process, ``--mode both``, answers ``/mutate-pods-legacy`` for the
+    namespaces labelled ``gpu.tessera.dev/mode=legacy`` (the chart's split in mode both; the
+    shipped configuration is held off them meanwhile): corpus HAMi pods created there by the
+    real API server keep their containers as written and get ``spec.schedulerName:
+    tessera-legacy``, with no claim and no template; the same pod in another namespace still
+    becomes a claim."""
+    h = hooked
+    port_file = h.tmp / "webhook-legacy.port"
+    proc = _spawn(
+        [
+            "webhook",
+            f"--tls-cert-file={h.serving.cert}",
+            f"--tls-private-key-file={h.serving.key}",
+            "--port=0",
+            f"--port-file={port_file}",
+            f"--kubeconfig={h.kubeconfig}",
+            "--mode=both",
+            "--no-collector",
+            "-v",
+        ],
+        h.logs / "webhook-legacy.log",
+    )
+    cfg_name = "tessera-webhook-legacy-test"
+    (shipped,) = h.client.list("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration")
+    shipped = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        **shipped,
+    }
+    original = copy.deepcopy(shipped)
+    label = "gpu.tessera.dev/mode"
+    try:
+        wait_for(
+            lambda: True if port_file.is_file() else None,
+            timeout=60,
+            what="the legacy webhook to listen",
+            last=lambda: (h.logs / "webhook-legacy.log").read_text(),
+        )
+        port = int(port_file.read_text())
+        not_legacy = {"key": label, "operator": "NotIn", "values": ["legacy"]}
+        for w in shipped["webhooks"]:
+            sel = w.setdefault("namespaceSelector", {})
+            sel.setdefault("matchExpressions", []).append(not_legacy)
+        h.client.request(
+            "PUT",
+            h.client.collection_path(
+                "admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"
+            )
+            + f"/{shipped['metadata']['name']}",
+            body=shipped,
+            what="the shipped webhook configuration",
+        )
+        legacy_cfg = copy.deepcopy(original)
+        legacy_cfg["metadata"] = {"name": cfg_name}
+        for w in legacy_cfg["webhooks"]:
+            w["name"] = "legacy-" + w["name"]
+            w["clientConfig"] = {
+                "url": f"https://127.0.0.1:{port}/mutate-pods-legacy",
+                "caBundle": base64.b64encode(h.ca.cert.read_bytes()).decode(),
+            }
+            w["namespaceSelector"] = {
+                "matchExpressions": [{"key": label, "operator": "In", "values": ["legacy"]}]
+            }
+        h.client.create(legacy_cfg)
+        with h.scratch({label: "legacy"}) as ns, h.scratch() as dra_ns:
+            probe = _corpus_pod("HAMi__examples_nvidia__default_use.yaml", "probe", pin=False)
+
+            def legacy_active() -> bool | None:
+                r = h.kubectl(
+                    "create",
+                    "--dry-run=server",
+                    "-o",
+                    "json",
+                    "-n",
+                    ns,
+                    "-f",
+                    "-",
+                    stdin=json.dumps(probe),
+                )
+                return (
+                    True
+                    if r.returncode == 0
+                    and json.loads(r.stdout)["spec"].get("schedulerName") == "tessera-legacy"
+                    else None
+                )
+
+            wait_for(legacy_active, timeout=60, what="the API server to call the legacy webhook")
+            for file, doc, name in CORPUS_PODS:
+                src = _corpus_pod(file, name, doc, pin=False)
+                _apply(h, ns, src)
+                got = h.client.get("v1", "Pod", name, ns)
+                assert got["spec"]["schedulerName"] == "tessera-legacy", name
+                assert "resourceClaims" not in got["spec"], name
+                for c_src, c_got in zip(
+                    src["spec"]["containers"], got["spec"]["containers"], strict=True
+                ):
+                    # as written, after the API server's own defaulting (requests from limits)
+                    res = c_src.get("resources") or {}
+                    want = {"limits": res.get("limits") or {}}
+                    want["requests"] = {**want["limits"], **(res.get("requests") or {})}
+                    gres = c_got.get("resources") or {}
+                    for part in ("limits", "requests"):
+                        assert {
+                            n: Quantity.parse(str(v)) for n, v in (gres.get(part) or {}).items()
+                        } == {n: Quantity.parse(str(v)) for n, v in want[part].items()}, name
+            assert h.client.list(RESOURCE, "ResourceClaimTemplate", ns) == []
+            _apply(
+                h, dra_ns, _corpus_pod("HAMi__examples_nvidia__default_use.yaml", "dra", pin=False)
+            )
+            dra = h.client.get("v1", "Pod", "dra", dra_ns)
+            assert (
+                dra["spec"]["resourceClaims"]
+                and dra["spec"]["schedulerName"] == "default-scheduler"
+            )
+    finally:
+        with contextlib.suppress(ApiError):
+            h.client.delete(
+                "admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", cfg_name
+            )
+        cur = h.client.get(
+            "admissionregistration.k8s.io/v1",
+            "MutatingWebhookConfiguration",
+            original["metadata"]["name"],
+        )
+        restored = {
+            **original,
+            "metadata": {
+                **original["metadata"],
+                "resourceVersion": cur["metadata"]["resourceVersion"],
+            },
+        }
+        h.client.request(
+            "PUT",
+            h.client.collection_path(
+                "admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"
+            )
+            + f"/{original['metadata']['name']}",
+            body=restored,
+            what="the shipped webhook configuration",
+        )
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
