@@ -6,6 +6,7 @@ of a corpus inventory; pods: HAMi's own example manifests."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from tessera.deviceplugin.allocate import (
     AllocateError,
     allocation_uid,
     choose_pod,
+    claim_meta,
+    claim_meta_path,
     lock_holder,
     next_entry,
     plan_allocation,
@@ -37,6 +40,7 @@ from tessera.driver.publish import GpuRecord
 from tessera.enforcement.limits import parse_limits
 from tessera.inventory import load_inventory
 from tessera.inventory.hami import raw_gpus_from_hami
+from tessera.monitor.regions import parse_claim_json
 
 pytestmark = pytest.mark.legacy
 
@@ -206,6 +210,44 @@ def test_a_share_gets_the_dra_share_files(
     materialize(plan, layout)
     assert (layout.claim_dir(plan.ref.uid) / "limits").read_text() == plan.limits_text
     assert layout.cdi_path(plan.ref.uid).is_file()
+
+
+def test_the_monitor_reads_who_uses_a_share(
+    corpus: Path, records: list[GpuRecord], layout: Layout
+) -> None:
+    """No ResourceClaim names a legacy share's pod: claim.json does, in the monitor's form."""
+    gpu = records[5].gpu
+    pod = hami_pod(
+        corpus,
+        "HAMi__examples_nvidia__default_use.yaml",
+        [[ContainerDevice(gpu.uuid, "NVIDIA", 3000, 30)]],
+    )
+    pending = next_entry(pod, 1)
+    plan = plan_allocation(pending, NODE, records, LIBRARY, layout)
+    doc = claim_meta(pending, plan, NODE, records, layout)
+    assert doc is not None
+    meta = parse_claim_json(json.dumps(doc), claim_meta_path(plan, layout), "")
+    [ref] = meta.pods
+    assert (meta.uid, meta.namespace, meta.name) == (plan.ref.uid, "ns", "gpu-pod")
+    assert (ref.namespace, ref.name, ref.uid, ref.containers) == (
+        "ns",
+        "gpu-pod",
+        "0000-gpu-pod",
+        ("ubuntu-container",),
+    )
+    assert dict(meta.devices) == {gpu.uuid.lower(): "gpu-5"}
+    assert claim_meta_path(plan, layout) == str(layout.claim_dir(plan.ref.uid) / "claim.json")
+    full = (gpu.usable_memory_bytes or 0) // MIB
+    whole = next_entry(
+        hami_pod(
+            corpus,
+            "HAMi__examples_nvidia__use_exclusive_card.yaml",
+            [[ContainerDevice(gpu.uuid, "NVIDIA", full, 100)]],
+        ),
+        1,
+    )
+    whole_plan = plan_allocation(whole, NODE, records, LIBRARY, layout)
+    assert claim_meta(whole, whole_plan, NODE, records, layout) is None  # no claim directory
 
 
 def test_a_whole_gpu_gets_no_limits_and_bad_entries_name_the_pod(

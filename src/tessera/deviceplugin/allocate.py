@@ -27,6 +27,11 @@ and how many cores are the scheduler extender's decision, recorded on the pod in
    claim directory (``<state-dir>/claims/<uid>``, :mod:`tessera.enforcement.layout`), so the
    monitor reads it as it reads a DRA share's. A whole GPU (its full ``devmem`` and cores 0 or
    100) gets no limits, as in DRA mode.
+4. **Who uses it** (:func:`claim_meta`): a legacy share has no ResourceClaim in the API, where
+   the monitor finds a DRA share's pods and containers; the plugin writes them into the claim
+   directory's ``claim.json`` (the monitor's optional metadata,
+   :func:`tessera.monitor.regions.parse_claim_json`), so the monitor labels the share with its
+   pod and container.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from tessera.driver.kubelet import ClaimRef
 from tessera.driver.prepare import ClaimError, ClaimPlan, Layout, NodeDevice, plan_claim
 from tessera.driver.prepare import node_devices as prepared_devices
 from tessera.driver.publish import GpuRecord, desired_slices
+from tessera.enforcement.layout import META_FILE
 
 #: ``hami.io/bind-phase`` values (HAMi ``pkg/util/types.go``).
 PHASE_ALLOCATING = "allocating"
@@ -280,3 +286,44 @@ def plan_allocation(
             f"{pending.index} cannot be prepared ({encode_pod_devices([list(pending.devices)])!r}, "
             f"MiB and percent per GPU): {e}"
         ) from None
+
+
+def claim_meta(
+    pending: Pending, plan: ClaimPlan, node: str, records: Sequence[GpuRecord], layout: Layout
+) -> dict[str, Any] | None:
+    """The claim directory's ``claim.json`` for the entry (module doc, step 4), version 1::
+
+        {"version": 1, "uid": "<pod UID>-<i>", "namespace": ..., "name": "<pod>",
+         "driver": ..., "pool": "<node>", "devices": [{"uuid": "GPU-...", "device": "gpu-2"}],
+         "pods": [{"namespace": ..., "name": "<pod>", "uid": "<pod UID>",
+                   "containers": ["<container>"]}]}
+
+    ``devices`` names each GPU of the entry as :func:`node_devices` does (``gpu-<index>``);
+    ``containers`` is empty when the pod has fewer containers than entries. ``None`` when the
+    plan has no claim directory (a whole GPU: no limits file, no region)."""
+    if plan.limits_text is None:
+        return None
+    meta = pending.pod.get("metadata") or {}
+    names = {d.record.gpu.uuid: n for n, d in node_devices(node, layout.driver, records).items()}
+    return {
+        "version": 1,
+        "uid": plan.ref.uid,
+        "namespace": plan.ref.namespace,
+        "name": plan.ref.name,
+        "driver": layout.driver,
+        "pool": node,
+        "devices": [{"uuid": d.uuid, "device": names.get(d.uuid, "")} for d in pending.devices],
+        "pods": [
+            {
+                "namespace": str(meta.get("namespace", "")),
+                "name": str(meta.get("name", "")),
+                "uid": str(meta.get("uid", "")),
+                "containers": [pending.container] if pending.container else [],
+            }
+        ],
+    }
+
+
+def claim_meta_path(plan: ClaimPlan, layout: Layout) -> str:
+    """Where :func:`claim_meta` goes: ``<state-dir>/claims/<uid>/claim.json``."""
+    return str(layout.claim_dir(plan.ref.uid) / META_FILE)

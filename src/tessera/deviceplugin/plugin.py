@@ -70,6 +70,8 @@ from .allocate import (
     AllocateError,
     Pending,
     choose_pod,
+    claim_meta,
+    claim_meta_path,
     lock_holder,
     next_entry,
     plan_allocation,
@@ -420,6 +422,7 @@ class DevicePlugin:
                     raise AllocateError(f"pod {pending.name}: {e}") from None
                 self._record(plan)
                 materialize(plan, self.cfg.layout)
+                self._write_meta(pending, plan)
                 write_node_shares(self.cfg.layout, self.plans.values())
                 self._patch(pending)
             except ApiError as e:
@@ -510,6 +513,14 @@ class DevicePlugin:
         data = json.dumps(plan.to_json(), sort_keys=True).encode()
         write_atomic(str(self.records_dir / f"{plan.ref.uid}.json"), data, 0o600, ".record.")
         self.plans[plan.ref.uid] = plan
+
+    def _write_meta(self, pending: Pending, plan: ClaimPlan) -> None:
+        from tessera.enforcement._files import write_atomic
+
+        doc = claim_meta(pending, plan, self.cfg.node_name, self.records, self.cfg.layout)
+        if doc is not None:
+            data = json.dumps(doc, sort_keys=True).encode()
+            write_atomic(claim_meta_path(plan, self.cfg.layout), data, 0o444, ".meta.")
 
     def _forget(self, uid: str) -> None:
         remove_files(uid, self.cfg.layout)
