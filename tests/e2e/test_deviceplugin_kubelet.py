@@ -97,14 +97,24 @@ class DevicePluginProcess:
             "--rescan-seconds",
             "1",
         ]
+        self.argv = argv
+        self.start()
+
+    def start(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                argv,
+                self.argv,
                 env={**os.environ, "FAKE_NVML_CONFIG": str(self.nvml_cfg)},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
+
+    def kill9(self) -> None:
+        """SIGKILL (nothing of the process runs after it), then start it again."""
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.start()
 
     @property
     def output(self) -> str:
