@@ -232,6 +232,7 @@ def test_the_real_scheduler_binds_hami_pods_as_the_decision_says(
         assert decode_pod_devices(ann[DEVICES_ALLOCATED]) == fit.devices
         assert ann[DEVICES_TO_ALLOCATE] == ann[DEVICES_ALLOCATED]
         assert ann["hami.io/bind-phase"] == "allocating"
+        _allocated(h, ns, name)
 
     # Both A5000s are held whole, the A10's cores are all booked (60 + 40): default_use
     # (3000 MiB, 30 cores) fits nowhere and stays Pending with the extender's reasons.
@@ -260,9 +261,21 @@ def test_the_real_scheduler_binds_hami_pods_as_the_decision_says(
             body={"gracePeriodSeconds": 0},
         )
     assert _bound(h, ns, "late")["spec"]["nodeName"] in ("a10-node", "a5000-node")
+    _allocated(h, ns, "late")
     assert [p["metadata"]["name"] for p in h.booked()] == ["late"]
     _bind_refusals(h, ns)
     _deleted_mid_bind(h, ns)
+
+
+def _allocated(h: Legacy, ns: str, name: str) -> None:
+    """What the node's device plugin writes once the kubelet's ``Allocate`` took the pod's
+    decision (these Nodes have no kubelet): a node takes no second HAMi pod before that."""
+    h.client.request(
+        "PATCH",
+        h.client.collection_path("v1", "Pod", ns) + f"/{name}",
+        body={"metadata": {"annotations": {"hami.io/bind-phase": "success"}}},
+        content_type="application/merge-patch+json",
+    )
 
 
 def _deleted_mid_bind(h: Legacy, ns: str) -> None:
@@ -385,6 +398,7 @@ def _bind_refusals(h: Legacy, ns: str) -> None:
     assert bound["spec"]["nodeName"] == best.node
     assert decode_pod_devices(bound["metadata"]["annotations"][DEVICES_ALLOCATED]) == best.devices
     assert sorted(p["metadata"]["name"] for p in h.booked()) == sorted([*before, "again"])
+    _allocated(h, ns, "again")
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from tessera.convert.hami import (
     decode_pod_devices,
     encode_pod_devices,
 )
-from tessera.extender.legacy import static_extender
+from tessera.extender.legacy import ALLOCATING_EXPIRY_SECONDS, allocating_pod, static_extender
 from tessera.scheduler.legacy import (
     SHARERS_TAINT,
     Booking,
@@ -340,3 +340,28 @@ def test_shipped_legacy_scheduler_config() -> None:
     managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
     assert set(managed) == set(NVIDIA.names())
     assert {n for n, ignored in managed.items() if not ignored} == {GPU}
+
+
+def test_a_node_takes_one_allocating_pod_at_a_time() -> None:
+    """bind's wait (``allocating_pod``): a pod of the node still ``allocating`` holds it, until
+    its plugin's Allocate ends (``success``/``failed``), it finishes, is deleted, or 5 minutes
+    pass; the pod being bound does not hold it against itself."""
+
+    def pod(name: str, phase: str = "allocating", age: int = 10, **extra: Any) -> dict[str, Any]:
+        md: dict[str, Any] = {
+            "namespace": "team",
+            "name": name,
+            "uid": f"uid-{name}",
+            "annotations": {"hami.io/bind-phase": phase, "hami.io/bind-time": str(1000 - age)},
+        }
+        md.update(extra.pop("metadata", {}))
+        return {"metadata": md, "status": {"phase": "Pending"}, **extra}
+
+    assert allocating_pod([pod("a")], "uid-b", 1000.0) == "team/a"
+    assert allocating_pod([pod("a")], "uid-a", 1000.0) is None
+    assert allocating_pod([pod("a", "success"), pod("c", "failed")], "uid-b", 1000.0) is None
+    assert allocating_pod([pod("a", status={"phase": "Failed"})], "uid-b", 1000.0) is None
+    deleting = pod("a", metadata={"deletionTimestamp": "2026-12-04T00:00:00Z"})
+    assert allocating_pod([deleting], "uid-b", 1000.0) is None
+    assert allocating_pod([pod("a", age=ALLOCATING_EXPIRY_SECONDS)], "uid-b", 1000.0) is None
+    assert allocating_pod([pod("a", age=ALLOCATING_EXPIRY_SECONDS - 1)], "uid-b", 1000.0)

@@ -20,7 +20,9 @@ which Go's decoder matches case-insensitively):
   ``vgpu-time``, ``vgpu-devices-to-allocate``, ``-allocated``, ``bind-phase=allocating``,
   ``bind-time``), and the ``Binding`` is POSTed with the pod's UID as precondition. A Binding
   that fails takes the records off again (a deleted pod takes them with it). Binds to one node
-  are serialised in this process; several replicas would need a lock per node in the API
+  are serialised in this process, and a node takes no second HAMi pod while one bound to it
+waits for its device plugin's ``Allocate`` (:func:`allocating_pod`); several replicas would
+need a lock per node in the API
   (HAMi's ``hami.io/mutex.lock`` node annotation, compare-and-swap on the Node's
   resourceVersion) or leader election (``docs/legacy-extender.md``).
 
@@ -314,6 +316,14 @@ class LegacyExtender:
         fit = decision.nodes[0]
         if decision.hami and fit.devices is None:
             return f"pod {ns}/{name} no longer fits on {node}: {fit.reason}"
+        if decision.hami:
+            waiting = allocating_pod(booked_pods, str(md.get("uid", "")), self.now())
+            if waiting:
+                return (
+                    f"node {node} is still allocating pod {waiting} ({BIND_PHASE}=allocating): "
+                    "one HAMi pod per node until its device plugin's Allocate ends; "
+                    "decided again next time"
+                )
         path = client.collection_path("v1", "Pod", ns) + f"/{name}"
         if decision.hami:
             assert fit.devices is not None
@@ -382,6 +392,41 @@ class LegacyExtender:
             log.warning("pod %s/%s: cannot take its records off: %s", ns, name, e)
 
 
+#: Seconds after its ``hami.io/bind-time`` a pod still ``allocating`` no longer holds its node
+#: (HAMi's node lock expires after 5 minutes).
+ALLOCATING_EXPIRY_SECONDS = 300
+
+
+def allocating_pod(booked: Sequence[Mapping[str, Any]], uid: str, now: float) -> str | None:
+    """``<namespace>/<name>`` of a pod of ``booked`` (a node's booked pods) other than ``uid``
+    whose decision the node's device plugin has not taken yet: ``Pending``, not being deleted,
+    ``hami.io/bind-phase: allocating`` and bound less than :data:`ALLOCATING_EXPIRY_SECONDS`
+    ago; None when there is none.
+
+    The kubelet's ``Allocate`` names no pod: the device plugin takes the decision of the
+    node's one allocating pod (:func:`tessera.deviceplugin.allocate.choose_pod`). Two of them
+    on one node at once, and the plugin could hand a container the other pod's share (the
+    kubelet admits pods in its own order), so bind waits for the first, as HAMi's node lock
+    (``hami.io/mutex.lock``) makes it wait."""
+    for p in booked:
+        md = p.get("metadata") or {}
+        ann = md.get("annotations") or {}
+        if (
+            str(md.get("uid", "")) == uid
+            or md.get("deletionTimestamp")
+            or (p.get("status") or {}).get("phase", "Pending") != "Pending"
+            or ann.get(BIND_PHASE) != "allocating"
+        ):
+            continue
+        try:
+            bound = int(ann.get(BIND_TIME, ""))
+        except ValueError:
+            continue
+        if now - bound < ALLOCATING_EXPIRY_SECONDS:
+            return f"{md.get('namespace', '')}/{md.get('name', '')}"
+    return None
+
+
 def static_extender(
     nodes: Sequence[Mapping[str, Any]],
     pods: Sequence[Mapping[str, Any]],
@@ -395,4 +440,4 @@ def static_extender(
     )
 
 
-__all__ = ["Booking", "LegacyExtender", "NodeCache", "static_extender"]
+__all__ = ["Booking", "LegacyExtender", "NodeCache", "allocating_pod", "static_extender"]
