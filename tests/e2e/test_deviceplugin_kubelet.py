@@ -110,6 +110,26 @@ class DevicePluginProcess:
                 stdin=subprocess.DEVNULL,
             )
 
+    def wait_registered(self, node: LiveNode, timeout: float = 90) -> None:
+        """Until this process registered with the kubelet (a plugin stopped before leaves the
+        Node's capacity), the Node has its register annotation and all slots are allocatable."""
+        want = str(SPLIT * len(self.gpus))
+
+        def registered() -> bool | None:
+            if "registered nvidia.com/gpu with the kubelet" not in self.output:
+                return None
+            n = node.client.get("v1", "Node", node.name)
+            if REGISTER_ANNOTATION not in (n["metadata"].get("annotations") or {}):
+                return None
+            return True if gpu_allocatable(node) == want else None
+
+        wait_for(
+            registered,
+            timeout=timeout,
+            interval=0.5,
+            what=f"the device plugin registered, its annotation and {want} slots allocatable",
+        )
+
     def kill9(self) -> None:
         """SIGKILL (nothing of the process runs after it), then start it again."""
         self.proc.kill()
@@ -156,14 +176,8 @@ def device_plugin(kube_node: LiveNode, fake_nvml_lib: Path) -> Iterator[DevicePl
         kube_node.client.delete("resource.k8s.io/v1", "ResourceSlice", s["metadata"]["name"])
     dp = DevicePluginProcess(kube_node, root, fake_nvml_lib)
     try:
-        want = str(SPLIT * len(dp.gpus))
         try:
-            wait_for(
-                lambda: True if gpu_capacity(kube_node) == want else None,
-                timeout=90,
-                interval=0.5,
-                what=f"the Node's capacity nvidia.com/gpu to be {want}",
-            )
+            dp.wait_registered(kube_node)
         except Exception:
             pytest.fail(
                 f"the kubelet did not register the device plugin; its log:\n{dp.output[-4000:]}"

@@ -351,7 +351,9 @@ def test_kill9_of_the_device_plugin_and_the_extender_during_a_stream(
     file = "HAMi__examples_nvidia__use_sharing_card.yaml"
     names = []
     for i in range(12):
-        pod = corpus_pod(file, i % 2, f"stream-{i}", ns, probe_image, dp, "sleep 3600")
+        pod = corpus_pod(
+            file, i % 2, f"stream-{i}", ns, probe_image, dp, "cat /etc/tessera/limits; sleep 3600"
+        )
         names.append(node.client.create(pod)["metadata"]["name"])
         if i == 3:
             dp.kill9()
@@ -367,7 +369,7 @@ def test_kill9_of_the_device_plugin_and_the_extender_during_a_stream(
                 continue
             conds = {c["type"]: c for c in (p.get("status") or {}).get("conditions") or []}
             ps = conds.get("PodScheduled") or {}
-            if ph == "Pending" and ps.get("status") == "False" and ps.get("message"):
+            if ph == "Pending" and ps.get("reason") == "Unschedulable" and ps.get("message"):
                 continue  # the scheduler's reason (nothing fits now)
             return None
         return pods
@@ -419,9 +421,11 @@ def test_kill9_of_the_device_plugin_and_the_extender_during_a_stream(
             cores[uuid],
             slots[uuid],
         )
-    # Each running pod's share is on the node, as its record says; nothing else is.
+    # Each running pod's share is on the node, as its record says, and is the one its
+    # container got (the limits file names the pod); nothing else is on the node.
     for p in running:
-        uid = p["metadata"]["uid"]
+        uid, name = p["metadata"]["uid"], p["metadata"]["name"]
+        assert f"claim {ns}/{name} {uid}-0" in node.logs(name, ns).splitlines()
         [devices] = decode_pod_devices(p["metadata"]["annotations"][DEVICES_ALLOCATED])
         limits = (dp.state / "claims" / f"{uid}-0" / "limits").read_text().splitlines()
         assert [ln for ln in limits if ln.startswith("gpu ")] == [
