@@ -407,9 +407,12 @@ class DevicePlugin:
         node = self.cfg.node_name
         for attempt in range(CONFLICT_TRIES):
             try:
-                pod = choose_pod(self._pods("Pending"), node)
+                pods = self._pods()
             except ApiError as e:
                 raise AllocateError(f"node {node}: listing its pods: {e}") from e
+            # Shares of pods gone since the last reconcile would still count on their GPUs.
+            self._drop_gone(pods)
+            pod = choose_pod(pods, node)
             pending: Pending | None = None
             uid = ""
             try:
@@ -547,17 +550,22 @@ class DevicePlugin:
         """Remove the files and records of allocations whose pod is gone from the node or
         finished (``Succeeded``/``Failed``); return their UIDs. Raises ``ApiError``."""
         with self._lock:  # an Allocate after the list would record a pod the list lacks
-            live = {
-                str(p["metadata"]["uid"])
-                for p in self._pods()
-                if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-            }
-            gone = [uid for uid in self.plans if pod_of_uid(uid) not in live]
-            for uid in gone:
-                plan = self.plans[uid]
-                self._forget(uid)
-                self.log(f"removed the files of pod {plan.ref.namespace}/{plan.ref.name} ({uid})")
-            return gone
+            return self._drop_gone(self._pods())
+
+    def _drop_gone(self, pods: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Forget the allocations whose pod is not among ``pods`` (the node's, listed under
+        ``_lock``) or finished; their UIDs."""
+        live = {str(p["metadata"]["uid"]) for p in pods if _phase(p) not in ("Succeeded", "Failed")}
+        gone = [uid for uid in self.plans if pod_of_uid(uid) not in live]
+        for uid in gone:
+            plan = self.plans[uid]
+            self._forget(uid)
+            self.log(f"removed the files of pod {plan.ref.namespace}/{plan.ref.name} ({uid})")
+        return gone
+
+
+def _phase(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase") or "")
 
 
 def _name(pod: Mapping[str, Any]) -> str:
