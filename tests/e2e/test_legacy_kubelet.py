@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from tessera.convert.hami import BIND_PHASE, DEVICES_ALLOCATED, VGPU_NODE, decod
 from tessera.kube.workloads import wait_for
 from tessera.localcluster import build
 
-from .conftest import CORPUS, LiveNode
+from .conftest import LiveNode
 from .driverkit import *  # noqa: F403 (fixtures)
 from .driverkit import MonitorProcess
 from .test_deviceplugin_kubelet import (
@@ -44,21 +43,11 @@ from .test_deviceplugin_kubelet import (
     probe_image,
 )
 from .test_driver_kubelet import fake_gpus_env, section, wait_log
+from .test_legacy_extender import CONFIG, PODS, SCHEDULER, _free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.legacy]
 
 __all__ = ["device_plugin", "probe_image"]  # fixtures of this module too
-
-REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "deploy" / "legacy" / "scheduler-config.yaml"
-PODS = CORPUS / "hami-pods"
-SCHEDULER = "tessera-legacy"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Schedulers:

@@ -68,3 +68,16 @@ def context_overhead_bytes(text: str) -> int:
     if not q.is_integer() or q.sign() < 0:
         fail(f"--context-overhead {text!r}: write a whole, non-negative quantity such as 512Mi")
     return q.value_int()
+
+
+def require_library(lib: str | None) -> str:
+    """``lib`` (the enforcement library's host path) when the file exists; else a one-line
+    failure (exit 2) naming it and how to build it."""
+    import os
+
+    if lib is None or not os.path.isfile(lib):
+        fail(
+            f"--library: enforcement library {lib or 'libtessera-enforce.so'} not found; build it "
+            "with `make native`"
+        )
+    return lib

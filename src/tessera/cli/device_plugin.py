@@ -7,7 +7,6 @@ and reports a start-up failure as one line (exit 2).
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from tessera.cli._node import (
     NODE_NAME,
     NVML_LIBRARY,
     context_overhead_bytes,
+    require_library,
 )
 from tessera.enforcement.layout import DEFAULT_STATE_DIR
 
@@ -110,12 +110,7 @@ def device_plugin(
         fail(
             f"--socket {socket_name!r}: give a file name ending in .sock, such as tessera-gpu.sock"
         )
-    lib = library or library_path()
-    if lib is None or not os.path.isfile(lib):
-        fail(
-            f"--library: enforcement library {lib or 'libtessera-enforce.so'} not found; build it "
-            "with `make native`"
-        )
+    lib = require_library(library or library_path())
     cfg = DevicePluginConfig(
         node_name=node_name or socket.gethostname().lower(),
         device_plugin_dir=Path(kubelet_dir) / "device-plugins",

@@ -7,7 +7,6 @@ line (exit 2).
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
@@ -26,6 +25,7 @@ from tessera.cli._node import (
     NODE_NAME,
     NVML_LIBRARY,
     context_overhead_bytes,
+    require_library,
 )
 from tessera.enforcement.layout import DEFAULT_STATE_DIR
 
@@ -232,10 +232,7 @@ def driver(
         instance=rolling_update_id,
         handoff_seconds=handoff_seconds,
     )
-    if lib is None or not os.path.isfile(lib):
-        fail(
-            f"--library: enforcement library {lib or 'libtessera-enforce.so'} not found; build it with `make native`"
-        )
+    require_library(lib)
     try:
         client = (
             KubeClient.from_kubeconfig(Path(kubeconfig)) if kubeconfig else KubeClient.in_cluster()
