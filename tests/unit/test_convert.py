@@ -641,12 +641,12 @@ def test_gpumem_in_canonical_decimal_notation_is_that_many_mib(raw: str, mib: in
         ),
         (
             {"nvidia.com/gpu": 1, "nvidia.com/gpucores": "1k"},
-            "nvidia.com/gpucores 1000 is over 100: gpucores is a percentage 0-100 of each GPU's "
+            "nvidia.com/gpucores 1000 is over 100: it is a percentage 0-100 of each GPU's "
             "compute (HAMi clamps it silently); write 100 or less",
         ),
         (
             {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150},
-            "nvidia.com/gpucores 150 is over 100: gpucores is a percentage 0-100 of each GPU's "
+            "nvidia.com/gpucores 150 is over 100: it is a percentage 0-100 of each GPU's "
             "compute (HAMi clamps it silently); write 100 or less",
         ),
         (
@@ -662,7 +662,7 @@ def test_gpumem_in_canonical_decimal_notation_is_that_many_mib(raw: str, mib: in
         (
             {"nvidia.com/gpu": 33},
             "nvidia.com/gpu 33 is over 32: a ResourceClaim allocates at most 32 devices; ask for "
-            "32 GPUs or fewer",
+            "32 or fewer",
         ),
         (
             {"nvidia.com/gpumem": 2**31},
@@ -674,7 +674,7 @@ def test_gpumem_in_canonical_decimal_notation_is_that_many_mib(raw: str, mib: in
         ),
         (
             {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-cores": 101},
-            "volcano.sh/vgpu-cores 101 is over 100: gpucores is a percentage 0-100 of each GPU's "
+            "volcano.sh/vgpu-cores 101 is over 100: it is a percentage 0-100 of each GPU's "
             "compute (HAMi clamps it silently); write 100 or less",
         ),
     ],

@@ -149,7 +149,7 @@ def test_dry_run_patches_but_ensures_no_template() -> None:
     [
         (
             {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"},
-            "pod team-a/p, container c: nvidia.com/gpucores 101 is over 100: gpucores is a percentage 0-100 of each "
+            "pod team-a/p, container c: nvidia.com/gpucores 101 is over 100: it is a percentage 0-100 of each "
             "GPU's compute (HAMi clamps it silently); write 100 or less",
         ),
         (

@@ -564,6 +564,44 @@ def _read_roles(
     return out
 
 
+def _check_ranges(
+    ctx: _Ctx,
+    container: str,
+    unit: str,
+    count_name: str,
+    count: int | None,
+    cores_name: str,
+    cores: int | None,
+    memory_name: str,
+    memory: int | None,
+) -> None:
+    """HAMi's upper bounds on one container's request (hami.md 1.3), for every vendor's names:
+    at most :data:`MAX_GPUS_PER_CONTAINER` devices (a claim's allocation holds no more), cores
+    a percentage of at most 100 (HAMi clamps larger ones silently), memory in MiB within an
+    int32. ``unit`` is the device's word in the message (``GPU``, ``device``); ``None`` is
+    unset. Raises :class:`ConversionError` naming the container and resource."""
+    if count is not None and count > MAX_GPUS_PER_CONTAINER:
+        raise ctx.error(
+            container,
+            count_name,
+            f"{count_name} {count} is over {MAX_GPUS_PER_CONTAINER}: a ResourceClaim allocates "
+            f"at most {MAX_GPUS_PER_CONTAINER} devices; ask for {MAX_GPUS_PER_CONTAINER} or fewer",
+        )
+    if cores is not None and cores > 100:
+        raise ctx.error(
+            container,
+            cores_name,
+            f"{cores_name} {cores} is over 100: it is a percentage 0-100 of each {unit}'s "
+            "compute (HAMi clamps it silently); write 100 or less",
+        )
+    if memory is not None and memory > MAX_GPUMEM_MIB:
+        raise ctx.error(
+            container,
+            memory_name,
+            f"{memory_name} {memory} is out of range: at most {MAX_GPUMEM_MIB} MiB per {unit}",
+        )
+
+
 def _normalise(
     values: dict[str, int], fam: hami.ResourceFamily, ctx: _Ctx, container: str, init: bool
 ) -> ContainerRequest | None:
@@ -576,25 +614,13 @@ def _normalise(
     sized = [r for r in ("memory", "percentage", "cores") if r in values]
     role_name = {"memory": fam.memory, "percentage": fam.percentage, "cores": fam.cores}
 
-    if cores is not None and cores > 100:
-        raise ctx.error(
-            container,
-            fam.cores,
-            f"{fam.cores} {cores} is over 100: gpucores is a percentage 0-100 of each GPU's "
-            "compute (HAMi clamps it silently); write 100 or less",
-        )
+    _check_ranges(ctx, container, "GPU", fam.count, gpus, fam.cores, cores, fam.memory, mem)
     if pct is not None and pct > 100:
         raise ctx.error(
             container,
             fam.percentage,
             f"{fam.percentage} {pct} is over 100: it is a percentage 1-100 of each GPU's memory; "
             "write 100 or less",
-        )
-    if mem is not None and mem > MAX_GPUMEM_MIB:
-        raise ctx.error(
-            container,
-            fam.memory,
-            f"{fam.memory} {mem} is out of range: at most {MAX_GPUMEM_MIB} MiB per GPU",
         )
     if priority is not None and priority > 1:
         ctx.warn(container, f"{fam.priority} {priority}: HAMi knows 0 (high) and 1 (low)")
@@ -615,13 +641,6 @@ def _normalise(
             )
         ctx.warn(container, f"{fam.count} 0 asks for no GPU; removed")
         return None
-    if gpus > MAX_GPUS_PER_CONTAINER:
-        raise ctx.error(
-            container,
-            fam.count,
-            f"{fam.count} {gpus} is over {MAX_GPUS_PER_CONTAINER}: a ResourceClaim allocates at "
-            f"most {MAX_GPUS_PER_CONTAINER} devices; ask for {MAX_GPUS_PER_CONTAINER} GPUs or fewer",
-        )
 
     if mem == 0:
         ctx.warn(
@@ -953,26 +972,7 @@ def _vendor_request(
             )
         ctx.warn(container, f"{fam.count} 0 asks for no device; removed")
         return True, None
-    if count > MAX_GPUS_PER_CONTAINER:
-        raise ctx.error(
-            container,
-            fam.count,
-            f"{fam.count} {count} is over {MAX_GPUS_PER_CONTAINER}: a ResourceClaim allocates "
-            f"at most {MAX_GPUS_PER_CONTAINER} devices; ask for {MAX_GPUS_PER_CONTAINER} or fewer",
-        )
-    if cores is not None and cores > 100:
-        raise ctx.error(
-            container,
-            fam.cores,
-            f"{fam.cores} {cores} is over 100: it is a percentage 0-100 of each device's "
-            "compute; write 100 or less",
-        )
-    if mem is not None and mem > MAX_GPUMEM_MIB:
-        raise ctx.error(
-            container,
-            fam.memory,
-            f"{fam.memory} {mem} is out of range: at most {MAX_GPUMEM_MIB} MiB per device",
-        )
+    _check_ranges(ctx, container, "device", fam.count, count, fam.cores, cores, fam.memory, mem)
     template = ""
     chip = fam.chip
     asked_count = count
