@@ -55,7 +55,9 @@ from pathlib import Path
 from typing import Any
 
 from tessera import DRIVER_NAME
+from tessera.api import modes
 from tessera.api.errors import TesseraError
+from tessera.api.modes import MODE_DRA, MODE_LABEL, MODE_LEGACY, MODES
 from tessera.api.quantity import Quantity, QuantityError
 from tessera.kube.client import ApiError, KubeClient
 
@@ -85,13 +87,8 @@ HAMI_ANNOTATIONS: tuple[str, ...] = (
 )
 #: Device attributes that name a GPU by UUID (the NVIDIA DRA driver, HAMi's DRA driver, Tessera).
 UUID_ATTRIBUTES: tuple[str, ...] = ("uuid", "parentUUID")
-#: Node label choosing which of Tessera's two modes manages the node's GPUs: ``dra`` (the node
-#: driver, the default when the label is absent) or ``legacy`` (the device plugin and the
-#: scheduler extender, docs/legacy.md). The chart's DaemonSets select on it.
-MODE_LABEL = "gpu.tessera.dev/mode"
-MODE_DRA = "dra"
-MODE_LEGACY = "legacy"
-MODES: tuple[str, ...] = (MODE_DRA, MODE_LEGACY)
+# MODE_LABEL, MODE_DRA, MODE_LEGACY, MODES: the Node label choosing which of Tessera's two
+# modes manages the node's GPUs, and its values; one judgement, in tessera.api.modes.
 
 
 class SecondManagerError(TesseraError, RuntimeError):
@@ -136,16 +133,13 @@ def node_signs(node: Mapping[str, Any]) -> list[Sign]:
 
 def node_mode(node: Mapping[str, Any] | None) -> str:
     """The Tessera mode a Node's label :data:`MODE_LABEL` gives its GPUs: ``dra`` or
-    ``legacy``; ``dra`` when the label is absent (or there is no Node object). Raises
-    :class:`SecondManagerError` naming the Node and the label for any other value."""
-    md = (node or {}).get("metadata") or {}
-    value = str((md.get("labels") or {}).get(MODE_LABEL, MODE_DRA))
-    if value not in MODES:
-        raise SecondManagerError(
-            f"Node {md.get('name', '')} label {MODE_LABEL}={value!r}: must be one of "
-            f"{', '.join(MODES)} (absent: {MODE_DRA}); fix the label"
-        )
-    return value
+    ``legacy``; ``dra`` when the label is absent (or there is no Node object)
+    (:func:`tessera.api.modes.node_mode`). Raises :class:`SecondManagerError` naming the Node
+    and the label for any other value."""
+    try:
+        return modes.node_mode(node)
+    except modes.NodeModeError as e:
+        raise SecondManagerError(str(e)) from None
 
 
 def mode_signs(node: Mapping[str, Any] | None, mode: str) -> list[Sign]:
