@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 
 from tessera import DRIVER_NAME
+from tessera.api.modes import MODE_LEGACY
 from tessera.api.quantity import Quantity
 from tessera.cli._common import (
     UserError,
@@ -339,13 +340,14 @@ def _simulate(
     wide = output == "wide"
     tables = [_placement_table(result, placements, wide), _gpu_table(result, wide)]
     if pending:
+        mixed = _mixed(result)
         pt = FitTable(
             "Unschedulable pods",
-            [("pod", False), ("reason", True)],
+            [("pod", False), *([("mode", False)] if mixed else []), ("reason", True)],
             cut_caption="reasons cut to fit: -o wide or tessera explain POD",
         )
         for pend in pending:
-            pt.add_row(pend.pod, pend.reason)
+            pt.add_row(pend.pod, *([pend.mode] if mixed else []), pend.reason)
         tables.append(pt)
     print_tables(
         tables, wide=wide, footer=f"{len(scheduled)} pod(s) scheduled, {len(pending)} pending."
@@ -394,8 +396,17 @@ def _allocatable(memory: str | None, device: str) -> str:
     )
 
 
+def _mixed(result: SimResult) -> bool:
+    """Some pod went to legacy mode's scheduler: the tables say per pod which mode took it."""
+    return any(m == MODE_LEGACY for m in result.modes.values())
+
+
 def _placement_table(result: SimResult, placements: list[Placement], wide: bool) -> FitTable:
+    """The placements, one row per container and device (a ``mode`` column, ``dra`` or
+    ``legacy``, when some pod went to legacy mode; a legacy row has no claim, request or
+    shareID: ``-``)."""
     uuids = _uuid_names(result, wide)
+    mixed = _mixed(result)
     caption = None
     if any(p.memory and _ours(p.device) for p in placements):
         caption = (
@@ -410,31 +421,35 @@ def _placement_table(result: SimResult, placements: list[Placement], wide: bool)
     share_ids = {p.share_id for p in result.placements if p.share_id}
     shares = {s: s for s in share_ids} if wide else unique_prefixes(share_ids, SHARE_ID_MIN)
     # kubectl's columns: identifiers whole, free text (the model) last; -o wide adds columns.
+    mode_col = [("mode", False)] if mixed else []
     if wide:
         t = FitTable(
             "Placements",
-            [("pod", False), ("container", False), ("claim", False), ("request", False), ("node", False),
-             ("device", False), ("GPU", False), ("memory", False), ("cores", False), ("shareID", False),
-             ("allocatable", False), ("model", True)],
+            [("pod", False), ("container", False), *mode_col, ("claim", False), ("request", False),
+             ("node", False), ("device", False), ("GPU", False), ("memory", False), ("cores", False),
+             ("shareID", False), ("allocatable", False), ("model", True)],
             caption=caption,
         )  # fmt: skip
     else:
         t = FitTable(
             "Placements",
-            [("pod", False), ("container", False), ("device", False), ("memory", False), ("cores", False),
-             ("shareID", False)],
+            [("pod", False), ("container", False), *mode_col, ("device", False), ("memory", False),
+             ("cores", False), ("shareID", False)],
             caption=caption,
         )  # fmt: skip
     for p in placements:
         gpu = uuids.get(p.uuid, "-") if p.uuid else "-"
-        share = shares[p.share_id] if p.share_id else "(dedicated)"
+        legacy = p.mode == MODE_LEGACY
+        share = shares[p.share_id] if p.share_id else "-" if legacy else "(dedicated)"
         key = device_key_of(p.device)
+        mode = [p.mode] if mixed else []
         if wide:
             t.add_row(
                 p.pod,
                 p.container,
-                p.claim,
-                p.request,
+                *mode,
+                p.claim or "-",
+                p.request or "-",
                 p.node,
                 key,
                 gpu,
@@ -445,7 +460,7 @@ def _placement_table(result: SimResult, placements: list[Placement], wide: bool)
                 p.model or "-",
             )
         else:
-            t.add_row(p.pod, p.container, key, p.memory or "-", p.cores or "-", share)
+            t.add_row(p.pod, p.container, *mode, key, p.memory or "-", p.cores or "-", share)
     return t
 
 

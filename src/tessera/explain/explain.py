@@ -713,6 +713,65 @@ def _placements(
     return out
 
 
+def _explain_legacy_pod(sim: Simulation, result: SimResult, ref: str) -> Explanation:
+    """A pod of legacy mode's scheduler: per node, what legacy mode's decision
+    (:func:`tessera.scheduler.legacy.decide`, the extender's) said at the pod's turn, from the
+    simulation's record of it; DRA-mode nodes take no such pod."""
+    from tessera.api.modes import MODE_LABEL, MODE_LEGACY
+    from tessera.convert import LEGACY_SCHEDULER
+
+    pod = next(o for o in result.objects if o.get("kind") == "Pod" and _claim_ref(o) == ref)
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    exp = Explanation(f"Pod {ref}", "scheduled" if node_name else "pending", node=node_name)
+    exp.reason = next((p.reason for p in result.pending if p.pod == ref), "")
+    exp.placements = [
+        f"container {p.container}: {p.device} ({', '.join(x for x in (p.uuid, p.model) if x)}): "
+        f"memory {p.memory}, cores {p.cores}"
+        for p in result.placements
+        if p.pod == ref
+    ]
+    decision = sim.legacy_decisions.get(ref)
+    fits = {f.node: f for f in decision.nodes} if decision is not None else {}
+    levels = decision.levels() if decision is not None and decision.hami else {}
+    unbound = _unbound(pod)
+    for node in sim.nodes:
+        if sim.node_modes.get(node.name) != MODE_LEGACY:
+            exp.nodes.append(
+                NodeExplanation(
+                    node.name,
+                    "refused",
+                    f"in DRA mode (label {MODE_LABEL} not {MODE_LEGACY}): the scheduler "
+                    f"{LEGACY_SCHEDULER} places pods on legacy-mode nodes only",
+                )
+            )
+            continue
+        f = fits.get(node.name)
+        if f is None:
+            refusal = node_refusal(unbound, node, sim.taints.get(node.name, ()))
+            why = refusal.reason if refusal is not None else "not decided"
+            exp.nodes.append(NodeExplanation(node.name, "refused", why))
+        elif not f.fits:
+            exp.nodes.append(NodeExplanation(node.name, "refused", f.reason))
+        elif node.name == node_name:
+            exp.nodes.append(NodeExplanation(node.name, "fits", "scheduled here"))
+        else:
+            level = levels.get(node.name)
+            exp.nodes.append(
+                NodeExplanation(
+                    node.name,
+                    "fits",
+                    "fits, not preferred"
+                    + (f" (preference level {level}; 0 is the node chosen)" if level else ""),
+                )
+            )
+    exp.notes.append(
+        "placed by legacy mode's decision (what `tessera extender --legacy` decides) over the "
+        "legacy-mode nodes and the legacy pods placed before it, recorded on the pod in HAMi's "
+        "hami.io/vgpu-devices-allocated; the reasons are those of the pod's turn"
+    )
+    return exp
+
+
 def _explain_pod(
     sim: Simulation,
     result: SimResult,
@@ -724,6 +783,8 @@ def _explain_pod(
 ) -> Explanation:
     from tessera.convert import convert_pod
 
+    if result.modes.get(ref) == "legacy":
+        return _explain_legacy_pod(sim, result, ref)
     pod = next(o for o in result.objects if o.get("kind") == "Pod" and _claim_ref(o) == ref)
     pname = ref.split("/", 1)[1]
     claims = _pod_claims(pod, sim)

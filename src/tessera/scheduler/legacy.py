@@ -279,6 +279,14 @@ def _node_state(
     return state, slices, {v: k for k, v in ids.items()}, used
 
 
+def booked_state(node: LegacyNode, booked: Sequence[Booking]) -> AllocatedState:
+    """The bookings of ``booked`` on ``node`` as consumed capacity of its GPUs (one share per
+    container and GPU: its memory and cores), as :func:`decide` counts them; GPUs the node no
+    longer registers are left out. For per-GPU usage (:func:`tessera.scheduler.usage.gpu_usage`
+    over ``node.slices``)."""
+    return _node_state(node, [b for b in booked if b.node == node.name])[0]
+
+
 def _claims(pod: Mapping[str, Any], templates: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     md = pod.get("metadata") or {}
     name = md.get("name") or md.get("generateName") or "pod"

@@ -15,6 +15,11 @@ The file format (``kind: Cluster``) is documented in ``docs/cluster-file.md``; i
       - {key: gpu, value: h100, effect: NoSchedule}   #  without a toleration away)
       dynamicMIG: true                  # optional: partition MIG GPUs on demand (docs/mig.md)
 
+A node labelled ``gpu.tessera.dev/mode: legacy`` (:mod:`tessera.api.modes`) is in Tessera's
+legacy mode: it publishes no ResourceSlices, and its ``inventory`` must be HAMi's
+``hami.io/node-nvidia-register`` annotation (what its device plugin registers), kept as the
+node's annotation (:attr:`SimNode.annotations`) for legacy mode's decision.
+
 A node may instead give ``slices: FILE`` holding its ResourceSlices. Beside either (or alone),
 ``vendorInventories: [FILE, ...]`` lists other vendors' inventories (``npu-smi info``, ``rocm-smi --json``:
 :mod:`tessera.inventory.vendor_devices`): their devices are published as those vendors' DRA
@@ -40,6 +45,7 @@ from typing import Any
 from tessera.api.documents import documents
 from tessera.api.errors import ManifestError, TesseraError
 from tessera.api.loader import ReadBudget, load_file, read_text
+from tessera.api.modes import MODE_LABEL, MODE_LEGACY, NodeModeError, labels_mode
 from tessera.api.schema import SchemaSet
 from tessera.api.uids import uuid5_url
 from tessera.api.validation import is_dns_subdomain
@@ -114,13 +120,37 @@ def _schema() -> SchemaSet:
 
 @dataclass
 class SimNode:
-    """A simulated node: its name, labels, taints and the ResourceSlices its driver would publish."""
+    """A simulated node: its name, labels, taints and the ResourceSlices its driver would
+    publish; ``annotations``: the Node annotations legacy mode reads (HAMi's
+    ``hami.io/node-nvidia-register`` and ``hami.io/device-cordon``) on a node whose label
+    ``gpu.tessera.dev/mode`` is ``legacy`` (:attr:`mode`), which publishes no ResourceSlices."""
 
     name: str
     labels: dict[str, str] = field(default_factory=dict)
     slices: list[dict[str, Any]] = field(default_factory=list)
     source: str = ""
     taints: list[dict[str, str]] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def mode(self) -> str:
+        """``dra`` or ``legacy``: :func:`tessera.api.modes.labels_mode` of the labels. Raises
+        :class:`~tessera.api.modes.NodeModeError` for a label value that is no mode."""
+        return labels_mode(self.name, self.labels)
+
+    def node_object(self) -> dict[str, Any]:
+        """The node as a ``v1`` Node dict (name, labels, annotations, taints): what legacy
+        mode's decision reads (:func:`tessera.scheduler.legacy.legacy_node`)."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.name,
+                "labels": dict(self.labels),
+                "annotations": dict(self.annotations),
+            },
+            "spec": {"taints": [dict(t) for t in self.taints]} if self.taints else {},
+        }
 
 
 @dataclass
@@ -145,6 +175,59 @@ def is_cluster_doc(obj: Any) -> bool:
 def _copy_uuid(original: str, node: str) -> str:
     """A stable GPU UUID for a ``count`` copy: uuid5 of the inventory's UUID and the node name."""
     return "GPU-" + uuid5_url(f"tessera-cluster-copy/{node}/{original.lower()}")
+
+
+_GPU_UUID_RX = re.compile(
+    r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
+
+
+def _copy_register(value: str, node: str) -> str:
+    """A HAMi register annotation ``value`` for the ``count`` copy ``node``: every GPU UUID in
+    it replaced as :func:`_copy_uuid` replaces it (either encoding names GPUs by UUID only)."""
+    return _GPU_UUID_RX.sub(lambda m: _copy_uuid(m.group(0), node), value)
+
+
+def _legacy_register(n: dict[str, Any], where: str, base: Path, file: str) -> str:
+    """The register annotation value of the legacy node entry ``n`` (``nodes[i]``: ``where``):
+    its ``inventory`` file must be HAMi's ``hami.io/node-nvidia-register`` (what the device
+    plugin publishes); read and checked as an inventory. Raises :class:`ManifestError` naming
+    the entry and field otherwise."""
+    from tessera.inventory import load_inventory
+    from tessera.inventory.hami import KEY, register_value
+
+    label = f"label {MODE_LABEL}: {MODE_LEGACY}"
+    for key in ("slices", "topology", "dynamicMIG", "vendorInventories"):
+        if key in n:
+            raise _err(
+                file,
+                f"{where}.{key}",
+                f"a node with {label} publishes no ResourceSlices: give its GPUs as 'inventory', "
+                f"HAMi's {KEY} annotation (docs/cluster-file.md, 'Legacy nodes'), and no {key!r}",
+            )
+    if "inventory" not in n:
+        raise _err(
+            file,
+            where,
+            f"a node with {label} needs 'inventory': HAMi's {KEY} annotation its device plugin "
+            f"registers (kubectl get node NAME -o yaml, or the value alone)",
+        )
+    path = base / n["inventory"]
+    try:
+        text = read_text(path)
+        load_inventory(path)
+    except TesseraError as e:
+        raise _err(file, f"{where}.inventory", str(e)) from None
+    found = register_value(text)
+    if found is None:
+        raise _err(
+            file,
+            f"{where}.inventory",
+            f"{n['inventory']}: a node with {label} is described by what its device plugin "
+            f"registers, HAMi's {KEY} annotation (kubectl get node NAME -o yaml, or the value "
+            "alone), not nvidia-smi output; or drop the label to plan the node in DRA mode",
+        )
+    return found[0]
 
 
 _PLACEHOLDER = "tessera-node-placeholder-0"
@@ -268,6 +351,7 @@ def cluster_from_dict(
         publication_warnings,
     )
     from tessera.inventory.mig import parse_dynamic_mig
+    from tessera.inventory.node import HAMI_REGISTER
     from tessera.inventory.vendor_devices import load_vendor_inventory, vendor_resource_slices
 
     problems = _schema().problems("Cluster", doc)
@@ -295,6 +379,30 @@ def cluster_from_dict(
                 )
         labels = {str(k): str(v) for k, v in (n.get("labels") or {}).items()}
         taints = [dict(t) for t in n.get("taints") or []]
+        try:
+            mode = labels_mode(base_name, labels)
+        except NodeModeError as e:
+            raise _err(file, f"{where}.labels[{MODE_LABEL}]", str(e)) from None
+        if mode == MODE_LEGACY:
+            register = _legacy_register(n, where, base, file)
+            for name in names:
+                if name in seen:
+                    raise _err(file, f"{where}.name", f"duplicate node name {name!r}")
+                seen.add(name)
+                node_labels = dict(labels)
+                node_labels.setdefault("kubernetes.io/hostname", name)
+                value = register if len(names) == 1 else _copy_register(register, name)
+                nodes.append(
+                    SimNode(
+                        name,
+                        node_labels,
+                        [],
+                        str(n["inventory"]),
+                        [dict(t) for t in taints],
+                        {HAMI_REGISTER: value},
+                    )
+                )
+            continue
         try:
             dynamic = parse_dynamic_mig(n.get("dynamicMIG"), f"{where}.dynamicMIG")
         except ValueError as e:

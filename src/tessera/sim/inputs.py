@@ -18,9 +18,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
+from tessera.api.errors import ManifestError
 from tessera.api.loader import Manifest
+from tessera.api.modes import MODE_LABEL, MODE_LEGACY, NodeModeError, labels_mode
 from tessera.convert.hami import DEVICES_ALLOCATED, USE_UUID, VGPU_NODE
-from tessera.inventory.node import node_register_slices
+from tessera.inventory.node import HAMI_CORDON, HAMI_REGISTER, node_register_slices
 from tessera.sim.cluster import SimNode
 
 HAMI_VGPU_NODE = VGPU_NODE
@@ -36,8 +38,11 @@ def node_from_object(m: Manifest) -> SimNode:
     """A simulated node from a ``v1`` Node object (validated): name, labels, taints, and the
     ResourceSlices of its HAMi register annotation
     (:func:`tessera.inventory.node.node_register_slices`: none without it, cordoned GPUs
-    tainted). Raises :class:`ManifestError` naming the annotation when it is not a readable
-    inventory."""
+    tainted). A Node labelled ``gpu.tessera.dev/mode: legacy`` (:mod:`tessera.api.modes`) is
+    served by legacy mode: it publishes no ResourceSlices, and keeps the register and cordon
+    annotations, which legacy mode's decision reads (:attr:`SimNode.annotations`). Raises
+    :class:`ManifestError` naming the annotation when it is not a readable inventory, and the
+    label when it holds no mode."""
     md = m.obj.get("metadata") or {}
     name = str(md.get("name") or "")
     labels = {str(k): str(v) for k, v in (md.get("labels") or {}).items()}
@@ -46,7 +51,22 @@ def node_from_object(m: Manifest) -> SimNode:
         {k: str(t[k]) for k in ("key", "value", "effect") if t.get(k) is not None}
         for t in (m.obj.get("spec") or {}).get("taints") or []
     ]
-    return SimNode(name, labels, node_register_slices(m), f"{m.source}", taints)
+    slices = node_register_slices(m)  # the annotation is checked in either mode
+    try:
+        mode = labels_mode(name, labels)
+    except NodeModeError as e:
+        raise ManifestError(
+            e.args[0],
+            file=m.source.file,
+            doc=m.source.doc,
+            obj=m.ref(),
+            field=f"metadata.labels[{MODE_LABEL}]",
+        ) from None
+    if mode == MODE_LEGACY:
+        ann = md.get("annotations") or {}
+        kept = {k: str(ann[k]) for k in (HAMI_REGISTER, HAMI_CORDON) if ann.get(k)}
+        return SimNode(name, labels, [], f"{m.source}", taints, kept)
+    return SimNode(name, labels, slices, f"{m.source}", taints)
 
 
 def _allocated_uuids(value: str) -> list[str]:

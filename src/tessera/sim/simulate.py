@@ -6,6 +6,18 @@ requests are first converted by :mod:`tessera.convert`), then nodes are tried in
 and the first node where the allocator satisfies every unallocated claim wins ("first fit";
 kube-scheduler breaks score ties at random, so where several nodes fit, which one it picks is
 not defined). Node CPU and memory are not modelled.
+
+A cluster may hold nodes of Tessera's two modes (:mod:`tessera.api.modes`: the Node label
+``gpu.tessera.dev/mode``). DRA-mode nodes publish ResourceSlices and take the pods the default
+scheduler places (the path above); legacy-mode nodes publish none, register their GPUs in HAMi's
+``hami.io/node-nvidia-register`` annotation and take only the pods of the legacy scheduler
+(``spec.schedulerName`` :data:`tessera.convert.LEGACY_SCHEDULER`, or a HAMi pod in a Namespace
+labelled ``gpu.tessera.dev/mode: legacy``, which the webhook converts for legacy mode with
+:func:`tessera.convert.legacy_pod`). Such a pod is placed by
+:func:`tessera.scheduler.legacy.decide`, the decision the scheduler extender takes, over the
+legacy nodes it may use (node affinity and taints first, as kube-scheduler filters before
+calling the extender) and the legacy pods placed before it; its decision is recorded on the pod
+as the extender records it (HAMi's ``hami.io/vgpu-node`` and ``hami.io/vgpu-devices-allocated``).
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ from tessera.api.deviceclass import device_class, served_extended_resources, ven
 from tessera.api.errors import ManifestError
 from tessera.api.heap import collector_paused
 from tessera.api.loader import CLUSTER_SCOPED_KINDS, Manifest
+from tessera.api.modes import MODE_DRA, MODE_LABEL, MODE_LEGACY
 from tessera.api.pods import pod_claims, pod_containers
 from tessera.api.quantity import Quantity
 from tessera.api.requests import claim_requests, device_requests
@@ -46,7 +59,13 @@ from tessera.api.uids import uuid5_url
 from tessera.api.validation import DRA_V1BETA2, check
 from tessera.api.vendors import PLANNED, installed_vendors
 from tessera.api.workloads import foreign_workload
-from tessera.convert import compute_unit_sizes, gpu_memory_sizes, mentions_hami
+from tessera.convert import LEGACY_SCHEDULER, compute_unit_sizes, gpu_memory_sizes, mentions_hami
+from tessera.convert.hami import (
+    DEVICES_ALLOCATED,
+    VGPU_NODE,
+    ContainerDevice,
+    encode_pod_devices,
+)
 from tessera.scheduler.claims import generated_claim_name, pod_claim_name, template_claim_name
 from tessera.scheduler.extended import (
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,
@@ -55,6 +74,14 @@ from tessera.scheduler.extended import (
     is_extended_claim,
     owned_by,
     spec_key,
+)
+from tessera.scheduler.legacy import (
+    Booking,
+    Decision,
+    DecisionMemo,
+    booked_state,
+    decide,
+    legacy_node,
 )
 from tessera.scheduler.nodes import node_refusal
 from tessera.scheduler.policies import (
@@ -110,7 +137,10 @@ class Placement:
     when allocated whole) as a canonical quantity of bytes (e.g. ``"10Gi"``), ``cores``: its
     percent of the GPU's SMs (``"30"``; ``"100"`` when whole), each None where the device
     publishes no such capacity; ``share_id``: the result's ``shareID`` (KEP-5075), None for a
-    device allocated whole.
+    device allocated whole. ``mode``: ``dra`` (a claim's allocation result) or ``legacy`` (legacy
+    mode's decision, :func:`tessera.scheduler.legacy.decide`: ``claim`` and ``request`` are "",
+    ``memory`` and ``cores`` what HAMi's ``hami.io/vgpu-devices-allocated`` records, no
+    ``share_id``).
     """
 
     pod: str  # namespace/name
@@ -124,6 +154,7 @@ class Placement:
     memory: str | None  # canonical quantity, bytes
     cores: str | None  # percent of SMs
     share_id: str | None
+    mode: str = MODE_DRA
 
 
 class PendingCause(enum.Enum):
@@ -142,11 +173,13 @@ class PendingCause(enum.Enum):
 @dataclass(slots=True)
 class Pending:
     """A pod left pending: ``pod`` (``namespace/name``), ``reason`` (its PodScheduled
-    condition's message) and the ``cause``."""
+    condition's message), the ``cause`` and the ``mode`` whose scheduler left it (``dra`` or
+    ``legacy``)."""
 
     pod: str
     reason: str
     cause: PendingCause = PendingCause.UNSCHEDULABLE
+    mode: str = MODE_DRA
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +253,9 @@ class SimResult:
     (:class:`~tessera.scheduler.usage.GPUUsage`: memory in bytes, cores in percent), every
     object as the API server would hold it afterwards (``objects``: classes, slices, taint
     rules, templates, claims with ``status.allocation``, pods with ``spec.nodeName`` and
-    conditions), the input ``warnings`` and the ``scheduled`` pods' ``namespace/name``."""
+    conditions), the input ``warnings`` and the ``scheduled`` pods' ``namespace/name``;
+    ``modes``: per pod (``namespace/name``) the mode whose scheduler took it, ``dra`` or
+    ``legacy``."""
 
     placements: list[Placement]
     pending: list[Pending]
@@ -228,6 +263,7 @@ class SimResult:
     objects: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
     scheduled: list[str] = field(default_factory=list)
+    modes: dict[str, str] = field(default_factory=dict)
 
 
 def _pod_uid(ref: str) -> str:
@@ -389,13 +425,29 @@ class Simulation:
         self.cluster = cluster
         self.nodes = [Node(n.name, n.labels) for n in cluster.nodes]
         self.taints = {n.name: n.taints for n in cluster.nodes if n.taints}
+        #: Per node name its mode (:attr:`~tessera.sim.cluster.SimNode.mode`): legacy-mode
+        #: nodes publish no ResourceSlices; their GPUs are legacy mode's (:attr:`legacy_nodes`).
+        self.node_modes = {n.name: n.mode for n in cluster.nodes}
+        self.legacy_nodes = [
+            legacy_node(n.node_object()) for n in cluster.nodes if n.mode == MODE_LEGACY
+        ]
+        self._node_index = {n.name: i for i, n in enumerate(self.nodes)}
+        #: Namespaces (input Namespace objects) whose label :data:`MODE_LABEL` is ``legacy``:
+        #: the webhook converts their HAMi pods for legacy mode.
+        self.legacy_namespaces: set[str] = set()
+        #: Legacy mode's decisions so far (the extender's bookings), in placement order.
+        self.legacy_booked: list[Booking] = []
+        self._legacy_memo = DecisionMemo()
+        self._legacy_devices: dict[str, tuple[str, str | None]] | None = None  # by GPU UUID
+        #: With ``record_choices``: each legacy pod's :class:`~tessera.scheduler.legacy.Decision`.
+        self.legacy_decisions: dict[str, Decision] = {}
         self.classes: dict[str, dict[str, Any]] = {}
         self.templates: dict[tuple[str, str], dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: list[Manifest] = []
         #: DeviceTaintRules (API objects), merged into the devices they select.
         self.taint_rules: list[dict[str, Any]] = []
-        slices = [s for n in cluster.nodes for s in n.slices]
+        slices = [s for n in cluster.nodes if n.mode != MODE_LEGACY for s in n.slices]
         slice_names = {_name(s): s for s in slices}
         seen: dict[tuple[str, str, str], Manifest] = {}
         for m in manifests:
@@ -456,6 +508,11 @@ class Simulation:
                 self.claims[(m.namespace, m.name)] = claim
             elif kind == "Pod":
                 self.pods.append(m)
+            elif kind == "Namespace":
+                if ((m.obj.get("metadata") or {}).get("labels") or {}).get(
+                    MODE_LABEL
+                ) == MODE_LEGACY:
+                    self.legacy_namespaces.add(m.name)
             else:
                 self.warnings.append(
                     f"{m.source}: {m.ref()}: "
@@ -620,6 +677,7 @@ class Simulation:
         placements: list[Placement] = []
         pending: list[Pending] = []
         scheduled: list[str] = []
+        modes: dict[str, str] = {}
         default_policy = pod_policy(self.policy, {})  # a pod without annotations
         out_pods: list[dict[str, Any]] = []
         out_templates: list[dict[str, Any]] = list(self.templates.values())
@@ -629,31 +687,37 @@ class Simulation:
         # run drops.
         with collector_paused():
             for m in self.pods:
-                try:
-                    if mentions_hami(m.obj):
-                        conv = convert_pod(
-                            m.obj,
-                            memory_sizes=self.memory_sizes,
-                            source=str(m.source),
-                            served=self.served,
-                            vendors=self.vendors,
-                            compute_units=self.compute_units,
+                legacy = self.legacy_conversion(m)
+                mode = MODE_DRA if legacy is None else MODE_LEGACY
+                if legacy is not None:
+                    conv = legacy
+                else:
+                    try:
+                        if mentions_hami(m.obj):
+                            conv = convert_pod(
+                                m.obj,
+                                memory_sizes=self.memory_sizes,
+                                source=str(m.source),
+                                served=self.served,
+                                vendors=self.vendors,
+                                compute_units=self.compute_units,
+                            )
+                        else:  # nothing to convert: a copy of the levels the run writes to
+                            conv = Conversion(
+                                pod=_fresh_pod(m.obj), templates=[], warnings=[], requests=[]
+                            )
+                    except ConversionError as e:
+                        if self.memory_sizes or e.field not in _PERCENTAGES:
+                            raise
+                        # No device of the cluster publishes memory, so a percentage is of nothing: the pod
+                        # stays as written and pending for its unserved HAMi resources, as without Tessera.
+                        self.warnings.append(
+                            f"{m.source}: {m.ref()}: {e.field}: no GPU of the cluster publishes "
+                            "memory; left unconverted"
                         )
-                    else:  # nothing to convert: a copy of the levels the run writes to
                         conv = Conversion(
-                            pod=_fresh_pod(m.obj), templates=[], warnings=[], requests=[]
+                            pod=copy.deepcopy(m.obj), templates=[], warnings=[], requests=[]
                         )
-                except ConversionError as e:
-                    if self.memory_sizes or e.field not in _PERCENTAGES:
-                        raise
-                    # No device of the cluster publishes memory, so a percentage is of nothing: the pod
-                    # stays as written and pending for its unserved HAMi resources, as without Tessera.
-                    self.warnings.append(
-                        f"{m.source}: {m.ref()}: {e.field}: no GPU of the cluster publishes memory; left unconverted"
-                    )
-                    conv = Conversion(
-                        pod=copy.deepcopy(m.obj), templates=[], warnings=[], requests=[]
-                    )
                 pod = conv.pod  # a new dict: convert_pod never returns its input
                 self.warnings.extend(conv.warnings)  # convert_pod already names the source
                 for t in conv.templates:
@@ -667,11 +731,15 @@ class Simulation:
                 md.setdefault("uid", _pod_uid(ref))
                 annotations = (pod.get("metadata") or {}).get("annotations")
                 policy = pod_policy(self.policy, annotations) if annotations else default_policy
-                outcome = self._schedule(pod, ref, policy)
+                modes[ref] = mode
+                if mode == MODE_LEGACY:
+                    outcome, devices = self._schedule_legacy(pod, ref)
+                else:
+                    outcome, devices = self._schedule(pod, ref, policy), None
                 node, reason, claims = outcome.node, outcome.reason, outcome.claims
                 generated = self._claim_statuses(pod)
                 if node is None:
-                    pending.append(Pending(ref, reason, outcome.cause))
+                    pending.append(Pending(ref, reason, outcome.cause, mode))
                     pod["status"] = {
                         "phase": "Pending",
                         "conditions": [
@@ -690,7 +758,10 @@ class Simulation:
                         "conditions": [{"type": "PodScheduled", "status": "True"}],
                     }
                     scheduled.append(ref)
-                    placements.extend(self._placements(pod, ref, node, claims))
+                    if devices is not None:
+                        placements.extend(self._legacy_placements(pod, ref, node, devices))
+                    else:
+                        placements.extend(self._placements(pod, ref, node, claims))
                 if generated:
                     pod["status"]["resourceClaimStatuses"] = generated
                 ext = next((c for pc, c in claims if pc == EXTENDED_POD_CLAIM), None)
@@ -708,7 +779,7 @@ class Simulation:
         objects.extend(out_templates)
         objects.extend(self.claims.values())
         objects.extend(out_pods)
-        return SimResult(placements, pending, gpus, objects, self.warnings, scheduled)
+        return SimResult(placements, pending, gpus, objects, self.warnings, scheduled, modes)
 
     def _extended_claim(
         self, pod: dict[str, Any], requests: list[dict[str, Any]]
@@ -885,6 +956,15 @@ class Simulation:
             return _Outcome(None, reason, [])
         todo = [c for _, c in claims if not (c.get("status") or {}).get("allocation")]
         done = [c for _, c in claims if (c.get("status") or {}).get("allocation")]
+        if todo and self.legacy_nodes and len(self.legacy_nodes) == len(self.nodes):
+            n = len(self.nodes)
+            msg = (
+                f"0/{n} nodes are available: no node is in DRA mode (all {n} are labelled "
+                f"{MODE_LABEL}={MODE_LEGACY}: they publish no ResourceSlices for the pod's claims); "
+                f"a node without the label (or {MODE_LABEL}={MODE_DRA}) serves DRA mode, or give "
+                f"the pod spec.schedulerName {LEGACY_SCHEDULER} for legacy mode."
+            )
+            return _Outcome(None, msg, claims)
         specs = self._spec_facts(todo)
         missing = specs.missing_class
         if missing is not None:
@@ -1014,6 +1094,127 @@ class Simulation:
         if any(k.devices for k in counts):
             self._to_explain[ref] = (pod, todo, done)
         return _Outcome(None, msg, claims)
+
+    # ---- legacy mode ---------------------------------------------------------------------
+    def legacy_conversion(self, m: Manifest) -> Any:
+        """The pod ``m`` as legacy mode takes it (a :class:`~tessera.convert.Conversion` whose
+        pod the run may write to), or None when the default scheduler takes it (DRA mode). A
+        pod is legacy mode's when its ``spec.schedulerName`` is
+        :data:`~tessera.convert.LEGACY_SCHEDULER`, or when it asks for HAMi GPUs in a Namespace
+        labelled ``gpu.tessera.dev/mode: legacy`` (:attr:`legacy_namespaces`) and the webhook's
+        legacy conversion (:func:`tessera.convert.legacy_pod`) gives it that scheduler. Raises
+        :class:`~tessera.convert.ConversionError` for requests the webhook refuses."""
+        from tessera.convert import Conversion, legacy_pod
+
+        spec = m.obj.get("spec") or {}
+        if spec.get("schedulerName") == LEGACY_SCHEDULER:
+            return Conversion(pod=_fresh_pod(m.obj))
+        if m.namespace not in self.legacy_namespaces or not mentions_hami(m.obj):
+            return None
+        sizes = sorted({s for n in self.legacy_nodes for s in n.memory_sizes}, reverse=True)
+        conv = legacy_pod(m.obj, memory_sizes=sizes, source=str(m.source))
+        if (conv.pod.get("spec") or {}).get("schedulerName") != LEGACY_SCHEDULER:
+            self.warnings.extend(conv.warnings)  # another scheduler kept: not legacy mode's
+            return None
+        return Conversion(pod=_fresh_pod(conv.pod), warnings=list(conv.warnings))
+
+    def _schedule_legacy(
+        self, pod: dict[str, Any], ref: str
+    ) -> tuple[_Outcome, list[list[ContainerDevice]] | None]:
+        """Legacy mode's scheduler for ``pod``: kube-scheduler's node filters
+        (:func:`~tessera.scheduler.nodes.node_refusal`), then legacy mode's decision
+        (:func:`tessera.scheduler.legacy.decide`, the extender's) over the legacy nodes left
+        and the legacy pods booked so far. Returns the outcome and, when placed, the GPUs per
+        container (pod containers' order; the pod's HAMi records are written on it and its
+        booking kept). A pod asking for no HAMi GPU goes to the first node its filters leave."""
+        n_total = len(self.nodes)
+        if not self.legacy_nodes:
+            msg = (
+                f"0/{n_total} nodes are available: no node is in legacy mode (label "
+                f"{MODE_LABEL}={MODE_LEGACY}), the only nodes the scheduler {LEGACY_SCHEDULER} "
+                "places pods on; label a node so, or leave spec.schedulerName unset for DRA mode."
+            )
+            return _Outcome(None, msg, []), None
+        counts: dict[str, int] = {}
+        candidates = []
+        for ln in self.legacy_nodes:
+            node = self.nodes[self._node_index[ln.name]]
+            refusal = node_refusal(pod, node, self.taints.get(ln.name, ()))
+            if refusal is not None:
+                counts[refusal.reason] = counts.get(refusal.reason, 0) + 1
+            else:
+                candidates.append(ln)
+        decision = decide(
+            pod, candidates, self.legacy_booked, default_policy=self.policy, memo=self._legacy_memo
+        )
+        self.warnings.extend(decision.warnings)
+        if self.record_choices:
+            self.legacy_decisions[ref] = decision
+        if not decision.hami:
+            for node in self.nodes:
+                if node_refusal(pod, node, self.taints.get(node.name, ())) is None:
+                    return _Outcome(node.name, "", []), []
+        best = decision.best() if decision.hami else None
+        if best is not None and best.devices is not None:
+            devices = [list(c) for c in best.devices]
+            record = encode_pod_devices(devices)
+            uid = str(pod["metadata"]["uid"])
+            self.legacy_booked.append(Booking(ref, uid, best.node, devices, record))
+            md = pod["metadata"]
+            md["annotations"] = {
+                **(md.get("annotations") or {}),
+                VGPU_NODE: best.node,
+                DEVICES_ALLOCATED: record,
+            }
+            md["labels"] = {**(md.get("labels") or {}), VGPU_NODE: best.node}
+            return _Outcome(best.node, "", []), devices
+        for f in decision.nodes:
+            if not f.fits:
+                counts[f.reason] = counts.get(f.reason, 0) + 1
+        others = n_total - len(self.legacy_nodes)
+        if others:
+            counts[f"node(s) in DRA mode (label {MODE_LABEL} not {MODE_LEGACY})"] = others
+        parts = ", ".join(sorted(f"{v} {k}" for k, v in counts.items()))
+        return _Outcome(None, f"0/{n_total} nodes are available: {parts}.", []), None
+
+    def _legacy_placements(
+        self, pod: dict[str, Any], ref: str, node: str, devices: list[list[ContainerDevice]]
+    ) -> list[Placement]:
+        """One :class:`Placement` (``mode`` ``legacy``) per container and GPU of a legacy
+        decision: the device the node's register annotation publishes for the GPU's UUID."""
+        if self._legacy_devices is None:
+            self._legacy_devices = {}
+            for ln in self.legacy_nodes:
+                for sl in ln.slices:
+                    spec = sl.get("spec") or {}
+                    for d in spec.get("devices") or []:
+                        attrs = d.get("attributes") or {}
+                        u = (attrs.get("uuid") or {}).get("string")
+                        if u:
+                            model = (attrs.get("productName") or {}).get("string")
+                            did = f"{spec.get('driver')}/{spec['pool']['name']}/{d['name']}"
+                            self._legacy_devices[str(u)] = (did, model)
+        out = []
+        for ctr, devs in zip(pod_containers(pod), devices, strict=False):
+            for d in devs:
+                did, model = self._legacy_devices.get(d.uuid, (d.uuid, None))
+                out.append(
+                    Placement(
+                        pod=ref,
+                        container=ctr.name,
+                        claim="",
+                        request="",
+                        node=node,
+                        device=did,
+                        uuid=d.uuid,
+                        model=model,
+                        memory=Quantity.parse(f"{d.memory_mib}Mi").canonical(),
+                        cores=str(d.cores),
+                        share_id=None,
+                        mode=MODE_LEGACY,
+                    )
+                )
+        return out
 
     def _spec_facts(self, claims: Sequence[dict[str, Any]]) -> _SpecFacts:
         """What the claims' specs alone decide (:func:`_signature`, :meth:`missing_class`,
@@ -1210,4 +1411,10 @@ class Simulation:
         )
 
     def _gpu_usage(self) -> list[GPUUsage]:
-        return gpu_usage(self.index, self.state, {n.name for n in self.cluster.nodes})
+        """Per GPU its usage: DRA nodes' from the claims' allocations, then legacy nodes' from
+        legacy mode's bookings (:func:`tessera.scheduler.legacy.booked_state`)."""
+        out = gpu_usage(self.index, self.state, {n.name for n in self.cluster.nodes})
+        for ln in self.legacy_nodes:
+            state = booked_state(ln, self.legacy_booked)
+            out.extend(gpu_usage(SliceIndex(ln.slices), state, {ln.name}))
+        return out
