@@ -15,13 +15,14 @@ one deleted (or bound elsewhere) between the records' patch and the Binding.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,14 +109,33 @@ class Legacy:
         )
 
 
-@pytest.fixture
-def legacy(fresh_cluster: StartCluster, tmp_path: Path) -> Iterator[Legacy]:
-    nodes = [register_node("a10-node", A10), register_node("a5000-node", A5000)]
+@contextlib.contextmanager
+def start_legacy(
+    fresh_cluster: StartCluster,
+    tmp: Path,
+    nodes: Sequence[dict[str, Any]],
+    *,
+    dra_nodes: Sequence[SimNode] = (),
+    extender_args: Sequence[str] = (),
+    disable_dynamic_resources: bool = False,
+) -> Iterator[Legacy]:
+    """A fresh control plane with ``nodes`` (``v1`` Node dicts from
+    :func:`hami_register.register_node`: their labels, register annotation and ``nvidia.com/gpu``
+    capacity are set on the API objects) and ``dra_nodes`` (publishing their ResourceSlices; the
+    DeviceClass is kept only when there are some), the real kube-scheduler with
+    ``deploy/legacy/scheduler-config.yaml`` and a ``tessera extender --legacy`` process (with
+    ``extender_args``) beside it; both stopped afterwards. ``disable_dynamic_resources``: the
+    profile without the DynamicResources plugin, as the chart runs it with
+    ``legacy.scheduler.disableDynamicResources: true``."""
     live = fresh_cluster(
-        [SimNode(n["metadata"]["name"], n["metadata"]["labels"], [], "legacy") for n in nodes]
+        [
+            *(SimNode(n["metadata"]["name"], n["metadata"]["labels"], [], "legacy") for n in nodes),
+            *dra_nodes,
+        ]
     )
     client = live.client
-    client.delete("resource.k8s.io/v1", "DeviceClass", "gpu.tessera.dev")  # no DRA here
+    if not dra_nodes:
+        client.delete("resource.k8s.io/v1", "DeviceClass", "gpu.tessera.dev")  # no DRA here
     for n in nodes:
         name = n["metadata"]["name"]
         client.request(
@@ -137,16 +157,18 @@ def legacy(fresh_cluster: StartCluster, tmp_path: Path) -> Iterator[Legacy]:
             },
         )
     ext_port = _free_port()
-    port_file = tmp_path / "extender.port"
+    port_file = tmp / "extender.port"
     procs: list[subprocess.Popen[bytes]] = []
     cfg = yaml.safe_load(CONFIG.read_text())
     cfg["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{ext_port}"
     cfg["clientConnection"] = {"kubeconfig": str(live.kubeconfig)}
     cfg["leaderElection"] = {"leaderElect": False}
-    cfg_path = tmp_path / "scheduler-config.yaml"
+    if disable_dynamic_resources:
+        cfg["profiles"][0]["plugins"] = {"multiPoint": {"disabled": [{"name": "DynamicResources"}]}}
+    cfg_path = tmp / "scheduler-config.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     try:
-        with open(tmp_path / "extender.log", "ab") as log:
+        with open(tmp / "extender.log", "ab") as log:
             procs.append(
                 subprocess.Popen(
                     [
@@ -159,12 +181,13 @@ def legacy(fresh_cluster: StartCluster, tmp_path: Path) -> Iterator[Legacy]:
                         f"--port-file={port_file}",
                         f"--kubeconfig={live.kubeconfig}",
                         "-v",
+                        *extender_args,
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                 )
             )
-        with open(tmp_path / "kube-scheduler.log", "ab") as log:
+        with open(tmp / "kube-scheduler.log", "ab") as log:
             procs.append(
                 subprocess.Popen(
                     [
@@ -176,7 +199,7 @@ def legacy(fresh_cluster: StartCluster, tmp_path: Path) -> Iterator[Legacy]:
                     stderr=subprocess.STDOUT,
                 )
             )
-        h = Legacy(client, nodes, ext_port, tmp_path, live.kubeconfig)
+        h = Legacy(client, list(nodes), ext_port, tmp, live.kubeconfig)
 
         def ready() -> bool | None:
             try:
@@ -195,6 +218,13 @@ def legacy(fresh_cluster: StartCluster, tmp_path: Path) -> Iterator[Legacy]:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+@pytest.fixture
+def legacy(fresh_cluster: StartCluster, tmp_path: Path) -> Iterator[Legacy]:
+    nodes = [register_node("a10-node", A10), register_node("a5000-node", A5000)]
+    with start_legacy(fresh_cluster, tmp_path, nodes) as h:
+        yield h
 
 
 def _bound(h: Legacy, ns: str, name: str) -> dict[str, Any]:
