@@ -333,6 +333,20 @@ class LiveNode(LiveCluster):
 
 @pytest.fixture(scope="session")
 def kube_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveNode]:
+    with live_node(tmp_path_factory) as node:
+        yield node
+
+
+#: The fixture of a module that starts a real node of its own (:func:`live_node`), not the
+#: session's ``kube_node``: its tests run first, like ``host_restore`` tests.
+OWN_NODE_FIXTURES = ("no_resource_api_node",)
+
+
+@contextlib.contextmanager
+def live_node(tmp_path_factory: pytest.TempPathFactory, **up: Any) -> Iterator[LiveNode]:
+    """A control plane and this machine as a real node (``Cluster.up(kubelet=True)``, with
+    keyword arguments ``up`` of :meth:`Cluster.up`, e.g. ``resource_api=False``), stopped on
+    exit. Fails the test when the machine cannot be a node or the cluster does not start."""
     problems = node_prerequisites()
     if problems:
         pytest.fail(
@@ -348,6 +362,7 @@ def kube_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveNode]:
                 die_with_parent=True,
                 kubelet=True,
                 node_lock_wait=NODE_LOCK_WAIT,
+                **up,
             )
         except ClusterError as e:
             pytest.fail(f"tessera cluster up --kubelet failed: {e}")
@@ -396,6 +411,14 @@ def node_namespace(kube_node: LiveNode) -> Iterator[str]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``host_restore`` start and stop a node of their own: run them before
-    any test that starts the session's ``kube_node`` (which holds the machine's node)."""
-    items.sort(key=lambda item: 0 if item.get_closest_marker("host_restore") else 1)
+    """Tests marked ``host_restore``, and those of a module with a node of its own
+    (:data:`OWN_NODE_FIXTURES`), start and stop that node: run them before any test that
+    starts the session's ``kube_node`` (which holds the machine's node)."""
+    items.sort(
+        key=lambda item: (
+            0
+            if item.get_closest_marker("host_restore")
+            or set(OWN_NODE_FIXTURES) & set(getattr(item, "fixturenames", ()))
+            else 1
+        )
+    )

@@ -369,11 +369,10 @@ def test_helm_lint_legacy_and_both(tools: Tools) -> None:
 
 @pytest.fixture(scope="module")
 def no_dra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tools]:
-    """A control plane with nothing of Tessera's: no DeviceClass, no ResourceSlice, no node.
-
-    (A kube-apiserver v1.37.2 started with ``--runtime-config=resource.k8s.io/v1=false`` never
-    became ready under the local cluster's flags (its Node authorizer included), so the absence
-    of the API itself is checked on the rendering: no object of resource.k8s.io.)"""
+    """A control plane that does not serve resource.k8s.io at all (``resource_api=False``:
+    ``--runtime-config=resource.k8s.io/v1=false``, RBAC alone, kube-scheduler with DRA's gates
+    off; :data:`tessera.localcluster.cluster.NO_RESOURCE_API_RUNTIME_CONFIG`), with
+    nothing of Tessera's: no DeviceClass, no ResourceSlice, no node."""
     try:
         build.ensure_built()
     except build.BuildError as e:
@@ -382,7 +381,7 @@ def no_dra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tools]:
     cluster = Cluster(tmp / "cluster")
     try:
         try:
-            cluster.up(None, build_binaries=False, die_with_parent=True, device_classes=False)
+            cluster.up(None, build_binaries=False, die_with_parent=True, resource_api=False)
         except ClusterError as e:
             pytest.fail(f"tessera cluster up failed: {e}")
         yield Tools(helm_bin(), cluster.kubeconfig, tmp)
@@ -402,6 +401,8 @@ def test_legacy_release_applies_and_grants_the_access_tables(no_dra: Tools) -> N
     ``test_legacy_only_renders_nothing_of_dra``) is accepted by kube-apiserver v1.37.2 with
     server-side apply and stored; its RBAC then grants the device plugin and the legacy
     scheduler's pod each row of their tables, and denies the writes they do not make."""
+    groups = no_dra.kubectl("api-versions").stdout.split()
+    assert "apps/v1" in groups and not [g for g in groups if g.startswith("resource.k8s.io/")]
     ensure_namespace_kubectl(no_dra, NS)
     objs = render(no_dra, {"mode": "legacy"})
     path = no_dra.tmp / "legacy.yaml"

@@ -84,6 +84,41 @@ FEATURE_GATES: Mapping[str, bool] = {
     "DRADeviceBindingConditions": True,
 }
 RUNTIME_CONFIG = "resource.k8s.io/v1=true"
+#: ``up(resource_api=False)``: the API server serves no ``resource.k8s.io`` (as a cluster
+#: without DRA). Kubernetes 1.37 locks the ``DynamicResourceAllocation`` gate on, so its
+#: users of that API stay: the Node authorizer's graph watches ResourceSlices from the API
+#: server's own informers, which never sync against a group not served, and ``/readyz``
+#: then fails ``informer-sync`` forever (seen with ``--authorization-mode=Node,RBAC``). So
+#: that cluster authorizes with RBAC alone (kubelets through the ``system:node``
+#: ClusterRole, :data:`NODE_RBAC_BINDING`), and its kube-scheduler runs with
+#: :data:`NO_RESOURCE_API_SCHEDULER_FLAGS`.
+NO_RESOURCE_API_RUNTIME_CONFIG = "resource.k8s.io/v1=false"
+NO_RESOURCE_API_AUTHORIZATION = "RBAC"
+#: kube-scheduler builds its DRA manager (informers of ResourceClaims, ResourceSlices,
+#: DeviceClasses) whenever ``DynamicResourceAllocation`` is on, whatever the profile's
+#: plugins, and schedules nothing before every informer synced. 1.37 locks the gate on; at
+#: the emulated version 1.34 (the oldest a 1.37 binary emulates) it is GA but may be turned
+#: off, as on a 1.34 cluster run without DRA. The chart's legacy scheduler needs the same
+#: flags on such a cluster (``legacy.scheduler.extraArgs``).
+NO_RESOURCE_API_SCHEDULER_FLAGS = (
+    "--emulated-version=1.34",
+    # with the beta DRA gates that depend on it (on by default at 1.34)
+    "--feature-gates=DynamicResourceAllocation=false,DRAAdminAccess=false,"
+    "DRAPrioritizedList=false,DRASchedulerFilterTimeout=false",
+)
+NODE_RBAC_BINDING: Mapping[str, Any] = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "ClusterRoleBinding",
+    "metadata": {"name": "tessera-cluster:nodes"},
+    "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "system:node",
+    },
+    "subjects": [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}
+    ],
+}
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 #: The DeviceClass every Tessera claim names (one definition: tessera.api.deviceclass).
@@ -544,8 +579,16 @@ class Cluster:
         kubelet: bool = False,
         node_lock_wait: float = 0.0,
         device_classes: bool | None = None,
+        resource_api: bool = True,
     ) -> None:
         """Start a fresh control plane and register ``inventory``'s nodes and slices.
+
+        ``resource_api=False``: the API server serves no ``resource.k8s.io`` (a cluster
+        without DRA, for legacy mode): authorization is RBAC alone, kubelets bound to the
+        ``system:node`` ClusterRole (:data:`NO_RESOURCE_API_RUNTIME_CONFIG` says why), and
+        kube-scheduler emulates 1.34 with DRA's gates off
+        (:data:`NO_RESOURCE_API_SCHEDULER_FLAGS`). No DeviceClass is registered; an
+        inventory with ResourceSlices raises :class:`ClusterError`.
 
         ``device_classes``: register the DeviceClass ``gpu.tessera.dev`` (True) or not
         (False: e.g. for ``helm install`` of the chart, which creates its DeviceClasses and
@@ -579,6 +622,14 @@ class Cluster:
         """
         say = progress or (lambda _msg: None)
         inv = inventory or Inventory()
+        if not resource_api:
+            if inv.slices or device_classes:
+                raise ClusterError(
+                    "resource_api=False: this cluster serves no resource.k8s.io, so it takes no "
+                    "ResourceSlices and no DeviceClass: give an inventory without slices and "
+                    "device_classes=False (or None)"
+                )
+            device_classes = False
         if device_classes is None:
             device_classes = not (kubelet and not inv.nodes)
         running = self.running_components()
@@ -633,6 +684,7 @@ class Cluster:
                 extra_args,
                 scheduler_config,
                 device_classes,
+                resource_api,
             )
         except BaseException:
             with contextlib.suppress(ClusterError):
@@ -654,6 +706,7 @@ class Cluster:
         extra_args: Mapping[str, Sequence[str]] | None = None,
         scheduler_config: Mapping[str, Any] | None = None,
         device_classes: bool = True,
+        resource_api: bool = True,
     ) -> None:
         if kubelet:
             # Before anything can send a packet to the service or pod range: otherwise it
@@ -691,6 +744,7 @@ class Cluster:
                     extra_args,
                     scheduler_config,
                     kubelet,
+                    resource_api,
                 )
                 break
             except _PortTaken as e:
@@ -708,6 +762,8 @@ class Cluster:
             else "registering nodes and ResourceSlices (no DeviceClass)"
         )
         self._register(inv, node_capacity, timeout, device_classes)
+        if not resource_api:
+            self.client().apply(NODE_RBAC_BINDING, field_manager=FIELD_MANAGER)
         if kubelet:
             self._start_node(
                 state, pki, server, bins, paths, name, address, timeout, say, die_with_parent
@@ -724,6 +780,7 @@ class Cluster:
         extra_args: Mapping[str, Sequence[str]] | None,
         scheduler_config: Mapping[str, Any] | None,
         kubelet: bool = False,
+        resource_api: bool = True,
     ) -> tuple[dict[str, Any], str]:
         """etcd, kube-apiserver, kube-controller-manager, kube-scheduler on free loopback
         ports, each healthy before the next; returns the state (written to state.json) and
@@ -803,12 +860,14 @@ class Cluster:
                 f"--service-account-key-file={pki.sa_pub}",
                 f"--service-account-signing-key-file={pki.sa_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--authorization-mode=Node,RBAC",
+                "--authorization-mode="
+                + ("Node,RBAC" if resource_api else NO_RESOURCE_API_AUTHORIZATION),
                 f"--endpoint-reconciler-type={'lease' if kubelet else 'none'}",
                 "--allow-privileged=true",
                 "--profiling=false",
                 f"--feature-gates={gates}",
-                f"--runtime-config={RUNTIME_CONFIG}",
+                "--runtime-config="
+                + (RUNTIME_CONFIG if resource_api else NO_RESOURCE_API_RUNTIME_CONFIG),
             ],
             "kube-controller-manager": [
                 str(bins / "kube-controller-manager"),
@@ -849,7 +908,11 @@ class Cluster:
                 f"--client-ca-file={pki.ca.cert}",
                 "--leader-elect=false",
                 "--profiling=false",
-                f"--feature-gates={gates}",
+                *(
+                    (f"--feature-gates={gates}",)
+                    if resource_api
+                    else NO_RESOURCE_API_SCHEDULER_FLAGS
+                ),
             ],
         }
         if scheduler_config is not None:
