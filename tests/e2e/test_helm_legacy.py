@@ -18,9 +18,14 @@ import pytest
 import yaml
 
 from tessera.driver.access import DEVICE_PLUGIN_ACCESS
-from tessera.kube.access import LEGACY_EXTENDER_ACCESS, Access
+from tessera.kube.access import (
+    LEGACY_EXTENDER_ACCESS,
+    WEBHOOK_ACCESS,
+    WEBHOOK_LEGACY_ACCESS,
+    Access,
+)
 from tessera.localcluster import build
-from tessera.localcluster.cluster import Cluster, ClusterError
+from tessera.localcluster.cluster import NO_RESOURCE_API_SCHEDULER_FLAGS, Cluster, ClusterError
 
 from .helmkit import CHART, REPO, Tools, helm_bin
 
@@ -127,6 +132,35 @@ def test_legacy_extender_role_is_exactly_the_access_table(tools: Tools) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("mode", "table"),
+    [("dra", WEBHOOK_ACCESS), ("both", WEBHOOK_ACCESS), ("legacy", WEBHOOK_LEGACY_ACCESS)],
+)
+def test_webhook_role_is_exactly_its_modes_access_table(
+    tools: Tools, mode: str, table: tuple[Access, ...]
+) -> None:
+    """The webhook's identity grants exactly its mode's table: DRA mode's templates, slices,
+    classes and pods; in mode legacy (which reads and writes nothing) no role at all, so
+    nothing of resource.k8s.io."""
+    objs = render(tools, {"mode": mode})
+    sa = f"{RELEASE}-webhook"
+    roles = [o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"] == sa]
+    got = granted(roles[0]) if roles else set()
+    assert sorted(got ^ {a.row() for a in table}) == []
+    assert bound_roles(objs, sa) == ([("ClusterRoleBinding", "ClusterRole", sa)] if table else [])
+
+
+def test_legacy_scheduler_takes_extra_args(tools: Tools) -> None:
+    """legacy.scheduler.extraArgs follow the chart's own flags (a cluster without
+    resource.k8s.io: tessera.localcluster.cluster.NO_RESOURCE_API_SCHEDULER_FLAGS)."""
+    flags = list(NO_RESOURCE_API_SCHEDULER_FLAGS)
+    objs = render(tools, {"mode": "legacy", "legacy": {"scheduler": {"extraArgs": flags}}})
+    sched = one(objs, "Deployment", f"{RELEASE}-legacy-scheduler")["spec"]["template"]["spec"]
+    (ks,) = [c for c in sched["containers"] if c["name"] == "kube-scheduler"]
+    assert ks["command"][-len(flags) :] == flags
+    assert ks["command"][:2] == ["kube-scheduler", "--config=/etc/tessera/scheduler-config.yaml"]
+
+
 def test_legacy_only_renders_nothing_of_dra(tools: Tools) -> None:
     """mode legacy: no object of resource.k8s.io or admissionregistration's policies, no DRA
     node agent, no DRA extender, no uninstall hook (it deletes templates and classes); the
@@ -162,10 +196,18 @@ def test_legacy_only_renders_nothing_of_dra(tools: Tools) -> None:
 def test_scheduler_config_is_the_shipped_profile(tools: Tools) -> None:
     """The chart's KubeSchedulerConfiguration is deploy/legacy/scheduler-config.yaml's profile
     and extender, with leader election on its own Lease; the DynamicResources plugin is off
-    where only legacy mode is served (resource.k8s.io may be absent) and on in mode both."""
+    in both modes (HAMi pods carry no claims; in mode both gpu.tessera.dev's
+    extendedResourceName would have the plugin refuse legacy nodes: test_legacy_extender.py),
+    on again with disableDynamicResources: false."""
     shipped = yaml.safe_load(LEGACY_CONFIG.read_text())
-    for mode, disabled in (("legacy", True), ("both", False)):
-        objs = render(tools, {"mode": mode, "legacy": {"scheduler": {"extenderPort": 8899}}})
+    for mode, disabled, value in (
+        ("legacy", True, "auto"),
+        ("both", True, "auto"),
+        ("both", True, True),
+        ("both", False, False),
+    ):
+        scheduler = {"extenderPort": 8899, "disableDynamicResources": value}
+        objs = render(tools, {"mode": mode, "legacy": {"scheduler": scheduler}})
         cm = one(objs, "ConfigMap", f"{RELEASE}-legacy-scheduler")
         cfg = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
         assert cfg["leaderElection"] == {

@@ -1,5 +1,6 @@
-"""What an identity may do in the API server: :class:`Access`, one RBAC permission, and the
-table of legacy mode's scheduler extender, :data:`LEGACY_EXTENDER_ACCESS`.
+"""What an identity may do in the API server: :class:`Access`, one RBAC permission, the
+table of legacy mode's scheduler extender, :data:`LEGACY_EXTENDER_ACCESS`, and the webhook's,
+:data:`WEBHOOK_ACCESS` (DRA mode) and :data:`WEBHOOK_LEGACY_ACCESS` (legacy mode alone).
 
 Each component's table is every request it makes; the chart's ClusterRole for that component
 grants exactly its rows (``tests/e2e/test_helm_legacy.py`` renders the chart and compares).
@@ -22,6 +23,24 @@ row                                    used by
                                        Binding fails
 ``create pods/binding``                the Binding
 =====================================  ===========================================================
+
+``WEBHOOK_ACCESS`` (``tessera webhook --mode dra|both``, :mod:`tessera.cli.webhook`):
+
+=====================================  ===========================================================
+row                                    used by
+=====================================  ===========================================================
+``create``/``patch``/``list``/         the hashed ResourceClaimTemplates' life cycle
+``delete resourceclaimtemplates``      (:class:`tessera.webhook.templates.TemplateStore` creates
+                                       and stamps them, the ``Collector`` lists and deletes them)
+``list``/``watch resourceslices``      GPU memory sizes (the ResourceSlice informer)
+``list``/``watch deviceclasses``       who serves ``nvidia.com/gpu``; which other vendors' DRA
+                                       drivers are installed (the DeviceClass informer)
+``list pods``                          the collector: is a template still used?
+=====================================  ===========================================================
+
+``WEBHOOK_LEGACY_ACCESS`` (``tessera webhook --mode legacy``) is empty: it sets
+``spec.schedulerName`` from the admission request alone and reads nothing, so the chart binds
+the webhook's ServiceAccount to no role in ``mode: legacy``.
 """
 
 from __future__ import annotations
@@ -65,3 +84,21 @@ LEGACY_EXTENDER_ACCESS: tuple[Access, ...] = (
     Access("patch", "", "pods"),
     Access("create", "", "pods", "binding"),
 )
+
+
+#: Everything ``tessera webhook`` does in the API server in DRA mode (``--mode dra|both``; see
+#: the module doc); the chart's webhook ClusterRole grants exactly these rows.
+WEBHOOK_ACCESS: tuple[Access, ...] = (
+    Access("create", "resource.k8s.io", "resourceclaimtemplates"),
+    Access("patch", "resource.k8s.io", "resourceclaimtemplates"),
+    Access("list", "resource.k8s.io", "resourceclaimtemplates"),
+    Access("delete", "resource.k8s.io", "resourceclaimtemplates"),
+    Access("list", "resource.k8s.io", "resourceslices"),
+    Access("watch", "resource.k8s.io", "resourceslices"),
+    Access("list", "resource.k8s.io", "deviceclasses"),
+    Access("watch", "resource.k8s.io", "deviceclasses"),
+    Access("list", "", "pods"),
+)
+
+#: What ``tessera webhook --mode legacy`` does in the API server: nothing (the module doc).
+WEBHOOK_LEGACY_ACCESS: tuple[Access, ...] = ()
