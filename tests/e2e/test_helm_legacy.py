@@ -4,8 +4,9 @@ rendered where, the values it refuses) and applied, object by object with server
 to a real kube-apiserver v1.37.2 that does not serve ``resource.k8s.io`` at all (as on a
 cluster without DRA), whose RBAC then answers ``kubectl auth can-i`` for the identities.
 
-No ``helm install``: the chart's pods need the image (``test_install.py``); legacy mode's
-processes on a real node are the ``legacy`` tests' (``tests/e2e/test_legacy_*.py``).
+No ``helm install`` here: the chart's legacy-mode pods run on a real node without
+``resource.k8s.io`` in ``test_install_legacy.py``; legacy mode's processes alone are the
+``legacy`` tests' (``tests/e2e/test_legacy_*.py``).
 """
 
 from __future__ import annotations

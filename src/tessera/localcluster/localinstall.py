@@ -12,6 +12,9 @@ What ``make demo`` and the ``install`` e2e test share (one place for every decis
   kubelet's root dir, containerd's CDI spec dir, and state, library and device directories under
   the cluster's state dir (so ``tessera cluster down`` removes them with the node).
 * :func:`helm` runs the project's helm (``tools/helm/bin/helm``) against the cluster.
+* :func:`kube_scheduler_image` is legacy mode's second kube-scheduler without a registry: the
+  project's own static binary (``tools/kube/bin/kube-scheduler``) alone in an image named for
+  its version, which the chart's ``legacy.scheduler.image`` then names.
 
 The node must have been started with ``tessera cluster up --kubelet`` without Tessera's
 DeviceClasses (the chart owns them); the image is the one ``make image`` builds from
@@ -51,6 +54,12 @@ DEFAULT_INVENTORY = (
 DEFAULT_TOPOLOGY = EXAMPLES / "topologies" / "litgpt__tests_test_utils__topo-m.8xGPU-NV12-10nic.txt"
 #: The node label NVIDIA's GPU feature discovery sets; the chart's default affinity selects it.
 GPU_NODE_LABEL = ("nvidia.com/gpu.present", "true")
+#: Legacy mode's kube-scheduler image made here (:func:`kube_scheduler_image`): the repository
+#: (its tag is the binary's version, which is what the chart's ``legacy.scheduler.image.tag``
+#: defaults to: the API server's version) and where the binary is, as in
+#: ``registry.k8s.io/kube-scheduler`` (the chart runs ``kube-scheduler`` from ``PATH``).
+KUBE_SCHEDULER_REPOSITORY = f"{images.LOCAL_REGISTRY}/kube-scheduler"
+KUBE_SCHEDULER_PATH = "/usr/local/bin/kube-scheduler"
 
 
 class LocalInstallError(RuntimeError):
@@ -208,6 +217,36 @@ def kubectl(kubeconfig: Path, *args: str, timeout: float = 120) -> str:
     if r.returncode != 0:
         raise LocalInstallError(f"kubectl {' '.join(args)} failed: {r.stderr.strip()[-2000:]}")
     return r.stdout
+
+
+def kube_scheduler_image(node: NodeInfo) -> images.Image:
+    """``tessera.local/kube-scheduler:v<major>.<minor>.<patch>``: the project's kube-scheduler
+    (``tools/kube/bin``, built by ``make kube`` at ``tools/kube/go.mod``'s version; static, so
+    nothing else goes in: no shell, no libraries, as upstream's distroless image) at
+    :data:`KUBE_SCHEDULER_PATH`, imported into the node's containerd. The tag is the version
+    the binary reports (``kube-scheduler --version``). Raises :class:`LocalInstallError` when
+    the binary is missing, dynamically linked or reports no version."""
+    binary = build.binary("kube-scheduler")
+    if not binary.is_file():
+        raise LocalInstallError(f"{binary} is missing: build it with `make kube`")
+    if not images.is_static_elf(binary):
+        raise LocalInstallError(
+            f"{binary} is dynamically linked: the image holds the binary alone "
+            "(tools/kube/build.sh builds it with CGO_ENABLED=0)"
+        )
+    r = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False)
+    version = r.stdout.strip().removeprefix("Kubernetes ")
+    if r.returncode != 0 or not version.startswith("v"):
+        raise LocalInstallError(
+            f"{binary} --version said {(r.stdout + r.stderr).strip()!r}, not 'Kubernetes vX.Y.Z'"
+        )
+    return node.build_image(
+        KUBE_SCHEDULER_REPOSITORY.removeprefix(f"{images.LOCAL_REGISTRY}/"),
+        {KUBE_SCHEDULER_PATH: images.ImageFile(source=binary, mode=0o755)},
+        tag=version,
+        busybox=False,
+        entrypoint=[KUBE_SCHEDULER_PATH],
+    )
 
 
 def chart_dir() -> Path:
