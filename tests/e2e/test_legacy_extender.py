@@ -30,7 +30,6 @@ import pytest
 import yaml
 
 from hami_register import A10, A5000, register_node
-from tessera.api.deviceclass import device_class
 from tessera.convert.hami import (
     DEVICES_ALLOCATED,
     DEVICES_TO_ALLOCATE,
@@ -118,16 +117,16 @@ def start_legacy(
     *,
     dra_nodes: Sequence[SimNode] = (),
     extender_args: Sequence[str] = (),
-    disable_dynamic_resources: bool = False,
+    dynamic_resources: bool = False,
 ) -> Iterator[Legacy]:
     """A fresh control plane with ``nodes`` (``v1`` Node dicts from
     :func:`hami_register.register_node`: their labels, register annotation and ``nvidia.com/gpu``
     capacity are set on the API objects) and ``dra_nodes`` (publishing their ResourceSlices; the
     DeviceClass is kept only when there are some), the real kube-scheduler with
     ``deploy/legacy/scheduler-config.yaml`` and a ``tessera extender --legacy`` process (with
-    ``extender_args``) beside it; both stopped afterwards. ``disable_dynamic_resources``: the
-    profile without the DynamicResources plugin, as the chart runs it with
-    ``legacy.scheduler.disableDynamicResources: true``."""
+    ``extender_args``) beside it; both stopped afterwards. ``dynamic_resources``: the
+    profile with the DynamicResources plugin on again (the chart's
+    ``legacy.scheduler.disableDynamicResources: false``; the shipped profile disables it)."""
     live = fresh_cluster(
         [
             *(SimNode(n["metadata"]["name"], n["metadata"]["labels"], [], "legacy") for n in nodes),
@@ -164,8 +163,8 @@ def start_legacy(
     cfg["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{ext_port}"
     cfg["clientConnection"] = {"kubeconfig": str(live.kubeconfig)}
     cfg["leaderElection"] = {"leaderElect": False}
-    if disable_dynamic_resources:
-        cfg["profiles"][0]["plugins"] = {"multiPoint": {"disabled": [{"name": "DynamicResources"}]}}
+    if dynamic_resources:
+        del cfg["profiles"][0]["plugins"]
     cfg_path = tmp / "scheduler-config.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     try:
@@ -438,58 +437,3 @@ def kube_namespace_legacy(legacy: Legacy) -> Iterator[str]:
 
     with temp_namespace(legacy.client) as name:
         yield name
-
-
-def _refusal(h: Legacy, ns: str, name: str) -> str | None:
-    p = h.client.get("v1", "Pod", name, ns)
-    for c in (p.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("message"):
-            return str(c["message"])
-    return None
-
-
-def test_a_class_serving_nvidia_gpu_has_the_dra_plugin_refuse_legacy_nodes(
-    legacy: Legacy, kube_namespace_legacy: str
-) -> None:
-    """KEP-5004 beside legacy mode (the chart's ``mode: both``): with the DeviceClass
-    ``gpu.tessera.dev`` and its ``extendedResourceName: nvidia.com/gpu``, kube-scheduler's
-    DynamicResources plugin (on in the shipped profile) makes a HAMi pod's extended resources a
-    DRA request, and refuses each node whose allocatable lacks one of them that no class
-    serves: ``nvidia.com/gpumem``, which no node offers (the extender's ``ignoredByScheduler``
-    does not reach that plugin), although both offer ``nvidia.com/gpu``. The profile as the
-    chart renders it in every mode (the plugin disabled) binds the same pod through the
-    extender."""
-    h, ns = legacy, kube_namespace_legacy
-    h.client.apply(device_class(), field_manager="tessera-e2e")
-    pod = _corpus_pod("HAMi__examples_nvidia__default_use.yaml", 0, "mapped")
-    h.client.create({**pod, "metadata": {**pod["metadata"], "namespace": ns}})
-    for n in h.nodes:
-        alloc = h.client.get("v1", "Node", n["metadata"]["name"])["status"]["allocatable"]
-        assert int(alloc["nvidia.com/gpu"]) > 0 and "nvidia.com/gpumem" not in alloc
-    msg = wait_for(
-        lambda: _refusal(h, ns, "mapped"), timeout=90, what="pod mapped refused", last=h.logs
-    )
-    assert f"{len(h.nodes)} cannot fit resource" in msg, msg
-    assert not h.client.get("v1", "Pod", "mapped", ns)["spec"].get("nodeName")
-
-    # The chart's legacy profile: DynamicResources disabled (legacy.scheduler.
-    # disableDynamicResources: auto), the rest as shipped.
-    cfg = yaml.safe_load(CONFIG.read_text())
-    cfg["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{h.ext_port}"
-    cfg["clientConnection"] = {"kubeconfig": str(h.kubeconfig)}
-    cfg["leaderElection"] = {"leaderElect": False}
-    cfg["profiles"][0]["plugins"] = {"multiPoint": {"disabled": [{"name": "DynamicResources"}]}}
-    cfg_path = h.tmp / "chart-scheduler-config.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    with open(h.tmp / "kube-scheduler-chart.log", "ab") as log:
-        chart = subprocess.Popen(
-            [str(build.bin_dir() / "kube-scheduler"), f"--config={cfg_path}", "--secure-port=0"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        bound = _bound(h, ns, "mapped")
-        assert bound["metadata"]["annotations"][VGPU_NODE] == bound["spec"]["nodeName"]
-    finally:
-        chart.terminate()
-        chart.wait(10)

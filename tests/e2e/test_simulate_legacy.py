@@ -286,7 +286,6 @@ def test_mixed_cluster_dra_and_legacy_pods_as_simulate_predicts(
             tmp_path,
             nodes,
             dra_nodes=dra,
-            disable_dynamic_resources=True,
             extender_args=[f"--default-node-policy={POLICY}"],
         ) as h,
         temp_namespace(h.client) as dra_ns,
@@ -354,14 +353,14 @@ def test_mixed_cluster_dra_and_legacy_pods_as_simulate_predicts(
 def test_legacy_profile_with_dynamic_resources_beside_dra_refuses_hami_pods(
     fresh_cluster: StartCluster, tmp_path: Path
 ) -> None:
-    """Why the mixed case runs the legacy profile without the DynamicResources plugin: with
+    """Why the shipped legacy profile (and the chart's) disables the DynamicResources plugin: with
     Tessera's DeviceClass present (it serves nvidia.com/gpu), the plugin refuses the legacy
     nodes for the HAMi requests no DeviceClass serves and no node advertises (gpumem, gpucores)
     before the extender is asked, though legacy mode's decision (simulate's) places the pod."""
     nodes = [legacy_mode_node("a5000-node", A5000)]
     dra = [corpus_node("a10-node", A10)]
     with (
-        start_legacy(fresh_cluster, tmp_path, nodes, dra_nodes=dra) as h,
+        start_legacy(fresh_cluster, tmp_path, nodes, dra_nodes=dra, dynamic_resources=True) as h,
         temp_namespace(h.client) as ns,
     ):
         pod = corpus_pod(DEFAULT, 0, "gpumem", ns, "a5000-node")
