@@ -45,6 +45,7 @@ from tessera.convert.hami import (  # noqa: E402
     encode_pod_devices,
 )
 from tessera.deviceplugin.plugin import DevicePlugin, DevicePluginConfig  # noqa: E402
+from tessera.driver.guard import MODE_LABEL, MODE_LEGACY  # noqa: E402
 from tessera.driver.kubelet import deviceplugin_stubs  # noqa: E402
 from tessera.enforcement import library_path  # noqa: E402
 from tessera.inventory import load_inventory  # noqa: E402
@@ -77,7 +78,7 @@ def main() -> None:
         cluster.up(Inventory(), build_binaries=False, die_with_parent=True)
         client = cluster.client()
         inv = Inventory()
-        inv.add_node(node)
+        inv.add_node(node, labels={MODE_LABEL: MODE_LEGACY})  # the guard's legacy mode
         register_inventory(client, inv)
         client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
         rng = random.Random(args.seed)
