@@ -69,17 +69,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
 from tessera.enforcement.library import LibraryError, library_formats
 from tessera.inventory.errors import SliceBuildError
+from tessera.kube.access import denied_access
 from tessera.kube.client import ApiError, KubeClient
 
 from . import backend as backends
 from . import guard
-from .access import NODE_AGENT_ACCESS, Access
+from .access import NODE_AGENT_ACCESS
 from .checkpoint import Checkpoint, CheckpointError, ClaimState
 from .claims import ClaimPreparer, ClaimStatusWriter
 from .context import (
@@ -448,18 +448,10 @@ class NodeDriver:
         A denied required row refuses the start, naming every denied one; a denied optional
         row (the claim status) is logged."""
         rows = [replace(a, name=self.cfg.driver) if a.name else a for a in NODE_AGENT_ACCESS]
-
-        def ask(a: Access) -> bool:
-            return self.client.allowed(
-                a.verb, a.resource, group=a.group, subresource=a.subresource, name=a.name
-            )[0]
-
         try:
-            with ThreadPoolExecutor(len(rows)) as pool:
-                answers = list(pool.map(ask, rows))
+            denied = denied_access(self.client, rows)
         except ApiError as e:
             raise DriverStartError(f"API server {self.client.server}: {e}") from e
-        denied = [a for a, ok in zip(rows, answers, strict=True) if not ok]
         refused = [a.describe() for a in denied if a.required]
         if refused:
             raise DriverStartError(

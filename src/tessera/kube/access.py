@@ -1,6 +1,7 @@
-"""What an identity may do in the API server: :class:`Access`, one RBAC permission, the
-table of legacy mode's scheduler extender, :data:`LEGACY_EXTENDER_ACCESS`, and the webhook's,
-:data:`WEBHOOK_ACCESS` (DRA mode) and :data:`WEBHOOK_LEGACY_ACCESS` (legacy mode alone).
+"""What an identity may do in the API server: :class:`Access`, one RBAC permission;
+:func:`denied_access`, the rows of a table the API server denies (the node agents' start-up
+check); the table of legacy mode's scheduler extender, :data:`LEGACY_EXTENDER_ACCESS`, and the
+webhook's, :data:`WEBHOOK_ACCESS` (DRA mode) and :data:`WEBHOOK_LEGACY_ACCESS` (legacy mode alone).
 
 Each component's table is every request it makes; the chart's ClusterRole for that component
 grants exactly its rows (``tests/e2e/test_helm_legacy.py`` renders the chart and compares).
@@ -45,7 +46,13 @@ the webhook's ServiceAccount to no role in ``mode: legacy``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tessera.kube.client import KubeClient
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,24 @@ class Access:
     def row(self) -> tuple[str, str, str, str, str]:
         """``(verb, group, resource, subresource, name)``: the row as an RBAC rule grants it."""
         return (self.verb, self.group, self.resource, self.subresource, self.name)
+
+
+def denied_access(client: KubeClient, rows: Sequence[Access]) -> list[Access]:
+    """The rows of ``rows`` the API server denies ``client``'s identity, in ``rows``' order:
+    one SelfSubjectAccessReview per row (``resourceNames`` as the row's ``name``), all asked at
+    once. Every authenticated identity may ask (``system:basic-user``). Raises
+    :class:`~tessera.kube.client.ApiError` when the server does not answer."""
+    if not rows:
+        return []
+
+    def ask(a: Access) -> bool:
+        return client.allowed(
+            a.verb, a.resource, group=a.group, subresource=a.subresource, name=a.name
+        )[0]
+
+    with ThreadPoolExecutor(len(rows)) as pool:
+        answers = list(pool.map(ask, rows))
+    return [a for a, ok in zip(rows, answers, strict=True) if not ok]
 
 
 #: Everything ``tessera extender --legacy`` does in the API server (see the module doc).

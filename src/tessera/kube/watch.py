@@ -4,7 +4,8 @@
 background thread: ``ADDED``/``MODIFIED`` replace an object, ``DELETED`` removes it,
 ``BOOKMARK`` advances the version; a ``410 Gone`` (the version is too old) or any error starts
 over with a fresh list after a short back-off. Readers take :meth:`Informer.items` (a snapshot)
-and :attr:`Informer.generation` (bumped on every change), so derived views can be cached.
+and :attr:`Informer.generation` (bumped on every change), so derived views can be cached;
+:meth:`Informer.snapshot` gives the objects with the ``resourceVersion`` they are current at.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def object_key(obj: Obj) -> tuple[str, str]:
 
 class Informer:
     """Keeps every object of ``kind`` in ``api_version`` (optionally in one ``namespace``, or
-    matching ``label_selector``) up to date.
+    matching ``label_selector`` and ``field_selector``, the API's ``labelSelector`` and
+    ``fieldSelector``, e.g. ``spec.nodeName=<node>`` for the pods of one node) up to date.
 
     ``on_change`` (optional) is called in the watch thread after every change, with the event
     type and the object. :meth:`start` returns at once; :meth:`wait_synced` waits for the first
@@ -44,6 +46,7 @@ class Informer:
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
+        field_selector: str | None = None,
         on_change: Callable[[str, Obj], None] | None = None,
         watch_timeout: int = 300,
     ) -> None:
@@ -52,6 +55,7 @@ class Informer:
         self.kind = kind
         self.namespace = namespace
         self.label_selector = label_selector
+        self.field_selector = field_selector
         self.on_change = on_change
         self.watch_timeout = watch_timeout
         self.generation = 0
@@ -67,6 +71,13 @@ class Informer:
         """A snapshot of the objects (the dicts themselves are shared: do not mutate them)."""
         with self._lock:
             return list(self._objects.values())
+
+    def snapshot(self) -> tuple[list[Obj], str]:
+        """The objects (as :meth:`items`) and the ``resourceVersion`` the cache is current at,
+        read together: every change up to that version is in the objects, none after it (the
+        watch delivers events in ``resourceVersion`` order). ``""`` before the first list."""
+        with self._lock:
+            return list(self._objects.values()), self.resource_version
 
     def get(self, namespace: str, name: str) -> Obj | None:
         with self._lock:
@@ -109,6 +120,8 @@ class Informer:
         q: dict[str, str] = {}
         if self.label_selector:
             q["labelSelector"] = self.label_selector
+        if self.field_selector:
+            q["fieldSelector"] = self.field_selector
         return q
 
     def _list(self) -> None:
@@ -173,6 +186,20 @@ class Informer:
             self.generation += 1
         if self.on_change is not None:
             self.on_change(etype, obj)
+
+
+def version_number(resource_version: str) -> int | None:
+    """``resource_version`` as the number the API server's versions of one resource are
+    ordered by (KEP-5504 "Comparable Resource Version", GA in Kubernetes 1.35; every etcd-backed
+    API server writes them so): a positive integer without leading zeros. ``None`` for anything
+    else (an aggregated API's own versions, ``""``, ``"0"``): such versions compare only as
+    equal or not."""
+    if (
+        not (resource_version.isascii() and resource_version.isdigit())
+        or resource_version[0] == "0"
+    ):
+        return None
+    return int(resource_version)
 
 
 def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
