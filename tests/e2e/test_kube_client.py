@@ -1,5 +1,6 @@
 """The REST client against the real API server: GETs share kept-alive connections, writes
-never do, and a kept connection the server closed is replaced without the caller seeing it."""
+do only when their caller asks (``kept=True``) and then only on a connection still open, and a
+kept connection the server closed is replaced without the caller seeing it."""
 
 from __future__ import annotations
 
@@ -69,3 +70,32 @@ def test_a_kept_connection_closed_under_it_is_replaced(
     assert len(connects) == 2
     client.close()
     assert client._idle == []
+
+
+def test_a_kept_write_takes_an_open_kept_connection_and_never_a_closed_one(
+    kube_cluster: LiveCluster, connects: list[int]
+) -> None:
+    client = KubeClient.from_kubeconfig(kube_cluster.kubeconfig)
+    path = "/api/v1/namespaces/default/configmaps"
+    cm: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "kept-write", "namespace": "default"},
+        "data": {"a": "1"},
+    }
+    client.get("v1", "Namespace", "default")
+    assert len(connects) == 1
+    try:
+        client.request("POST", path, body=cm, kept=True)
+        assert len(connects) == 1  # the GET's connection
+        [kept] = client._idle
+        assert kept.sock is not None
+        kept.sock.shutdown(socket.SHUT_RDWR)  # as the server closing it idle leaves it
+        second = {**cm, "metadata": {**cm["metadata"], "name": "kept-write-2"}}
+        client.request("POST", path, body=second, kept=True)
+        assert len(connects) == 2  # not on the closed one: a new connection, sent once
+        assert client.get("v1", "ConfigMap", "kept-write-2", "default")["data"] == {"a": "1"}
+    finally:
+        client.delete("v1", "ConfigMap", "kept-write", "default")
+        client.delete("v1", "ConfigMap", "kept-write-2", "default")
+        client.close()

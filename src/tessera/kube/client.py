@@ -24,6 +24,7 @@ import binascii
 import http.client
 import json
 import os
+import select
 import ssl
 import threading
 import urllib.parse
@@ -111,7 +112,10 @@ class KubeClient:
     Thread-safe. A GET or HEAD reuses an idle kept-alive connection of an earlier request
     (at most :attr:`MAX_IDLE` are kept) and, when that connection turns out closed by the
     server (any failure but a timeout), is sent once more on a new one; every other verb opens its own connection, so a
-    write is never sent twice. ``timeout`` is per request, seconds.
+    write is never sent twice. A write whose caller waits on it (``request(..., kept=True)``)
+    takes a kept connection the server has not closed (nothing to read on its socket: the
+    server sends nothing unasked but the end of the connection), and is still sent once: a
+    failure is its error. ``timeout`` is per request, seconds.
     """
 
     #: Idle connections kept for reuse (one TLS handshake saved per GET).
@@ -253,11 +257,14 @@ class KubeClient:
         query: Mapping[str, str] | None = None,
         what: str | None = None,
         timeout: float | None = None,
+        kept: bool = False,
     ) -> Any:
         """Send one request; return the decoded JSON reply (or text for non-JSON replies).
 
-        ``path`` is the URL path below the server (``/api/v1/nodes``). Raises
-        :class:`ApiError` for HTTP status >= 400 or when the server cannot be reached.
+        ``path`` is the URL path below the server (``/api/v1/nodes``); ``kept``: a write goes
+        on a kept connection the server has not closed, when there is one (the class doc; a
+        GET or HEAD always does). Raises :class:`ApiError` for HTTP status >= 400 or when the
+        server cannot be reached.
         """
         url = self._prefix + path
         if query:
@@ -278,7 +285,8 @@ class KubeClient:
         if data is not None:
             headers["Content-Type"] = content_type
         seconds = timeout or self.timeout
-        conn = self._kept(seconds) if verb in self.REUSE_VERBS else None
+        replayable = verb in self.REUSE_VERBS
+        conn = self._kept(seconds, open_only=not replayable) if replayable or kept else None
         while True:
             reused = conn is not None
             if conn is None:
@@ -292,7 +300,7 @@ class KubeClient:
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
                 conn = None
-                if reused and not isinstance(e, TimeoutError):
+                if reused and replayable and not isinstance(e, TimeoutError):
                     continue  # closed by the server while idle: once more, on a new connection
                 raise ApiError(verb, what or path, 0, "Unreachable", f"{self.server}: {e}") from e
             self._keep(conn, resp)
@@ -314,12 +322,19 @@ class KubeClient:
             raise ApiError(verb, what or path, resp.status, resp.reason, text.strip()[:2000])
         return payload
 
-    def _kept(self, timeout: float) -> http.client.HTTPSConnection | None:
-        """An idle kept connection (its timeout set to ``timeout`` seconds), or None."""
-        with self._idle_lock:
-            if self._idle_pid != os.getpid():  # a forked child: the parent's TLS state is not its
-                self._idle, self._idle_pid = [], os.getpid()
-            conn = self._idle.pop() if self._idle else None
+    def _kept(
+        self, timeout: float, *, open_only: bool = False
+    ) -> http.client.HTTPSConnection | None:
+        """An idle kept connection (its timeout set to ``timeout`` seconds), or None;
+        ``open_only``: one the server has not closed (others are closed and dropped)."""
+        while True:
+            with self._idle_lock:
+                if self._idle_pid != os.getpid():  # a forked child: not its TLS state
+                    self._idle, self._idle_pid = [], os.getpid()
+                conn = self._idle.pop() if self._idle else None
+            if conn is None or not open_only or not _closed_by_peer(conn):
+                break
+            conn.close()
         if conn is not None:
             conn.timeout = timeout
             if conn.sock is not None:
@@ -745,6 +760,17 @@ class KubeClient:
     def raw_get(self, path: str, *, timeout: float | None = None) -> Any:
         """GET an arbitrary path (``/readyz``, ``/version``); JSON decoded or text."""
         return self.request("GET", path, timeout=timeout)
+
+
+def _closed_by_peer(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle kept connection has something to read: the server closed it (an idle
+    HTTP/1.1 connection gets nothing else), or it is in a state no request should be sent in."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
 
 
 def load_cert_chain_data(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
