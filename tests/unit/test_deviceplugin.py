@@ -30,12 +30,13 @@ from tessera.deviceplugin.allocate import (
     claim_meta_path,
     lock_holder,
     next_entry,
+    node_devices,
     plan_allocation,
     pod_of_uid,
 )
 from tessera.deviceplugin.register import register_value, slots
 from tessera.driver.backend import LIBRARY
-from tessera.driver.prepare import Layout, materialize
+from tessera.driver.prepare import Layout, NodeDevice, materialize
 from tessera.driver.publish import GpuRecord
 from tessera.enforcement.limits import parse_limits
 from tessera.inventory import load_inventory
@@ -52,6 +53,12 @@ H100 = "inventories/gpud__nvidia-query_testdata__nvidia-smi-q.535.161.08.8xH100-
 @pytest.fixture
 def records(corpus: Path) -> list[GpuRecord]:
     return [GpuRecord(g, g.index) for g in load_inventory(corpus / H100)]
+
+
+@pytest.fixture
+def devices(records: list[GpuRecord]) -> dict[str, NodeDevice]:
+    """The node's GPUs as the plugin hands them to prepare (one per whole GPU)."""
+    return node_devices(NODE, "gpu.tessera.dev", records)
 
 
 @pytest.fixture
@@ -187,7 +194,7 @@ def test_a_device_count_other_than_the_kubelets_is_refused(
 
 
 def test_a_share_gets_the_dra_share_files(
-    corpus: Path, records: list[GpuRecord], layout: Layout
+    corpus: Path, records: list[GpuRecord], devices: dict[str, NodeDevice], layout: Layout
 ) -> None:
     gpu = records[5].gpu
     pod = hami_pod(
@@ -195,7 +202,7 @@ def test_a_share_gets_the_dra_share_files(
         "HAMi__examples_nvidia__default_use.yaml",
         [[ContainerDevice(gpu.uuid, "NVIDIA", 3000, 30)]],
     )
-    plan = plan_allocation(next_entry(pod, 1), NODE, records, LIBRARY, layout)
+    plan = plan_allocation(next_entry(pod, 1), NODE, devices, LIBRARY, layout)
     assert plan.ref.uid == "0000-gpu-pod-0"
     assert plan.limits_text is not None
     [limit] = parse_limits(plan.limits_text).gpus
@@ -213,7 +220,7 @@ def test_a_share_gets_the_dra_share_files(
 
 
 def test_the_monitor_reads_who_uses_a_share(
-    corpus: Path, records: list[GpuRecord], layout: Layout
+    corpus: Path, records: list[GpuRecord], devices: dict[str, NodeDevice], layout: Layout
 ) -> None:
     """No ResourceClaim names a legacy share's pod: claim.json does, in the monitor's form."""
     gpu = records[5].gpu
@@ -223,8 +230,8 @@ def test_the_monitor_reads_who_uses_a_share(
         [[ContainerDevice(gpu.uuid, "NVIDIA", 3000, 30)]],
     )
     pending = next_entry(pod, 1)
-    plan = plan_allocation(pending, NODE, records, LIBRARY, layout)
-    doc = claim_meta(pending, plan, NODE, records, layout)
+    plan = plan_allocation(pending, NODE, devices, LIBRARY, layout)
+    doc = claim_meta(pending, plan, NODE, devices, layout)
     assert doc is not None
     meta = parse_claim_json(json.dumps(doc), claim_meta_path(plan, layout), "")
     [ref] = meta.pods
@@ -246,12 +253,12 @@ def test_the_monitor_reads_who_uses_a_share(
         ),
         1,
     )
-    whole_plan = plan_allocation(whole, NODE, records, LIBRARY, layout)
-    assert claim_meta(whole, whole_plan, NODE, records, layout) is None  # no claim directory
+    whole_plan = plan_allocation(whole, NODE, devices, LIBRARY, layout)
+    assert claim_meta(whole, whole_plan, NODE, devices, layout) is None  # no claim directory
 
 
 def test_a_whole_gpu_gets_no_limits_and_bad_entries_name_the_pod(
-    corpus: Path, records: list[GpuRecord], layout: Layout
+    corpus: Path, records: list[GpuRecord], devices: dict[str, NodeDevice], layout: Layout
 ) -> None:
     gpu = records[0].gpu
     full = (gpu.usable_memory_bytes or 0) // MIB
@@ -260,7 +267,7 @@ def test_a_whole_gpu_gets_no_limits_and_bad_entries_name_the_pod(
         "HAMi__examples_nvidia__use_exclusive_card.yaml",
         [[ContainerDevice(gpu.uuid, "NVIDIA", full, 100)]],
     )
-    plan = plan_allocation(next_entry(whole, 1), NODE, records, LIBRARY, layout)
+    plan = plan_allocation(next_entry(whole, 1), NODE, devices, LIBRARY, layout)
     assert plan.limits_text is None
     assert f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}" in plan.cdi_spec["containerEdits"]["env"]
     too_much = hami_pod(
@@ -272,7 +279,7 @@ def test_a_whole_gpu_gets_no_limits_and_bad_entries_name_the_pod(
         AllocateError,
         match=rf"pod ns/gpu-pod: .*entry 0 cannot be prepared .*consumedCapacity.memory.*outside 1\.\.{full * MIB}",
     ):
-        plan_allocation(next_entry(too_much, 1), NODE, records, LIBRARY, layout)
+        plan_allocation(next_entry(too_much, 1), NODE, devices, LIBRARY, layout)
     stranger = hami_pod(
         corpus,
         "HAMi__examples_nvidia__default_use.yaml",
@@ -282,7 +289,7 @@ def test_a_whole_gpu_gets_no_limits_and_bad_entries_name_the_pod(
         AllocateError,
         match="names GPU GPU-00000000-0000-0000-0000-000000000000, which is not a GPU of node n1",
     ):
-        plan_allocation(next_entry(stranger, 1), NODE, records, LIBRARY, layout)
+        plan_allocation(next_entry(stranger, 1), NODE, devices, LIBRARY, layout)
 
 
 def test_the_register_annotation_reads_back_as_the_gpus(records: list[GpuRecord]) -> None:

@@ -214,7 +214,9 @@ def node_devices(node: str, driver: str, records: Sequence[GpuRecord]) -> dict[s
     (:func:`~tessera.driver.publish.desired_slices` read back by
     :func:`tessera.driver.prepare.node_devices`): ``gpu-<index>``, shareable, with their usable
     memory (what ``devmem`` advertises, :func:`.register.register_value`). MIG devices are left
-    out (legacy mode hands out whole GPUs' shares)."""
+    out (legacy mode hands out whole GPUs' shares). The devices hold ``records`` themselves, so
+    a GPU's health as :class:`~tessera.driver.publish.GpuRecord` has it now is what prepare
+    sees: the result stays right while the same records are rescanned."""
     slices = desired_slices(node, driver, list(records), LIBRARY, 1, time.time(), 0)
     return {
         name: d
@@ -268,15 +270,15 @@ def allocation(
 
 
 def plan_allocation(
-    pending: Pending, node: str, records: Sequence[GpuRecord], backend: str, layout: Layout
+    pending: Pending, node: str, devices: Mapping[str, NodeDevice], backend: str, layout: Layout
 ) -> ClaimPlan:
     """The files and CDI devices of the entry (module doc, step 3): the node driver's plan for
-    :func:`allocation`. Raises :class:`AllocateError` naming the pod, the annotation and the
-    entry (prepare's own reason appended) when the entry cannot be prepared (memory above the
-    GPU's, cores above 100, a lost GPU)."""
+    :func:`allocation` over ``devices`` (the node's, :func:`node_devices`). Raises
+    :class:`AllocateError` naming the pod, the annotation and the entry (prepare's own reason
+    appended) when the entry cannot be prepared (memory above the GPU's, cores above 100, a
+    lost GPU)."""
     meta = pending.pod.get("metadata") or {}
     ref = ClaimRef(str(meta.get("namespace", "")), str(meta.get("name", "")), pending.uid)
-    devices = node_devices(node, layout.driver, records)
     claim = allocation(pending, node, layout.driver, devices)
     try:
         return plan_claim(claim, ref, node, devices, backend, layout)
@@ -289,7 +291,11 @@ def plan_allocation(
 
 
 def claim_meta(
-    pending: Pending, plan: ClaimPlan, node: str, records: Sequence[GpuRecord], layout: Layout
+    pending: Pending,
+    plan: ClaimPlan,
+    node: str,
+    devices: Mapping[str, NodeDevice],
+    layout: Layout,
 ) -> dict[str, Any] | None:
     """The claim directory's ``claim.json`` for the entry (module doc, step 4), version 1::
 
@@ -298,13 +304,14 @@ def claim_meta(
          "pods": [{"namespace": ..., "name": "<pod>", "uid": "<pod UID>",
                    "containers": ["<container>"]}]}
 
-    ``devices`` names each GPU of the entry as :func:`node_devices` does (``gpu-<index>``);
+    ``devices`` names each GPU of the entry as ``devices`` (the node's, :func:`node_devices`)
+    does (``gpu-<index>``);
     ``containers`` is empty when the pod has fewer containers than entries. ``None`` when the
     plan has no claim directory (a whole GPU: no limits file, no region)."""
     if plan.limits_text is None:
         return None
     meta = pending.pod.get("metadata") or {}
-    names = {d.record.gpu.uuid: n for n, d in node_devices(node, layout.driver, records).items()}
+    names = {d.record.gpu.uuid: n for n, d in devices.items()}
     return {
         "version": 1,
         "uid": plan.ref.uid,

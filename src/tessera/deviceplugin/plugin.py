@@ -3,13 +3,18 @@
 What it does, in order (:meth:`DevicePlugin.start`):
 
 1. discovers the node's GPUs with the node driver's NVML discovery
-   (:func:`tessera.driver.discovery.discover_nvml`) and their health (:func:`~tessera.driver.discovery.probe`),
-   and runs the start-up guard in legacy mode (:meth:`DevicePlugin.check_node`: the Node
+   (:func:`tessera.driver.discovery.discover_nvml`) and their health (:func:`~tessera.driver.discovery.probe`);
+2. asks the API server whether this identity may do all it does
+   (:data:`tessera.driver.access.DEVICE_PLUGIN_ACCESS`, :meth:`DevicePlugin.check_access`: one
+   line naming every denied row, before anything is written);
+3. runs the start-up guard in legacy mode (:meth:`DevicePlugin.check_node`: the Node
    labelled ``gpu.tessera.dev/mode=legacy``, no DRA driver publishing its GPUs);
-2. writes the node's ``hami.io/node-nvidia-register`` and ``hami.io/node-handshake``
+4. writes the node's ``hami.io/node-nvidia-register`` and ``hami.io/node-handshake``
    annotations (:mod:`.register`; merge patch of the Node);
-3. removes the files of allocations whose pod is gone (:meth:`DevicePlugin.reconcile`);
-4. serves the ``v1beta1.DevicePlugin`` service on ``<device-plugin-dir>/<socket>`` (default
+5. removes the files of allocations whose pod is gone (:meth:`DevicePlugin.reconcile`);
+6. starts the cache of the node's pods ``Allocate`` chooses from (:class:`.pods.NodePods`: a
+   watch of the pods with ``spec.nodeName`` = this node);
+7. serves the ``v1beta1.DevicePlugin`` service on ``<device-plugin-dir>/<socket>`` (default
    ``/var/lib/kubelet/device-plugins/tessera-gpu.sock``) and registers resource
    ``nvidia.com/gpu`` with the kubelet's ``v1beta1.Registration`` on
    ``<device-plugin-dir>/kubelet.sock``.
@@ -21,9 +26,12 @@ directory), and if so the socket is served anew and registered again; every
 the annotation); every ``reconcile_seconds`` the allocations against the pods on the node.
 
 ``ListAndWatch`` streams every slot (:func:`.register.slots`) with its health and NUMA node;
-``Allocate`` (:mod:`.allocate`) writes a DRA share's files and answers the container's CDI
-device IDs (``ContainerAllocateResponse.cdi_devices``: the runtime, containerd with CDI on,
-applies the spec the node driver's code wrote); ``GetPreferredAllocation`` and
+``Allocate`` (:mod:`.allocate`) chooses its pod from the pod cache (:mod:`.pods`: no API read
+when the cache has it), writes a DRA share's files, erases the container's entry on the pod
+(the one API write it waits for) and answers the container's CDI device IDs
+(``ContainerAllocateResponse.cdi_devices``: the runtime, containerd with CDI on, applies the
+spec the node driver's code wrote); HAMi's node lock is released right after the answer, by a
+worker thread, in the order the pods were allocated. ``GetPreferredAllocation`` and
 ``PreStartContainer`` are not used (options say so).
 
 Each allocation is recorded in ``<state-dir>/deviceplugin/<uid>.json`` (its plan, JSON of
@@ -39,12 +47,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tessera.api.errors import TesseraError
 from tessera.convert.hami import BIND_PHASE, DEVICES_TO_ALLOCATE
+from tessera.driver.access import DEVICE_PLUGIN_ACCESS
 from tessera.driver.backend import LIBRARY
 from tessera.driver.discovery import DiscoveryError, discover_nvml, load_nvml, probe
 from tessera.driver.guard import MODE_LEGACY, SecondManagerError, check_node
@@ -53,6 +63,7 @@ from tessera.driver.prepare import (
     ClaimError,
     ClaimPlan,
     Layout,
+    NodeDevice,
     check_library_reads,
     materialize,
     remove_files,
@@ -61,7 +72,8 @@ from tessera.driver.prepare import (
 )
 from tessera.driver.publish import GpuRecord
 from tessera.enforcement.limits import DEFAULT_CONTEXT_OVERHEAD
-from tessera.kube.client import ApiError, KubeClient
+from tessera.kube.access import denied_access
+from tessera.kube.client import ApiError, KubeClient, Obj
 
 from .allocate import (
     NODE_LOCK,
@@ -74,9 +86,11 @@ from .allocate import (
     claim_meta_path,
     lock_holder,
     next_entry,
+    node_devices,
     plan_allocation,
     pod_of_uid,
 )
+from .pods import DEFAULT_WAIT_SECONDS, NodePods
 from .register import (
     DEFAULT_SPLIT,
     HANDSHAKE_ANNOTATION,
@@ -94,6 +108,8 @@ DEFAULT_SOCKET = "tessera-gpu.sock"
 RECORDS_SUBDIR = "deviceplugin"
 #: Tries of an ``Allocate`` whose pod changed between read and patch (HTTP 409).
 CONFLICT_TRIES = 3
+#: Seconds the start waits for the pod cache's first list (until then ``Allocate`` lists).
+CACHE_SYNC_SECONDS = 30.0
 
 
 class DevicePluginError(TesseraError, RuntimeError):
@@ -107,7 +123,9 @@ class DevicePluginConfig:
     files' ``state_dir``, ``cdi_dir``, ``dev_root``, ``library`` and ``context_overhead``
     (bytes), as ``tessera driver`` takes them; ``nvml_library``; ``split`` (slots per GPU);
     ``driver`` (the CDI vendor: the DRA driver's name, so a share's CDI kind is the same in
-    both modes); loop periods in seconds."""
+    both modes); loop periods in seconds; ``pod_wait_seconds``: how long ``Allocate`` waits for
+    the pod cache to show a pod bound a moment ago before it lists the node's pods
+    (:mod:`.pods`)."""
 
     node_name: str
     device_plugin_dir: Path
@@ -123,6 +141,7 @@ class DevicePluginConfig:
     rescan_seconds: float = 10.0
     reconcile_seconds: float = 30.0
     watch_seconds: float = 1.0
+    pod_wait_seconds: float = DEFAULT_WAIT_SECONDS
     layout: Layout = field(init=False)
 
     def __post_init__(self) -> None:
@@ -157,6 +176,11 @@ class DevicePlugin:
         self.records: list[GpuRecord] = []
         self.health: dict[str, bool] = {}
         self.plans: dict[str, ClaimPlan] = {}
+        #: The cache of the node's pods (:mod:`.pods`), from :meth:`start`; None: list them.
+        self.pods: NodePods | None = None
+        self._devices: tuple[list[GpuRecord], dict[str, NodeDevice]] | None = None
+        #: Releases HAMi's node lock after ``Allocate`` answered, one at a time, in order.
+        self._releases = ThreadPoolExecutor(1, thread_name_prefix="deviceplugin-lock")
         self.nvml: Any = None
         self._lock = threading.Lock()  # Allocate, reconcile, plans, shares files
         self._changed = threading.Condition()
@@ -197,6 +221,21 @@ class DevicePlugin:
         self.records = [GpuRecord(gpu=ng.gpu, minor=ng.minor) for ng in inv.gpus]
         self.health = self._probe()
 
+    def check_access(self) -> None:
+        """Every row of :data:`tessera.driver.access.DEVICE_PLUGIN_ACCESS` asked at once
+        (:func:`tessera.kube.access.denied_access`, as the node driver asks its table). Raises
+        :class:`DevicePluginError` naming every denied row."""
+        try:
+            denied = denied_access(self.client, DEVICE_PLUGIN_ACCESS)
+        except ApiError as e:
+            raise DevicePluginError(f"API server {self.client.server}: {e}") from e
+        if denied:
+            raise DevicePluginError(
+                "the API server denies this identity: "
+                f"{', '.join(a.describe() for a in denied)}; grant the device plugin's "
+                "ServiceAccount the ClusterRole in docs/install.md ('Identities')"
+            )
+
     def check_node(self) -> None:
         """The start-up guard of Tessera's legacy mode (:func:`tessera.driver.guard.check_node`
         with ``mode="legacy"``): the Node must be labelled ``gpu.tessera.dev/mode=legacy``, and
@@ -228,11 +267,20 @@ class DevicePlugin:
         """Discover, annotate, reconcile, serve and register (module doc), then run the loops.
         Raises :class:`DevicePluginError`, or ``ApiError`` when the Node cannot be annotated."""
         self.discover()
+        self.check_access()
         self.check_node()
         write_preload(self.cfg.layout)
         self._load_records()
         self.write_annotation()
         self.reconcile()
+        self.pods = NodePods(
+            self.client, self.cfg.node_name, wait_seconds=self.cfg.pod_wait_seconds
+        )
+        if not self.pods.start(CACHE_SYNC_SECONDS):
+            self.log(
+                f"warning: no list of the pods on node {self.cfg.node_name} after "
+                f"{CACHE_SYNC_SECONDS:g} s: Allocate lists them until the cache has them"
+            )
         self._serve()
         for name, period, step in (
             ("watch", self.cfg.watch_seconds, self._watch_kubelet),
@@ -261,6 +309,9 @@ class DevicePlugin:
             t.join(timeout=5)
         if self._server is not None:
             self._server.stop(grace=2).wait()
+        self._releases.shutdown(wait=True)
+        if self.pods is not None:
+            self.pods.stop()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 
@@ -403,35 +454,68 @@ class DevicePlugin:
             selector += f",status.phase={phase}"
         return self.client.list("v1", "Pod", None, field_selector=selector)
 
+    def devices(self) -> dict[str, NodeDevice]:
+        """The node's GPUs as prepare resolves them (:func:`.allocate.node_devices`), made once
+        per discovery: they hold the records, whose health :meth:`rescan` updates in place."""
+        if self._devices is None or self._devices[0] is not self.records:
+            found = node_devices(self.cfg.node_name, self.cfg.driver, self.records)
+            self._devices = (self.records, found)
+        return self._devices[1]
+
+    def _choose(self, fresh: bool) -> tuple[list[Obj], Mapping[str, Any], bool]:
+        """The node's pods, the pod this ``Allocate`` serves (:func:`.allocate.choose_pod`) and
+        whether they were listed from the API server: from the pod cache unless ``fresh``; when
+        the cache has no candidate, after waiting up to ``pod_wait_seconds`` for it to show one,
+        listed (:mod:`.pods`). Raises :class:`AllocateError`."""
+        node = self.cfg.node_name
+        if not fresh and self.pods is not None:
+            deadline = time.monotonic() + self.pods.wait_seconds
+            while (seen := self.pods.cached()) is not None:
+                pods, generation = seen
+                try:
+                    return pods, choose_pod(pods, node), False
+                except AllocateError:
+                    if not self.pods.wait(generation, deadline):
+                        break
+        try:
+            pods = self._pods()
+        except ApiError as e:
+            raise AllocateError(f"node {node}: listing its pods: {e}") from e
+        return pods, choose_pod(pods, node), True
+
     def _allocate_one(self, requested: int) -> list[str]:
         node = self.cfg.node_name
+        fresh = False
         for attempt in range(CONFLICT_TRIES):
-            try:
-                pods = self._pods()
-            except ApiError as e:
-                raise AllocateError(f"node {node}: listing its pods: {e}") from e
+            pods, pod, fresh = self._choose(fresh)
             # Shares of pods gone since the last reconcile would still count on their GPUs.
             self._drop_gone(pods)
-            pod = choose_pod(pods, node)
             pending: Pending | None = None
             uid = ""
             try:
                 pending = next_entry(pod, requested)
+                if not fresh and pending.uid in self.plans:
+                    # This plugin allocated the entry already and the cache has not seen the
+                    # write (a reply without a version to keep): read the pods afresh.
+                    fresh = True
+                    continue
                 uid = pending.uid
-                plan = plan_allocation(pending, node, self.records, LIBRARY, self.cfg.layout)
+                devices = self.devices()
+                plan = plan_allocation(pending, node, devices, LIBRARY, self.cfg.layout)
                 try:
                     check_library_reads(plan, self.cfg.layout)
                 except ClaimError as e:
                     raise AllocateError(f"pod {pending.name}: {e}") from None
                 self._record(plan)
                 materialize(plan, self.cfg.layout)
-                self._write_meta(pending, plan)
+                self._write_meta(pending, plan, devices)
                 write_node_shares(self.cfg.layout, self.plans.values())
                 self._patch(pending)
             except ApiError as e:
                 if uid:
                     self._forget(uid)
                 if e.status == 409 and attempt + 1 < CONFLICT_TRIES:
+                    fresh = True
                     continue  # the pod changed since it was read: read it again
                 self._fail(pod)
                 raise AllocateError(
@@ -446,20 +530,20 @@ class DevicePlugin:
                 raise AllocateError(f"pod {_name(pod)}: writing its files: {e}") from e
             assert pending is not None
             if pending.done:
-                self._release_lock(pod)
+                self._releases.submit(self._release_lock, pod)
             self.log(
                 f"allocated pod {pending.name} container {pending.container or pending.index}: "
                 f"{', '.join(f'{d.uuid} {d.memory_mib}MiB {d.cores}%' for d in pending.devices)}"
             )
             return [i for d in plan.devices for i in d.cdi_device_ids]
-        raise AssertionError("unreachable")
+        raise AllocateError(f"node {node}: no pod to allocate after {CONFLICT_TRIES} reads")
 
     def _patch(self, pending: Pending) -> None:
         meta = pending.pod.get("metadata") or {}
         annotations: dict[str, str] = {DEVICES_TO_ALLOCATE: pending.remaining}
         if pending.done:
             annotations[BIND_PHASE] = PHASE_SUCCESS
-        self.client.request(
+        stored = self.client.request(
             "PATCH",
             f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
             body={
@@ -467,18 +551,26 @@ class DevicePlugin:
             },
             content_type="application/merge-patch+json",
             what=f"Pod {pending.name}",
+            kept=True,  # the kubelet waits on it: no TLS handshake (sent once all the same)
         )
+        self._wrote(stored)
+
+    def _wrote(self, stored: Any) -> None:
+        """Hand the reply of a write to a pod to the pod cache (:meth:`.pods.NodePods.wrote`)."""
+        if self.pods is not None and isinstance(stored, dict):
+            self.pods.wrote(stored)
 
     def _fail(self, pod: Mapping[str, Any]) -> None:
         meta = pod.get("metadata") or {}
         try:
-            self.client.request(
+            stored = self.client.request(
                 "PATCH",
                 f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
                 body={"metadata": {"annotations": {BIND_PHASE: PHASE_FAILED}}},
                 content_type="application/merge-patch+json",
                 what=f"Pod {_name(pod)}",
             )
+            self._wrote(stored)
         except ApiError as e:
             self.log(f"warning: pod {_name(pod)}: setting {BIND_PHASE}={PHASE_FAILED}: {e}")
         self._release_lock(pod)
@@ -517,10 +609,12 @@ class DevicePlugin:
         write_atomic(str(self.records_dir / f"{plan.ref.uid}.json"), data, 0o600, ".record.")
         self.plans[plan.ref.uid] = plan
 
-    def _write_meta(self, pending: Pending, plan: ClaimPlan) -> None:
+    def _write_meta(
+        self, pending: Pending, plan: ClaimPlan, devices: Mapping[str, NodeDevice]
+    ) -> None:
         from tessera.enforcement._files import write_atomic
 
-        doc = claim_meta(pending, plan, self.cfg.node_name, self.records, self.cfg.layout)
+        doc = claim_meta(pending, plan, self.cfg.node_name, devices, self.cfg.layout)
         if doc is not None:
             data = json.dumps(doc, sort_keys=True).encode()
             write_atomic(claim_meta_path(plan, self.cfg.layout), data, 0o444, ".meta.")
@@ -548,9 +642,12 @@ class DevicePlugin:
 
     def reconcile(self) -> list[str]:
         """Remove the files and records of allocations whose pod is gone from the node or
-        finished (``Succeeded``/``Failed``); return their UIDs. Raises ``ApiError``."""
-        with self._lock:  # an Allocate after the list would record a pod the list lacks
-            return self._drop_gone(self._pods())
+        finished (``Succeeded``/``Failed``); return their UIDs. The pods are the pod cache's
+        (:mod:`.pods`: every pod this plugin allocated is in it or in its own writes, until a
+        later change removes it), listed when the cache cannot answer. Raises ``ApiError``."""
+        with self._lock:  # an Allocate after the read would record a pod the read lacks
+            seen = self.pods.cached() if self.pods is not None else None
+            return self._drop_gone(seen[0] if seen is not None else self._pods())
 
     def _drop_gone(self, pods: Sequence[Mapping[str, Any]]) -> list[str]:
         """Forget the allocations whose pod is not among ``pods`` (the node's, listed under

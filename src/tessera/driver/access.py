@@ -69,16 +69,19 @@ NODE_AGENT_ACCESS: tuple[Access, ...] = (
 
 
 #: Everything ``tessera device-plugin`` (:class:`tessera.deviceplugin.plugin.DevicePlugin`)
-#: does in the API server; the chart's device-plugin ClusterRole grants exactly these rows
-#: (``tests/e2e/test_helm_legacy.py``):
+#: does in the API server; it asks for every row at start
+#: (:meth:`tessera.deviceplugin.plugin.DevicePlugin.check_access`), and the chart's
+#: device-plugin ClusterRole grants exactly these rows (``tests/e2e/test_helm_legacy.py``):
 #:
 #: * ``get nodes``: the guard (:func:`tessera.driver.guard.check_node`, mode ``legacy``: the
 #:   Node's mode label) and the node lock's holder before it is released;
 #: * ``patch nodes``: the ``hami.io/node-nvidia-register`` and ``hami.io/node-handshake``
 #:   annotations, and releasing the node lock (merge patches of its own Node);
-#: * ``list pods``: the pods on its node (``fieldSelector=spec.nodeName=<node>``: at
-#:   ``Allocate`` the pending ones, at reconcile all; RBAC cannot hold a list to a field
-#:   selector, so the grant is cluster-wide, the reads are not);
+#: * ``list pods``, ``watch pods``: the pods on its node (``fieldSelector=spec.nodeName=<node>``):
+#:   the cache ``Allocate`` chooses from (:class:`tessera.deviceplugin.pods.NodePods`, an
+#:   informer: a list, then a watch), and the list ``Allocate`` and reconcile read when the
+#:   cache cannot answer or lags (RBAC cannot hold a list or a watch to a field selector, so the
+#:   grant is cluster-wide, the reads are not);
 #: * ``patch pods``: HAMi's bind phase (``hami.io/bind-phase``) on the pod it allocated;
 #: * ``list resourceslices``: the guard's slices of this node (no DRA driver may publish its
 #:   GPUs).
@@ -86,6 +89,7 @@ DEVICE_PLUGIN_ACCESS: tuple[Access, ...] = (
     Access("get", "", "nodes"),
     Access("patch", "", "nodes"),
     Access("list", "", "pods"),
+    Access("watch", "", "pods"),
     Access("patch", "", "pods"),
     Access("list", RESOURCE_GROUP, "resourceslices"),
 )
