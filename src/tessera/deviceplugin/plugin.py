@@ -27,8 +27,9 @@ the annotation); every ``reconcile_seconds`` the allocations against the pods on
 
 ``ListAndWatch`` streams every slot (:func:`.register.slots`) with its health and NUMA node;
 ``Allocate`` (:mod:`.allocate`) chooses its pod from the pod cache (:mod:`.pods`: no API read
-when the cache has it), writes a DRA share's files, erases the container's entry on the pod
-(the one API write it waits for) and answers the container's CDI device IDs
+when the cache has it), records its plan, then writes a DRA share's files while it erases the
+container's entry on the pod (the one API write it waits for: in a second thread, both done
+before the answer) and answers the container's CDI device IDs
 (``ContainerAllocateResponse.cdi_devices``: the runtime, containerd with CDI on, applies the
 spec the node driver's code wrote); HAMi's node lock is released right after the answer, by a
 worker thread, in the order the pods were allocated. ``GetPreferredAllocation`` and
@@ -181,6 +182,8 @@ class DevicePlugin:
         self._devices: tuple[list[GpuRecord], dict[str, NodeDevice]] | None = None
         #: Releases HAMi's node lock after ``Allocate`` answered, one at a time, in order.
         self._releases = ThreadPoolExecutor(1, thread_name_prefix="deviceplugin-lock")
+        #: Sends ``Allocate``'s pod patch while the files are written.
+        self._writes = ThreadPoolExecutor(1, thread_name_prefix="deviceplugin-patch")
         self.nvml: Any = None
         self._lock = threading.Lock()  # Allocate, reconcile, plans, shares files
         self._changed = threading.Condition()
@@ -310,6 +313,7 @@ class DevicePlugin:
         if self._server is not None:
             self._server.stop(grace=2).wait()
         self._releases.shutdown(wait=True)
+        self._writes.shutdown(wait=True)
         if self.pods is not None:
             self.pods.stop()
         with contextlib.suppress(FileNotFoundError):
@@ -506,11 +510,18 @@ class DevicePlugin:
                     check_library_reads(plan, self.cfg.layout)
                 except ClaimError as e:
                     raise AllocateError(f"pod {pending.name}: {e}") from None
-                self._record(plan)
-                materialize(plan, self.cfg.layout)
-                self._write_meta(pending, plan, devices)
-                write_node_shares(self.cfg.layout, self.plans.values())
-                self._patch(pending)
+                self._record(plan)  # durable first: a restart knows whose files they are
+                # The pod's patch travels while the files are written; both end before the
+                # answer (a failure of either is the Allocate's, after the patch has ended).
+                patched = self._writes.submit(self._patch, pending)
+                try:
+                    materialize(plan, self.cfg.layout)
+                    self._write_meta(pending, plan, devices)
+                    write_node_shares(self.cfg.layout, self.plans.values())
+                except BaseException:
+                    futures.wait([patched])
+                    raise
+                patched.result()
             except ApiError as e:
                 if uid:
                     self._forget(uid)
