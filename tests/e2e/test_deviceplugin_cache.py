@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tessera import DRIVER_NAME
 from tessera.convert.hami import (
@@ -40,6 +39,7 @@ from tessera.localcluster.fake_nvml import nvml_config
 from .conftest import LiveCluster
 from .driverkit import *  # noqa: F403 (fixtures)
 from .driverkit import H100
+from .identity import identity_kubeconfig
 
 pytestmark = [pytest.mark.cluster, pytest.mark.legacy]
 
@@ -268,50 +268,9 @@ def identity(
     cluster: LiveCluster, namespace: str, name: str, rules: list[dict[str, Any]], path: Path
 ) -> Path:
     """A kubeconfig for a new ServiceAccount ``name``, bound to a ClusterRole of ``rules``."""
-    admin = cluster.client
-    admin.create(
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": {"name": name, "namespace": namespace},
-        }
+    return identity_kubeconfig(
+        cluster.client, cluster.kubeconfig, namespace, name, path, rules=rules
     )
-    role = f"{namespace}-{name}"
-    admin.create(
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": role},
-            "rules": rules,
-        }
-    )
-    admin.create(
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": role},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": role,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
-        }
-    )
-    token = admin.request(
-        "POST",
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-        body={
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 600},
-        },
-    )["status"]["token"]
-    kc = yaml.safe_load(cluster.kubeconfig.read_text())
-    kc["users"] = [{"name": name, "user": {"token": token}}]
-    kc["contexts"][0]["context"]["user"] = name
-    path.write_text(yaml.safe_dump(kc))
-    return path
 
 
 def test_the_start_refuses_an_identity_without_the_access_table(

@@ -45,6 +45,7 @@ from .driverkit import (
     allocated_claim,
     node_slices,
 )
+from .identity import identity_kubeconfig
 
 pytestmark = pytest.mark.cluster
 
@@ -718,8 +719,6 @@ def test_cli_start_errors_are_one_line_exit_2(
     import subprocess
     import sys
 
-    import yaml
-
     env = driver_env
     base = [
         sys.executable,
@@ -770,53 +769,14 @@ def test_cli_start_errors_are_one_line_exit_2(
 
     def identity(name: str, rules: list[dict[str, Any]] | None) -> Path:
         """A kubeconfig for a new ServiceAccount ``name``, bound to a ClusterRole of ``rules``."""
-        env.client.create(
-            {
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": {"name": name, "namespace": kube_namespace},
-            }
+        return identity_kubeconfig(
+            env.client,
+            env.kubeconfig,
+            kube_namespace,
+            name,
+            tmp_path / f"{name}.kubeconfig",
+            rules=rules,
         )
-        if rules is not None:
-            role = f"{kube_namespace}-{name}"
-            env.client.create(
-                {
-                    "apiVersion": "rbac.authorization.k8s.io/v1",
-                    "kind": "ClusterRole",
-                    "metadata": {"name": role},
-                    "rules": rules,
-                }
-            )
-            env.client.create(
-                {
-                    "apiVersion": "rbac.authorization.k8s.io/v1",
-                    "kind": "ClusterRoleBinding",
-                    "metadata": {"name": role},
-                    "roleRef": {
-                        "apiGroup": "rbac.authorization.k8s.io",
-                        "kind": "ClusterRole",
-                        "name": role,
-                    },
-                    "subjects": [
-                        {"kind": "ServiceAccount", "name": name, "namespace": kube_namespace}
-                    ],
-                }
-            )
-        tok = env.client.request(
-            "POST",
-            f"/api/v1/namespaces/{kube_namespace}/serviceaccounts/{name}/token",
-            body={
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {"expirationSeconds": 600},
-            },
-        )["status"]["token"]
-        admin = yaml.safe_load(env.kubeconfig.read_text())
-        admin["users"] = [{"name": name, "user": {"token": tok}}]
-        admin["contexts"][0]["context"]["user"] = name
-        kc = tmp_path / f"{name}.kubeconfig"
-        kc.write_text(yaml.safe_dump(admin))
-        return kc
 
     # A ServiceAccount with no RBAC at all: every required row of the access table is named.
     rc, err = run("--nvml-library", str(env.nvml_lib), kubeconfig=identity("noperm", None))

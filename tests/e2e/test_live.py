@@ -50,6 +50,7 @@ from .conftest import (
     inventory_of,
 )
 from .driverkit import MonitorProcess
+from .identity import identity_kubeconfig
 
 pytestmark = pytest.mark.cluster
 
@@ -93,23 +94,7 @@ class Live:
 
 
 def _sa_kubeconfig(client: KubeClient, admin: Path, name: str, path: Path) -> Path:
-    client.create(
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": NS}}
-    )
-    tok = client.request(
-        "POST",
-        f"/api/v1/namespaces/{NS}/serviceaccounts/{name}/token",
-        body={
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 3600},
-        },
-    )["status"]["token"]
-    cfg = yaml.safe_load(admin.read_text())
-    cfg["users"] = [{"name": name, "user": {"token": tok}}]
-    cfg["contexts"][0]["context"]["user"] = name
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return identity_kubeconfig(client, admin, NS, name, path, seconds=3600)
 
 
 @pytest.fixture(scope="module")
