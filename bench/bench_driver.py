@@ -276,6 +276,8 @@ def main() -> None:
         out["prepare_driver_ms"] = ms(d.stats.prepare)
         out["prepare_work_ms"] = ms(d.stats.prepare_work)
         out["prepare_checkpoint_wait_ms"] = ms(d.stats.checkpoint_wait)
+        # (a driver before the prepare lane has no lane_wait: measured as 0)
+        out["prepare_lane_wait_ms"] = ms(getattr(d.stats, "lane_wait", None) or [0.0])
         out["prepare_api_read_ms"] = ms(d.stats.api_read)
         out["prepare_call_ms"] = ms(call)
         out["prepare_wall_s"] = round(max(call), 3)

@@ -404,13 +404,22 @@ class Checkpoint:
             self._refresh()
             return dict(self.claims)
 
+    @property
+    def committed(self) -> int:
+        """The number of the last change of this process that is on disk (see :meth:`update`):
+        what :meth:`entries` returns from now on holds every change up to it."""
+        with self._lock:
+            return self._done
+
     def update(
         self, put: Mapping[str, ClaimEntry] | None = None, drop: list[str] | None = None
-    ) -> None:
+    ) -> int:
         """Set entries ``put`` and remove ``drop``; return once that is on disk.
 
         Callers that arrive while a write is in progress are committed together by the next
-        write. Raises ``OSError`` when the write failed (nothing of it is applied).
+        write. Returns the change's number (1, 2, ... in this process; :attr:`committed` is at
+        least that from now on). Raises ``OSError`` when the write failed (nothing of it is
+        applied).
         """
         with self._cond:
             self._seq += 1
@@ -420,7 +429,7 @@ class Checkpoint:
                 if ticket in self._failed:
                     raise self._failed.pop(ticket)
                 if self._done >= ticket:
-                    return
+                    return ticket
                 if not self._writing:
                     break
                 self._cond.wait()
@@ -432,8 +441,7 @@ class Checkpoint:
         error: OSError | None = None
         lock = FileLock(self.lock_path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            lock.acquire()
+            lock.acquire()  # (makes the directory when it is missing)
             try:
                 # Under the lock, the file is the truth: another instance may have written it.
                 if self._disk_key() != key:
@@ -478,3 +486,4 @@ class Checkpoint:
             self._cond.notify_all()
             if ticket in self._failed:
                 raise self._failed.pop(ticket)
+            return ticket

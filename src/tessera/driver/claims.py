@@ -98,6 +98,13 @@ class ClaimPreparer:
         #: Held while the shares files are written: each writer reads the checkpoint after
         #: taking it, so the last one writes what the last committed change left.
         self._shares_lock = threading.Lock()
+        #: The checkpoint change the shares files were last written from (all before it too).
+        self._shares_covered = 0
+        #: The one lane of this process for planning and writing claims' files (the API reads
+        #: before it and the checkpoint write after it stay concurrent): one claim's work at a
+        #: time, as the upstream Go helper (``kubeletplugin.Serialize``, on by default)
+        #: serializes its calls, instead of 8 handlers' claims interleaved on one interpreter.
+        self._lane = threading.Lock()
 
     def read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         """GET the ResourceClaim (the kubelet only sends namespace, name, uid); the time it
@@ -168,19 +175,35 @@ class ClaimPreparer:
         todo = [r for r in todo if r.uid not in out]
         new: dict[str, ClaimEntry] = {}
         plans: dict[str, ClaimPlan] = {}
+        stats = self.ctx.stats
         try:
-            t0 = time.perf_counter()
-            self._plan(todo, fetched, out, plans, new)
-            self._write_files(plans, new, out)
+            w0 = time.perf_counter()
+            with self._lane:
+                t0 = time.perf_counter()
+                pending, devices, minors = self._plan(todo, fetched, out, plans, new)
+                self._write_files(plans, new, out)
+            lane = t0 - w0
+            if pending:
+                # Dynamic MIG: the instances are made outside the lane (NVML and checkpoint
+                # writes of their own), then their claims' files are written in it.
+                made = self.instances.make(pending, fetched, devices, minors, out)
+                made_new = {uid: ClaimEntry.prepared(plan) for uid, plan in made.items()}
+                w1 = time.perf_counter()
+                with self._lane:
+                    lane += time.perf_counter() - w1
+                    self._write_files(made, made_new, out)
+                plans.update(made)
+                new.update(made_new)
             t1 = time.perf_counter()
             if new:
                 self._record(plans, new, fetched, out)
             for uid, plan in plans.items():
                 out[uid] = PrepareResult(devices=plan.devices)
             t2 = time.perf_counter()
-            stats, n = self.ctx.stats, max(1, len(todo))
-            stats.prepare.extend([(t2 - t0) / n] * len(todo))
-            stats.prepare_work.extend([(t1 - t0) / n] * len(todo))
+            n = max(1, len(todo))
+            stats.lane_wait.extend([lane / n] * len(todo))
+            stats.prepare.extend([(t2 - w0 - lane) / n] * len(todo))
+            stats.prepare_work.extend([(t1 - w0 - lane) / n] * len(todo))
             stats.checkpoint_wait.extend([(t2 - t1) / n] * len(todo))
         finally:
             self.ctx.release_claims(locks)
@@ -215,9 +238,11 @@ class ClaimPreparer:
         out: dict[str, PrepareResult],
         plans: dict[str, ClaimPlan],
         new: dict[str, ClaimEntry],
-    ) -> None:
+    ) -> tuple[dict[str, ClaimPlan], dict[str, NodeDevice], dict[str, int]]:
         """Plan each claim of ``todo`` (locks held): into ``plans`` (by UID) its recorded
-        plan, or a new one (also into ``new``, to be recorded); errors go to ``out``."""
+        plan, or a new one (also into ``new``, to be recorded); errors go to ``out``. Returns
+        the plans still waiting for their dynamic-MIG instances (by UID), with the node's
+        devices and MIG minors they were planned with (for :meth:`~.instances.MigInstances.make`)."""
         store = self.ctx.store
         devices = self._devices()
         minors = self._mig_minors() if any(d.mig or d.placement for d in devices.values()) else {}
@@ -248,10 +273,7 @@ class ClaimPreparer:
                 continue
             plans[ref.uid] = plan
             new[ref.uid] = ClaimEntry.prepared(plan)
-        if pending:
-            for uid, plan in self.instances.make(pending, fetched, devices, minors, out).items():
-                plans[uid] = plan
-                new[uid] = ClaimEntry.prepared(plan)
+        return pending, devices, minors
 
     def _write_files(
         self,
@@ -301,8 +323,9 @@ class ClaimPreparer:
     ) -> None:
         """Record the ``new`` claims (one checkpoint write), then the node's shares files;
         when the write fails, nothing of them stays (files removed, errors in ``out``)."""
+        change: int | None = None
         try:
-            self.ctx.store.update(put=new)
+            change = self.ctx.store.update(put=new)
         except OSError as e:
             for uid in new:
                 self._remove_quietly(uid)
@@ -312,7 +335,7 @@ class ClaimPreparer:
                     f"{fetched[uid]['metadata'].get('name')}: recording it in the "
                     f"checkpoint: {io_fault(e)}{NOT_KEPT}"
                 )
-        self.write_shares()
+        self.write_shares(change)
 
     def _remove_quietly(self, uid: str) -> None:
         """Remove the files of a claim whose prepare failed; a removal that fails too (a
@@ -351,23 +374,32 @@ class ClaimPreparer:
                 gone.append(ref.uid)
                 out[ref.uid] = ""
             if gone:
-                store.update(drop=gone)
-                self.write_shares()
+                self.write_shares(store.update(drop=gone))
         finally:
             self.ctx.release_claims(locks)
         return out
 
-    def write_shares(self) -> None:
+    def write_shares(self, change: int | None = None) -> None:
         """The node's per-GPU shares files, from every prepared claim in the checkpoint (what
-        best-effort tenants are held to); a failure is logged, pacing then keeps the last."""
+        best-effort tenants are held to); a failure is logged, pacing then keeps the last.
+
+        ``change``: the checkpoint change (:meth:`~.checkpoint.Checkpoint.update`'s number)
+        the files must reflect; when a concurrent caller already wrote them from that change
+        or a later one, nothing is written again (one write per wave of concurrent claims).
+        None: written from the checkpoint as it is now."""
         layout = self.ctx.layout
+        store = self.ctx.store
         with self._shares_lock:
+            if change is not None and self._shares_covered >= change:
+                return
+            covered = store.committed  # entries() below hold every change up to it
             plans = [
                 e.plan
-                for e in self.ctx.store.entries().values()
+                for e in store.entries().values()
                 if e.state == ClaimState.PREPARED and e.plan
             ]
             try:
                 write_node_shares(layout, plans)
+                self._shares_covered = max(self._shares_covered, covered)
             except (OSError, ValueError) as e:
                 self.ctx.log(f"warning: writing the GPU shares files in {layout.shares_dir}: {e}")

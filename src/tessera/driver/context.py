@@ -91,6 +91,8 @@ class Stats:
     prepare: list[float] = field(default_factory=list)
     prepare_work: list[float] = field(default_factory=list)
     checkpoint_wait: list[float] = field(default_factory=list)
+    #: Per claim: the wait for the prepare lane (before ``prepare``, which excludes it).
+    lane_wait: list[float] = field(default_factory=list)
     status_errors: int = 0
     first_publish: float | None = None
 

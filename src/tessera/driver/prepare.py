@@ -852,6 +852,22 @@ def _directory(path: Path, mode: int = 0o777) -> None:
         path.mkdir(mode=mode, parents=True, exist_ok=True)
 
 
+def _new_directory(path: str) -> bool:
+    """Make directory ``path`` (and its parents); True when it was made now, False when it
+    existed. Raises ``OSError``."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return False
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            return False
+    return True
+
+
 def materialize(plan: ClaimPlan, layout: Layout) -> bool:
     """Write the plan's files that are missing or differ: usage region (kept when a valid one
     exists: processes may already use it), limits file (0444, the recorded text), CDI spec
@@ -867,15 +883,19 @@ def materialize(plan: ClaimPlan, layout: Layout) -> bool:
         # the claim may have read it already), once the readers' parser accepts it.
         _parsed_limits(plan.limits_text)
         _directory(layout.shares_dir)  # mounted by the CDI spec
-        cdir = layout.claim_dir(plan.ref.uid)
-        _directory(cdir)
-        _directory(cdir / DRIVER_DIR, 0o755)
-        region = cdir / REGION_FILE
-        if not _region_ok(region):
-            create_region(str(region), list(plan.region_gpus), sync=False)
+        cdir = str(layout.claim_dir(plan.ref.uid))
+        # A claim directory made now holds nothing yet: its files need no looking at.
+        fresh = _new_directory(cdir)
+        if fresh:
+            os.mkdir(os.path.join(cdir, DRIVER_DIR), 0o755)
+        else:
+            _directory(Path(cdir, DRIVER_DIR), 0o755)
+        region = os.path.join(cdir, REGION_FILE)
+        if fresh or not _region_ok(Path(region)):
+            create_region(region, list(plan.region_gpus), sync=False)
             wrote = True
-        limits = cdir / LIMITS_FILE
-        if not (limits.is_file() and limits.read_bytes() == data):
+        limits = Path(cdir, LIMITS_FILE)
+        if fresh or not (limits.is_file() and limits.read_bytes() == data):
             write_atomic(str(limits), data, 0o444, ".limits.", sync=False)
             wrote = True
     _directory(layout.cdi_dir)

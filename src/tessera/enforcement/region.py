@@ -294,7 +294,7 @@ def create_region(
     """
     if len(gpus) > MAX_GPUS:
         raise ValueError(f"at most {MAX_GPUS} GPUs per region")
-    buf = bytearray(FILE_SIZE)
+    buf = bytearray(HEADER_SIZE)  # the slots are allocated zeros (write_atomic's size)
     _HEADER.pack_into(
         buf, 0, MAGIC, VERSION, HEADER_SIZE, SLOT_SIZE, MAX_SLOTS, len(gpus), 0, 0, context_overhead
     )
@@ -304,4 +304,4 @@ def create_region(
             raise ValueError(f"GPU UUID too long: {uuid!r}")
         _GPU.pack_into(buf, GPUS_OFFSET + i * GPU_SIZE, raw, limit, cores, GPU_IN_USE, 0, 0, 0, 0)
     # The slots are all zero: only the header is written, the rest is allocated zeros.
-    write_atomic(path, bytes(buf[:HEADER_SIZE]), mode, ".region.", sync=sync, size=FILE_SIZE)
+    write_atomic(path, bytes(buf), mode, ".region.", sync=sync, size=FILE_SIZE)
