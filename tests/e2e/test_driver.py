@@ -355,6 +355,161 @@ def test_prepare_writes_limits_region_cdi_and_unprepare_removes(
     kubelet.close()
 
 
+def test_concurrent_prepares_leave_every_claims_files_and_the_summed_shares(
+    running_driver: tuple[DriverEnv, DriverProcess], kube_namespace: str
+) -> None:
+    """24 claims prepared at once (one call each, from 24 threads: the driver plans and writes
+    them one at a time in its lane, records them in shared checkpoint writes and writes the
+    shares files once per wave), then 12 unprepared at once: every claim has its own files and
+    entry, and each GPU's shares file is the sum of the claims left on it, not a wave's."""
+    import threading
+
+    env, _d = running_driver
+    # 1..7 cores each: at most 12 x 7 = 84 guaranteed per GPU
+    shapes = [(f"gpu-{i % 2}", f"{1 + i % 3}Gi", 1 + i % 7) for i in range(24)]
+    claims = [
+        allocated_claim(
+            env.client,
+            kube_namespace,
+            f"wave-{i}",
+            [
+                {
+                    "request": "gpu",
+                    "driver": "gpu.tessera.dev",
+                    "pool": env.node,
+                    "device": dev,
+                    "shareID": f"0b0d3b4e-9f0c-4cf5-8c8e-{i:012x}",
+                    "consumedCapacity": {"memory": mem, "cores": str(cores)},
+                }
+            ],
+        )
+        for i, (dev, mem, cores) in enumerate(shapes)
+    ]
+    refs = [
+        (c["metadata"]["namespace"], c["metadata"]["name"], c["metadata"]["uid"]) for c in claims
+    ]
+    kubelet = env.kubelet()
+    kubelet.prepare([])  # the channel, before the threads share it
+    errors: dict[str, str] = {}
+
+    def each(call: Any, batch: list[tuple[str, str, str]]) -> None:
+        barrier = threading.Barrier(len(batch))
+
+        def one(ref: tuple[str, str, str]) -> None:
+            barrier.wait()
+            errors[ref[2]] = call([ref]).claims[ref[2]].error
+
+        threads = [threading.Thread(target=one, args=(r,)) for r in batch]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def shares(left: list[int]) -> dict[str, str]:
+        return {
+            env.gpus[g].uuid: "version 1\nguaranteed "
+            f"{sum(shapes[i][2] for i in left if shapes[i][0] == f'gpu-{g}')}\nbest-effort 0\n"
+            for g in (0, 1)
+        }
+
+    each(kubelet.prepare, refs)
+    assert errors == {r[2]: "" for r in refs}
+    recorded = json.loads((env.state_dir / "checkpoint.json").read_text())["claims"]
+    assert sorted(recorded) == sorted(r[2] for r in refs)
+    for (dev, mem, cores), (_, _, uid) in zip(shapes, refs, strict=True):
+        limits = read_limits(str(env.state_dir / "claims" / uid / "limits"))
+        want = (env.gpus[int(dev[-1])].uuid, int(mem[0]) * GIB, cores)
+        assert [(g.uuid, g.memory, g.cores) for g in limits.gpus] == [want]
+        region = read_region(str(env.state_dir / "claims" / uid / "region"))
+        assert [(g.uuid, g.memory_limit, g.cores) for g in region.gpus] == [want]
+        assert (env.cdi_dir / f"gpu.tessera.dev-claim_{uid}.json").is_file()
+    on_disk = {u: (env.state_dir / "shares" / u).read_text() for u in shares([])}
+    assert on_disk == shares(list(range(24)))
+    each(kubelet.unprepare, refs[:12])
+    assert all(errors[r[2]] == "" for r in refs[:12])
+    on_disk = {u: (env.state_dir / "shares" / u).read_text() for u in shares([])}
+    assert on_disk == shares(list(range(12, 24)))
+    assert sorted(json.loads((env.state_dir / "checkpoint.json").read_text())["claims"]) == sorted(
+        r[2] for r in refs[12:]
+    )
+    kubelet.unprepare(refs[12:])
+    kubelet.close()
+
+
+def test_claims_are_planned_and_written_one_at_a_time_in_the_lane(
+    driver_env: DriverEnv, kube_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 calls at once reach the driver's 8 handlers, but its claims' files are written one
+    claim at a time (the prepare lane; the real ``materialize``, slowed by 5 ms so that
+    interleaved handlers would overlap); each claim's wait for the lane is counted apart from
+    its driver-side time."""
+    import threading
+
+    import tessera.driver.claims as claims_mod
+
+    env = driver_env
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(env.nvml_config))
+    real = claims_mod.materialize
+    inside: list[int] = []
+    most = [0]
+    guard = threading.Lock()
+
+    def slow(plan: Any, layout: Any) -> bool:
+        with guard:
+            inside.append(1)
+            most[0] = max(most[0], len(inside))
+        try:
+            time.sleep(0.005)
+            return real(plan, layout)
+        finally:
+            with guard:
+                inside.pop()
+
+    monkeypatch.setattr(claims_mod, "materialize", slow)
+    refs = []
+    for i in range(16):
+        c = allocated_claim(
+            env.client,
+            kube_namespace,
+            f"lane-{i}",
+            [
+                {
+                    "request": "gpu",
+                    "driver": "gpu.tessera.dev",
+                    "pool": env.node,
+                    "device": f"gpu-{i % 8}",
+                    "shareID": f"1b0d3b4e-9f0c-4cf5-8c8e-{i:012x}",
+                    "consumedCapacity": {"memory": "1Gi", "cores": "5"},
+                }
+            ],
+        )
+        refs.append((kube_namespace, c["metadata"]["name"], c["metadata"]["uid"]))
+    d = NodeDriver(env.config(), env.client)
+    d.start()
+    try:
+        kubelet = env.kubelet()
+        kubelet.prepare([])
+        barrier = threading.Barrier(len(refs))
+        errors: dict[str, str] = {}
+
+        def one(ref: tuple[str, str, str]) -> None:
+            barrier.wait()
+            errors[ref[2]] = kubelet.prepare([ref]).claims[ref[2]].error
+
+        threads = [threading.Thread(target=one, args=(r,)) for r in refs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == {r[2]: "" for r in refs}
+        assert most[0] == 1
+        assert len(d.stats.lane_wait) == len(d.stats.prepare) == 16
+        kubelet.unprepare(refs)
+        kubelet.close()
+    finally:
+        d.stop()
+
+
 def test_monitor_reads_the_claim_files_the_driver_writes(
     running_driver: tuple[DriverEnv, DriverProcess], kube_namespace: str
 ) -> None:

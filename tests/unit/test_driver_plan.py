@@ -517,15 +517,14 @@ def test_checkpoint_group_commit_applies_every_concurrent_update(tmp_path: Path)
         writes.append(1)
         real(*a, **kw)
 
+    changes: list[int] = []
+
+    def update(i: int) -> None:
+        changes.append(cp.update(put={f"u{i}": ClaimEntry.prepared(tiny_plan(f"u{i}", str(i)))}))
+
     mod.write_atomic = counting  # type: ignore[assignment]
     try:
-        threads = [
-            threading.Thread(
-                target=cp.update,
-                kwargs={"put": {f"u{i}": ClaimEntry.prepared(tiny_plan(f"u{i}", str(i)))}},
-            )
-            for i in range(50)
-        ]
+        threads = [threading.Thread(target=update, args=(i,)) for i in range(50)]
         for t in threads:
             t.start()
         for t in threads:
@@ -538,6 +537,8 @@ def test_checkpoint_group_commit_applies_every_concurrent_update(tmp_path: Path)
         for i in range(50)
     }
     assert 1 <= len(writes) <= 50
+    # each update has its own change number, and every one is committed
+    assert sorted(changes) == list(range(1, 51)) and cp.committed == 50
 
 
 def test_a_reader_during_this_process_write_waits_for_it_instead_of_reading_the_file(
