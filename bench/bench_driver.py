@@ -230,6 +230,13 @@ def main() -> None:
         help="put the in-process driver's state dir (checkpoint, limits, regions) on this "
         "directory's file system, e.g. /dev/shm to take the disk's fsync out",
     )
+    ap.add_argument(
+        "--lanes",
+        type=int,
+        default=None,
+        help="the in-process driver's prepare lanes (DriverConfig.prepare_lanes; default: the "
+        "driver's)",
+    )
     args = ap.parse_args()
     out: dict[str, Any] = {"claims": args.claims, "gpus": 8}
     tmp = Path(tempfile.mkdtemp(prefix="bench-driver-"))
@@ -266,6 +273,7 @@ def main() -> None:
                 nvml_library=str(nvml),
                 health_address=None,
                 write_claim_status=False,
+                **({"prepare_lanes": args.lanes} if args.lanes is not None else {}),
             ),
             client,
             log=lambda m: None,

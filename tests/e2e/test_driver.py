@@ -484,7 +484,7 @@ def test_claims_are_planned_and_written_one_at_a_time_in_the_lane(
             ],
         )
         refs.append((kube_namespace, c["metadata"]["name"], c["metadata"]["uid"]))
-    d = NodeDriver(env.config(), env.client)
+    d = NodeDriver(env.config(prepare_lanes=1), env.client)
     d.start()
     try:
         kubelet = env.kubelet()

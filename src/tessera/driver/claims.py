@@ -12,6 +12,7 @@ dynamic MIG: placements recorded, instances made) → ``prepared`` (files writte
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -100,11 +101,15 @@ class ClaimPreparer:
         self._shares_lock = threading.Lock()
         #: The checkpoint change the shares files were last written from (all before it too).
         self._shares_covered = 0
-        #: The one lane of this process for planning and writing claims' files (the API reads
-        #: before it and the checkpoint write after it stay concurrent): one claim's work at a
-        #: time, as the upstream Go helper (``kubeletplugin.Serialize``, on by default)
-        #: serializes its calls, instead of 8 handlers' claims interleaved on one interpreter.
-        self._lane = threading.Lock()
+        #: The lanes of this process for planning and writing claims' files (the API reads
+        #: before them and the checkpoint write after them stay concurrent):
+        #: ``cfg.prepare_lanes`` calls' work at a time (1: one, as the upstream Go helper,
+        #: ``kubeletplugin.Serialize``, serializes its calls), instead of every handler's
+        #: claims interleaved on one interpreter; 0: no lane.
+        lanes = ctx.cfg.prepare_lanes
+        self._lane: contextlib.AbstractContextManager[Any] = (
+            threading.BoundedSemaphore(lanes) if lanes > 0 else contextlib.nullcontext()
+        )
 
     def read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         """GET the ResourceClaim (the kubelet only sends namespace, name, uid); the time it

@@ -81,6 +81,9 @@ class DriverConfig:
     #: the most the calls in flight then get to finish.
     handoff_seconds: float = 1.0
     stop_grace_seconds: float = 30.0
+    #: Prepare calls that plan and write their claims' files at once (the prepare lane,
+    #: docs/driver.md §5); 0: every handler (no lane).
+    prepare_lanes: int = 1
 
 
 @dataclass
