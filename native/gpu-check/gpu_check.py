@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tessera GPU check: run the enforcement library on a real NVIDIA GPU and print a table.
 
-NOT YET RUN ON A GPU (written without one; see docs/enforcement.md). Needs: an NVIDIA driver,
+First run on an H200 on 2026-12-04: docs/enforcement.md section 5.1. Needs: an NVIDIA driver,
 nvidia-smi, gcc (or nvcc), make, python3; PyTorch is optional. Uses GPU 0. About 5 minutes;
 a watchdog stops it after 8.
 
