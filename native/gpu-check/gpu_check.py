@@ -23,6 +23,7 @@ Checks (targets from issue 5):
      node's shares file), a work-conserving 30 alone (takes the idle GPU).
 
     python3 native/gpu-check/gpu_check.py --only evstamp,contention   # checks 5 and 6 only
+    python3 native/gpu-check/gpu_check.py --only contention --log DIR  # + the pacer's log
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ NATIVE = HERE.parent
 MiB = 1 << 20
 LIMIT_MIB = 8000
 ROWS: list[tuple[str, str, str, str]] = []
+LOG_DIR: Path | None = None  # --log: the tenants' library log (TESSERA_LOG_LEVEL=3) goes here
 
 
 def row(check: str, result: str, target: str, ok: bool | None) -> None:
@@ -111,6 +113,8 @@ class Bench:
         if limits:
             e["TESSERA_LIMITS_FILE"] = limits
             e["LD_PRELOAD"] = self.lib
+            if LOG_DIR:
+                e["TESSERA_LOG_LEVEL"] = "3"
         return e
 
     def run(self, limits: str | None, *args: str, timeout: float = 120) -> dict[str, str]:
@@ -314,7 +318,11 @@ def check_contention(b: Bench, uuid: str, ctx: int) -> None:
                 args = ["work", str(secs), iters] + ([str(streams)] if streams else [])
                 procs.append((cores, pol, b.spawn(lim, *args)))
             for cores, pol, p in procs:
-                share = _share(kv(p.communicate(timeout=secs + 60)[0]), kus)
+                out, err = p.communicate(timeout=secs + 60)
+                if LOG_DIR:
+                    tag = f"{name}-{kernel_us}us-{pol}-{cores}".replace(" ", "_").replace("/", "_")
+                    (LOG_DIR / f"{tag}.log").write_text(err)
+                share = _share(kv(out), kus)
                 if pol == "work-conserving":
                     row(f"{name}, {kernel_us} us", f"{share:.1f} %", ">= 90 (takes idle time)",
                         share >= 90)
@@ -349,7 +357,13 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--only", help="comma-separated checks: memory,torch,split,overhead,"
                     "evstamp,contention (default: all)")
+    ap.add_argument("--log", type=Path, help="write each contention tenant's library log "
+                    "(TESSERA_LOG_LEVEL=3: the pacer's NVML readings and cost factor) here")
     args = ap.parse_args()
+    global LOG_DIR
+    if args.log:
+        args.log.mkdir(parents=True, exist_ok=True)
+        LOG_DIR = args.log
     checks = {"memory": check_memory, "torch": check_torch, "split": check_split,
               "overhead": check_overhead, "evstamp": check_evstamp,
               "contention": check_contention}
