@@ -28,6 +28,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,18 @@ HAMI_FILES = {
     "hami-sharing": "HAMi__examples_nvidia__use_sharing_card.yaml",
     "hami-fraction": "HAMi__examples_nvidia__use_memory_fraction.yaml",
 }
+#: The kinds of a release's namespaced and cluster-wide objects that uninstall must remove.
+RELEASE_KINDS = (
+    ("apps/v1", "DaemonSet"),
+    ("apps/v1", "Deployment"),
+    ("v1", "ServiceAccount"),
+    ("v1", "ConfigMap"),
+)
+CLUSTER_KINDS = (
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+    ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"),
+)
 #: The label of the webhook's hashed ResourceClaimTemplates.
 TEMPLATE_LABEL = HASH_LABEL
 
@@ -83,6 +96,76 @@ class Release:
             sel += f",app.kubernetes.io/component={component}"
         return self.node.client.list("v1", "Pod", NS, label_selector=sel)
 
+    def uninstall(self) -> float:
+        """``helm uninstall --wait`` of this release, then a wait until its pods are gone (after
+        their grace period: the node agent hands its claims over or drains); seconds waited."""
+        self.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "180s")
+        self.uninstalled = True
+        t0 = time.monotonic()
+        wait_for(
+            lambda: True if not self.pods() else None,
+            timeout=150,
+            what="the release's pods to end",
+        )
+        return time.monotonic() - t0
+
+    def left(
+        self, kinds: tuple[tuple[str, str], ...], namespace: str | None = NS
+    ) -> dict[str, list[str]]:
+        """The release's objects still there (label ``app.kubernetes.io/instance``), by kind;
+        ``kinds`` are ``(apiVersion, kind)`` pairs, listed in ``namespace`` (None: cluster)."""
+        sel = f"app.kubernetes.io/instance={RELEASE}"
+        found = {
+            kind: [
+                o["metadata"]["name"]
+                for o in self.node.client.list(api, kind, namespace, label_selector=sel)
+            ]
+            for api, kind in kinds
+        }
+        return {kind: names for kind, names in found.items() if names}
+
+    @contextmanager
+    def installed(self, min_pods: int, timeout: float) -> Iterator[Release]:
+        """``helm install`` of this release, waited on until at least ``min_pods`` of its pods
+        are Ready (``timeout`` s); uninstalled at the end unless a test already did."""
+        t0 = time.monotonic()
+        self.helm(
+            "install",
+            RELEASE,
+            str(localinstall.chart_dir()),
+            "-n",
+            NS,
+            "--create-namespace",
+            values=self.values,
+        )
+        try:
+            wait_for(
+                lambda: (
+                    True
+                    if localinstall.tessera_pods_ready(self.pods()) and len(self.pods()) >= min_pods
+                    else None
+                ),
+                timeout=timeout,
+                interval=0.5,
+                what="every Tessera pod Ready",
+                last=lambda: json.dumps(
+                    [
+                        (p["metadata"]["name"], p.get("status", {}).get("containerStatuses"))
+                        for p in self.pods()
+                    ],
+                    indent=1,
+                )[-4000:],
+            )
+            self.times["install_to_ready_s"] = time.monotonic() - t0
+            yield self
+        finally:
+            if not self.uninstalled:
+                try:
+                    self.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "120s")
+                except localinstall.LocalInstallError as e:
+                    print(f"helm uninstall at teardown: {e}")
+            print(f"install timings: {self.times}")
+
 
 @pytest.fixture(scope="module")
 def release(kube_node: LiveNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
@@ -100,44 +183,11 @@ def release(kube_node: LiveNode, tmp_path_factory: pytest.TempPathFactory) -> It
     node.kubectl("label", "node", node.name, f"{key}={value}", "--overwrite")
     values = localinstall.chart_values(node.node, host, built.ref, state)
     rel = Release(node, host, values, work, state)
-    t0 = time.monotonic()
-    rel.helm(
-        "install",
-        RELEASE,
-        str(localinstall.chart_dir()),
-        "-n",
-        NS,
-        "--create-namespace",
-        values=values,
-    )
     try:
-        wait_for(
-            lambda: (
-                True
-                if localinstall.tessera_pods_ready(rel.pods()) and len(rel.pods()) >= 4
-                else None
-            ),
-            timeout=180,
-            interval=0.5,
-            what="every Tessera pod Ready",
-            last=lambda: json.dumps(
-                [
-                    (p["metadata"]["name"], p.get("status", {}).get("containerStatuses"))
-                    for p in rel.pods()
-                ],
-                indent=1,
-            )[-4000:],
-        )
-        rel.times["install_to_ready_s"] = time.monotonic() - t0
-        yield rel
+        with rel.installed(min_pods=4, timeout=180):
+            yield rel
     finally:
-        if not rel.uninstalled:
-            try:
-                rel.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "120s")
-            except localinstall.LocalInstallError as e:
-                print(f"helm uninstall at teardown: {e}")
         node.kubectl("label", "node", node.name, f"{key}-", check=False)
-        print(f"install timings: {rel.times}")
 
 
 def test_tessera_pods_run_from_the_image_and_publish_the_gpus(release: Release) -> None:
@@ -498,36 +548,10 @@ def test_upgrade_rolls_node_agent_and_webhook_without_refusing_or_delaying_pods(
 
 def test_uninstall_leaves_nothing_of_tesseras(release: Release) -> None:
     node = release.node
-    release.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "180s")
-    release.uninstalled = True
+    release.times["uninstall_pods_gone_s"] = release.uninstall()
     c = node.client
-    sel = f"app.kubernetes.io/instance={RELEASE}"
-    # Pods end after their grace period (the node agent's hands its claims over or drains).
-    t0 = time.monotonic()
-    wait_for(
-        lambda: True if not c.list("v1", "Pod", NS, label_selector=sel) else None,
-        timeout=150,
-        what="the release's pods to end",
-    )
-    release.times["uninstall_pods_gone_s"] = time.monotonic() - t0
-    for api, kind in (
-        ("apps/v1", "DaemonSet"),
-        ("apps/v1", "Deployment"),
-        ("v1", "Service"),
-        ("v1", "ServiceAccount"),
-        ("v1", "Secret"),
-        ("v1", "ConfigMap"),
-    ):
-        left = [o["metadata"]["name"] for o in c.list(api, kind, NS, label_selector=sel)]
-        assert left == [], (kind, left)
-    for api, kind in (
-        ("rbac.authorization.k8s.io/v1", "ClusterRole"),
-        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
-        ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"),
-        ("resource.k8s.io/v1", "DeviceClass"),
-    ):
-        left = [o["metadata"]["name"] for o in c.list(api, kind, label_selector=sel)]
-        assert left == [], (kind, left)
+    assert release.left((*RELEASE_KINDS, ("v1", "Service"), ("v1", "Secret"))) == {}
+    assert release.left((*CLUSTER_KINDS, ("resource.k8s.io/v1", "DeviceClass")), None) == {}
     templates = [
         f"{t['metadata']['namespace']}/{t['metadata']['name']}"
         for t in c.list("resource.k8s.io/v1", "ResourceClaimTemplate")

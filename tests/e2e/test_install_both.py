@@ -11,8 +11,6 @@ agent stays off the legacy node. ``helm uninstall`` then leaves none of the rele
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -23,7 +21,15 @@ from tessera.kube.workloads import wait_for
 from tessera.localcluster import images, localinstall
 
 from .conftest import LiveNode
-from .test_install import HAMI_FILES, MIB, NS, RELEASE, Release, _apply_corpus, _probe
+from .test_install import (
+    CLUSTER_KINDS,
+    HAMI_FILES,
+    MIB,
+    RELEASE_KINDS,
+    Release,
+    _apply_corpus,
+    _probe,
+)
 from .test_install import _wait_running as wait_running
 from .test_install_legacy import MODE_LABEL, SCHEDULER, SPLIT, _allocatable_gpus, _component_log
 
@@ -56,45 +62,12 @@ def release(kube_node: LiveNode, tmp_path_factory: pytest.TempPathFactory) -> It
         },
     }
     rel = Release(node, host, values, work, state)
-    t0 = time.monotonic()
-    rel.helm(
-        "install",
-        RELEASE,
-        str(localinstall.chart_dir()),
-        "-n",
-        NS,
-        "--create-namespace",
-        values=values,
-    )
     try:
-        wait_for(
-            lambda: (
-                True
-                if localinstall.tessera_pods_ready(rel.pods()) and len(rel.pods()) >= 5
-                else None
-            ),
-            timeout=240,
-            interval=0.5,
-            what="every Tessera pod Ready",
-            last=lambda: json.dumps(
-                [
-                    (p["metadata"]["name"], p.get("status", {}).get("containerStatuses"))
-                    for p in rel.pods()
-                ],
-                indent=1,
-            )[-4000:],
-        )
-        rel.times["install_to_ready_s"] = time.monotonic() - t0
-        yield rel
+        with rel.installed(min_pods=5, timeout=240):
+            yield rel
     finally:
-        if not rel.uninstalled:
-            try:
-                rel.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "120s")
-            except localinstall.LocalInstallError as e:
-                print(f"helm uninstall at teardown: {e}")
         node.kubectl("label", "node", node.name, f"{key}-", f"{gpu_key}-", check=False)
         node.kubectl("delete", "namespace", LEGACY_NS, "--wait=false", check=False)
-        print(f"install timings: {rel.times}")
 
 
 def test_a_legacy_node_in_mode_both_runs_hami_pods_beside_the_gpu_class(
@@ -143,27 +116,6 @@ def test_a_legacy_node_in_mode_both_runs_hami_pods_beside_the_gpu_class(
 
 
 def test_uninstall_of_mode_both_leaves_none_of_the_releases_objects(release: Release) -> None:
-    node = release.node
-    release.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "180s")
-    release.uninstalled = True
-    c = node.client
-    sel = f"app.kubernetes.io/instance={RELEASE}"
-    wait_for(
-        lambda: True if not c.list("v1", "Pod", NS, label_selector=sel) else None,
-        timeout=150,
-        what="the release's pods to end",
-    )
-    for api, kind in (
-        ("apps/v1", "DaemonSet"),
-        ("apps/v1", "Deployment"),
-        ("v1", "ServiceAccount"),
-        ("v1", "ConfigMap"),
-    ):
-        assert c.list(api, kind, NS, label_selector=sel) == [], kind
-    for api, kind in (
-        ("rbac.authorization.k8s.io/v1", "ClusterRole"),
-        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
-        ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"),
-        ("resource.k8s.io/v1", "DeviceClass"),
-    ):
-        assert c.list(api, kind, label_selector=sel) == [], kind
+    release.uninstall()
+    assert release.left(RELEASE_KINDS) == {}
+    assert release.left((*CLUSTER_KINDS, ("resource.k8s.io/v1", "DeviceClass")), None) == {}

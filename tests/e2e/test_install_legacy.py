@@ -27,7 +27,6 @@ containerd. In order, sharing one release:
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +44,17 @@ from tessera.kube.workloads import wait_for
 from tessera.localcluster import cluster, images, localinstall
 
 from .conftest import LiveNode, live_node
-from .test_install import HAMI_FILES, MIB, NS, RELEASE, Release, _apply_corpus, _probe
+from .test_install import (
+    CLUSTER_KINDS,
+    HAMI_FILES,
+    MIB,
+    NS,
+    RELEASE,
+    RELEASE_KINDS,
+    Release,
+    _apply_corpus,
+    _probe,
+)
 from .test_install import _wait_running as wait_running
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.install, pytest.mark.legacy]
@@ -98,44 +107,11 @@ def release(
     }
     rel = Release(node, host, values, work, state)
     print(f"legacy scheduler image: {scheduler.ref} ({scheduler.config_digest})")
-    t0 = time.monotonic()
-    rel.helm(
-        "install",
-        RELEASE,
-        str(localinstall.chart_dir()),
-        "-n",
-        NS,
-        "--create-namespace",
-        values=values,
-    )
     try:
-        wait_for(
-            lambda: (
-                True
-                if localinstall.tessera_pods_ready(rel.pods()) and len(rel.pods()) >= 5
-                else None
-            ),
-            timeout=240,
-            interval=0.5,
-            what="every Tessera pod Ready",
-            last=lambda: json.dumps(
-                [
-                    (p["metadata"]["name"], p.get("status", {}).get("containerStatuses"))
-                    for p in rel.pods()
-                ],
-                indent=1,
-            )[-4000:],
-        )
-        rel.times["install_to_ready_s"] = time.monotonic() - t0
-        yield rel
+        with rel.installed(min_pods=5, timeout=240):
+            yield rel
     finally:
-        if not rel.uninstalled:
-            try:
-                rel.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "120s")
-            except localinstall.LocalInstallError as e:
-                print(f"helm uninstall at teardown: {e}")
         node.kubectl("label", "node", node.name, f"{key}-", check=False)
-        print(f"install timings: {rel.times}")
 
 
 def _component_log(release: Release, component: str) -> str:
@@ -338,34 +314,14 @@ def test_deleted_pods_leave_no_claim_directory_record_or_spec(release: Release) 
 
 def test_uninstall_leaves_nothing_of_tesseras(release: Release) -> None:
     node = release.node
-    release.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "180s")
-    release.uninstalled = True
+    release.uninstall()
     c = node.client
-    sel = f"app.kubernetes.io/instance={RELEASE}"
-    wait_for(
-        lambda: True if not c.list("v1", "Pod", NS, label_selector=sel) else None,
-        timeout=150,
-        what="the release's pods to end",
-    )
-    for api, kind in (
-        ("apps/v1", "DaemonSet"),
-        ("apps/v1", "Deployment"),
-        ("v1", "Service"),
-        ("v1", "ServiceAccount"),
-        ("v1", "Secret"),
-        ("v1", "ConfigMap"),
+    roles = (
         ("rbac.authorization.k8s.io/v1", "Role"),
         ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ):
-        left = [o["metadata"]["name"] for o in c.list(api, kind, NS, label_selector=sel)]
-        assert left == [], (kind, left)
-    for api, kind in (
-        ("rbac.authorization.k8s.io/v1", "ClusterRole"),
-        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
-        ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"),
-    ):
-        left = [o["metadata"]["name"] for o in c.list(api, kind, label_selector=sel)]
-        assert left == [], (kind, left)
+    )
+    assert release.left((*RELEASE_KINDS, ("v1", "Service"), ("v1", "Secret"), *roles)) == {}
+    assert release.left(CLUSTER_KINDS, None) == {}
     left = [
         o["metadata"]["name"]
         for o in c.list("rbac.authorization.k8s.io/v1", "RoleBinding", "kube-system")
