@@ -31,7 +31,14 @@ from .test_install import (
     _probe,
 )
 from .test_install import _wait_running as wait_running
-from .test_install_legacy import MODE_LABEL, SCHEDULER, SPLIT, _allocatable_gpus, _component_log
+from .test_install_legacy import (
+    MODE_LABEL,
+    SCHEDULER,
+    SPLIT,
+    _allocatable_gpus,
+    _component_log,
+    _left,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.install, pytest.mark.legacy]
 
@@ -112,6 +119,14 @@ def test_a_legacy_node_in_mode_both_runs_hami_pods_beside_the_gpu_class(
     ]
     node.kubectl(
         "delete", "pods", "--all", "-n", LEGACY_NS, "--grace-period=1", "--wait=true", timeout=120
+    )
+    # The device plugin removes the deleted pod's files before the release goes (else the CDI
+    # spec stays on the node: the next device plugin does not know it).
+    wait_for(
+        lambda: True if not _left(release) else None,
+        timeout=90,
+        what="the device plugin to remove the deleted pod's files",
+        last=lambda: str(_left(release)),
     )
 
 

@@ -5,7 +5,10 @@ metric list, and the CLI's start-up errors."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -340,10 +343,21 @@ def test_monitor_start_up_errors(tmp_path: Path) -> None:
     assert "--region-dir" in _one_line_exit_2(
         ["monitor", "--region-dir", str(tmp_path / "nope"), "--no-api", "--no-nvml"]
     )
-    # No libnvidia-ml.so.1 on this machine: NVML missing is one line naming --no-nvml.
-    assert "pass --no-nvml" in _one_line_exit_2(
-        ["monitor", "--region-dir", str(tmp_path), "--no-api"]
+    # No libnvidia-ml.so.1 on this machine: NVML missing is one line naming --no-nvml. In a
+    # process of its own: pynvml keeps the library it loaded once, and earlier tests of this
+    # session load the fake NVML through it (the monitor would start and serve for ever).
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    r = subprocess.run(
+        [sys.executable, "-m", "tessera", "monitor", "--region-dir", str(tmp_path), "--no-api"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tessera: error: "), lines
+    assert "pass --no-nvml" in lines[0]
     kc = tmp_path / "kubeconfig"
     kc.write_text(
         yaml.safe_dump(
