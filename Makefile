@@ -95,7 +95,7 @@ test: $(STAMP) native protos go-tools node-deps prometheus
 	$(BIN)/ruff format --check src tests bench tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --timeout=900 --timeout-method=signal
 
 # The fuzz campaign at ten times the CI size (tests/fuzz: 2,000 mutants of every input kind).
 fuzz: $(STAMP)
