@@ -24,6 +24,7 @@ from tessera.convert.hami import (
 from tessera.extender.legacy import ALLOCATING_EXPIRY_SECONDS, allocating_pod, static_extender
 from tessera.scheduler.legacy import (
     SHARERS_TAINT,
+    BookedPods,
     Booking,
     DecisionMemo,
     bookings,
@@ -141,6 +142,49 @@ def test_placed_pods_consume_their_recorded_share() -> None:
         for p in placed
     ]
     assert uuids[0] == uuids[1] != uuids[2]
+
+
+def test_booked_pods_carried_across_changes_answer_as_the_plain_list() -> None:
+    """The extender's grouping of the bookings, carried from one set to the next
+    (:class:`BookedPods` with ``prev``: only the nodes whose bookings changed are grouped
+    again), groups as a fresh one and decides as the plain list: corpus pods placed one by one
+    on three nodes, the oldest placed pod deleted every third step, and the oldest still placed
+    decided again each step (its own booking left out)."""
+    nodes = [
+        legacy_node(register_node("a10", A10, count=3)),
+        legacy_node(register_node("a5000", A5000)),
+        legacy_node(register_node("h100", H100, H100_TOPOLOGY)),
+    ]
+    memo = DecisionMemo()
+    placed: list[dict[str, Any]] = []
+    same: dict[tuple[str, str], Booking] = {}  # one object per pod version, as the extender keeps
+    prev: BookedPods | None = None
+    names = [*SINGLE_GPU_PODS, "HAMi__examples_nvidia__specify_card_type_to_use.yaml"] * 3
+    changed_nodes = 0
+    for k, name in enumerate(names):
+        plain = bookings(placed)
+        grouped = BookedPods([same.setdefault((b.uid, b.record), b) for b in plain], prev)
+        full = BookedPods(plain)
+        assert (grouped.by_node, grouped.keys) == (full.by_node, full.keys)
+        if prev is not None:
+            changed_nodes += sum(grouped.keys.get(n) != prev.keys.get(n) for n in grouped.keys)
+        p = pod(name)
+        p["metadata"]["uid"] = f"stream-{k}"
+        got = decide(p, nodes, grouped, default_policy="binpack", memo=memo)
+        assert got.nodes == decide(p, nodes, plain, default_policy="binpack").nodes
+        if placed:  # recorded but not bound (a bind that failed): decided again
+            q = copy.deepcopy(placed[0])
+            del q["spec"]["nodeName"]
+            again = decide(q, nodes, grouped, default_policy="binpack", memo=memo)
+            others = bookings(placed[1:])
+            assert again.nodes == decide(q, nodes, others, default_policy="binpack").nodes
+        best = got.best()
+        if best is not None and best.devices is not None:
+            placed.append(booked(p, best.node, best.devices))
+        if k % 3 == 2 and placed:
+            placed.pop(0)
+        prev = grouped
+    assert len(placed) > 3 and changed_nodes > 5
 
 
 def test_the_memo_answers_as_a_fresh_decision() -> None:

@@ -52,6 +52,7 @@ from tessera.convert.hami import (
 from tessera.extender.prioritize import MAX_PRIORITY, BadArgs, node_names
 from tessera.kube.client import ApiError, KubeClient
 from tessera.scheduler.legacy import (
+    BookedPods,
     Booking,
     Decision,
     DecisionMemo,
@@ -144,7 +145,7 @@ class LegacyExtender:
         self._booked: dict[tuple[str, str], Booking | None] = {}
         self._booked_lock = threading.Lock()
         self._last: tuple[tuple[str, str], Decision] | None = None
-        self._booked_list: tuple[Any, list[Booking]] | None = None
+        self._booked_list: tuple[Any, BookedPods] | None = None
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -174,8 +175,9 @@ class LegacyExtender:
                 failed,
             )
 
-    def _bookings(self) -> list[Booking]:
-        """:func:`bookings` of the informer's pods, each record decoded once per pod version."""
+    def _bookings(self) -> BookedPods:
+        """:func:`bookings` of the informer's pods, each record decoded once per pod version,
+        grouped by node once per generation of the informer (:class:`BookedPods`)."""
         gen = self.pods_generation() if self.pods_generation is not None else None
         cached = self._booked_list
         if gen is not None and cached is not None and cached[0] == gen:
@@ -200,9 +202,10 @@ class LegacyExtender:
                 out.append(b)
         with self._booked_lock:
             self._booked = seen
+        grouped = BookedPods(out, self._booked_list[1] if self._booked_list else None)
         if gen is not None:
-            self._booked_list = (gen, out)
-        return out
+            self._booked_list = (gen, grouped)
+        return grouped
 
     def _node_objects(self, args: Mapping[str, Any], names: Sequence[str]) -> list[Any]:
         nodes = _get(args, "Nodes")

@@ -150,6 +150,52 @@ def bookings(pods: Iterable[Mapping[str, Any]], warnings: list[str] | None = Non
     return out
 
 
+class BookedPods:
+    """Bookings grouped by node, each node's in UID order, with the part of
+    :class:`DecisionMemo`'s key they make (``(uid, record)`` per booking): worked out once per
+    set of bookings and shared by every :func:`decide` over that set, instead of once per call.
+    ``booked``: :func:`bookings`' list, not changed afterwards. ``prev``: the grouping of an
+    earlier set whose unchanged bookings are the same objects (the extender keeps each pod's
+    :class:`Booking` across its informer's generations): only the nodes whose bookings were
+    added or removed are grouped again."""
+
+    def __init__(self, booked: Sequence[Booking], prev: BookedPods | None = None) -> None:
+        self.all = list(booked)
+        self._ids = {id(b): b for b in self.all}
+        if prev is None:
+            changed = None
+            by_node: dict[str, list[Booking]] = {}
+            keys: dict[str, tuple[Any, ...]] = {}
+        else:
+            changed = {b.node for i, b in self._ids.items() if i not in prev._ids}
+            changed.update(b.node for i, b in prev._ids.items() if i not in self._ids)
+            by_node = {n: bs for n, bs in prev.by_node.items() if n not in changed}
+            keys = {n: k for n, k in prev.keys.items() if n not in changed}
+        grouped: dict[str, list[Booking]] = {}
+        for b in self.all:
+            if changed is None or b.node in changed:
+                grouped.setdefault(b.node, []).append(b)
+        for n, bs in grouped.items():
+            bs.sort(key=lambda b: b.uid)
+            by_node[n] = bs
+            keys[n] = tuple((b.uid, b.record) for b in bs)
+        self.by_node: dict[str, list[Booking]] = by_node
+        self.keys: dict[str, tuple[Any, ...]] = keys
+
+    def holding(self, uid: str) -> set[str]:
+        """The nodes on which the pod with ``uid`` is booked (none, or one)."""
+        return {b.node for b in self.all if b.uid == uid} if uid else set()
+
+    def on(self, node: str, without: str = "") -> tuple[list[Booking], tuple[Any, ...]]:
+        """The bookings on ``node`` in UID order and their key part; ``without``: a pod UID
+        whose own booking is left out (the pod being decided again)."""
+        mine = self.by_node.get(node, [])
+        if without:
+            mine = [b for b in mine if b.uid != without]
+            return mine, tuple((b.uid, b.record) for b in mine)
+        return mine, self.keys.get(node, ())
+
+
 @dataclass(frozen=True)
 class NodeFit:
     """The decision on one node: ``devices`` per container of the pod (init containers first;
@@ -427,14 +473,15 @@ def _prepare(n: LegacyNode, booked: Sequence[Booking], features: Features | None
 def decide(
     pod: Mapping[str, Any],
     nodes: Sequence[LegacyNode],
-    booked: Sequence[Booking],
+    booked: Sequence[Booking] | BookedPods,
     *,
     default_policy: str = "first-fit",
     features: Features | None = None,
     memo: DecisionMemo | None = None,
 ) -> Decision:
     """Where ``pod`` (a ``v1`` Pod dict with HAMi resources) fits among ``nodes`` given the
-    pods already ``booked`` (:func:`bookings`; the pod's own booking, by UID, is left out),
+    pods already ``booked`` (:func:`bookings`, or a :class:`BookedPods` of them kept across
+    calls; the pod's own booking, by UID, is left out),
     and on which GPUs (see the module docstring). ``default_policy``: ``first-fit``,
     ``binpack``, ``spread`` or ``topology`` for pods without HAMi's policy annotations
     (:func:`~tessera.scheduler.policies.pod_policy`). ``memo``: what earlier calls worked out
@@ -456,15 +503,13 @@ def decide(
         sort_keys=True,
         default=str,
     )
-    by_node: dict[str, list[Booking]] = {}
-    for b in sorted(booked, key=lambda b: b.uid):
-        if not uid or b.uid != uid:
-            by_node.setdefault(b.node, []).append(b)
+    grouped = booked if isinstance(booked, BookedPods) else BookedPods(booked)
+    own = grouped.holding(uid)  # the pod's own booking is left out where it is
     variants = topology_variants(claims) if policy.gpus == "topology" else [claims]
     fits = []
     for n in nodes:
-        mine = by_node.get(n.name, [])  # in UID order: the memo's key
-        key = (n.key, tuple((b.uid, b.record) for b in mine))
+        mine, part = grouped.on(n.name, uid if n.name in own else "")  # UID order: memo key
+        key = (n.key, part)
         st = memo.get(n.name, key) if memo is not None and n.key else None
         if st is None:
             st = _prepare(n, mine, features)
