@@ -37,7 +37,7 @@ from .test_install_legacy import (
     SPLIT,
     _allocatable_gpus,
     _component_log,
-    _left,
+    delete_pods_and_wait_for_their_files,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.install, pytest.mark.legacy]
@@ -117,17 +117,9 @@ def test_a_legacy_node_in_mode_both_runs_hami_pods_beside_the_gpu_class(
         f"alloc {2488 * MIB} 0",
         f"alloc {MIB} 2",
     ]
-    node.kubectl(
-        "delete", "pods", "--all", "-n", LEGACY_NS, "--grace-period=1", "--wait=true", timeout=120
-    )
     # The device plugin removes the deleted pod's files before the release goes (else the CDI
     # spec stays on the node: the next device plugin does not know it).
-    wait_for(
-        lambda: True if not _left(release) else None,
-        timeout=90,
-        what="the device plugin to remove the deleted pod's files",
-        last=lambda: str(_left(release)),
-    )
+    delete_pods_and_wait_for_their_files(release, [LEGACY_NS])
 
 
 def test_uninstall_of_mode_both_leaves_none_of_the_releases_objects(release: Release) -> None:

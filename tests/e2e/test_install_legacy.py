@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -297,11 +297,11 @@ def _left(release: Release) -> list[str]:
     )
 
 
-def test_deleted_pods_leave_no_claim_directory_record_or_spec(release: Release) -> None:
-    node = release.node
-    assert _left(release)
-    for ns in HAMI_FILES:
-        node.kubectl(
+def delete_pods_and_wait_for_their_files(release: Release, namespaces: Iterable[str]) -> None:
+    """Delete every pod of ``namespaces``, then wait until the device plugin has removed their
+    claim directories, records and CDI specs (:func:`_left` empty)."""
+    for ns in namespaces:
+        release.node.kubectl(
             "delete", "pods", "--all", "-n", ns, "--grace-period=1", "--wait=true", timeout=120
         )
     wait_for(
@@ -310,6 +310,11 @@ def test_deleted_pods_leave_no_claim_directory_record_or_spec(release: Release) 
         what="the device plugin to remove the deleted pods' files",
         last=lambda: str(_left(release)),
     )
+
+
+def test_deleted_pods_leave_no_claim_directory_record_or_spec(release: Release) -> None:
+    assert _left(release)
+    delete_pods_and_wait_for_their_files(release, HAMI_FILES)
 
 
 def test_uninstall_leaves_nothing_of_tesseras(release: Release) -> None:

@@ -144,17 +144,22 @@ def test_placed_pods_consume_their_recorded_share() -> None:
     assert uuids[0] == uuids[1] != uuids[2]
 
 
+def three_nodes() -> list[Any]:
+    """An A10 node with 3 GPUs, an A5000 node and an H100 node with its NUMA topology."""
+    return [
+        legacy_node(register_node("a10", A10, count=3)),
+        legacy_node(register_node("a5000", A5000)),
+        legacy_node(register_node("h100", H100, H100_TOPOLOGY)),
+    ]
+
+
 def test_booked_pods_carried_across_changes_answer_as_the_plain_list() -> None:
     """The extender's grouping of the bookings, carried from one set to the next
     (:class:`BookedPods` with ``prev``: only the nodes whose bookings changed are grouped
     again), groups as a fresh one and decides as the plain list: corpus pods placed one by one
     on three nodes, the oldest placed pod deleted every third step, and the oldest still placed
     decided again each step (its own booking left out)."""
-    nodes = [
-        legacy_node(register_node("a10", A10, count=3)),
-        legacy_node(register_node("a5000", A5000)),
-        legacy_node(register_node("h100", H100, H100_TOPOLOGY)),
-    ]
+    nodes = three_nodes()
     memo = DecisionMemo()
     placed: list[dict[str, Any]] = []
     same: dict[tuple[str, str], Booking] = {}  # one object per pod version, as the extender keeps
@@ -190,11 +195,7 @@ def test_booked_pods_carried_across_changes_answer_as_the_plain_list() -> None:
 def test_the_memo_answers_as_a_fresh_decision() -> None:
     """A stream of corpus pods placed one by one on three nodes: with a :class:`DecisionMemo`
     (the extender's) every decision equals the one taken from scratch."""
-    nodes = [
-        legacy_node(register_node("a10", A10, count=3)),
-        legacy_node(register_node("a5000", A5000)),
-        legacy_node(register_node("h100", H100, H100_TOPOLOGY)),
-    ]
+    nodes = three_nodes()
     memo = DecisionMemo()
     placed: list[dict[str, Any]] = []
     names = [*SINGLE_GPU_PODS, "HAMi__examples_nvidia__specify_card_type_to_use.yaml"] * 3
