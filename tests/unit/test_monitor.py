@@ -331,11 +331,25 @@ def test_dashboard_and_alerts_use_only_exported_metrics() -> None:
 # ---- CLI ---------------------------------------------------------------------------------------
 
 
-def _one_line_exit_2(args: list[str]) -> str:
-    r = CliRunner().invoke(main, args)
-    assert r.exit_code == 2, r.output
-    lines = r.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tessera: error: "), r.output
+def _one_line_exit_2(args: list[str], own_process: bool = False) -> str:
+    """The one error line of ``tessera ARGS`` exiting 2; ``own_process``: run as ``python -m
+    tessera`` (60 s at most), for state this process may hold (a loaded NVML)."""
+    if own_process:
+        env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+        p = subprocess.run(
+            [sys.executable, "-m", "tessera", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        code, output = p.returncode, p.stdout + p.stderr
+    else:
+        r = CliRunner().invoke(main, args)
+        code, output = r.exit_code, r.output
+    assert code == 2, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tessera: error: "), output
     return lines[0]
 
 
@@ -346,18 +360,9 @@ def test_monitor_start_up_errors(tmp_path: Path) -> None:
     # No libnvidia-ml.so.1 on this machine: NVML missing is one line naming --no-nvml. In a
     # process of its own: pynvml keeps the library it loaded once, and earlier tests of this
     # session load the fake NVML through it (the monitor would start and serve for ever).
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    r = subprocess.run(
-        [sys.executable, "-m", "tessera", "monitor", "--region-dir", str(tmp_path), "--no-api"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
+    assert "pass --no-nvml" in _one_line_exit_2(
+        ["monitor", "--region-dir", str(tmp_path), "--no-api"], own_process=True
     )
-    assert r.returncode == 2, r.stdout + r.stderr
-    lines = (r.stdout + r.stderr).strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tessera: error: "), lines
-    assert "pass --no-nvml" in lines[0]
     kc = tmp_path / "kubeconfig"
     kc.write_text(
         yaml.safe_dump(

@@ -181,16 +181,15 @@ class BookedPods:
             keys[n] = tuple((b.uid, b.record) for b in bs)
         self.by_node: dict[str, list[Booking]] = by_node
         self.keys: dict[str, tuple[Any, ...]] = keys
-
-    def holding(self, uid: str) -> set[str]:
-        """The nodes on which the pod with ``uid`` is booked (none, or one)."""
-        return {b.node for b in self.all if b.uid == uid} if uid else set()
+        self._nodes_of: dict[str, set[str]] = {}
+        for b in self.all:
+            self._nodes_of.setdefault(b.uid, set()).add(b.node)
 
     def on(self, node: str, without: str = "") -> tuple[list[Booking], tuple[Any, ...]]:
         """The bookings on ``node`` in UID order and their key part; ``without``: a pod UID
         whose own booking is left out (the pod being decided again)."""
         mine = self.by_node.get(node, [])
-        if without:
+        if without and node in self._nodes_of.get(without, ()):
             mine = [b for b in mine if b.uid != without]
             return mine, tuple((b.uid, b.record) for b in mine)
         return mine, self.keys.get(node, ())
@@ -504,11 +503,10 @@ def decide(
         default=str,
     )
     grouped = booked if isinstance(booked, BookedPods) else BookedPods(booked)
-    own = grouped.holding(uid)  # the pod's own booking is left out where it is
     variants = topology_variants(claims) if policy.gpus == "topology" else [claims]
     fits = []
     for n in nodes:
-        mine, part = grouped.on(n.name, uid if n.name in own else "")  # UID order: memo key
+        mine, part = grouped.on(n.name, uid)  # in UID order, the pod's own left out: memo key
         key = (n.key, part)
         st = memo.get(n.name, key) if memo is not None and n.key else None
         if st is None:
