@@ -21,7 +21,12 @@ from tessera.convert.hami import (
     decode_pod_devices,
     encode_pod_devices,
 )
-from tessera.extender.legacy import ALLOCATING_EXPIRY_SECONDS, allocating_pod, static_extender
+from tessera.extender.legacy import (
+    ALLOCATING_EXPIRY_SECONDS,
+    LegacyExtender,
+    allocating_pod,
+    static_extender,
+)
 from tessera.scheduler.legacy import (
     SHARERS_TAINT,
     BookedPods,
@@ -155,8 +160,8 @@ def three_nodes() -> list[Any]:
 
 def test_booked_pods_carried_across_changes_answer_as_the_plain_list() -> None:
     """The extender's grouping of the bookings, carried from one set to the next
-    (:class:`BookedPods` with ``prev``: only the nodes whose bookings changed are grouped
-    again), groups as a fresh one and decides as the plain list: corpus pods placed one by one
+    (:meth:`BookedPods.changed`: only the nodes whose bookings changed are grouped again),
+    groups as a fresh one and decides as the plain list: corpus pods placed one by one
     on three nodes, the oldest placed pod deleted every third step, and the oldest still placed
     decided again each step (its own booking left out)."""
     nodes = three_nodes()
@@ -168,9 +173,21 @@ def test_booked_pods_carried_across_changes_answer_as_the_plain_list() -> None:
     changed_nodes = 0
     for k, name in enumerate(names):
         plain = bookings(placed)
-        grouped = BookedPods([same.setdefault((b.uid, b.record), b) for b in plain], prev)
+        now = [same.setdefault((b.uid, b.record), b) for b in plain]
+        if prev is None:
+            grouped = BookedPods(now)
+        else:
+            before = [b for bs in prev.by_node.values() for b in bs]
+            grouped = prev.changed(
+                [b for b in now if all(b is not x for x in before)],
+                [b for b in before if all(b is not x for x in now)],
+            )
         full = BookedPods(plain)
-        assert (grouped.by_node, grouped.keys) == (full.by_node, full.keys)
+        assert (grouped.by_node, grouped.keys, grouped._nodes_of) == (
+            full.by_node,
+            full.keys,
+            full._nodes_of,
+        )
         if prev is not None:
             changed_nodes += sum(grouped.keys.get(n) != prev.keys.get(n) for n in grouped.keys)
         p = pod(name)
@@ -190,6 +207,70 @@ def test_booked_pods_carried_across_changes_answer_as_the_plain_list() -> None:
             placed.pop(0)
         prev = grouped
     assert len(placed) > 3 and changed_nodes > 5
+
+
+def test_the_extenders_bookings_follow_its_pods_as_a_fresh_grouping() -> None:
+    """The extender carries its grouping from one generation of its pods to the next, with
+    only the pods that changed regrouped: after each change of the pods (corpus pods booked on
+    three nodes, one moved to another node under a new resourceVersion, one finished, one
+    deleted, one listed twice, one without uid or resourceVersion) it groups as
+    :class:`BookedPods` of :func:`bookings` of the pods made afresh."""
+    nodes = three_nodes()
+    pods: list[dict[str, Any]] = []
+    gen = [0]
+    ext = LegacyExtender(lambda n: None, lambda: pods, None, pods_generation=lambda: gen[0])
+
+    def check() -> None:
+        gen[0] += 1
+        got = ext._bookings()
+        unique = list({id(p): p for p in pods}.values())
+        fresh = BookedPods(bookings(unique))
+        assert (got.keys, got._nodes_of) == (fresh.keys, fresh._nodes_of)
+        assert ext._bookings() is got  # the same generation: the same grouping
+
+    placed: list[dict[str, Any]] = []
+    for k, name in enumerate(SINGLE_GPU_PODS * 2):
+        p = pod(name)
+        p["metadata"].update(name=f"p{k}", uid=f"uid-{k}", resourceVersion=str(k + 1))
+        best = decide(p, nodes, bookings(placed)).best()
+        if best is not None and best.devices is not None:
+            placed.append(booked(p, best.node, best.devices))
+    assert len(placed) >= 6
+    pods.extend(placed[:4])
+    check()
+    pods.extend(placed[4:])
+    check()
+    moved = copy.deepcopy(pods[1])
+    other = next(n.name for n in nodes if n.name != moved["spec"]["nodeName"])
+    moved["metadata"]["annotations"][VGPU_NODE] = other
+    moved["metadata"]["resourceVersion"] = "100"
+    pods[1] = moved
+    check()
+    done = copy.deepcopy(pods[2])
+    done["status"] = {"phase": "Succeeded"}
+    done["metadata"]["resourceVersion"] = "101"
+    pods[2] = done
+    check()
+    del pods[0]
+    check()
+    twice = copy.deepcopy(pods[0])
+    twice["metadata"].update(uid="uid-twice", resourceVersion="200")
+    pods += [twice, twice]  # a new version listed twice
+    check()
+    anonymous = []
+    for q in pods[2:4]:
+        a = copy.deepcopy(q)
+        del a["metadata"]["uid"], a["metadata"]["resourceVersion"]
+        anonymous.append(a)
+    pods += anonymous
+    check()
+    pods.remove(anonymous[0])
+    check()
+    pods.remove(anonymous[1])
+    pods.remove(twice)
+    pods.remove(twice)
+    check()
+    assert sum(len(bs) for bs in ext._bookings().by_node.values()) == len(placed) - 2
 
 
 def test_the_memo_answers_as_a_fresh_decision() -> None:

@@ -63,6 +63,8 @@ from tessera.scheduler.legacy import (
 )
 
 log = logging.getLogger("tessera.extender.legacy")
+_NONE: Mapping[str, Any] = {}
+_MISSING: Any = object()
 RECORDS = (VGPU_NODE, VGPU_TIME, DEVICES_TO_ALLOCATE, DEVICES_ALLOCATED, BIND_PHASE, BIND_TIME)
 
 
@@ -142,10 +144,11 @@ class LegacyExtender:
         self.now = now
         self.cache = NodeCache()
         self.memo = DecisionMemo()
-        self._booked: dict[tuple[str, str], Booking | None] = {}
+        #: (informer generation, each pod version's booking or None, their grouping) of the
+        #: last call: the next call's base
+        self._booked: tuple[Any, dict[tuple[Any, Any], Booking | None], BookedPods] | None = None
         self._booked_lock = threading.Lock()
         self._last: tuple[tuple[str, str], Decision] | None = None
-        self._booked_list: tuple[Any, BookedPods] | None = None
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -176,35 +179,50 @@ class LegacyExtender:
             )
 
     def _bookings(self) -> BookedPods:
-        """:func:`bookings` of the informer's pods, each record decoded once per pod version,
-        grouped by node once per generation of the informer (:class:`BookedPods`)."""
+        """:func:`bookings` of the informer's pods, grouped by node (:class:`BookedPods`), once
+        per generation of the informer: each pod version's record is decoded once, and the
+        last call's grouping is carried over with only the pods that changed since (added,
+        changed or gone) regrouped."""
         gen = self.pods_generation() if self.pods_generation is not None else None
-        cached = self._booked_list
-        if gen is not None and cached is not None and cached[0] == gen:
-            return cached[1]
-        out: list[Booking] = []
-        seen: dict[tuple[str, str], Booking | None] = {}
         with self._booked_lock:
-            known = self._booked
+            last = self._booked
+        if gen is not None and last is not None and last[0] == gen:
+            return last[2]
+        known = last[1] if last is not None else {}
+        seen: dict[tuple[Any, Any], Booking | None] = {}
+        added: list[Booking] = []
+        new = 0  # versions not in ``known``
         for p in self.pods():
-            md = p.get("metadata") or {}
-            key = (str(md.get("uid") or ""), str(md.get("resourceVersion") or ""))
-            if key in known:
-                b = known[key]
-            else:
+            md = p.get("metadata") or _NONE
+            key = (md.get("uid"), md.get("resourceVersion"))
+            if not (key[0] and key[1]):
+                key = (None, id(p))  # (a pod dict made without them: known while it lives)
+            elif key in seen:
+                continue  # the same pod version listed twice: one booking
+            b = known.get(key, _MISSING)
+            if b is _MISSING:
+                new += 1
                 warnings: list[str] = []
                 got = bookings([p], warnings)
                 for w in warnings:
                     log.warning("%s", w)
                 b = got[0] if got else None
+                if b is not None:
+                    added.append(b)
             seen[key] = b
-            if b is not None:
-                out.append(b)
+        if last is None:
+            grouped = BookedPods(b for b in seen.values() if b is not None)
+        else:
+            # Each pod version seen is a key of ``seen``: the versions of ``known`` not in it
+            # are gone (a pod whose version changed is one gone and one added).
+            removed = (
+                [b for k, b in known.items() if b is not None and k not in seen]
+                if len(seen) - new < len(known)
+                else []
+            )
+            grouped = last[2].changed(added, removed)
         with self._booked_lock:
-            self._booked = seen
-        grouped = BookedPods(out, self._booked_list[1] if self._booked_list else None)
-        if gen is not None:
-            self._booked_list = (gen, grouped)
+            self._booked = (gen, seen, grouped)  # the three together: the next call's base
         return grouped
 
     def _node_objects(self, args: Mapping[str, Any], names: Sequence[str]) -> list[Any]:

@@ -154,36 +154,61 @@ class BookedPods:
     """Bookings grouped by node, each node's in UID order, with the part of
     :class:`DecisionMemo`'s key they make (``(uid, record)`` per booking): worked out once per
     set of bookings and shared by every :func:`decide` over that set, instead of once per call.
-    ``booked``: :func:`bookings`' list, not changed afterwards. ``prev``: the grouping of an
-    earlier set whose unchanged bookings are the same objects (the extender keeps each pod's
-    :class:`Booking` across its informer's generations): only the nodes whose bookings were
-    added or removed are grouped again."""
+    ``booked``: :func:`bookings`' list. Not changed once made: :meth:`changed` makes the next
+    set from this one (the extender's, once per change of its informer's pods), regrouping only
+    the nodes whose bookings were added or removed."""
 
-    def __init__(self, booked: Sequence[Booking], prev: BookedPods | None = None) -> None:
-        self.all = list(booked)
-        self._ids = {id(b): b for b in self.all}
-        if prev is None:
-            changed = None
-            by_node: dict[str, list[Booking]] = {}
-            keys: dict[str, tuple[Any, ...]] = {}
-        else:
-            changed = {b.node for i, b in self._ids.items() if i not in prev._ids}
-            changed.update(b.node for i, b in prev._ids.items() if i not in self._ids)
-            by_node = {n: bs for n, bs in prev.by_node.items() if n not in changed}
-            keys = {n: k for n, k in prev.keys.items() if n not in changed}
+    def __init__(self, booked: Iterable[Booking] = ()) -> None:
+        self.by_node: dict[str, list[Booking]] = {}
+        self.keys: dict[str, tuple[Any, ...]] = {}
+        #: pod UID -> the nodes its bookings are on (one, but for a pod booked twice)
+        self._nodes_of: dict[str, frozenset[str]] = {}
         grouped: dict[str, list[Booking]] = {}
-        for b in self.all:
-            if changed is None or b.node in changed:
-                grouped.setdefault(b.node, []).append(b)
+        for b in booked:
+            grouped.setdefault(b.node, []).append(b)
+        self._regroup(grouped)
+
+    def _regroup(self, grouped: Mapping[str, list[Booking]]) -> None:
+        """Set the bookings of each node of ``grouped`` (any order; an empty list: none) and
+        the nodes of their pods (call while this object is still being made)."""
+        uids: set[str] = set()
         for n, bs in grouped.items():
-            bs.sort(key=lambda b: b.uid)
-            by_node[n] = bs
-            keys[n] = tuple((b.uid, b.record) for b in bs)
-        self.by_node: dict[str, list[Booking]] = by_node
-        self.keys: dict[str, tuple[Any, ...]] = keys
-        self._nodes_of: dict[str, set[str]] = {}
-        for b in self.all:
-            self._nodes_of.setdefault(b.uid, set()).add(b.node)
+            uids.update(b.uid for b in self.by_node.get(n, ()))
+            if not bs:
+                self.by_node.pop(n, None)
+                self.keys.pop(n, None)
+                continue
+            bs = sorted(bs, key=lambda b: b.uid)
+            self.by_node[n] = bs
+            self.keys[n] = tuple((b.uid, b.record) for b in bs)
+            uids.update(b.uid for b in bs)
+        for u in uids:
+            kept = {n for n in self._nodes_of.get(u, ()) if n not in grouped}
+            kept.update(n for n, bs in grouped.items() if any(b.uid == u for b in bs))
+            if kept:
+                self._nodes_of[u] = frozenset(kept)
+            else:
+                self._nodes_of.pop(u, None)
+
+    def changed(self, added: Iterable[Booking], removed: Iterable[Booking]) -> BookedPods:
+        """A new set: this one with ``added`` and without ``removed`` (bookings of this set,
+        matched by identity; the extender keeps one :class:`Booking` object per pod version).
+        Only the nodes of those bookings are grouped again; this set is not changed (a
+        decision in progress may be reading it). O(nodes) to copy the maps, O(changed) else."""
+        out = BookedPods()
+        out.by_node = dict(self.by_node)
+        out.keys = dict(self.keys)
+        out._nodes_of = dict(self._nodes_of)
+        removed = list(removed)
+        gone = {id(b) for b in removed}
+        grouped: dict[str, list[Booking]] = {}
+        for b in [*removed, *added]:
+            if b.node not in grouped:
+                grouped[b.node] = [x for x in self.by_node.get(b.node, ()) if id(x) not in gone]
+        for b in added:
+            grouped[b.node].append(b)
+        out._regroup(grouped)
+        return out
 
     def on(self, node: str, without: str = "") -> tuple[list[Booking], tuple[Any, ...]]:
         """The bookings on ``node`` in UID order and their key part; ``without``: a pod UID
