@@ -172,8 +172,11 @@ class BookedPods:
         """Set the bookings of each node of ``grouped`` (any order; an empty list: none) and
         the nodes of their pods (call while this object is still being made)."""
         uids: set[str] = set()
+        now_on: dict[str, set[str]] = {}  # pod UID -> the nodes of ``grouped`` it is booked on
         for n, bs in grouped.items():
             uids.update(b.uid for b in self.by_node.get(n, ()))
+            for b in bs:
+                now_on.setdefault(b.uid, set()).add(n)
             if not bs:
                 self.by_node.pop(n, None)
                 self.keys.pop(n, None)
@@ -181,10 +184,10 @@ class BookedPods:
             bs = sorted(bs, key=lambda b: b.uid)
             self.by_node[n] = bs
             self.keys[n] = tuple((b.uid, b.record) for b in bs)
-            uids.update(b.uid for b in bs)
+        uids.update(now_on)
         for u in uids:
             kept = {n for n in self._nodes_of.get(u, ()) if n not in grouped}
-            kept.update(n for n, bs in grouped.items() if any(b.uid == u for b in bs))
+            kept.update(now_on.get(u, ()))
             if kept:
                 self._nodes_of[u] = frozenset(kept)
             else:
