@@ -9,6 +9,8 @@ corpus inventory behind the fake NVML."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,7 @@ from tessera.convert.hami import (
     ContainerDevice,
     encode_pod_devices,
 )
+from tessera.deviceplugin.allocate import AllocateError
 from tessera.deviceplugin.plugin import DevicePlugin, DevicePluginConfig, DevicePluginError
 from tessera.deviceplugin.pods import NodePods
 from tessera.deviceplugin.register import REGISTER_ANNOTATION
@@ -262,6 +265,38 @@ def test_a_lagging_cache_is_waited_for_then_read_and_a_conflict_reads_again(env:
             f"{late['metadata']['uid']}-0",
         ]
     )
+
+
+def test_an_allocation_whose_record_cannot_be_written_fails_after_its_patch(env: Env) -> None:
+    """The pod's patch travels while the allocation's record and files are written; when the
+    record cannot be written (the records directory made read-only by a read-only bind mount
+    over it), ``Allocate`` fails naming the pod and the fault, nothing of the allocation is
+    left, and the pod's ``bind-phase`` is ``failed``: written after the patch that was in
+    flight, not overwritten by it, and although removing the record met the same fault."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.fail("this test makes a read-only bind mount: run it as root (the project's VM is)")
+    g = env.gpus
+    one = env.bound_pod("one", [[ContainerDevice(g[2].uuid, "NVIDIA", 1000, 10)]], bind_time=1000)
+    uid = f"{one['metadata']['uid']}-0"
+    records = env.plugin.records_dir
+    records.mkdir(parents=True)
+    env.plugin.start()
+    env.client.requests.clear()
+    subprocess.run(["mount", "--bind", str(records), str(records)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(records)], check=True)
+        with pytest.raises(AllocateError, match=r"pod .*/one: writing its files: .*[Rr]ead-only"):
+            env.plugin.allocate([1])
+    finally:
+        subprocess.run(["umount", str(records)], check=True)
+    assert env.client.pod_requests()[:2] == [("PATCH", "one"), ("PATCH", "one")]
+    assert env.annotations("one")[0] == "failed"
+    assert not (env.state / "claims" / uid).exists()
+    assert list(env.plugin.cfg.cdi_dir.glob(f"*{uid}*")) == []
+    assert uid not in env.plugin.plans
+    assert list(records.iterdir()) == []
+    # (its clean-up met the read-only directory too: logged, and the pod still marked failed)
+    assert any(f"allocation {uid}: removing what its failed Allocate left" in m for m in env.logs)
 
 
 def identity(

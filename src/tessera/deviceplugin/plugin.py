@@ -510,11 +510,12 @@ class DevicePlugin:
                     check_library_reads(plan, self.cfg.layout)
                 except ClaimError as e:
                     raise AllocateError(f"pod {pending.name}: {e}") from None
-                self._record(plan)  # durable first: a restart knows whose files they are
-                # The pod's patch travels while the files are written; both end before the
-                # answer (a failure of either is the Allocate's, after the patch has ended).
+                # The pod's patch travels while the record and the files are written; both
+                # end before the answer (a failure of either is the Allocate's, after the
+                # patch has ended, so that the failure's own patch comes after it).
                 patched = self._writes.submit(self._patch, pending)
                 try:
+                    self._record(plan)  # durable first: a restart knows whose files they are
                     materialize(plan, self.cfg.layout)
                     self._write_meta(pending, plan, devices)
                     write_node_shares(self.cfg.layout, self.plans.values())
@@ -631,11 +632,23 @@ class DevicePlugin:
             write_atomic(claim_meta_path(plan, self.cfg.layout), data, 0o444, ".meta.")
 
     def _forget(self, uid: str) -> None:
-        remove_files(uid, self.cfg.layout)
-        with contextlib.suppress(FileNotFoundError):
-            (self.records_dir / f"{uid}.json").unlink()
+        """Remove what a failed allocation left (its files, its record, its share). Called
+        while its failure is being reported: a removal that fails too (a read-only or vanished
+        directory) is logged, not raised, so that the pod is still marked failed and the node
+        lock released; the next start's reconciliation removes what stayed."""
+        try:
+            remove_files(uid, self.cfg.layout)
+            with contextlib.suppress(FileNotFoundError):
+                (self.records_dir / f"{uid}.json").unlink()
+        except OSError as e:
+            self.log(f"warning: allocation {uid}: removing what its failed Allocate left: {e}")
         if self.plans.pop(uid, None) is not None:
-            write_node_shares(self.cfg.layout, self.plans.values())
+            try:
+                write_node_shares(self.cfg.layout, self.plans.values())
+            except (OSError, ValueError) as e:
+                self.log(
+                    f"warning: writing the GPU shares files in {self.cfg.layout.shares_dir}: {e}"
+                )
 
     def _load_records(self) -> None:
         if not self.records_dir.is_dir():
