@@ -76,6 +76,7 @@ from tessera.scheduler.extended import (
     spec_key,
 )
 from tessera.scheduler.legacy import (
+    BookedPods,
     Booking,
     Decision,
     DecisionMemo,
@@ -437,6 +438,8 @@ class Simulation:
         self.legacy_namespaces: set[str] = set()
         #: Legacy mode's decisions so far (the extender's bookings), in placement order.
         self.legacy_booked: list[Booking] = []
+        #: The same bookings grouped by node, carried from one placement to the next.
+        self._legacy_grouped = BookedPods()
         self._legacy_memo = DecisionMemo()
         self._legacy_devices: dict[str, tuple[str, str | None]] | None = None  # by GPU UUID
         #: With ``record_choices``: each legacy pod's :class:`~tessera.scheduler.legacy.Decision`.
@@ -1145,7 +1148,11 @@ class Simulation:
             else:
                 candidates.append(ln)
         decision = decide(
-            pod, candidates, self.legacy_booked, default_policy=self.policy, memo=self._legacy_memo
+            pod,
+            candidates,
+            self._legacy_grouped,
+            default_policy=self.policy,
+            memo=self._legacy_memo,
         )
         self.warnings.extend(decision.warnings)
         if self.record_choices:
@@ -1159,7 +1166,9 @@ class Simulation:
             devices = [list(c) for c in best.devices]
             record = encode_pod_devices(devices)
             uid = str(pod["metadata"]["uid"])
-            self.legacy_booked.append(Booking(ref, uid, best.node, devices, record))
+            booking = Booking(ref, uid, best.node, devices, record)
+            self.legacy_booked.append(booking)
+            self._legacy_grouped = self._legacy_grouped.changed([booking], [])
             md = pod["metadata"]
             md["annotations"] = {
                 **(md.get("annotations") or {}),
