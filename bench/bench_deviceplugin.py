@@ -8,9 +8,12 @@ scheduler extender writes (``hami.io/vgpu-devices-to-allocate``, ``bind-phase: a
 kubelet, so the pods stay ``Pending``, as a pod does between its bind and its admission. The
 device plugin runs in this process (``tessera.deviceplugin.plugin.DevicePlugin``: socket,
 annotation, reconcile as ``tessera device-plugin`` does); ``Allocate`` is called over gRPC on its
-unix socket, one container at a time (the kubelet admits one pod at a time), oldest bind first.
-Each call lists the node's pods, plans the share (``driver.prepare.plan_claim``), records it,
-writes its limits file, region and CDI spec, rewrites the shares files and patches the pod.
+unix socket, one container at a time (the kubelet admits one pod at a time), oldest bind first,
+on one channel connected before the first call (the kubelet's is: it registered the plugin and
+called ``ListAndWatch`` first). Each call chooses its pod from the plugin's watch of the node's
+pods, plans the share (``driver.prepare.plan_claim``), patches the pod while it records the
+share and writes its limits file, region, CDI spec and ``claim.json``, and rewrites the shares
+files. Prints p50/p99/max and the first call's time (ms).
 
     .venv/bin/python bench/bench_deviceplugin.py --pods 100 --json out.json
 """
@@ -140,6 +143,9 @@ def main() -> None:
         pb2, pb2_grpc = deviceplugin_stubs()
         times: list[float] = []
         with grpc.insecure_channel(f"unix://{plugin.socket_path}") as ch:
+            # Connected before the first call, as the kubelet's channel is (it calls
+            # GetDevicePluginOptions and ListAndWatch on it before any Allocate).
+            grpc.channel_ready_future(ch).result(timeout=30)
             stub = pb2_grpc.DevicePluginStub(ch)
             for _ in range(args.pods):
                 req = pb2.AllocateRequest(
