@@ -436,9 +436,8 @@ class Simulation:
         #: Namespaces (input Namespace objects) whose label :data:`MODE_LABEL` is ``legacy``:
         #: the webhook converts their HAMi pods for legacy mode.
         self.legacy_namespaces: set[str] = set()
-        #: Legacy mode's decisions so far (the extender's bookings), in placement order.
-        self.legacy_booked: list[Booking] = []
-        #: The same bookings grouped by node, carried from one placement to the next.
+        #: Legacy mode's decisions so far (the extender's bookings), grouped by node and
+        #: carried from one placement to the next.
         self._legacy_grouped = BookedPods()
         self._legacy_memo = DecisionMemo()
         self._legacy_devices: dict[str, tuple[str, str | None]] | None = None  # by GPU UUID
@@ -1167,7 +1166,6 @@ class Simulation:
             record = encode_pod_devices(devices)
             uid = str(pod["metadata"]["uid"])
             booking = Booking(ref, uid, best.node, devices, record)
-            self.legacy_booked.append(booking)
             self._legacy_grouped = self._legacy_grouped.changed([booking], [])
             md = pod["metadata"]
             md["annotations"] = {
@@ -1424,6 +1422,6 @@ class Simulation:
         legacy mode's bookings (:func:`tessera.scheduler.legacy.booked_state`)."""
         out = gpu_usage(self.index, self.state, {n.name for n in self.cluster.nodes})
         for ln in self.legacy_nodes:
-            state = booked_state(ln, self.legacy_booked)
+            state = booked_state(ln, self._legacy_grouped.on(ln.name)[0])
             out.extend(gpu_usage(SliceIndex(ln.slices), state, {ln.name}))
         return out
